@@ -1,9 +1,21 @@
 """Event contracts: the envelope, every event and command model, and subject names.
 
 The bottom layer: it imports no NATS. Import the catalogue modules as namespaces,
-`from gpuop.events import driver` then `driver.DriverLoaded`.
+`from gpuop.events import driver` then `driver.DriverLoaded`. Importing this package imports
+every catalogue module, so `REGISTRY` holds every payload type.
 """
 
+from gpuop.events import (
+    deadlines,
+    device,
+    driver,
+    fields,
+    hardware,
+    kube,
+    network,
+    subjects,
+    upgrade,
+)
 from gpuop.events.envelope import (
     REGISTRY,
     Command,
@@ -31,9 +43,18 @@ __all__ = [
     "UnknownEventType",
     "bus_subject",
     "command_id",
+    "deadlines",
     "decode",
+    "device",
+    "driver",
+    "fields",
+    "hardware",
+    "kube",
+    "network",
     "new_command",
     "new_event",
     "parse_as",
     "strict_validate",
+    "subjects",
+    "upgrade",
 ]

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuop.events import subjects
 
-SPEC_VERSION = "1.0"
+SPEC_VERSION: Final = "1.0"
 TYPE_PREFIX = "io.gpuop"
 _COMMAND_IDS = uuid.UUID("6b1d6d0e-4a57-4c1e-9f3e-8c3c1f1f0a11")
 

@@ -76,14 +76,26 @@ def _check_token(what: str, token: str) -> str:
 def event_subject(domain: str, node: str, name: str, *, prefix: str = DEFAULT_PREFIX) -> str:
     """Subject of event `name` in `domain` about `node` (or `CLUSTER`)."""
     return ".".join(
-        (prefix, Kind.EVENT, _check_token("domain", domain), encode_node(node), _check_token("event name", name))
+        (
+            prefix,
+            Kind.EVENT,
+            _check_token("domain", domain),
+            encode_node(node),
+            _check_token("event name", name),
+        )
     )
 
 
 def command_subject(service: str, node: str, verb: str, *, prefix: str = DEFAULT_PREFIX) -> str:
     """Subject of command `verb` for `service` on `node`."""
     return ".".join(
-        (prefix, Kind.COMMAND, _check_token("service", service), encode_node(node), _check_token("verb", verb))
+        (
+            prefix,
+            Kind.COMMAND,
+            _check_token("service", service),
+            encode_node(node),
+            _check_token("verb", verb),
+        )
     )
 
 

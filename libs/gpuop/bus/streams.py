@@ -1,0 +1,92 @@
+"""Names and retention of the streams and buckets, derived from the subject prefix.
+
+Several clusters can share one NATS when each uses its own prefix; every stream and bucket
+name carries it (`GPUOP_EVENTS`, `gpuop_sagas` for the default prefix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuop.bus.protocol import Buckets
+from gpuop.events import subjects
+
+DAY = 86400.0
+DEFAULT_EVENTS_MAX_AGE = 30 * DAY
+DUPLICATE_WINDOW = 120.0
+"""Seconds within which a repeated event id is dropped; publish retries stay inside it."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLayout:
+    """One stream: its name, what it captures, how long it keeps it."""
+
+    name: str
+    kind: subjects.Kind
+    subjects: tuple[str, ...]
+    max_age: float
+    """Seconds; 0 keeps messages until the limits of the server."""
+
+
+def layouts(prefix: str, *, events_max_age: float = DEFAULT_EVENTS_MAX_AGE) -> list[StreamLayout]:
+    """The three streams for `prefix`."""
+    subjects.validate_prefix(prefix)
+    stem = prefix.upper().replace("-", "_")
+    return [
+        StreamLayout(
+            f"{stem}_EVENTS",
+            subjects.Kind.EVENT,
+            (subjects.stream_filter(subjects.Kind.EVENT, prefix=prefix),),
+            events_max_age,
+        ),
+        StreamLayout(
+            f"{stem}_COMMANDS",
+            subjects.Kind.COMMAND,
+            (subjects.stream_filter(subjects.Kind.COMMAND, prefix=prefix),),
+            events_max_age,
+        ),
+        StreamLayout(
+            f"{stem}_DLQ",
+            subjects.Kind.DEAD_LETTER,
+            (subjects.stream_filter(subjects.Kind.DEAD_LETTER, prefix=prefix),),
+            events_max_age,
+        ),
+    ]
+
+
+def stream_for(prefix: str, subject_filter: str) -> StreamLayout:
+    """The stream that holds `subject_filter` (a subject or a wildcard of one kind)."""
+    parts = subject_filter.split(".")
+    for layout in layouts(prefix):
+        if len(parts) >= 2 and parts[0] == prefix and parts[1] == layout.kind:
+            return layout
+    raise ValueError(
+        f"subject {subject_filter!r} belongs to no gpuop stream: "
+        f"expected {prefix}.evt.…, {prefix}.cmd.… or {prefix}.dlq.…"
+    )
+
+
+def bucket_name(prefix: str, bucket: Buckets | str) -> str:
+    """`gpuop_sagas` for bucket `sagas`."""
+    return f"{prefix.replace('-', '_')}_{bucket}"
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: `*` is one token, a final `>` is one or more tokens."""
+    want = pattern.split(".")
+    have = subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(want) == len(have)
+
+
+DLQ_REASON = "Gpuop-Dlq-Reason"
+DLQ_KIND = "Gpuop-Dlq-Kind"
+DLQ_SUBJECT = "Gpuop-Original-Subject"
+DLQ_CONSUMER = "Gpuop-Consumer"
+DLQ_SEQ = "Gpuop-Original-Seq"
+MSG_ID = "Nats-Msg-Id"
+TRACEPARENT = "traceparent"

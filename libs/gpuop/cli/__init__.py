@@ -1,0 +1,1 @@
+"""The `gpuop` command: one subcommand module per verb, wired together in `main`."""

@@ -1,0 +1,40 @@
+"""`gpuop run <service>`: start one service with the flags of DESIGN.md section 6."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+from gpuop.runtime import launching, services, settings
+
+
+def add_parser(verbs: Any) -> None:
+    names = ", ".join(services.installed())
+    sub: argparse.ArgumentParser = verbs.add_parser(
+        "run",
+        help="run one service",
+        description=f"Run one gpuop service ({names}). Every flag also reads GPUOP_<FLAG>.",
+    )
+    sub.add_argument("service", help="the service to run")
+    sub.add_argument("--role", choices=[r.value for r in settings.Role])
+    sub.add_argument("--node", help="this node's Kubernetes name (node role)")
+    sub.add_argument("--nats", help="NATS URLs, comma separated")
+    sub.add_argument("--nats-creds", help="NATS credentials file")
+    sub.add_argument("--prefix", help="subject prefix (default gpuop)")
+    sub.add_argument("--kubeconfig", help="kubeconfig file (cluster roles)")
+    sub.add_argument("--host-root", help="host root filesystem (default /host)")
+    sub.add_argument("--nvml", help="real, sim:<gpus> or recorded:<file>")
+    sub.add_argument("--metrics-listen", help="HOST:PORT for /healthz, /readyz, /metrics")
+    sub.add_argument("--config", help="service configuration file")
+    sub.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub.add_argument("--log-format", choices=["json", "text"])
+    sub.set_defaults(handler=handle)
+
+
+async def handle(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    definition = services.lookup(args.service)
+    flags = {k: v for k, v in vars(args).items() if k not in ("verb", "handler")}
+    loaded = settings.load(flags, environ)
+    await launching.run_service(definition, loaded)
+    return 0

@@ -1,0 +1,371 @@
+"""Driver commands to one node's driver-manager, and the result it publishes for each.
+
+The upgrade orchestrator sends the commands (subject `gpuop.cmd.driver-manager.<node>.<verb>`)
+while a node's saga is in `driver-reload-required`, `reboot-required`, `validation-required`
+or `rollback-required`. The driver-manager on that node executes them idempotently by command
+id and answers every command with one result event in domain `driver`, which carries
+the id of the command it answers (`command_id`) and the driver component, so the
+orchestrator's decision core can match the answer to the saga step that asked.
+
+A failure event says whether the agent expects a retry of the same command to help
+(`retryable`); the decision core combines that with the policy to retry, reboot, roll back or
+fail the node.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar
+
+from pydantic import Field, StringConstraints
+
+from gpuop.events.envelope import Command, Event
+from gpuop.events.fields import (
+    BootId,
+    Count,
+    DocumentedEnum,
+    GpuUuid,
+    Message,
+    MessageId,
+    ModuleName,
+    NamespacedName,
+    Record,
+    Sha256,
+    TimeoutSeconds,
+    Version,
+)
+
+SERVICE = "driver-manager"
+
+
+class Component(DocumentedEnum):
+    """Which driver stack a command or result is about; upstream's `<drv>` names."""
+
+    GPU = "gpu"
+    """The NVIDIA GPU kernel driver (`nvidia`, `nvidia_uvm`, `nvidia_modeset`, ...)."""
+    OFED = "ofed"
+    """The Mellanox OFED / DOCA network driver (`mlx5_core`, `mlx5_ib`, `ib_core`, ...)."""
+
+
+class DriverStep(DocumentedEnum):
+    """One step the driver-manager executes."""
+
+    UNLOAD = "unload"
+    """Remove the kernel modules in dependency order."""
+    INSTALL = "install"
+    """Fetch, verify and install a driver package."""
+    LOAD = "load"
+    """Load the installed driver's kernel modules."""
+    VALIDATE = "validate"
+    """Check that the loaded driver works: version, devices, health."""
+
+
+class UnloadFailureReason(DocumentedEnum):
+    """Why the modules could not be unloaded."""
+
+    IN_USE = "in-use"
+    """Processes or other modules still hold the driver (see the holders)."""
+    TIMEOUT = "timeout"
+    """The holders did not go away within the command's timeout."""
+    MANAGEMENT_INTERFACE = "management-interface"
+    """Refused: the NIC driver serves the node's management path and no opt-in was given."""
+    MODULE_ERROR = "module-error"
+    """`rmmod`/`modprobe -r` failed for a reason other than use."""
+    OTHER = "other"
+    """Anything else; see the message."""
+
+
+class InstallFailureReason(DocumentedEnum):
+    """Why a driver package could not be installed."""
+
+    SOURCE_UNREACHABLE = "source-unreachable"
+    """The driver source did not answer; retrying later may help."""
+    NOT_FOUND = "not-found"
+    """The source has no package of that version for this kernel and OS."""
+    VERIFICATION_FAILED = "verification-failed"
+    """The package's digest or signature did not match."""
+    BUILD_FAILED = "build-failed"
+    """Building the modules for the running kernel failed."""
+    NO_SPACE = "no-space"
+    """The host ran out of disk space."""
+    OTHER = "other"
+    """Anything else; see the message."""
+
+
+class LoadFailureReason(DocumentedEnum):
+    """Why the driver could not be loaded or validated."""
+
+    MODULE_ERROR = "module-error"
+    """`modprobe` failed."""
+    VERSION_MISMATCH = "version-mismatch"
+    """A different driver version than requested is loaded."""
+    NO_DEVICES = "no-devices"
+    """The driver loaded but sees fewer devices than the inventory lists."""
+    UNHEALTHY = "unhealthy"
+    """Devices report errors (XID, uncorrectable ECC) or NVML fails."""
+    TIMEOUT = "timeout"
+    """The step did not finish within the command's timeout."""
+    OTHER = "other"
+    """Anything else; see the message."""
+
+
+class DriverSource(Record):
+    """Where a driver package comes from, and how to check it."""
+
+    uri: Annotated[str, StringConstraints(min_length=1, max_length=2048)]
+    """Package or repository location: an `https://` URL, an OCI image reference, a host path."""
+    sha256: Sha256 | None = None
+    """Expected digest of the package; the agent refuses a package that does not match."""
+
+
+class Process(Record):
+    """A process that holds a driver's device files."""
+
+    pid: Annotated[int, Field(ge=1, le=2**22)]
+    """Process id on the host."""
+    name: Annotated[str, StringConstraints(max_length=64)]
+    """Command name (`/proc/<pid>/comm`)."""
+    gpu_uuid: GpuUuid | None = None
+    """GPU it uses, when known."""
+    pod: NamespacedName | None = None
+    """Pod it belongs to, when it runs in one."""
+
+
+# Commands. Every command names its component; the agent rejects one it does not manage.
+
+
+class UnloadDriver(Command):
+    """Unload the component's kernel modules, waiting up to `timeout_seconds` for holders."""
+
+    SERVICE: ClassVar[str] = SERVICE
+    VERB: ClassVar[str] = "unload"
+
+    component: Component
+    """Driver stack to unload."""
+    timeout_seconds: TimeoutSeconds = 300
+    """How long to wait for holders to let go before reporting failure."""
+    allow_management_interface: bool = False
+    """Opt-in to reload a NIC driver that carries the node's management traffic."""
+
+
+class InstallDriver(Command):
+    """Fetch, verify and install `version` of the component from `source`; do not load it."""
+
+    SERVICE: ClassVar[str] = SERVICE
+    VERB: ClassVar[str] = "install"
+
+    component: Component
+    """Driver stack to install."""
+    version: Version
+    """Driver version to install."""
+    source: DriverSource
+    """Where the package comes from."""
+    timeout_seconds: TimeoutSeconds = 1800
+    """How long fetching and building may take."""
+
+
+class LoadDriver(Command):
+    """Load the installed `version` of the component."""
+
+    SERVICE: ClassVar[str] = SERVICE
+    VERB: ClassVar[str] = "load"
+
+    component: Component
+    """Driver stack to load."""
+    version: Version
+    """Driver version expected to load; a different one is a failure."""
+    timeout_seconds: TimeoutSeconds = 300
+    """How long loading may take."""
+
+
+class ValidateDriver(Command):
+    """Check that `version` of the component is loaded and every device works."""
+
+    SERVICE: ClassVar[str] = SERVICE
+    VERB: ClassVar[str] = "validate"
+
+    component: Component
+    """Driver stack to validate."""
+    version: Version
+    """Driver version that must be running."""
+    expected_devices: Count | None = None
+    """Devices the driver must see (GPUs, or ConnectX functions); absent to accept any."""
+    timeout_seconds: TimeoutSeconds = 600
+    """How long validation may take."""
+
+
+class RollbackDriver(Command):
+    """Return the component to `version`: unload what runs, reinstall if needed, load."""
+
+    SERVICE: ClassVar[str] = SERVICE
+    VERB: ClassVar[str] = "rollback"
+
+    component: Component
+    """Driver stack to roll back."""
+    version: Version
+    """Previous driver version to return to."""
+    source: DriverSource | None = None
+    """Where to fetch it if the agent no longer has the package."""
+    timeout_seconds: TimeoutSeconds = 1800
+    """How long the whole rollback may take."""
+
+
+class RebootNode(Command):
+    """Reboot the node, unless it already rebooted since the orchestrator decided to."""
+
+    SERVICE: ClassVar[str] = SERVICE
+    VERB: ClassVar[str] = "reboot"
+
+    boot_id: BootId
+    """Boot id the decision was made in. The agent reboots only while it is still current, so a
+    command redelivered after the reboot is dropped (discovery's new boot id is the answer)."""
+    reason: Message = ""
+    """Why the node reboots, for the journal and the event log."""
+
+
+# Results.
+
+
+class DriverResult(Event):
+    """Base of the driver-manager's answers: which command, which component."""
+
+    DOMAIN: ClassVar[str] = "driver"
+
+    command_id: MessageId
+    """Envelope id of the command this answers."""
+    component: Component
+    """Driver stack the command was about."""
+
+
+class DriverFailure(DriverResult):
+    """Base of the failure answers."""
+
+    message: Message = ""
+    """What went wrong, for operators."""
+    retryable: bool = False
+    """True when the agent expects the same command to succeed later (a transient cause)."""
+
+
+class DriverUnloaded(DriverResult):
+    """The component's modules are unloaded (or none was loaded)."""
+
+    NAME: ClassVar[str] = "unloaded"
+
+    version: Version | None = None
+    """Version that was loaded before; absent when nothing was loaded."""
+    modules: tuple[ModuleName, ...] = Field(default=(), max_length=64)
+    """Modules removed, in the order they were removed."""
+
+
+class DriverUnloadFailed(DriverFailure):
+    """The component's modules could not be unloaded; the node still runs the old driver."""
+
+    NAME: ClassVar[str] = "unload-failed"
+
+    reason: UnloadFailureReason
+    """Why the unload failed."""
+    holding_modules: tuple[ModuleName, ...] = Field(default=(), max_length=64)
+    """Other modules that still use the driver's modules."""
+    holding_processes: tuple[Process, ...] = Field(default=(), max_length=256)
+    """Processes that still hold the driver's device files (the first 256)."""
+
+
+class DriverInstalled(DriverResult):
+    """The package is installed and ready to load."""
+
+    NAME: ClassVar[str] = "installed"
+
+    version: Version
+    """Installed version."""
+    sha256: Sha256 | None = None
+    """Digest of the package that was installed."""
+
+
+class DriverInstallFailed(DriverFailure):
+    """The package could not be installed; the previous installation is untouched."""
+
+    NAME: ClassVar[str] = "install-failed"
+
+    version: Version
+    """Version that was asked for."""
+    reason: InstallFailureReason
+    """Why the install failed."""
+
+
+class DriverLoaded(DriverResult):
+    """The driver is loaded."""
+
+    NAME: ClassVar[str] = "loaded"
+
+    version: Version
+    """Loaded version."""
+    modules: tuple[ModuleName, ...] = Field(default=(), max_length=64)
+    """Modules now loaded, in load order."""
+
+
+class DriverLoadFailed(DriverFailure):
+    """The driver could not be loaded."""
+
+    NAME: ClassVar[str] = "load-failed"
+
+    version: Version
+    """Version that was asked for."""
+    reason: LoadFailureReason
+    """Why the load failed."""
+
+
+class DriverValidated(DriverResult):
+    """The driver runs the expected version and every device works."""
+
+    NAME: ClassVar[str] = "validated"
+
+    version: Version
+    """Validated version."""
+    devices: Count
+    """Devices the driver sees."""
+
+
+class DriverValidationFailed(DriverFailure):
+    """The loaded driver is not usable."""
+
+    NAME: ClassVar[str] = "validation-failed"
+
+    version: Version
+    """Version that was expected."""
+    reason: LoadFailureReason
+    """Why validation failed."""
+    failing_gpus: tuple[GpuUuid, ...] = Field(default=(), max_length=64)
+    """GPUs that failed their checks."""
+
+
+class DriverRolledBack(DriverResult):
+    """The component runs the previous version again."""
+
+    NAME: ClassVar[str] = "rolled-back"
+
+    version: Version
+    """Version now loaded (the one rolled back to)."""
+    from_version: Version | None = None
+    """Version that was loaded before the rollback, when any was."""
+
+
+class DriverRollbackFailed(DriverFailure):
+    """The rollback did not complete; the node needs an operator."""
+
+    NAME: ClassVar[str] = "rollback-failed"
+
+    version: Version
+    """Version the rollback aimed for."""
+    failed_step: DriverStep
+    """Step of the rollback that failed."""
+
+
+class RebootStarted(Event):
+    """The agent is rebooting the node; discovery confirms it with a new boot id."""
+
+    DOMAIN: ClassVar[str] = "driver"
+    NAME: ClassVar[str] = "reboot-started"
+
+    command_id: MessageId
+    """Envelope id of the `RebootNode` command this answers."""
+    boot_id: BootId
+    """Boot id before the reboot."""

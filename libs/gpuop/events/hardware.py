@@ -1,0 +1,178 @@
+"""What a node is made of: its GPU and PCI inventory, kernel, OS, driver and boot.
+
+Published by the discovery service's node role, which reads the host root and NVML:
+`HardwareDiscovered` whenever anything in the inventory changed (including the boot id, so a
+reboot always produces one), and `HardwareHeartbeat` on a fixed period so the cluster side can
+notice a missed inventory (its hash differs from the stored one) or a silent reboot.
+
+Consumed by discovery's cluster role (node labels, the `gpuop_nodes` KV bucket), by the
+upgrade orchestrator (which driver runs where; a new boot id confirms a reboot) and by the
+device plugin and telemetry for the device list. `RescanHardware` asks discovery for a fresh
+inventory at once, for example after a driver load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, ClassVar
+
+from pydantic import Field, StringConstraints
+
+from gpuop.events.envelope import Command, Event
+from gpuop.events.fields import (
+    BootId,
+    Bytes,
+    Count,
+    DocumentedEnum,
+    GpuUuid,
+    Message,
+    ModuleName,
+    Record,
+    Seconds,
+    Sha256,
+    Version,
+)
+
+PciAddress = Annotated[
+    str,
+    StringConstraints(pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"),
+]
+"""A PCI function address as sysfs writes it: `0000:00:06.0` (NVML's 8-digit domain allowed)."""
+HexId16 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{4}$")]
+"""A 16-bit PCI id as 4 lowercase hex digits without `0x`: `10de`."""
+HexClass = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{6}$")]
+"""A PCI class code as 6 lowercase hex digits without `0x`: `030200` (3D controller)."""
+NumaNode = Annotated[int, Field(ge=0, le=1023)]
+"""A NUMA node number."""
+ShortText = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+"""A short free-form name reported by the hardware or the OS."""
+
+
+class MigMode(DocumentedEnum):
+    """Multi-Instance GPU mode of one GPU."""
+
+    DISABLED = "disabled"
+    """MIG is supported but off: the whole GPU is one device."""
+    ENABLED = "enabled"
+    """MIG is on: the GPU is split into MIG devices."""
+    UNSUPPORTED = "unsupported"
+    """The GPU cannot do MIG."""
+
+
+class Gpu(Record):
+    """One physical GPU as NVML reports it."""
+
+    uuid: GpuUuid
+    """Stable identity of the GPU across reboots and driver reloads."""
+    index: Annotated[int, Field(ge=0, le=63)]
+    """NVML index on this node (may change across reboots; prefer `uuid`)."""
+    minor_number: Annotated[int, Field(ge=0, le=255)]
+    """Minor number of its device file, `/dev/nvidia<minor>`."""
+    pci_bus_id: PciAddress
+    """PCI address of the GPU."""
+    model_name: ShortText
+    """Product name: `NVIDIA H200`."""
+    memory_bytes: Bytes
+    """Total framebuffer memory."""
+    numa_node: NumaNode | None = None
+    """NUMA node the GPU is attached to; absent when the platform does not say."""
+    mig_mode: MigMode
+    """Current MIG mode."""
+    compute_capability: Annotated[str, StringConstraints(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$")]
+    """CUDA compute capability, `major.minor`: `9.0`."""
+    architecture: Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]{1,32}$")] | None = None
+    """GPU architecture family in lowercase (`hopper`), when NVML names it."""
+
+
+class PciFunction(Record):
+    """One PCI function of the node, from sysfs."""
+
+    address: PciAddress
+    """PCI address: `0000:00:06.0`."""
+    vendor_id: HexId16
+    """Vendor id: `10de` is NVIDIA, `15b3` is Mellanox."""
+    device_id: HexId16
+    """Device id: `2335` is an H200."""
+    class_id: HexClass
+    """Class code: `030200` is a 3D controller, `020000` an Ethernet controller."""
+    subsystem_vendor_id: HexId16
+    """Subsystem vendor id."""
+    subsystem_device_id: HexId16
+    """Subsystem device id."""
+    numa_node: NumaNode | None = None
+    """NUMA node; absent when sysfs says `-1`."""
+    link_speed_gts: Annotated[float, Field(ge=0, le=1024)] | None = None
+    """Current PCIe link speed in GT/s per lane (`32.0` for Gen5); absent when unknown."""
+    link_width: Annotated[int, Field(ge=0, le=64)] | None = None
+    """Current PCIe link width in lanes; absent when unknown."""
+    driver: ModuleName | None = None
+    """Kernel driver bound to the function (`nvidia`, `mlx5_core`); absent when unbound."""
+
+
+class HardwareDiscovered(Event):
+    """The full inventory of one node, published whenever any part of it changed."""
+
+    DOMAIN: ClassVar[str] = "hardware"
+    NAME: ClassVar[str] = "discovered"
+
+    gpus: tuple[Gpu, ...] = Field(default=(), max_length=64)
+    """Every NVIDIA GPU NVML sees, by index; empty when no driver is loaded."""
+    pci_functions: tuple[PciFunction, ...] = Field(default=(), max_length=1024)
+    """Every PCI function of the node, by address."""
+    kernel_release: ShortText
+    """Running kernel, as `uname -r`: `6.18.44-fc-v657-gpu`."""
+    machine: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]{1,32}$")]
+    """CPU architecture, as `uname -m`: `x86_64`, `aarch64`."""
+    os_id: Annotated[str, StringConstraints(pattern=r"^[a-z0-9._-]{1,64}$")]
+    """`ID` from `/etc/os-release`: `ubuntu`."""
+    os_version_id: Annotated[str, StringConstraints(max_length=64)]
+    """`VERSION_ID` from `/etc/os-release`: `24.04` (empty for rolling distributions)."""
+    boot_id: BootId
+    """Boot id when the inventory was taken."""
+    driver_version: Version | None = None
+    """Loaded NVIDIA kernel driver version (`580.159.04`); absent when none is loaded."""
+    cuda_driver_version: Version | None = None
+    """Highest CUDA version the loaded driver supports (`13.0`); absent without a driver."""
+    ofed_version: Version | None = None
+    """Loaded Mellanox OFED (DOCA) driver version; absent when the inbox driver or none runs."""
+    modules_loaded: tuple[ModuleName, ...] = Field(default=(), max_length=256)
+    """Loaded kernel modules of the managed drivers (`nvidia*`, `mlx5_*`, `ib_*`, ...), sorted."""
+    inventory_hash: Sha256
+    """SHA-256 of every other field, from `content_hash()`: equal hashes, equal inventories."""
+
+    def content_hash(self) -> str:
+        """The value `inventory_hash` must have: a digest of the canonical JSON of the rest.
+
+        Producers build the inventory with any placeholder hash and publish
+        `inventory.model_copy(update={"inventory_hash": inventory.content_hash()})`.
+        """
+        fields = self.model_dump(mode="json", exclude={"inventory_hash"})
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class HardwareHeartbeat(Event):
+    """Discovery is alive on the node; carries enough to notice a missed inventory or reboot."""
+
+    DOMAIN: ClassVar[str] = "hardware"
+    NAME: ClassVar[str] = "heartbeat"
+
+    boot_id: BootId
+    """Current boot id; differs from the last inventory's after a reboot."""
+    inventory_hash: Sha256
+    """Hash of the inventory discovery last published."""
+    uptime_seconds: Seconds
+    """Seconds since the node booted."""
+    gpu_count: Count
+    """GPUs NVML sees now."""
+
+
+class RescanHardware(Command):
+    """Discovery must take and publish a fresh inventory now, even if nothing changed."""
+
+    SERVICE: ClassVar[str] = "discovery"
+    VERB: ClassVar[str] = "rescan"
+
+    reason: Message = ""
+    """Why the rescan was asked for, for the log."""

@@ -1,0 +1,207 @@
+"""The upgrade saga's public face: node states and rollout progress.
+
+The upgrade orchestrator publishes these, and only it. `NodeUpgradeStateChanged` goes out on
+every state change of a node's saga, on the subject `gpuop.evt.upgrade.<node>.<state>`
+named after the NEW state, so external tools can subscribe to exactly the states they care
+about (`gpuop.evt.upgrade.*.upgrade-failed`) with any NATS client. The rollout events describe
+the whole rollout; they are published with the node token `subjects.CLUSTER` (`_cluster`),
+which is the publisher's job (`new_event(..., node=subjects.CLUSTER)`).
+
+The state names are upstream's node-label values (NVIDIA/k8s-operator-libs), so operators who
+know the GPU and Network Operators recognise them; `operands-pause-required`,
+`driver-reload-required`, `reboot-required` and `rollback-required` are ours. These events are
+a versioned public contract: change a field only by adding a new version of the model.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field, StringConstraints
+
+from gpuop.events.driver import Component
+from gpuop.events.envelope import Event, MalformedMessage
+from gpuop.events.fields import (
+    Attempt,
+    CorrelationId,
+    Count,
+    DocumentedEnum,
+    Message,
+    NodeName,
+    Seconds,
+    Version,
+)
+
+DOMAIN = "upgrade"
+
+
+class UpgradeState(DocumentedEnum):
+    """Where a node is in its driver upgrade; each state names the action still pending."""
+
+    UPGRADE_REQUIRED = "upgrade-required"
+    """Targeted by a rollout or retried after a failure; admission moves it to cordon-required."""
+    CORDON_REQUIRED = "cordon-required"
+    """Admitted to a slot; once the node is unschedulable, goes to wait-for-jobs-required."""
+    WAIT_FOR_JOBS_REQUIRED = "wait-for-jobs-required"
+    """Cordoned; when no selected job runs or the wait's deadline passes, pod-deletion-required."""
+    POD_DELETION_REQUIRED = "pod-deletion-required"
+    """Jobs done; GPU pods are deleted, then drain-required (upgrade-failed if some stay)."""
+    DRAIN_REQUIRED = "drain-required"
+    """GPU pods gone; drains if enabled, then operands-pause-required (upgrade-failed if stuck)."""
+    OPERANDS_PAUSE_REQUIRED = "operands-pause-required"
+    """Node empty; once every operand confirmed its pause, goes to driver-reload-required."""
+    DRIVER_RELOAD_REQUIRED = "driver-reload-required"
+    """Operands paused; unload, install, load, then validation-required (or reboot-required)."""
+    REBOOT_REQUIRED = "reboot-required"
+    """Unload failed and policy allows a reboot; a new boot id moves it to validation-required."""
+    ROLLBACK_REQUIRED = "rollback-required"
+    """A step after the unload failed; restores the previous driver, then validation-required."""
+    VALIDATION_REQUIRED = "validation-required"
+    """Driver loaded; uncordon-required once it validates, else rollback-required or failed."""
+    UNCORDON_REQUIRED = "uncordon-required"
+    """Validated; resumes operands, uncordons unless cordoned before, then upgrade-done."""
+    UPGRADE_DONE = "upgrade-done"
+    """Runs the target driver, validated, schedulable; a new rollout makes it upgrade-required."""
+    UPGRADE_FAILED = "upgrade-failed"
+    """A step failed for good and compensation ran; a backoff or an operator retries it."""
+
+
+TERMINAL_STATES = frozenset({UpgradeState.UPGRADE_DONE, UpgradeState.UPGRADE_FAILED})
+"""States in which a node's saga takes no further action by itself."""
+
+
+class NodeUpgradeStateChanged(Event):
+    """A node's upgrade saga moved to a new state; published on the subject of that state."""
+
+    DOMAIN: ClassVar[str] = DOMAIN
+    NAME: ClassVar[str] = "state-changed"
+    SUBJECT_FIELD: ClassVar[str] = "to_state"
+    """The field whose value is the subject's last token instead of `NAME`."""
+    SUBJECT_PARAMETER: ClassVar[str] = "state"
+    """Name of that token in the AsyncAPI channel address."""
+
+    rollout_id: CorrelationId
+    """The rollout this saga belongs to (also the envelope's `correlationid`)."""
+    from_state: UpgradeState | None = None
+    """State before the change; absent when the saga was just created."""
+    to_state: UpgradeState
+    """State after the change: the last token of the subject."""
+    reason: Message = ""
+    """Why the saga moved, in words: the event or deadline that caused it."""
+    attempt: Attempt = 1
+    """Which try of the upgrade this is for the node (retries after upgrade-failed count up)."""
+    components: tuple[Component, ...] = Field(min_length=1, max_length=2)
+    """Driver stacks upgraded together in this maintenance window."""
+    target_versions: dict[Component, Version] = Field(max_length=2)
+    """Version each component is upgraded to."""
+    previous_versions: dict[Component, Version] = Field(default_factory=dict, max_length=2)
+    """Version each component ran before the upgrade, the rollback target."""
+
+    def subject_token(self) -> str:
+        return self.to_state.value
+
+    @classmethod
+    def subject_token_of(cls, data: dict[str, Any]) -> str:
+        try:
+            return UpgradeState(data[cls.SUBJECT_FIELD]).value
+        except (KeyError, TypeError, ValueError):
+            raise MalformedMessage(f"{cls.TYPE} data has no valid {cls.SUBJECT_FIELD}") from None
+
+
+class RolloutTrigger(DocumentedEnum):
+    """What started a rollout."""
+
+    POLICY = "policy"
+    """The desired versions in the GPUClusterPolicy changed."""
+    CLI = "cli"
+    """An operator ran `gpuop upgrade start`."""
+
+
+class RolloutFailureReason(DocumentedEnum):
+    """Why a rollout ended without upgrading every node."""
+
+    NODES_FAILED = "nodes-failed"
+    """Some nodes ended in upgrade-failed and no retries are left."""
+    SUPERSEDED = "superseded"
+    """A newer rollout with other target versions replaced it."""
+    ABORTED = "aborted"
+    """An operator stopped it."""
+    DEADLINE = "deadline"
+    """The rollout as a whole ran past its deadline."""
+
+
+class RolloutEvent(Event):
+    """Base of the rollout-wide events; published with the node token `_cluster`."""
+
+    DOMAIN: ClassVar[str] = DOMAIN
+    CLUSTER_WIDE: ClassVar[bool] = True
+    """Always published about `subjects.CLUSTER`, never about one node."""
+
+    rollout_id: CorrelationId
+    """The rollout (also the envelope's `correlationid`)."""
+
+
+MaxUnavailable = (
+    Annotated[int, Field(ge=0, le=1_000_000, strict=True)]
+    | Annotated[str, StringConstraints(pattern=r"^(100|[1-9]?[0-9])%$")]
+)
+"""A node count, or a percentage of the managed nodes such as `25%` (like IntOrString)."""
+
+
+class RolloutStarted(RolloutEvent):
+    """A rollout of new driver versions began."""
+
+    NAME: ClassVar[str] = "rollout-started"
+
+    trigger: RolloutTrigger
+    """What started it."""
+    target_versions: dict[Component, Version] = Field(min_length=1, max_length=2)
+    """Version each component is rolled out to."""
+    total: Count
+    """Nodes the rollout covers."""
+    max_parallel_upgrades: Count
+    """Nodes upgraded at once at most (0 means no limit)."""
+    max_unavailable: MaxUnavailable
+    """Nodes allowed to be unavailable at once, counting NotReady and cordoned ones."""
+
+
+class RolloutCounts(RolloutEvent):
+    """Base of the events that report how far a rollout got."""
+
+    done: Count
+    """Nodes in upgrade-done."""
+    failed: Count
+    """Nodes in upgrade-failed."""
+    total: Count
+    """Nodes the rollout covers."""
+
+
+class RolloutProgress(RolloutCounts):
+    """How many nodes are in each state; published when the counts change."""
+
+    NAME: ClassVar[str] = "rollout-progress"
+
+    counts: dict[UpgradeState, Count] = Field(max_length=len(UpgradeState))
+    """Nodes per state; states without nodes are left out."""
+
+
+class RolloutCompleted(RolloutCounts):
+    """Every node of the rollout reached upgrade-done."""
+
+    NAME: ClassVar[str] = "rollout-completed"
+
+    duration_seconds: Seconds
+    """Time from RolloutStarted to now."""
+
+
+class RolloutFailed(RolloutCounts):
+    """The rollout ended without upgrading every node."""
+
+    NAME: ClassVar[str] = "rollout-failed"
+
+    reason: RolloutFailureReason
+    """Why it ended."""
+    message: Message = ""
+    """Detail for operators."""
+    failed_nodes: tuple[NodeName, ...] = Field(default=(), max_length=256)
+    """Nodes in upgrade-failed (the first 256; `failed` has the full count)."""

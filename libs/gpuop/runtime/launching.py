@@ -1,0 +1,80 @@
+"""Runs one service process: logging, tracing, the bus, the health endpoints, the service.
+
+The single path every service starts by (`gpuop run`), so a DaemonSet, a test and the demo
+behave alike. A service that is not built yet still starts, connects and serves /healthz,
+but /readyz says plainly that it is not built, and it does nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from gpuop.bus import NatsBus
+from gpuop.observability import logging as oblog
+from gpuop.observability import tracing
+from gpuop.observability.http import HealthServer
+from gpuop.observability.metrics import BusMetrics, registry
+from gpuop.runtime.services import ServiceContext, ServiceDefinition
+from gpuop.runtime.settings import Settings, SettingsError
+
+log = logging.getLogger(__name__)
+
+
+def check_role(definition: ServiceDefinition, settings: Settings) -> None:
+    if settings.role not in definition.roles:
+        roles = ", ".join(sorted(definition.roles))
+        raise SettingsError(
+            f"--role {settings.role}: {definition.name} has no {settings.role} role"
+            f" (it has: {roles})"
+        )
+
+
+async def run_service(definition: ServiceDefinition, settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then stop cleanly."""
+    check_role(definition, settings)
+    oblog.configure_logging(
+        definition.name,
+        node=settings.node,
+        level=settings.log_level,
+        json=settings.log_format == "json",
+    )
+    tracing.configure_tracing(definition.name, node=settings.node)
+    metrics = registry()
+    bus = NatsBus(
+        list(settings.nats),
+        prefix=settings.prefix,
+        name=f"gpuop-{definition.name}-{settings.node or settings.role}",
+        creds=str(settings.nats_creds) if settings.nats_creds else None,
+        metrics=BusMetrics(metrics),
+    )
+    context = ServiceContext(settings, bus, metrics)
+    host, port = settings.listen_address
+    health = HealthServer(
+        metrics,
+        readiness=lambda: (context.ready, context.not_ready_reason),
+        host=host,
+        port=port,
+    )
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, context.stopping.set)
+    address = await health.start()
+    log.info("health endpoints on http://%s:%d", *address, extra={"role": settings.role})
+    try:
+        await bus.start()
+        if definition.main is None:
+            context.not_ready_reason = (
+                f"{definition.name} is not built yet (issue {definition.pending_issue})"
+            )
+            log.warning("%s; connected to the bus and idle", context.not_ready_reason)
+            await context.stopping.wait()
+        else:
+            await definition.main(context)
+    finally:
+        await bus.close()
+        await health.stop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        log.info("stopped")

@@ -1,0 +1,122 @@
+"""One settings object for every service: flags, `GPUOP_*` environment variables, defaults.
+
+`gpuop run <service>` (a DaemonSet pod, a test, a person at a terminal) builds `Settings`
+here and nowhere else; each flag `--nats-creds` also reads `GPUOP_NATS_CREDS`.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpuop.events import subjects
+
+ENV_PREFIX = "GPUOP_"
+
+
+class Role(enum.StrEnum):
+    """Where a service instance runs."""
+
+    NODE = "node"
+    """A DaemonSet pod on one node: NATS credentials only, no Kubernetes write access."""
+    CLUSTER = "cluster"
+    """A Deployment: the Kubernetes RBAC its job needs and nothing more."""
+
+
+class SettingsError(ValueError):
+    """Settings that cannot work; the message names the flag and what is wrong."""
+
+
+_NVML = re.compile(r"^(real|sim:[1-9][0-9]?|recorded:.+)$")
+_LISTEN = re.compile(r"^(?P<host>[^:\s]+|\[[0-9a-fA-F:]+\]):(?P<port>[0-9]{1,5})$")
+
+
+class Settings(BaseModel):
+    """Everything a service is told at start."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    service: str
+    """Which service runs (`discovery`, `driver-manager`, ...)."""
+    role: Role = Role.NODE
+    """Node agent or cluster controller."""
+    node: str | None = None
+    """This node's Kubernetes name (required for the node role)."""
+    nats: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    """NATS server URLs."""
+    nats_creds: Path | None = None
+    """NATS credentials file (production NATS uses per-service users)."""
+    prefix: str = subjects.DEFAULT_PREFIX
+    """Subject prefix, so several clusters can share one NATS."""
+    kubeconfig: Path | None = None
+    """Kubeconfig for cluster roles; in a pod the service account is used when unset."""
+    host_root: Path = Path("/host")
+    """Where the node's root filesystem is mounted."""
+    nvml: str = "real"
+    """NVML backend: `real`, `sim:<gpus>` or `recorded:<file>`."""
+    metrics_listen: str = "127.0.0.1:0"
+    """HOST:PORT for /healthz, /readyz and /metrics (port 0 picks a free one)."""
+    config: Path | None = None
+    """Optional service configuration file."""
+    log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+    """Log level."""
+    log_format: str = Field(default="json", pattern="^(json|text)$")
+    """`json` for machines, `text` for people."""
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, node: str | None) -> str | None:
+        return None if node is None else subjects.validate_node_name(node)
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, prefix: str) -> str:
+        return subjects.validate_prefix(prefix)
+
+    @field_validator("nvml")
+    @classmethod
+    def _nvml(cls, nvml: str) -> str:
+        if not _NVML.match(nvml):
+            raise ValueError("expected real, sim:<gpus> (1-99) or recorded:<file>")
+        return nvml
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _listen(cls, listen: str) -> str:
+        match = _LISTEN.match(listen)
+        if not match or int(match["port"]) > 65535:
+            raise ValueError("expected HOST:PORT")
+        return listen
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        host, _, port = self.metrics_listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+def load(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Settings:
+    """Flags win over `GPUOP_*` variables, which win over defaults."""
+    values: dict[str, Any] = {}
+    for name in Settings.model_fields:
+        env = environ.get(ENV_PREFIX + name.upper())
+        if env is not None and env != "":
+            values[name] = env
+        if flags.get(name) is not None:
+            values[name] = flags[name]
+        if name == "nats" and isinstance(values.get(name), str):
+            values[name] = tuple(u.strip() for u in values[name].split(",") if u.strip())
+    try:
+        settings = Settings.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "settings"
+        flag = "--" + field.replace("_", "-")
+        raise SettingsError(f"{flag} (or {ENV_PREFIX}{field.upper()}): {first['msg']}") from None
+    if settings.role is Role.NODE and settings.node is None:
+        raise SettingsError(f"--node (or {ENV_PREFIX}NODE) is required for the node role")
+    return settings

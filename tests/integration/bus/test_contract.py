@@ -1,0 +1,314 @@
+"""The bus contract: every test runs against `InMemoryBus` and against `NatsBus` on a real
+nats-server, so the in-memory bus used by unit tests cannot drift from production."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+from opentelemetry import trace
+
+from gpuop.bus import (
+    Buckets,
+    Bus,
+    ConsumerSpec,
+    Delivery,
+    InMemoryBus,
+    KeyExists,
+    NatsBus,
+    NatsServer,
+    PermanentError,
+    RevisionConflict,
+    TemporaryError,
+    streams,
+)
+from gpuop.observability import tracing
+from tests.integration.bus.support import (
+    HB_SUBJECT,
+    Recorder,
+    collect,
+    dead_letters,
+    heartbeat,
+    publish_raw,
+    seq_of,
+    wait_until,
+)
+
+
+@pytest.fixture(params=["memory", "nats"])
+async def bus(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[Bus]:
+    server: NatsServer | None = None
+    if request.param == "memory":
+        implementation: Bus = InMemoryBus()
+    else:
+        server = NatsServer(tmp_path / "nats")
+        await server.start()
+        implementation = NatsBus(server.url, retry_for=5.0)
+    await implementation.start()
+    try:
+        yield implementation
+    finally:
+        await implementation.close()
+        if server is not None:
+            await server.stop()
+
+
+def spec(name: str = "test", **overrides: object) -> ConsumerSpec:
+    settings: dict[str, object] = {"durable": name, "subjects": [HB_SUBJECT]}
+    settings.update(overrides)
+    return ConsumerSpec(**settings)  # type: ignore[arg-type]
+
+
+async def test_published_event_reaches_handler_with_typed_payload(bus: Bus) -> None:
+    recorder = Recorder()
+    sub = await bus.consume(spec(), recorder)
+    ack = await bus.publish(heartbeat("gpu-1.example.com", 7))
+    seen = await recorder.wait_for(1)
+    await sub.stop()
+    assert ack.seq == 1 and not ack.duplicate
+    assert seen[0].subject == "gpuop.evt.hardware.gpu-1_example_com.heartbeat"
+    assert seen[0].envelope.node == "gpu-1.example.com"
+    assert seq_of(seen[0]) == 7 and seen[0].attempt == 1
+
+
+async def test_duplicate_event_id_is_stored_once(bus: Bus) -> None:
+    first = await bus.publish(heartbeat("n1", 1, id="same-id"))
+    again = await bus.publish(heartbeat("n1", 1, id="same-id"))
+    assert again.duplicate and again.seq == first.seq
+    stored = await collect(bus.read(HB_SUBJECT))
+    assert [m.seq for m in stored] == [first.seq]
+
+
+async def test_durable_consumer_resumes_after_last_ack(bus: Bus) -> None:
+    recorder = Recorder()
+    sub = await bus.consume(spec(), recorder)
+    await bus.publish(heartbeat("n1", 1))
+    await recorder.wait_for(1)
+    await sub.stop()
+    await bus.publish(heartbeat("n1", 2))
+    again = Recorder()
+    sub = await bus.consume(spec(), again)
+    seen = await again.wait_for(1)
+    await asyncio.sleep(0.2)
+    await sub.stop()
+    assert [seq_of(d) for d in again.seen] == [2] == [seq_of(d) for d in seen]
+
+
+async def test_temporary_error_is_redelivered_after_its_delay(bus: Bus) -> None:
+    async def fail_first(delivery: Delivery) -> None:
+        if delivery.attempt == 1:
+            raise TemporaryError("not yet", delay=0.3)
+
+    recorder = Recorder(fail_first)
+    sub = await bus.consume(spec(), recorder)
+    await bus.publish(heartbeat("n1", 1))
+    first = (await recorder.wait_for(1))[0]
+    started = asyncio.get_running_loop().time()
+    second = (await recorder.wait_for(2))[1]
+    waited = asyncio.get_running_loop().time() - started
+    await sub.stop()
+    assert (first.attempt, second.attempt) == (1, 2)
+    assert waited >= 0.2
+    assert await dead_letters(bus) == []
+
+
+async def test_permanent_error_dead_letters_with_reason_and_consumer_continues(bus: Bus) -> None:
+    async def reject_first(delivery: Delivery) -> None:
+        if seq_of(delivery) == 1:
+            raise PermanentError("node n1 does not exist")
+
+    recorder = Recorder(reject_first)
+    sub = await bus.consume(spec(), recorder)
+    await bus.publish(heartbeat("n1", 1))
+    await bus.publish(heartbeat("n1", 2))
+    await recorder.wait_for(2)
+    await wait_until(lambda: _has_dead_letters(bus, 1))
+    await sub.stop()
+    (letter,) = await dead_letters(bus)
+    assert letter.subject == "gpuop.dlq.gpuop.evt.hardware.n1.heartbeat"
+    assert letter.headers[streams.DLQ_KIND] == "permanent"
+    assert letter.headers[streams.DLQ_REASON] == "node n1 does not exist"
+    assert letter.headers[streams.DLQ_CONSUMER] == "test"
+    assert json.loads(letter.data)["data"]["uptime_seconds"] == 1
+
+
+async def test_malformed_payload_is_dead_lettered_and_never_reaches_handler(bus: Bus) -> None:
+    recorder = Recorder()
+    sub = await bus.consume(spec(), recorder)
+    await publish_raw(bus, "gpuop.evt.hardware.n1.heartbeat", b"{not json")
+    await bus.publish(heartbeat("n1", 2))
+    await recorder.wait_for(1)
+    await wait_until(lambda: _has_dead_letters(bus, 1))
+    await sub.stop()
+    (letter,) = await dead_letters(bus)
+    assert letter.data == b"{not json"
+    assert letter.headers[streams.DLQ_KIND] == "malformed"
+    assert "not JSON" in letter.headers[streams.DLQ_REASON]
+    assert [seq_of(d) for d in recorder.seen] == [2]
+
+
+async def test_envelope_about_another_node_is_dead_lettered(bus: Bus) -> None:
+    recorder = Recorder()
+    sub = await bus.consume(spec(), recorder)
+    forged = heartbeat("victim", 1).to_bytes()
+    await publish_raw(bus, "gpuop.evt.hardware.attacker.heartbeat", forged)
+    await wait_until(lambda: _has_dead_letters(bus, 1))
+    await sub.stop()
+    (letter,) = await dead_letters(bus)
+    assert "does not match" in letter.headers[streams.DLQ_REASON]
+    assert recorder.seen == []
+
+
+async def test_unknown_newer_type_is_acked_not_dead_lettered(bus: Bus) -> None:
+    recorder = Recorder()
+    sub = await bus.consume(spec(), recorder)
+    document = json.loads(heartbeat("n1", 1).to_bytes())
+    document["type"] = "io.gpuop.hardware.heartbeat.v9"
+    await publish_raw(bus, "gpuop.evt.hardware.n1.heartbeat", json.dumps(document).encode())
+    await bus.publish(heartbeat("n1", 2))
+    await recorder.wait_for(1)
+    await sub.stop()
+    assert [seq_of(d) for d in recorder.seen] == [2]
+    assert await dead_letters(bus) == []
+
+
+async def test_max_deliver_bounds_a_message_that_always_fails(bus: Bus) -> None:
+    async def always(delivery: Delivery) -> None:
+        raise TemporaryError("still broken", delay=0.05)
+
+    recorder = Recorder(always)
+    sub = await bus.consume(spec(max_deliver=3), recorder)
+    await bus.publish(heartbeat("n1", 1))
+    await wait_until(lambda: _has_dead_letters(bus, 1))
+    await asyncio.sleep(0.3)
+    await sub.stop()
+    assert [d.attempt for d in recorder.seen] == [1, 2, 3]
+    (letter,) = await dead_letters(bus)
+    assert letter.headers[streams.DLQ_KIND] == "max_deliver"
+    assert "still broken" in letter.headers[streams.DLQ_REASON]
+
+
+async def test_unknown_exception_is_retried_by_default(bus: Bus) -> None:
+    async def crash_once(delivery: Delivery) -> None:
+        if delivery.attempt == 1:
+            raise RuntimeError("boom")
+
+    recorder = Recorder(crash_once)
+    sub = await bus.consume(spec(retry_delay=0.05), recorder)
+    await bus.publish(heartbeat("n1", 1))
+    seen = await recorder.wait_for(2)
+    await sub.stop()
+    assert [d.attempt for d in seen] == [1, 2]
+
+
+async def test_one_node_stays_in_order_while_another_node_is_slow(bus: Bus) -> None:
+    release = asyncio.Event()
+
+    async def slow_for_b(delivery: Delivery) -> None:
+        if delivery.envelope.node == "node-b":
+            await release.wait()
+
+    recorder = Recorder(slow_for_b)
+    sub = await bus.consume(spec(), recorder)
+    await bus.publish(heartbeat("node-b", 0))
+    await bus.publish_batch([heartbeat("node-a", i) for i in range(1, 51)])
+    await bus.publish(heartbeat("node-b", 99))
+    await wait_until(lambda: _count(recorder, "node-a", 50))
+    b_seen = [seq_of(d) for d in recorder.seen if d.envelope.node == "node-b"]
+    release.set()
+    await wait_until(lambda: _count(recorder, "node-b", 2))
+    await sub.stop()
+    assert b_seen == [0], "the second node-b message must wait for the first"
+    a_order = [seq_of(d) for d in recorder.seen if d.envelope.node == "node-a"]
+    assert a_order == list(range(1, 51))
+    assert [seq_of(d) for d in recorder.seen if d.envelope.node == "node-b"] == [0, 99]
+
+
+async def test_handler_continues_the_producers_trace(bus: Bus) -> None:
+    recorder = Recorder()
+    sub = await bus.consume(spec(), recorder)
+    provider = tracing.build_tracer_provider("test")
+    with provider.get_tracer("test").start_as_current_span("produce") as span:
+        await bus.publish(heartbeat("n1", 1))
+        trace_id = span.get_span_context().trace_id
+    (delivery,) = await recorder.wait_for(1)
+    await sub.stop()
+    assert delivery.envelope.traceparent is not None
+    assert delivery.envelope.traceparent.split("-")[1] == format(trace_id, "032x")
+    assert trace.get_current_span().get_span_context().trace_id != trace_id
+
+
+async def test_read_returns_stored_messages_in_order_and_since_filters(bus: Bus) -> None:
+    await bus.publish_batch([heartbeat("n1", i) for i in range(5)])
+    cut = datetime.now(UTC)
+    await asyncio.sleep(0.05)
+    await bus.publish(heartbeat("n2", 5))
+    everything = await collect(bus.read(HB_SUBJECT))
+    assert [m.seq for m in everything] == [1, 2, 3, 4, 5, 6]
+    recent = await collect(bus.read(HB_SUBJECT, since=cut))
+    assert [m.seq for m in recent] == [6]
+    assert await collect(bus.read("gpuop.evt.driver.>")) == []
+
+
+async def test_kv_create_update_and_conflicts(bus: Bus) -> None:
+    kv = await bus.kv(Buckets.SAGAS)
+    revision = await kv.create("gpu-1_example_com", b"upgrade-required")
+    with pytest.raises(KeyExists):
+        await kv.create("gpu-1_example_com", b"again")
+    newer = await kv.update("gpu-1_example_com", b"cordon-required", revision)
+    with pytest.raises(RevisionConflict):
+        await kv.update("gpu-1_example_com", b"stale", revision)
+    entry = await kv.get("gpu-1_example_com")
+    assert entry is not None and (entry.value, entry.revision) == (b"cordon-required", newer)
+    assert await kv.get("absent") is None
+    assert await kv.keys() == ["gpu-1_example_com"]
+    with pytest.raises(RevisionConflict):
+        await kv.delete("gpu-1_example_com", revision=revision)
+    await kv.delete("gpu-1_example_com", revision=newer)
+    assert await kv.get("gpu-1_example_com") is None
+    assert await kv.keys() == []
+    await kv.create("gpu-1_example_com", b"recreated")
+    with pytest.raises(ValueError, match="invalid KV key"):
+        await kv.put("bad key", b"x")
+
+
+async def test_kv_watch_yields_current_then_marker_then_changes(bus: Bus) -> None:
+    kv = await bus.kv(Buckets.NODES)
+    await kv.put("n1", b"one")
+    seen: list[object] = []
+    watcher = kv.watch()
+
+    async def follow() -> None:
+        async for entry in watcher:
+            seen.append(None if entry is None else (entry.key, entry.value, entry.deleted))
+            if len(seen) == 4:
+                return
+
+    task = asyncio.create_task(follow())
+    await wait_until(lambda: _length(seen, 2))
+    await kv.put("n2", b"two")
+    await kv.delete("n1")
+    await asyncio.wait_for(task, 5)
+    await watcher.aclose()  # type: ignore[attr-defined]
+    assert seen == [("n1", b"one", False), None, ("n2", b"two", False), ("n1", b"", True)]
+
+
+async def test_start_is_idempotent(bus: Bus) -> None:
+    await bus.publish(heartbeat("n1", 1))
+    await bus.start()
+    assert len(await collect(bus.read(HB_SUBJECT))) == 1
+
+
+async def _has_dead_letters(bus: Bus, count: int) -> bool:
+    return len(await dead_letters(bus)) >= count
+
+
+async def _count(recorder: Recorder, node: str, count: int) -> bool:
+    return sum(1 for d in recorder.seen if d.envelope.node == node) >= count
+
+
+async def _length(items: list[object], count: int) -> bool:
+    return len(items) >= count

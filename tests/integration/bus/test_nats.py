@@ -1,0 +1,175 @@
+"""What only a real nats-server does: persistence, restarts, crashed consumers, races."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuop.bus import Buckets, ConsumerSpec, Delivery, KeyExists, NatsBus, NatsServer
+from gpuop.bus.errors import BusUnavailable, PublishTimeout
+from tests.integration.bus.support import HB_SUBJECT, Recorder, collect, heartbeat, seq_of
+
+pytestmark = pytest.mark.nats
+
+
+async def test_server_restart_mid_stream_loses_nothing(tmp_path: Path) -> None:
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    bus = NatsBus(server.url, retry_for=20.0)
+    await bus.start()
+
+    async def slowly(delivery: Delivery) -> None:
+        await asyncio.sleep(0.002)
+
+    recorder = Recorder(slowly)
+    sub = await bus.consume(ConsumerSpec("restart", [HB_SUBJECT], ack_wait=2.0), recorder)
+    try:
+        await bus.publish_batch([heartbeat(f"node-{i % 4}", i) for i in range(200)])
+        await recorder.wait_for(20)
+        await server.stop()
+        await asyncio.sleep(1.0)
+        await server.start()
+        # published while the consumer was reconnecting
+        await bus.publish_batch([heartbeat(f"node-{i % 4}", i) for i in range(200, 300)])
+        await recorder.wait_for(300, timeout=30)
+        await asyncio.sleep(0.5)
+    finally:
+        await sub.stop()
+        await bus.close()
+        await server.stop()
+    handled = {seq_of(d) for d in recorder.seen}
+    assert handled == set(range(300))
+    for node in range(4):
+        order = [seq_of(d) for d in recorder.seen if d.envelope.node == f"node-{node}"]
+        first_seen = list(dict.fromkeys(order))
+        assert first_seen == sorted(first_seen), f"node-{node} out of order"
+
+
+async def test_messages_survive_a_server_restart_on_the_same_store(tmp_path: Path) -> None:
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    bus = NatsBus(server.url)
+    await bus.start()
+    await bus.publish_batch([heartbeat("n1", i) for i in range(10)])
+    kv = await bus.kv(Buckets.SAGAS)
+    await kv.put("n1", b"drain-required")
+    await bus.close()
+    await server.restart()
+    bus = NatsBus(server.url)
+    await bus.start()
+    try:
+        stored = await collect(bus.read(HB_SUBJECT))
+        entry = await (await bus.kv(Buckets.SAGAS)).get("n1")
+    finally:
+        await bus.close()
+        await server.stop()
+    assert [m.seq for m in stored] == list(range(1, 11))
+    assert entry is not None and entry.value == b"drain-required"
+
+
+CRASHING_AGENT = """
+import asyncio, sys
+from gpuop.bus import ConsumerSpec, NatsBus
+
+async def main():
+    bus = NatsBus(sys.argv[1])
+    await bus.start()
+
+    async def hang(delivery):
+        print("handling", flush=True)
+        await asyncio.sleep(3600)
+
+    await bus.consume(ConsumerSpec("agent", [sys.argv[2]], ack_wait=1.0), hang)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_killed_consumer_messages_are_redelivered_to_its_successor(
+    nats_server: NatsServer,
+) -> None:
+    """A process SIGKILLed mid-handler never acks: the next process with the same durable
+    name gets the message again after ack_wait, with the attempt counted."""
+    bus = NatsBus(nats_server.url)
+    await bus.start()
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CRASHING_AGENT,
+        nats_server.url,
+        HB_SUBJECT,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        await bus.publish(heartbeat("n1", 1))
+        assert agent.stdout is not None
+        line = await asyncio.wait_for(agent.stdout.readline(), 20)
+        assert line == b"handling\n"
+    finally:
+        agent.kill()
+        await agent.wait()
+    successor = Recorder()
+    sub = await bus.consume(ConsumerSpec("agent", [HB_SUBJECT], ack_wait=1.0), successor)
+    seen = await successor.wait_for(1, timeout=10)
+    await sub.stop()
+    await bus.close()
+    assert seq_of(seen[0]) == 1 and seen[0].attempt == 2
+
+
+async def test_concurrent_creates_of_one_key_let_exactly_one_win(nats_server: NatsServer) -> None:
+    buses = [NatsBus(nats_server.url) for _ in range(4)]
+    for bus in buses:
+        await bus.start()
+    try:
+        buckets = [await bus.kv(Buckets.IPAM) for bus in buses]
+        results = await asyncio.gather(
+            *(kv.create("net1.10_0_0_5", f"node-{i}".encode()) for i, kv in enumerate(buckets)),
+            return_exceptions=True,
+        )
+    finally:
+        for bus in buses:
+            await bus.close()
+    winners = [r for r in results if isinstance(r, int)]
+    assert len(winners) == 1
+    assert all(isinstance(r, KeyExists) for r in results if not isinstance(r, int))
+
+
+async def test_publish_without_a_server_times_out_with_a_bus_error(tmp_path: Path) -> None:
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    bus = NatsBus(server.url, retry_for=1.0, publish_timeout=0.3)
+    await bus.start()
+    await server.stop()
+    try:
+        with pytest.raises(PublishTimeout):
+            await bus.publish(heartbeat("n1", 1))
+    finally:
+        await bus.close()
+
+
+async def test_connect_to_nothing_fails_clearly() -> None:
+    bus = NatsBus("nats://127.0.0.1:1", retry_for=0.5)
+    with pytest.raises(BusUnavailable, match="cannot connect"):
+        await bus.start()
+
+
+async def test_retried_publish_after_restart_is_deduplicated(tmp_path: Path) -> None:
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    bus = NatsBus(server.url, retry_for=10.0)
+    await bus.start()
+    try:
+        event = heartbeat("n1", 1)
+        first = await bus.publish(event)
+        await server.restart()
+        again = await bus.publish(event)
+        stored = await collect(bus.read(HB_SUBJECT))
+    finally:
+        await bus.close()
+        await server.stop()
+    assert again.duplicate and again.seq == first.seq
+    assert len(stored) == 1

@@ -1,0 +1,253 @@
+"""One realistic instance of every payload type, with optional fields filled in.
+
+The catalogue tests require a sample for every registered type, so a new event or command
+must add one here; filling the optional fields makes the strictness checks reach nested
+records too.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from ipaddress import IPv4Interface, IPv6Interface
+
+from gpuop.events import (
+    Payload,
+    command_id,
+    deadlines,
+    device,
+    driver,
+    hardware,
+    kube,
+    network,
+    upgrade,
+)
+from gpuop.events.fields import NamespacedName
+
+BOOT_ID = "6f0e6b1c-3a52-4b8e-9a1d-0c5c2f3e4d5a"
+NEW_BOOT_ID = "0b6c7d9e-1f2a-4b3c-8d4e-5f6a7b8c9d0e"
+HASH = "a" * 64
+GPU_UUID = "GPU-20bce083-dbf9-2d4f-3c35-c858915accc5"
+SAGA = "saga/gpu-node-1/1"
+ROLLOUT = "rollout-580.159.04"
+CMD = command_id(SAGA, "driver-reload-required/unload", 1)
+GPU = driver.Component.GPU
+OFED = driver.Component.OFED
+POD = NamespacedName(namespace="ml", name="trainer-0")
+PDB = NamespacedName(namespace="ml", name="trainer-pdb")
+SOURCE = driver.DriverSource(uri="https://drivers.example.com/nvidia/580.159.04.run", sha256=HASH)
+NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
+
+
+def _inventory() -> hardware.HardwareDiscovered:
+    draft = hardware.HardwareDiscovered(
+        gpus=(
+            hardware.Gpu(
+                uuid=GPU_UUID,
+                index=0,
+                minor_number=0,
+                pci_bus_id="0000:00:06.0",
+                model_name="NVIDIA H200",
+                memory_bytes=150754820096,
+                numa_node=0,
+                mig_mode=hardware.MigMode.DISABLED,
+                compute_capability="9.0",
+                architecture="hopper",
+            ),
+        ),
+        pci_functions=(
+            hardware.PciFunction(
+                address="0000:00:06.0",
+                vendor_id="10de",
+                device_id="2335",
+                class_id="030200",
+                subsystem_vendor_id="10de",
+                subsystem_device_id="18bf",
+                numa_node=0,
+                link_speed_gts=32.0,
+                link_width=16,
+                driver="nvidia",
+            ),
+        ),
+        kernel_release="6.18.44-fc-v657-gpu",
+        machine="x86_64",
+        os_id="ubuntu",
+        os_version_id="24.04",
+        boot_id=BOOT_ID,
+        driver_version="580.159.04",
+        cuda_driver_version="13.0",
+        ofed_version="24.10-1.1.4.0",
+        modules_loaded=("nvidia", "nvidia_uvm"),
+        inventory_hash=HASH,
+    )
+    return draft.model_copy(update={"inventory_hash": draft.content_hash()})
+
+
+SAMPLES: list[Payload] = [
+    # hardware
+    _inventory(),
+    hardware.HardwareHeartbeat(
+        boot_id=BOOT_ID, inventory_hash=HASH, uptime_seconds=12.5, gpu_count=8
+    ),
+    hardware.RescanHardware(reason="driver loaded"),
+    # driver commands
+    driver.UnloadDriver(component=GPU, timeout_seconds=300, allow_management_interface=True),
+    driver.InstallDriver(component=GPU, version="580.159.04", source=SOURCE),
+    driver.LoadDriver(component=GPU, version="580.159.04"),
+    driver.ValidateDriver(component=OFED, version="24.10-1.1.4.0", expected_devices=2),
+    driver.RollbackDriver(component=GPU, version="570.86.15", source=SOURCE),
+    driver.RebootNode(boot_id=BOOT_ID, reason="unload failed: in use"),
+    # driver results
+    driver.DriverUnloaded(
+        command_id=CMD, component=GPU, version="570.86.15", modules=("nvidia_uvm", "nvidia")
+    ),
+    driver.DriverUnloadFailed(
+        command_id=CMD,
+        component=GPU,
+        message="boom",
+        retryable=True,
+        reason=driver.UnloadFailureReason.IN_USE,
+        holding_modules=("nvidia_peermem",),
+        holding_processes=(driver.Process(pid=4242, name="python", gpu_uuid=GPU_UUID, pod=POD),),
+    ),
+    driver.DriverInstalled(command_id=CMD, component=GPU, version="580.159.04", sha256=HASH),
+    driver.DriverInstallFailed(
+        command_id=CMD,
+        component=GPU,
+        message="boom",
+        retryable=True,
+        version="580.159.04",
+        reason=driver.InstallFailureReason.NOT_FOUND,
+    ),
+    driver.DriverLoaded(
+        command_id=CMD, component=GPU, version="580.159.04", modules=("nvidia", "nvidia_uvm")
+    ),
+    driver.DriverLoadFailed(
+        command_id=CMD,
+        component=GPU,
+        message="boom",
+        retryable=True,
+        version="580.159.04",
+        reason=driver.LoadFailureReason.MODULE_ERROR,
+    ),
+    driver.DriverValidated(command_id=CMD, component=GPU, version="580.159.04", devices=8),
+    driver.DriverValidationFailed(
+        command_id=CMD,
+        component=GPU,
+        message="boom",
+        retryable=True,
+        version="580.159.04",
+        reason=driver.LoadFailureReason.UNHEALTHY,
+        failing_gpus=(GPU_UUID,),
+    ),
+    driver.DriverRolledBack(
+        command_id=CMD, component=GPU, version="570.86.15", from_version="580.159.04"
+    ),
+    driver.DriverRollbackFailed(
+        command_id=CMD,
+        component=GPU,
+        message="boom",
+        retryable=True,
+        version="570.86.15",
+        failed_step=driver.DriverStep.INSTALL,
+    ),
+    driver.RebootStarted(command_id=CMD, boot_id=BOOT_ID),
+    # device
+    device.DeviceHealthChanged(
+        gpu_uuid=GPU_UUID,
+        healthy=False,
+        reason=device.HealthReason.XID,
+        xid=79,
+        ecc_volatile_uncorrected=0,
+        ecc_aggregate_uncorrected=1,
+        message="GPU has fallen off the bus",
+    ),
+    device.PauseOperands(components=(GPU, OFED), reason="driver upgrade"),
+    device.ResumeOperands(reason="validated"),
+    device.OperandPaused(command_id=CMD, service=device.OperandService.DEVICE_PLUGIN),
+    device.OperandResumed(command_id=CMD, service=device.OperandService.TELEMETRY),
+    # network
+    network.NetworkConfigured(
+        network="rdma-net",
+        interface="rdma0",
+        master="ens1f0",
+        mode=network.LinkMode.MACVLAN,
+        mtu=9000,
+        addresses=(IPv4Interface("10.10.0.5/24"), IPv6Interface("fd00::5/64")),
+        policy_revision=7,
+    ),
+    network.NetworkFailed(
+        network="rdma-net",
+        reason=network.NetworkFailureReason.ADDRESSES_EXHAUSTED,
+        message="pool 10.10.0.0/28 is full",
+        policy_revision=7,
+    ),
+    network.ApplyNetwork(policy_revision=7, policy_hash=HASH),
+    # upgrade
+    upgrade.NodeUpgradeStateChanged(
+        rollout_id=ROLLOUT,
+        from_state=upgrade.UpgradeState.DRAIN_REQUIRED,
+        to_state=upgrade.UpgradeState.OPERANDS_PAUSE_REQUIRED,
+        reason="drain completed",
+        attempt=2,
+        components=(GPU,),
+        target_versions={GPU: "580.159.04"},
+        previous_versions={GPU: "570.86.15"},
+    ),
+    upgrade.RolloutStarted(
+        rollout_id=ROLLOUT,
+        trigger=upgrade.RolloutTrigger.POLICY,
+        target_versions={GPU: "580.159.04", OFED: "24.10-1.1.4.0"},
+        total=8,
+        max_parallel_upgrades=1,
+        max_unavailable="25%",
+    ),
+    upgrade.RolloutProgress(
+        rollout_id=ROLLOUT,
+        done=3,
+        failed=1,
+        total=8,
+        counts={upgrade.UpgradeState.UPGRADE_DONE: 3, upgrade.UpgradeState.DRAIN_REQUIRED: 1},
+    ),
+    upgrade.RolloutCompleted(rollout_id=ROLLOUT, done=8, failed=0, total=8, duration_seconds=3600),
+    upgrade.RolloutFailed(
+        rollout_id=ROLLOUT,
+        done=7,
+        failed=1,
+        total=8,
+        reason=upgrade.RolloutFailureReason.NODES_FAILED,
+        message="1 node failed",
+        failed_nodes=("gpu-node-3.example.com",),
+    ),
+    # kube
+    kube.NodeObserved(
+        ready=True,
+        unschedulable=False,
+        boot_id=BOOT_ID,
+        labels={"gpuop.io/driver-upgrade-state": "upgrade-done"},
+    ),
+    kube.NodeRemoved(),
+    kube.NodeCordoned(action_id=CMD, was_unschedulable=True),
+    kube.NodeUncordoned(action_id=CMD),
+    kube.PodsObserved(gpu_pods=2, job_pods=1, drainable_pods=5, sample=(POD,)),
+    kube.PodsDeleted(action_id=CMD, deleted=2),
+    kube.PodDeletionFailed(
+        action_id=CMD, reason=kube.EvictionFailureReason.LOCAL_STORAGE, pods=(POD,), message="x"
+    ),
+    kube.DrainCompleted(action_id=CMD, evicted=5),
+    kube.DrainFailed(
+        action_id=CMD,
+        reason=kube.EvictionFailureReason.PDB_BLOCKED,
+        blocking_pdb=PDB,
+        pods=(POD,),
+        message="eviction refused",
+    ),
+    kube.ValidationObserved(validator_pods=1, ready_pods=0, not_ready=(POD,)),
+    # saga
+    deadlines.DeadlineExpired(
+        saga_id=SAGA,
+        state=upgrade.UpgradeState.DRAIN_REQUIRED,
+        step="drain",
+        attempt=1,
+        deadline=NOW,
+    ),
+]
