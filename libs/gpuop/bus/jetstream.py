@@ -284,7 +284,10 @@ class NatsBus:
                         return
                     continue
                 for msg in batch:
-                    yield _stored(layout.name, msg)
+                    stored = _stored(layout.name, msg)
+                    # the server starts a start time past the last message at the first one
+                    if since is None or stored.time >= since:
+                        yield stored
                     if not follow and msg.metadata.num_pending == 0:
                         return
         finally:

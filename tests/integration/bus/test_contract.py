@@ -251,6 +251,8 @@ async def test_read_returns_stored_messages_in_order_and_since_filters(bus: Bus)
     recent = await collect(bus.read(HB_SUBJECT, since=cut))
     assert [m.seq for m in recent] == [6]
     assert await collect(bus.read("gpuop.evt.driver.>")) == []
+    future = datetime(2999, 1, 1, tzinfo=UTC)
+    assert await collect(bus.read(HB_SUBJECT, since=future)) == []
 
 
 async def test_kv_create_update_and_conflicts(bus: Bus) -> None:

@@ -1,0 +1,75 @@
+"""Settings: flags over GPUOP_* variables over defaults, and errors that name the flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuop.runtime import services
+from gpuop.runtime.launching import check_role
+from gpuop.runtime.settings import Role, SettingsError, load
+
+
+def test_flags_win_over_environment_which_wins_over_defaults() -> None:
+    environ = {
+        "GPUOP_NODE": "from-env",
+        "GPUOP_NATS": "nats://a:1, nats://b:2",
+        "GPUOP_NVML": "sim:4",
+    }
+    settings = load({"service": "discovery", "node": "from-flag"}, environ)
+    assert settings.node == "from-flag"
+    assert settings.nats == ("nats://a:1", "nats://b:2")
+    assert settings.nvml == "sim:4"
+    assert settings.host_root == Path("/host")
+    assert settings.role is Role.NODE
+
+
+def test_node_role_requires_a_node_name() -> None:
+    with pytest.raises(SettingsError, match="--node"):
+        load({"service": "discovery"}, {})
+
+
+@pytest.mark.parametrize(
+    ("flags", "flag"),
+    [
+        ({"node": "Bad_Name"}, "--node"),
+        ({"node": "n1", "nvml": "gpu"}, "--nvml"),
+        ({"node": "n1", "metrics_listen": "nowhere"}, "--metrics-listen"),
+        ({"node": "n1", "prefix": "a.b"}, "--prefix"),
+        ({"node": "n1", "role": "edge"}, "--role"),
+    ],
+)
+def test_invalid_values_name_the_flag(flags: dict[str, str], flag: str) -> None:
+    with pytest.raises(SettingsError, match=flag):
+        load({"service": "discovery", **flags}, {})
+
+
+def test_listen_address_parses_ipv4_and_ipv6() -> None:
+    assert load(
+        {"service": "x", "role": "cluster", "metrics_listen": "0.0.0.0:9400"}, {}
+    ).listen_address == ("0.0.0.0", 9400)
+    assert load(
+        {"service": "x", "role": "cluster", "metrics_listen": "[::1]:80"}, {}
+    ).listen_address == ("::1", 80)
+
+
+def test_all_six_services_are_installed_with_their_roles() -> None:
+    installed = services.installed()
+    assert sorted(installed) == [
+        "device-plugin", "discovery", "driver-manager", "network-manager",
+        "telemetry", "upgrade-orchestrator",
+    ]  # fmt: skip
+    assert installed["upgrade-orchestrator"].roles == {Role.CLUSTER}
+    assert installed["driver-manager"].roles == {Role.NODE}
+
+
+def test_a_service_refuses_a_role_it_does_not_have() -> None:
+    settings = load({"service": "driver-manager", "role": "cluster"}, {})
+    with pytest.raises(SettingsError, match="driver-manager has no cluster role"):
+        check_role(services.lookup("driver-manager"), settings)
+
+
+def test_unknown_service_lists_the_installed_ones() -> None:
+    with pytest.raises(services.UnknownService, match="installed: device-plugin"):
+        services.lookup("gpu-fixer")
