@@ -1,7 +1,7 @@
 # gpuop developer entry points. Every target creates .venv and installs the project when the
 # venv is missing or older than pyproject.toml, so a fresh clone needs only Python 3.11 and pip.
 
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -11,7 +11,8 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+		|| { echo "error: Python 3.11 or newer is needed (tried '$(PYTHON)')" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
