@@ -15,6 +15,7 @@ once); different nodes run concurrently, bounded by `max_in_flight`.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import logging
@@ -22,8 +23,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from gpuop.bus import publishing
 from gpuop.bus.errors import BusError, PermanentError, TemporaryError
-from gpuop.bus.protocol import ConsumerSpec, Delivery, Handler, UnknownErrors
+from gpuop.bus.protocol import ConsumerSpec, Delivery, Handler, PublishAck, UnknownErrors
 from gpuop.events import MalformedMessage, UnknownEventType, decode, subjects
 from gpuop.observability import logging as oblog
 from gpuop.observability import tracing
@@ -219,6 +221,73 @@ class Dispatcher:
         self._metrics.dead_lettered(self._spec.durable, kind)
         self._metrics.consumed(self._spec.durable, "dead_lettered")
         await _quietly(message.term())
+
+
+class RawPublisher(Protocol):
+    """What a subscription needs of its bus: somewhere to store dead letters."""
+
+    @property
+    def prefix(self) -> str: ...
+
+    async def publish_raw(
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> PublishAck: ...
+
+
+class PumpedSubscription(abc.ABC):
+    """A running durable consumer: a transport-specific pump feeding a `Dispatcher`.
+
+    `NatsSubscription` pumps JetStream fetches, `MemorySubscription` the in-process stream;
+    start, stop and dead-lettering are the same for both and live here.
+    """
+
+    def __init__(
+        self, bus: RawPublisher, spec: ConsumerSpec, handler: Handler, metrics: BusMetrics
+    ) -> None:
+        self._publisher = bus
+        self._spec = spec
+        self._dispatcher = Dispatcher(spec, handler, self._dead_letter, metrics)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def durable(self) -> str:
+        return self._spec.durable
+
+    def start(self) -> None:
+        self._dispatcher.start()
+        self._task = asyncio.create_task(self._pump(), name=f"bus-pump-{self.durable}")
+
+    async def idle(self) -> None:
+        """Wait until every delivered message is settled (tests)."""
+        await self._dispatcher.idle()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self._dispatcher.stop()
+        await self._stopped()
+
+    @abc.abstractmethod
+    async def _pump(self) -> None:
+        """Feed deliveries to `self._dispatcher` until cancelled."""
+
+    @abc.abstractmethod
+    async def _stopped(self) -> None:
+        """Release transport resources after the dispatcher stopped."""
+
+    async def _dead_letter(self, message: Inbound, kind: DeadLetterReason, reason: str) -> None:
+        out = publishing.dead_letter(
+            self._publisher.prefix,
+            subject=message.subject,
+            data=message.data,
+            consumer=self.durable,
+            seq=message.stream_seq,
+            kind=kind,
+            reason=reason,
+        )
+        await self._publisher.publish_raw(out.subject, out.data, out.headers)
 
 
 def _check_node(subject: str, node: str) -> None:

@@ -30,12 +30,12 @@ from nats.js.api import (
 )
 
 from gpuop.bus import publishing, streams
-from gpuop.bus.dispatching import Dispatcher, Inbound
+from gpuop.bus.dispatching import PumpedSubscription
 from gpuop.bus.errors import BusError, BusUnavailable, PublishTimeout
 from gpuop.bus.kv import NatsKeyValue, open_bucket
 from gpuop.bus.protocol import Buckets, ConsumerSpec, Handler, PublishAck, StoredMessage
 from gpuop.events import Envelope
-from gpuop.observability.metrics import BusMetrics, DeadLetterReason, registry
+from gpuop.observability.metrics import BusMetrics, registry
 
 log = logging.getLogger(__name__)
 
@@ -294,8 +294,8 @@ class NatsBus:
             await _unsubscribe(psub)
 
 
-class NatsSubscription:
-    """A durable pull consumer's fetch loop feeding a `Dispatcher`."""
+class NatsSubscription(PumpedSubscription):
+    """A durable pull consumer's fetch loop."""
 
     def __init__(
         self,
@@ -305,33 +305,15 @@ class NatsSubscription:
         psub: JetStreamContext.PullSubscription,
         metrics: BusMetrics,
     ) -> None:
+        super().__init__(bus, spec, handler, metrics)
         self._bus = bus
-        self._spec = spec
         self._psub = psub
-        self._dispatcher = Dispatcher(spec, handler, self._dead_letter, metrics)
-        self._task: asyncio.Task[None] | None = None
 
-    @property
-    def durable(self) -> str:
-        return self._spec.durable
-
-    def start(self) -> None:
-        self._dispatcher.start()
-        self._task = asyncio.create_task(self._fetch_loop(), name=f"bus-fetch-{self.durable}")
-
-    async def idle(self) -> None:
-        await self._dispatcher.idle()
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        await self._dispatcher.stop()
+    async def _stopped(self) -> None:
         await _unsubscribe(self._psub)
         self._bus._forget(self)
 
-    async def _fetch_loop(self) -> None:
+    async def _pump(self) -> None:
         while True:
             if self._dispatcher.free_slots == 0:
                 await self._dispatcher.wait_for_slot()
@@ -345,18 +327,6 @@ class NatsSubscription:
                 continue
             for msg in batch:
                 await self._dispatcher.submit(_NatsInbound(msg))
-
-    async def _dead_letter(self, message: Inbound, kind: DeadLetterReason, reason: str) -> None:
-        out = publishing.dead_letter(
-            self._bus.prefix,
-            subject=message.subject,
-            data=message.data,
-            consumer=self.durable,
-            seq=message.stream_seq,
-            kind=kind,
-            reason=reason,
-        )
-        await self._bus.publish_raw(out.subject, out.data, out.headers)
 
 
 class _NatsInbound:

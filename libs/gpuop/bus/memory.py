@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gpuop.bus import publishing, streams
-from gpuop.bus.dispatching import Dispatcher, Inbound
+from gpuop.bus.dispatching import PumpedSubscription
 from gpuop.bus.errors import KeyExists, RevisionConflict
 from gpuop.bus.kv import check_key
 from gpuop.bus.protocol import (
@@ -26,7 +26,7 @@ from gpuop.bus.protocol import (
     StoredMessage,
 )
 from gpuop.events import Envelope
-from gpuop.observability.metrics import BusMetrics, DeadLetterReason, registry
+from gpuop.observability.metrics import BusMetrics, registry
 
 
 @dataclass
@@ -157,8 +157,8 @@ class InMemoryBus:
             await stream.wake.wait()
 
 
-class MemorySubscription:
-    """Delivers a durable consumer's messages to its `Dispatcher`."""
+class MemorySubscription(PumpedSubscription):
+    """Delivers a durable consumer's messages from the in-process stream."""
 
     def __init__(
         self,
@@ -168,36 +168,20 @@ class MemorySubscription:
         handler: Handler,
         metrics: BusMetrics,
     ) -> None:
+        super().__init__(bus, durable.spec, handler, metrics)
         self._bus = bus
         self._stream = stream
         self._durable = durable
-        self._dispatcher = Dispatcher(durable.spec, handler, self._dead_letter, metrics)
-        self._task: asyncio.Task[None] | None = None
 
-    @property
-    def durable(self) -> str:
-        return self._durable.spec.durable
-
-    def start(self) -> None:
-        self._dispatcher.start()
-        self._task = asyncio.create_task(self._deliver_loop(), name=f"bus-mem-{self.durable}")
-
-    async def idle(self) -> None:
-        await self._dispatcher.idle()
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        await self._dispatcher.stop()
+    async def _stopped(self) -> None:
+        # what was delivered and not settled goes back, as after a server-side ack timeout
         now = _now()
         for seq in list(self._durable.pending):
             self._durable.pending.pop(seq)
             self._durable.due[seq] = now
         self._bus._forget(self)
 
-    async def _deliver_loop(self) -> None:
+    async def _pump(self) -> None:
         state = self._durable
         while True:
             stream_wake, state_wake = self._stream.wake, state.wake
@@ -247,18 +231,6 @@ class MemorySubscription:
             state.due[seq] = _now() + redeliver_in
         state.wake.set()
         state.wake = asyncio.Event()
-
-    async def _dead_letter(self, message: Inbound, kind: DeadLetterReason, reason: str) -> None:
-        out = publishing.dead_letter(
-            self._bus.prefix,
-            subject=message.subject,
-            data=message.data,
-            consumer=self.durable,
-            seq=message.stream_seq,
-            kind=kind,
-            reason=reason,
-        )
-        await self._bus.publish_raw(out.subject, out.data, out.headers)
 
 
 class _MemoryInbound:
