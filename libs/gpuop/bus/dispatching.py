@@ -176,11 +176,15 @@ class Dispatcher:
         delivery = Delivery(message.subject, envelope, payload, message.attempt, message.stream_seq)
         started = time.perf_counter()
         try:
-            with (
-                tracing.attached(envelope.traceparent),
-                oblog.correlation(envelope.correlationid),
-            ):
+            if envelope.traceparent is None and envelope.correlationid is None:
+                # lanes run in the fetch loop's context, which has neither: nothing to set
                 await self._handler(delivery)
+            else:
+                with (
+                    tracing.attached(envelope.traceparent),
+                    oblog.correlation(envelope.correlationid),
+                ):
+                    await self._handler(delivery)
         except TemporaryError as exc:
             await self._retry(message, exc.delay, str(exc))
         except PermanentError as exc:

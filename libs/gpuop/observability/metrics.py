@@ -139,6 +139,10 @@ class BusMetrics:
 
     def __init__(self, target: CollectorRegistry) -> None:
         self._families = _families_on(target)
+        # `labels()` takes a lock and builds a key on every call; the label sets are few
+        self._published: dict[str, Counter] = {}
+        self._consumed: dict[tuple[str, str], Counter] = {}
+        self._handler_seconds: dict[str, Histogram] = {}
 
     def declare_consumer(self, consumer: str) -> None:
         """Create the consumer's series at zero, so `rate()` sees its very first message."""
@@ -153,12 +157,20 @@ class BusMetrics:
 
     def published(self, kind: PublishKind | subjects.Kind) -> None:
         """Count one message published (an event, a command or a dead letter)."""
-        self._families.published.labels(kind=_checked(str(kind), PUBLISH_KINDS)).inc()
+        child = self._published.get(kind)
+        if child is None:
+            label = _checked(str(kind), PUBLISH_KINDS)
+            child = self._published[kind] = self._families.published.labels(kind=label)
+        child.inc()
 
     def consumed(self, consumer: str, outcome: ConsumeOutcome) -> None:
         """Count one message `consumer` finished with; every message gets exactly one."""
-        label = _checked(outcome, CONSUME_OUTCOMES)
-        self._families.consumed.labels(consumer=consumer, outcome=label).inc()
+        child = self._consumed.get((consumer, outcome))
+        if child is None:
+            label = _checked(outcome, CONSUME_OUTCOMES)
+            child = self._families.consumed.labels(consumer=consumer, outcome=label)
+            self._consumed[consumer, outcome] = child
+        child.inc()
 
     def redelivered(self, consumer: str) -> None:
         """Count a delivery whose attempt number is above one."""
@@ -175,7 +187,12 @@ class BusMetrics:
 
     def observe_handler(self, consumer: str, seconds: float) -> None:
         """Record how long one handler call took, as measured on the bus's clock."""
-        self._families.handler_seconds.labels(consumer=consumer).observe(seconds)
+        child = self._handler_seconds.get(consumer)
+        if child is None:
+            child = self._handler_seconds[consumer] = self._families.handler_seconds.labels(
+                consumer=consumer
+            )
+        child.observe(seconds)
 
 
 def _checked(value: str, allowed: tuple[str, ...]) -> str:

@@ -1,0 +1,167 @@
+"""Runs every benchmark script in tests/bench and rewrites BENCHMARKS.md from their results.
+
+Called by `make bench` (full size) or `.venv/bin/python tests/bench/run_all.py --quick`.
+A benchmark is any `tests/bench/*.py` other than this file, `__init__.py` and helper modules
+(names starting with `_`, or listed in `HELPERS`). Each script accepts `--quick` and prints
+one JSON object as its last line of output; the figures of that object become a table.
+Optional keys: `about` (a sentence on what is measured), `target` (the goal) and `target_met`
+(whether this run reached it).
+Exits non-zero when any script fails, after writing the sections of those that succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parents[1]
+REPORT = ROOT / "BENCHMARKS.md"
+HELPERS = frozenset({"run_all.py", "__init__.py", "conftest.py", "support.py", "helpers.py"})
+TIMEOUT = {False: 900.0, True: 180.0}
+"""Seconds one script may run, full and quick."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one benchmark script produced."""
+
+    name: str
+    command: str
+    returncode: int
+    result: dict[str, object] | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.result is not None
+
+
+def benchmarks() -> list[Path]:
+    return sorted(
+        path
+        for path in BENCH_DIR.glob("*.py")
+        if path.name not in HELPERS and not path.name.startswith("_")
+    )
+
+
+def shown(path: Path) -> str:
+    """`path` relative to the repository root when it lies inside it, as a user would type."""
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def run(script: Path, quick: bool) -> Outcome:
+    """Run `script`, echoing its output as it comes, and read its last line as JSON."""
+    argv = [sys.executable, str(script), *(["--quick"] if quick else [])]
+    command = shlex.join([shown(Path(sys.executable)), shown(script), *argv[2:]])
+    print(f"$ {command}", flush=True)
+    lines: list[str] = []
+    with subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True, bufsize=1) as process:
+        # reading the output blocks, so a hung script is killed from a timer
+        watchdog = threading.Timer(TIMEOUT[quick], process.kill)
+        watchdog.start()
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                print(line, end="", flush=True)
+                lines.append(line)
+            returncode = process.wait()
+        finally:
+            timed_out = not watchdog.is_alive()
+            watchdog.cancel()
+    if timed_out:
+        return Outcome(script.stem, command, -1, None, f"killed after {TIMEOUT[quick]:.0f} s")
+    if returncode != 0:
+        return Outcome(script.stem, command, returncode, None, f"exit status {returncode}")
+    last = next((line for line in reversed(lines) if line.strip()), "")
+    try:
+        result = json.loads(last)
+    except json.JSONDecodeError:
+        result = None
+    if not isinstance(result, dict):
+        return Outcome(script.stem, command, 1, None, "last line of output is not a JSON object")
+    return Outcome(script.stem, command, 0, result, None)
+
+
+def cell(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "**no**"
+    if isinstance(value, list):
+        return ", ".join(cell(item) for item in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value).replace("|", "\\|")
+
+
+def section(outcome: Outcome) -> list[str]:
+    lines = [f"## {outcome.name}", "", "```", outcome.command, "```", ""]
+    if outcome.result is None:
+        return [*lines, f"**Failed**: {outcome.error}.", ""]
+    about = outcome.result.get("about")
+    if about is not None:
+        lines += [str(about), ""]
+    target = outcome.result.get("target")
+    if target is not None:
+        met = outcome.result.get("target_met")
+        verdict = "" if met is None else (" (met)" if met else " (**not met**)")
+        lines += [f"Target: {target}{verdict}.", ""]
+    lines += ["| figure | value |", "|---|---|"]
+    lines += [
+        f"| {key} | {cell(value)} |"
+        for key, value in outcome.result.items()
+        if key not in ("about", "target", "target_met")
+    ]
+    return [*lines, ""]
+
+
+def report(outcomes: list[Outcome], quick: bool) -> str:
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `tests/bench/run_all.py` (`make bench`); do not edit by hand.",
+        "",
+        f"- Date: {now}",
+        f"- Mode: {'quick' if quick else 'full'}",
+        f"- CPUs (nproc): {len(os.sched_getaffinity(0))}",
+        f"- Python: {platform.python_version()} ({platform.python_implementation()})",
+        f"- Platform: {platform.platform()}",
+        "",
+        "Client, server and benchmark share the machine's cores. On a shared 2-core machine the",
+        "absolute rates are noise (they move by 20% or more between runs of the same code);",
+        "compare ratios measured in one run against one server, such as the bus benchmark's",
+        "`ratio` (gpuop.bus over raw nats-py doing the same work).",
+        "",
+    ]
+    for outcome in outcomes:
+        lines += section(outcome)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
+    args = parser.parse_args(argv)
+    outcomes = [run(script, args.quick) for script in benchmarks()]
+    REPORT.write_text(report(outcomes, args.quick))
+    print(f"wrote {shown(REPORT)}")
+    failed = [outcome for outcome in outcomes if not outcome.ok]
+    for outcome in failed:
+        print(f"benchmark {outcome.name} failed: {outcome.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
