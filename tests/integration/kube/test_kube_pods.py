@@ -1,0 +1,114 @@
+"""GPU pod selection, pods on a node with pod selectors, and deleting one incarnation."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuop.kube import client, pods
+from gpuop.kube.pods import PodRef
+from gpuop.sim import ApiServer
+from tests.integration.kube import support
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        (support.pod("whole", resources=support.gpus(2)), {"nvidia.com/gpu"}),
+        (
+            support.pod("shared", resources=support.gpus(1, "nvidia.com/gpu.shared")),
+            {"nvidia.com/gpu.shared"},
+        ),
+        (
+            support.pod("mig", resources=support.gpus(1, "nvidia.com/mig-1g.18gb")),
+            {"nvidia.com/mig-1g.18gb"},
+        ),
+        (
+            support.pod("limits-only", resources={"limits": {"nvidia.com/gpu": "1"}}),
+            {"nvidia.com/gpu"},
+        ),
+        (
+            support.pod("init", init_resources={"requests": {"nvidia.com/gpu": "1"}}),
+            {"nvidia.com/gpu"},
+        ),
+        (support.pod("cpu", resources={"requests": {"cpu": "2"}}), set()),
+        (support.pod("nic", resources=support.gpus(1, "nvidia.com/rdma_shared")), set()),
+    ],
+    ids=["whole", "shared", "mig", "limits-only", "init-container", "cpu", "rdma"],
+)
+def test_gpu_resources_come_from_requests_or_limits_of_any_container(
+    pod: dict[str, object], expected: set[str]
+) -> None:
+    assert pods.gpu_resources(pod) == expected
+
+
+def test_only_running_or_pending_pods_hold_gpus() -> None:
+    for phase, holds in (("Running", True), ("Pending", True), ("Succeeded", False)):
+        pod = support.pod("p", resources=support.gpus(), phase=phase)
+        assert pods.uses_gpu(pod) is holds
+
+
+async def test_pods_on_a_node_use_the_node_name_field_selector(
+    server: ApiServer, kube: client.Kube
+) -> None:
+    server.seed(support.pod("here", node="node-1"))
+    server.seed(support.pod("also-here", node="node-1", namespace="kube-system"))
+    server.seed(support.pod("elsewhere", node="node-2"))
+
+    found = await pods.on_node(kube, "node-1")
+    in_default = await pods.on_node(kube, "node-1", namespace="default")
+
+    assert [str(PodRef.of(pod)) for pod in found] == ["default/here", "kube-system/also-here"]
+    assert [pod["metadata"]["name"] for pod in in_default] == ["here"]
+    assert "fieldSelector=spec.nodeName%3Dnode-1" in server.request_log[-1].query
+
+
+async def test_gpu_pods_on_a_node_narrowed_by_a_pod_selector(
+    server: ApiServer, kube: client.Kube
+) -> None:
+    server.seed(support.pod("train", resources=support.gpus(), labels={"team": "ml"}))
+    server.seed(support.pod("infer", resources=support.gpus(), labels={"team": "web"}))
+    server.seed(support.pod("web", labels={"team": "web"}))
+    server.seed(support.pod("done", resources=support.gpus(), phase="Succeeded"))
+    server.seed(support.pod("other-node", node="node-2", resources=support.gpus()))
+
+    every = await pods.gpu_pods_on(kube, "node-1")
+    ml = await pods.gpu_pods_on(kube, "node-1", label_selector="team=ml")
+
+    assert [pod["metadata"]["name"] for pod in every] == ["infer", "train"]
+    assert [pod["metadata"]["name"] for pod in ml] == ["train"]
+
+
+async def test_delete_removes_the_pod_it_names(server: ApiServer, kube: client.Kube) -> None:
+    ref = PodRef.of(server.seed(support.pod("p", node=None)))
+
+    assert await pods.delete(kube, ref) is True
+    assert await pods.on_node(kube, "node-1") == []
+    assert await pods.delete(kube, ref) is False  # already gone
+
+
+async def test_delete_never_removes_a_successor_with_the_same_name(
+    server: ApiServer, kube: client.Kube
+) -> None:
+    old = PodRef.of(server.seed(support.pod("p")))
+    await kube.call(kube.core.delete_namespaced_pod, "p", "default", grace_period_seconds=0)
+    successor = PodRef.of(server.seed(support.pod("p")))
+
+    assert await pods.delete(kube, old) is False
+
+    [still] = await pods.on_node(kube, "node-1")
+    assert PodRef.of(still) == successor
+
+
+@pytest.mark.parametrize("kubelet_delay", [None])
+async def test_delete_with_a_grace_period_leaves_the_pod_terminating(
+    server: ApiServer, kube: client.Kube
+) -> None:
+    ref = PodRef.of(server.seed(support.pod("p")))
+
+    await pods.delete(kube, ref, grace_period_seconds=30)
+
+    [pod] = await pods.on_node(kube, "node-1")
+    assert pods.is_terminating(pod)
+    assert pod["metadata"]["deletionGracePeriodSeconds"] == 30
+    server.complete_pod_termination("default", "p")
+    assert await pods.on_node(kube, "node-1") == []
