@@ -124,10 +124,12 @@ class HardwareDiscovered(Event):
     """Running kernel, as `uname -r`: `6.18.44-fc-v657-gpu`."""
     machine: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]{1,32}$")]
     """CPU architecture, as `uname -m`: `x86_64`, `aarch64`."""
-    os_id: Annotated[str, StringConstraints(pattern=r"^[a-z0-9._-]{1,64}$")]
-    """`ID` from `/etc/os-release`: `ubuntu`."""
-    os_version_id: Annotated[str, StringConstraints(max_length=64)]
-    """`VERSION_ID` from `/etc/os-release`: `24.04` (empty for rolling distributions)."""
+    os_id: Annotated[str, StringConstraints(pattern=r"^[a-z0-9._-]{1,64}$")] | None = None
+    """`ID` from `/etc/os-release`: `ubuntu`; absent when the host root has no os-release."""
+    os_version_id: Annotated[str, StringConstraints(max_length=64)] | None = None
+    """`VERSION_ID` from `/etc/os-release`: `24.04`; absent for rolling distributions."""
+    product_name: ShortText | None = None
+    """Machine model from DMI (`/sys/class/dmi/id/product_name`) or the cloud instance type."""
     boot_id: BootId
     """Boot id when the inventory was taken."""
     driver_version: Version | None = None

@@ -1,0 +1,220 @@
+"""Node labels implied by an inventory: GPU Feature Discovery's `nvidia.com/*` set and Node
+Feature Discovery's `feature.node.kubernetes.io/*` set, with upstream's keys and formats.
+
+Called by discovery's cluster role (which patches them onto the Node) and by
+`gpuop discover` (which prints them). Pure functions: the same inventory always gives the
+same labels, so a replayed event log labels nodes identically.
+
+Labels that come from NVML (product, memory, CUDA versions, ...) need a loaded driver. While a
+node's driver is unloaded during an upgrade, the inventory has NVIDIA PCI functions but no
+GPUs; `merge` then keeps the NVML-derived labels the node already had instead of removing
+them, so workloads' selectors do not flap for the length of a driver reload.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpuop.events.hardware import Gpu, HardwareDiscovered, MigMode
+
+GFD = "nvidia.com/"
+NFD = "feature.node.kubernetes.io/"
+NVIDIA_VENDOR = "10de"
+MELLANOX_VENDOR = "15b3"
+LABELLED_CLASSES = ("0200", "0207", "0300", "0302")
+"""PCI classes the GPU Operator's NFD configuration labels (class 02 is covered by 0200/0207)."""
+
+NVML_DERIVED = (
+    f"{GFD}cuda.",
+    f"{GFD}gpu.count",
+    f"{GFD}gpu.product",
+    f"{GFD}gpu.memory",
+    f"{GFD}gpu.family",
+    f"{GFD}gpu.compute.",
+    f"{GFD}gpu.replicas",
+    f"{GFD}gpu.sharing-strategy",
+    f"{GFD}gpu.mode",
+    f"{GFD}mig.",
+)
+"""Label key prefixes that only NVML can answer."""
+
+_FAMILIES = {
+    1: "tesla",
+    2: "fermi",
+    3: "kepler",
+    5: "maxwell",
+    6: "pascal",
+    7: "volta",
+    8: "ampere",
+    9: "hopper",
+    10: "blackwell",
+    12: "blackwell",
+}
+
+
+class MigStrategy(enum.StrEnum):
+    """How MIG devices are advertised (the device plugin's setting)."""
+
+    NONE = "none"
+    SINGLE = "single"
+    MIXED = "mixed"
+
+
+@dataclass(frozen=True)
+class LabelSettings:
+    """What the labels depend on besides the hardware."""
+
+    mig_strategy: MigStrategy = MigStrategy.NONE
+    replicas: int = 1
+    """Time-slicing replicas per GPU; 1 means unshared."""
+    timestamp: int | None = None
+    """Unix seconds for `nvidia.com/gfd.timestamp`; None leaves the label out."""
+
+
+def labels_for(
+    inventory: HardwareDiscovered, settings: LabelSettings | None = None
+) -> dict[str, str]:
+    """Every label the inventory implies."""
+    settings = settings or LabelSettings()
+    labels: dict[str, str] = {}
+    labels.update(_nfd_pci(inventory))
+    labels.update(_nfd_kernel(inventory.kernel_release))
+    labels.update(_nfd_os(inventory.os_id, inventory.os_version_id))
+    if _has_nvidia_function(inventory):
+        labels[f"{GFD}gpu.present"] = "true"
+    if inventory.gpus:
+        labels.update(_gfd(inventory, settings))
+    return labels
+
+
+def merge(
+    current: Mapping[str, str], implied: Mapping[str, str], inventory: HardwareDiscovered
+) -> dict[str, str]:
+    """The labels to hold after this inventory: `implied`, plus the node's current
+    NVML-derived labels while its driver is unloaded (NVIDIA functions present, no GPUs)."""
+    merged = dict(implied)
+    if _has_nvidia_function(inventory) and not inventory.gpus:
+        for key, value in current.items():
+            if key.startswith(NVML_DERIVED) and key not in merged:
+                merged[key] = value
+    return merged
+
+
+def _has_nvidia_function(inventory: HardwareDiscovered) -> bool:
+    return any(
+        f.vendor_id == NVIDIA_VENDOR and f.class_id[:4] in ("0300", "0302")
+        for f in inventory.pci_functions
+    )
+
+
+def _nfd_pci(inventory: HardwareDiscovered) -> dict[str, str]:
+    labels = {}
+    for function in inventory.pci_functions:
+        class4 = function.class_id[:4]
+        if class4 not in LABELLED_CLASSES:
+            continue
+        # NFD's default `<class>_<vendor>` form and the vendor-only form the GPU Operator
+        # configures; selectors in the wild use both
+        labels[f"{NFD}pci-{class4}_{function.vendor_id}.present"] = "true"
+        labels[f"{NFD}pci-{function.vendor_id}.present"] = "true"
+    return labels
+
+
+def _nfd_kernel(release: str) -> dict[str, str]:
+    labels = {f"{NFD}kernel-version.full": _label_value(release)}
+    numbers = release.split("-", 1)[0].split(".")
+    for name, part in zip(("major", "minor", "revision"), numbers, strict=False):
+        if part.isdigit():
+            labels[f"{NFD}kernel-version.{name}"] = part
+    return labels
+
+
+def _nfd_os(os_id: str | None, version_id: str | None) -> dict[str, str]:
+    labels = {}
+    if os_id:
+        labels[f"{NFD}system-os_release.ID"] = _label_value(os_id)
+    if version_id:
+        labels[f"{NFD}system-os_release.VERSION_ID"] = _label_value(version_id)
+        parts = version_id.split(".")
+        if len(parts) >= 2:
+            labels[f"{NFD}system-os_release.VERSION_ID.major"] = _label_value(parts[0])
+            labels[f"{NFD}system-os_release.VERSION_ID.minor"] = _label_value(parts[1])
+    return labels
+
+
+def _gfd(inventory: HardwareDiscovered, settings: LabelSettings) -> dict[str, str]:
+    first = inventory.gpus[0]
+    labels: dict[str, str] = {}
+    if inventory.driver_version:
+        labels.update(_driver_version(inventory.driver_version))
+    if inventory.cuda_driver_version:
+        labels.update(_cuda_version(inventory.cuda_driver_version))
+    product = _label_value(first.model_name.replace(" ", "-"))
+    shared = settings.replicas > 1
+    major, minor = first.compute_capability.split(".")
+    labels.update(
+        {
+            f"{GFD}gpu.count": str(len(inventory.gpus)),
+            f"{GFD}gpu.product": f"{product}-SHARED" if shared else product,
+            f"{GFD}gpu.memory": str(first.memory_bytes // 2**20),
+            f"{GFD}gpu.family": first.architecture or _FAMILIES.get(int(major), "unknown"),
+            f"{GFD}gpu.compute.major": major,
+            f"{GFD}gpu.compute.minor": minor,
+            f"{GFD}gpu.replicas": str(settings.replicas),
+            f"{GFD}gpu.sharing-strategy": "time-slicing" if shared else "none",
+            f"{GFD}gpu.mode": _gpu_mode(inventory, first),
+            f"{GFD}mig.capable": str(first.mig_mode is not MigMode.UNSUPPORTED).lower(),
+            f"{GFD}mps.capable": "false",
+            f"{GFD}vgpu.present": "false",
+        }
+    )
+    if first.mig_mode is not MigMode.UNSUPPORTED:
+        labels[f"{GFD}mig.strategy"] = settings.mig_strategy
+    if inventory.product_name:
+        labels[f"{GFD}gpu.machine"] = _label_value(inventory.product_name.replace(" ", "-"))
+    if settings.timestamp is not None:
+        labels[f"{GFD}gfd.timestamp"] = str(settings.timestamp)
+    return labels
+
+
+def _driver_version(version: str) -> dict[str, str]:
+    labels = {f"{GFD}cuda.driver-version.full": version}
+    parts = version.split(".")
+    for name, old, part in zip(
+        ("major", "minor", "revision"), ("major", "minor", "rev"), parts, strict=False
+    ):
+        labels[f"{GFD}cuda.driver-version.{name}"] = part
+        labels[f"{GFD}cuda.driver.{old}"] = part
+    return labels
+
+
+def _cuda_version(version: str) -> dict[str, str]:
+    major, _, minor = version.partition(".")
+    minor = minor or "0"
+    return {
+        f"{GFD}cuda.runtime-version.full": f"{major}.{minor}",
+        f"{GFD}cuda.runtime-version.major": major,
+        f"{GFD}cuda.runtime-version.minor": minor,
+        f"{GFD}cuda.runtime.major": major,
+        f"{GFD}cuda.runtime.minor": minor,
+    }
+
+
+def _gpu_mode(inventory: HardwareDiscovered, gpu: Gpu) -> str:
+    for function in inventory.pci_functions:
+        if _same_address(function.address, gpu.pci_bus_id):
+            return {"0302": "compute", "0300": "display"}.get(function.class_id[:4], "unknown")
+    return "unknown"
+
+
+def _same_address(sysfs: str, nvml: str) -> bool:
+    """sysfs writes `0000:00:06.0`, NVML `00000000:00:06.0`."""
+    return sysfs.lower().split(":", 1)[1] == nvml.lower().split(":", 1)[1]
+
+
+def _label_value(text: str) -> str:
+    """Label values are at most 63 characters of `[A-Za-z0-9._-]`, alphanumeric at the ends."""
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:63]
+    return cleaned.strip("._-")
