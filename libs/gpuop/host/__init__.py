@@ -1,0 +1,72 @@
+"""A node's host, seen from a node agent: everything under a host root (`/host` in a pod,
+a directory in tests), read with typed readers, and the kernel's modules, changed through
+one `KernelOps` protocol with a real (`SubprocessKernelOps`) and a simulated (`SimKernel`)
+implementation.
+
+Import the pieces as namespaces: `from gpuop.host import pci, system, modules, nvidia`,
+then `pci.pci_functions(root)`, `nvidia.driver_version(root)`.
+
+    roots         HostRoot: paths and links under the host root
+    pci           PCI functions from sysfs
+    system        OS release, kernel release, architecture, boot id, uptime
+    modules       proc/modules and sys/module
+    nvidia        proc/driver/nvidia: driver version, per-GPU information
+    components    driver components, their modules and dependency order
+    protocol      KernelOps
+    subprocesses  SubprocessKernelOps: modprobe, rmmod, depmod, chrooted
+    simkernel     SimKernel, and its holders API for the simulated NVML
+    simstate      where SimKernel keeps its state in the host root
+    packages      installed package layout, active versions, module stand-ins
+    indexing      the simulated depmod's modules.dep
+    packaging     package archives and driver sources of stand-ins
+    standins      stand-in modprobe, rmmod, depmod executables
+    seeding       a simulated host root from the recorded H200
+    errors        the exception tree
+"""
+
+from gpuop.host.errors import (
+    DepmodFailed,
+    HostError,
+    HostReadError,
+    KernelError,
+    KernelToolMissing,
+    KernelToolTimedOut,
+    ModuleInUse,
+    ModuleLoadFailed,
+    ModuleNotFound,
+    ModuleNotLoaded,
+    ModuleUnloadFailed,
+)
+from gpuop.host.modules import LoadedModule, ModuleInfo
+from gpuop.host.nvidia import GpuInformation, NvidiaDriverVersion
+from gpuop.host.pci import PciFunction
+from gpuop.host.protocol import KernelOps
+from gpuop.host.roots import HostRoot
+from gpuop.host.simkernel import SimKernel
+from gpuop.host.subprocesses import SubprocessKernelOps
+from gpuop.host.system import HostSystem, OsRelease
+
+__all__ = [
+    "DepmodFailed",
+    "GpuInformation",
+    "HostError",
+    "HostReadError",
+    "HostRoot",
+    "HostSystem",
+    "KernelError",
+    "KernelOps",
+    "KernelToolMissing",
+    "KernelToolTimedOut",
+    "LoadedModule",
+    "ModuleInUse",
+    "ModuleInfo",
+    "ModuleLoadFailed",
+    "ModuleNotFound",
+    "ModuleNotLoaded",
+    "ModuleUnloadFailed",
+    "NvidiaDriverVersion",
+    "OsRelease",
+    "PciFunction",
+    "SimKernel",
+    "SubprocessKernelOps",
+]

@@ -1,0 +1,44 @@
+"""The seam between node agents and the kernel: one Protocol for loading, unloading and
+indexing kernel modules.
+
+The driver-manager receives a `KernelOps` in its constructor: `SubprocessKernelOps` on a
+node (modprobe, rmmod and depmod chrooted into the host root), `SimKernel` in the demo and
+in tests, or `SubprocessKernelOps(chroot=False)` with the stand-in tools of
+`gpuop.host.standins` on PATH to exercise the real subprocess path against a simulated host.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gpuop.host.modules import LoadedModule
+
+
+class KernelOps(Protocol):
+    """Kernel module operations on one host. Failures raise `gpuop.host.errors.KernelError`."""
+
+    async def loaded(self) -> tuple[LoadedModule, ...]:
+        """The loaded modules with their use counts and users, as `proc/modules` lists them."""
+        ...
+
+    async def load(self, module: str) -> None:
+        """Load `module` and what it depends on, as `modprobe` does; nothing when loaded.
+
+        Raises `ModuleNotFound` when the running kernel has no such module installed and
+        indexed, `ModuleLoadFailed` when the kernel refuses it.
+        """
+        ...
+
+    async def unload(self, module: str) -> None:
+        """Unload `module` only, as `rmmod` does; nothing when it is not loaded.
+
+        The caller unloads dependents first (`components.unload_order`). Raises
+        `ModuleInUse` with the holders while anything uses it, `ModuleUnloadFailed` for any
+        other refusal (a module built into the kernel).
+        """
+        ...
+
+    async def depmod(self, kernel_release: str) -> None:
+        """Rebuild the module index of `kernel_release` after packages were installed or
+        removed, so `load` finds the active version. Raises `DepmodFailed`."""
+        ...
