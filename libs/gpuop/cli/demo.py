@@ -54,8 +54,8 @@ class Process:
 
 
 async def run_demo(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    if not 1 <= args.gpus <= 99:
-        raise ValueError(f"--gpus {args.gpus}: expected 1 to 99")
+    if not 1 <= args.gpus <= 64:
+        raise ValueError(f"--gpus {args.gpus}: expected 1 to 64")
     with tempfile.TemporaryDirectory(prefix="gpuop-demo-") as workdir:
         async with NatsServer(Path(workdir) / "nats") as server:
             print(f"nats-server (JetStream) listening on {server.url}")

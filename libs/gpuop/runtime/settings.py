@@ -32,7 +32,7 @@ class SettingsError(ValueError):
     """Settings that cannot work; the message names the flag and what is wrong."""
 
 
-_NVML = re.compile(r"^(real|sim:[1-9][0-9]?|recorded:.+)$")
+_NVML = re.compile(r"^(real|sim:([1-9]|[1-5][0-9]|6[0-4])|recorded:.+)$")
 _LISTEN = re.compile(r"^(?P<host>[^:\s]+|\[[0-9a-fA-F:]+\]):(?P<port>[0-9]{1,5})$")
 
 
@@ -82,7 +82,7 @@ class Settings(BaseModel):
     @classmethod
     def _nvml(cls, nvml: str) -> str:
         if not _NVML.match(nvml):
-            raise ValueError("expected real, sim:<gpus> (1-99) or recorded:<file>")
+            raise ValueError("expected real, sim:<gpus> (1-64) or recorded:<file>")
         return nvml
 
     @field_validator("metrics_listen")

@@ -1,0 +1,160 @@
+"""Kernel module state as the simulated NVML sees it: loaded or not, which version, who holds it.
+
+`SimNvml` behaves like NVML on a node: `init()` fails with `DriverNotLoaded` while the
+`nvidia` module is absent, reports the loaded module's version, and an open session counts
+as a user of the module, so a simulated `rmmod nvidia` fails while a service holds a session.
+It reaches the kernel only through `ModuleState`:
+
+* `HostRootModules` reads a host root the way the simulated kernel (`gpuop.host.SimKernel`)
+  writes it: `proc/modules` (the truth about what is loaded), `sys/module/<m>/version`, and
+  one holder file per user, `run/gpuop/sim-kernel/holders/<module>/<holder id>`, holding the
+  owner's pid. A hold checks and writes under SimKernel's lock (`flock` on
+  `run/gpuop/sim-kernel/lock`), so it cannot slip past a concurrent `rmmod`, and the holder
+  file appears by an atomic rename. It interoperates with SimKernel, in this process or
+  another, without importing `gpuop.host`; SimKernel drops holds of dead processes and
+  recounts `proc/modules`' use counts on its own next change.
+* `InMemoryModules` is the same in a dict, for unit tests.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+from gpuop.nvml.errors import DriverNotLoaded, ModuleInUse
+
+NVIDIA = "nvidia"
+"""The kernel module NVML needs."""
+
+SIM_KERNEL_DIR = Path("run/gpuop/sim-kernel")
+"""Where, under the host root, the simulated kernel keeps its state."""
+HOLDERS_DIR = SIM_KERNEL_DIR / "holders"
+"""One file per module holder, named by holder id, holding the owner's pid."""
+HOLDER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+"""What a holder id may look like (SimKernel's rule): a short file name."""
+
+
+class ModuleState(Protocol):
+    """What the simulated NVML needs to know about, and do to, kernel modules."""
+
+    def is_loaded(self, module: str) -> bool:
+        """The module is loaded now."""
+        ...
+
+    def version(self, module: str) -> str | None:
+        """The loaded module's version (`/sys/module/<m>/version`); `None` when unknown."""
+        ...
+
+    def hold(self, module: str, holder_id: str) -> None:
+        """Count `holder_id` as a user of the loaded module; idempotent. Raises
+        `errors.DriverNotLoaded` when the module is not loaded, as opening the device files
+        of an absent driver fails."""
+        ...
+
+    def release(self, module: str, holder_id: str) -> None:
+        """Stop counting `holder_id` as a user; idempotent."""
+        ...
+
+
+class InMemoryModules:
+    """Loaded modules and their holders in memory; `unload()` refuses while held, as rmmod."""
+
+    def __init__(self, loaded: Mapping[str, str | None] | None = None) -> None:
+        self._versions: dict[str, str | None] = dict(loaded or {})
+        self._holders: dict[str, set[str]] = {}
+
+    def is_loaded(self, module: str) -> bool:
+        return module in self._versions
+
+    def version(self, module: str) -> str | None:
+        return self._versions.get(module)
+
+    def hold(self, module: str, holder_id: str) -> None:
+        if not self.is_loaded(module):
+            raise DriverNotLoaded(f"the {module} kernel module is not loaded")
+        self._holders.setdefault(module, set()).add(holder_id)
+
+    def release(self, module: str, holder_id: str) -> None:
+        self._holders.get(module, set()).discard(holder_id)
+
+    def holders(self, module: str) -> frozenset[str]:
+        """Who holds the module now."""
+        return frozenset(self._holders.get(module, ()))
+
+    def load(self, module: str, version: str | None = None) -> None:
+        """Load the module (or change the recorded version of a loaded one)."""
+        self._versions[module] = version
+
+    def unload(self, module: str) -> None:
+        """Unload the module; raises `ModuleInUse` while anything holds it."""
+        if holders := self.holders(module):
+            raise ModuleInUse(module, holders)
+        self._versions.pop(module, None)
+
+
+class HostRootModules:
+    """Module state read from, and holders written to, a host root directory."""
+
+    def __init__(self, host_root: Path) -> None:
+        self.host_root = host_root
+
+    def is_loaded(self, module: str) -> bool:
+        listing = self.host_root / "proc" / "modules"
+        try:
+            text = listing.read_text()
+        except FileNotFoundError:
+            # No procfs in this root: sysfs alone says what is loaded.
+            return (self.host_root / "sys" / "module" / module).is_dir()
+        return any(line.split(" ", 1)[0] == module for line in text.splitlines())
+
+    def version(self, module: str) -> str | None:
+        try:
+            text = (self.host_root / "sys" / "module" / module / "version").read_text()
+        except FileNotFoundError:
+            return None
+        return text.strip() or None
+
+    def hold(self, module: str, holder_id: str) -> None:
+        path = self._holder(module, holder_id)
+        with self._locked():
+            if not self.is_loaded(module):
+                raise DriverNotLoaded(f"the {module} kernel module is not loaded")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # a dot-named temporary file, which SimKernel does not count as a holder
+            descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            with os.fdopen(descriptor, "w") as stream:
+                stream.write(f"{os.getpid()}\n")
+            os.chmod(temporary, 0o644)
+            os.replace(temporary, path)
+
+    def release(self, module: str, holder_id: str) -> None:
+        self._holder(module, holder_id).unlink(missing_ok=True)
+
+    def holders(self, module: str) -> frozenset[str]:
+        """Who holds the module now, by holder file."""
+        directory = self.host_root / HOLDERS_DIR / module
+        if not directory.is_dir():
+            return frozenset()
+        return frozenset(e.name for e in directory.iterdir() if not e.name.startswith("."))
+
+    def _holder(self, module: str, holder_id: str) -> Path:
+        if not HOLDER_ID.match(holder_id):
+            raise ValueError(f"holder id {holder_id!r} is not a short file name")
+        return self.host_root / HOLDERS_DIR / module / holder_id
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        lock = self.host_root / SIM_KERNEL_DIR / "lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(descriptor)

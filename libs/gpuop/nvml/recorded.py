@@ -1,0 +1,99 @@
+"""`RecordedNvml`: the `Nvml` protocol answering from a recorded `nvml.json`.
+
+`--nvml recorded:<file>` runs a service against what a real node answered, with no GPU:
+shared/fixtures/h200/nvml.json is one NVIDIA H200 on driver 580.159.04 (decoded by
+`recordings.py`, which says how unrecorded values read). The readings never move, no event
+ever arrives (a wait times out, as the recorded one did), and there is no NVLink or MIG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpuop.nvml.devices import DeviceInfo
+from gpuop.nvml.errors import ERROR_NOT_SUPPORTED, InvalidArgument, NotInitialized
+from gpuop.nvml.metrics import DeviceMetrics, FieldValue, PcieThroughput
+from gpuop.nvml.mig import MigDevice, MigProfile
+from gpuop.nvml.recordings import RecordedDevice, Recording, load_recording
+from gpuop.nvml.topology import NvLink, PcieLevel, PeerTopology
+from gpuop.nvml.watching import EventWatcher, QueueWatcher, WatcherSet
+
+
+class RecordedNvml:
+    """Answers NVML queries from a recording: static values, no events, no MIG, no NVLink."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.recording = load_recording(path)
+        self._open = False
+        self._watchers: WatcherSet[QueueWatcher] = WatcherSet()
+
+    def init(self) -> None:
+        self._open = True
+
+    def shutdown(self) -> None:
+        self._watchers.close_all()
+        self._open = False
+
+    def driver_version(self) -> str:
+        return self._session().driver_version
+
+    def cuda_driver_version(self) -> str:
+        return self._session().cuda_driver_version
+
+    def nvml_version(self) -> str:
+        return self._session().nvml_version
+
+    def device_count(self) -> int:
+        return len(self._session().devices)
+
+    def device_info(self, index: int) -> DeviceInfo:
+        return self._device(index).info
+
+    def metrics(self, index: int) -> DeviceMetrics:
+        return self._device(index).metrics
+
+    def pcie_throughput(self, index: int) -> PcieThroughput:
+        return self._device(index).pcie
+
+    def field_values(self, index: int, field_ids: Sequence[int]) -> tuple[FieldValue, ...]:
+        recorded = {value.field_id: value for value in self._device(index).field_values}
+        missing = ERROR_NOT_SUPPORTED
+        return tuple(recorded.get(f, FieldValue(int(f), missing, None)) for f in field_ids)
+
+    def nvlinks(self, index: int) -> tuple[NvLink, ...]:
+        self._device(index)
+        return ()
+
+    def topology(self, index: int, peer: int) -> PeerTopology:
+        self._device(index)
+        self._device(peer)
+        if index == peer:
+            return PeerTopology(index, peer, PcieLevel.INTERNAL, nvlink=False)
+        return PeerTopology(index, peer, None, nvlink=False)
+
+    def mig_profiles(self, index: int) -> tuple[MigProfile, ...]:
+        self._device(index)
+        return ()
+
+    def mig_devices(self, index: int) -> tuple[MigDevice, ...]:
+        self._device(index)
+        return ()
+
+    def watch_events(self, indices: Sequence[int] | None = None) -> EventWatcher:
+        count = self.device_count()
+        chosen = range(count) if indices is None else indices
+        for index in chosen:
+            self._device(index)
+        return self._watchers.add(QueueWatcher(chosen, on_close=self._watchers.discard))
+
+    def _session(self) -> Recording:
+        if not self._open:
+            raise NotInitialized("the NVML session is not open: call init() first")
+        return self.recording
+
+    def _device(self, index: int) -> RecordedDevice:
+        devices = self._session().devices
+        if not 0 <= index < len(devices):
+            raise InvalidArgument(f"no GPU at index {index}: the recording has {len(devices)}")
+        return devices[index]
