@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from gpuop import __version__
 from gpuop.bus.errors import BusError
-from gpuop.cli import demo, events, run
+from gpuop.cli import demo, events, run, sim
 from gpuop.runtime.services import UnknownService
 from gpuop.runtime.settings import SettingsError
 
@@ -34,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_parser(verbs)
     events.add_parser(verbs)
     demo.add_parser(verbs)
+    sim.add_parser(verbs)
     return top
 
 

@@ -1,5 +1,5 @@
-"""A simulated Kubernetes cluster for tests and the demo; this package starts with its
-API server.
+"""A simulated Kubernetes cluster for tests and the demo: an API server, GPU nodes with
+their kubelets, a scheduler, workload controllers and generated GPU workloads.
 
 The API server is faithful to the semantics gpuop relies on
 (shared/reference/kube-apiserver-semantics.md): one global resourceVersion, 409 conflicts,
@@ -24,9 +24,21 @@ Modules, from the bottom up::
     discovery   discovery documents            handlers    HTTP verbs and routing
     server      ApiServer                      threaded    ApiServer in a thread
     kubeconfig  kubeconfig files               cli         `gpuop sim apiserver`
+
+The simulated cluster around the server (``SimCluster``)::
+
+    wakeups     when controllers run           machines    GPU machines, Node objects
+    podstatus   pod status a kubelet reports   heartbeats  what a kubelet posts of its node
+    scheduling  the scheduler, GPU accounting  kubelet     one node's kubelet; reboots
+    workload_kinds  Deployments, ReplicaSets, Jobs
+    controllers what workload controllers share
+    replication Deployments and ReplicaSets    jobs        Jobs
+    daemons     DaemonSets                     workloads   the generated GPU workloads
+    cluster     SimCluster
 """
 
+from gpuop.sim.cluster import SimCluster
 from gpuop.sim.server import ApiServer, RequestRecord
 from gpuop.sim.threaded import ThreadedApiServer
 
-__all__ = ["ApiServer", "RequestRecord", "ThreadedApiServer"]
+__all__ = ["ApiServer", "RequestRecord", "SimCluster", "ThreadedApiServer"]

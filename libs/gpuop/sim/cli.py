@@ -1,8 +1,10 @@
-"""``gpuop sim apiserver``: run the simulated API server in the foreground.
+"""``gpuop sim apiserver``: run the simulated cluster, or a bare API server, in the foreground.
 
-The CLI command awaits :func:`run_apiserver`, which starts the server, seeds it with any
-manifests given, writes a kubeconfig for clients, and serves until cancelled (Ctrl-C or the
-demo shutting down). Every other gpuop process then reaches it through that kubeconfig.
+The CLI command (``gpuop.cli.sim``) awaits :func:`run_cluster`, which starts a
+:class:`~gpuop.sim.cluster.SimCluster` (API server, GPU nodes, kubelets, workloads), seeds
+it with any manifests given, writes a kubeconfig for clients, and serves until cancelled
+(Ctrl-C, SIGTERM or the demo shutting down). :func:`run_apiserver` does the same with an
+API server alone. Every other gpuop process then reaches it through that kubeconfig.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from gpuop.sim.cluster import SimCluster
 from gpuop.sim.server import ApiServer
 
 logger = logging.getLogger(__name__)
@@ -51,4 +54,43 @@ async def run_apiserver(
         logger.info("simulated API server at %s, kubeconfig %s", server.url, kubeconfig_out)
         if on_ready is not None:
             on_ready(server)
+        await asyncio.Event().wait()
+
+
+async def run_cluster(
+    kubeconfig_out: Path,
+    *,
+    nodes: int,
+    gpus: int,
+    workloads: bool = True,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    seed: int = 0,
+    start_delay: float = 0.5,
+    termination_cap: float = 2.0,
+    anonymous_auth: bool = True,
+    manifests: Sequence[Path] = (),
+    on_ready: Callable[[SimCluster], None] | None = None,
+) -> None:
+    """Serve a simulated cluster until cancelled; ``on_ready`` is called once the
+    kubeconfig is written. The delays default to what a person can watch happen, and
+    requests without credentials are served by default, so that kubectl works."""
+    objects = load_manifests(manifests)
+    async with SimCluster(
+        nodes,
+        gpus,
+        workloads=workloads,
+        host=host,
+        port=port,
+        seed=seed,
+        start_delay=start_delay,
+        termination_cap=termination_cap,
+        anonymous_auth=anonymous_auth,
+    ) as cluster:
+        for obj in objects:
+            cluster.server.seed(obj)
+        cluster.write_kubeconfig(kubeconfig_out)
+        logger.info("simulated cluster at %s, kubeconfig %s", cluster.url, kubeconfig_out)
+        if on_ready is not None:
+            on_ready(cluster)
         await asyncio.Event().wait()

@@ -64,15 +64,21 @@ class ApiServer:
         bookmark_interval: float = 5.0,
         history_limit: int = 100_000,
         taint_unschedulable_nodes: bool = True,
+        anonymous_auth: bool = False,
         clock: Clock = utc_now,
     ) -> None:
         """``kubelet_delay``: seconds until a gracefully deleted pod bound to a node is
         confirmed gone (capped by its grace period); None leaves that to a simulated
         kubelet calling :meth:`complete_pod_termination`. ``bookmark_interval``: seconds
-        between BOOKMARK events on watches that allow them."""
+        between BOOKMARK events on watches that allow them. ``anonymous_auth``: also serve
+        requests that carry no credentials, as kube-apiserver's ``--anonymous-auth`` with
+        RBAC granting ``system:anonymous`` everything; kubectl and other client-go tools
+        need it, because they send no bearer token over plain HTTP. A wrong token is
+        still refused."""
         self._host = host
         self._port = port
         self.token = token or secrets.token_urlsafe(32)
+        self.anonymous_auth = anonymous_auth
         self.bookmark_interval = bookmark_interval
         self.catalog = Catalog()
         for resource in kinds.BUILTIN:
@@ -201,5 +207,7 @@ class ApiServer:
         )
 
     def _authorized(self, request: web.Request) -> bool:
-        scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+        if "Authorization" not in request.headers:
+            return self.anonymous_auth
+        scheme, _, credential = request.headers["Authorization"].partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(credential, self.token)
