@@ -1,16 +1,31 @@
-"""discovery: Hardware discovery and node labels: publishes node inventories (node role) and
-turns them into GPU Feature Discovery and NFD labels (cluster role).
+"""discovery: hardware inventory and node labels.
 
-Not built yet: issue 4 builds it. Until then `gpuop run discovery` starts, connects to the
-bus and reports itself not ready, so deployments and the demo show honestly what is missing.
+The node role (`node_agent`) reads the node's PCI functions, NVML inventory, kernel, OS and
+boot id from the host root, publishes `hardware.discovered` when anything changed and a
+`hardware.heartbeat` on a period, rescans on command and after driver changes, and lets go
+of NVML while operands are paused. The cluster role (`labeler`) turns every inventory into
+GPU Feature Discovery and NFD node labels, and removes the ones it set that no longer hold.
+Both read their intervals and label settings from `--config` (`config`); `consumers` names
+what each role subscribes to, `pausing` decides when the node role may touch NVML.
 """
 
-from gpuop.runtime.services import ServiceDefinition
+from gpuop.runtime.services import ServiceContext, ServiceDefinition
 from gpuop.runtime.settings import Role
+from gpuop.services.discovery import config, labeler, node_agent
+
+
+async def main(context: ServiceContext) -> None:
+    """Run the role `--role` names until the service stops."""
+    settings = config.load_config(context.settings.config)
+    if context.settings.role is Role.NODE:
+        await node_agent.run(context, settings)
+    else:
+        await labeler.run(context, settings)
+
 
 SERVICE = ServiceDefinition(
     name="discovery",
     summary="hardware inventory and GPU/NFD node labels",
     roles=frozenset({Role.NODE, Role.CLUSTER}),
-    pending_issue=4,
+    main=main,
 )

@@ -10,8 +10,10 @@ Layout (the driver-manager installs into it; depmod and the simulated kernel rea
             active                            the version depmod makes loadable, one line
         modules.dep                           depmod's index (see `gpuop.host.indexing`)
 
-The active version is the one named in `active` (the driver-manager writes it after an
-install and for a rollback) and, without that file, the newest installed version. Versions
+The active version is the one named in `active` (the driver-manager writes it when it loads
+a version, a rollback included, and pins the running one before an install, so a new
+directory never becomes active by being the newest) and, without that file, the newest
+installed version. Versions
 compare numerically part by part: `580.159.04` < `580.159.10` < `590.1`.
 
 A module stand-in is a `<module>.ko` file holding one JSON object, `ModuleStandin`: name,

@@ -46,7 +46,7 @@ async def test_placeholder_service_connects_reports_not_built_and_stops_on_sigte
 ) -> None:
     port = free_port()
     process = await asyncio.create_subprocess_exec(
-        *GPUOP, "run", "driver-manager", "--node", "gpu-1.example.com",
+        *GPUOP, "run", "network-manager", "--node", "gpu-1.example.com",
         "--nats", nats_server.url, "--metrics-listen", f"127.0.0.1:{port}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
@@ -58,7 +58,7 @@ async def test_placeholder_service_connects_reports_not_built_and_stops_on_sigte
             async with session.get(f"http://127.0.0.1:{port}/metrics") as metrics:
                 assert "gpuop_bus_published_total" in await metrics.text()
         assert status == 503
-        assert body["reason"] == "driver-manager is not built yet (issue 4)"
+        assert body["reason"] == "network-manager is not built yet (issue 8)"
     finally:
         process.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(process.communicate(), 20)

@@ -1,0 +1,306 @@
+"""Discovery's node role: takes the node's inventory and tells the cluster when it changed.
+
+`run` (the service's node entry point) builds a `NodeAgent` from the settings. The agent
+scans the host root and NVML (`gpuop.inventory.scanning`) at start and every
+`scan_interval_seconds`, and publishes `hardware.discovered` only when the inventory's
+content hash differs from the one it last published for this node. That inventory is kept in
+the `gpuop_nodes` KV bucket under the node's key, so a restarted agent does not republish an
+unchanged inventory. Every `heartbeat_interval_seconds` it publishes `hardware.heartbeat`;
+a boot id that differs from the last inventory's means the node rebooted, and it scans at
+once.
+
+It also scans when asked (`RescanHardware`, which publishes even an unchanged inventory)
+and after the driver-manager changed the node's loaded driver (`driver.*` results). On
+`PauseOperands` for the GPU driver it stops touching NVML, reading the host root only, and
+confirms with `OperandPaused`; `ResumeOperands` undoes it, confirmed by `OperandResumed`.
+A restarted agent learns whether it is paused from the node's last pause or resume command
+in the command stream. The service is ready once the first scan succeeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
+from gpuop.bus import Buckets, Bus, BusError, Delivery, TemporaryError
+from gpuop.events import Envelope, Event, device, driver, hardware, new_event, subjects
+from gpuop.host import system
+from gpuop.host.errors import HostError
+from gpuop.host.roots import HostRoot
+from gpuop.inventory import scanning
+from gpuop.nvml import Nvml, NvmlError, open_backend
+from gpuop.runtime.services import ServiceContext
+from gpuop.runtime.settings import SettingsError
+from gpuop.services.discovery import consumers, pausing
+from gpuop.services.discovery.config import DiscoveryConfig
+
+log = logging.getLogger(__name__)
+
+NVML_HOLDER = "discovery"
+"""Who discovery's NVML session holds the simulated `nvidia` module as."""
+RESCAN_AFTER: tuple[type[driver.DriverResult], ...] = (
+    driver.DriverLoaded,
+    driver.DriverUnloaded,
+    driver.DriverRolledBack,
+    driver.DriverLoadFailed,
+    driver.DriverUnloadFailed,
+    driver.DriverRollbackFailed,
+)
+"""Driver-manager results after which the loaded driver (or part of it) may have changed."""
+
+Readiness = Callable[[bool, str], None]
+"""Told (ready, reason) whenever readiness changes."""
+ScanErrors = (HostError, NvmlError)
+
+
+class NodeAgent:
+    """Discovery on one node: scans, publishes on change, beats, obeys pause and rescan."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        node: str,
+        root: HostRoot,
+        nvml: Nvml,
+        config: DiscoveryConfig,
+        *,
+        readiness: Readiness | None = None,
+    ) -> None:
+        self._bus = bus
+        self._node = subjects.validate_node_name(node)
+        self._root = root
+        self._nvml = nvml
+        self._config = config
+        self._readiness = readiness or (lambda ready, reason: None)
+        self._source = f"/gpuop/{consumers.SERVICE}/{node}"
+        self._key = subjects.encode_node(node)
+        self._lock = asyncio.Lock()
+        """Held by every scan and by pause: a pause waits for a scan to let go of NVML."""
+        self._wake = asyncio.Event()
+        self._published: hardware.HardwareDiscovered | None = None
+        self._paused = False
+        self._scanned = False
+
+    @property
+    def published(self) -> hardware.HardwareDiscovered | None:
+        """The inventory last published for this node (by this run or, restored, an earlier one)."""
+        return self._published
+
+    @property
+    def paused(self) -> bool:
+        """Whether NVML is off limits because the GPU driver is about to be reloaded."""
+        return self._paused
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Restore, subscribe, then scan and beat until `stopping` is set."""
+        await self.restore()
+        retry = self._config.retry_interval_seconds
+        subscriptions = [
+            await self._bus.consume(
+                consumers.node_commands(self._bus.prefix, self._node, retry_delay=retry),
+                self.on_command,
+            ),
+            await self._bus.consume(
+                consumers.node_driver_results(self._bus.prefix, self._node, retry_delay=retry),
+                self.on_driver_event,
+            ),
+        ]
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._scan_loop(stopping), name="discovery-scan")
+                group.create_task(self._heartbeat_loop(stopping), name="discovery-heartbeat")
+        finally:
+            for subscription in subscriptions:
+                await subscription.stop()
+
+    async def restore(self) -> None:
+        """Pick up where an earlier run left off: the inventory it published last, and
+        whether the node's operands are paused."""
+        entry = await (await self._bus.kv(Buckets.NODES)).get(self._key)
+        if entry is not None:
+            try:
+                self._published = hardware.HardwareDiscovered.model_validate_json(entry.value)
+            except ValidationError as error:
+                log.warning("ignoring the stored inventory of %s: %s", self._node, error)
+        paused = await pausing.from_log(self._bus, self._node)
+        self._paused = paused
+        if paused:
+            log.info("operands of %s are paused: reading the host root only", self._node)
+
+    async def scan(
+        self, *, force: bool = False, cause: Envelope | None = None
+    ) -> hardware.HardwareDiscovered:
+        """Take the inventory and publish it if it changed (or `force`); returns it.
+
+        Raises `HostError` or `NvmlError` when the scan fails, `BusError` when publishing does.
+        """
+        async with self._lock:
+            inventory = await asyncio.to_thread(self._take_inventory)
+            if not self._scanned:
+                self._scanned = True
+                self._readiness(True, "")
+            published = self._published
+            if force or published is None or published.inventory_hash != inventory.inventory_hash:
+                await self._publish_inventory(inventory, cause)
+            return inventory
+
+    async def heartbeat(self) -> hardware.HardwareHeartbeat | None:
+        """Publish a heartbeat for the last inventory; None before there is one."""
+        published = self._published
+        if published is None:
+            return None
+        boot_id = system.boot_id(self._root) or scanning.UNKNOWN_BOOT_ID
+        if boot_id != published.boot_id:
+            log.info("boot id of %s changed: the node rebooted, scanning now", self._node)
+            self._wake.set()
+        payload = hardware.HardwareHeartbeat(
+            boot_id=boot_id,
+            inventory_hash=published.inventory_hash,
+            uptime_seconds=system.uptime_seconds(self._root) or 0.0,
+            gpu_count=len(published.gpus),
+        )
+        await self._publish(payload)
+        return payload
+
+    async def on_command(self, delivery: Delivery) -> None:
+        """`RescanHardware`, `PauseOperands` and `ResumeOperands` for this node."""
+        payload, envelope = delivery.payload, delivery.envelope
+        if isinstance(payload, hardware.RescanHardware):
+            log.info("rescan asked for: %s", payload.reason or "no reason given")
+            await self._scan_for(envelope, force=True)
+        elif isinstance(payload, device.PauseOperands):
+            async with self._lock:  # a scan in progress finishes and closes NVML first
+                self._paused = pausing.after(self._paused, payload)
+            await self._publish(
+                device.OperandPaused(
+                    command_id=envelope.id, service=device.OperandService.DISCOVERY
+                ),
+                cause=envelope,
+            )
+        elif isinstance(payload, device.ResumeOperands):
+            async with self._lock:
+                was_paused, self._paused = self._paused, pausing.after(self._paused, payload)
+            await self._publish(
+                device.OperandResumed(
+                    command_id=envelope.id, service=device.OperandService.DISCOVERY
+                ),
+                cause=envelope,
+            )
+            if was_paused:
+                # the driver may have changed meanwhile; the confirmation must not wait for it
+                try:
+                    await self.scan(cause=envelope)
+                except (*ScanErrors, BusError) as error:
+                    log.warning("scan after resume failed, the next scan retries: %s", error)
+                    self._wake.set()
+
+    async def on_driver_event(self, delivery: Delivery) -> None:
+        """Scan after a driver result that may have changed what is loaded."""
+        if isinstance(delivery.payload, RESCAN_AFTER):
+            await self._scan_for(delivery.envelope, force=False)
+
+    async def _scan_for(self, cause: Envelope, *, force: bool) -> None:
+        try:
+            await self.scan(force=force, cause=cause)
+        except (*ScanErrors, BusError) as error:
+            raise TemporaryError(
+                f"scan failed: {error}", delay=self._config.retry_interval_seconds
+            ) from error
+
+    def _take_inventory(self) -> hardware.HardwareDiscovered:
+        if self._paused:
+            host_only = scanning.scan(self._root, None)
+            return scanning.with_known_gpus(host_only, self._published)
+        return scanning.scan(self._root, self._nvml)
+
+    async def _publish_inventory(
+        self, inventory: hardware.HardwareDiscovered, cause: Envelope | None
+    ) -> None:
+        await self._publish(inventory, cause=cause)
+        # one writer per key, this node's agent: a plain put is enough
+        kv = await self._bus.kv(Buckets.NODES)
+        await kv.put(self._key, inventory.model_dump_json().encode())
+        self._published = inventory
+        log.info(
+            "published the inventory of %s: %d GPUs, driver %s, hash %s",
+            self._node,
+            len(inventory.gpus),
+            inventory.driver_version or "not loaded",
+            inventory.inventory_hash[:12],
+        )
+
+    async def _publish(self, payload: Event, *, cause: Envelope | None = None) -> None:
+        envelope = new_event(
+            payload,
+            node=self._node,
+            source=self._source,
+            causationid=cause.id if cause else None,
+            correlationid=cause.correlationid if cause else None,
+        )
+        await self._bus.publish(envelope)
+
+    async def _scan_loop(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            try:
+                await self.scan()
+                interval = self._config.scan_interval_seconds
+            except ScanErrors as error:
+                log.warning("scan of %s failed: %s", self._node, error)
+                if not self._scanned:
+                    self._readiness(False, f"the first scan failed: {error}")
+                interval = self._config.retry_interval_seconds
+            except BusError as error:
+                log.warning("could not publish the inventory, retrying: %s", error)
+                interval = self._config.retry_interval_seconds
+            await self._idle(stopping, interval)
+
+    async def _heartbeat_loop(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            try:
+                await self.heartbeat()
+            except (HostError, BusError) as error:
+                log.warning("heartbeat of %s failed: %s", self._node, error)
+            await _wait(stopping, self._config.heartbeat_interval_seconds)
+
+    async def _idle(self, stopping: asyncio.Event, seconds: float) -> None:
+        """Wait `seconds`, or less when stopping or when a scan is wanted now."""
+        wake = asyncio.create_task(self._wake.wait())
+        stop = asyncio.create_task(stopping.wait())
+        try:
+            await asyncio.wait((wake, stop), timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (wake, stop):
+                waiter.cancel()
+            await asyncio.gather(wake, stop, return_exceptions=True)
+        self._wake.clear()
+
+
+async def _wait(stopping: asyncio.Event, seconds: float) -> None:
+    """Sleep `seconds`, or less when `stopping` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), timeout=seconds)
+
+
+async def run(context: ServiceContext, config: DiscoveryConfig) -> None:
+    """The node role's entry point: one `NodeAgent` for `--node`, until the service stops."""
+    settings = context.settings
+    if settings.node is None:
+        raise SettingsError("--node is required for the node role")
+    if not settings.host_root.is_dir():
+        raise SettingsError(f"--host-root {settings.host_root}: no such directory")
+    nvml = open_backend(
+        settings.nvml, host_root=settings.host_root, node=settings.node, holder_id=NVML_HOLDER
+    )
+
+    def readiness(ready: bool, reason: str) -> None:
+        context.ready = ready
+        context.not_ready_reason = reason
+
+    agent = NodeAgent(
+        context.bus, settings.node, HostRoot(settings.host_root), nvml, config, readiness=readiness
+    )
+    await agent.run(context.stopping)

@@ -1,0 +1,118 @@
+"""The driver-manager's own configuration: the `--config` file of `gpuop run driver-manager`.
+
+Read once at start by `agent.main`; a YAML (or JSON) mapping whose keys are the fields below,
+every one optional. Unknown keys are an error, so a typo does not silently fall back to a
+default on a production node.
+
+    components: [gpu, ofed]        driver stacks this agent manages
+    kernel: auto                   how modules are changed (see `KernelMode`)
+    driver_source: null            source for a rollback whose command names none
+    connect_timeout_seconds: 10    driver source: connecting
+    read_timeout_seconds: 60       driver source: silence while reading
+    max_package_bytes: 4294967296  larger packages are refused
+    load_modules: {gpu: [nvidia, nvidia_uvm], ofed: [mlx5_core, ib_core, mlx5_ib]}
+    unload_poll_seconds: 1.0       how often an unload retries while the driver is in use
+    ack_wait_seconds: 30           bus: a silent (killed) agent's command is redelivered after
+    max_deliver: 10                bus: deliveries of one command before it is dead-lettered
+    install_pause_seconds: 0       fault injection for crash tests (see the field)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpuop.events.driver import Component
+from gpuop.runtime.settings import SettingsError
+
+
+class KernelMode(enum.StrEnum):
+    """Which `KernelOps` the agent changes modules with, and so how it reboots."""
+
+    AUTO = "auto"
+    """`simulated` when `--nvml sim:<gpus>` (a simulated node), otherwise `host`."""
+    HOST = "host"
+    """A real node: kmod's tools chrooted into the host root; reboot with
+    `chroot <host root> systemctl reboot`."""
+    SIMULATED = "simulated"
+    """A simulated node: `SimKernel` on the host root, in process; reboot is
+    `SimKernel.reboot`."""
+    STANDINS = "standins"
+    """The real subprocess path without chroot: `modprobe`, `rmmod`, `depmod` from PATH told
+    the host root by `GPUOP_HOST_ROOT`, as the stand-ins of `gpuop.host.standins` are. Only
+    for simulated hosts, so reboot is `SimKernel.reboot` too."""
+
+
+DEFAULT_LOAD_MODULES: dict[Component, tuple[str, ...]] = {
+    Component.GPU: ("nvidia", "nvidia_uvm"),
+    Component.OFED: ("mlx5_core", "ib_core", "mlx5_ib"),
+}
+
+
+class DriverManagerConfig(BaseModel):
+    """Everything in the `--config` file; the defaults suit a real node."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    components: tuple[Component, ...] = (Component.GPU, Component.OFED)
+    """Driver stacks this agent manages; a command for another one fails without acting."""
+    kernel: KernelMode = KernelMode.AUTO
+    """How kernel modules are changed and how the node reboots."""
+    driver_source: str | None = None
+    """Driver source (directory or http(s) URL holding `index.json`) for a rollback to a
+    version that is no longer installed when the command names no source."""
+    connect_timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 10.0
+    """How long connecting to an http(s) driver source may take."""
+    read_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    """How long an http(s) driver source may stay silent while sending."""
+    max_package_bytes: Annotated[int, Field(gt=0)] = 4 << 30
+    """Packages (and indexes) larger than this are refused before they fill the disk."""
+    load_modules: dict[Component, tuple[str, ...]] = Field(
+        default_factory=lambda: dict(DEFAULT_LOAD_MODULES)
+    )
+    """Modules `load` loads when no earlier unload on this host recorded which were loaded."""
+    unload_poll_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
+    """Pause between unload attempts while the driver is in use, up to the command's
+    timeout."""
+    ack_wait_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """Seconds the bus waits for word from the agent before redelivering a command; a
+    running command keeps extending it, so this is how soon a killed agent's successor
+    resumes."""
+    max_deliver: Annotated[int, Field(ge=1, le=1000)] = 10
+    """Deliveries of one command (restarts included) before it is dead-lettered."""
+    install_pause_seconds: Annotated[float, Field(ge=0, le=3600)] = 0.0
+    """Fault injection, for crash tests only: an install sleeps this long after unpacking
+    into its staging directory and before the rename that installs it, so a test can kill
+    the agent at the worst moment. Keep 0 on real nodes."""
+
+    def modules_to_load(self, component: Component) -> tuple[str, ...]:
+        return self.load_modules.get(component, DEFAULT_LOAD_MODULES[component])
+
+
+def load(path: Path | None) -> DriverManagerConfig:
+    """The configuration in `path` (YAML or JSON); the defaults when `path` is None.
+
+    Raises `SettingsError` naming the file and the first wrong key.
+    """
+    if path is None:
+        return DriverManagerConfig()
+    try:
+        text = path.read_text(encoding="utf-8")
+        document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        raise SettingsError(f"--config {path}: cannot read it: {exc}") from None
+    if document is None:
+        document = {}
+    if not isinstance(document, dict):
+        raise SettingsError(f"--config {path}: expected a mapping of settings")
+    try:
+        return DriverManagerConfig.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "<root>"
+        raise SettingsError(f"--config {path}: {where}: {first['msg']}") from None

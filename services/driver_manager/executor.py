@@ -1,0 +1,294 @@
+"""One driver command in, one result event out: what each verb does on this host.
+
+`agent.CommandAgent` calls `context_for` when a command starts (its answer is recorded, so a
+run resumed after a crash reports what the first run saw) and `execute` to run it. Every
+failure the host can cause becomes the verb's failure event (`answers`) with a reason; only
+bugs and bus trouble raise.
+
+    unload    count devices, unload in dependency order    DriverUnloaded / DriverUnloadFailed
+    install   fetch, verify, stage, rename, depmod          DriverInstalled / DriverInstallFailed
+    load      select the version, depmod, modprobe, check   DriverLoaded / DriverLoadFailed
+    validate  NVML (GPU) or sysfs (OFED): version, devices  DriverValidated / ...ValidationFailed
+    rollback  install if missing, unload, load the version  DriverRolledBack / ...RollbackFailed
+    reboot    RebootStarted, then reboot                    RebootStarted
+
+A reboot's `Outcome` carries the reboot as `after`: the agent publishes `RebootStarted`
+first, then reboots; before either it asks `rebooted_since` (the boot id guard). A rollback
+unloads without the management-interface check: it follows an unload the orchestrator
+already opted into in the same maintenance window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuop.events import Command, Event
+from gpuop.events import driver as dm
+from gpuop.host import packages, system
+from gpuop.host.errors import HostError
+from gpuop.host.roots import HostRoot
+from gpuop.services.driver_manager import answers
+from gpuop.services.driver_manager.answers import ComponentCommand
+from gpuop.services.driver_manager.config import DriverManagerConfig
+from gpuop.services.driver_manager.installing import Installer, InstallError, running_kernel
+from gpuop.services.driver_manager.rebooting import Rebooter
+from gpuop.services.driver_manager.reloading import LoadError, Reloader, UnloadError
+from gpuop.services.driver_manager.state import ComponentRecord, StepContext
+from gpuop.services.driver_manager.validating import ValidationFailed, Validator
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a command came to."""
+
+    result: Event
+    """The answer."""
+    changes: dict[str, Any] = field(default_factory=dict)
+    """Updates to the component's record."""
+    after: Callable[[], Awaitable[None]] | None = None
+    """Run after the result is published (the reboot itself)."""
+
+
+class Executor:
+    """Runs driver commands on one host."""
+
+    def __init__(
+        self,
+        root: HostRoot,
+        config: DriverManagerConfig,
+        installer: Installer,
+        reloader: Reloader,
+        validator: Validator,
+        rebooter: Rebooter,
+    ) -> None:
+        self.root = root
+        self.config = config
+        self.installer = installer
+        self.reloader = reloader
+        self.validator = validator
+        self.rebooter = rebooter
+
+    async def context_for(self, command: Command) -> StepContext:
+        """What the command must remember from before it changed anything."""
+        if not isinstance(command, dm.UnloadDriver | dm.RollbackDriver):
+            return StepContext()
+        if command.component not in self.config.components:
+            return StepContext()
+        present = await self.reloader.loaded_modules(command.component)
+        devices = None
+        if isinstance(command, dm.UnloadDriver) and present:
+            devices = await self.validator.count_devices(command.component)
+        return StepContext(
+            from_version=self.reloader.loaded_version(command.component),
+            modules=present,
+            devices=devices,
+        )
+
+    def rebooted_since(self, command: dm.RebootNode) -> bool:
+        """The boot id guard: the node booted again since the reboot was decided, so the
+        command is answered already (by discovery's new boot id) and must not act."""
+        current = system.boot_id(self.root)
+        return current is not None and current != command.boot_id
+
+    async def execute(
+        self, command_id: str, command: Command, context: StepContext, record: ComponentRecord
+    ) -> Outcome:
+        if isinstance(command, dm.RebootNode):
+            started = dm.RebootStarted(command_id=command_id, boot_id=command.boot_id)
+            return Outcome(started, after=self.rebooter.reboot)
+        if not isinstance(command, ComponentCommand):
+            raise TypeError(f"{type(command).__name__} is not a driver command")
+        if command.component not in self.config.components:
+            managed = ", ".join(self.config.components)
+            message = f"{command.component} is not managed here (this agent manages: {managed})"
+            return Outcome(answers.failure(command_id, command, message))
+        try:
+            outcome = await self._run(command_id, command, context, record)
+        except HostError as exc:
+            failure = answers.failure(command_id, command, f"host error: {exc}", retryable=True)
+            outcome = Outcome(failure)
+        changes = {**self._snapshot(command.component), **outcome.changes}
+        return Outcome(outcome.result, changes, outcome.after)
+
+    async def _run(
+        self,
+        command_id: str,
+        command: ComponentCommand,
+        context: StepContext,
+        record: ComponentRecord,
+    ) -> Outcome:
+        if isinstance(command, dm.UnloadDriver):
+            return await self._unload(command_id, command, context)
+        if isinstance(command, dm.InstallDriver):
+            return await self._install(command_id, command, record)
+        if isinstance(command, dm.LoadDriver):
+            try:
+                loaded, changes = await self._load_version(
+                    command.component, command.version, record, command.timeout_seconds
+                )
+            except LoadError as exc:
+                return Outcome(answers.load_failed(command_id, command, exc))
+            answer = dm.DriverLoaded(
+                command_id=command_id,
+                component=command.component,
+                version=command.version,
+                modules=loaded,
+            )
+            return Outcome(answer, changes)
+        if isinstance(command, dm.ValidateDriver):
+            expected = command.expected_devices
+            if expected is None:
+                expected = record.devices
+            try:
+                devices = await self.validator.validate(
+                    command.component, command.version, expected, command.timeout_seconds
+                )
+            except ValidationFailed as exc:
+                return Outcome(answers.validation_failed(command_id, command, exc))
+            validated = dm.DriverValidated(
+                command_id=command_id,
+                component=command.component,
+                version=command.version,
+                devices=devices,
+            )
+            return Outcome(validated)
+        return await self._rollback(command_id, command, context, record)
+
+    async def _unload(
+        self, command_id: str, command: dm.UnloadDriver, context: StepContext
+    ) -> Outcome:
+        try:
+            removed = await self.reloader.unload(
+                command.component, command.timeout_seconds, command.allow_management_interface
+            )
+        except UnloadError as exc:
+            return Outcome(answers.unload_failed(command_id, command, exc))
+        changes: dict[str, Any] = {}
+        if context.modules:
+            changes["modules"] = context.modules
+        if context.devices is not None:
+            changes["devices"] = context.devices
+        if context.from_version is not None:
+            changes["loaded"] = context.from_version
+        # a resumed unload finds the modules gone: report what the first run removed
+        reported = removed or tuple(reversed(context.modules))
+        unloaded = dm.DriverUnloaded(
+            command_id=command_id,
+            component=command.component,
+            version=context.from_version,
+            modules=reported,
+        )
+        return Outcome(unloaded, changes)
+
+    async def _install(
+        self, command_id: str, command: dm.InstallDriver, record: ComponentRecord
+    ) -> Outcome:
+        try:
+            async with asyncio.timeout(command.timeout_seconds):
+                installed = await self.installer.install(
+                    command.component, command.version, command.source.uri, command.source.sha256
+                )
+        except InstallError as exc:
+            return Outcome(
+                answers.install_failed(command_id, command, exc.reason, exc.message, exc.retryable)
+            )
+        except TimeoutError:
+            message = f"the install did not finish within {command.timeout_seconds} s"
+            return Outcome(
+                answers.install_failed(
+                    command_id, command, dm.InstallFailureReason.OTHER, message, True
+                )
+            )
+        changes: dict[str, Any] = {}
+        if installed.sha256 is not None:
+            changes["packages"] = {**record.packages, command.version: installed.sha256}
+        answer = dm.DriverInstalled(
+            command_id=command_id,
+            component=command.component,
+            version=command.version,
+            sha256=installed.sha256 or record.packages.get(command.version),
+        )
+        return Outcome(answer, changes)
+
+    async def _load_version(
+        self, component: dm.Component, version: str, record: ComponentRecord, timeout: float
+    ) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """Load `version` with the modules `record` remembers; the modules loaded and the
+        record's changes (`previous` becomes the version that ran before, if another)."""
+        wanted = record.modules or self.config.modules_to_load(component)
+        try:
+            async with asyncio.timeout(timeout):
+                loaded = await self.reloader.load(component, version, wanted)
+        except TimeoutError:
+            raise LoadError(
+                dm.LoadFailureReason.TIMEOUT,
+                f"loading {component} {version} did not finish within {timeout} s",
+                retryable=True,
+            ) from None
+        changes: dict[str, Any] = {"loaded": version}
+        if record.loaded not in (None, version):
+            changes["previous"] = record.loaded
+        return loaded, changes
+
+    async def _rollback(
+        self,
+        command_id: str,
+        command: dm.RollbackDriver,
+        context: StepContext,
+        record: ComponentRecord,
+    ) -> Outcome:
+        component, version = command.component, command.version
+
+        def failed(step: dm.DriverStep, message: str, retryable: bool) -> Outcome:
+            return Outcome(answers.rollback_failed(command_id, command, step, message, retryable))
+
+        kernel_release = running_kernel(self.root)
+        if version not in packages.installed_versions(self.root, kernel_release, component):
+            source = command.source
+            if source is None and self.config.driver_source:
+                source = dm.DriverSource(uri=self.config.driver_source)
+            if source is None:
+                message = f"{component} {version} is not installed and no driver source is known"
+                return failed(dm.DriverStep.INSTALL, message, False)
+            try:
+                async with asyncio.timeout(command.timeout_seconds):
+                    await self.installer.install(component, version, source.uri, source.sha256)
+            except InstallError as exc:
+                return failed(dm.DriverStep.INSTALL, exc.message, exc.retryable)
+            except TimeoutError:
+                return failed(dm.DriverStep.INSTALL, "the install timed out", True)
+        try:
+            await self.reloader.unload(component, command.timeout_seconds, True)
+        except UnloadError as exc:
+            return failed(dm.DriverStep.UNLOAD, exc.message, exc.retryable)
+        updates: dict[str, Any] = {}
+        if context.from_version not in (None, version):
+            updates["loaded"] = context.from_version
+        if context.modules:
+            updates["modules"] = context.modules
+        try:
+            _, changes = await self._load_version(
+                component, version, record.model_copy(update=updates), command.timeout_seconds
+            )
+        except LoadError as exc:
+            return failed(dm.DriverStep.LOAD, exc.message, exc.retryable)
+        answer = dm.DriverRolledBack(
+            command_id=command_id,
+            component=component,
+            version=version,
+            from_version=context.from_version,
+        )
+        return Outcome(answer, {**updates, **changes})
+
+    def _snapshot(self, component: str) -> dict[str, Any]:
+        try:
+            kernel_release = running_kernel(self.root)
+        except InstallError:
+            return {}
+        return {
+            "installed": packages.installed_versions(self.root, kernel_release, component),
+            "active": packages.active_version(self.root, kernel_release, component),
+        }

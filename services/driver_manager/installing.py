@@ -1,0 +1,279 @@
+"""Installing a driver package from a driver source, so that a crash at any line leaves the
+previous driver intact and at worst some staging debris that `clean_staging` removes.
+
+Called by `executor.Executor` for `InstallDriver` (and for a rollback to a version that is no
+longer installed):
+
+    1. pin the active version: a component without an `active` file gets one naming the
+       version that is active now, so the new directory does not become "the newest
+       installed" that depmod would index (`gpuop.host.packages`)
+    2. read the source's index, pick the build for (component, version, running kernel)
+    3. download into `<host root>/var/lib/gpuop/staging/<id>/`, hashing as it writes, and
+       compare with the index (and with the command's digest, when it names one)
+    4. unpack into `.staging-<version>-<id>/` next to the final directory, refusing anything
+       but plain files with plain names, and check the package's manifest
+    5. rename it to `lib/modules/<kernel>/updates/gpuop/<component>/<version>/` (atomic: the
+       version is either fully installed or absent), drop the download, run depmod
+
+The active version is left alone: `load` selects the version it loads. A version directory
+that already exists counts as installed (this command ran before, or the package was put
+there by other means), so a repeated install only runs depmod again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import shutil
+import tarfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from gpuop.events.driver import InstallFailureReason
+from gpuop.host import packages, packaging, system
+from gpuop.host.errors import HostReadError, KernelError
+from gpuop.host.protocol import KernelOps
+from gpuop.host.roots import HostRoot
+from gpuop.kube.clocks import Clock
+from gpuop.services.driver_manager import sources
+from gpuop.services.driver_manager.config import DriverManagerConfig
+
+log = logging.getLogger(__name__)
+
+STAGING = "var/lib/gpuop/staging"
+"""Downloads in progress, under the host root; emptied when the agent starts."""
+UNPACK_PREFIX = ".staging-"
+"""Unpacked packages waiting for their rename, beside the installed versions."""
+
+
+class InstallError(Exception):
+    """The install failed; the previous installation is untouched."""
+
+    def __init__(
+        self, reason: InstallFailureReason, message: str, *, retryable: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class Installed:
+    version: str
+    sha256: str | None
+    """Digest of the archive installed; None for a version found already installed."""
+    fresh: bool
+    """False when the version directory was already there."""
+
+
+class Installer:
+    """Installs packages into one host root."""
+
+    def __init__(
+        self, root: HostRoot, kernel: KernelOps, config: DriverManagerConfig, clock: Clock
+    ) -> None:
+        self.root = root
+        self.kernel = kernel
+        self.config = config
+        self.clock = clock
+
+    async def install(
+        self, component: str, version: str, source_uri: str, expected_sha256: str | None
+    ) -> Installed:
+        kernel_release = running_kernel(self.root)
+        _pin_active(self.root, kernel_release, component)
+        final = packages.package_dir(self.root, kernel_release, component, version)
+        if final.is_dir():
+            log.info("%s %s is already installed for %s", component, version, kernel_release)
+            await self._depmod(kernel_release)
+            return Installed(version, None, fresh=False)
+        try:
+            source = sources.open_source(
+                source_uri,
+                connect_timeout=self.config.connect_timeout_seconds,
+                read_timeout=self.config.read_timeout_seconds,
+                max_bytes=self.config.max_package_bytes,
+            )
+            entry = sources.select(
+                await source.index(), source.uri, component, version, kernel_release
+            )
+        except sources.SourceError as exc:
+            raise InstallError(exc.reason, exc.message, retryable=exc.retryable) from None
+        if expected_sha256 is not None and expected_sha256 != entry.sha256:
+            raise InstallError(
+                InstallFailureReason.VERIFICATION_FAILED,
+                f"the source lists {entry.file} with sha256 {entry.sha256}, "
+                f"the command expects {expected_sha256}",
+            )
+        token = uuid.uuid4().hex[:12]
+        download = self.root.join(f"{STAGING}/{component}-{version}-{token}")
+        unpacked = final.parent / f"{UNPACK_PREFIX}{version}-{token}"
+        try:
+            await self._stage(source, entry, download, unpacked, component, kernel_release)
+            if self.config.install_pause_seconds:
+                log.warning(
+                    "pausing %.1f s before the rename (fault injection)",
+                    self.config.install_pause_seconds,
+                )
+                await self.clock.sleep(self.config.install_pause_seconds)
+            unpacked.rename(final)
+        except OSError as exc:
+            raise _disk_error(exc) from None
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
+            shutil.rmtree(unpacked, ignore_errors=True)
+        await self._depmod(kernel_release)
+        return Installed(version, entry.sha256, fresh=True)
+
+    async def _stage(
+        self,
+        source: sources.DriverSource,
+        entry: sources.IndexEntry,
+        download: Path,
+        unpacked: Path,
+        component: str,
+        kernel_release: str,
+    ) -> None:
+        await asyncio.to_thread(download.mkdir, parents=True)
+        name = PurePosixPath(entry.file).name
+        try:
+            fetched = await source.fetch(entry, download / name)
+        except sources.SourceError as exc:
+            raise InstallError(exc.reason, exc.message, retryable=exc.retryable) from None
+        if fetched.sha256 != entry.sha256:
+            raise InstallError(
+                InstallFailureReason.VERIFICATION_FAILED,
+                f"checksum mismatch: {name} has sha256 {fetched.sha256}, "
+                f"the index says {entry.sha256}",
+            )
+        limit = self.config.max_package_bytes * 4
+        await asyncio.to_thread(_unpack, fetched.path, unpacked, limit)
+        _check_manifest(unpacked, name, component, entry.version, kernel_release)
+
+    async def _depmod(self, kernel_release: str) -> None:
+        try:
+            await self.kernel.depmod(kernel_release)
+        except KernelError as exc:
+            raise InstallError(
+                InstallFailureReason.OTHER, f"installed, but {exc}", retryable=True
+            ) from None
+
+
+def running_kernel(root: HostRoot) -> str:
+    """The host's running kernel release; `InstallError` when the host root does not say."""
+    try:
+        release = system.kernel_release(root)
+    except HostReadError as exc:
+        raise InstallError(InstallFailureReason.OTHER, str(exc)) from None
+    if release is None:
+        raise InstallError(
+            InstallFailureReason.OTHER, f"{root.path} does not say which kernel runs"
+        )
+    return release
+
+
+def clean_staging(root: HostRoot) -> list[Path]:
+    """Remove what interrupted installs left behind (downloads, unpacked directories not
+    yet renamed into place); the paths removed. Only safe while no install runs, that is
+    when the agent starts holding the state lock."""
+    removed: list[Path] = []
+    staging = root.join(STAGING)
+    if staging.is_dir():
+        for entry in sorted(staging.iterdir()):
+            _remove(entry)
+            removed.append(entry)
+    for component_dir in sorted(root.join("lib/modules").glob(f"*/{packages.UPDATES}/*")):
+        for entry in sorted(component_dir.glob(f"{UNPACK_PREFIX}*")):
+            _remove(entry)
+            removed.append(entry)
+    return removed
+
+
+def _pin_active(root: HostRoot, kernel_release: str, component: str) -> None:
+    marker = packages.component_dir(root, kernel_release, component) / packages.ACTIVE
+    if marker.is_file():
+        return
+    current = packages.active_version(root, kernel_release, component)
+    if current is not None:
+        packages.select_version(root, kernel_release, component, current)
+
+
+def _unpack(archive: Path, destination: Path, limit: int) -> None:
+    """Extract the flat archive into `destination` (created here); `InstallError` for an
+    unreadable archive or a member that is not a plain file with a plain name."""
+    destination.mkdir(parents=True)
+    total = 0
+    try:
+        with tarfile.open(archive, mode="r:*") as tar:
+            for member in tar:
+                path = PurePosixPath(member.name)
+                if len(path.parts) != 1 or path.name in ("", ".", "..") or path.is_absolute():
+                    raise InstallError(
+                        InstallFailureReason.OTHER,
+                        f"refusing {archive.name}: member {member.name!r} would be written "
+                        "outside the package directory",
+                    )
+                if not member.isfile():
+                    raise InstallError(
+                        InstallFailureReason.OTHER,
+                        f"refusing {archive.name}: member {member.name!r} is not a plain file",
+                    )
+                total += member.size
+                if total > limit:
+                    raise InstallError(
+                        InstallFailureReason.OTHER,
+                        f"refusing {archive.name}: it unpacks to more than {limit} bytes",
+                    )
+                tar.extract(member, destination, filter="data")
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise
+        raise InstallError(
+            InstallFailureReason.OTHER,
+            f"package archive {archive.name} is unreadable: {type(exc).__name__}: {exc}",
+        ) from None
+
+
+def _check_manifest(
+    directory: Path, archive: str, component: str, version: str, kernel_release: str
+) -> None:
+    modules = sorted(p.name for p in directory.glob(f"*{packages.MODULE_SUFFIX}"))
+    if not modules:
+        raise InstallError(
+            InstallFailureReason.OTHER, f"package archive {archive} holds no kernel modules"
+        )
+    path = directory / packaging.MANIFEST
+    if not path.is_file():
+        return
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        said = (manifest["component"], manifest["version"], manifest["kernel_release"])
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise InstallError(
+            InstallFailureReason.OTHER, f"{archive}: unreadable {packaging.MANIFEST}: {exc}"
+        ) from None
+    if said != (component, version, kernel_release):
+        raise InstallError(
+            InstallFailureReason.VERIFICATION_FAILED,
+            f"{archive} says it holds {' '.join(map(str, said))}, "
+            f"not {component} {version} {kernel_release}",
+        )
+
+
+def _disk_error(exc: OSError) -> InstallError:
+    if exc.errno == errno.ENOSPC:
+        return InstallError(
+            InstallFailureReason.NO_SPACE, f"the host ran out of disk space: {exc}", retryable=True
+        )
+    return InstallError(InstallFailureReason.OTHER, f"installing failed: {exc}")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

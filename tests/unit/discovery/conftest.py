@@ -1,0 +1,50 @@
+"""A simulated 2-GPU node for discovery's node agent, on the in-memory bus."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuop.bus import InMemoryBus
+from gpuop.host import seeding
+from gpuop.host.roots import HostRoot
+from gpuop.nvml import open_backend
+from gpuop.services.discovery.config import DiscoveryConfig
+from gpuop.services.discovery.node_agent import NodeAgent
+from gpuop.sim import hosts
+from tests.unit.discovery.support import BOOT_ID, NODE, QUIET, CountingNvml
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> HostRoot:
+    if seeding.find_recorded_host(Path(__file__)) is None:
+        pytest.skip("shared/fixtures/h200 (the recorded H200) is not beside the checkout")
+    return hosts.build_host_root(tmp_path / "host", NODE, 2, boot_id=BOOT_ID)
+
+
+@pytest.fixture
+def nvml(host: HostRoot) -> CountingNvml:
+    return CountingNvml(
+        open_backend("sim:2", host_root=host.path, node=NODE, holder_id="discovery")
+    )
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[InMemoryBus]:
+    bus = InMemoryBus()
+    await bus.start()
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+@pytest.fixture
+def make_agent(bus: InMemoryBus, host: HostRoot, nvml: CountingNvml) -> Callable[..., NodeAgent]:
+    def make(config: DiscoveryConfig = QUIET, readiness: Any = None) -> NodeAgent:
+        return NodeAgent(bus, NODE, host, nvml, config, readiness=readiness)  # type: ignore[arg-type]
+
+    return make
