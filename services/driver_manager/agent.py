@@ -30,13 +30,13 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gpuop.bus import Bus, BusError, ConsumerSpec, Delivery, PermanentError, TemporaryError
 from gpuop.bus.protocol import UnknownErrors
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Command, Envelope, new_event, subjects
 from gpuop.events import driver as dm
 from gpuop.host.protocol import KernelOps
 from gpuop.host.roots import HostRoot
 from gpuop.host.simkernel import SimKernel
 from gpuop.host.subprocesses import SubprocessKernelOps
-from gpuop.kube.clocks import SYSTEM_CLOCK, Clock
 from gpuop.nvml import open_backend
 from gpuop.runtime.services import ServiceContext
 from gpuop.runtime.settings import Settings

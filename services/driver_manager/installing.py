@@ -32,12 +32,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from gpuop.clocks import Clock
 from gpuop.events.driver import InstallFailureReason
 from gpuop.host import packages, packaging, system
 from gpuop.host.errors import HostReadError, KernelError
 from gpuop.host.protocol import KernelOps
 from gpuop.host.roots import HostRoot
-from gpuop.kube.clocks import Clock
 from gpuop.services.driver_manager import sources
 from gpuop.services.driver_manager.config import DriverManagerConfig
 

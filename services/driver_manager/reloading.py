@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 
+from gpuop.clocks import Clock
 from gpuop.events.driver import Component, LoadFailureReason, Process, UnloadFailureReason
 from gpuop.host import components, modules, packages
 from gpuop.host.errors import (
@@ -27,7 +28,6 @@ from gpuop.host.errors import (
 )
 from gpuop.host.protocol import KernelOps
 from gpuop.host.roots import HostRoot
-from gpuop.kube.clocks import Clock
 from gpuop.services.driver_manager import holders
 from gpuop.services.driver_manager.installing import InstallError, running_kernel
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from gpuop.clocks import Clock
 from gpuop.events.driver import Component, LoadFailureReason
 from gpuop.host import components, modules, pci
 from gpuop.host.errors import HostReadError
 from gpuop.host.roots import HostRoot
-from gpuop.kube.clocks import Clock
 from gpuop.nvml import Nvml, NvmlError, opened
 
 NvmlFactory = Callable[[], Nvml]

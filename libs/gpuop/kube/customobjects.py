@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube.client import Kube
-from gpuop.kube.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube.watching import ListWatch
 
 Obj = dict[str, Any]

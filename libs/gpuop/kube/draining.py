@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube import budgets, errors, pods
 from gpuop.kube.client import Kube
-from gpuop.kube.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube.pods import PodRef
 
 Obj = dict[str, Any]

@@ -29,9 +29,9 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube import errors
 from gpuop.kube.client import Kube
-from gpuop.kube.clocks import SYSTEM_CLOCK, Clock
 
 Obj = dict[str, Any]
 

@@ -16,9 +16,9 @@ import socket
 from enum import StrEnum
 from typing import Any
 
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube import errors, nodes
 from gpuop.kube.client import Kube
-from gpuop.kube.clocks import SYSTEM_CLOCK, Clock
 
 Obj = dict[str, Any]
 

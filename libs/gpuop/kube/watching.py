@@ -27,9 +27,9 @@ from typing import Any, Literal
 
 import aiohttp
 
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube import errors
 from gpuop.kube.client import ApiMethod, Kube
-from gpuop.kube.clocks import SYSTEM_CLOCK, Clock
 
 Obj = dict[str, Any]
 ObjectKey = tuple[str, str]

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from gpuop.bus import Buckets, InMemoryBus, KeyValue, TemporaryError
+from gpuop.clocks import VirtualClock
 from gpuop.events import subjects
 from gpuop.events.hardware import Gpu, HardwareDiscovered, MigMode, PciFunction
 from gpuop.inventory import scanning
 from gpuop.inventory.labeling import LabelSettings
 from gpuop.kube import client, nodes
-from gpuop.kube.clocks import VirtualClock
 from gpuop.kube.recording import EventRecorder
 from gpuop.services.discovery import labeler
 from gpuop.services.discovery.labeler import HASH_ANNOTATION, OWNED_ANNOTATION, Labeler

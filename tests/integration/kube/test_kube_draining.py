@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from gpuop.clocks import VirtualClock
 from gpuop.kube import budgets, client, draining, errors, pods
-from gpuop.kube.clocks import VirtualClock
 from gpuop.kube.draining import DrainOptions, SkipReason
 from gpuop.kube.pods import PodRef
 from gpuop.sim import ApiServer

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from gpuop.clocks import VirtualClock
 from gpuop.kube import client, leases
-from gpuop.kube.clocks import VirtualClock
 from gpuop.kube.leases import Attempt, LeaderElection
 from gpuop.sim import ApiServer
 

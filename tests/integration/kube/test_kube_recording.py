@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gpuop.clocks import VirtualClock
 from gpuop.kube import client, recording
-from gpuop.kube.clocks import VirtualClock
 from gpuop.kube.recording import EventRecorder, EventType
 from gpuop.sim import ApiServer
 from tests.integration.kube import support

@@ -9,8 +9,8 @@ from urllib.parse import parse_qs
 
 import pytest
 
+from gpuop.clocks import VirtualClock
 from gpuop.kube import client, errors, nodes, watching
-from gpuop.kube.clocks import VirtualClock
 from gpuop.kube.watching import ListWatch, WatchEvent
 from gpuop.sim import ApiServer
 from tests.integration.kube import support

@@ -15,11 +15,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuop.bus import Bus, Subscription
+from gpuop.clocks import Clock, VirtualClock
 from gpuop.events import Command, Envelope, Event, decode, new_command, subjects
 from gpuop.events import driver as dm
 from gpuop.host import packaging, seeding
 from gpuop.host.roots import HostRoot
-from gpuop.kube.clocks import Clock, VirtualClock
 from gpuop.runtime.settings import Settings
 from gpuop.services.driver_manager import agent as agents
 from gpuop.services.driver_manager.config import DriverManagerConfig

@@ -1,10 +1,10 @@
-"""Time, as a dependency of everything in `gpuop.kube` that waits.
+"""Time, as a dependency of everything in gpuop that waits: the one clock (STYLE.md).
 
-Drain timeouts, eviction retries, watch backoffs and lease expiry read `monotonic()` and
-wait with `sleep()`; lease and event timestamps come from `now()`. Callers pass a clock to
-the functions and objects that wait; the default is `SYSTEM_CLOCK`. Tests pass a
-`VirtualClock`, whose sleeps return at once and move its time forward, so a 300 s drain
-timeout takes milliseconds.
+Drain timeouts, eviction retries, watch backoffs, lease expiry and the node agents' polls
+read `monotonic()` and wait with `sleep()`; lease and event timestamps come from `now()`.
+Callers pass a clock to the functions and objects that wait; the default is
+`SYSTEM_CLOCK`. Tests pass a `VirtualClock`, whose sleeps return at once and move its time
+forward, so a 300 s drain timeout takes milliseconds.
 """
 
 from __future__ import annotations
