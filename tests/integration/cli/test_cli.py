@@ -128,12 +128,19 @@ async def test_events_tail_rejects_a_bad_since() -> None:
 
 
 @pytest.mark.slow
-async def test_demo_reports_every_service_and_leaves_no_process_behind() -> None:
-    code, out, err = await gpuop("demo", "--gpus", "2", timeout=120)
+async def test_demo_runs_the_stack_labels_nodes_and_leaves_no_process_behind() -> None:
+    code, out, err = await gpuop("demo", "--nodes", "1", "--gpus", "2", timeout=120)
     assert code == 0, err
     assert "not built yet" in out
+    assert re.search(r"^discovery \(gpu-node-1\)\s+\d+\s+ok\s+yes$", out, flags=re.M), out
+    assert re.search(r"^gpu-node-1\s+2\s+NVIDIA-H200\s+580\.159\.04\s+true", out, flags=re.M), out
     pids = [int(m) for m in re.findall(r"^\S.*?\s(\d+)\s+ok", out, flags=re.M)]
     assert len(pids) == 9, out
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+async def test_demo_rejects_a_bad_size() -> None:
+    code, _, err = await gpuop("demo", "--nodes", "0")
+    assert code == 2 and "--nodes" in err
