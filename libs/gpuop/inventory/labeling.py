@@ -36,9 +36,13 @@ NVML_DERIVED = (
     f"{GFD}gpu.replicas",
     f"{GFD}gpu.sharing-strategy",
     f"{GFD}gpu.mode",
+    f"{GFD}gpu.machine",
     f"{GFD}mig.",
+    f"{GFD}mps.capable",
+    f"{GFD}vgpu.present",
 )
-"""Label key prefixes that only NVML can answer."""
+"""Label key prefixes of every label that only an inventory with GPUs (NVML's) implies; kept
+while the driver is unloaded. `gpu.machine` comes from DMI but GFD sets it with the rest."""
 
 _FAMILIES = {
     1: "tesla",

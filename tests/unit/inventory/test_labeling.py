@@ -133,9 +133,10 @@ def test_unknown_os_and_no_gpu_vendor_give_no_such_labels() -> None:
 
 
 def test_driver_unloaded_keeps_nvml_labels_but_a_removed_gpu_loses_them() -> None:
-    current = labels_for(inventory())
+    current = labels_for(inventory(product_name="p5e.48xlarge"))
     unloaded = inventory((), driver_version=None, cuda_driver_version=None)
     kept = merge(current, labels_for(unloaded), unloaded)
+    assert kept == current, "no label of the loaded driver goes away while it is reloaded"
     assert kept["nvidia.com/gpu.product"] == "NVIDIA-H200"
     assert kept["nvidia.com/cuda.driver-version.full"] == "580.159.04"
     gone = inventory((), driver_version=None, pci_functions=(NIC_FUNCTION,))
