@@ -1,0 +1,54 @@
+"""The `GPUClusterPolicy`: desired driver versions, the upgrade policy, status and CRD.
+
+Who uses it: the upgrade orchestrator reads each policy it watches with `validate_spec` and
+writes `PolicyStatus` back; its decision core decides with an `UpgradePolicy`; the CLI and
+the Helm chart install the CRD that `gpuop.policy.crd` generates.
+
+Modules, in the order a policy flows through them:
+
+    fields       the base of every spec section: camelCase wire names, strict, frozen
+    selectors    label selector strings (`podSelector`), checked up front
+    drivers      `driver`: `DriverSpec` and `ComponentSpec` (version, source)
+    deadlines    `upgradePolicy.deadlines` and `upgradePolicy.retry`
+    upgrades     `upgradePolicy`: `UpgradePolicy` and its upstream sections, plus canary
+    specs        `GPUClusterPolicySpec` and the resource's group, version and names
+    validation   `validate_spec`, `PolicyInvalid` with the path of each wrong field
+    conditions   `PolicyStatus`, `Condition`, `condition` and `set_condition`
+    openapi      pydantic JSON Schema to structural OpenAPI for the CRD
+    crd          the CustomResourceDefinition; `python -m gpuop.policy.crd OUTFILE`
+"""
+
+from gpuop.policy.conditions import (
+    Condition,
+    ConditionType,
+    PolicyStatus,
+    condition,
+    set_condition,
+)
+from gpuop.policy.deadlines import Deadlines, Retry
+from gpuop.policy.drivers import ComponentSpec, DriverSpec
+from gpuop.policy.specs import GPUClusterPolicySpec
+from gpuop.policy.upgrades import Canary, Drain, PodDeletion, UpgradePolicy, WaitForCompletion
+from gpuop.policy.validation import FieldProblem, PolicyInvalid, valid_condition, validate_spec
+
+__all__ = [
+    "Canary",
+    "ComponentSpec",
+    "Condition",
+    "ConditionType",
+    "Deadlines",
+    "Drain",
+    "DriverSpec",
+    "FieldProblem",
+    "GPUClusterPolicySpec",
+    "PodDeletion",
+    "PolicyInvalid",
+    "PolicyStatus",
+    "Retry",
+    "UpgradePolicy",
+    "WaitForCompletion",
+    "condition",
+    "set_condition",
+    "valid_condition",
+    "validate_spec",
+]

@@ -1,0 +1,139 @@
+"""`GPUClusterPolicy.status`: conditions and per-state node counts, as the orchestrator
+writes them and `kubectl get gpuclusterpolicy` shows them.
+
+Conditions follow Kubernetes' `metav1.Condition`: `Valid` (False with reason `InvalidSpec`
+names the wrong field, see `gpuop.policy.validation`), `Ready` (every managed node runs the
+desired drivers) and `Progressing` (a rollout is under way). `lastTransitionTime` changes only
+when a condition's status does: `set_condition` keeps the previous time otherwise, so a status
+rewritten on every reconcile does not look as if it flapped. Times come from the caller's
+clock (`gpuop.clocks`) and are kept to the second, as the API server stores them.
+
+Status is written by gpuop and read back tolerantly: unknown fields are ignored, so an older
+orchestrator replica can read what a newer one wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+"""The syntax of a condition's reason (`metav1.Condition`): a CamelCase word."""
+MAX_MESSAGE = 32768
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class ConditionType(StrEnum):
+    """The conditions of a GPUClusterPolicy."""
+
+    VALID = "Valid"
+    """Whether the spec passed validation; when False its message names the wrong field."""
+    READY = "Ready"
+    """Whether every managed node runs the desired driver versions."""
+    PROGRESSING = "Progressing"
+    """Whether a rollout is under way."""
+
+
+class StatusRecord(BaseModel):
+    """A part of the status: camelCase on the wire, frozen, tolerant of unknown fields."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+        extra="ignore",
+        use_attribute_docstrings=True,
+    )
+
+
+class Condition(StatusRecord):
+    """One aspect of the policy's state, as `metav1.Condition`."""
+
+    type: Annotated[str, Field(min_length=1, max_length=316)]
+    """The aspect: `Valid`, `Ready` or `Progressing`."""
+    status: ConditionStatus
+    """Whether the aspect holds."""
+    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=REASON_PATTERN)]
+    """Why, as one CamelCase word for tools: `InvalidSpec`, `RolloutInProgress`."""
+    message: Annotated[str, Field(max_length=MAX_MESSAGE)] = ""
+    """Why, for people."""
+    last_transition_time: AwareDatetime
+    """When `status` last changed."""
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    """The spec generation the condition was computed from."""
+
+
+def condition(
+    type: str,
+    status: bool | ConditionStatus,
+    reason: str,
+    message: str = "",
+    *,
+    now: datetime,
+    observed_generation: int | None = None,
+) -> Condition:
+    """A condition that changed at `now` (put it in a status with `set_condition`, which
+    keeps the earlier time when the status did not change). `status` may be a bool."""
+    if isinstance(status, bool):
+        status = "True" if status else "False"
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 1] + "…"
+    return Condition(
+        type=type,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=now.replace(microsecond=0),
+        observed_generation=observed_generation,
+    )
+
+
+def set_condition(conditions: Iterable[Condition], new: Condition) -> tuple[Condition, ...]:
+    """`conditions` with `new` in place of the condition of its type (appended if none);
+    if that condition had the same status, its `lastTransitionTime` is kept."""
+    updated: list[Condition] = []
+    placed = False
+    for old in conditions:
+        if old.type != new.type:
+            updated.append(old)
+            continue
+        if old.status == new.status:
+            new = new.model_copy(update={"last_transition_time": old.last_transition_time})
+        updated.append(new)
+        placed = True
+    if not placed:
+        updated.append(new)
+    return tuple(updated)
+
+
+class PolicyStatus(StatusRecord):
+    """What gpuop observed and did about the policy."""
+
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    """The `metadata.generation` of the spec this status describes."""
+    conditions: tuple[Condition, ...] = Field(
+        default=(),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    """The policy's conditions: `Valid`, `Ready`, `Progressing`."""
+    nodes: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    """How many managed nodes are in each upgrade state (`upgrade-done`, `cordon-required`,
+    ...); states with no node are left out."""
+
+    def condition_of(self, type: str) -> Condition | None:
+        """The condition of that type, if the status has one."""
+        return next((c for c in self.conditions if c.type == type), None)
+
+    def with_condition(self, new: Condition) -> PolicyStatus:
+        """This status with `new` set as `set_condition` does."""
+        return self.model_copy(update={"conditions": set_condition(self.conditions, new)})
+
+    def to_wire(self) -> dict[str, Any]:
+        """The status as written to the `status` subresource."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)

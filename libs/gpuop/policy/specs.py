@@ -1,0 +1,37 @@
+"""The `GPUClusterPolicy` custom resource: its identity and the model of its spec.
+
+One cluster-scoped `GPUClusterPolicy` (group `gpuop.io`) holds the desired driver versions
+and the upgrade policy. The upgrade orchestrator watches it through `gpuop.kube.customobjects`
+and reads each spec with `gpuop.policy.validation.validate_spec`; `gpuop.policy.crd` builds
+the CustomResourceDefinition from these models. Later sections (`network`) are added here as
+fields of `GPUClusterPolicySpec`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuop.policy.drivers import DriverSpec
+from gpuop.policy.fields import Section
+from gpuop.policy.upgrades import UpgradePolicy
+
+GROUP = "gpuop.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "GPUClusterPolicy"
+PLURAL = "gpuclusterpolicies"
+SINGULAR = "gpuclusterpolicy"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+
+class GPUClusterPolicySpec(Section):
+    """The desired state of gpuop's nodes: driver versions and how to roll them out."""
+
+    driver: DriverSpec
+    """The driver versions every managed node should run."""
+    upgrade_policy: UpgradePolicy = UpgradePolicy()
+    """How a change of the driver versions is rolled across the nodes."""
+
+    def to_wire(self) -> dict[str, Any]:
+        """The spec as it is written to the API server: camelCase, unset optionals left out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)

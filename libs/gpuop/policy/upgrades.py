@@ -1,0 +1,174 @@
+"""The `upgradePolicy` section: how a rolling driver upgrade treats nodes and workloads.
+
+The fields and defaults up to `drain` are upstream's (`DriverUpgradePolicySpec` of
+NVIDIA/k8s-operator-libs, with the GPU Operator's defaults: `autoUpgrade` true,
+`maxParallelUpgrades` 1, `maxUnavailable` 25%, pod deletion timeout 300 s, drain disabled
+with timeout 300 s), so a GPU Operator policy carries over. The rest are gpuop's: a reboot
+when the driver will not unload, rollback, whether failed nodes hold a slot, retries,
+deadlines for every wait (`gpuop.policy.deadlines`) and a canary.
+
+The decision core reads an `UpgradePolicy` for admission (`max_unavailable_of`,
+`max_parallel_upgrades`, `failed_nodes_hold_slot`, `canary`), for the waits of each step
+(`wait_for_jobs_limit`, `pod_deletion_limit`, `drain_limit`, `deadlines`) and for retries
+(`backoff`, `retry.max_attempts`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from gpuop.policy.deadlines import Deadlines, Retry
+from gpuop.policy.fields import Section, TimeoutSeconds
+from gpuop.policy.selectors import LabelSelector
+
+PERCENT_PATTERN = r"^(100|[1-9][0-9]?)%$"
+"""A percentage of nodes for `maxUnavailable`: `1%` to `100%`."""
+_PERCENT = re.compile(PERCENT_PATTERN)
+
+
+def _bounded(timeout_seconds: int, deadline_seconds: int) -> int:
+    """The effective limit of a wait: the upstream timeout when it is set and shorter."""
+    if timeout_seconds == 0:
+        return deadline_seconds
+    return min(timeout_seconds, deadline_seconds)
+
+
+class WaitForCompletion(Section):
+    """Waiting for running jobs to finish before GPU pods are deleted."""
+
+    pod_selector: LabelSelector = ""
+    """Label selector of the pods (usually jobs) to wait for; empty: do not wait."""
+    timeout_seconds: TimeoutSeconds = 0
+    """How long to wait for them, then go on. 0 is upstream's "wait forever"; gpuop accepts
+    it, but `deadlines.waitForJobs` still bounds the wait."""
+
+
+class PodDeletion(Section):
+    """Deleting the pods that use GPUs on a node before its driver is reloaded."""
+
+    force: bool = False
+    """Also delete GPU pods that no controller manages (they will not be recreated)."""
+    timeout_seconds: TimeoutSeconds = 300
+    """How long to wait for the deleted pods to be gone; the step fails after that. 0 (no
+    limit upstream) is accepted, but `deadlines.podDeletion` still bounds the wait."""
+    delete_empty_dir: bool = False
+    """Also delete GPU pods with emptyDir volumes (their local data is lost)."""
+
+
+class Drain(Section):
+    """Draining the whole node, as `kubectl drain` does, after the GPU pods are deleted."""
+
+    enable: bool = False
+    """Drain the node (evicting every pod, honouring PodDisruptionBudgets) before the reload."""
+    force: bool = False
+    """Also evict pods that no controller manages."""
+    pod_selector: LabelSelector = ""
+    """Label selector limiting which pods are drained; empty: every pod but DaemonSet pods."""
+    timeout_seconds: TimeoutSeconds = 300
+    """How long the drain may take; the step fails after that. 0 (no limit upstream) is
+    accepted, but `deadlines.drain` still bounds the wait."""
+    delete_empty_dir: bool = False
+    """Also evict pods with emptyDir volumes (their local data is lost)."""
+
+
+class Canary(Section):
+    """Upgrading a few nodes first, and the rest only once those work."""
+
+    nodes: int = Field(default=0, ge=0, le=100_000)
+    """How many nodes to upgrade first (still within `maxParallelUpgrades` and
+    `maxUnavailable`); the other nodes are admitted only after every canary node reached
+    `upgrade-done`. A canary that fails holds the rest of the rollout back until it succeeds
+    on a retry. 0: no canary."""
+
+
+class UpgradePolicy(Section):
+    """How gpuop rolls a driver change across the nodes."""
+
+    auto_upgrade: bool = True
+    """Start a rolling upgrade by itself when the desired driver versions change. When
+    false, a version change upgrades nothing until `gpuop upgrade start`."""
+    max_parallel_upgrades: int = Field(default=1, ge=0, le=100_000)
+    """How many nodes may be upgrading at once; 0: no limit (then only `maxUnavailable`
+    limits the rollout)."""
+    max_unavailable: int | str = Field(
+        default="25%",
+        json_schema_extra={
+            "x-kubernetes-int-or-string": True,
+            "minimum": 1,
+            "pattern": PERCENT_PATTERN,
+        },
+    )
+    """How many nodes may be unavailable at once, as a number (at least 1) or a percentage
+    of the managed nodes (`25%`, rounded up). NotReady and cordoned nodes count, whatever
+    made them so: the rollout admits a node only while it stays within this."""
+    wait_for_completion: WaitForCompletion = WaitForCompletion()
+    """Waiting for running jobs before GPU pods are deleted."""
+    pod_deletion: PodDeletion = PodDeletion()
+    """Deleting the GPU pods of a node before its driver reload."""
+    drain: Drain = Drain()
+    """Draining the node before its driver reload."""
+    reboot_on_unload_failure: bool = False
+    """When the running driver cannot be unloaded (its modules are in use), reboot the node
+    into the new driver instead of failing the step. The reboot counts as done only when the
+    node reports a new boot id."""
+    rollback_on_failure: bool = True
+    """When a step after the unload fails, restore and validate the previous driver before
+    the node is uncordoned. When false, the node stays cordoned in `upgrade-failed`."""
+    failed_nodes_hold_slot: bool = False
+    """Whether a node in `upgrade-failed` counts against `maxParallelUpgrades`, as upstream
+    counts it. False: one broken node never stops the others (it still counts against
+    `maxUnavailable` while it is cordoned)."""
+    retry: Retry = Retry()
+    """Retrying a node whose upgrade failed."""
+    deadlines: Deadlines = Deadlines()
+    """The longest each step may take; they bound every wait."""
+    canary: Canary = Canary()
+    """Upgrading a few nodes first."""
+
+    @field_validator("max_unavailable", mode="before")
+    @classmethod
+    def _int_or_percent(cls, value: object) -> object:
+        if isinstance(value, bool) or not (
+            (isinstance(value, int) and value >= 1)
+            or (isinstance(value, str) and _PERCENT.match(value))
+        ):
+            raise PydanticCustomError(
+                "int_or_percent", 'must be an integer >= 1 or a percentage like "25%"'
+            )
+        return value
+
+    def max_unavailable_of(self, total_nodes: int) -> int:
+        """`maxUnavailable` as a number of nodes out of `total_nodes`: a percentage is
+        rounded up (as upstream scales it), a number is capped at the total; at least 1
+        whenever there is a node."""
+        if total_nodes <= 0:
+            return 0
+        if isinstance(self.max_unavailable, int):
+            return min(self.max_unavailable, total_nodes)
+        percent = int(self.max_unavailable.removesuffix("%"))
+        return max(1, min(total_nodes, -(-total_nodes * percent // 100)))
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds before the next try after try number `attempt` (from 1) failed."""
+        return self.retry.backoff(attempt)
+
+    @property
+    def wait_for_jobs_limit(self) -> int:
+        """Seconds the wait for jobs may last: its timeout if set and shorter than the
+        deadline, else `deadlines.waitForJobs`."""
+        return _bounded(self.wait_for_completion.timeout_seconds, self.deadlines.wait_for_jobs)
+
+    @property
+    def pod_deletion_limit(self) -> int:
+        """Seconds GPU pod deletion may last: `podDeletion.timeoutSeconds` if set and
+        shorter than the deadline, else `deadlines.podDeletion`."""
+        return _bounded(self.pod_deletion.timeout_seconds, self.deadlines.pod_deletion)
+
+    @property
+    def drain_limit(self) -> int:
+        """Seconds the drain may last: `drain.timeoutSeconds` if set and shorter than the
+        deadline, else `deadlines.drain`."""
+        return _bounded(self.drain.timeout_seconds, self.deadlines.drain)
