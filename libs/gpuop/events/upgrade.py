@@ -53,7 +53,7 @@ class UpgradeState(DocumentedEnum):
     DRIVER_RELOAD_REQUIRED = "driver-reload-required"
     """Operands paused; unload, install, load, then validation-required (or reboot-required)."""
     REBOOT_REQUIRED = "reboot-required"
-    """Unload failed and policy allows a reboot; a new boot id moves it to validation-required."""
+    """Unload failed and policy allows a reboot; a new boot id moves it back to a reload."""
     ROLLBACK_REQUIRED = "rollback-required"
     """A step after the unload failed; restores the previous driver, then validation-required."""
     VALIDATION_REQUIRED = "validation-required"

@@ -1,0 +1,65 @@
+"""The driver-upgrade saga: durable records, one transition table, and a pure decision core.
+
+Above `gpuop.events` and `gpuop.policy`, below the upgrade orchestrator service, which does
+all the I/O: it keeps one `NodeSaga` per node in KV, feeds each event of the log to
+`core.decide`, writes the returned saga with compare-and-set, then publishes the commands and
+executes the Kubernetes actions; it runs `admission.plan` to start nodes. Nothing here reads
+a clock, the bus or Kubernetes. Import the modules as namespaces:
+
+    records       NodeSaga (the KV record), new_saga, the targets and outcomes it keeps
+    steps         the steps inside each state, their order and their deadlines
+    transitions   TABLE: state -> allowed next states, with triggers; IllegalTransition
+    actions       Decision, IssuedCommand and the Kubernetes actions (Cordon, Drain, ...)
+    effects       what each step issues; `pending` re-issues it after a crash
+    drafting      the decision being built (moves checked against the table)
+    compensation  what a failure leads to: uncordon, rollback, upgrade-failed, retry
+    core          decide(saga, event, policy, now) -> Decision; Admitted
+    admission     plan / admit: maxParallelUpgrades, maxUnavailable, canary
+"""
+
+from gpuop.saga import (
+    actions,
+    admission,
+    compensation,
+    core,
+    drafting,
+    effects,
+    records,
+    steps,
+    transitions,
+)
+from gpuop.saga.actions import Decision, IssuedCommand, KubeAction
+from gpuop.saga.admission import Admission, NodeStatus, admit, plan
+from gpuop.saga.core import Admitted, deadline_event, decide, state_changed
+from gpuop.saga.effects import pending
+from gpuop.saga.records import NodeSaga, new_saga
+from gpuop.saga.transitions import TABLE, IllegalTransition, Transition
+
+__all__ = [
+    "TABLE",
+    "Admission",
+    "Admitted",
+    "Decision",
+    "IllegalTransition",
+    "IssuedCommand",
+    "KubeAction",
+    "NodeSaga",
+    "NodeStatus",
+    "Transition",
+    "actions",
+    "admission",
+    "admit",
+    "compensation",
+    "core",
+    "deadline_event",
+    "decide",
+    "drafting",
+    "effects",
+    "new_saga",
+    "pending",
+    "plan",
+    "records",
+    "state_changed",
+    "steps",
+    "transitions",
+]

@@ -1,0 +1,121 @@
+"""What the decision core asks for: node-agent commands and Kubernetes actions, in a Decision.
+
+`gpuop.saga.core.decide` returns a `Decision`; the orchestrator's runtime writes its saga
+with compare-and-set first, then publishes its commands (with their ids, so a re-publish is
+dropped) and executes its Kubernetes actions through `gpuop.kube`. The outcome of every
+action comes back as a `gpuop.events.kube` event carrying the action's `id` as `action_id`
+(`NodeCordoned`, `NodeUncordoned`, `PodsDeleted` / `PodDeletionFailed`, `DrainCompleted` /
+`DrainFailed`); labels and Kubernetes Events have no outcome the core waits for.
+
+Every action carries a deterministic id (`command_id(saga_id, step, attempt)`), so executing
+one twice (a crash between acting and recording) can be recognised and is harmless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuop.events import Command
+from gpuop.events.upgrade import UpgradeState
+from gpuop.saga.records import NodeSaga
+from gpuop.saga.transitions import Transition
+
+STATE_LABEL = "gpuop.io/driver-upgrade-state"
+"""The node label that mirrors the saga's state (upstream's label values)."""
+EVENT_REASON = "DriverUpgrade"
+"""Reason of the Kubernetes Events the saga records on the node."""
+
+
+@dataclass(frozen=True)
+class Cordon:
+    """Mark the node unschedulable."""
+
+    id: str
+
+
+@dataclass(frozen=True)
+class Uncordon:
+    """Mark the node schedulable; never issued for a node that was cordoned before."""
+
+    id: str
+
+
+@dataclass(frozen=True)
+class DeletePods:
+    """Delete (evict) the node's GPU pods: those requesting `nvidia.com/gpu*`,
+    `nvidia.com/mig-*` or RDMA resources, Running or Pending."""
+
+    id: str
+    force: bool
+    """Also delete pods no controller manages."""
+    timeout_seconds: int
+    """How long to wait for them to be gone before reporting `PodDeletionFailed`."""
+    delete_empty_dir: bool
+    """Also delete pods with emptyDir volumes."""
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Drain the node as `kubectl drain` does (Eviction API, PDBs honoured, DaemonSet pods
+    and drain-skip pods left)."""
+
+    id: str
+    force: bool
+    """Also evict pods no controller manages."""
+    pod_selector: str
+    """Only pods matching this label selector; empty: every pod."""
+    timeout_seconds: int
+    """How long the drain may take before reporting `DrainFailed`."""
+    delete_empty_dir: bool
+    """Also evict pods with emptyDir volumes."""
+
+
+@dataclass(frozen=True)
+class SetStateLabel:
+    """Set `STATE_LABEL` on the node to the saga's state."""
+
+    id: str
+    value: UpgradeState
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    """Record a Kubernetes Event on the node (reason `EVENT_REASON` unless given)."""
+
+    id: str
+    reason: str
+    message: str
+    warning: bool
+    """Type `Warning` instead of `Normal`."""
+
+
+KubeAction = Cordon | Uncordon | DeletePods | Drain | SetStateLabel | RecordEvent
+"""Every Kubernetes action the core can order."""
+
+
+@dataclass(frozen=True)
+class IssuedCommand:
+    """A command for a node agent, with the id it must be published under."""
+
+    payload: Command
+    id: str
+    """`command_id(saga_id, step, attempt)`: the same every time this step is decided."""
+    step: str
+    """The token the id was derived from."""
+    attempt: int
+    """The attempt the id was derived from."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one event did to one saga."""
+
+    saga: NodeSaga
+    """The saga after the event: persist it (compare-and-set) before acting, when it differs
+    from the one decided on (an ignored event returns that one unchanged)."""
+    commands: tuple[IssuedCommand, ...] = ()
+    """Node-agent commands to publish, in order."""
+    kube_actions: tuple[KubeAction, ...] = ()
+    """Kubernetes actions to execute, in order."""
+    transitions: tuple[Transition, ...] = ()
+    """State moves made, in order; publish a `NodeUpgradeStateChanged` for each."""

@@ -1,0 +1,179 @@
+"""Admission: which upgrade-required nodes may start now, under the policy's limits.
+
+Pure. The orchestrator's runtime calls `plan` (or `admit`) with every saga of the rollout and
+the managed nodes whenever a saga or a node changes, then feeds each admitted node's saga
+`core.Admitted(canary=...)`. The arithmetic is upstream's `GetUpgradesAvailable`
+(reference/upgrade-state-machine.md section 5):
+
+    total        managed nodes (that exist)
+    in_progress  sagas past upgrade-required and not done (upgrade-failed only when
+                 `failedNodesHoldSlot`)
+    max_unavail  `maxUnavailable` of total, a percentage rounded up
+    avail        maxParallelUpgrades - in_progress   (0 = no limit: every required node)
+    unavail_now  nodes NotReady, cordoned by someone else, or cordoned by their saga
+    avail        = min(avail, max_unavail); 0 when unavail_now >= max_unavail; else cut so
+                   that unavail_now + avail <= max_unavail (when max_unavail < total)
+
+gpuop's differences: each node counts as unavailable once (upstream counts a cordoned
+cordon-required node twice); failed nodes hold no parallel slot unless configured (they still
+count as unavailable while cordoned), so one broken node never blocks the rest; a NotReady
+node is not admitted (it could not make progress); an upgrade-required node that is already
+cordoned is admitted even with no slot left, first, as upstream does.
+
+The canary (`canary.nodes` = N > 0): the first N nodes admitted are marked canary. Until all
+of them reached upgrade-done, no other node is admitted (a canary retried after a failure is
+re-admitted as a canary). While any canary is in upgrade-failed, nothing at all is admitted,
+and `Admission.canary_failed` names the failed ones so the runtime can report the rollout held
+(or failed, once they have no retry left).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from gpuop.events.upgrade import UpgradeState
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga.records import NodeSaga
+
+S = UpgradeState
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """What admission needs to know of one managed node."""
+
+    ready: bool = True
+    """The node's Ready condition is True."""
+    unschedulable: bool = False
+    """Cordoned by someone other than its saga (an administrator, another controller)."""
+    exists: bool = True
+    """The node object exists; a removed node counts for nothing."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The result of one admission pass, with the figures behind it."""
+
+    at: datetime
+    """When the pass ran."""
+    nodes: tuple[str, ...]
+    """Nodes to admit now, in order."""
+    canary: tuple[str, ...]
+    """Of those, the ones admitted as canary nodes."""
+    total: int
+    """Managed nodes."""
+    in_progress: int
+    """Sagas holding a parallel slot."""
+    max_unavailable: int
+    """`maxUnavailable` as a node count."""
+    unavailable: int
+    """Nodes unavailable now."""
+    slots: int
+    """Free slots after the arithmetic (already-cordoned nodes may be admitted beyond it)."""
+    held_by_canary: bool
+    """Non-canary nodes are waiting for the canary nodes to be done."""
+    canary_failed: tuple[str, ...]
+    """Canary nodes in upgrade-failed: nothing is admitted while there are any."""
+
+
+def _holds_slot(saga: NodeSaga, failed_hold: bool) -> bool:
+    if saga.state in (S.UPGRADE_REQUIRED, S.UPGRADE_DONE):
+        return False
+    return saga.state is not S.UPGRADE_FAILED or failed_hold
+
+
+def _slots(
+    total: int,
+    in_progress: int,
+    required: int,
+    unavailable: int,
+    max_parallel: int,
+    max_unavailable: int,
+) -> int:
+    avail = required if max_parallel == 0 else max_parallel - in_progress
+    avail = min(avail, max_unavailable)
+    if unavailable >= max_unavailable:
+        return 0
+    if max_unavailable < total and unavailable + avail > max_unavailable:
+        return max_unavailable - unavailable
+    return avail
+
+
+def plan(
+    sagas: Iterable[NodeSaga],
+    nodes: Mapping[str, NodeStatus],
+    policy: GPUClusterPolicySpec,
+    now: datetime,
+) -> Admission:
+    """Which upgrade-required nodes to admit now, and why (see the module docstring)."""
+    upgrade = policy.upgrade_policy
+    managed = sorted(name for name, status in nodes.items() if status.exists)
+    by_node = {s.node: s for s in sagas if s.node in nodes and nodes[s.node].exists}
+    total = len(managed)
+    in_progress = sum(_holds_slot(s, upgrade.failed_nodes_hold_slot) for s in by_node.values())
+
+    def cordoned(name: str) -> bool:
+        saga = by_node.get(name)
+        return nodes[name].unschedulable or (saga is not None and saga.cordoned)
+
+    unavailable = sum(not nodes[n].ready or cordoned(n) for n in managed)
+    required = [s for s in by_node.values() if s.state is S.UPGRADE_REQUIRED]
+    max_unavailable = upgrade.max_unavailable_of(total)
+    slots = _slots(
+        total,
+        in_progress,
+        len(required),
+        unavailable,
+        upgrade.max_parallel_upgrades,
+        max_unavailable,
+    )
+    canaries = [s for s in by_node.values() if s.canary]
+    canary_failed = tuple(sorted(s.node for s in canaries if s.state is S.UPGRADE_FAILED))
+    wanted = upgrade.canary.nodes
+    open_canary = max(0, wanted - len(canaries)) if wanted else 0
+    canary_done = all(s.state is S.UPGRADE_DONE for s in canaries)
+    held = wanted > 0 and (open_canary > 0 or not canary_done)
+
+    candidates = sorted(
+        (s for s in required if nodes[s.node].ready),
+        key=lambda s: (not cordoned(s.node), s.node),
+    )
+    admitted: list[str] = []
+    admitted_canary: list[str] = []
+    free = slots
+    for saga in candidates if not canary_failed else ():
+        as_canary = saga.canary or (open_canary > 0 and wanted > 0)
+        if held and not as_canary:
+            continue
+        if free <= 0 and not cordoned(saga.node):
+            continue
+        admitted.append(saga.node)
+        free -= 1
+        if as_canary:
+            admitted_canary.append(saga.node)
+            if not saga.canary:
+                open_canary -= 1
+    return Admission(
+        at=now,
+        nodes=tuple(admitted),
+        canary=tuple(admitted_canary),
+        total=total,
+        in_progress=in_progress,
+        max_unavailable=max_unavailable,
+        unavailable=unavailable,
+        slots=slots,
+        held_by_canary=held,
+        canary_failed=canary_failed,
+    )
+
+
+def admit(
+    sagas: Iterable[NodeSaga],
+    nodes: Mapping[str, NodeStatus],
+    policy: GPUClusterPolicySpec,
+    now: datetime,
+) -> list[str]:
+    """The nodes `plan` admits now."""
+    return list(plan(sagas, nodes, policy, now).nodes)

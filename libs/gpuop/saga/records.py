@@ -1,0 +1,238 @@
+"""The durable record of one node's upgrade saga, as stored in the KV bucket `gpuop_sagas`.
+
+The upgrade orchestrator keeps one `NodeSaga` per node and rollout; the decision core
+(`gpuop.saga.core`) reads one and returns the next, and the orchestrator's runtime writes
+that with compare-and-set before it acts (outbox). Everything the core needs to carry on
+after a crash is here, and nothing else: the state and the pending step with its deadline,
+what was done to the node's drivers in this maintenance window, and what to undo.
+
+The record is frozen and serialises to JSON (`to_json` / `from_json`). `new_saga` builds the
+first record of a rollout for one node from the policy and what the node runs now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
+from pydantic import AwareDatetime, Field
+
+from gpuop.events.device import OperandService
+from gpuop.events.driver import Component
+from gpuop.events.fields import (
+    Attempt,
+    BootId,
+    CorrelationId,
+    Count,
+    DocumentedEnum,
+    Message,
+    NodeName,
+    Record,
+    Token,
+    Version,
+)
+from gpuop.events.upgrade import UpgradeState
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga.steps import Step, StepKind
+
+COMPONENT_ORDER: tuple[Component, ...] = (Component.GPU, Component.OFED)
+"""Every ordered list of components in a saga follows this order."""
+HISTORY_LIMIT = 64
+"""Step outcomes kept in the record; older ones are dropped (the event log keeps them all)."""
+
+
+class StepResult(DocumentedEnum):
+    """How a step of the saga ended."""
+
+    SUCCEEDED = "succeeded"
+    """It did what it had to."""
+    FAILED = "failed"
+    """Its executor reported a failure."""
+    EXPIRED = "expired"
+    """Its deadline passed first."""
+    SKIPPED = "skipped"
+    """Nothing to do (no selector to wait for, drain disabled, node gone)."""
+
+
+class Target(Record):
+    """The driver one component is upgraded to."""
+
+    version: Version
+    """Version to install and load."""
+    source: str | None = Field(default=None, max_length=2048)
+    """Where driver-manager fetches it; None: the package must already be on the host."""
+
+
+class Outcome(Record):
+    """One ended step, for operators and for the record's own audit trail."""
+
+    at: AwareDatetime
+    """When the core learned how it ended."""
+    attempt: Attempt
+    """The saga's attempt."""
+    state: UpgradeState
+    """The state the step belonged to."""
+    step: Token
+    """The step's token (`unload-gpu`, `drain`)."""
+    result: StepResult
+    """How it ended."""
+    detail: Message = ""
+    """What happened, in words."""
+
+
+class Failure(Record):
+    """Why the current attempt failed; set while compensation runs and in upgrade-failed."""
+
+    state: UpgradeState
+    """The state whose step failed."""
+    step: Token
+    """The step that failed."""
+    reason: Message
+    """Why, in words; it ends up in the node's event and the state-changed event."""
+    at: AwareDatetime
+    """When the core learned of it."""
+
+
+class NodeSaga(Record):
+    """Where one node's driver upgrade stands, durable across any crash."""
+
+    saga_id: CorrelationId
+    """The saga's id: the correlation id of its messages and the seed of its command ids."""
+    node: NodeName
+    """The node being upgraded."""
+    rollout_id: CorrelationId
+    """The rollout this saga belongs to."""
+    state: UpgradeState = UpgradeState.UPGRADE_REQUIRED
+    """Current state: the action still pending."""
+    attempt: Attempt = 1
+    """Which try of the upgrade this is; a retry after upgrade-failed counts up."""
+    step: Step = Step(kind=StepKind.ADMISSION)
+    """The pending step inside the state (a sub-step of the reload, such as `unload-gpu`)."""
+    step_started: AwareDatetime
+    """When the pending step started."""
+    deadline: AwareDatetime | None = None
+    """When the pending step fails (or, in wait-for-jobs, moves on); None: no time limit."""
+    components: tuple[Component, ...] = Field(min_length=1, max_length=2)
+    """Driver stacks upgraded in this saga's one maintenance window, in `COMPONENT_ORDER`."""
+    targets: dict[Component, Target] = Field(min_length=1, max_length=2)
+    """Driver each component in `components` is upgraded to."""
+    previous_versions: dict[Component, Version] = Field(default_factory=dict, max_length=2)
+    """Version each component ran before the upgrade: the rollback target."""
+    expected_devices: dict[Component, Count] = Field(default_factory=dict, max_length=2)
+    """Devices validation must find per component; absent: any number passes."""
+    operands: tuple[OperandService, ...] = tuple(OperandService)
+    """Operand services on the node that must confirm a pause before the unload."""
+    paused: tuple[OperandService, ...] = ()
+    """Operands that confirmed the pending pause."""
+    operands_paused: bool = False
+    """A pause was sent and no resume since: compensation must resume the operands."""
+    cordoned: bool = False
+    """gpuop cordoned the node and has not seen it uncordoned since."""
+    initially_unschedulable: bool = False
+    """The node was cordoned before the upgrade began; gpuop never uncordons it."""
+    canary: bool = False
+    """Admitted as one of the rollout's canary nodes."""
+    touched: tuple[Component, ...] = ()
+    """Components whose running driver gpuop changed (unloaded, or rebooted away) and that
+    have not validated since: a failure now needs a rollback, not just an uncordon. Kept
+    across attempts, so a retry never uncordons a node whose driver is broken."""
+    reload_round: int = Field(default=1, ge=1, le=100)
+    """Which pass of the reload this is; a confirmed reboot starts the next one."""
+    reboots: int = Field(default=0, ge=0, le=100)
+    """Reboots in this attempt (at most one: a second in-use failure fails the attempt)."""
+    rolled_back: tuple[Component, ...] = ()
+    """Components the rollback restored in this attempt."""
+    boot_id: BootId | None = None
+    """The node's boot id as last observed."""
+    boot_id_at_reboot: BootId | None = None
+    """The boot id in which the reboot was decided; a different one confirms it."""
+    failure: Failure | None = None
+    """Why this attempt failed, while compensating and in upgrade-failed."""
+    last_error: Message = ""
+    """The most recent failure's reason, kept across retries."""
+    retry_at: AwareDatetime | None = None
+    """When an upgrade-failed saga is tried again; None: not retried."""
+    sequence: int = Field(default=0, ge=0)
+    """Transitions made so far; seeds the ids of labels and Kubernetes events."""
+    history: tuple[Outcome, ...] = Field(default=(), max_length=HISTORY_LIMIT)
+    """The latest step outcomes, oldest first."""
+
+    def to_json(self) -> bytes:
+        """The record as stored in KV."""
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> NodeSaga:
+        """A record read back from KV."""
+        return cls.model_validate_json(data)
+
+    def with_outcome(self, outcome: Outcome) -> NodeSaga:
+        """This record with `outcome` appended to its bounded history."""
+        return self.model_copy(update={"history": (*self.history, outcome)[-HISTORY_LIMIT:]})
+
+
+def ordered(components: Iterable[Component]) -> tuple[Component, ...]:
+    """`components` without duplicates, in `COMPONENT_ORDER`."""
+    wanted = set(components)
+    return tuple(c for c in COMPONENT_ORDER if c in wanted)
+
+
+def desired_targets(policy: GPUClusterPolicySpec) -> dict[Component, Target]:
+    """The driver the policy wants on every node, per component it manages."""
+    targets = {
+        Component.GPU: Target(version=policy.driver.gpu.version, source=policy.driver.gpu.source)
+    }
+    if policy.driver.ofed is not None:
+        ofed = policy.driver.ofed
+        targets[Component.OFED] = Target(version=ofed.version, source=ofed.source)
+    return targets
+
+
+def components_to_upgrade(
+    policy: GPUClusterPolicySpec, running: Mapping[Component, str | None]
+) -> tuple[Component, ...]:
+    """Components whose desired version differs from what the node runs (unknown counts)."""
+    targets = desired_targets(policy)
+    return ordered(c for c, target in targets.items() if running.get(c) != target.version)
+
+
+def saga_id_for(rollout_id: str, node: str) -> str:
+    """The saga id of `node` in `rollout_id`: stable, so a restarted runtime finds it again."""
+    return f"{rollout_id}/{node}"
+
+
+def new_saga(
+    *,
+    node: str,
+    rollout_id: str,
+    policy: GPUClusterPolicySpec,
+    running: Mapping[Component, str | None],
+    now: datetime,
+    boot_id: str | None = None,
+    unschedulable: bool = False,
+    operands: Iterable[OperandService] = tuple(OperandService),
+    expected_devices: Mapping[Component, int] | None = None,
+) -> NodeSaga:
+    """The first record of `node`'s saga in `rollout_id`, in upgrade-required.
+
+    `running` is the version each component runs now (from the node's inventory), the
+    rollback target; `unschedulable` says whether the node is cordoned already, so gpuop
+    will leave it cordoned. Raises `ValueError` when the node already runs every target.
+    """
+    components = components_to_upgrade(policy, running)
+    if not components:
+        raise ValueError(f"{node} already runs the desired drivers: nothing to upgrade")
+    targets = desired_targets(policy)
+    return NodeSaga(
+        saga_id=saga_id_for(rollout_id, node),
+        node=node,
+        rollout_id=rollout_id,
+        step_started=now,
+        components=components,
+        targets={c: targets[c] for c in components},
+        previous_versions={c: v for c, v in running.items() if c in components and v},
+        expected_devices=dict(expected_devices or {}),
+        operands=tuple(dict.fromkeys(operands)),
+        initially_unschedulable=unschedulable,
+        boot_id=boot_id,
+    )

@@ -1,0 +1,175 @@
+"""The steps inside the saga's states, their names and their order.
+
+A state names the pending action (`driver-reload-required`); a step names the one wait inside
+it that has an executor and a deadline (`unload-gpu`). The decision core (`gpuop.saga.core`)
+keeps the pending step in the saga record and asks this module what comes next. A step's
+token names its deadline (`DeadlineExpired.step`) and, with the saga's attempt, seeds the id
+of the command or action it issues (`command_id(saga_id, token, attempt)`), so deciding the
+same step again after a crash issues the same ids.
+
+The maintenance window reloads every component of the saga at once, in this order:
+
+    install-gpu, install-ofed      fetch and build while the old drivers still run, so a
+                                   failed install needs no rollback (only an uncordon)
+    unload-gpu, unload-ofed        the GPU stack first: nvidia_peermem sits on the RDMA core
+    load-ofed, load-gpu            the network stack first, for the same reason
+    validate-gpu, validate-ofed    in validation-required
+
+After a confirmed reboot the next round repeats the unloads and loads (the installs are on
+disk already) with the round in the token: `unload-gpu-2`. A rollback restores the touched
+components in unload order (`rollback-gpu`) and validates them (`rollback-validate-gpu`).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gpuop.events.driver import Component
+from gpuop.events.fields import DocumentedEnum, Record
+from gpuop.policy import UpgradePolicy
+
+INSTALL_ORDER: tuple[Component, ...] = (Component.GPU, Component.OFED)
+UNLOAD_ORDER: tuple[Component, ...] = (Component.GPU, Component.OFED)
+LOAD_ORDER: tuple[Component, ...] = (Component.OFED, Component.GPU)
+MAX_AGENT_TIMEOUT = 7 * 86400
+"""The longest `timeout_seconds` a command accepts."""
+
+
+class StepKind(DocumentedEnum):
+    """What a step waits for."""
+
+    ADMISSION = "admission"
+    """upgrade-required: a parallel slot (no deadline)."""
+    CORDON = "cordon"
+    """The node to be unschedulable."""
+    WAIT_FOR_JOBS = "wait-for-jobs"
+    """Selected jobs to finish; the deadline moves on instead of failing."""
+    POD_DELETION = "pod-deletion"
+    """The node's GPU pods to be gone."""
+    DRAIN = "drain"
+    """The drain to finish."""
+    OPERANDS_PAUSE = "operands-pause"
+    """Every operand to confirm its pause."""
+    INSTALL = "install"
+    """A component's new package to be installed."""
+    UNLOAD = "unload"
+    """A component's running modules to be unloaded."""
+    LOAD = "load"
+    """A component's new modules to be loaded."""
+    REBOOT = "reboot"
+    """The node to report a new boot id."""
+    VALIDATE = "validate"
+    """A component's new driver to validate."""
+    ROLLBACK = "rollback"
+    """A component's previous driver to be restored."""
+    ROLLBACK_VALIDATE = "rollback-validate"
+    """A restored component to validate."""
+    UNCORDON = "uncordon"
+    """The node to be schedulable again (operands resumed)."""
+    BACKOFF = "backoff"
+    """upgrade-failed: the retry backoff to pass."""
+    DONE = "done"
+    """upgrade-done: nothing."""
+    FAILED = "failed"
+    """upgrade-failed with no retry left: nothing."""
+
+
+DRIVER_KINDS = frozenset(
+    {
+        StepKind.INSTALL,
+        StepKind.UNLOAD,
+        StepKind.LOAD,
+        StepKind.VALIDATE,
+        StepKind.ROLLBACK,
+        StepKind.ROLLBACK_VALIDATE,
+    }
+)
+"""Steps that command one component's driver-manager."""
+
+
+class Step(Record):
+    """One step: its kind, the component it is about, and the reload round."""
+
+    kind: StepKind
+    """What the step waits for."""
+    component: Component | None = None
+    """The driver component, for driver steps."""
+    round: int = Field(default=1, ge=1, le=100)
+    """The reload round (a confirmed reboot starts round 2)."""
+
+    @property
+    def token(self) -> str:
+        """The step's name in deadlines and command ids: `unload-gpu`, `unload-gpu-2`."""
+        parts = [self.kind.value]
+        if self.component is not None:
+            parts.append(self.component.value)
+        if self.round > 1:
+            parts.append(str(self.round))
+        return "-".join(parts)
+
+
+def reload_plan(
+    components: tuple[Component, ...], installable: frozenset[Component], round_: int
+) -> tuple[Step, ...]:
+    """The steps of driver-reload-required; installs only in round 1 and with a source."""
+    installs = tuple(
+        Step(kind=StepKind.INSTALL, component=c)
+        for c in INSTALL_ORDER
+        if c in components and c in installable and round_ == 1
+    )
+    unloads = tuple(
+        Step(kind=StepKind.UNLOAD, component=c, round=round_)
+        for c in UNLOAD_ORDER
+        if c in components
+    )
+    loads = tuple(
+        Step(kind=StepKind.LOAD, component=c, round=round_) for c in LOAD_ORDER if c in components
+    )
+    return installs + unloads + loads
+
+
+def validation_plan(components: tuple[Component, ...], rollback: bool) -> tuple[Step, ...]:
+    """The steps of validation-required: the new drivers, or the restored ones."""
+    kind = StepKind.ROLLBACK_VALIDATE if rollback else StepKind.VALIDATE
+    return tuple(Step(kind=kind, component=c) for c in UNLOAD_ORDER if c in components)
+
+
+def rollback_plan(components: tuple[Component, ...]) -> tuple[Step, ...]:
+    """The steps of rollback-required, in unload order."""
+    return tuple(Step(kind=StepKind.ROLLBACK, component=c) for c in UNLOAD_ORDER if c in components)
+
+
+def after(plan: tuple[Step, ...], step: Step) -> Step | None:
+    """The step following `step` in `plan`; None after the last (or if it is not in it)."""
+    if step not in plan:
+        return None
+    index = plan.index(step)
+    return plan[index + 1] if index + 1 < len(plan) else None
+
+
+def limit_seconds(step: Step, policy: UpgradePolicy, attempt: int) -> float | None:
+    """How long `step` may take under `policy`; None for steps without a deadline."""
+    deadlines = policy.deadlines
+    limits: dict[StepKind, float] = {
+        StepKind.CORDON: deadlines.cordon,
+        StepKind.WAIT_FOR_JOBS: policy.wait_for_jobs_limit,
+        StepKind.POD_DELETION: policy.pod_deletion_limit,
+        StepKind.DRAIN: policy.drain_limit,
+        StepKind.OPERANDS_PAUSE: deadlines.operands_pause,
+        StepKind.INSTALL: deadlines.driver_install,
+        StepKind.UNLOAD: deadlines.driver_unload,
+        StepKind.LOAD: deadlines.driver_load,
+        StepKind.REBOOT: deadlines.reboot,
+        StepKind.VALIDATE: deadlines.validation,
+        StepKind.ROLLBACK: deadlines.rollback,
+        StepKind.ROLLBACK_VALIDATE: deadlines.validation,
+        StepKind.UNCORDON: deadlines.uncordon,
+        StepKind.BACKOFF: policy.backoff(attempt),
+    }
+    return limits.get(step.kind)
+
+
+def executor_timeout(limit: float) -> int:
+    """The timeout given to whoever executes a step: 90% of its deadline, so the executor's
+    own failure, with its reason, normally arrives before the saga's deadline does."""
+    return max(1, min(MAX_AGENT_TIMEOUT, int(limit * 0.9)))

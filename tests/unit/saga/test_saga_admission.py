@@ -1,0 +1,152 @@
+"""Admission: upstream's arithmetic, gpuop's differences, and the canary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuop.saga import admission, records
+from gpuop.saga.admission import NodeStatus
+from gpuop.saga.steps import Step, StepKind
+from tests.unit.saga.support import T0, S, policy, saga_for
+
+
+def cluster(count: int) -> dict[str, NodeStatus]:
+    return {f"node-{i:02d}": NodeStatus() for i in range(count)}
+
+
+def sagas(nodes: dict[str, NodeStatus], spec, **states: Any) -> list[records.NodeSaga]:
+    """A saga per node in upgrade-required; `states` overrides some (node=state or a dict)."""
+    made = []
+    for name in nodes:
+        saga = saga_for(spec, node=name)
+        override = states.get(name.replace("-", "_"))
+        if isinstance(override, dict):
+            saga = saga.model_copy(update=override)
+        elif override is not None:
+            saga = saga.model_copy(update={"state": override, "cordoned": True})
+        made.append(saga)
+    return made
+
+
+def test_ten_nodes_with_the_defaults_go_one_at_a_time():
+    spec = policy()  # maxParallelUpgrades 1, maxUnavailable 25%
+    nodes = cluster(10)
+    result = admission.plan(sagas(nodes, spec), nodes, spec, T0)
+    assert result.max_unavailable == 3  # ceil(2.5)
+    assert result.nodes == ("node-00",)
+    busy = sagas(nodes, spec, node_00=S.DRAIN_REQUIRED)
+    assert admission.admit(busy, nodes, spec, T0) == []
+
+
+def test_sixteen_nodes_four_parallel_quarter_unavailable_admit_four():
+    spec = policy(max_parallel_upgrades=4, max_unavailable="25%")
+    nodes = cluster(16)
+    result = admission.plan(sagas(nodes, spec), nodes, spec, T0)
+    assert (result.max_unavailable, result.slots) == (4, 4)
+    assert result.nodes == ("node-00", "node-01", "node-02", "node-03")
+    two_busy = sagas(nodes, spec, node_00=S.DRIVER_RELOAD_REQUIRED, node_01=S.CORDON_REQUIRED)
+    assert admission.admit(two_busy, nodes, spec, T0) == ["node-02", "node-03"]
+
+
+@pytest.mark.parametrize(
+    ("not_ready", "cordoned", "admitted"),
+    [
+        (0, 0, 4),
+        (1, 0, 3),  # one NotReady node takes one of the four unavailable places
+        (0, 2, 2),  # nodes cordoned by hand count too
+        (2, 2, 0),
+    ],
+)
+def test_notready_and_cordoned_nodes_reduce_the_slots(not_ready, cordoned, admitted):
+    spec = policy(max_parallel_upgrades=4, max_unavailable="25%")
+    nodes = cluster(16)
+    # the unavailable nodes are upgraded already, so they are not candidates themselves
+    down = sorted(nodes)[16 - not_ready - cordoned :]
+    for index, name in enumerate(down):
+        nodes[name] = (
+            NodeStatus(ready=False) if index < not_ready else NodeStatus(unschedulable=True)
+        )
+    done = {name.replace("-", "_"): {"state": S.UPGRADE_DONE} for name in down}
+    result = admission.plan(sagas(nodes, spec, **done), nodes, spec, T0)
+    assert result.unavailable == not_ready + cordoned
+    assert len(result.nodes) == admitted
+
+
+def test_failed_nodes_hold_no_slot_unless_configured():
+    spec = policy(max_parallel_upgrades=1, max_unavailable=5)
+    nodes = cluster(10)
+    failed = {"node_00": {"state": S.UPGRADE_FAILED, "cordoned": False}}
+    assert admission.admit(sagas(nodes, spec, **failed), nodes, spec, T0) == ["node-01"]
+    holding = policy(max_parallel_upgrades=1, max_unavailable=5, failed_nodes_hold_slot=True)
+    assert admission.admit(sagas(nodes, holding, **failed), nodes, holding, T0) == []
+
+
+def test_a_failed_node_left_cordoned_still_counts_as_unavailable():
+    spec = policy(max_parallel_upgrades=0, max_unavailable=2)
+    nodes = cluster(10)
+    failed = {"node_00": {"state": S.UPGRADE_FAILED, "cordoned": True}}
+    result = admission.plan(sagas(nodes, spec, **failed), nodes, spec, T0)
+    assert result.unavailable == 1 and result.nodes == ("node-01",)
+
+
+def test_max_parallel_zero_means_only_max_unavailable_limits():
+    spec = policy(max_parallel_upgrades=0, max_unavailable="50%")
+    nodes = cluster(8)
+    assert len(admission.admit(sagas(nodes, spec), nodes, spec, T0)) == 4
+
+
+def test_already_cordoned_nodes_are_admitted_without_a_slot_and_first():
+    spec = policy()
+    nodes = cluster(10)
+    nodes["node-07"] = NodeStatus(unschedulable=True)
+    busy = sagas(nodes, spec, node_00=S.DRAIN_REQUIRED)
+    assert admission.admit(busy, nodes, spec, T0) == ["node-07"]
+    idle = sagas(nodes, spec)
+    assert admission.admit(idle, nodes, spec, T0) == ["node-07"]
+
+
+def test_notready_and_removed_nodes_are_not_admitted():
+    spec = policy(max_parallel_upgrades=0, max_unavailable="100%")
+    nodes = {"a": NodeStatus(ready=False), "b": NodeStatus(exists=False), "c": NodeStatus()}
+    result = admission.plan(sagas(nodes, spec), nodes, spec, T0)
+    assert result.nodes == ("c",) and result.total == 2
+
+
+def test_canary_nodes_go_first_and_alone():
+    spec = policy(max_parallel_upgrades=4, max_unavailable="50%", canary={"nodes": 2})
+    nodes = cluster(8)
+    first = admission.plan(sagas(nodes, spec), nodes, spec, T0)
+    assert first.nodes == first.canary == ("node-00", "node-01") and first.held_by_canary
+    running = {
+        "node_00": {"state": S.VALIDATION_REQUIRED, "canary": True, "cordoned": True},
+        "node_01": {"state": S.UPGRADE_DONE, "canary": True},
+    }
+    assert admission.admit(sagas(nodes, spec, **running), nodes, spec, T0) == []
+    done = {
+        "node_00": {"state": S.UPGRADE_DONE, "canary": True},
+        "node_01": {"state": S.UPGRADE_DONE, "canary": True},
+    }
+    after = admission.plan(sagas(nodes, spec, **done), nodes, spec, T0)
+    assert after.nodes == ("node-02", "node-03", "node-04", "node-05")
+    assert after.canary == () and not after.held_by_canary
+
+
+def test_a_failed_canary_stops_admission_and_is_reported():
+    spec = policy(max_parallel_upgrades=4, max_unavailable="50%", canary={"nodes": 2})
+    nodes = cluster(8)
+    failed = {
+        "node_00": {"state": S.UPGRADE_FAILED, "canary": True},
+        "node_01": {"state": S.UPGRADE_DONE, "canary": True},
+    }
+    result = admission.plan(sagas(nodes, spec, **failed), nodes, spec, T0)
+    assert result.nodes == () and result.canary_failed == ("node-00",)
+
+
+def test_a_canary_retried_after_failure_is_admitted_again_as_a_canary():
+    spec = policy(max_parallel_upgrades=4, max_unavailable="50%", canary={"nodes": 1})
+    nodes = cluster(4)
+    retried = {"node_02": {"canary": True, "attempt": 2, "step": Step(kind=StepKind.ADMISSION)}}
+    result = admission.plan(sagas(nodes, spec, **retried), nodes, spec, T0)
+    assert result.nodes == result.canary == ("node-02",)

@@ -1,0 +1,78 @@
+"""The saga record: built from the policy and inventory, stored as JSON, bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuop.events.driver import Component
+from gpuop.saga import records
+from gpuop.saga.steps import Step, StepKind
+from tests.unit.saga.support import GPU_NEW, GPU_OLD, OFED_NEW, OFED_OLD, T0, Run, S, policy
+
+
+def test_new_saga_targets_only_the_components_that_change():
+    spec = policy(ofed=True)
+    saga = records.new_saga(
+        node="gpu-node-7",
+        rollout_id="rollout-9",
+        policy=spec,
+        running={Component.GPU: GPU_OLD, Component.OFED: OFED_OLD},
+        now=T0,
+        unschedulable=True,
+    )
+    assert saga.saga_id == "rollout-9/gpu-node-7"
+    assert saga.state is S.UPGRADE_REQUIRED and saga.attempt == 1
+    assert saga.components == (Component.GPU, Component.OFED)
+    assert saga.targets[Component.OFED].version == OFED_NEW
+    assert saga.previous_versions == {Component.GPU: GPU_OLD, Component.OFED: OFED_OLD}
+    assert saga.initially_unschedulable and saga.deadline is None
+
+
+def test_an_unknown_running_version_is_upgraded_without_a_rollback_target():
+    saga = records.new_saga(
+        node="n", rollout_id="r", policy=policy(), running={Component.GPU: None}, now=T0
+    )
+    assert saga.components == (Component.GPU,) and saga.previous_versions == {}
+
+
+def test_a_node_already_on_the_targets_gets_no_saga():
+    with pytest.raises(ValueError, match="nothing to upgrade"):
+        records.new_saga(
+            node="n", rollout_id="r", policy=policy(), running={Component.GPU: GPU_NEW}, now=T0
+        )
+
+
+def test_saga_round_trips_through_json_at_every_step():
+    run = Run(policy(ofed=True, reboot_on_unload_failure=True))
+    run.admit()
+    run.until(S.DRIVER_RELOAD_REQUIRED)
+    run.ok()
+    run.ok()
+    run.fail("in use")
+    run.until(S.UPGRADE_DONE)
+    for decision in run.decisions:
+        stored = decision.saga.to_json()
+        assert records.NodeSaga.from_json(stored) == decision.saga
+
+
+def test_history_keeps_only_the_latest_outcomes():
+    saga = Run(policy()).saga
+    for index in range(records.HISTORY_LIMIT + 5):
+        saga = saga.with_outcome(
+            records.Outcome(
+                at=T0,
+                attempt=1,
+                state=S.CORDON_REQUIRED,
+                step="cordon",
+                result=records.StepResult.SUCCEEDED,
+                detail=str(index),
+            )
+        )
+    assert len(saga.history) == records.HISTORY_LIMIT
+    assert saga.history[-1].detail == str(records.HISTORY_LIMIT + 4)
+
+
+def test_step_tokens_name_kind_component_and_round():
+    assert Step(kind=StepKind.CORDON).token == "cordon"
+    assert Step(kind=StepKind.UNLOAD, component=Component.OFED).token == "unload-ofed"
+    assert Step(kind=StepKind.LOAD, component=Component.GPU, round=2).token == "load-gpu-2"
