@@ -1,4 +1,5 @@
-"""Fixtures shared by every suite: a real nats-server per test, and a check for leaked tasks."""
+"""Fixtures shared by every suite: a real nats-server per test, the recorded H200 host (and a
+writable, booted copy of it), and a check for leaked tasks."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from pathlib import Path
 import pytest
 
 from gpuop.bus import NatsServer
+from gpuop.host import seeding
+from gpuop.host.roots import HostRoot
+
+RECORDED = seeding.find_recorded_host(Path(__file__))
 
 
 @pytest.fixture
@@ -20,6 +25,22 @@ async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
         yield server
     finally:
         await server.stop()
+
+
+@pytest.fixture
+def recorded() -> HostRoot:
+    """The recorded H200 host root itself (shared/fixtures/h200); tests only read it."""
+    if RECORDED is None:
+        pytest.skip("shared/fixtures/h200 is not beside the checkout")
+    return HostRoot(RECORDED)
+
+
+@pytest.fixture
+def seeded(recorded: HostRoot, tmp_path: Path) -> HostRoot:
+    """A writable copy of the recorded host, booted with driver 580.159.04 loaded."""
+    return seeding.seed_host_root(
+        tmp_path / "host", recorded.path, boot_id="8c1f2f5e-0c53-4d57-a0a4-3e3c1b0c9a11"
+    )
 
 
 @pytest.fixture(autouse=True)
