@@ -1,17 +1,43 @@
-"""upgrade-orchestrator: Rolling driver upgrades as durable per-node sagas, leader-elected with
-a Lease.
+"""upgrade-orchestrator: rolling driver upgrades as durable per-node sagas, leader-elected
+with a Lease.
 
-Not built yet: issue 5 builds it. Until then `gpuop run upgrade-orchestrator` starts,
-connects to the bus and reports itself not ready, so deployments and the demo show
-honestly what is missing.
+The cluster role. How it flows, module by module:
+
+    leading     the Lease; while leader, runs the controller
+    controller  watches the policy and the nodes, starts sagas, admits, reports
+    policies    the GPUClusterPolicy: validated spec, status conditions and counts
+    observing   node watch -> kube.NodeObserved / NodeRemoved events
+    jobs        pods of nodes waiting for jobs -> kube.PodsObserved events
+    intake      the one durable consumer of what the decision core needs
+    running     event -> core.decide -> compare-and-set -> outbox; resume after a crash
+    store       the sagas in KV `gpuop_sagas`
+    acting      the outbox: commands, Kubernetes actions, public state changes
+    executing   Kubernetes actions through gpuop.kube, outcomes as events
+    deadlines   expired deadlines published as events
+    rollouts    rollout ids and the public rollout events
+    config      the `--config` file
 """
 
-from gpuop.runtime.services import ServiceDefinition
+from gpuop.kube import client
+from gpuop.runtime.services import ServiceContext, ServiceDefinition
 from gpuop.runtime.settings import Role
+from gpuop.services.upgrade_orchestrator import config, leading
+
+
+async def main(context: ServiceContext) -> None:
+    """Campaign for the Lease and lead rollouts until the service stops."""
+    settings = config.load_config(context.settings.config)
+    kube = await client.connect(context.settings.kubeconfig)
+    try:
+        context.ready, context.not_ready_reason = True, ""
+        await leading.lead(context.bus, kube, settings, context.stopping)
+    finally:
+        await kube.close()
+
 
 SERVICE = ServiceDefinition(
     name="upgrade-orchestrator",
     summary="rolling driver upgrades as durable per-node sagas",
     roles=frozenset({Role.CLUSTER}),
-    pending_issue=5,
+    main=main,
 )

@@ -193,6 +193,7 @@ SAMPLES: list[Payload] = [
         target_versions={GPU: "580.159.04"},
         previous_versions={GPU: "570.86.15"},
     ),
+    upgrade.NodeAdmitted(rollout_id=ROLLOUT, saga_id=SAGA, attempt=2, canary=True),
     upgrade.RolloutStarted(
         rollout_id=ROLLOUT,
         trigger=upgrade.RolloutTrigger.POLICY,

@@ -103,7 +103,9 @@ class NatsKeyValue:
 
     async def keys(self) -> list[str]:
         try:
-            return sorted(await self._raw.keys())
+            # nats.py lists keys with a watcher, which names a key twice when it is written
+            # while the listing runs
+            return sorted(set(await self._raw.keys()))
         except nats.js.errors.NoKeysError:
             return []
         except nats.errors.Error as exc:

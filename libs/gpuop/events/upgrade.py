@@ -108,6 +108,23 @@ class NodeUpgradeStateChanged(Event):
             raise MalformedMessage(f"{cls.TYPE} data has no valid {cls.SUBJECT_FIELD}") from None
 
 
+class NodeAdmitted(Event):
+    """The admission pass gave an upgrade-required node a slot; recorded so a replay of the
+    log admits the same nodes at the same points (admission itself reads no event)."""
+
+    DOMAIN: ClassVar[str] = DOMAIN
+    NAME: ClassVar[str] = "admitted"
+
+    rollout_id: CorrelationId
+    """The rollout the node's saga belongs to."""
+    saga_id: CorrelationId
+    """The saga admitted."""
+    attempt: Attempt = 1
+    """The saga's attempt when admitted."""
+    canary: bool = False
+    """Admitted as one of the rollout's canary nodes."""
+
+
 class RolloutTrigger(DocumentedEnum):
     """What started a rollout."""
 

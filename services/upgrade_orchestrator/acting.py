@@ -1,0 +1,157 @@
+"""The outbox: what the runner does once a decision's saga is safely in KV.
+
+`Outbox.carry_out` publishes the decision's node-agent commands under their deterministic
+ids (a re-publish after a crash is dropped by the server's duplicate window and by the
+agents), hands its Kubernetes actions to the node's action queue, and publishes one public
+`NodeUpgradeStateChanged` per transition, also under a deterministic id.
+
+Kubernetes actions of one node run in order, in a background task per node, because a
+drain can take minutes and the event intake must not wait for it; each outcome is published
+as an event (id derived from the action's id), and the core learns of it from the log. An
+action already running (re-issued by `pending` after a restart while the first execution
+is still going) is not started twice. A temporary API failure is retried a few times; if it
+persists the step's deadline fails the saga, so nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from gpuop.bus import Bus
+from gpuop.clocks import SYSTEM_CLOCK, Clock
+from gpuop.events import command_id, new_command, new_event
+from gpuop.kube import errors
+from gpuop.saga import Decision, KubeAction, NodeSaga, state_changed
+from gpuop.services.upgrade_orchestrator.executing import KubeActions
+
+log = logging.getLogger(__name__)
+
+SOURCE = "/gpuop/upgrade-orchestrator"
+"""The `source` of every message the orchestrator publishes."""
+
+
+def transition_event_id(saga: NodeSaga, sequence: int) -> str:
+    """Id of the state-changed event of the saga's `sequence`-th transition."""
+    return command_id(saga.saga_id, f"transition-{sequence}", 1)
+
+
+def outcome_event_id(action: KubeAction) -> str:
+    """Id of the event reporting how `action` ended: one per action, so a repeat dedupes."""
+    return command_id(action.id, "outcome", 1)
+
+
+class Outbox:
+    """Publishes a persisted decision's messages and runs its Kubernetes actions."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        kube_actions: KubeActions,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        retries: int = 5,
+        retry_delay: float = 1.0,
+    ) -> None:
+        self._bus = bus
+        self._kube_actions = kube_actions
+        self._clock = clock
+        self._retries = retries
+        self._retry_delay = retry_delay
+        self._queues: dict[str, asyncio.Queue[tuple[str, KubeAction]]] = {}
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._in_flight: set[str] = set()
+        """Ids of the actions queued or running."""
+
+    async def carry_out(self, decision: Decision) -> None:
+        """Publish the commands, queue the Kubernetes actions, publish the transitions."""
+        saga = decision.saga
+        for issued in decision.commands:
+            await self._bus.publish(
+                new_command(
+                    issued.payload,
+                    node=saga.node,
+                    source=SOURCE,
+                    id=issued.id,
+                    correlationid=saga.saga_id,
+                    now=self._clock.now(),
+                )
+            )
+        for action in decision.kube_actions:
+            self._queue(saga, action)
+        first = saga.sequence - len(decision.transitions) + 1
+        for offset, transition in enumerate(decision.transitions):
+            await self._bus.publish(
+                new_event(
+                    state_changed(saga, transition),
+                    node=saga.node,
+                    source=SOURCE,
+                    id=transition_event_id(saga, first + offset),
+                    correlationid=saga.rollout_id,
+                    now=self._clock.now(),
+                )
+            )
+
+    def _queue(self, saga: NodeSaga, action: KubeAction) -> None:
+        if action.id in self._in_flight:
+            return
+        self._in_flight.add(action.id)
+        queue = self._queues.setdefault(saga.node, asyncio.Queue())
+        queue.put_nowait((saga.saga_id, action))
+        if saga.node not in self._workers or self._workers[saga.node].done():
+            self._workers[saga.node] = asyncio.create_task(
+                self._work(saga.node, queue), name=f"kube-actions-{saga.node}"
+            )
+
+    async def _work(self, node: str, queue: asyncio.Queue[tuple[str, KubeAction]]) -> None:
+        while not queue.empty():
+            saga_id, action = queue.get_nowait()
+            try:
+                await self._execute(node, saga_id, action)
+            except Exception:
+                # the step's deadline or the next leader's re-issue picks the action up again
+                log.exception("%s on node %s failed", type(action).__name__, node)
+            finally:
+                self._in_flight.discard(action.id)
+
+    async def _execute(self, node: str, saga_id: str, action: KubeAction) -> None:
+        for attempt in range(1, self._retries + 1):
+            try:
+                outcome = await self._kube_actions.execute(node, action)
+            except errors.KubeError as error:
+                if not error.temporary or attempt == self._retries:
+                    log.warning(
+                        "%s on node %s failed: %s", type(action).__name__, node, error,
+                        extra={"node": node},
+                    )  # fmt: skip
+                    return
+                await self._clock.sleep(self._retry_delay * attempt)
+                continue
+            if outcome is not None:
+                await self._bus.publish(
+                    new_event(
+                        outcome,
+                        node=node,
+                        source=SOURCE,
+                        id=outcome_event_id(action),
+                        correlationid=saga_id,
+                        causationid=action.id,
+                        now=self._clock.now(),
+                    )
+                )
+            return
+
+    async def idle(self) -> None:
+        """Wait until every queued Kubernetes action has run."""
+        while any(not task.done() for task in self._workers.values()):
+            await asyncio.gather(*self._workers.values(), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop running actions (an interrupted one is re-issued by the next leader)."""
+        for task in self._workers.values():
+            task.cancel()
+        for task in self._workers.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._workers.clear()

@@ -1,0 +1,232 @@
+"""The leader's work: start rollouts, admit nodes, report progress, keep the sagas moving.
+
+`Controller.run` runs while this replica holds the Lease. It watches the GPUClusterPolicy
+(`policies`) and the GPU nodes (`observing`), starts consuming the event log (`intake`)
+into the runner, and rebuilds from KV, re-issuing every saga's pending step
+(`Runner.resume`).
+Whenever something changed (a decision, a node, the policy) and at least every
+`resync_seconds`, `reconcile`:
+
+1. creates a saga (`new_saga`, in the rollout named after the desired versions) for each GPU
+   node whose running versions (its inventory in KV `gpuop_nodes`) differ from the policy's,
+   unless the node's saga of an earlier rollout is still running;
+2. runs the admission pass, which records admissions as events, and records the pods of
+   nodes whose saga waits for jobs (`jobs`);
+3. publishes the rollout's events and writes the policy's status (conditions, counts).
+
+Cancelling `run` (leadership lost, service stopping) stops everything it started; the next
+leader continues from KV and the durable consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import datetime
+
+from gpuop.bus import Buckets, Bus, KeyExists, KeyValue, RevisionConflict
+from gpuop.clocks import SYSTEM_CLOCK, Clock
+from gpuop.events import hardware, subjects
+from gpuop.events.driver import Component
+from gpuop.events.upgrade import TERMINAL_STATES, UpgradeState
+from gpuop.kube import client
+from gpuop.kube.recording import EventRecorder
+from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition
+from gpuop.saga import Decision, NodeSaga, new_saga
+from gpuop.saga.records import components_to_upgrade
+from gpuop.services.upgrade_orchestrator import intake, jobs
+from gpuop.services.upgrade_orchestrator.acting import Outbox
+from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
+from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
+from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
+from gpuop.services.upgrade_orchestrator.observing import NodeWatcher
+from gpuop.services.upgrade_orchestrator.policies import PolicyWatcher
+from gpuop.services.upgrade_orchestrator.rollouts import RolloutReporter, counts, rollout_id_for
+from gpuop.services.upgrade_orchestrator.running import Runner
+from gpuop.services.upgrade_orchestrator.store import SagaStore
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "gpuop-upgrade-orchestrator"
+"""The reporting component of the Kubernetes Events it records."""
+
+
+def _raise_if_cancelled() -> None:
+    """Stop for a cancel that a library swallowed: on Python 3.11 a cancel that arrives as
+    an `asyncio.timeout` expires (the Kubernetes client's and the bus's request timeouts)
+    comes out as a timeout error, which the reconcile logs and carries on from."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+class Controller:
+    """Everything the leader runs, wired together."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        kube: client.Kube,
+        config: OrchestratorConfig,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._bus = bus
+        self._kube = kube
+        self._config = config
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self.policies = PolicyWatcher(kube, on_change=self._wake.set, clock=clock)
+        self.nodes = NodeWatcher(bus, kube, on_change=self._wake.set, clock=clock)
+        self._reporter = RolloutReporter(bus)
+        self._resumed = False
+
+    def _decided(self, decision: Decision) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Lead until cancelled."""
+        store = await SagaStore.open(self._bus)
+        inventories = await self._bus.kv(Buckets.NODES)
+        recorder = EventRecorder(
+            self._kube, component=COMPONENT, namespace=self._config.event_namespace,
+            clock=self._clock,
+        )  # fmt: skip
+        outbox = Outbox(self._bus, KubeExecutor(self._kube, recorder), clock=self._clock)
+        deadlines = DeadlineScheduler(self._bus, clock=self._clock)
+        runner = Runner(
+            self._bus, store, outbox, deadlines, lambda: self.policies.in_force,
+            clock=self._clock, on_change=self._decided,
+        )  # fmt: skip
+        watchers = [
+            asyncio.create_task(self.policies.run(), name="policy-watch"),
+            asyncio.create_task(self.nodes.run(), name="node-watch"),
+        ]
+        subscription = None
+        try:
+            while True:
+                await self._woken_or_resync()
+                self._wake.clear()
+                _raise_if_cancelled()
+                for task in watchers:
+                    if task.done():
+                        task.result()  # a watcher that died takes the leader down with it
+                if self.policies.in_force is None:
+                    continue
+                if not self._resumed:
+                    # consume first, so outcomes of the re-issued actions are not missed
+                    subscription = await intake.start(self._bus, runner)
+                    found = await runner.resume()
+                    log.info("took over %d sagas from KV", found)
+                    self._resumed = True
+                await self.reconcile(store, inventories, runner, deadlines)
+        finally:
+            if subscription is not None:
+                await subscription.stop()
+            for task in watchers:
+                task.cancel()
+            for task in watchers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await outbox.close()
+            await deadlines.close()
+
+    async def _woken_or_resync(self) -> None:
+        # asyncio.wait, not asyncio.timeout, for the reason `_raise_if_cancelled` gives
+        waiter = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait([waiter], timeout=self._config.resync_seconds)
+        finally:
+            waiter.cancel()
+            await asyncio.gather(waiter, return_exceptions=True)
+
+    async def reconcile(
+        self, store: SagaStore, inventories: KeyValue, runner: Runner, deadlines: DeadlineScheduler
+    ) -> None:
+        """Start sagas, admit nodes, report progress (see the module docstring)."""
+        spec = self.policies.spec
+        if spec is None or not self.nodes.synced:
+            return
+        rollout_id = rollout_id_for(spec)
+        now = self._clock.now()
+        for node in sorted(self.nodes.statuses):
+            started = await self._start_saga(node, spec, rollout_id, store, inventories, now)
+            if started is not None:
+                deadlines.schedule(started)
+        await runner.admit(self.nodes.statuses, now)
+        selector = spec.upgrade_policy.wait_for_completion.pod_selector
+        for entry in await store.all():
+            if entry.saga.state is UpgradeState.WAIT_FOR_JOBS_REQUIRED and selector:
+                await jobs.observe(self._bus, self._kube, entry.saga, selector, clock=self._clock)
+        sagas = [
+            entry.saga
+            for entry in await store.all()
+            if entry.saga.rollout_id == rollout_id and entry.saga.node in self.nodes.statuses
+        ]
+        await self._reporter.report(rollout_id, spec, sagas, now)
+        await self._write_status(sagas, now)
+
+    async def _start_saga(
+        self,
+        node: str,
+        spec: GPUClusterPolicySpec,
+        rollout_id: str,
+        store: SagaStore,
+        inventories: KeyValue,
+        now: datetime,
+    ) -> NodeSaga | None:
+        stored = await store.get(node)
+        if stored is not None and stored.saga.rollout_id == rollout_id:
+            return None
+        if stored is not None and stored.saga.state not in TERMINAL_STATES:
+            return None  # the earlier rollout's saga finishes its maintenance window first
+        entry = await inventories.get(subjects.encode_node(node))
+        if entry is None:
+            return None  # discovery has not reported the node yet
+        inventory = hardware.HardwareDiscovered.model_validate_json(entry.value)
+        running = {Component.GPU: inventory.driver_version, Component.OFED: inventory.ofed_version}
+        if not components_to_upgrade(spec, running):
+            return None
+        saga = new_saga(
+            node=node,
+            rollout_id=rollout_id,
+            policy=spec,
+            running=running,
+            now=now,
+            boot_id=inventory.boot_id,
+            unschedulable=self.nodes.statuses[node].unschedulable,
+            operands=self._config.operands,
+        )
+        try:
+            if stored is None:
+                await store.create(saga)
+            else:
+                await store.replace(saga, stored.revision)
+        except (KeyExists, RevisionConflict):
+            return None  # written meanwhile; the next pass looks again
+        log.info("node %s joins %s", node, rollout_id, extra={"node": node})
+        return saga
+
+    async def _write_status(self, sagas: list[NodeSaga], now: datetime) -> None:
+        current = counts(sagas)
+        done = current.get(UpgradeState.UPGRADE_DONE, 0)
+        ended = all(saga.state in TERMINAL_STATES for saga in sagas)
+        generation = self.policies.generation
+        progressing = condition(
+            ConditionType.PROGRESSING,
+            not ended,
+            "RolloutInProgress" if not ended else "RolloutEnded",
+            f"{done} of {len(sagas)} nodes upgraded",
+            now=now,
+            observed_generation=generation,
+        )
+        ready = condition(
+            ConditionType.READY,
+            done == len(sagas),
+            "DriversCurrent" if done == len(sagas) else "DriversOutdated",
+            f"{done} of {len(sagas)} nodes run the desired drivers",
+            now=now,
+            observed_generation=generation,
+        )
+        await self.policies.write_status(progressing, ready, nodes=current)

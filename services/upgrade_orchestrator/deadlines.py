@@ -1,0 +1,88 @@
+"""Deadlines fire as events: `DeadlineExpired` published into the log when a saga's pending
+step runs out of time.
+
+The runner calls `schedule` with every saga it persisted or rebuilt; the scheduler keeps one
+timer per node (a newer saga replaces the node's timer) and, when the deadline passes,
+publishes `core.deadline_event(saga)` under an id derived from the saga, state, step and
+attempt, so two replicas or a restarted process firing the same deadline store it once.
+The core ignores a deadline whose step has since finished, so a timer that fires late is
+harmless. Time comes from the one clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from gpuop.bus import Bus
+from gpuop.clocks import SYSTEM_CLOCK, Clock
+from gpuop.events import command_id, new_event
+from gpuop.events.deadlines import DeadlineExpired
+from gpuop.saga import NodeSaga, deadline_event
+from gpuop.services.upgrade_orchestrator.acting import SOURCE
+
+log = logging.getLogger(__name__)
+
+
+def deadline_event_id(expired: DeadlineExpired) -> str:
+    """The one id of this deadline's expiry, whoever publishes it."""
+    return command_id(expired.saga_id, f"deadline-{expired.state}-{expired.step}", expired.attempt)
+
+
+class DeadlineScheduler:
+    """One timer per node, for the deadline of its saga's pending step."""
+
+    def __init__(self, bus: Bus, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._bus = bus
+        self._clock = clock
+        self._timers: dict[str, tuple[str, asyncio.Task[None]]] = {}
+
+    def schedule(self, saga: NodeSaga) -> None:
+        """Fire the saga's deadline when it passes; forget the node's earlier one."""
+        expired = deadline_event(saga)
+        key = deadline_event_id(expired) if expired is not None else ""
+        current = self._timers.get(saga.node)
+        if current is not None and current[0] == key and not current[1].done():
+            return
+        self.cancel(saga.node)
+        if expired is None:
+            return
+        task = asyncio.create_task(self._fire(saga.node, expired), name=f"deadline-{saga.node}")
+        self._timers[saga.node] = (key, task)
+
+    def cancel(self, node: str) -> None:
+        """Drop the node's timer."""
+        current = self._timers.pop(node, None)
+        if current is not None:
+            current[1].cancel()
+
+    async def _fire(self, node: str, expired: DeadlineExpired) -> None:
+        delay = (expired.deadline - self._clock.now()).total_seconds()
+        if delay > 0:
+            await self._clock.sleep(delay)
+        log.info("deadline of %s (%s) passed on node %s", expired.step, expired.state, node)
+        await self._bus.publish(
+            new_event(
+                expired,
+                node=node,
+                source=SOURCE,
+                id=deadline_event_id(expired),
+                correlationid=expired.saga_id,
+                now=self._clock.now(),
+            )
+        )
+
+    def pending(self) -> dict[str, str]:
+        """Node -> id of the deadline it waits for (for tests and status)."""
+        return {node: key for node, (key, task) in self._timers.items() if not task.done()}
+
+    async def close(self) -> None:
+        """Cancel every timer."""
+        timers = [task for _, task in self._timers.values()]
+        self._timers.clear()
+        for task in timers:
+            task.cancel()
+        for task in timers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,51 @@
+"""The one durable consumer that feeds the decision core: what it subscribes to.
+
+Everything the core decides on arrives here, in the log, in per-node order (the bus never
+hands two messages of one node to the handler at once): the orchestrator's own Kubernetes
+observations and action outcomes (domain `kube`), the driver-manager's results (`driver`),
+operand pause confirmations (`device`), discovery's inventories (`hardware.discovered`, for
+the boot id and running versions), expired deadlines (`saga.deadline-expired`) and
+recorded admissions (`upgrade.admitted`). The public `upgrade` state changes are not read
+back: they are outputs.
+"""
+
+from __future__ import annotations
+
+from gpuop.bus import Bus, ConsumerSpec, Subscription
+from gpuop.events import device as dev
+from gpuop.events import hardware as hw
+from gpuop.events import subjects, upgrade
+from gpuop.events.deadlines import DeadlineExpired
+from gpuop.services.upgrade_orchestrator.running import Runner
+
+DURABLE = "upgrade-orchestrator"
+"""The consumer's durable name: a new leader resumes where the previous one acked."""
+
+
+def consumer_spec(prefix: str) -> ConsumerSpec:
+    """The intake consumer over every event the core needs."""
+
+    def events(domain: str, name: str = "*") -> str:
+        return subjects.events_filter(domain, name=name, prefix=prefix)
+
+    return ConsumerSpec(
+        durable=DURABLE,
+        subjects=(
+            events("kube"),
+            events("driver"),
+            events(dev.OperandPaused.DOMAIN, dev.OperandPaused.NAME),
+            events(hw.HardwareDiscovered.DOMAIN, hw.HardwareDiscovered.NAME),
+            events(DeadlineExpired.DOMAIN, DeadlineExpired.NAME),
+            events(upgrade.DOMAIN, upgrade.NodeAdmitted.NAME),
+        ),
+        max_deliver=20,
+        ack_wait=60.0,
+        # a first leader has no saga that older events could concern; later leaders resume
+        # the durable consumer where the previous one acked
+        deliver_new_only=True,
+    )
+
+
+async def start(bus: Bus, runner: Runner) -> Subscription:
+    """Start consuming into `runner.handle`."""
+    return await bus.consume(consumer_spec(bus.prefix), runner.handle)

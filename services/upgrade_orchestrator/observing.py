@@ -1,0 +1,127 @@
+"""Kubernetes node observations, recorded as events before the decision core sees them.
+
+`NodeWatcher` list-watches the GPU nodes (label `GPU_NODE_SELECTOR`) and, whenever what the
+saga cares about changes (Ready, `spec.unschedulable`, the kubelet's boot id), publishes
+`kube.NodeObserved`; a deleted node yields `kube.NodeRemoved`. Event ids derive from the
+node's uid and resourceVersion, so two replicas seeing the same change store it once. It
+also keeps each node's `NodeStatus` for the admission pass and calls `on_change` so the
+controller reconciles at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpuop.bus import Bus
+from gpuop.clocks import SYSTEM_CLOCK, Clock
+from gpuop.events import command_id, new_event
+from gpuop.events import kube as observed
+from gpuop.kube import client, nodes
+from gpuop.kube.watching import ListWatch
+from gpuop.saga import NodeStatus
+from gpuop.services.upgrade_orchestrator.acting import SOURCE
+
+log = logging.getLogger(__name__)
+
+GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
+"""The nodes a rollout manages."""
+LABEL_PREFIXES = ("gpuop.io/", "nvidia.com/gpu-driver-upgrade", "nvidia.com/ofed-driver-upgrade")
+"""Labels copied into `NodeObserved` (the ones gpuop acts on)."""
+
+
+def is_ready(node: Mapping[str, Any]) -> bool:
+    """The node's Ready condition is True."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def boot_id_of(node: Mapping[str, Any]) -> str | None:
+    """`status.nodeInfo.bootID`, when the kubelet reported one."""
+    boot_id = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID")
+    return str(boot_id) if boot_id else None
+
+
+def observation(node: Mapping[str, Any]) -> observed.NodeObserved:
+    """What the saga needs to know of `node`."""
+    labels = {
+        key: value for key, value in nodes.labels_of(node).items() if key.startswith(LABEL_PREFIXES)
+    }
+    return observed.NodeObserved(
+        ready=is_ready(node),
+        unschedulable=nodes.is_unschedulable(node),
+        boot_id=boot_id_of(node),
+        labels=dict(sorted(labels.items())[:64]),
+    )
+
+
+def _facts(seen: observed.NodeObserved) -> tuple[bool, bool, str | None]:
+    return (seen.ready, seen.unschedulable, seen.boot_id)
+
+
+class NodeWatcher:
+    """Publishes node observations and keeps the admission view of every GPU node."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        kube: client.Kube,
+        *,
+        on_change: Callable[[], None] = lambda: None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._bus = bus
+        self._kube = kube
+        self._on_change = on_change
+        self._clock = clock
+        self._seen: dict[str, tuple[bool, bool, str | None]] = {}
+        self.statuses: dict[str, NodeStatus] = {}
+        """Node name -> what admission needs of it."""
+        self.synced = False
+        """The initial list has been processed."""
+
+    async def run(self) -> None:
+        """Watch until cancelled."""
+        async with ListWatch(
+            self._kube, self._kube.core.list_node, label_selector=GPU_NODE_SELECTOR,
+            clock=self._clock,
+        ) as watch:  # fmt: skip
+            async for change in watch:
+                node = change.object
+                name = str(node["metadata"]["name"])
+                if change.type == "DELETED":
+                    await self._removed(name, node)
+                else:
+                    await self._observed(name, node)
+                # the initial list arrives as one ADDED per node: admit only once all are in
+                self.synced = self.synced or len(self.statuses) >= len(watch.objects)
+                self._on_change()
+
+    async def _observed(self, name: str, node: Mapping[str, Any]) -> None:
+        seen = observation(node)
+        self.statuses[name] = NodeStatus(ready=seen.ready, unschedulable=seen.unschedulable)
+        if self._seen.get(name) == _facts(seen):
+            return
+        self._seen[name] = _facts(seen)
+        metadata = node["metadata"]
+        event_id = command_id(
+            str(metadata.get("uid") or name), f"observed-{metadata.get('resourceVersion')}", 1
+        )
+        await self._bus.publish(
+            new_event(seen, node=name, source=SOURCE, id=event_id, now=self._clock.now())
+        )
+
+    async def _removed(self, name: str, node: Mapping[str, Any]) -> None:
+        self.statuses.pop(name, None)
+        self._seen.pop(name, None)
+        uid = str(node["metadata"].get("uid") or name)
+        await self._bus.publish(
+            new_event(
+                observed.NodeRemoved(),
+                node=name,
+                source=SOURCE,
+                id=command_id(uid, "removed", 1),
+                now=self._clock.now(),
+            )
+        )

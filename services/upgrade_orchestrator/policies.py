@@ -1,0 +1,123 @@
+"""The GPUClusterPolicy as the orchestrator sees it: watched, validated, status written.
+
+`PolicyWatcher` list-watches the cluster's `GPUClusterPolicy` objects and follows one: the
+first by name (a cluster has one; more are reported in the log). Each version of its spec
+goes through `validate_spec`; an invalid one starts no rollout and admits no node (sagas
+under way finish their current steps with the last valid spec) and sets the status
+condition `Valid=False` whose message names the wrong field. `write_status` merges
+conditions and per-state node counts into the status subresource, only when they changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpuop.clocks import SYSTEM_CLOCK, Clock
+from gpuop.events.upgrade import UpgradeState
+from gpuop.kube import client, customobjects, errors
+from gpuop.policy import Condition, GPUClusterPolicySpec, PolicyStatus, validation
+
+log = logging.getLogger(__name__)
+
+RESOURCE = customobjects.GPU_CLUSTER_POLICIES
+
+
+class PolicyWatcher:
+    """The followed policy's valid spec (or None) and its status."""
+
+    def __init__(
+        self,
+        kube: client.Kube,
+        *,
+        on_change: Callable[[], None] = lambda: None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._kube = kube
+        self._on_change = on_change
+        self._clock = clock
+        self._objects: dict[str, Mapping[str, Any]] = {}
+        self.name: str | None = None
+        """The followed policy's name."""
+        self.generation: int | None = None
+        self.spec: GPUClusterPolicySpec | None = None
+        """The followed policy's spec when valid."""
+        self.in_force: GPUClusterPolicySpec | None = None
+        """The latest valid spec: sagas under way keep deciding with it while an invalid
+        edit is being fixed, so their events are not retried into the dead-letter stream."""
+        self._status = PolicyStatus()
+        self._written: dict[str, Any] | None = None
+
+    async def run(self, *, retry_delay: float = 5.0) -> None:
+        """Watch until cancelled; waits for the CRD while it is not installed."""
+        while True:
+            try:
+                await self._watch()
+            except errors.NotFound:
+                log.warning("the GPUClusterPolicy CRD is not installed; looking again later")
+                await self._clock.sleep(retry_delay)
+
+    async def _watch(self) -> None:
+        async with customobjects.watch(self._kube, RESOURCE, clock=self._clock) as watch:
+            async for change in watch:
+                name = str(change.object["metadata"]["name"])
+                if change.type == "DELETED":
+                    self._objects.pop(name, None)
+                else:
+                    self._objects[name] = change.object
+                await self._follow()
+                self._on_change()
+
+    async def _follow(self) -> None:
+        if not self._objects:
+            self.name, self.spec, self.generation = None, None, None
+            return
+        names = sorted(self._objects)
+        if len(names) > 1:
+            log.warning("several GPUClusterPolicies (%s); following %s", names, names[0])
+        policy = self._objects[names[0]]
+        if policy["metadata"].get("generation") == self.generation and names[0] == self.name:
+            return
+        self.name = names[0]
+        self.generation = policy["metadata"].get("generation")
+        self._status = PolicyStatus.model_validate(policy.get("status") or {})
+        now = self._clock.now()
+        try:
+            self.spec = validation.validate_spec(policy.get("spec") or {})
+        except validation.PolicyInvalid as invalid:
+            self.spec = None
+            log.warning("GPUClusterPolicy %s is invalid: %s", self.name, invalid.message)
+            await self.write_status(invalid.condition(now=now, observed_generation=self.generation))
+            return
+        self.in_force = self.spec
+        await self.write_status(
+            validation.valid_condition(now=now, observed_generation=self.generation)
+        )
+
+    async def write_status(
+        self, *conditions: Condition, nodes: Mapping[UpgradeState, int] | None = None
+    ) -> None:
+        """Set `conditions` (and the node counts) in the followed policy's status."""
+        if self.name is None:
+            return
+        status = self._status.model_copy(update={"observed_generation": self.generation})
+        for new in conditions:
+            status = status.with_condition(new)
+        if nodes is not None:
+            status = status.model_copy(update={"nodes": {str(k): v for k, v in nodes.items()}})
+        self._status = status
+        wire = status.to_wire()
+        if wire == self._written:
+            return
+        patch = dict(wire)
+        if self._written is not None:
+            # a merge patch keeps keys it does not name: states no node is in any more go
+            gone = set(self._written.get("nodes") or {}) - set(wire.get("nodes") or {})
+            patch["nodes"] = {**dict.fromkeys(gone), **(wire.get("nodes") or {})}
+        try:
+            await customobjects.patch_status(self._kube, RESOURCE, self.name, patch)
+        except errors.KubeError as error:
+            log.warning("could not write the status of GPUClusterPolicy %s: %s", self.name, error)
+            return
+        self._written = wire

@@ -1,0 +1,126 @@
+"""Rollouts: which one the policy asks for, and how far it got, told on the bus and in the
+policy's status.
+
+A rollout is named after the versions it installs (`rollout_id_for`), so every replica
+derives the same id from the same policy and a takeover continues the same rollout. The
+`RolloutReporter` publishes the public rollout events on `gpuop.evt.upgrade._cluster.*`:
+`RolloutStarted` once, `RolloutProgress` whenever the counts per state change,
+`RolloutCompleted` when every node is done, `RolloutFailed` when every node ended and some
+failed with no retry left. Started, completed and failed have deterministic ids, so a new
+leader repeating them stores nothing twice; a repeated progress report is harmless.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime
+
+from gpuop.bus import Bus
+from gpuop.events import command_id, new_event, subjects
+from gpuop.events import upgrade as up
+from gpuop.events.upgrade import UpgradeState
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import NodeSaga
+from gpuop.saga.records import desired_targets
+from gpuop.services.upgrade_orchestrator.acting import SOURCE
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._:/-]")
+
+
+def rollout_id_for(policy: GPUClusterPolicySpec) -> str:
+    """The rollout that installs the policy's versions: `rollout-gpu-580.1[-ofed-25.04]`."""
+    parts = [f"{c}-{t.version}" for c, t in desired_targets(policy).items()]
+    return _UNSAFE.sub("_", "rollout-" + "-".join(parts))
+
+
+def counts(sagas: Sequence[NodeSaga]) -> dict[UpgradeState, int]:
+    """Nodes per state, states without nodes left out, in the enum's order."""
+    counted = Counter(saga.state for saga in sagas)
+    return {state: counted[state] for state in UpgradeState if counted[state]}
+
+
+def finally_failed(saga: NodeSaga) -> bool:
+    """In upgrade-failed with no retry scheduled."""
+    return saga.state is UpgradeState.UPGRADE_FAILED and saga.retry_at is None
+
+
+class RolloutReporter:
+    """Publishes one rollout's public events as its sagas move."""
+
+    def __init__(self, bus: Bus) -> None:
+        self._bus = bus
+        self._reported: dict[str, dict[UpgradeState, int]] = {}
+        self._started: dict[str, datetime] = {}
+
+    async def report(
+        self,
+        rollout_id: str,
+        policy: GPUClusterPolicySpec,
+        sagas: Sequence[NodeSaga],
+        now: datetime,
+    ) -> None:
+        """Publish what changed since the last report of this rollout."""
+        if not sagas:
+            return
+        started = self._started.setdefault(
+            rollout_id, min((s.history[0].at if s.history else s.step_started) for s in sagas)
+        )
+        upgrade = policy.upgrade_policy
+        await self._publish(
+            rollout_id,
+            "started",
+            up.RolloutStarted(
+                rollout_id=rollout_id,
+                trigger=up.RolloutTrigger.POLICY,
+                target_versions={c: t.version for c, t in desired_targets(policy).items()},
+                total=len(sagas),
+                max_parallel_upgrades=upgrade.max_parallel_upgrades,
+                max_unavailable=upgrade.max_unavailable,
+            ),
+            now,
+        )
+        current = counts(sagas)
+        if self._reported.get(rollout_id) == current:
+            return
+        self._reported[rollout_id] = current
+        done = current.get(UpgradeState.UPGRADE_DONE, 0)
+        failed = current.get(UpgradeState.UPGRADE_FAILED, 0)
+        total = len(sagas)
+        progress = up.RolloutProgress(
+            rollout_id=rollout_id, done=done, failed=failed, total=total, counts=current
+        )
+        await self._publish(rollout_id, None, progress, now)  # a repeat is harmless
+        if done == total:
+            seconds = max((now - started).total_seconds(), 0.0)
+            completed = up.RolloutCompleted(
+                rollout_id=rollout_id, done=done, failed=0, total=total, duration_seconds=seconds
+            )
+            await self._publish(rollout_id, "completed", completed, now)
+        elif all(s.state is UpgradeState.UPGRADE_DONE or finally_failed(s) for s in sagas):
+            failed_nodes = tuple(sorted(s.node for s in sagas if finally_failed(s)))
+            rollout_failed = up.RolloutFailed(
+                rollout_id=rollout_id,
+                done=done,
+                failed=failed,
+                total=total,
+                reason=up.RolloutFailureReason.NODES_FAILED,
+                message=f"{len(failed_nodes)} nodes failed with no retry left",
+                failed_nodes=failed_nodes[:256],
+            )
+            await self._publish(rollout_id, "failed", rollout_failed, now)
+
+    async def _publish(
+        self, rollout_id: str, what: str | None, event: up.RolloutEvent, now: datetime
+    ) -> None:
+        await self._bus.publish(
+            new_event(
+                event,
+                node=subjects.CLUSTER,
+                source=SOURCE,
+                id=command_id(rollout_id, what, 1) if what else None,
+                correlationid=rollout_id,
+                now=now,
+            )
+        )

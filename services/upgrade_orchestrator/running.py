@@ -1,0 +1,171 @@
+"""The runner: feeds each event of the log to the decision core, persist first, then act.
+
+For every delivery of the intake consumer (`intake`), `Runner.handle` reads the node's saga
+with its revision, calls `core.decide` with the event and the event's recorded time, and, if
+the saga changed, writes it with compare-and-set; only then does the outbox publish the
+commands and state changes and run the Kubernetes actions, and the deadline scheduler arm
+the new step's deadline. A `RevisionConflict` (another writer got there first) makes it read
+again and decide again on the newer saga.
+
+`resume` is the restart path: it rebuilds from KV and re-issues every saga's `pending()`
+commands and actions with their original ids, so whatever the crash interrupted is done
+once (duplicates are dropped by the server and by the agents) and the deadlines run again.
+
+Admission is not an event of its own making: `admit` runs `admission.plan` over the stored
+sagas and records each admission as a `NodeAdmitted` event (deterministic id), which comes
+back through the intake like any event, so a replay of the log admits the same nodes at the
+same points.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+from gpuop.bus import Bus, Delivery, RevisionConflict, TemporaryError
+from gpuop.clocks import SYSTEM_CLOCK, Clock
+from gpuop.events import Event, command_id, new_event
+from gpuop.events.upgrade import NodeAdmitted, UpgradeState
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import Admitted, Decision, NodeSaga, NodeStatus, admission, decide, pending
+from gpuop.saga.core import Trigger
+from gpuop.services.upgrade_orchestrator.acting import SOURCE, Outbox
+from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
+from gpuop.services.upgrade_orchestrator.store import SagaStore
+
+log = logging.getLogger(__name__)
+
+CONFLICT_RETRIES = 8
+"""Re-reads after a lost compare-and-set before the delivery is retried later."""
+
+
+def admitted_event_id(saga: NodeSaga) -> str:
+    """The one id of the admission of this saga's attempt."""
+    return command_id(saga.saga_id, "admitted", saga.attempt)
+
+
+class Runner:
+    """Decides and acts for every node saga in the store."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        store: SagaStore,
+        outbox: Outbox,
+        deadlines: DeadlineScheduler,
+        policy: Callable[[], GPUClusterPolicySpec | None],
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        on_change: Callable[[Decision], None] | None = None,
+    ) -> None:
+        self._bus = bus
+        self._store = store
+        self._outbox = outbox
+        self._deadlines = deadlines
+        self._policy = policy
+        self._clock = clock
+        self._on_change = on_change
+        self._announced: dict[str, tuple[int, bool]] = {}
+        """Saga id -> (attempt, canary) of admissions published and not yet decided."""
+
+    async def handle(self, delivery: Delivery) -> None:
+        """The intake consumer's handler."""
+        if isinstance(delivery.payload, Event):
+            await self.apply(delivery.envelope.node, delivery.payload, delivery.envelope.time)
+
+    async def apply(self, node: str, event: Event, now: datetime) -> Decision | None:
+        """Decide `event` for the node's saga at `now`, persist, then act; the decision, or
+        None when the node has no saga or the event changed nothing."""
+        policy = self._policy()
+        if policy is None:
+            raise TemporaryError("no valid GPUClusterPolicy yet", delay=1.0)
+        for _ in range(CONFLICT_RETRIES):
+            stored = await self._store.get(node)
+            if stored is None:
+                return None
+            trigger = self._trigger(stored.saga, event)
+            if trigger is None:
+                return None
+            decision = decide(stored.saga, trigger, policy, now)
+            if decision.saga == stored.saga:
+                return None
+            try:
+                await self._store.replace(decision.saga, stored.revision)
+            except RevisionConflict:
+                log.info("saga of node %s changed meanwhile; deciding again", node)
+                continue
+            await self._act(decision)
+            return decision
+        raise TemporaryError(f"saga of node {node} keeps changing under us", delay=0.5)
+
+    def _trigger(self, saga: NodeSaga, event: Event) -> Trigger | None:
+        if not isinstance(event, NodeAdmitted):
+            return event
+        self._announced.pop(event.saga_id, None)
+        if (event.saga_id, event.attempt) != (saga.saga_id, saga.attempt):
+            return None  # an admission of an earlier rollout or attempt
+        return Admitted(canary=event.canary)
+
+    async def _act(self, decision: Decision) -> None:
+        await self._outbox.carry_out(decision)
+        self._deadlines.schedule(decision.saga)
+        if self._on_change is not None:
+            self._on_change(decision)
+
+    async def resume(self) -> int:
+        """Rebuild from KV: re-issue every saga's pending step and arm its deadline.
+        Returns the number of sagas found."""
+        policy = self._policy()
+        stored = await self._store.all()
+        for entry in stored:
+            if policy is not None:
+                await self._outbox.carry_out(pending(entry.saga, policy))
+            self._deadlines.schedule(entry.saga)
+        return len(stored)
+
+    async def admit(
+        self, nodes: Mapping[str, NodeStatus], now: datetime | None = None
+    ) -> admission.Admission | None:
+        """Run an admission pass and record each admission as a `NodeAdmitted` event."""
+        policy = self._policy()
+        if policy is None:
+            return None
+        now = now or self._clock.now()
+        sagas = [entry.saga for entry in await self._store.all()]
+        planned = [self._as_planned(saga) for saga in sagas]
+        result = admission.plan(planned, nodes, policy, now)
+        by_node = {saga.node: saga for saga in sagas}
+        for node in result.nodes:
+            saga = by_node[node]
+            canary = node in result.canary
+            self._announced[saga.saga_id] = (saga.attempt, canary)
+            admitted = NodeAdmitted(
+                rollout_id=saga.rollout_id,
+                saga_id=saga.saga_id,
+                attempt=saga.attempt,
+                canary=canary,
+            )
+            await self._bus.publish(
+                new_event(
+                    admitted,
+                    node=node,
+                    source=SOURCE,
+                    id=admitted_event_id(saga),
+                    correlationid=saga.rollout_id,
+                    now=now,
+                )
+            )
+        return result
+
+    def _as_planned(self, saga: NodeSaga) -> NodeSaga:
+        """An admitted saga whose admission the intake has not decided yet holds its slot."""
+        announced = self._announced.get(saga.saga_id)
+        if saga.state is not UpgradeState.UPGRADE_REQUIRED or announced is None:
+            return saga
+        attempt, canary = announced
+        if attempt != saga.attempt:
+            return saga
+        return saga.model_copy(
+            update={"state": UpgradeState.CORDON_REQUIRED, "canary": canary or saga.canary}
+        )

@@ -1,0 +1,228 @@
+"""A rolling driver upgrade end to end: a real nats-server, the simulated cluster (3 nodes
+of 2 GPUs, with GPU workloads under PodDisruptionBudgets), on every node discovery and the
+driver-manager as `gpuop run` processes on its own host root, discovery's cluster role, and
+the upgrade orchestrator (leader-elected, as coroutines). A GPUClusterPolicy asking for a
+new GPU driver starts the rollout; the first replica stops once a node is done and a second
+one takes the rollout over from KV; the outcome is read from the event log and the Nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.aio import client as k8s
+
+from gpuop.bus import NatsBus, NatsServer
+from gpuop.events import decode, subjects
+from gpuop.events.upgrade import NodeUpgradeStateChanged, RolloutCompleted, UpgradeState
+from gpuop.host import packaging, seeding, system
+from gpuop.kube import client, customobjects, nodes
+from gpuop.policy import crd, specs
+from gpuop.saga.actions import STATE_LABEL
+from gpuop.services.upgrade_orchestrator import leading
+from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
+from gpuop.sim import SimCluster, hosts
+from tests.e2e.test_node_agents_e2e import (
+    DISCOVERY_CONFIG,
+    DRIVER_LABEL,
+    DRIVER_MANAGER_CONFIG,
+    service,
+)
+
+pytestmark = [pytest.mark.nats, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[3]
+NODES, GPUS = 3, 2
+OLD = seeding.RECORDED_DRIVER_VERSION
+NEW = "580.200.01"
+ROLLOUT_TIMEOUT = 50.0
+CONFIG = OrchestratorConfig(lease_duration_seconds=3, resync_seconds=0.5)
+
+
+def policy(source: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": specs.API_VERSION,
+        "kind": specs.KIND,
+        "metadata": {"name": "default"},
+        "spec": {
+            "driver": {"gpu": {"version": NEW, "source": str(source)}},
+            "upgradePolicy": {
+                "maxParallelUpgrades": 1,
+                "maxUnavailable": 1,
+                "podDeletion": {"force": True, "deleteEmptyDir": True, "timeoutSeconds": 30},
+                "drain": {
+                    "enable": True, "force": True, "deleteEmptyDir": True, "timeoutSeconds": 30
+                },
+            },
+        },
+    }  # fmt: skip
+
+
+async def wait_until(what: str, check: Any, logs: list[Path], timeout: float) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            while not await check():
+                await asyncio.sleep(0.2)
+    except TimeoutError:
+        tails = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs)
+        raise AssertionError(f"{what} did not happen\n{tails}") from None
+
+
+@contextlib.asynccontextmanager
+async def orchestrator(bus: NatsBus, kube: client.Kube, identity: str) -> AsyncIterator[None]:
+    """One replica of the orchestrator, as a coroutine, stopped (lease released) on exit."""
+    stopping = asyncio.Event()
+    task = asyncio.create_task(
+        leading.lead(bus, kube, CONFIG, stopping, identity=identity), name=identity
+    )
+    try:
+        yield
+    finally:
+        stopping.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_a_new_gpu_driver_in_the_policy_rolls_across_every_node(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    if seeding.find_recorded_host(Path(__file__)) is None:
+        pytest.skip("shared/fixtures/h200 (the recorded H200) is not beside the checkout")
+    exit_codes: dict[str, int | None] = {}
+    logs: list[Path] = []
+    async with SimCluster(nodes=NODES, gpus=GPUS, workloads=True, seed=5) as cluster:
+        kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+        (tmp_path / "discovery.yaml").write_text(DISCOVERY_CONFIG)
+        (tmp_path / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
+        nats = ["--nats", nats_server.url]
+        source = tmp_path / "driver-source"
+        bus = NatsBus(nats_server.url, name="orchestrator")
+        await bus.start()
+        async with AsyncExitStack() as stack:
+            stack.push_async_callback(bus.close)
+            for node in cluster.node_names:
+                machine = cluster.machine(node)
+                root = hosts.build_host_root(
+                    tmp_path / f"host-{node}", node, GPUS, gpu_version=OLD,
+                    boot_id=machine.boot_id, product_name=machine.type.name,
+                )  # fmt: skip
+                if not source.exists():
+                    kernel = system.kernel_release(root)
+                    assert kernel is not None
+                    packaging.build_driver_source(
+                        source, [("gpu", OLD, kernel), ("gpu", NEW, kernel)]
+                    )
+                on_node = ["--node", node, *nats, "--host-root", str(root.path)]
+                on_node += ["--nvml", f"sim:{GPUS}"]
+                for name, arguments in (
+                    ("discovery", ["--role", "node", "--config", f"{tmp_path}/discovery.yaml"]),
+                    ("driver-manager", ["--config", f"{tmp_path}/driver-manager.yaml"]),
+                ):
+                    log = tmp_path / f"{name}-{node}.log"
+                    logs.append(log)
+                    await stack.enter_async_context(
+                        service(f"{name}-{node}", [name, *on_node, *arguments], log, exit_codes)
+                    )
+            log = tmp_path / "discovery-cluster.log"
+            logs.append(log)
+            await stack.enter_async_context(
+                service(
+                    "discovery-cluster",
+                    ["discovery", "--role", "cluster", *nats, "--kubeconfig", str(kubeconfig)],
+                    log,
+                    exit_codes,
+                )
+            )
+            kube = await stack.enter_async_context(await client.connect(kubeconfig))
+
+            async def labelled(key: str, value: str) -> bool:
+                found = [nodes.labels_of(await nodes.get(kube, n)) for n in cluster.node_names]
+                return all(labels.get(key) == value for labels in found)
+
+            await wait_until(
+                "discovery labelling every node", lambda: labelled(DRIVER_LABEL, OLD), logs, 20
+            )
+            definition = yaml.safe_load((REPO / crd.COMMITTED).read_text(encoding="utf-8"))
+            await k8s.ApiextensionsV1Api(kube.api_client).create_custom_resource_definition(
+                definition
+            )
+            await kube.call(
+                kube.custom_objects.create_cluster_custom_object,
+                specs.GROUP, specs.VERSION, specs.PLURAL, policy(source),
+            )  # fmt: skip
+
+            async def any_done() -> bool:
+                found = [nodes.labels_of(await nodes.get(kube, n)) for n in cluster.node_names]
+                return any(labels.get(STATE_LABEL) == UpgradeState.UPGRADE_DONE for labels in found)
+
+            first = AsyncExitStack()
+            await first.enter_async_context(orchestrator(bus, kube, "replica-a"))
+            try:
+                await wait_until("a first node upgrade-done", any_done, logs, ROLLOUT_TIMEOUT)
+                async with orchestrator(bus, kube, "replica-b"):
+                    await first.aclose()  # replica-a stops mid-rollout; replica-b takes over
+                    await wait_until(
+                        "every node upgrade-done",
+                        lambda: labelled(STATE_LABEL, UpgradeState.UPGRADE_DONE.value),
+                        logs,
+                        ROLLOUT_TIMEOUT,
+                    )
+                    await wait_until(
+                        "the new driver labels", lambda: labelled(DRIVER_LABEL, NEW), logs, 15
+                    )
+                    stored: dict[str, Any] = {}
+
+                    async def status_counts_done() -> bool:
+                        stored.update(
+                            await customobjects.get(
+                                kube, customobjects.GPU_CLUSTER_POLICIES, "default"
+                            )
+                        )
+                        nodes_by_state = (stored.get("status") or {}).get("nodes")
+                        return bool(nodes_by_state == {UpgradeState.UPGRADE_DONE.value: NODES})
+
+                    await wait_until("the policy status counting every node done",
+                                     status_counts_done, logs, 10)  # fmt: skip
+                    lease = await kube.call(
+                        kube.coordination.read_namespaced_lease, CONFIG.lease_name, "default"
+                    )
+            finally:
+                await first.aclose()
+
+        states: dict[str, list[UpgradeState]] = defaultdict(list)
+        in_maintenance: list[int] = []
+        """Nodes between admission and upgrade-done after each transition, in log order."""
+        completed: list[RolloutCompleted] = []
+        reader = NatsBus(nats_server.url, name="reader")
+        await reader.start()
+        try:
+            async for message in reader.read(subjects.events_filter("upgrade", name="*")):
+                envelope, payload = decode(message.data)
+                if isinstance(payload, NodeUpgradeStateChanged):
+                    states[envelope.node].append(payload.to_state)
+                    resting = (UpgradeState.UPGRADE_REQUIRED, UpgradeState.UPGRADE_DONE)
+                    in_maintenance.append(sum(path[-1] not in resting for path in states.values()))
+                elif isinstance(payload, RolloutCompleted):
+                    completed.append(payload)
+        finally:
+            await reader.close()
+
+    assert lease["spec"]["holderIdentity"] == "replica-b"
+    assert set(states) == set(cluster.node_names)
+    for node, path in states.items():
+        assert path[-1] is UpgradeState.UPGRADE_DONE, (node, path)
+        assert UpgradeState.DRAIN_REQUIRED in path and UpgradeState.UPGRADE_FAILED not in path
+        assert path.index(UpgradeState.VALIDATION_REQUIRED) < path.index(
+            UpgradeState.UNCORDON_REQUIRED
+        ), "uncordoned before the new driver validated"
+    assert max(in_maintenance) == 1, "maxParallelUpgrades 1 and maxUnavailable 1 were exceeded"
+    assert [c.done for c in completed] == [NODES]
+    conditions = {c["type"]: c["status"] for c in stored["status"]["conditions"]}
+    assert conditions == {"Valid": "True", "Progressing": "False", "Ready": "True"}
+    assert all(code == 0 for code in exit_codes.values()), sorted(exit_codes.items())

@@ -1,0 +1,100 @@
+"""The orchestrator's runtime in one process: InMemoryBus, a fake Kubernetes, a virtual clock.
+
+`Stack` wires the store, outbox, deadline scheduler and runner the way the service does, with
+`FakeKube` in place of the API server: it records every action and answers each the way the
+real executor would on a healthy node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from gpuop.bus import Buckets, InMemoryBus
+from gpuop.clocks import VirtualClock
+from gpuop.events import Envelope, Payload, decode, subjects
+from gpuop.events import kube as observed
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import KubeAction, NodeSaga, actions
+from gpuop.services.upgrade_orchestrator.acting import Outbox
+from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
+from gpuop.services.upgrade_orchestrator.running import Runner
+from gpuop.services.upgrade_orchestrator.store import SagaStore
+from tests.unit.saga.support import T0
+
+
+class ManualClock(VirtualClock):
+    """A virtual clock that moves only when the test advances it: sleepers wait for that."""
+
+    async def sleep(self, seconds: float) -> None:
+        until = self.monotonic() + max(seconds, 0.0)
+        await asyncio.sleep(0)
+        while self.monotonic() < until:
+            await asyncio.sleep(0.002)
+
+
+@dataclass
+class FakeKube:
+    """`KubeActions` that succeed at once and remember what they were asked."""
+
+    done: list[tuple[str, KubeAction]] = field(default_factory=list)
+
+    async def execute(self, node: str, action: KubeAction) -> observed.KubeEvent | None:
+        self.done.append((node, action))
+        if isinstance(action, actions.Cordon):
+            return observed.NodeCordoned(action_id=action.id)
+        if isinstance(action, actions.Uncordon):
+            return observed.NodeUncordoned(action_id=action.id)
+        if isinstance(action, actions.DeletePods):
+            return observed.PodsDeleted(action_id=action.id, deleted=0)
+        if isinstance(action, actions.Drain):
+            return observed.DrainCompleted(action_id=action.id, evicted=0)
+        return None
+
+
+@dataclass
+class Stack:
+    """One orchestrator process on a shared bus."""
+
+    bus: InMemoryBus
+    policy: GPUClusterPolicySpec
+    kube: FakeKube = field(default_factory=FakeKube)
+    clock: VirtualClock = field(default_factory=lambda: ManualClock(T0))
+    store_type: type[SagaStore] = SagaStore
+    store: SagaStore | None = None
+    outbox: Outbox | None = None
+    deadlines: DeadlineScheduler | None = None
+    runner: Runner | None = None
+
+    async def start(self) -> Runner:
+        self.store = self.store_type(await self.bus.kv(Buckets.SAGAS))
+        self.outbox = Outbox(self.bus, self.kube, clock=self.clock)
+        self.deadlines = DeadlineScheduler(self.bus, clock=self.clock)
+        self.runner = Runner(
+            self.bus, self.store, self.outbox, self.deadlines, lambda: self.policy,
+            clock=self.clock,
+        )  # fmt: skip
+        return self.runner
+
+    async def stop(self) -> None:
+        assert self.outbox is not None and self.deadlines is not None
+        await self.outbox.close()
+        await self.deadlines.close()
+
+    async def saga(self, node: str) -> NodeSaga:
+        assert self.store is not None
+        stored = await self.store.get(node)
+        assert stored is not None
+        return stored.saga
+
+
+async def messages(bus: InMemoryBus, subject: str) -> list[tuple[Envelope, Payload]]:
+    """Every stored message on `subject`, decoded, in order."""
+    found = []
+    async for message in bus.read(subject):
+        found.append(decode(message.data))
+    return found
+
+
+def events(bus_prefix: str, domain: str, node: str | None = None, name: str = "*") -> str:
+    return subjects.events_filter(domain, node, name, prefix=bus_prefix)

@@ -1,0 +1,80 @@
+"""The public rollout events: started once, progress when counts change, completed or failed
+once every node ended; and the rollout id every replica derives from the policy."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from gpuop.bus import InMemoryBus
+from gpuop.events import subjects
+from gpuop.events import upgrade as up
+from gpuop.events.upgrade import UpgradeState
+from gpuop.saga import NodeSaga
+from gpuop.services.upgrade_orchestrator.rollouts import RolloutReporter, rollout_id_for
+from tests.unit.saga.support import T0, policy, saga_for
+from tests.unit.upgrade_orchestrator.support import messages
+
+S = UpgradeState
+
+
+def in_state(saga: NodeSaga, state: UpgradeState, **changes: object) -> NodeSaga:
+    return saga.model_copy(update={"state": state, **changes})
+
+
+async def rollout_events(bus: InMemoryBus) -> list[up.RolloutEvent]:
+    subject = subjects.events_filter("upgrade", subjects.CLUSTER, prefix=bus.prefix)
+    found = [payload for _, payload in await messages(bus, subject)]
+    assert all(isinstance(event, up.RolloutEvent) for event in found)
+    return [event for event in found if isinstance(event, up.RolloutEvent)]
+
+
+def test_the_rollout_id_names_the_versions_it_installs() -> None:
+    assert rollout_id_for(policy()) == "rollout-gpu-580.2"
+    assert rollout_id_for(policy(ofed=True)) == "rollout-gpu-580.2-ofed-25.04-2"
+
+
+async def test_a_rollout_is_started_once_and_completed_when_every_node_is_done() -> None:
+    bus = InMemoryBus()
+    await bus.start()
+    spec = policy()
+    reporter = RolloutReporter(bus)
+    a, b = saga_for(spec, node="gpu-a"), saga_for(spec, node="gpu-b")
+
+    await reporter.report("r1", spec, [a, b], T0)
+    await reporter.report("r1", spec, [a, b], T0)  # nothing changed: nothing new
+    await reporter.report("r1", spec, [in_state(a, S.DRAIN_REQUIRED), b], T0)
+    done = [in_state(a, S.UPGRADE_DONE), in_state(b, S.UPGRADE_DONE)]
+    await reporter.report("r1", spec, done, T0 + timedelta(seconds=90))
+    await RolloutReporter(bus).report("r1", spec, done, T0 + timedelta(seconds=95))  # new leader
+
+    events = await rollout_events(bus)
+    assert [type(e) for e in events] == [
+        up.RolloutStarted,
+        up.RolloutProgress,
+        up.RolloutProgress,
+        up.RolloutProgress,
+        up.RolloutCompleted,
+        up.RolloutProgress,
+    ]
+    progress = [e for e in events if isinstance(e, up.RolloutProgress)]
+    assert progress[1].counts == {S.UPGRADE_REQUIRED: 1, S.DRAIN_REQUIRED: 1}
+    completed = events[4]
+    assert isinstance(completed, up.RolloutCompleted)
+    assert (completed.done, completed.total, completed.duration_seconds) == (2, 2, 90)
+
+
+async def test_a_rollout_fails_when_every_node_ended_and_one_has_no_retry_left() -> None:
+    bus = InMemoryBus()
+    await bus.start()
+    spec = policy()
+    a, b = saga_for(spec, node="gpu-a"), saga_for(spec, node="gpu-b")
+    retrying = [in_state(a, S.UPGRADE_DONE), in_state(b, S.UPGRADE_FAILED, retry_at=T0)]
+    ended = [in_state(a, S.UPGRADE_DONE), in_state(b, S.UPGRADE_FAILED)]
+
+    await RolloutReporter(bus).report("r1", spec, retrying, T0)
+    assert not [e for e in await rollout_events(bus) if isinstance(e, up.RolloutFailed)]
+    await RolloutReporter(bus).report("r1", spec, ended, T0)
+
+    [failed] = [e for e in await rollout_events(bus) if isinstance(e, up.RolloutFailed)]
+    assert failed.failed_nodes == ("gpu-b",)
+    assert failed.reason is up.RolloutFailureReason.NODES_FAILED

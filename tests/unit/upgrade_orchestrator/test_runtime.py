@@ -1,0 +1,188 @@
+"""The orchestrator's runtime on the in-memory bus: persist first then act, compare-and-set
+conflicts decided again, rebuild after a crash with the same ids, deadlines as events."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gpuop.bus import InMemoryBus, KeyExists
+from gpuop.events import Command, command_id, kube, subjects
+from gpuop.events.deadlines import DeadlineExpired
+from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeState
+from gpuop.saga import NodeSaga, NodeStatus, actions, pending
+from gpuop.services.upgrade_orchestrator import intake
+from gpuop.services.upgrade_orchestrator.deadlines import deadline_event_id
+from gpuop.services.upgrade_orchestrator.store import SagaStore, StoredSaga
+from tests.unit.saga.support import BOOT_B, NODE, T0, policy, saga_for
+from tests.unit.upgrade_orchestrator.support import Stack, events, messages
+
+S = UpgradeState
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[InMemoryBus]:
+    memory = InMemoryBus()
+    await memory.start()
+    yield memory
+    await memory.close()
+
+
+@pytest.fixture
+async def stack(bus: InMemoryBus) -> AsyncIterator[Stack]:
+    running = Stack(bus, policy())
+    await running.start()
+    yield running
+    await running.stop()
+
+
+async def wait_for_state(stack: Stack, state: UpgradeState) -> NodeSaga:
+    async with asyncio.timeout(5):
+        while (saga := await stack.saga(NODE)).state is not state:
+            await asyncio.sleep(0.005)
+    return saga
+
+
+async def admit_and_decide(stack: Stack) -> None:
+    assert stack.runner is not None and stack.store is not None
+    await stack.store.create(saga_for(stack.policy))
+    await stack.runner.admit({NODE: NodeStatus()}, T0)
+    [(envelope, admitted)] = await messages(
+        stack.bus, events(stack.bus.prefix, "upgrade", NODE, "admitted")
+    )
+    assert isinstance(admitted, NodeAdmitted)
+    await stack.runner.apply(NODE, admitted, envelope.time)
+
+
+async def test_admission_is_recorded_then_persisted_then_acted_on(stack: Stack) -> None:
+    await admit_and_decide(stack)
+    assert (await stack.saga(NODE)).state is S.CORDON_REQUIRED
+    assert stack.outbox is not None
+    await stack.outbox.idle()
+
+    done = [action for _, action in stack.kube.done]
+    assert [type(a) for a in done] == [actions.SetStateLabel, actions.RecordEvent, actions.Cordon]
+    [(_, cordoned)] = await messages(stack.bus, events(stack.bus.prefix, "kube", NODE, "cordoned"))
+    assert isinstance(cordoned, kube.NodeCordoned)
+    assert cordoned.action_id == done[2].id
+    [(envelope, changed)] = await messages(
+        stack.bus, events(stack.bus.prefix, "upgrade", NODE, "cordon-required")
+    )
+    assert isinstance(changed, NodeUpgradeStateChanged)
+    assert changed.from_state is S.UPGRADE_REQUIRED
+    assert envelope.correlationid == changed.rollout_id
+
+
+async def test_a_second_admission_pass_does_not_admit_beyond_the_limit(bus: InMemoryBus) -> None:
+    stack = Stack(bus, policy(max_parallel_upgrades=1, max_unavailable=2))
+    runner = await stack.start()
+    try:
+        assert stack.store is not None
+        for node in ("gpu-a", "gpu-b"):
+            await stack.store.create(saga_for(stack.policy, node=node))
+        statuses = {"gpu-a": NodeStatus(), "gpu-b": NodeStatus()}
+        first = await runner.admit(statuses, T0)
+        second = await runner.admit(statuses, T0)
+        assert first is not None and second is not None
+        assert first.nodes == ("gpu-a",)
+        assert second.nodes == ()
+    finally:
+        await stack.stop()
+
+
+class InterferingStore(SagaStore):
+    """Another writer records a new boot id just before our first write."""
+
+    interfered = True
+    """Set once the test armed it: the admission's own write goes through."""
+
+    async def replace(self, saga: NodeSaga, revision: int) -> StoredSaga:
+        if not self.interfered:
+            self.interfered = True
+            current = await self.get(saga.node)
+            assert current is not None
+            newer = current.saga.model_copy(update={"boot_id": BOOT_B})
+            await self.replace(newer, current.revision)
+        return await super().replace(saga, revision)
+
+
+async def test_revision_conflict_reads_again_and_decides_on_the_newer_saga(
+    bus: InMemoryBus,
+) -> None:
+    stack = Stack(bus, policy(), store_type=InterferingStore)
+    runner = await stack.start()
+    try:
+        await admit_and_decide(stack)
+        assert isinstance(stack.store, InterferingStore)
+        stack.store.interfered = False
+        saga = await stack.saga(NODE)
+        cordon_id = command_id(saga.saga_id, saga.step.token, saga.attempt)
+        decision = await runner.apply(NODE, kube.NodeCordoned(action_id=cordon_id), T0)
+    finally:
+        await stack.stop()
+
+    assert decision is not None
+    stored = await stack.saga(NODE)
+    assert stored.state is S.POD_DELETION_REQUIRED
+    assert stored.boot_id == BOOT_B  # decided on the other writer's saga, not over it
+
+
+async def test_a_second_create_of_a_node_saga_is_refused(stack: Stack) -> None:
+    assert stack.store is not None
+    await stack.store.create(saga_for(stack.policy))
+    with pytest.raises(KeyExists):
+        await stack.store.create(saga_for(stack.policy, rollout="rollout-2"))
+
+
+async def test_rebuild_after_a_crash_reissues_the_pending_step_with_the_same_ids(
+    bus: InMemoryBus,
+) -> None:
+    first = Stack(bus, policy())
+    runner = await first.start()
+    subscription = await intake.start(bus, runner)
+    try:
+        await admit_and_decide(first)
+        saga = await wait_for_state(first, S.OPERANDS_PAUSE_REQUIRED)
+    finally:
+        await subscription.stop()
+        await first.stop()  # the crash: nothing of the first process survives but the bus
+    commands = subjects.commands_filter(prefix=bus.prefix)
+    issued = [envelope.id for envelope, _ in await messages(bus, commands)]
+    assert issued, "the pause commands were published before the crash"
+
+    second = Stack(bus, policy())
+    rebuilt = await second.start()
+    try:
+        assert await rebuilt.resume() == 1
+        assert second.outbox is not None
+        await second.outbox.idle()
+        again = pending(saga, second.policy)
+        assert {command.id for command in again.commands} <= set(issued)
+        assert all(isinstance(c.payload, Command) for c in again.commands)
+        assert [envelope.id for envelope, _ in await messages(bus, commands)] == issued
+        relabelled = [a for _, a in second.kube.done if isinstance(a, actions.SetStateLabel)]
+        assert [a.value for a in relabelled] == [S.OPERANDS_PAUSE_REQUIRED]
+        assert second.deadlines is not None
+        assert NODE in second.deadlines.pending()
+    finally:
+        await second.stop()
+
+
+async def test_a_deadline_fires_as_an_event_once(stack: Stack) -> None:
+    await admit_and_decide(stack)
+    saga = await stack.saga(NODE)
+    assert saga.deadline is not None and stack.deadlines is not None
+    stack.deadlines.schedule(saga)  # a second schedule of the same deadline keeps one timer
+    subject = events(stack.bus.prefix, DeadlineExpired.DOMAIN, NODE, DeadlineExpired.NAME)
+    assert await messages(stack.bus, subject) == []
+
+    stack.clock.advance((saga.deadline - T0).total_seconds())
+    async with asyncio.timeout(5):
+        while not (fired := await messages(stack.bus, subject)):
+            await asyncio.sleep(0.005)
+    [(envelope, expired)] = fired
+    assert isinstance(expired, DeadlineExpired)
+    assert (expired.state, expired.step) == (S.CORDON_REQUIRED, saga.step.token)
+    assert envelope.id == deadline_event_id(expired)
