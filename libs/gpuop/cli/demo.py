@@ -1,210 +1,216 @@
-"""`gpuop demo`: the embedded stack on one machine, shown as it is.
+"""`gpuop demo`: the embedded stack on one machine, rolling a real driver upgrade.
 
 Starts a real nats-server, a simulated Kubernetes cluster (GPU nodes, kubelets, workloads
 with PodDisruptionBudgets), a simulated host root per node (made from the recorded H200
-host), and every installed service as its own process: node roles once per node, cluster
-roles once. It then reports what each service says on /readyz and the labels discovery put
-on the nodes. Services that are not built yet say so; the demo never fakes an upgrade.
-Ctrl-C (or the end of the demo) stops every process it started.
+host) and every built service as its own process (node roles once per node, cluster roles
+once). Once discovery has labelled the nodes, it installs the GPUClusterPolicy CRD, builds a
+driver source with a newer driver, and creates a policy asking for it: the orchestrator
+rolls the upgrade across the nodes, and the demo prints each transition from the public
+upgrade events, then one JSON line (nodes, done, failed, seconds). Exit 0 only when every
+node is done. Ctrl-C (or the end) stops every process it started.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
-import os
-import socket
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+from kubernetes.aio import client as k8s
 
-from gpuop.bus import NatsServer
+from gpuop.bus import NatsBus, NatsServer
+from gpuop.cli import rollout_view
+from gpuop.cli.processes import Process, say_what_is_missing, show, spawn, stop_all
+from gpuop.host import packaging, seeding, system
 from gpuop.kube import client as kubeclient
+from gpuop.kube import errors as kubeerrors
 from gpuop.kube import nodes as kubenodes
+from gpuop.policy import crd, specs
 from gpuop.runtime import services
 from gpuop.runtime.settings import Role
 from gpuop.sim.cluster import SimCluster
 from gpuop.sim.hosts import build_host_root
 
-LABELS_SHOWN = (
-    "nvidia.com/gpu.count",
-    "nvidia.com/gpu.product",
-    "nvidia.com/cuda.driver-version.full",
-    "feature.node.kubernetes.io/pci-10de.present",
-)
+NEW_VERSION = "580.200.01"
+DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
+LABELS_SHOWN = ("nvidia.com/gpu.count", "nvidia.com/gpu.product", DRIVER_LABEL)
+DISCOVERY_CONFIG = "scan_interval_seconds: 2\nheartbeat_interval_seconds: 2\n"
+DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.2\n"
+ORCHESTRATOR_CONFIG = "resync_seconds: 0.5\n"
 
 
 def add_parser(verbs: Any) -> None:
     demo: argparse.ArgumentParser = verbs.add_parser(
         "demo",
-        help="run the whole stack locally and show it",
-        description="Start nats-server, a simulated cluster and every service locally, "
-        "and show their state.",
+        help="run the whole stack locally and roll a driver upgrade",
+        description="Start nats-server, a simulated GPU cluster and every service locally, "
+        "then roll a driver upgrade across the nodes and report how it went.",
     )
-    demo.add_argument("--nodes", type=int, default=2, help="simulated nodes (default 2)")
-    demo.add_argument("--gpus", type=int, default=8, help="simulated GPUs per node")
+    demo.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
+    demo.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    demo.add_argument("--max-parallel", type=int, default=2, help="maxParallelUpgrades")
+    demo.add_argument("--headless", action="store_true", help="plain progress lines only")
+    demo.add_argument("--timeout", type=float, default=300, help="seconds for the rollout")
     demo.add_argument("--hold", action="store_true", help="keep running until Ctrl-C")
     demo.set_defaults(handler=run_demo)
 
 
-@dataclass
-class Process:
-    service: str
-    role: Role
-    node: str | None
-    port: int
-    process: asyncio.subprocess.Process
-
-    @property
-    def label(self) -> str:
-        return f"{self.service} ({self.node or self.role})"
-
-
 async def run_demo(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    if not 1 <= args.gpus <= 64:
-        raise ValueError(f"--gpus {args.gpus}: expected 1 to 64")
-    if not 1 <= args.nodes <= 16:
-        raise ValueError(f"--nodes {args.nodes}: expected 1 to 16")
+    _check(args)
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpuop-demo-") as workdir:
         work = Path(workdir)
-        async with (
-            NatsServer(work / "nats") as server,
-            SimCluster(nodes=args.nodes, gpus=args.gpus) as cluster,
-        ):
+        async with AsyncExitStack() as stack:
+            server = await stack.enter_async_context(NatsServer(work / "nats"))
+            cluster = await stack.enter_async_context(SimCluster(nodes=args.nodes, gpus=args.gpus))
             kubeconfig = cluster.write_kubeconfig(work / "kubeconfig")
             print(f"nats-server (JetStream) listening on {server.url}")
             print(f"simulated cluster: {args.nodes} nodes x {args.gpus} GPUs at {cluster.url}")
             processes: list[Process] = []
+            stack.push_async_callback(stop_all, processes)
+            source = await _spawn_all(processes, cluster, server.url, kubeconfig, args, work)
+            if not args.headless:
+                await show(processes)
+            kube = await stack.enter_async_context(await kubeclient.connect(kubeconfig))
+            await _wait_for_labels(kube, cluster.node_names, args.headless)
+            bus = NatsBus(server.url, name="gpuop-demo")
+            await bus.start()
+            stack.push_async_callback(bus.close)
+            await _start_rollout(kube, source, args)
+            print(f"rolling GPU driver {seeding.RECORDED_DRIVER_VERSION} -> {NEW_VERSION}")
             try:
-                processes = await _spawn_all(cluster, server.url, kubeconfig, args, work)
-                await _show(processes)
-                await _show_labels(kubeconfig, cluster.node_names)
-                print()
-                print("Tail events with:")
-                print(f"  gpuop events tail --nats {server.url}")
+                outcome = await asyncio.wait_for(
+                    rollout_view.follow(bus, cluster.node_names, started), args.timeout
+                )
+            except TimeoutError:
+                print(f"the rollout did not finish within {args.timeout:g} s", file=sys.stderr)
+                outcome = rollout_view.RolloutOutcome(cluster.node_names)
+                outcome.seconds = time.monotonic() - started
+            if not args.headless:
+                print(f"\nTail events with:\n  gpuop events tail --nats {server.url}")
                 print(f"Inspect the cluster with:\n  kubectl --kubeconfig {kubeconfig} get nodes")
-                _say_what_is_missing()
-                if args.hold:
-                    print("\nRunning; press Ctrl-C to stop.")
-                    await asyncio.Event().wait()
-            finally:
-                await _stop_all(processes)
-    return 0
+                say_what_is_missing()
+            if args.hold:
+                print("\nRunning; press Ctrl-C to stop.", flush=True)
+                await asyncio.Event().wait()
+    print(outcome.summary(), flush=True)
+    return 0 if outcome.done == len(outcome.nodes) else 1
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not 1 <= args.gpus <= 64:
+        raise ValueError(f"--gpus {args.gpus}: expected 1 to 64")
+    if not 1 <= args.nodes <= 16:
+        raise ValueError(f"--nodes {args.nodes}: expected 1 to 16")
+    if args.max_parallel < 0:
+        raise ValueError(f"--max-parallel {args.max_parallel}: expected 0 (no limit) or more")
 
 
 async def _spawn_all(
-    cluster: SimCluster, nats_url: str, kubeconfig: Path, args: argparse.Namespace, work: Path
-) -> list[Process]:
-    processes = []
-    definitions = list(services.installed().values())
+    processes: list[Process],
+    cluster: SimCluster,
+    nats_url: str,
+    kubeconfig: Path,
+    args: argparse.Namespace,
+    work: Path,
+) -> Path:
+    """Host roots, the driver source and every built service; returns the source."""
+    (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
+    (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
+    (work / "orchestrator.yaml").write_text(ORCHESTRATOR_CONFIG)
+    configs = {
+        "discovery": work / "discovery.yaml",
+        "driver-manager": work / "driver-manager.yaml",
+        "upgrade-orchestrator": work / "orchestrator.yaml",
+    }
+    built = [d for d in services.installed().values() if d.main is not None]
+    source = work / "driver-source"
     for node in cluster.node_names:
-        host_root = work / "hosts" / node
-        build_host_root(host_root, node, args.gpus)
-        extra = ["--node", node, "--nvml", f"sim:{args.gpus}", "--host-root", str(host_root)]
-        for definition in definitions:
-            if Role.NODE in definition.roles:
-                processes.append(
-                    await _spawn(definition.name, Role.NODE, node, nats_url, extra, work)
-                )
-    for definition in definitions:
-        if Role.CLUSTER in definition.roles:
-            extra = ["--kubeconfig", str(kubeconfig)]
-            processes.append(
-                await _spawn(definition.name, Role.CLUSTER, None, nats_url, extra, work)
-            )
-    return processes
-
-
-async def _spawn(
-    service: str, role: Role, node: str | None, nats_url: str, extra: list[str], work: Path
-) -> Process:
-    port = _free_port()
-    command = [
-        sys.executable, "-m", "gpuop.cli.main", "run", service,
-        "--role", role, "--nats", nats_url,
-        "--metrics-listen", f"127.0.0.1:{port}", "--log-format", "json", *extra,
-    ]  # fmt: skip
-    log = work / f"{service}-{node or role}.log"
-    with log.open("wb") as sink:
-        process = await asyncio.create_subprocess_exec(
-            *command, stdout=sink, stderr=sink, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        machine = cluster.machine(node)
+        root = build_host_root(
+            work / "hosts" / node,
+            node,
+            args.gpus,
+            boot_id=machine.boot_id,
+            product_name=machine.type.name,
         )
-    return Process(service, role, node, port, process)
+        if not source.exists():
+            kernel = system.kernel_release(root) or ""
+            packaging.build_driver_source(
+                source,
+                [("gpu", seeding.RECORDED_DRIVER_VERSION, kernel), ("gpu", NEW_VERSION, kernel)],
+            )
+        on_node = ["--node", node, "--nvml", f"sim:{args.gpus}", "--host-root", str(root.path)]
+        for definition in built:
+            if Role.NODE in definition.roles:
+                extra = [*on_node, *_config(configs, definition.name)]
+                processes.append(
+                    await spawn(definition.name, Role.NODE, node, nats_url, extra, work)
+                )
+    for definition in built:
+        if Role.CLUSTER in definition.roles:
+            extra = ["--kubeconfig", str(kubeconfig), *_config(configs, definition.name)]
+            processes.append(
+                await spawn(definition.name, Role.CLUSTER, None, nats_url, extra, work)
+            )
+    return source
 
 
-async def _show_labels(kubeconfig: Path, node_names: list[str]) -> None:
-    """Discovery's labels on each node, once they are there (or after a short wait)."""
-    print(f"\n{'node':<14} " + " ".join(f"{key.rsplit('/', 1)[1]:<24}" for key in LABELS_SHOWN))
-    async with await kubeclient.connect(kubeconfig) as kube:
-        for node in node_names:
-            labels: dict[str, str] = {}
-            for _ in range(150):
-                labels = kubenodes.labels_of(await kubenodes.get(kube, node))
-                if LABELS_SHOWN[0] in labels:
-                    break
-                await asyncio.sleep(0.1)
-            values = " ".join(f"{labels.get(key, '-'):<24}" for key in LABELS_SHOWN)
+def _config(configs: dict[str, Path], service: str) -> list[str]:
+    return ["--config", str(configs[service])] if service in configs else []
+
+
+async def _wait_for_labels(kube: kubeclient.Kube, node_names: list[str], quiet: bool) -> None:
+    """Wait until discovery has labelled every node, then show the labels."""
+    if not quiet:
+        print(f"\n{'node':<14} " + " ".join(f"{k.rsplit('/', 1)[1]:<26}" for k in LABELS_SHOWN))
+    for node in node_names:
+        labels: dict[str, str] = {}
+        for _ in range(300):
+            labels = kubenodes.labels_of(await kubenodes.get(kube, node))
+            if DRIVER_LABEL in labels:
+                break
+            await asyncio.sleep(0.1)
+        if not quiet:
+            values = " ".join(f"{labels.get(key, '-'):<26}" for key in LABELS_SHOWN)
             print(f"{node:<14} {values}")
+    print(flush=True)
 
 
-async def _show(processes: list[Process]) -> None:
-    print(f"\n{'service':<36} {'pid':>7}  {'health':<8} ready")
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-        for proc in processes:
-            health, ready = await _probe(session, proc)
-            print(f"{proc.label:<36} {proc.process.pid:>7}  {health:<8} {ready}")
-
-
-async def _probe(session: aiohttp.ClientSession, proc: Process) -> tuple[str, str]:
-    base = f"http://127.0.0.1:{proc.port}"
-    for _ in range(150):
-        if proc.process.returncode is not None:
-            return "exited", f"exit code {proc.process.returncode}"
+async def _start_rollout(kube: kubeclient.Kube, source: Path, args: argparse.Namespace) -> None:
+    """Install the CRD and create a GPUClusterPolicy asking for the new driver."""
+    extensions = k8s.ApiextensionsV1Api(kube.api_client)
+    await kube.call(extensions.create_custom_resource_definition, crd.build())
+    policy = {
+        "apiVersion": specs.API_VERSION,
+        "kind": specs.KIND,
+        "metadata": {"name": "default"},
+        "spec": {
+            "driver": {"gpu": {"version": NEW_VERSION, "source": str(source)}},
+            "upgradePolicy": {
+                "maxParallelUpgrades": args.max_parallel,
+                "maxUnavailable": "50%",
+                "podDeletion": {"force": True, "deleteEmptyDir": True, "timeoutSeconds": 60},
+                "drain": {"enable": True, "force": True, "deleteEmptyDir": True},
+            },
+        },
+    }
+    for _ in range(50):  # the API server serves a new CRD a moment after creating it
         try:
-            async with session.get(f"{base}/readyz") as response:
-                body = json.loads(await response.text())
-                if response.status == 200:
-                    return "ok", "yes"
-                if body.get("reason") != "starting":
-                    return "ok", f"no: {body.get('reason')}"
-        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
-            pass
-        await asyncio.sleep(0.1)
-    return "no answer", "unknown"
-
-
-def _say_what_is_missing() -> None:
-    pending = {d.name: d.pending_issue for d in services.installed().values() if d.main is None}
-    if not pending:
-        return
-    print("\nNot built yet, so no driver upgrade runs in this demo:")
-    for name, issue in pending.items():
-        print(f"  - {name}: issue {issue}")
-    print("  - the live rollout view, the Helm chart and `gpuop upgrade` (issue 9)")
-
-
-async def _stop_all(processes: list[Process]) -> None:
-    for proc in processes:
-        if proc.process.returncode is None:
-            proc.process.terminate()
-    for proc in processes:
-        try:
-            await asyncio.wait_for(proc.process.wait(), 10)
-        except TimeoutError:
-            proc.process.kill()
-            with contextlib.suppress(ProcessLookupError):
-                await proc.process.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+            await kube.call(
+                kube.custom_objects.create_cluster_custom_object,
+                specs.GROUP,
+                specs.VERSION,
+                specs.PLURAL,
+                policy,
+            )
+            return
+        except kubeerrors.NotFound:
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the GPUClusterPolicy CRD was never served")

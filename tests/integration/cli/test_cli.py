@@ -128,17 +128,31 @@ async def test_events_tail_rejects_a_bad_since() -> None:
 
 
 @pytest.mark.slow
-async def test_demo_runs_the_stack_labels_nodes_and_leaves_no_process_behind() -> None:
-    code, out, err = await gpuop("demo", "--nodes", "1", "--gpus", "2", timeout=120)
-    assert code == 0, err
-    assert "not built yet" in out
+async def test_demo_rolls_a_driver_upgrade_and_leaves_no_process_behind() -> None:
+    code, out, err = await gpuop("demo", "--nodes", "2", "--gpus", "2", timeout=240)
+    assert code == 0, err + out
     assert re.search(r"^discovery \(gpu-node-1\)\s+\d+\s+ok\s+yes$", out, flags=re.M), out
-    assert re.search(r"^gpu-node-1\s+2\s+NVIDIA-H200\s+580\.159\.04\s+true", out, flags=re.M), out
+    assert re.search(r"^gpu-node-1\s+2\s+NVIDIA-H200\s+580\.159\.04", out, flags=re.M), out
+    for node in ("gpu-node-1", "gpu-node-2"):
+        assert re.search(rf"{node}\s+uncordon-required -> upgrade-done", out), out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["nodes"] == 2 and summary["done"] == 2 and summary["failed"] == 0
+    assert "device-plugin: issue 6" in out
     pids = [int(m) for m in re.findall(r"^\S.*?\s(\d+)\s+ok", out, flags=re.M)]
-    assert len(pids) == 9, out
+    assert len(pids) == 6, out
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+async def test_demo_headless_prints_progress_lines_and_a_json_summary() -> None:
+    code, out, err = await gpuop("demo", "--headless", "--nodes", "1", "--gpus", "1", timeout=240)
+    assert code == 0, err + out
+    assert "pid" not in out
+    assert "gpu-node-1     uncordon-required -> upgrade-done" in out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert (summary["nodes"], summary["done"], summary["failed"]) == (1, 1, 0)
+    assert summary["seconds"] > 0
 
 
 async def test_demo_rejects_a_bad_size() -> None:
