@@ -24,17 +24,13 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import command_id, new_command, new_event
 from gpuop.kube import errors
 from gpuop.saga import Decision, KubeAction, NodeSaga, state_changed
+from gpuop.saga.core import transition_event_id
 from gpuop.services.upgrade_orchestrator.executing import KubeActions
 
 log = logging.getLogger(__name__)
 
 SOURCE = "/gpuop/upgrade-orchestrator"
 """The `source` of every message the orchestrator publishes."""
-
-
-def transition_event_id(saga: NodeSaga, sequence: int) -> str:
-    """Id of the state-changed event of the saga's `sequence`-th transition."""
-    return command_id(saga.saga_id, f"transition-{sequence}", 1)
 
 
 def outcome_event_id(action: KubeAction) -> str:

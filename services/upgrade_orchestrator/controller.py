@@ -9,7 +9,9 @@ Whenever something changed (a decision, a node, the policy) and at least every
 
 1. creates a saga (`new_saga`, in the rollout named after the desired versions) for each GPU
    node whose running versions (its inventory in KV `gpuop_nodes`) differ from the policy's,
-   unless the node's saga of an earlier rollout is still running;
+   unless the node's saga of an earlier rollout is still running, and records it as a
+   `SagaStarted` event (after the policy, as `PolicyApplied`), so `gpuop replay` can build
+   the same saga from the log;
 2. runs the admission pass, which records admissions as events, and records the pods of
    nodes whose saga waits for jobs (`jobs`);
 3. publishes the rollout's events and writes the policy's status (conditions, counts).
@@ -27,16 +29,16 @@ from datetime import datetime
 
 from gpuop.bus import Buckets, Bus, KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import hardware, subjects
+from gpuop.events import command_id, hardware, new_event, subjects
 from gpuop.events.driver import Component
-from gpuop.events.upgrade import TERMINAL_STATES, UpgradeState
+from gpuop.events.upgrade import TERMINAL_STATES, SagaStarted, UpgradeState
 from gpuop.kube import client
 from gpuop.kube.recording import EventRecorder
 from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition
 from gpuop.saga import Decision, NodeSaga, new_saga
 from gpuop.saga.records import components_to_upgrade
 from gpuop.services.upgrade_orchestrator import intake, jobs
-from gpuop.services.upgrade_orchestrator.acting import Outbox
+from gpuop.services.upgrade_orchestrator.acting import SOURCE, Outbox
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
@@ -149,6 +151,7 @@ class Controller:
         if spec is None or not self.nodes.synced:
             return
         rollout_id = rollout_id_for(spec)
+        await runner.record_policy(spec)  # the policy the new sagas are built from
         now = self._clock.now()
         for node in sorted(self.nodes.statuses):
             started = await self._start_saga(node, spec, rollout_id, store, inventories, now)
@@ -188,6 +191,7 @@ class Controller:
         running = {Component.GPU: inventory.driver_version, Component.OFED: inventory.ofed_version}
         if not components_to_upgrade(spec, running):
             return None
+        unschedulable = self.nodes.statuses[node].unschedulable
         saga = new_saga(
             node=node,
             rollout_id=rollout_id,
@@ -195,7 +199,7 @@ class Controller:
             running=running,
             now=now,
             boot_id=inventory.boot_id,
-            unschedulable=self.nodes.statuses[node].unschedulable,
+            unschedulable=unschedulable,
             operands=self._config.operands,
         )
         try:
@@ -205,6 +209,24 @@ class Controller:
                 await store.replace(saga, stored.revision)
         except (KeyExists, RevisionConflict):
             return None  # written meanwhile; the next pass looks again
+        started = SagaStarted(
+            rollout_id=rollout_id,
+            saga_id=saga.saga_id,
+            running_versions=running,
+            boot_id=inventory.boot_id,
+            unschedulable=unschedulable,
+            operands=saga.operands,
+        )
+        await self._bus.publish(
+            new_event(
+                started,
+                node=node,
+                source=SOURCE,
+                id=command_id(saga.saga_id, "started", 1),
+                correlationid=rollout_id,
+                now=now,
+            )
+        )
         log.info("node %s joins %s", node, rollout_id, extra={"node": node})
         return saga
 

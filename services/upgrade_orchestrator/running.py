@@ -14,7 +14,9 @@ once (duplicates are dropped by the server and by the agents) and the deadlines 
 Admission is not an event of its own making: `admit` runs `admission.plan` over the stored
 sagas and records each admission as a `NodeAdmitted` event (deterministic id), which comes
 back through the intake like any event, so a replay of the log admits the same nodes at the
-same points.
+same points. Likewise the policy: before deciding with a spec other than the last one it
+recorded, the runner publishes `PolicyApplied` naming the event about to be decided as its
+cause, so a replay decides that event and the later ones with it.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from datetime import datetime
 
 from gpuop.bus import Bus, Delivery, RevisionConflict, TemporaryError
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import Event, command_id, new_event
-from gpuop.events.upgrade import NodeAdmitted, UpgradeState
+from gpuop.events import Event, command_id, new_event, subjects
+from gpuop.events.upgrade import NodeAdmitted, PolicyApplied, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import Admitted, Decision, NodeSaga, NodeStatus, admission, decide, pending
 from gpuop.saga.core import Trigger
@@ -68,18 +70,42 @@ class Runner:
         self._on_change = on_change
         self._announced: dict[str, tuple[int, bool]] = {}
         """Saga id -> (attempt, canary) of admissions published and not yet decided."""
+        self._recorded: GPUClusterPolicySpec | None = None
+        """The policy last recorded as `PolicyApplied` by this process."""
 
     async def handle(self, delivery: Delivery) -> None:
         """The intake consumer's handler."""
         if isinstance(delivery.payload, Event):
-            await self.apply(delivery.envelope.node, delivery.payload, delivery.envelope.time)
+            envelope = delivery.envelope
+            await self.apply(envelope.node, delivery.payload, envelope.time, cause=envelope.id)
 
-    async def apply(self, node: str, event: Event, now: datetime) -> Decision | None:
+    async def record_policy(self, policy: GPUClusterPolicySpec, cause: str | None = None) -> None:
+        """Publish `PolicyApplied` when `policy` differs from the one last recorded, before
+        deciding with it (`cause`: the event about to be decided), so a replay of the log
+        decides with the same policy."""
+        if policy == self._recorded:
+            return
+        await self._bus.publish(
+            new_event(
+                PolicyApplied(spec=policy.to_wire()),
+                node=subjects.CLUSTER,
+                source=SOURCE,
+                causationid=cause,
+                now=self._clock.now(),
+            )
+        )
+        self._recorded = policy
+
+    async def apply(
+        self, node: str, event: Event, now: datetime, *, cause: str | None = None
+    ) -> Decision | None:
         """Decide `event` for the node's saga at `now`, persist, then act; the decision, or
-        None when the node has no saga or the event changed nothing."""
+        None when the node has no saga or the event changed nothing. `cause` is the id of
+        the event's envelope, recorded with a change of policy."""
         policy = self._policy()
         if policy is None:
             raise TemporaryError("no valid GPUClusterPolicy yet", delay=1.0)
+        await self.record_policy(policy, cause)
         for _ in range(CONFLICT_RETRIES):
             stored = await self._store.get(node)
             if stored is None:

@@ -194,6 +194,18 @@ SAMPLES: list[Payload] = [
         previous_versions={GPU: "570.86.15"},
     ),
     upgrade.NodeAdmitted(rollout_id=ROLLOUT, saga_id=SAGA, attempt=2, canary=True),
+    upgrade.SagaStarted(
+        rollout_id=ROLLOUT,
+        saga_id=SAGA,
+        running_versions={GPU: "570.86.15", OFED: None},
+        boot_id=BOOT_ID,
+        unschedulable=True,
+        operands=(device.OperandService.DEVICE_PLUGIN,),
+        expected_devices={GPU: 8},
+    ),
+    upgrade.PolicyApplied(
+        spec={"driver": {"gpu": {"version": "580.159.04"}}, "upgradePolicy": {"drain": {}}},
+    ),
     upgrade.RolloutStarted(
         rollout_id=ROLLOUT,
         trigger=upgrade.RolloutTrigger.POLICY,

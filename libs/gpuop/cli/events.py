@@ -1,6 +1,8 @@
-"""`gpuop events tail`: print stored and live events, one JSON document per line.
+"""`gpuop events tail`: print stored and live events, one JSON document per line;
+`gpuop events export --out FILE`: write every stored event and command as JSON lines, in
+time order, for `gpuop replay` (the line format is `gpuop.saga.replaying`'s).
 
-Reads the event stream through an ephemeral consumer (nothing is acked or changed), so it is
+Both read the streams through ephemeral consumers (nothing is acked or changed), so they are
 safe against a production bus and usable with the read-only `observer` user.
 """
 
@@ -12,11 +14,13 @@ import re
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from gpuop.bus import NatsBus
+from gpuop.bus import Bus, NatsBus
 from gpuop.bus.protocol import StoredMessage
 from gpuop.events import subjects
+from gpuop.saga import replaying
 
 _RELATIVE = re.compile(r"^(?P<n>[0-9]+)(?P<unit>s|m|h|d)$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -37,6 +41,17 @@ def add_parser(verbs: Any) -> None:
     tail.add_argument("--nats-creds", help="NATS credentials file (GPUOP_NATS_CREDS)")
     tail.add_argument("--prefix", help="subject prefix (GPUOP_PREFIX, default gpuop)")
     tail.set_defaults(handler=tail_events)
+    export = actions.add_parser(
+        "export",
+        help="write the event and command log as JSON lines",
+        description="Write every stored event and command, in time order, one JSON object "
+        "per line: {stream, seq, subject, time, message}. `gpuop replay FILE` reads it.",
+    )
+    export.add_argument("--out", required=True, help="file to write ('-': standard output)")
+    export.add_argument("--nats", help="NATS URLs, comma separated (GPUOP_NATS)")
+    export.add_argument("--nats-creds", help="NATS credentials file (GPUOP_NATS_CREDS)")
+    export.add_argument("--prefix", help="subject prefix (GPUOP_PREFIX, default gpuop)")
+    export.set_defaults(handler=export_log)
 
 
 def parse_since(text: str, now: datetime) -> datetime:
@@ -60,17 +75,69 @@ def render(stored: StoredMessage) -> str:
     return json.dumps(document, separators=(",", ":"), sort_keys=False)
 
 
-async def tail_events(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    prefix = subjects.validate_prefix(args.prefix or environ.get("GPUOP_PREFIX") or "gpuop")
+def _bus(args: argparse.Namespace, environ: Mapping[str, str], prefix: str) -> NatsBus:
     urls = args.nats or environ.get("GPUOP_NATS") or "nats://127.0.0.1:4222"
-    subject = args.subject or subjects.stream_filter(subjects.Kind.EVENT, prefix=prefix)
-    since = parse_since(args.since, datetime.now(UTC)) if args.since else None
-    bus = NatsBus(
+    return NatsBus(
         [u.strip() for u in urls.split(",")],
         prefix=prefix,
         creds=args.nats_creds or environ.get("GPUOP_NATS_CREDS"),
         retry_for=5.0,
     )
+
+
+def _prefix(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    return subjects.validate_prefix(args.prefix or environ.get("GPUOP_PREFIX") or "gpuop")
+
+
+async def export_lines(bus: Bus) -> list[str]:
+    """Every stored event and command of `bus` as export lines, in time order (then stream
+    and sequence); a message that is not a JSON object is left out with a warning."""
+    stored: list[StoredMessage] = []
+    for kind in (subjects.Kind.EVENT, subjects.Kind.COMMAND):
+        subject = subjects.stream_filter(kind, prefix=bus.prefix)
+        stored.extend([message async for message in bus.read(subject, follow=False)])
+    stored.sort(key=lambda m: (m.time, m.stream, m.seq))
+    lines = []
+    for message in stored:
+        try:
+            lines.append(
+                replaying.export_line(
+                    message.stream, message.seq, message.subject, message.time, message.data
+                )
+            )
+        except ValueError as exc:
+            print(f"gpuop events export: skipped: {exc}", file=sys.stderr)
+    return lines
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"--out {path}: {exc}") from None
+
+
+async def export_log(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    bus = _bus(args, environ, _prefix(args, environ))
+    await bus.connect()
+    try:
+        lines = await export_lines(bus)
+    finally:
+        await bus.close()
+    text = "".join(line + "\n" for line in lines)
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        _write(args.out, text)
+        print(f"exported {len(lines)} messages to {args.out}", file=sys.stderr)
+    return 0
+
+
+async def tail_events(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    prefix = _prefix(args, environ)
+    subject = args.subject or subjects.stream_filter(subjects.Kind.EVENT, prefix=prefix)
+    since = parse_since(args.since, datetime.now(UTC)) if args.since else None
+    bus = _bus(args, environ, prefix)
     await bus.connect()
     try:
         async for stored in bus.read(subject, since=since, follow=not args.no_follow):

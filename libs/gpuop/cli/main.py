@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from gpuop import __version__
 from gpuop.bus.errors import BusError
-from gpuop.cli import demo, discover, events, run, sim
+from gpuop.cli import demo, discover, events, replay, run, sim
 from gpuop.runtime.services import UnknownService
 from gpuop.runtime.settings import SettingsError
 
@@ -33,6 +33,7 @@ def parser() -> argparse.ArgumentParser:
     verbs = top.add_subparsers(dest="verb", required=True, metavar="COMMAND")
     run.add_parser(verbs)
     events.add_parser(verbs)
+    replay.add_parser(verbs)
     discover.add_parser(verbs)
     demo.add_parser(verbs)
     sim.add_parser(verbs)

@@ -19,10 +19,12 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, StringConstraints
 
+from gpuop.events.device import OperandService
 from gpuop.events.driver import Component
 from gpuop.events.envelope import Event, MalformedMessage
 from gpuop.events.fields import (
     Attempt,
+    BootId,
     CorrelationId,
     Count,
     DocumentedEnum,
@@ -123,6 +125,42 @@ class NodeAdmitted(Event):
     """The saga's attempt when admitted."""
     canary: bool = False
     """Admitted as one of the rollout's canary nodes."""
+
+
+class SagaStarted(Event):
+    """The orchestrator created a node's saga in a rollout (upgrade-required), from these
+    inputs and the policy in force; recorded so a replay of the log (`gpuop replay`) builds
+    the same saga with `gpuop.saga.new_saga`, at the time of this event."""
+
+    DOMAIN: ClassVar[str] = DOMAIN
+    NAME: ClassVar[str] = "saga-started"
+
+    rollout_id: CorrelationId
+    """The rollout the saga belongs to."""
+    saga_id: CorrelationId
+    """The saga created."""
+    running_versions: dict[Component, Version | None] = Field(max_length=2)
+    """Version each component ran when the saga was created (null: none or unknown)."""
+    boot_id: BootId | None = None
+    """The node's boot id from its inventory."""
+    unschedulable: bool = False
+    """The node was cordoned already, so gpuop leaves it cordoned."""
+    operands: tuple[OperandService, ...] = Field(default=(), max_length=len(OperandService))
+    """Operand services that must confirm a pause before the unload."""
+    expected_devices: dict[Component, Count] = Field(default_factory=dict, max_length=2)
+    """Devices validation must find per component; absent: any number passes."""
+
+
+class PolicyApplied(Event):
+    """The orchestrator decides with this GPUClusterPolicy spec from now on (published on
+    `_cluster` when the spec in force changes, before the first decision made with it), so a
+    replay of the log decides with the same policy."""
+
+    DOMAIN: ClassVar[str] = DOMAIN
+    NAME: ClassVar[str] = "policy-applied"
+
+    spec: dict[str, Any]
+    """The spec as written to the API server (camelCase, unset optionals left out)."""
 
 
 class RolloutTrigger(DocumentedEnum):

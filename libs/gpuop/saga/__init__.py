@@ -15,6 +15,7 @@ a clock, the bus or Kubernetes. Import the modules as namespaces:
     compensation  what a failure leads to: uncordon, rollback, upgrade-failed, retry
     core          decide(saga, event, policy, now) -> Decision; Admitted
     admission     plan / admit: maxParallelUpgrades, maxUnavailable, canary
+    replaying     `gpuop replay`: an exported log fed to a fresh core, compared with the record
 """
 
 from gpuop.saga import (
@@ -25,6 +26,7 @@ from gpuop.saga import (
     drafting,
     effects,
     records,
+    replaying,
     steps,
     transitions,
 )
@@ -59,6 +61,7 @@ __all__ = [
     "pending",
     "plan",
     "records",
+    "replaying",
     "state_changed",
     "steps",
     "transitions",

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpuop.events import Event, kube
+from gpuop.events import Event, command_id, kube
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import hardware as hw
@@ -363,3 +363,8 @@ def state_changed(saga: NodeSaga, transition: Transition) -> NodeUpgradeStateCha
         target_versions={c: t.version for c, t in saga.targets.items()},
         previous_versions=dict(saga.previous_versions),
     )
+
+
+def transition_event_id(saga: NodeSaga, sequence: int) -> str:
+    """Id of the `NodeUpgradeStateChanged` of the saga's `sequence`-th transition."""
+    return command_id(saga.saga_id, f"transition-{sequence}", 1)

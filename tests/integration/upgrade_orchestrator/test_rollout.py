@@ -3,7 +3,8 @@ of 2 GPUs, with GPU workloads under PodDisruptionBudgets), on every node discove
 driver-manager as `gpuop run` processes on its own host root, discovery's cluster role, and
 the upgrade orchestrator (leader-elected, as coroutines). A GPUClusterPolicy asking for a
 new GPU driver starts the rollout; the first replica stops once a node is done and a second
-one takes the rollout over from KV; the outcome is read from the event log and the Nodes."""
+one takes the rollout over from KV; the outcome is read from the event log and the Nodes,
+and the exported log replays to the same decisions (and diverges under another policy)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ import yaml
 from kubernetes.aio import client as k8s
 
 from gpuop.bus import NatsBus, NatsServer
+from gpuop.cli.events import export_lines
 from gpuop.events import decode, subjects
 from gpuop.events.upgrade import NodeUpgradeStateChanged, RolloutCompleted, UpgradeState
 from gpuop.host import packaging, seeding, system
 from gpuop.kube import client, customobjects, nodes
 from gpuop.policy import crd, specs
+from gpuop.saga import replaying
 from gpuop.saga.actions import STATE_LABEL
 from gpuop.services.upgrade_orchestrator import leading
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
@@ -202,6 +205,7 @@ async def test_a_new_gpu_driver_in_the_policy_rolls_across_every_node(
         reader = NatsBus(nats_server.url, name="reader")
         await reader.start()
         try:
+            exported = await export_lines(reader)
             async for message in reader.read(subjects.events_filter("upgrade", name="*")):
                 envelope, payload = decode(message.data)
                 if isinstance(payload, NodeUpgradeStateChanged):
@@ -214,6 +218,18 @@ async def test_a_new_gpu_driver_in_the_policy_rolls_across_every_node(
             await reader.close()
 
     assert lease["spec"]["holderIdentity"] == "replica-b"
+    # the recorded log, taken over mid-rollout, replays to the same decisions
+    log = replaying.parse_log(exported)
+    replayed = replaying.replay(log)
+    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
+    assert comparison.identical, comparison.report()
+    assert replayed.nodes == set(cluster.node_names) and comparison.transitions >= 9 * NODES
+    changed = specs.GPUClusterPolicySpec.model_validate(
+        {**policy(source)["spec"], "driver": {"gpu": {"version": "590.1", "source": str(source)}}}
+    )
+    assert not replaying.compare(
+        replaying.recorded_outputs(log), replaying.replay(log, changed).outputs
+    ).identical
     assert set(states) == set(cluster.node_names)
     for node, path in states.items():
         assert path[-1] is UpgradeState.UPGRADE_DONE, (node, path)

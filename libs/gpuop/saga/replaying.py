@@ -1,0 +1,318 @@
+"""Replay of a recorded log through a fresh decision core (`gpuop replay`), pure.
+
+The export (`gpuop events export`) is JSON lines, one stored message per line, in time order:
+
+    {"stream": "GPUOP_EVENTS", "seq": 42, "subject": "gpuop.evt.kube.node-1.cordoned",
+     "time": "2026-11-29T20:00:01.5+00:00", "message": {...the CloudEvents envelope...}}
+
+`stream` and `seq` are the JetStream stream and sequence, `subject` the NATS subject, `time`
+when the server stored it, `message` the envelope exactly as published. `export_line` writes
+one line and `parse_log` reads them back.
+
+`replay` feeds the inbound events (what the orchestrator's intake consumes: `kube` and
+`driver` events, operand pauses, inventories, expired deadlines, admissions), in stream order,
+to `core.decide` with each event's recorded time, the way the runtime does: `SagaStarted`
+builds a node's saga with `new_saga`, `NodeAdmitted` becomes `core.Admitted` for the saga and
+attempt it names, and a decision that leaves the saga unchanged does nothing. The policy is
+the latest `PolicyApplied` (one that names an event as its cause was applied just before that
+event was decided), unless an override replaces every recorded one. `compare` then sets the
+commands and state changes it produced against the recorded ones, node by node.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from gpuop.events import Envelope, Event, Payload, decode, kube
+from gpuop.events import device as dev
+from gpuop.events import hardware as hw
+from gpuop.events.deadlines import DeadlineExpired
+from gpuop.events.envelope import MalformedMessage, UnknownEventType
+from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, PolicyApplied, SagaStarted
+from gpuop.policy import GPUClusterPolicySpec, PolicyInvalid, validate_spec
+from gpuop.saga.core import Admitted, Trigger, decide, state_changed, transition_event_id
+from gpuop.saga.records import NodeSaga, new_saga
+
+EVENTS_STREAM = "GPUOP_EVENTS"
+COMMANDS_STREAM = "GPUOP_COMMANDS"
+DIFF_LIMIT = 3
+"""Divergences shown per node."""
+
+
+class ReplayInputError(ValueError):
+    """The export cannot be replayed; the message names the line."""
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One line of an export, decoded."""
+
+    line: int
+    stream: str
+    seq: int
+    subject: str
+    envelope: Envelope
+    payload: Payload | None
+    """None for a type this version does not know (replay skips it)."""
+
+
+@dataclass(frozen=True)
+class Output:
+    """A command or a state change, recorded or produced by the replay."""
+
+    kind: str
+    """`command` or `transition`."""
+    id: str
+    type: str
+    data: dict[str, Any]
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.type} id={self.id} {json.dumps(self.data, sort_keys=True)}"
+
+
+Outputs = dict[str, list[Output]]
+"""Node -> outputs in order."""
+
+
+@dataclass
+class Replayed:
+    """What the replay produced."""
+
+    events: int = 0
+    """Inbound events fed to the core."""
+    nodes: set[str] = field(default_factory=set)
+    outputs: Outputs = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Recorded against replayed outputs."""
+
+    commands: int
+    transitions: int
+    divergences: dict[str, list[str]]
+    """Node -> readable lines (expected vs got), the first `DIFF_LIMIT` per node."""
+
+    @property
+    def identical(self) -> bool:
+        return not self.divergences
+
+    def report(self) -> str:
+        lines = []
+        for node in sorted(self.divergences):
+            lines.append(f"node {node}:")
+            lines.extend(f"  {line}" for line in self.divergences[node])
+        return "\n".join(lines)
+
+
+def export_line(stream: str, seq: int, subject: str, time: datetime, data: bytes) -> str:
+    """One line of the export; raises `ValueError` when `data` is not a JSON object."""
+    try:
+        message = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{stream} #{seq} is not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ValueError(f"{stream} #{seq} is not a JSON object")
+    line = {
+        "stream": stream,
+        "seq": seq,
+        "subject": subject,
+        "time": time.isoformat(),
+        "message": message,
+    }
+    return json.dumps(line, separators=(",", ":"))
+
+
+def parse_log(lines: Iterable[str]) -> list[Recorded]:
+    """The export's lines decoded, in stream order; `ReplayInputError` names a bad line."""
+    log = []
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ReplayInputError(f"line {number}: not JSON ({exc})") from None
+        if not isinstance(line, dict):
+            raise ReplayInputError(f"line {number}: not a JSON object")
+        stream, seq, subject = line.get("stream"), line.get("seq"), line.get("subject")
+        message = line.get("message")
+        if stream not in (EVENTS_STREAM, COMMANDS_STREAM):
+            raise ReplayInputError(f"line {number}: unknown stream {stream!r}")
+        if not isinstance(seq, int) or not isinstance(subject, str):
+            raise ReplayInputError(f"line {number}: needs an integer seq and a subject")
+        if not isinstance(message, dict):
+            raise ReplayInputError(f"line {number}: needs a message object")
+        payload: Payload | None
+        try:
+            envelope, payload = decode(json.dumps(message).encode())
+        except UnknownEventType:
+            envelope, payload = Envelope.model_validate(message), None
+        except MalformedMessage as exc:
+            raise ReplayInputError(f"line {number}: {exc}") from None
+        log.append(Recorded(number, stream, seq, subject, envelope, payload))
+    log.sort(key=lambda r: (r.stream, r.seq))
+    return log
+
+
+def load_policy(document: object, where: str) -> GPUClusterPolicySpec:
+    """A `GPUClusterPolicy` object or its bare spec, parsed from JSON or YAML."""
+    if isinstance(document, Mapping) and "driver" not in document and "spec" in document:
+        document = document["spec"]
+    if not isinstance(document, Mapping):
+        raise ReplayInputError(f"{where}: not a GPUClusterPolicy spec")
+    try:
+        return validate_spec(document)
+    except PolicyInvalid as exc:
+        raise ReplayInputError(f"{where}: {exc}") from None
+
+
+def is_inbound(payload: Payload) -> bool:
+    """Whether the orchestrator's intake consumes this payload (see its `consumer_spec`)."""
+    if isinstance(payload, Event) and payload.DOMAIN in (kube.DOMAIN, "driver"):
+        return True
+    inbound = (dev.OperandPaused, hw.HardwareDiscovered, DeadlineExpired, NodeAdmitted)
+    return isinstance(payload, inbound)
+
+
+def _dump(payload: BaseModel) -> dict[str, Any]:
+    return payload.model_dump(mode="json")
+
+
+def recorded_outputs(log: Sequence[Recorded]) -> Outputs:
+    """The commands and state changes in the log, per node, once per id."""
+    seen: set[str] = set()
+    outputs: Outputs = {}
+    for entry in log:
+        payload = entry.payload
+        if entry.stream == COMMANDS_STREAM:
+            kind = "command"
+        elif isinstance(payload, NodeUpgradeStateChanged):
+            kind = "transition"
+        else:
+            continue
+        if payload is None or entry.envelope.id in seen:
+            continue
+        seen.add(entry.envelope.id)
+        output = Output(kind, entry.envelope.id, entry.envelope.type, _dump(payload))
+        outputs.setdefault(entry.envelope.node, []).append(output)
+    return outputs
+
+
+def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) -> Replayed:
+    """Feed the log's inbound events to a fresh core; `policy` replaces the recorded ones."""
+    events = [r for r in log if r.stream == EVENTS_STREAM and r.payload is not None]
+    caused = {
+        r.envelope.causationid: r
+        for r in events
+        if isinstance(r.payload, PolicyApplied) and r.envelope.causationid
+    }
+    result = Replayed()
+    current = policy
+    sagas: dict[str, NodeSaga] = {}
+    for entry in events:
+        payload, envelope = entry.payload, entry.envelope
+        if isinstance(payload, PolicyApplied):
+            if policy is None and not envelope.causationid:
+                current = load_policy(payload.spec, f"line {entry.line}")
+            continue
+        if policy is None and envelope.id in caused:
+            applied = caused[envelope.id]
+            assert isinstance(applied.payload, PolicyApplied)
+            current = load_policy(applied.payload.spec, f"line {applied.line}")
+        if isinstance(payload, SagaStarted):
+            if current is None:
+                raise ReplayInputError(
+                    f"line {entry.line}: no policy recorded before it; pass --policy"
+                )
+            sagas[envelope.node] = _started(envelope, payload, current, entry.line)
+            result.nodes.add(envelope.node)
+            continue
+        if not isinstance(payload, Event) or not is_inbound(payload):
+            continue
+        saga = sagas.get(envelope.node)
+        if saga is None or current is None:
+            continue
+        trigger = _trigger(saga, payload)
+        if trigger is None:
+            continue
+        result.events += 1
+        decision = decide(saga, trigger, current, envelope.time)
+        if decision.saga == saga:
+            continue
+        sagas[envelope.node] = decision.saga
+        produced = result.outputs.setdefault(envelope.node, [])
+        for issued in decision.commands:
+            command = issued.payload
+            produced.append(Output("command", issued.id, command.TYPE, _dump(command)))
+        first = decision.saga.sequence - len(decision.transitions) + 1
+        for offset, transition in enumerate(decision.transitions):
+            changed = state_changed(decision.saga, transition)
+            event_id = transition_event_id(decision.saga, first + offset)
+            produced.append(Output("transition", event_id, changed.TYPE, _dump(changed)))
+    return result
+
+
+def _started(
+    envelope: Envelope, started: SagaStarted, policy: GPUClusterPolicySpec, line: int
+) -> NodeSaga:
+    try:
+        return new_saga(
+            node=envelope.node,
+            rollout_id=started.rollout_id,
+            policy=policy,
+            running=started.running_versions,
+            now=envelope.time,
+            boot_id=started.boot_id,
+            unschedulable=started.unschedulable,
+            operands=started.operands,
+            expected_devices=started.expected_devices,
+        )
+    except (ValueError, ValidationError) as exc:
+        raise ReplayInputError(f"line {line}: cannot start the saga: {exc}") from None
+
+
+def _trigger(saga: NodeSaga, event: Event) -> Trigger | None:
+    if not isinstance(event, NodeAdmitted):
+        return event
+    if (event.saga_id, event.attempt) != (saga.saga_id, saga.attempt):
+        return None  # an admission of an earlier rollout or attempt
+    return Admitted(canary=event.canary)
+
+
+def compare(expected: Outputs, got: Outputs) -> Comparison:
+    """Recorded (`expected`) against replayed (`got`) outputs, per node and kind, in order."""
+    divergences: dict[str, list[str]] = {}
+    counts = {"command": 0, "transition": 0}
+    for node in sorted(set(expected) | set(got)):
+        lines: list[str] = []
+        for kind in ("command", "transition"):
+            want = [o for o in expected.get(node, []) if o.kind == kind]
+            have = [o for o in got.get(node, []) if o.kind == kind]
+            counts[kind] += len(want)
+            for index in range(max(len(want), len(have))):
+                w = want[index] if index < len(want) else None
+                h = have[index] if index < len(have) else None
+                if w == h:
+                    continue
+                lines.append(f"{kind} #{index + 1}:")
+                lines.append(f"  expected: {w.describe() if w else '(none)'}")
+                lines.append(f"  got:      {h.describe() if h else '(none)'}")
+                break  # after the first divergence the rest follow from it
+        if lines:
+            divergences[node] = lines[: DIFF_LIMIT * 3]
+    return Comparison(counts["command"], counts["transition"], divergences)
+
+
+def summary(replayed: Replayed, comparison: Comparison) -> str:
+    """The one line printed when the replay reproduced the log."""
+    return (
+        f"replayed {replayed.events} events for {len(replayed.nodes)} nodes: "
+        f"{comparison.commands} commands and {comparison.transitions} transitions identical"
+    )

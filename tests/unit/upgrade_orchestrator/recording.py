@@ -1,0 +1,102 @@
+"""A recorded rollout: the orchestrator's runtime on an InMemoryBus with agents that answer
+every command at once, exported as `gpuop events export` lines (for the replay tests).
+
+The sagas are started the way the controller starts them (saga in KV, then `SagaStarted`,
+after the policy was recorded); the runner decides every event through the intake consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gpuop.bus import ConsumerSpec, Delivery, InMemoryBus
+from gpuop.cli.events import export_lines
+from gpuop.events import Event, command_id, new_event, subjects
+from gpuop.events import device as dev
+from gpuop.events import driver as dm
+from gpuop.events.driver import Component
+from gpuop.events.upgrade import SagaStarted, UpgradeState
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import NodeStatus
+from gpuop.services.upgrade_orchestrator import intake
+from gpuop.services.upgrade_orchestrator.acting import SOURCE
+from tests.unit.saga.support import BOOT_A, GPU_OLD, OFED_OLD, T0, saga_for
+from tests.unit.upgrade_orchestrator.support import Stack
+
+NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
+
+
+def _answer(payload: object, node_id: str) -> Event | list[Event] | None:
+    if isinstance(payload, dm.InstallDriver):
+        return dm.DriverInstalled(command_id=node_id, component=payload.component,
+                                  version=payload.version)  # fmt: skip
+    if isinstance(payload, dm.UnloadDriver):
+        return dm.DriverUnloaded(command_id=node_id, component=payload.component, version=GPU_OLD)
+    if isinstance(payload, dm.LoadDriver):
+        return dm.DriverLoaded(command_id=node_id, component=payload.component,
+                               version=payload.version)  # fmt: skip
+    if isinstance(payload, dm.ValidateDriver):
+        return dm.DriverValidated(command_id=node_id, component=payload.component,
+                                  version=payload.version, devices=8)  # fmt: skip
+    if isinstance(payload, dev.PauseOperands):
+        return [dev.OperandPaused(command_id=node_id, service=s) for s in dev.OperandService]
+    return None
+
+
+async def record_rollout(
+    spec: GPUClusterPolicySpec,
+    nodes: tuple[str, ...] = NODES,
+    *,
+    switch_to: GPUClusterPolicySpec | None = None,
+) -> list[str]:
+    """Roll `spec` across `nodes` until every one is done (the policy in force becomes
+    `switch_to` once the first node is done); the export of the whole log."""
+    bus = InMemoryBus()
+    await bus.start()
+    stack = Stack(bus, spec)
+    runner = await stack.start()
+    assert stack.store is not None and stack.outbox is not None
+
+    async def agent(delivery: Delivery) -> None:
+        answer = _answer(delivery.payload, delivery.envelope.id)
+        for event in answer if isinstance(answer, list) else [answer] if answer else []:
+            await bus.publish(
+                new_event(event, node=delivery.envelope.node, source="/gpuop/agent",
+                          causationid=delivery.envelope.id, now=stack.clock.now())
+            )  # fmt: skip
+
+    agents = await bus.consume(
+        ConsumerSpec(durable="agents", subjects=(subjects.stream_filter(subjects.Kind.COMMAND),)),
+        agent,
+    )
+    consumer = await intake.start(bus, runner)
+    try:
+        await runner.record_policy(spec)
+        running: dict[Component, str | None] = {Component.GPU: GPU_OLD, Component.OFED: OFED_OLD}
+        for node in nodes:
+            saga = saga_for(spec, node=node)
+            await stack.store.create(saga)
+            started = SagaStarted(
+                rollout_id=saga.rollout_id, saga_id=saga.saga_id, running_versions=running,
+                boot_id=BOOT_A, operands=saga.operands,
+            )  # fmt: skip
+            await bus.publish(
+                new_event(started, node=node, source=SOURCE, now=T0,
+                          id=command_id(saga.saga_id, "started", 1))
+            )  # fmt: skip
+        async with asyncio.timeout(10):
+            while True:
+                sagas = [await stack.saga(node) for node in nodes]
+                if all(s.state is UpgradeState.UPGRADE_DONE for s in sagas):
+                    break
+                if switch_to is not None and sagas[0].state is UpgradeState.UPGRADE_DONE:
+                    stack.policy = switch_to
+                await runner.admit({node: NodeStatus() for node in nodes}, stack.clock.now())
+                await asyncio.sleep(0.01)
+        await stack.outbox.idle()
+        return await export_lines(bus)
+    finally:
+        await consumer.stop()
+        await agents.stop()
+        await stack.stop()
+        await bus.close()

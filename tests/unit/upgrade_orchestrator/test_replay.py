@@ -1,0 +1,137 @@
+"""`gpuop events export` and `gpuop replay`: a log recorded from the orchestrator's runtime
+replays identically; a changed policy diverges (exit 1); a malformed file exits 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuop.cli.main import main
+from gpuop.events import upgrade as up
+from gpuop.policy import Drain
+from gpuop.saga import replaying
+from tests.unit.saga.support import policy
+from tests.unit.upgrade_orchestrator.recording import NODES, record_rollout
+
+
+@pytest.fixture
+async def recorded(tmp_path: Path) -> Path:
+    path = tmp_path / "log.jsonl"
+    lines = await record_rollout(policy(drain=Drain(enable=True)))
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_the_export_holds_events_and_commands_in_time_order(recorded: Path) -> None:
+    lines = [json.loads(line) for line in recorded.read_text().splitlines()]
+    assert {line["stream"] for line in lines} == {"GPUOP_EVENTS", "GPUOP_COMMANDS"}
+    assert [line["time"] for line in lines] == sorted(line["time"] for line in lines)
+    assert all(set(line) == {"stream", "seq", "subject", "time", "message"} for line in lines)
+    assert all(line["message"]["specversion"] == "1.0" for line in lines)
+
+
+def test_replay_reproduces_every_command_and_transition(recorded: Path) -> None:
+    log = replaying.parse_log(recorded.read_text().splitlines())
+    replayed = replaying.replay(log)
+    expected = replaying.recorded_outputs(log)
+    comparison = replaying.compare(expected, replayed.outputs)
+    assert comparison.identical, comparison.report()
+    assert replayed.nodes == set(NODES)
+    assert comparison.commands > 0 and comparison.transitions >= 9 * len(NODES)
+    for node in NODES:  # the same outputs per kind, whatever the interleaving of the streams
+        assert sorted(replayed.outputs[node], key=repr) == sorted(expected[node], key=repr)
+
+
+def test_the_cli_prints_one_summary_line_when_identical(
+    recorded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", str(recorded)]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith("replayed ") and f"for {len(NODES)} nodes: " in line
+    assert line.endswith(" transitions identical")
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"driver": {"gpu": {"version": "590.9", "source": "/srv/drivers"}}},
+        {
+            "driver": {"gpu": {"version": "580.2", "source": "/srv/drivers"}},
+            "upgradePolicy": {"drain": {"enable": False}},
+        },
+    ],
+    ids=["other-version", "drain-disabled"],
+)
+def test_a_changed_policy_is_reported_as_a_divergence(
+    recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], changed: dict[str, object]
+) -> None:
+    spec = tmp_path / "policy.yaml"
+    spec.write_text(yaml.safe_dump({"apiVersion": "gpuop.io/v1alpha1", "spec": changed}))
+    assert main(["replay", str(recorded), "--policy", str(spec)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("replay diverged on ")
+    assert "  expected: " in out and "  got:      " in out
+    assert all(f"node {node}:" in out for node in NODES)
+
+
+def test_the_recorded_policy_replays_identically_when_passed_explicitly(
+    recorded: Path, tmp_path: Path
+) -> None:
+    spec = tmp_path / "policy.json"
+    spec.write_text(json.dumps(policy(drain=Drain(enable=True)).to_wire()))
+    assert main(["replay", str(recorded), "--policy", str(spec)]) == 0
+
+
+async def test_a_policy_changed_mid_rollout_is_replayed_where_it_took_effect() -> None:
+    first, then = policy(drain=Drain(enable=True)), policy(drain=Drain(enable=False))
+    log = replaying.parse_log(await record_rollout(first, switch_to=then))
+    applied = [r.envelope for r in log if isinstance(r.payload, up.PolicyApplied)]
+    assert len(applied) == 2 and applied[0].causationid is None
+    assert applied[1].causationid is not None  # recorded just before deciding that event
+    expected = replaying.recorded_outputs(log)
+    assert replaying.compare(expected, replaying.replay(log).outputs).identical
+    assert not replaying.compare(expected, replaying.replay(log, first).outputs).identical
+
+
+def test_without_a_recorded_policy_replay_asks_for_one(recorded: Path) -> None:
+    log = replaying.parse_log(recorded.read_text().splitlines())
+    unrecorded = [r for r in log if not isinstance(r.payload, up.PolicyApplied)]
+    with pytest.raises(replaying.ReplayInputError, match=r"no policy recorded.*--policy"):
+        replaying.replay(unrecorded)
+
+
+def test_a_malformed_line_exits_2_naming_it(
+    recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = recorded.read_text().splitlines()
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
+    assert main(["replay", str(broken)]) == 2
+    assert "line 2: not JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ('{"stream": "OTHER", "seq": 1, "subject": "x", "message": {}}', "unknown stream"),
+        ('{"stream": "GPUOP_EVENTS", "seq": "1", "subject": "x", "message": {}}', "integer seq"),
+        ('{"stream": "GPUOP_EVENTS", "seq": 1, "subject": "x", "message": {}}', "invalid envelope"),
+        ("[1, 2]", "not a JSON object"),
+    ],
+)
+def test_bad_lines_are_refused(line: str, says: str) -> None:
+    with pytest.raises(replaying.ReplayInputError, match=f"line 1: .*{says}"):
+        replaying.parse_log([line])
+
+
+def test_a_missing_file_or_policy_exits_2(
+    recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", str(tmp_path / "absent.jsonl")]) == 2
+    invalid = tmp_path / "invalid.yaml"
+    invalid.write_text("driver: {gpu: {}}\n")
+    assert main(["replay", str(recorded), "--policy", str(invalid)]) == 2
+    assert "invalid.yaml" in capsys.readouterr().err
