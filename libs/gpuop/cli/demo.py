@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes.aio import client as k8s
 
 from gpuop.bus import NatsBus, NatsServer
-from gpuop.cli import rollout_view
+from gpuop.cli import events, rollout_view
 from gpuop.cli.processes import Process, say_what_is_missing, show, spawn, stop_all
 from gpuop.host import packaging, seeding, system
 from gpuop.kube import client as kubeclient
@@ -57,6 +57,7 @@ def add_parser(verbs: Any) -> None:
     demo.add_argument("--max-parallel", type=int, default=2, help="maxParallelUpgrades")
     demo.add_argument("--headless", action="store_true", help="plain progress lines only")
     demo.add_argument("--timeout", type=float, default=300, help="seconds for the rollout")
+    demo.add_argument("--record", type=Path, help="write the event log here at the end")
     demo.add_argument("--hold", action="store_true", help="keep running until Ctrl-C")
     demo.set_defaults(handler=run_demo)
 
@@ -92,6 +93,11 @@ async def run_demo(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                 print(f"the rollout did not finish within {args.timeout:g} s", file=sys.stderr)
                 outcome = rollout_view.RolloutOutcome(cluster.node_names)
                 outcome.seconds = time.monotonic() - started
+            if args.record is not None:
+                lines = await events.export_lines(bus)
+                args.record.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+                print(f"recorded {len(lines)} messages to {args.record}; check with:")
+                print(f"  gpuop replay {args.record}")
             if not args.headless:
                 print(f"\nTail events with:\n  gpuop events tail --nats {server.url}")
                 print(f"Inspect the cluster with:\n  kubectl --kubeconfig {kubeconfig} get nodes")

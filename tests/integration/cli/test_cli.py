@@ -145,14 +145,20 @@ async def test_demo_rolls_a_driver_upgrade_and_leaves_no_process_behind() -> Non
             os.kill(pid, 0)
 
 
-async def test_demo_headless_prints_progress_lines_and_a_json_summary() -> None:
-    code, out, err = await gpuop("demo", "--headless", "--nodes", "1", "--gpus", "1", timeout=240)
+async def test_demo_headless_records_a_log_that_replays_identically(tmp_path) -> None:
+    record = tmp_path / "demo.jsonl"
+    code, out, err = await gpuop(
+        "demo", "--headless", "--nodes", "1", "--gpus", "1", "--record", str(record), timeout=240
+    )
     assert code == 0, err + out
     assert "pid" not in out
     assert "gpu-node-1     uncordon-required -> upgrade-done" in out
     summary = json.loads(out.strip().splitlines()[-1])
     assert (summary["nodes"], summary["done"], summary["failed"]) == (1, 1, 0)
     assert summary["seconds"] > 0
+    code, out, err = await gpuop("replay", str(record))
+    assert code == 0, err + out
+    assert "identical" in out
 
 
 async def test_demo_rejects_a_bad_size() -> None:
