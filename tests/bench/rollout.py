@@ -1,0 +1,308 @@
+"""Rollout speed of the upgrade orchestrator's runtime with simulated nodes.
+
+Run by `tests/bench/run_all.py` (`make bench`), or alone:
+`.venv/bin/python tests/bench/rollout.py [--quick]`.
+
+The real runtime (`Runner`, `Outbox`, `DeadlineScheduler`, `SagaStore`, the intake
+consumer) runs on `gpuop.bus.InMemoryBus`, with a fake Kubernetes that succeeds every action
+at once (as in tests/unit/upgrade_orchestrator) and fake node agents that answer every
+command, at once or after a fixed simulated duration. Admission runs the way the
+controller runs it: after every decision that changed a saga (and at least every
+`RESYNC` seconds). Three figures:
+
+(a) throughput: 1,000 nodes, instant steps, maxParallelUpgrades 100; wall seconds until
+    every saga is upgrade-done, and node upgrades per second;
+(b) scheduling overhead: every agent command takes a fixed simulated time; the makespan
+    over the ideal makespan (waves x per-node duration) is `makespan_ratio`;
+(c) reaction latency: wall time from publishing a step-completed event (`DriverLoaded`,
+    `DriverUnloaded`, `DriverInstalled`) to the publish of the next command for that node,
+    p50 and p99, measured during (b).
+
+The deadlines are armed as in the service but on a clock that never reaches them, so no
+step times out. The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus, PublishAck  # noqa: E402
+from gpuop.clocks import VirtualClock  # noqa: E402
+from gpuop.events import Envelope, Event, command_id, new_event, subjects  # noqa: E402
+from gpuop.events import device as dev  # noqa: E402
+from gpuop.events import driver as dm  # noqa: E402
+from gpuop.events.driver import Component  # noqa: E402
+from gpuop.events.upgrade import SagaStarted, UpgradeState  # noqa: E402
+from gpuop.policy import GPUClusterPolicySpec  # noqa: E402
+from gpuop.saga import Decision, NodeStatus  # noqa: E402
+from gpuop.services.upgrade_orchestrator import intake  # noqa: E402
+from gpuop.services.upgrade_orchestrator.acting import SOURCE, Outbox  # noqa: E402
+from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler  # noqa: E402
+from gpuop.services.upgrade_orchestrator.running import Runner  # noqa: E402
+from gpuop.services.upgrade_orchestrator.store import SagaStore  # noqa: E402
+from tests.unit.saga.support import BOOT_A, GPU_OLD, OFED_OLD, T0, policy, saga_for  # noqa: E402
+from tests.unit.upgrade_orchestrator.support import FakeKube  # noqa: E402
+
+AGENT_SOURCE = "/gpuop/bench-agent"
+RESYNC = 0.5
+"""Seconds between admission passes when nothing changed (the controller's resync)."""
+RUN_TIMEOUT = 600.0
+TARGET_SECONDS = 60.0
+TARGET_RATIO = 1.10
+TARGET_P99_MS = 100.0
+COMPLETIONS = (dm.DriverLoaded, dm.DriverUnloaded, dm.DriverInstalled)
+"""Agent answers after which the core's next step is another agent command."""
+
+
+class StillClock(VirtualClock):
+    """Virtual time that stays at `T0`: a sleep on it never ends, so no deadline fires."""
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.Event().wait()
+
+
+def answer(payload: object, command: str) -> list[Event]:
+    """What a healthy node agent reports once `payload` is done."""
+    if isinstance(payload, dm.InstallDriver):
+        return [dm.DriverInstalled(command_id=command, component=payload.component,
+                                   version=payload.version)]  # fmt: skip
+    if isinstance(payload, dm.UnloadDriver):
+        return [dm.DriverUnloaded(command_id=command, component=payload.component,
+                                  version=GPU_OLD)]  # fmt: skip
+    if isinstance(payload, dm.LoadDriver):
+        return [dm.DriverLoaded(command_id=command, component=payload.component,
+                                version=payload.version)]  # fmt: skip
+    if isinstance(payload, dm.ValidateDriver):
+        return [dm.DriverValidated(command_id=command, component=payload.component,
+                                   version=payload.version, devices=8)]  # fmt: skip
+    if isinstance(payload, dev.PauseOperands):
+        return [dev.OperandPaused(command_id=command, service=s) for s in dev.OperandService]
+    return []
+
+
+@dataclass
+class Result:
+    nodes: int
+    max_parallel: int
+    step_seconds: float
+    seconds: float
+    commands_per_node: float
+    cpu_seconds: float
+    admission_passes: int
+    latencies: list[float] = field(default_factory=list)
+
+    @property
+    def waves(self) -> int:
+        return math.ceil(self.nodes / self.max_parallel)
+
+    @property
+    def ideal(self) -> float:
+        return self.waves * self.commands_per_node * self.step_seconds
+
+
+async def rollout(nodes: int, max_parallel: int, step_seconds: float) -> Result:
+    """Roll a GPU driver upgrade over `nodes` simulated nodes until every one is done."""
+    bus = InMemoryBus()
+    await bus.start()
+    spec: GPUClusterPolicySpec = policy(max_parallel_upgrades=max_parallel, max_unavailable="100%")
+    clock = StillClock(T0)
+    store = SagaStore(await bus.kv(Buckets.SAGAS))
+    outbox = Outbox(bus, FakeKube(), clock=clock)
+    deadlines = DeadlineScheduler(bus, clock=clock)
+    names = [f"bench-node-{n:04d}" for n in range(nodes)]
+    done: set[str] = set()
+    changed = asyncio.Event()
+    finished = asyncio.Event()
+    completed: dict[str, float] = {}
+    latencies: list[float] = []
+    commands: dict[str, int] = {}
+
+    def on_change(decision: Decision) -> None:
+        changed.set()
+        if decision.saga.state is UpgradeState.UPGRADE_DONE:
+            done.add(decision.saga.node)
+            if len(done) == nodes:
+                finished.set()
+
+    runner = Runner(bus, store, outbox, deadlines, lambda: spec, clock=clock, on_change=on_change)
+
+    # figure (c): observe every publish; a command for a node ends the wait that the node's
+    # last step completion started
+    publish = bus.publish
+
+    async def observed(envelope: Envelope) -> PublishAck:
+        if envelope.source == SOURCE and _is_command(envelope):
+            at = time.perf_counter()
+            commands[envelope.node] = commands.get(envelope.node, 0) + 1
+            started = completed.pop(envelope.node, None)
+            if started is not None:
+                latencies.append(at - started)
+        return await publish(envelope)
+
+    bus.publish = observed  # type: ignore[method-assign]
+
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def report(delivery: Delivery) -> None:
+        if step_seconds:
+            await asyncio.sleep(step_seconds)
+        for event in answer(delivery.payload, delivery.envelope.id):
+            envelope = new_event(event, node=delivery.envelope.node, source=AGENT_SOURCE,
+                                 causationid=delivery.envelope.id, now=clock.now())  # fmt: skip
+            if isinstance(event, COMPLETIONS):
+                completed[delivery.envelope.node] = time.perf_counter()
+            await bus.publish(envelope)
+
+    async def agent(delivery: Delivery) -> None:
+        if not step_seconds:
+            await report(delivery)
+            return
+        task = asyncio.create_task(report(delivery))  # a node works on its own
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    agents = await bus.consume(
+        ConsumerSpec(durable="agents", subjects=(subjects.stream_filter(subjects.Kind.COMMAND),)),
+        agent,
+    )
+    consumer = await intake.start(bus, runner)
+    statuses = {name: NodeStatus() for name in names}
+    running: dict[Component, str | None] = {Component.GPU: GPU_OLD, Component.OFED: OFED_OLD}
+    try:
+        await runner.record_policy(spec)
+        for name in names:  # as the controller starts sagas: saga in KV, then SagaStarted
+            saga = saga_for(spec, node=name)
+            await store.create(saga)
+            started = SagaStarted(
+                rollout_id=saga.rollout_id, saga_id=saga.saga_id, running_versions=running,
+                boot_id=BOOT_A, operands=saga.operands,
+            )  # fmt: skip
+            await bus.publish(
+                new_event(started, node=name, source=SOURCE, now=T0,
+                          id=command_id(saga.saga_id, "started", 1))
+            )  # fmt: skip
+        gc.collect()
+        passes = 0
+        cpu_began = time.process_time()
+        began = time.perf_counter()
+        async with asyncio.timeout(RUN_TIMEOUT):
+            while not finished.is_set():
+                changed.clear()
+                await runner.admit(statuses)
+                passes += 1
+                waiter = asyncio.ensure_future(changed.wait())
+                await asyncio.wait(
+                    [waiter, asyncio.ensure_future(finished.wait())],
+                    timeout=RESYNC,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                waiter.cancel()
+        seconds = time.perf_counter() - began
+        cpu_seconds = time.process_time() - cpu_began
+    finally:
+        await consumer.stop()
+        await agents.stop()
+        for task in tasks:
+            task.cancel()
+        await outbox.close()
+        await deadlines.close()
+        await bus.close()
+    per_node = sum(commands.values()) / max(len(commands), 1)
+    return Result(
+        nodes, max_parallel, step_seconds, seconds, per_node, cpu_seconds, passes, latencies
+    )
+
+
+def _is_command(envelope: Envelope) -> bool:
+    return subjects.Kind.COMMAND.value in envelope.type.split(".")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="fewer nodes for (b) and (c)")
+    parser.add_argument("--step-seconds", type=float, default=0.2, help="(b): each agent step")
+    parser.add_argument("--timed-nodes", type=int, help="(b) and (c): nodes (default 200/1000)")
+    args = parser.parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    logging.getLogger("gpuop").setLevel(logging.WARNING)
+    fast_nodes, fast_parallel = 1_000, 100
+    timed_nodes, timed_parallel = (200, 50) if args.quick else (1_000, 100)
+    timed_nodes = args.timed_nodes or timed_nodes
+    step = args.step_seconds
+
+    fast = asyncio.run(rollout(fast_nodes, fast_parallel, 0.0))
+    print(f"(a) {fast.nodes} nodes, instant steps: {fast.seconds:.2f} s, "
+          f"{fast.nodes / fast.seconds:.1f} nodes/s")  # fmt: skip
+    timed = asyncio.run(rollout(timed_nodes, timed_parallel, step))
+    ratio = timed.seconds / timed.ideal
+    print(f"(b) {timed.nodes} nodes, {timed.commands_per_node:g} steps of {step} s: makespan "
+          f"{timed.seconds:.2f} s, ideal {timed.ideal:.2f} s, ratio {ratio:.3f}")  # fmt: skip
+    p50 = percentile(timed.latencies, 0.50) * 1e3
+    p99 = percentile(timed.latencies, 0.99) * 1e3
+    print(f"(c) {len(timed.latencies)} reactions: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+    met = fast.seconds <= TARGET_SECONDS and ratio <= TARGET_RATIO and p99 <= TARGET_P99_MS
+    print(
+        json.dumps(
+            {
+                "benchmark": "rollout",
+                "about": (
+                    "The orchestrator's runtime (runner, outbox, intake, saga store) on the"
+                    " in-memory bus with fake node agents and a fake Kubernetes: (a) a rollout"
+                    " with instant steps, (b) fixed step durations against the ideal makespan"
+                    " (waves x per-node duration), (c) wall time from a step-completed event"
+                    " to the node's next command, during (b)."
+                ),
+                "mode": mode,
+                "target": (
+                    f"(a) <= {TARGET_SECONDS:g} s, (b) makespan_ratio <= {TARGET_RATIO},"
+                    f" (c) p99 <= {TARGET_P99_MS:g} ms"
+                ),
+                "target_met": met,
+                "a_nodes": fast.nodes,
+                "a_max_parallel": fast.max_parallel,
+                "a_seconds": round(fast.seconds, 2),
+                "a_node_upgrades_per_s": round(fast.nodes / fast.seconds, 1),
+                "a_cpu_seconds": round(fast.cpu_seconds, 2),
+                "a_admission_passes": fast.admission_passes,
+                "b_nodes": timed.nodes,
+                "b_max_parallel": timed.max_parallel,
+                "b_waves": timed.waves,
+                "b_steps_per_node": timed.commands_per_node,
+                "b_step_seconds": step,
+                "b_makespan_s": round(timed.seconds, 3),
+                "b_ideal_makespan_s": round(timed.ideal, 3),
+                "makespan_ratio": round(ratio, 3),
+                "b_cpu_seconds": round(timed.cpu_seconds, 2),
+                "b_admission_passes": timed.admission_passes,
+                "c_reactions": len(timed.latencies),
+                "c_p50_ms": round(p50, 2),
+                "c_p99_ms": round(p99, 2),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
