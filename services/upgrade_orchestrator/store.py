@@ -29,6 +29,9 @@ class SagaStore:
 
     def __init__(self, kv: KeyValue) -> None:
         self._kv = kv
+        # a revision's value never changes, so a saga decoded at the revision KV still holds
+        # is reused: admission reads every saga on each pass, and decoding dominated it
+        self._decoded: dict[str, StoredSaga] = {}
 
     @classmethod
     async def open(cls, bus: Bus) -> SagaStore:
@@ -39,8 +42,12 @@ class SagaStore:
         """The node's saga, or None when it has none."""
         entry = await self._kv.get(subjects.encode_node(node))
         if entry is None:
+            self._decoded.pop(node, None)
             return None
-        return StoredSaga(NodeSaga.from_json(entry.value), entry.revision)
+        known = self._decoded.get(node)
+        if known is not None and known.revision == entry.revision:
+            return known
+        return self._remember(StoredSaga(NodeSaga.from_json(entry.value), entry.revision))
 
     async def all(self) -> list[StoredSaga]:
         """Every saga, by node name."""
@@ -54,10 +61,14 @@ class SagaStore:
     async def create(self, saga: NodeSaga) -> StoredSaga:
         """Store the node's first saga; raises `KeyExists` when it has one."""
         revision = await self._kv.create(subjects.encode_node(saga.node), saga.to_json())
-        return StoredSaga(saga, revision)
+        return self._remember(StoredSaga(saga, revision))
 
     async def replace(self, saga: NodeSaga, revision: int) -> StoredSaga:
         """Store `saga` over the one read at `revision` (a new rollout's saga, or the next
         step of the same); raises `RevisionConflict` when someone wrote since."""
         new = await self._kv.update(subjects.encode_node(saga.node), saga.to_json(), revision)
-        return StoredSaga(saga, new)
+        return self._remember(StoredSaga(saga, new))
+
+    def _remember(self, stored: StoredSaga) -> StoredSaga:
+        self._decoded[stored.saga.node] = stored
+        return stored
