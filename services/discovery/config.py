@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpuop.inventory.labeling import LabelSettings, MigStrategy
-from gpuop.runtime.settings import SettingsError
+from gpuop.runtime.settings import load_config_file
 
 
 class DiscoveryConfig(BaseModel):
@@ -43,19 +42,6 @@ class DiscoveryConfig(BaseModel):
 
 
 def load_config(path: Path | None) -> DiscoveryConfig:
-    """The configuration in `path`, or the defaults without one; `SettingsError` naming the
-    file and the first problem otherwise."""
-    if path is None:
-        return DiscoveryConfig()
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise SettingsError(f"--config {path}: {error}") from None
-    if not isinstance(document, dict):
-        raise SettingsError(f"--config {path}: expected a mapping of settings")
-    try:
-        return DiscoveryConfig.model_validate(document)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "settings"
-        raise SettingsError(f"--config {path}: {where}: {first['msg']}") from None
+    """The configuration in `path` (YAML or JSON); the defaults when `path` is None.
+    Raises `SettingsError` naming the file and the first wrong key."""
+    return load_config_file(path, DiscoveryConfig)

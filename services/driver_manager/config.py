@@ -20,15 +20,13 @@ default on a production node.
 from __future__ import annotations
 
 import enum
-import json
 from pathlib import Path
 from typing import Annotated
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpuop.events.driver import Component
-from gpuop.runtime.settings import SettingsError
+from gpuop.runtime.settings import load_config_file
 
 
 class KernelMode(enum.StrEnum):
@@ -96,23 +94,5 @@ class DriverManagerConfig(BaseModel):
 
 def load(path: Path | None) -> DriverManagerConfig:
     """The configuration in `path` (YAML or JSON); the defaults when `path` is None.
-
-    Raises `SettingsError` naming the file and the first wrong key.
-    """
-    if path is None:
-        return DriverManagerConfig()
-    try:
-        text = path.read_text(encoding="utf-8")
-        document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
-        raise SettingsError(f"--config {path}: cannot read it: {exc}") from None
-    if document is None:
-        document = {}
-    if not isinstance(document, dict):
-        raise SettingsError(f"--config {path}: expected a mapping of settings")
-    try:
-        return DriverManagerConfig.model_validate(document)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "<root>"
-        raise SettingsError(f"--config {path}: {where}: {first['msg']}") from None
+    Raises `SettingsError` naming the file and the first wrong key."""
+    return load_config_file(path, DriverManagerConfig)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 from gpuop.runtime import services
 from gpuop.runtime.launching import check_role
-from gpuop.runtime.settings import Role, SettingsError, load
+from gpuop.runtime.settings import Role, SettingsError, load, load_config_file
 
 
 def test_flags_win_over_environment_which_wins_over_defaults() -> None:
@@ -73,3 +74,30 @@ def test_a_service_refuses_a_role_it_does_not_have() -> None:
 def test_unknown_service_lists_the_installed_ones() -> None:
     with pytest.raises(services.UnknownService, match="installed: device-plugin"):
         services.lookup("gpu-fixer")
+
+
+class _Knobs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    interval_seconds: float = 30.0
+
+
+def test_config_file_defaults_values_and_errors_naming_the_file(tmp_path: Path) -> None:
+    assert load_config_file(None, _Knobs).interval_seconds == 30.0
+    good = tmp_path / "good.yaml"
+    good.write_text("interval_seconds: 2\n")
+    assert load_config_file(good, _Knobs).interval_seconds == 2.0
+    as_json = tmp_path / "good.json"
+    as_json.write_text('{"interval_seconds": 3}')
+    assert load_config_file(as_json, _Knobs).interval_seconds == 3.0
+    for name, text, message in [
+        ("typo.yaml", "intervl_seconds: 2\n", "intervl_seconds"),
+        ("list.yaml", "- 1\n", "expected a mapping"),
+        ("broken.yaml", "a: [\n", "cannot read it"),
+    ]:
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(SettingsError, match=message) as raised:
+            load_config_file(path, _Knobs)
+        assert str(path) in str(raised.value)
+    with pytest.raises(SettingsError, match="cannot read it"):
+        load_config_file(tmp_path / "missing.yaml", _Knobs)

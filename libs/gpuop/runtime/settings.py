@@ -10,8 +10,9 @@ import enum
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuop.events import subjects
@@ -120,3 +121,25 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Settings:
     if settings.role is Role.NODE and settings.node is None:
         raise SettingsError(f"--node (or {ENV_PREFIX}NODE) is required for the node role")
     return settings
+
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+def load_config_file(path: Path | None, model: type[ConfigT]) -> ConfigT:
+    """A service's `--config` file (YAML, which includes JSON) as `model`; the defaults
+    without one. Raises `SettingsError` naming the file and the first wrong key."""
+    if path is None:
+        return model()
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise SettingsError(f"--config {path}: cannot read it: {error}") from None
+    if not isinstance(document, dict):
+        raise SettingsError(f"--config {path}: expected a mapping of settings")
+    try:
+        return model.model_validate(document)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "settings"
+        raise SettingsError(f"--config {path}: {where}: {first['msg']}") from None
