@@ -16,6 +16,7 @@ off objects that vanished mid-pass and log a refused create, as a controller's
 
 from __future__ import annotations
 
+import abc
 import copy
 import hashlib
 import json
@@ -27,13 +28,39 @@ from typing import Any
 from gpuop.sim import errors, kinds
 from gpuop.sim.deletion import DeleteOptions
 from gpuop.sim.registry import Registry
-from gpuop.sim.resources import ResourceType
-from gpuop.sim.store import Store
-from gpuop.sim.wakeups import unless_gone
+from gpuop.sim.resources import GroupResource, ResourceType
+from gpuop.sim.store import Change, Store
+from gpuop.sim.wakeups import Wakeup, unless_gone
 
 Obj = dict[str, Any]
 
 logger = logging.getLogger(__name__)
+
+
+class WorkloadController(abc.ABC):
+    """The lifecycle every workload controller shares: a `Wakeup` that runs `sync` soon
+    after a change to one of the resources in `watched`, until `close()`."""
+
+    def __init__(
+        self, registry: Registry, rng: random.Random, name: str, watched: set[GroupResource]
+    ) -> None:
+        self.registry = registry
+        self.rng = rng
+        self._watched = watched
+        self.wakeup = Wakeup(name, self.sync)
+        registry.store.observe(self._on_change)
+
+    def close(self) -> None:
+        self.wakeup.close()
+
+    def _on_change(self, change: Change) -> None:
+        if change.resource in self._watched:
+            self.wakeup.soon()
+
+    @abc.abstractmethod
+    def sync(self) -> None:
+        """One pass over the controller's objects."""
+
 
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 """The alphabet of apimachinery's random name suffixes (no vowels, no look-alikes)."""

@@ -24,8 +24,6 @@ from typing import Any
 from gpuop.sim import controllers, kinds, pdb
 from gpuop.sim.registry import Registry
 from gpuop.sim.scheduling import selects_node, tolerates
-from gpuop.sim.store import Change
-from gpuop.sim.wakeups import Wakeup
 
 Obj = dict[str, Any]
 
@@ -88,21 +86,11 @@ def node_of(pod: Obj) -> str:
     return ""
 
 
-class DaemonSetController:
+class DaemonSetController(controllers.WorkloadController):
     """Keeps one pod of every DaemonSet on every node that should run it."""
 
     def __init__(self, registry: Registry, rng: random.Random) -> None:
-        self.registry = registry
-        self.rng = rng
-        self.wakeup = Wakeup("daemonset controller", self.sync)
-        registry.store.observe(self._on_change)
-
-    def close(self) -> None:
-        self.wakeup.close()
-
-    def _on_change(self, change: Change) -> None:
-        if change.resource in _WATCHED:
-            self.wakeup.soon()
+        super().__init__(registry, rng, "daemonset controller", _WATCHED)
 
     def sync(self) -> None:
         store = self.registry.store

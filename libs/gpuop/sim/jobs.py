@@ -20,9 +20,7 @@ from typing import Any
 
 from gpuop.sim import controllers, kinds, pdb
 from gpuop.sim.registry import Registry
-from gpuop.sim.store import Change
 from gpuop.sim.timestamps import format_time
-from gpuop.sim.wakeups import Wakeup
 from gpuop.sim.workload_kinds import JOBS
 
 Obj = dict[str, Any]
@@ -30,23 +28,13 @@ Obj = dict[str, Any]
 _WATCHED = {kinds.PODS.group_resource, JOBS.group_resource}
 
 
-class JobController:
+class JobController(controllers.WorkloadController):
     """Runs each Job's pods until enough succeed, or too many fail."""
 
     def __init__(self, registry: Registry, rng: random.Random) -> None:
-        self.registry = registry
-        self.rng = rng
-        self.wakeup = Wakeup("job controller", self.sync)
+        super().__init__(registry, rng, "job controller", _WATCHED)
         self._succeeded: dict[str, set[str]] = defaultdict(set)
         self._failed: dict[str, set[str]] = defaultdict(set)
-        registry.store.observe(self._on_change)
-
-    def close(self) -> None:
-        self.wakeup.close()
-
-    def _on_change(self, change: Change) -> None:
-        if change.resource in _WATCHED:
-            self.wakeup.soon()
 
     def sync(self) -> None:
         owned = controllers.owned_pods(self.registry.store)

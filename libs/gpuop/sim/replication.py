@@ -23,9 +23,8 @@ from typing import Any
 
 from gpuop.sim import controllers, kinds, pdb
 from gpuop.sim.registry import Registry
-from gpuop.sim.store import Change
 from gpuop.sim.timestamps import format_time
-from gpuop.sim.wakeups import Wakeup, unless_gone
+from gpuop.sim.wakeups import unless_gone
 from gpuop.sim.workload_kinds import DEPLOYMENTS, REPLICASETS
 
 Obj = dict[str, Any]
@@ -34,21 +33,11 @@ HASH_LABEL = "pod-template-hash"
 _WATCHED = {r.group_resource for r in (kinds.PODS, DEPLOYMENTS, REPLICASETS)}
 
 
-class DeploymentController:
+class DeploymentController(controllers.WorkloadController):
     """Keeps Deployments' ReplicaSets, and every ReplicaSet's pods."""
 
     def __init__(self, registry: Registry, rng: random.Random) -> None:
-        self.registry = registry
-        self.rng = rng
-        self.wakeup = Wakeup("deployment controller", self.sync)
-        registry.store.observe(self._on_change)
-
-    def close(self) -> None:
-        self.wakeup.close()
-
-    def _on_change(self, change: Change) -> None:
-        if change.resource in _WATCHED:
-            self.wakeup.soon()
+        super().__init__(registry, rng, "deployment controller", _WATCHED)
 
     def sync(self) -> None:
         store = self.registry.store
