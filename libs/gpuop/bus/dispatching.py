@@ -77,8 +77,6 @@ class Dispatcher:
         self._held = 0
         self._lanes: dict[str, collections.deque[Inbound]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._heartbeat: asyncio.Task[None] | None = None
 
     @property
@@ -98,7 +96,6 @@ class Dispatcher:
         """Queue `message` behind earlier messages of its node."""
         await self._slots.acquire()
         self._held += 1
-        self._idle.clear()
         key = subjects.node_key(message.subject)
         lane = self._lanes.get(key)
         if lane is not None:
@@ -129,10 +126,6 @@ class Dispatcher:
         if self._heartbeat is not None:
             await asyncio.gather(self._heartbeat, return_exceptions=True)
 
-    async def idle(self) -> None:
-        """Wait until nothing is queued or running (tests)."""
-        await self._idle.wait()
-
     async def _run_lane(self, key: str, lane: collections.deque[Inbound]) -> None:
         try:
             while lane:
@@ -144,8 +137,6 @@ class Dispatcher:
                     self._slots.release()
         finally:
             del self._lanes[key]
-            if not self._lanes:
-                self._idle.set()
 
     async def _keep_alive(self) -> None:
         """Extend the ack deadline of everything held, so a message queued behind a slow
@@ -260,10 +251,6 @@ class PumpedSubscription(abc.ABC):
     def start(self) -> None:
         self._dispatcher.start()
         self._task = asyncio.create_task(self._pump(), name=f"bus-pump-{self.durable}")
-
-    async def idle(self) -> None:
-        """Wait until every delivered message is settled (tests)."""
-        await self._dispatcher.idle()
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-import nats
-
-from gpuop.bus import Bus, Delivery, NatsServer
+from gpuop.bus import Bus, Delivery
 from gpuop.bus.protocol import StoredMessage
 from gpuop.events import Envelope, new_event
 from gpuop.events.hardware import HardwareHeartbeat
@@ -76,12 +73,3 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 
 
 async def dead_letters(bus: Bus) -> list[StoredMessage]:
     return await collect(bus.read(f"{bus.prefix}.dlq.>"))
-
-
-@asynccontextmanager
-async def raw_client(server: NatsServer) -> AsyncIterator[nats.aio.client.Client]:
-    nc = await nats.connect(server.url)
-    try:
-        yield nc
-    finally:
-        await nc.close()
