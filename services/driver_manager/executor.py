@@ -9,7 +9,8 @@ bugs and bus trouble raise.
     install   fetch, verify, stage, rename, depmod          DriverInstalled / DriverInstallFailed
     load      select the version, depmod, modprobe, check   DriverLoaded / DriverLoadFailed
     validate  NVML (GPU) or sysfs (OFED): version, devices  DriverValidated / ...ValidationFailed
-    rollback  install if missing, unload, load the version  DriverRolledBack / ...RollbackFailed
+    rollback  install if missing, unload, load the version, DriverRolledBack / ...RollbackFailed
+              uninstall the version rolled back from
     reboot    RebootStarted, then reboot                    RebootStarted
 
 A reboot's `Outcome` carries the reboot as `after`: the agent publishes `RebootStarted`
@@ -275,6 +276,9 @@ class Executor:
             )
         except LoadError as exc:
             return failed(dm.DriverStep.LOAD, exc.message, exc.retryable)
+        if context.from_version not in (None, version):
+            # the rejected build goes: a retry fetches the package again, fixed or not
+            self.installer.remove(component, context.from_version)
         answer = dm.DriverRolledBack(
             command_id=command_id,
             component=component,

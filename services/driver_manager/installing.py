@@ -81,6 +81,22 @@ class Installer:
         self.config = config
         self.clock = clock
 
+    def remove(self, component: str, version: str) -> bool:
+        """Uninstall `version` unless it is the active one: renamed aside first (so it is
+        either fully installed or gone; `clean_staging` finishes an interrupted removal),
+        then deleted. False when it was not installed or is active."""
+        kernel_release = running_kernel(self.root)
+        if packages.active_version(self.root, kernel_release, component) == version:
+            return False
+        directory = packages.package_dir(self.root, kernel_release, component, version)
+        if not directory.is_dir():
+            return False
+        doomed = directory.with_name(f"{UNPACK_PREFIX}removed-{version}-{uuid.uuid4().hex[:8]}")
+        directory.rename(doomed)
+        _remove(doomed)
+        log.info("removed %s %s for %s", component, version, kernel_release)
+        return True
+
     async def install(
         self, component: str, version: str, source_uri: str, expected_sha256: str | None
     ) -> Installed:

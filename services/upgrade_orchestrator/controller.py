@@ -118,7 +118,9 @@ class Controller:
                     continue
                 if not self._resumed:
                     # consume first, so outcomes of the re-issued actions are not missed
-                    subscription = await intake.start(self._bus, runner)
+                    subscription = await intake.start(
+                        self._bus, runner, ack_wait=self._config.lease_duration_seconds
+                    )
                     found = await runner.resume()
                     log.info("took over %d sagas from KV", found)
                     self._resumed = True

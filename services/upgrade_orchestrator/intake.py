@@ -20,9 +20,14 @@ from gpuop.services.upgrade_orchestrator.running import Runner
 
 DURABLE = "upgrade-orchestrator"
 """The consumer's durable name: a new leader resumes where the previous one acked."""
+ACK_WAIT = 15.0
+"""Seconds until the server hands a delivery a dead leader never acked to the next one; the
+bus extends it while a live handler works. The controller passes the Lease duration: no
+successor can lead sooner, so by the time one does, every message the crashed leader held is
+due again and comes before newer ones, in the node's order."""
 
 
-def consumer_spec(prefix: str) -> ConsumerSpec:
+def consumer_spec(prefix: str, ack_wait: float = ACK_WAIT) -> ConsumerSpec:
     """The intake consumer over every event the core needs."""
 
     def events(domain: str, name: str = "*") -> str:
@@ -39,13 +44,13 @@ def consumer_spec(prefix: str) -> ConsumerSpec:
             events(upgrade.DOMAIN, upgrade.NodeAdmitted.NAME),
         ),
         max_deliver=20,
-        ack_wait=60.0,
+        ack_wait=ack_wait,
         # a first leader has no saga that older events could concern; later leaders resume
         # the durable consumer where the previous one acked
         deliver_new_only=True,
     )
 
 
-async def start(bus: Bus, runner: Runner) -> Subscription:
+async def start(bus: Bus, runner: Runner, ack_wait: float = ACK_WAIT) -> Subscription:
     """Start consuming into `runner.handle`."""
-    return await bus.consume(consumer_spec(bus.prefix), runner.handle)
+    return await bus.consume(consumer_spec(bus.prefix, ack_wait), runner.handle)

@@ -6,6 +6,7 @@ name carries it (`GPUOP_EVENTS`, `gpuop_sagas` for the default prefix).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from gpuop.bus.protocol import Buckets
@@ -28,11 +29,14 @@ class StreamLayout:
     """Seconds; 0 keeps messages until the limits of the server."""
 
 
-def layouts(prefix: str, *, events_max_age: float = DEFAULT_EVENTS_MAX_AGE) -> list[StreamLayout]:
-    """The three streams for `prefix`."""
+@functools.cache
+def layouts(
+    prefix: str, *, events_max_age: float = DEFAULT_EVENTS_MAX_AGE
+) -> tuple[StreamLayout, ...]:
+    """The three streams for `prefix` (computed once: every publish routes through it)."""
     subjects.validate_prefix(prefix)
     stem = prefix.upper().replace("-", "_")
-    return [
+    return (
         StreamLayout(
             f"{stem}_EVENTS",
             subjects.Kind.EVENT,
@@ -51,7 +55,7 @@ def layouts(prefix: str, *, events_max_age: float = DEFAULT_EVENTS_MAX_AGE) -> l
             (subjects.stream_filter(subjects.Kind.DEAD_LETTER, prefix=prefix),),
             events_max_age,
         ),
-    ]
+    )
 
 
 def stream_for(prefix: str, subject_filter: str) -> StreamLayout:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 from collections.abc import Mapping
 from typing import Any
 
 from gpuop.runtime import launching, services, settings
+
+EXIT_GRACE = 5.0
+"""Seconds a stopped service's process has to exit before it is made to."""
 
 
 def add_parser(verbs: Any) -> None:
@@ -36,5 +40,10 @@ async def handle(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     definition = services.lookup(args.service)
     flags = {k: v for k, v in vars(args).items() if k not in ("verb", "handler")}
     loaded = settings.load(flags, environ)
-    await launching.run_service(definition, loaded)
+    try:
+        await launching.run_service(definition, loaded)
+    finally:
+        # what is left (a task that ignores cancellation, a thread) must not keep a stopped
+        # service's process alive: after EXIT_GRACE its stacks go to stderr and it exits 1
+        faulthandler.dump_traceback_later(EXIT_GRACE, exit=True)
     return 0

@@ -11,6 +11,7 @@ Producers call `new_event` / `new_command`; the bus calls `bus_subject` and `dec
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from datetime import UTC, datetime
@@ -209,6 +210,7 @@ def new_event(
     )
 
 
+@functools.lru_cache(maxsize=16384)
 def command_id(saga_id: str, step: str, attempt: int) -> str:
     """Deterministic command id: the same saga step and attempt always get the same id."""
     return uuid.uuid5(_COMMAND_IDS, f"{saga_id}/{step}/{attempt}").hex

@@ -14,6 +14,7 @@ belong to no node use the node token `_cluster`.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -39,6 +40,7 @@ class Kind(StrEnum):
     DEAD_LETTER = "dlq"
 
 
+@functools.lru_cache(maxsize=16384)
 def validate_node_name(node: str) -> str:
     """Return `node` if it is a valid Kubernetes node name (RFC 1123 subdomain)."""
     if len(node) > 253 or not _NODE_NAME.match(node):
@@ -53,6 +55,7 @@ def validate_prefix(prefix: str) -> str:
     return prefix
 
 
+@functools.lru_cache(maxsize=16384)
 def encode_node(node: str) -> str:
     """Node name -> subject token: `gpu-1.example.com` -> `gpu-1_example_com`."""
     if node == CLUSTER:

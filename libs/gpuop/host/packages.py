@@ -68,6 +68,10 @@ class ModuleStandin:
     """Modules that must be loaded first."""
     size: int = 65536
     """Size `proc/modules` shows."""
+    brings_up_gpus: bool = True
+    """False stands in for a defective build that loads but initialises no GPU (built, say,
+    without the firmware the node's GPUs need): the simulated NVML then sees no devices, so
+    the driver fails validation. Written to the file only when False."""
 
     def encode(self) -> bytes:
         """The stand-in's file content."""
@@ -79,6 +83,8 @@ class ModuleStandin:
             "depends": list(self.depends),
             "size": self.size,
         }
+        if not self.brings_up_gpus:
+            document["brings_up_gpus"] = False
         return (json.dumps(document, indent=2) + "\n").encode()
 
     @classmethod
@@ -100,14 +106,18 @@ class ModuleStandin:
                 kernel_release=str(document["kernel_release"]),
                 depends=tuple(depends),
                 size=int(document.get("size", 65536)),
+                brings_up_gpus=document.get("brings_up_gpus", True) is not False,
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"module stand-in field {error} is missing or wrong") from None
         return standin
 
 
-def standins_for(component: str, version: str, kernel_release: str) -> tuple[ModuleStandin, ...]:
-    """The stand-ins of every module of `component`, at `version`, for `kernel_release`."""
+def standins_for(
+    component: str, version: str, kernel_release: str, *, defective: bool = False
+) -> tuple[ModuleStandin, ...]:
+    """The stand-ins of every module of `component`, at `version`, for `kernel_release`;
+    `defective`: modules that load but bring up no GPU (`ModuleStandin.brings_up_gpus`)."""
     return tuple(
         ModuleStandin(
             name=module,
@@ -115,6 +125,7 @@ def standins_for(component: str, version: str, kernel_release: str) -> tuple[Mod
             kernel_release=kernel_release,
             depends=components.dependencies(module),
             size=_SIZES.get(module, 65536),
+            brings_up_gpus=not defective,
         )
         for module in components.modules_of(component)
     )

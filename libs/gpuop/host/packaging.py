@@ -63,10 +63,11 @@ def archive_name(component: str, version: str, kernel_release: str) -> str:
 
 
 def build_package(
-    directory: Path, component: str, version: str, kernel_release: str
+    directory: Path, component: str, version: str, kernel_release: str, *, defective: bool = False
 ) -> BuiltPackage:
-    """Write the archive of `component` at `version` for `kernel_release` into `directory`."""
-    standins = packages.standins_for(component, version, kernel_release)
+    """Write the archive of `component` at `version` for `kernel_release` into `directory`;
+    `defective`: its modules load but bring up no GPU, so the driver fails validation."""
+    standins = packages.standins_for(component, version, kernel_release, defective=defective)
     manifest = {
         "component": component,
         "version": version,

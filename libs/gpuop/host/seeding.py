@@ -14,7 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
-from gpuop.host import components, modules, packages
+from gpuop.host import components, modules, packages, system
+from gpuop.host.files import write_atomic
 from gpuop.host.roots import HostRoot
 from gpuop.host.simkernel import SimKernel
 
@@ -44,13 +45,18 @@ def seed_host_root(
     gpu_version: str | None = RECORDED_DRIVER_VERSION,
     ofed_version: str | None = None,
     boot_id: str | None = None,
+    kernel_release: str | None = None,
 ) -> HostRoot:
     """Copy the host root `recorded` into `destination` and boot a simulated kernel on it:
     `gpu_version` (None: no GPU driver) installed and `nvidia`, `nvidia_uvm` loaded;
-    `ofed_version`, when given, installed and `mlx5_core`, `ib_core`, `mlx5_ib` loaded.
-    The recorded files are only read."""
+    `ofed_version`, when given, installed and `mlx5_core`, `ib_core`, `mlx5_ib` loaded;
+    `kernel_release`, when given, the release the host runs instead of the recording's (a
+    node on another kernel build needs its own driver packages). The recorded files are
+    only read."""
     _copy_writable(recorded, destination)
     root = HostRoot(destination)
+    if kernel_release is not None:
+        _run_kernel_release(root, kernel_release)
     kernel = SimKernel(root)
     kernel_release = kernel.kernel_release()
     kernel.reboot(boot_id=boot_id)
@@ -70,6 +76,15 @@ def seed_host_root(
     for module in to_load:
         kernel.modprobe(module)
     return root
+
+
+def _run_kernel_release(root: HostRoot, release: str) -> None:
+    """Make `release` the running kernel's: `osrelease`, and the release in `proc/version`."""
+    recorded = system.kernel_release(root)
+    write_atomic(root.join(system.OSRELEASE), f"{release}\n")
+    version = root.read_text(system.PROC_VERSION)
+    if version is not None and recorded:
+        write_atomic(root.join(system.PROC_VERSION), version.replace(recorded, release, 1))
 
 
 def _install(root: HostRoot, component: str, version: str, kernel_release: str) -> None:

@@ -14,6 +14,8 @@ kernel would show, so every reader in `gpuop.host` (in any process) sees the sim
     run/gpuop/sim-kernel/lock           `flock`ed around every change
     run/gpuop/sim-kernel/holders/<m>/<holder id>
                                         one file per hold on <m>; it holds the owner's pid
+    run/gpuop/sim-kernel/no-gpus/<m>    present while <m> is loaded from a defective build that
+                                        brings up no GPU (the simulated NVML sees none)
     run/gpuop/sim-kernel/stash/proc-driver-nvidia
                                         `proc/driver/nvidia` while `nvidia` is unloaded
 
@@ -38,6 +40,7 @@ from gpuop.host.roots import RECORDED_LINKS, HostRoot
 STATE_DIR = "run/gpuop/sim-kernel"
 LOCK = f"{STATE_DIR}/lock"
 HOLDERS = f"{STATE_DIR}/holders"
+NO_GPUS = f"{STATE_DIR}/no-gpus"
 NVIDIA_STASH = f"{STATE_DIR}/stash/proc-driver-nvidia"
 NVIDIA_PROCFS = "proc/driver/nvidia"
 
@@ -99,6 +102,11 @@ def create_module_dir(root: HostRoot, standin: ModuleStandin) -> None:
         ("taint", "O"),
     ):
         write_atomic(base / name, value + "\n")
+    inert = root.join(f"{NO_GPUS}/{standin.name}")
+    if standin.brings_up_gpus:
+        inert.unlink(missing_ok=True)
+    else:
+        write_atomic(inert, f"{standin.version}\n")
     for needed in standin.depends:
         holders = root.join(f"{modules.SYS_MODULE}/{needed}/holders")
         if holders.parent.is_dir():
@@ -109,6 +117,7 @@ def create_module_dir(root: HostRoot, standin: ModuleStandin) -> None:
 def remove_module_dir(root: HostRoot, name: str) -> None:
     """Drop `sys/module/<name>` and `name` from every other module's holders."""
     shutil.rmtree(root.join(f"{modules.SYS_MODULE}/{name}"), ignore_errors=True)
+    root.join(f"{NO_GPUS}/{name}").unlink(missing_ok=True)
     for other in root.list_dir(modules.SYS_MODULE):
         root.join(f"{modules.SYS_MODULE}/{other}/holders/{name}").unlink(missing_ok=True)
 

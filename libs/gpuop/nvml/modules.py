@@ -36,6 +36,8 @@ SIM_KERNEL_DIR = Path("run/gpuop/sim-kernel")
 """Where, under the host root, the simulated kernel keeps its state."""
 HOLDERS_DIR = SIM_KERNEL_DIR / "holders"
 """One file per module holder, named by holder id, holding the owner's pid."""
+NO_GPUS_DIR = SIM_KERNEL_DIR / "no-gpus"
+"""A file per loaded module from a defective build that brings up no GPU."""
 HOLDER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
 """What a holder id may look like (SimKernel's rule): a short file name."""
 
@@ -49,6 +51,10 @@ class ModuleState(Protocol):
 
     def version(self, module: str) -> str | None:
         """The loaded module's version (`/sys/module/<m>/version`); `None` when unknown."""
+        ...
+
+    def brings_up_gpus(self, module: str) -> bool:
+        """False while the loaded module is a defective build that initialised no GPU."""
         ...
 
     def hold(self, module: str, holder_id: str) -> None:
@@ -68,12 +74,16 @@ class InMemoryModules:
     def __init__(self, loaded: Mapping[str, str | None] | None = None) -> None:
         self._versions: dict[str, str | None] = dict(loaded or {})
         self._holders: dict[str, set[str]] = {}
+        self._inert: set[str] = set()
 
     def is_loaded(self, module: str) -> bool:
         return module in self._versions
 
     def version(self, module: str) -> str | None:
         return self._versions.get(module)
+
+    def brings_up_gpus(self, module: str) -> bool:
+        return module not in self._inert
 
     def hold(self, module: str, holder_id: str) -> None:
         if not self.is_loaded(module):
@@ -87,9 +97,14 @@ class InMemoryModules:
         """Who holds the module now."""
         return frozenset(self._holders.get(module, ()))
 
-    def load(self, module: str, version: str | None = None) -> None:
-        """Load the module (or change the recorded version of a loaded one)."""
+    def load(self, module: str, version: str | None = None, *, brings_up_gpus: bool = True) -> None:
+        """Load the module (or change the recorded version of a loaded one); `brings_up_gpus`
+        False loads a defective build that initialises no GPU."""
         self._versions[module] = version
+        if brings_up_gpus:
+            self._inert.discard(module)
+        else:
+            self._inert.add(module)
 
     def unload(self, module: str) -> None:
         """Unload the module; raises `ModuleInUse` while anything holds it."""
@@ -119,6 +134,9 @@ class HostRootModules:
         except FileNotFoundError:
             return None
         return text.strip() or None
+
+    def brings_up_gpus(self, module: str) -> bool:
+        return not (self.host_root / NO_GPUS_DIR / module).exists()
 
     def hold(self, module: str, holder_id: str) -> None:
         path = self._holder(module, holder_id)

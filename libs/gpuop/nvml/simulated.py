@@ -153,6 +153,8 @@ class SimNvml:
 
     def device_count(self) -> int:
         self._session()
+        if self._modules is not None and not self._modules.brings_up_gpus(NVIDIA):
+            return 0  # a defective driver build: loaded, but no GPU came up
         return len(self._gpus)
 
     # Queries.

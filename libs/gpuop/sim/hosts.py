@@ -41,18 +41,25 @@ def build_host_root(
     ofed_version: str | None = None,
     boot_id: str | None = None,
     product_name: str | None = None,
+    kernel_release: str | None = None,
 ) -> HostRoot:
     """A booted host root for simulated node `node` with `gpus` H200s (1 to 64), made from
     the recorded host (`recorded`, default: found beside the checkout). `gpu_version`,
-    `ofed_version` and `boot_id` are as for `seed_host_root`; `product_name`, when given,
-    is the DMI product name (a cloud instance type such as `p5e.48xlarge`)."""
+    `ofed_version`, `boot_id` and `kernel_release` are as for `seed_host_root`;
+    `product_name`, when given, is the DMI product name (a cloud instance type such as
+    `p5e.48xlarge`)."""
     if not 1 <= gpus <= 64:
         raise ValueError(f"a simulated node has 1 to 64 GPUs, not {gpus}")
     source = recorded or seeding.find_recorded_host()
     if source is None:
         raise MissingRecording("shared/fixtures/h200/hostroot is not beside the checkout")
     root = seeding.seed_host_root(
-        destination, source, gpu_version=gpu_version, ofed_version=ofed_version, boot_id=boot_id
+        destination,
+        source,
+        gpu_version=gpu_version,
+        ofed_version=ofed_version,
+        boot_id=boot_id,
+        kernel_release=kernel_release,
     )
     if root.read_text(system.ARCH) is None:
         # a real kernel says; without it, an unloaded driver would leave the arch unknown

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from gpuop.bus import InMemoryBus
 from gpuop.events import driver as dm
 from gpuop.events import new_command
-from gpuop.host import modules, packages, system
+from gpuop.host import modules, packages, packaging, system
 from gpuop.host.roots import HostRoot
 from gpuop.host.simkernel import SimKernel
 from gpuop.runtime.services import ServiceContext
@@ -29,6 +29,7 @@ from .support import (
     NODE,
     OLD,
     Harness,
+    rewrite_index,
     running_agent,
     settings_for,
     source_of,
@@ -209,3 +210,44 @@ async def test_the_service_main_consumes_its_nodes_commands_and_reports_ready(
         )
         == 1
     )
+
+
+async def test_a_build_that_brings_up_no_gpu_fails_validation_and_its_rollback_drops_it(
+    harness: Harness, host: HostRoot, source: Path
+) -> None:
+    defective = packaging.build_package(source, "gpu", NEW, KERNEL, defective=True)
+    rewrite_index(source, {defective.path.name: {"sha256": defective.sha256}})
+    await upgrade(harness, source)
+    failed = await harness.send(
+        dm.ValidateDriver(
+            component=dm.Component.GPU, version=NEW, expected_devices=8, timeout_seconds=1
+        )
+    )
+    assert isinstance(failed, dm.DriverValidationFailed), failed
+    assert failed.reason is dm.LoadFailureReason.NO_DEVICES
+    assert "sees 0 devices, 8 expected" in failed.message
+
+    rolled = await harness.send(dm.RollbackDriver(component=dm.Component.GPU, version=OLD))
+    assert isinstance(rolled, dm.DriverRolledBack), rolled
+    assert packages.installed_versions(host, KERNEL, "gpu") == (OLD,)  # the bad build is gone
+
+    fixed = packaging.build_package(source, "gpu", NEW, KERNEL)
+    rewrite_index(source, {fixed.path.name: {"sha256": fixed.sha256}})
+    await upgrade(harness, source)  # installs afresh: the fixed package
+    validated = await harness.send(
+        dm.ValidateDriver(component=dm.Component.GPU, version=NEW, expected_devices=8)
+    )
+    assert validated == dm.DriverValidated(
+        command_id=harness.sent[-1], component=dm.Component.GPU, version=NEW, devices=8
+    )
+
+
+async def test_a_rollback_keeps_the_version_it_returns_to(
+    harness: Harness, host: HostRoot, source: Path
+) -> None:
+    await upgrade(harness, source)
+    await harness.send(dm.RollbackDriver(component=dm.Component.GPU, version=OLD))
+    again = await harness.send(dm.RollbackDriver(component=dm.Component.GPU, version=OLD))
+    assert isinstance(again, dm.DriverRolledBack), again
+    assert packages.installed_versions(host, KERNEL, "gpu") == (OLD,)
+    assert modules.module_version(host, "nvidia") == OLD

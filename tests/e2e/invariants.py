@@ -1,0 +1,114 @@
+"""What must hold of every rollout, checked on the recorded event log alone (the export of
+`gpuop events export`, parsed by `replaying.parse_log`), never on the orchestrator's state:
+
+- never more nodes cordoned by the rollout at once than maxUnavailable allows;
+- no node uncordoned after its driver was touched (unload, load, rollback, reboot) until a
+  validation succeeded after the last touch;
+- no node drained twice in one attempt;
+- no command issued twice with different ids for one step (same node, same payload, between
+  the same two state changes of the node);
+- every node ends upgrade-done, or upgrade-failed with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gpuop.events import Command
+from gpuop.events import driver as dm
+from gpuop.events import kube as ke
+from gpuop.events.upgrade import NodeUpgradeStateChanged, UpgradeState
+from gpuop.saga.replaying import Recorded
+
+DRIVER_TOUCHES = (
+    dm.DriverUnloaded,
+    dm.DriverLoaded,
+    dm.DriverRolledBack,
+    dm.RebootStarted,
+    dm.DriverLoadFailed,
+    dm.DriverRollbackFailed,
+)
+"""Driver events after which the node must validate before it is uncordoned."""
+
+
+@dataclass
+class Walk:
+    """What the log says, node by node, as the checks go through it."""
+
+    paths: dict[str, list[NodeUpgradeStateChanged]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    cordoned: set[str] = field(default_factory=set)
+    most_cordoned: int = 0
+    touched: set[str] = field(default_factory=set)
+    """Nodes whose driver changed since their last successful validation."""
+    drains: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
+    step_ids: dict[tuple[str, int, str, str], set[str]] = field(
+        default_factory=lambda: defaultdict(set)
+    )
+    violations: list[str] = field(default_factory=list)
+
+    def attempt(self, node: str) -> int:
+        path = self.paths.get(node)
+        return path[-1].attempt if path else 0
+
+
+def check(log: Sequence[Recorded], max_unavailable: int) -> Walk:
+    """Walk `log` in the export's (time) order; `Walk.violations` lists every broken
+    invariant."""
+    walk = Walk()
+    for entry in sorted(log, key=lambda recorded: recorded.line):
+        node, payload = entry.envelope.subject, entry.payload
+        if payload is None:
+            continue
+        if isinstance(payload, Command):
+            data = json.dumps(payload.model_dump(mode="json"), sort_keys=True)
+            key = (node, len(walk.paths.get(node, ())), entry.envelope.type, data)
+            walk.step_ids[key].add(entry.envelope.id)
+        elif isinstance(payload, NodeUpgradeStateChanged):
+            walk.paths[node].append(payload)
+        elif isinstance(payload, ke.NodeCordoned):
+            walk.cordoned.add(node)
+            walk.most_cordoned = max(walk.most_cordoned, len(walk.cordoned))
+            if len(walk.cordoned) > max_unavailable:
+                walk.violations.append(
+                    f"line {entry.line}: {len(walk.cordoned)} nodes cordoned "
+                    f"({sorted(walk.cordoned)}), maxUnavailable is {max_unavailable}"
+                )
+        elif isinstance(payload, ke.NodeUncordoned):
+            walk.cordoned.discard(node)
+            if node in walk.touched:
+                walk.violations.append(
+                    f"line {entry.line}: {node} uncordoned before its driver validated"
+                )
+        elif isinstance(payload, DRIVER_TOUCHES):
+            walk.touched.add(node)
+        elif isinstance(payload, dm.DriverValidated):
+            walk.touched.discard(node)
+        elif isinstance(payload, ke.DrainCompleted):
+            drains = (node, walk.attempt(node))
+            walk.drains[drains] += 1
+            if walk.drains[drains] > 1:
+                walk.violations.append(
+                    f"line {entry.line}: {node} drained again in attempt {drains[1]}"
+                )
+    for (node, transitions, type_, _), ids in walk.step_ids.items():
+        if len(ids) > 1:
+            walk.violations.append(
+                f"{node}: {type_} issued with {len(ids)} ids after transition {transitions}"
+            )
+    for node, path in walk.paths.items():
+        last = path[-1]
+        if last.to_state is UpgradeState.UPGRADE_FAILED and not last.reason:
+            walk.violations.append(f"{node} ended upgrade-failed without a reason")
+        elif last.to_state not in (UpgradeState.UPGRADE_DONE, UpgradeState.UPGRADE_FAILED):
+            walk.violations.append(f"{node} ended in {last.to_state}, neither done nor failed")
+    return walk
+
+
+def states(walk: Walk, node: str) -> list[UpgradeState]:
+    """The states `node` went through, in order."""
+    return [change.to_state for change in walk.paths.get(node, [])]

@@ -1,0 +1,253 @@
+"""The whole upgrade stack on one machine, for the rollout end-to-end tests: a real
+nats-server (the test's `nats_server` fixture), the simulated cluster with GPU workloads under
+PodDisruptionBudgets, on every node discovery and the driver-manager as `gpuop run`
+processes on the node's own host root, discovery's cluster role, a driver source, and
+upgrade-orchestrator replicas as processes the test may SIGKILL and start again.
+
+`Stack.start_rollout` installs the CRD and the GPUClusterPolicy; the outcome is read from
+the event log (`Stack.export`) and the Nodes, never from the orchestrator's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes.aio import client as k8s
+
+from gpuop.bus import NatsBus
+from gpuop.cli.events import export_lines
+from gpuop.host import packaging, seeding, system
+from gpuop.host.roots import HostRoot
+from gpuop.kube import client, nodes
+from gpuop.policy import crd, specs
+from gpuop.sim import SimCluster, hosts
+
+REPO = Path(__file__).resolve().parents[2]
+OLD = seeding.RECORDED_DRIVER_VERSION
+NEW = "580.200.01"
+DISCOVERY_CONFIG = (
+    "scan_interval_seconds: 2\nheartbeat_interval_seconds: 2\nretry_interval_seconds: 0.2\n"
+)
+DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.1\n"
+ORCHESTRATOR_CONFIG = "lease_duration_seconds: 3\nresync_seconds: 0.5\n"
+DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
+
+
+@dataclass
+class Stack:
+    """A running stack; build it with `stack(...)`."""
+
+    cluster: SimCluster
+    kube: client.Kube
+    bus: NatsBus
+    nats_url: str
+    kubeconfig: Path
+    work: Path
+    source: Path
+    roots: dict[str, HostRoot]
+    logs: list[Path] = field(default_factory=list)
+    exit_codes: dict[str, int | None] = field(default_factory=dict)
+    replicas: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+    """Running orchestrator replicas by name."""
+    agents: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+    """Node agents and discovery's cluster role by name."""
+    _started: int = 0
+
+    @property
+    def node_names(self) -> list[str]:
+        return list(self.cluster.node_names)
+
+    def tail_of_logs(self, keep: int = 2500) -> str:
+        return "\n".join(f"--- {log.name}\n{log.read_text()[-keep:]}" for log in self.logs)
+
+    async def wait_until(
+        self, what: str, check: Callable[[], Awaitable[bool]], timeout: float
+    ) -> None:
+        """Poll `check` until it is true; on timeout fail with the services' log tails."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not await check():
+                    await asyncio.sleep(0.25)
+        except TimeoutError:
+            raise AssertionError(f"{what} did not happen\n{self.tail_of_logs()}") from None
+
+    async def labels(self) -> dict[str, dict[str, str]]:
+        return {n: nodes.labels_of(await nodes.get(self.kube, n)) for n in self.node_names}
+
+    async def start_replica(self) -> str:
+        """Start one more orchestrator replica process; its name."""
+        self._started += 1
+        name = f"orchestrator-{self._started}"
+        log = self.work / f"{name}.log"
+        self.logs.append(log)
+        arguments = ["upgrade-orchestrator", "--role", "cluster", "--nats", self.nats_url]
+        arguments += ["--kubeconfig", str(self.kubeconfig), "--config", str(self._orchestrator)]
+        self.replicas[name] = await _spawn(arguments, log)
+        return name
+
+    def unclean_exits(self) -> dict[str, int | None]:
+        """Processes that did not exit 0 when stopped (None: killed after not stopping), with
+        the tail of their logs on stderr."""
+        unclean = {name: code for name, code in self.exit_codes.items() if code != 0}
+        for name in unclean:
+            log = self.work / f"{name}.log"
+            print(f"--- {name}\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
+        return unclean
+
+    def leader(self) -> str | None:
+        """The running replica that says it leads now (its log: the last word on the lease
+        is "leading as"), if any."""
+        for name in self.replicas:
+            lines = (self.work / f"{name}.log").read_text(errors="replace").splitlines()
+            said = [line for line in lines if "leading as" in line or "lost the lease" in line]
+            if said and "leading as" in said[-1]:
+                return name
+        return None
+
+    def kill_replica(self, name: str) -> None:
+        """SIGKILL replica `name`: no goodbye, its lease stays until it expires."""
+        process = self.replicas.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGKILL)
+
+    async def start_rollout(self, upgrade_policy: dict[str, Any]) -> None:
+        """Install the CRD and create the policy asking for driver `NEW`."""
+        definition = yaml.safe_load((REPO / crd.COMMITTED).read_text(encoding="utf-8"))
+        extensions = k8s.ApiextensionsV1Api(self.kube.api_client)
+        await self.kube.call(extensions.create_custom_resource_definition, definition)
+        policy = {
+            "apiVersion": specs.API_VERSION,
+            "kind": specs.KIND,
+            "metadata": {"name": "default"},
+            "spec": {
+                "driver": {"gpu": {"version": NEW, "source": str(self.source)}},
+                "upgradePolicy": upgrade_policy,
+            },
+        }
+        await self.kube.call(
+            self.kube.custom_objects.create_cluster_custom_object,
+            specs.GROUP, specs.VERSION, specs.PLURAL, policy,
+        )  # fmt: skip
+
+    async def export(self) -> list[str]:
+        """The event and command log, as `gpuop events export` writes it."""
+        return await export_lines(self.bus)
+
+    @property
+    def _orchestrator(self) -> Path:
+        return self.work / "orchestrator.yaml"
+
+
+def set_package(
+    source: Path, version: str, kernel_release: str, *, defective: bool = False
+) -> packaging.BuiltPackage:
+    """(Re)build the GPU package of `version` for `kernel_release` in driver source
+    `source` and point its index entry at the new archive."""
+    built = packaging.build_package(source, "gpu", version, kernel_release, defective=defective)
+    index_path = source / packaging.INDEX
+    index = json.loads(index_path.read_text(encoding="utf-8"))
+    entries = [e for e in index["packages"] if e["file"] != built.path.name]
+    index["packages"] = [*entries, built.index_entry()]
+    index_path.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return built
+
+
+@contextlib.asynccontextmanager
+async def stack(
+    work: Path,
+    nats_url: str,
+    *,
+    nodes_count: int,
+    gpus: int,
+    kernels: dict[int, str] | None = None,
+    seed: int = 0,
+) -> AsyncIterator[Stack]:
+    """The stack with no orchestrator yet, once discovery has labelled every node;
+    `kernels`: node index -> kernel release for nodes that run another kernel than the
+    recording's (the driver source gets OLD and NEW packages for every kernel in use)."""
+    kernels = kernels or {}
+    (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
+    (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
+    (work / "orchestrator.yaml").write_text(ORCHESTRATOR_CONFIG)
+    async with AsyncExitStack() as exits:
+        cluster = await exits.enter_async_context(
+            SimCluster(nodes=nodes_count, gpus=gpus, workloads=True, seed=seed)
+        )
+        kubeconfig = cluster.write_kubeconfig(work / "kubeconfig")
+        bus = NatsBus(nats_url, name="e2e-observer")
+        await bus.start()
+        exits.push_async_callback(bus.close)
+        kube = await exits.enter_async_context(await client.connect(kubeconfig))
+        source = work / "driver-source"
+        roots: dict[str, HostRoot] = {}
+        for index, node in enumerate(cluster.node_names):
+            machine = cluster.machine(node)
+            roots[node] = hosts.build_host_root(
+                work / "hosts" / node, node, gpus, gpu_version=OLD, boot_id=machine.boot_id,
+                product_name=machine.type.name, kernel_release=kernels.get(index),
+            )  # fmt: skip
+        releases = sorted({system.kernel_release(root) or "" for root in roots.values()})
+        packaging.build_driver_source(
+            source, [("gpu", version, kernel) for kernel in releases for version in (OLD, NEW)]
+        )
+        running = Stack(cluster, kube, bus, nats_url, kubeconfig, work, source, roots)
+        exits.push_async_callback(_stop_all, running)
+        agents = []
+        for node, root in roots.items():
+            on_node = ["--node", node, "--nats", nats_url, "--host-root", str(root.path)]
+            on_node += ["--nvml", f"sim:{gpus}"]
+            for name, extra in (
+                ("discovery", ["--role", "node", "--config", str(work / "discovery.yaml")]),
+                ("driver-manager", ["--config", str(work / "driver-manager.yaml")]),
+            ):
+                agents.append((f"{name}-{node}", [name, *on_node, *extra]))
+        cluster_role = ["discovery", "--role", "cluster", "--nats", nats_url]
+        agents.append(("discovery-cluster", [*cluster_role, "--kubeconfig", str(kubeconfig)]))
+        for name, arguments in agents:
+            log = work / f"{name}.log"
+            running.logs.append(log)
+            running.agents[name] = await _spawn(arguments, log)
+
+        async def labelled() -> bool:
+            found = await running.labels()
+            return all(labels.get(DRIVER_LABEL) == OLD for labels in found.values())
+
+        await running.wait_until("discovery labelling every node", labelled, 90)
+        yield running
+
+
+async def _spawn(arguments: Iterable[str], log: Path) -> asyncio.subprocess.Process:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUOP_")}
+    with log.open("ab") as output:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpuop.cli.main", "run", *arguments, "--log-format", "text",
+            stdout=output, stderr=output, env={**environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+
+
+async def _stop_all(running: Stack) -> None:
+    """SIGTERM every process (replicas first), SIGKILL what is still up after 10 s; the exit
+    codes land in `exit_codes` (None: it had to be killed)."""
+    processes = {**running.replicas, **running.agents}
+    for process in processes.values():
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+    for name, process in processes.items():
+        try:
+            running.exit_codes[name] = await asyncio.wait_for(process.wait(), 10)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            running.exit_codes[name] = None

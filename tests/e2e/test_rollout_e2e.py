@@ -1,0 +1,200 @@
+"""A rolling GPU driver upgrade of 16 nodes end to end, with real processes and a real
+nats-server (`stack`), checked on the recorded event log (`invariants`):
+
+- maxParallelUpgrades 4, maxUnavailable 25%, GPU workloads under PodDisruptionBudgets;
+- on one node something holds the `nvidia` module, so the unload fails with the module in
+  use and, as the policy allows, the node takes the reboot path;
+- one node runs another kernel build whose package of the new driver is defective (it loads
+  but brings up no GPU): validation fails, the node rolls back to the old driver, validates
+  it, is uncordoned and ends its first attempt upgrade-failed with the reason; the package
+  is then fixed in the driver source, and the retry succeeds;
+- every other node ends upgrade-done;
+- the exported log replays to the same decisions, and diverges under a changed policy.
+
+The chaos test rolls 16 nodes while the leading orchestrator replica process is SIGKILLed 20
+times, each at a random moment of its leadership, a second replica always running (and a
+new one started after each kill); the same invariants hold, no node fails, and the log
+still replays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuop.bus import NatsServer
+from gpuop.events.upgrade import UpgradeState
+from gpuop.host import seeding, system
+from gpuop.host.simkernel import SimKernel
+from gpuop.policy import specs
+from gpuop.saga import replaying
+from gpuop.saga.actions import STATE_LABEL
+from tests.e2e import invariants
+from tests.e2e.stack import DRIVER_LABEL, NEW, Stack, set_package, stack
+
+pytestmark = [pytest.mark.nats, pytest.mark.slow]
+
+NODES, GPUS = 16, 2
+MAX_PARALLEL, MAX_UNAVAILABLE = 4, "25%"
+ALLOWED_UNAVAILABLE = 4
+IN_USE, DEFECTIVE = 5, 10
+"""Indexes of the node whose module is held and of the node with the defective package."""
+OTHER_KERNEL = "6.18.44-fc-v657-gpu-lts"
+ROLLOUT_TIMEOUT = 300.0
+S = UpgradeState
+
+
+def upgrade_policy(max_parallel: int = MAX_PARALLEL) -> dict[str, Any]:
+    return {
+        "maxParallelUpgrades": max_parallel,
+        "maxUnavailable": MAX_UNAVAILABLE,
+        "podDeletion": {"force": True, "deleteEmptyDir": True, "timeoutSeconds": 60},
+        "drain": {"enable": True, "force": True, "deleteEmptyDir": True, "timeoutSeconds": 60},
+        "rebootOnUnloadFailure": True,
+        "rollbackOnFailure": True,
+        "retry": {"maxAttempts": 3, "backoffSeconds": 10, "maxBackoffSeconds": 10},
+        "deadlines": {"validation": 8, "driverUnload": 20},
+    }
+
+
+def recorded_host_or_skip() -> None:
+    if seeding.find_recorded_host(Path(__file__)) is None:
+        pytest.skip("shared/fixtures/h200 (the recorded H200) is not beside the checkout")
+
+
+async def every_node_done(running: Stack) -> bool:
+    labels = await running.labels()
+    return all(found.get(STATE_LABEL) == S.UPGRADE_DONE for found in labels.values())
+
+
+def log_of(lines: list[str], keep: Path) -> list[replaying.Recorded]:
+    """The parsed log; the export is kept in `keep` to look at when a check fails."""
+    keep.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return replaying.parse_log(lines)
+
+
+async def test_sixteen_nodes_roll_with_a_reboot_and_a_failed_validation_retried(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    recorded_host_or_skip()
+    async with stack(
+        tmp_path, nats_server.url, nodes_count=NODES, gpus=GPUS,
+        kernels={DEFECTIVE: OTHER_KERNEL}, seed=16,
+    ) as running:  # fmt: skip
+        in_use, defective = running.node_names[IN_USE], running.node_names[DEFECTIVE]
+        assert system.kernel_release(running.roots[defective]) == OTHER_KERNEL
+        set_package(running.source, NEW, OTHER_KERNEL, defective=True)
+        SimKernel(running.roots[in_use]).hold("nvidia", "cuda-app:4242")  # until a reboot
+
+        await running.start_replica()
+        await running.start_rollout(upgrade_policy())
+
+        async def defective_failed() -> bool:
+            labels = await running.labels()
+            return labels[defective].get(STATE_LABEL) == S.UPGRADE_FAILED
+
+        await running.wait_until("the defective node failing", defective_failed, ROLLOUT_TIMEOUT)
+        set_package(running.source, NEW, OTHER_KERNEL)  # the vendor fixes the build
+        await running.wait_until(
+            "every node upgrade-done", lambda: every_node_done(running), ROLLOUT_TIMEOUT
+        )
+
+        async def new_driver_labelled() -> bool:
+            labels = await running.labels()
+            return all(found.get(DRIVER_LABEL) == NEW for found in labels.values())
+
+        await running.wait_until("the new driver labels", new_driver_labelled, 30)
+        lines = await running.export()
+
+    log = log_of(lines, tmp_path / "rollout.jsonl")
+    walk = invariants.check(log, ALLOWED_UNAVAILABLE)
+    assert not walk.violations, "\n".join(walk.violations)
+    assert set(walk.paths) == set(running.node_names)
+    assert walk.most_cordoned == ALLOWED_UNAVAILABLE  # the limit was used, not just kept
+
+    rebooted = invariants.states(walk, in_use)
+    assert S.REBOOT_REQUIRED in rebooted and rebooted[-1] is S.UPGRADE_DONE, rebooted
+    failed_first = [c for c in walk.paths[defective] if c.to_state is S.UPGRADE_FAILED]
+    assert [c.attempt for c in failed_first] == [1], walk.paths[defective]
+    assert "0 devices" in failed_first[0].reason, failed_first[0].reason
+    assert walk.paths[defective][-1].to_state is S.UPGRADE_DONE
+    assert walk.paths[defective][-1].attempt == 2
+    for node in running.node_names:
+        path = invariants.states(walk, node)
+        assert path[-1] is S.UPGRADE_DONE, (node, path)
+        assert S.DRAIN_REQUIRED in path, (node, path)
+        if node not in (in_use, defective):
+            assert S.REBOOT_REQUIRED not in path and S.UPGRADE_FAILED not in path, (node, path)
+    assert running.unclean_exits() == {}
+
+    # the log replays to the same decisions; a different policy decides differently
+    replayed = replaying.replay(log)
+    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
+    assert comparison.identical, comparison.report()
+    assert replayed.nodes == set(running.node_names)
+    assert comparison.transitions == sum(len(path) for path in walk.paths.values())
+    spec = {
+        "driver": {"gpu": {"version": NEW, "source": str(running.source)}},
+        "upgradePolicy": {**upgrade_policy(), "rebootOnUnloadFailure": False},
+    }
+    changed = specs.GPUClusterPolicySpec.model_validate(spec)
+    diverged = replaying.compare(
+        replaying.recorded_outputs(log), replaying.replay(log, changed).outputs
+    )
+    assert not diverged.identical
+    assert in_use in diverged.divergences, diverged.report()
+
+
+KILLS = 20
+CHAOS_PARALLEL = 1
+"""One node at a time, so that the rollout outlasts twenty takeovers (each waits out the
+dead leader's Lease)."""
+
+
+async def test_the_rollout_survives_twenty_sigkills_of_the_orchestrator(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    recorded_host_or_skip()
+    seed = random.randrange(1 << 30)
+    chance = random.Random(seed)
+    async with stack(tmp_path, nats_server.url, nodes_count=NODES, gpus=GPUS, seed=20) as running:
+        await running.start_replica()
+        await running.start_replica()
+        await running.start_rollout(upgrade_policy(CHAOS_PARALLEL))
+
+        async def someone_leads() -> bool:
+            return running.leader() is not None
+
+        kills = 0
+        while kills < KILLS and not await every_node_done(running):
+            await running.wait_until("a replica leading", someone_leads, 30)
+            await asyncio.sleep(chance.uniform(0.05, 0.6))  # a random moment of its leadership
+            leader = running.leader()
+            if leader is None:
+                continue
+            running.kill_replica(leader)
+            kills += 1
+            await running.start_replica()  # two replicas again
+        await running.wait_until(
+            f"every node upgrade-done after {kills} kills (seed {seed})",
+            lambda: every_node_done(running),
+            ROLLOUT_TIMEOUT,
+        )
+        lines = await running.export()
+
+    assert kills == KILLS, f"the rollout ended after {kills} kills; make it longer (seed {seed})"
+    log = log_of(lines, tmp_path / "rollout.jsonl")
+    walk = invariants.check(log, CHAOS_PARALLEL)
+    assert not walk.violations, f"seed {seed}:\n" + "\n".join(walk.violations)
+    assert set(walk.paths) == set(running.node_names)
+    for node in running.node_names:
+        path = invariants.states(walk, node)
+        assert path[-1] is S.UPGRADE_DONE and S.UPGRADE_FAILED not in path, (node, path)
+    assert running.unclean_exits() == {}
+    replayed = replaying.replay(log)
+    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
+    assert comparison.identical, f"seed {seed}:\n{comparison.report()}"
