@@ -36,6 +36,9 @@ lint: $(STAMP)
 schemas: $(STAMP)
 	$(BIN)/python -m gpuop.events.schemas proto/events
 
+proto: $(STAMP)
+	$(BIN)/python -m gpuop.kubelet.codegen
+
 bench: $(STAMP)
 	$(BIN)/python tests/bench/run_all.py
 

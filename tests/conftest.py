@@ -1,5 +1,5 @@
-"""Fixtures shared by every suite: a real nats-server per test, the recorded H200 host (and a
-writable, booted copy of it), and a check for leaked tasks."""
+"""Fixtures shared by every suite: a real nats-server per test, the in-memory bus, the
+recorded H200 host (and a writable, booted copy of it), and a check for leaked tasks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.bus import NatsServer
+from gpuop.bus import InMemoryBus, NatsServer
 from gpuop.host import seeding
 from gpuop.host.roots import HostRoot
 
@@ -25,6 +25,18 @@ async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
         yield server
     finally:
         await server.stop()
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[InMemoryBus]:
+    """A started in-memory bus, closed after the test; one per test, so whatever a service
+    stored outlives the service's runs inside the test, as the streams outlive a pod."""
+    memory = InMemoryBus()
+    await memory.start()
+    try:
+        yield memory
+    finally:
+        await memory.close()
 
 
 @pytest.fixture

@@ -1,16 +1,43 @@
-"""device-plugin: Kubelet device plugin over gRPC: nvidia.com/gpu (time-slicing, MIG, CDI) and
-RDMA shared devices, with health from device events.
+"""device-plugin: the kubelet device plugin for GPUs and RDMA shared devices.
 
-Not built yet: issue 6 builds it. Until then `gpuop run device-plugin` starts, connects to the
-bus and reports itself not ready, so deployments and the demo show honestly what is missing.
+Serves the kubelet's device plugin API v1beta1 (gRPC over unix sockets in
+`<host root>/var/lib/kubelet/device-plugins/`), one server per resource: `nvidia.com/gpu`
+with time-slicing replicas, MIG strategies and the `envvar` and `cdi` device list
+strategies, and `rdma/<name>` shared devices. Health comes from telemetry's
+`device.health-changed` events and comes back when the driver-manager validates a driver;
+a pause command makes it advertise every device Unhealthy and let go of NVML.
+
+    agent        the bus side: restore, consumers, pause/resume confirmations; `run`
+    consumers    what it subscribes to
+    restoring    the health history from the log (the pause state: `gpuop.operands`)
+    plugins      the kubelet side: NVML session, resources, health, pause; `DevicePlugins`
+    registering  registration with the kubelet, and again after a kubelet restart
+    serving      one DevicePlugin gRPC server per resource
+    resources    which resources and device ids: MIG strategies, time-slicing
+    inventory    the GPUs and MIG devices from NVML, NUMA nodes, link scores
+    allocating   Allocate's answer for GPUs: NVIDIA_VISIBLE_DEVICES, CDI names, device nodes
+    preferring   GetPreferredAllocation: one NUMA node, best linked, deterministic
+    cdi          the CDI spec under <host root>/var/run/cdi
+    health       which GPUs are unhealthy, from events
+    rdma, hcas   RDMA shared devices and the host's HCAs they select
+    config       the --config file
+    metrics      /metrics instruments
+    errors       the exception tree
 """
 
-from gpuop.runtime.services import ServiceDefinition
+from gpuop.runtime.services import ServiceContext, ServiceDefinition
 from gpuop.runtime.settings import Role
+from gpuop.services.device_plugin import agent, config
+
+
+async def main(context: ServiceContext) -> None:
+    """Run the node role until the service stops."""
+    await agent.run(context, config.load_config(context.settings.config))
+
 
 SERVICE = ServiceDefinition(
     name="device-plugin",
     summary="kubelet device plugin for GPUs and RDMA shared devices",
     roles=frozenset({Role.NODE}),
-    pending_issue=6,
+    main=main,
 )

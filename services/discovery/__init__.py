@@ -6,7 +6,7 @@ boot id from the host root, publishes `hardware.discovered` when anything change
 of NVML while operands are paused. The cluster role (`labeler`) turns every inventory into
 GPU Feature Discovery and NFD node labels, and removes the ones it set that no longer hold.
 Both read their intervals and label settings from `--config` (`config`); `consumers` names
-what each role subscribes to, `pausing` decides when the node role may touch NVML.
+what each role subscribes to, `gpuop.operands` decides when the node role may touch NVML.
 """
 
 from gpuop.runtime.services import ServiceContext, ServiceDefinition

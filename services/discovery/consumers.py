@@ -7,22 +7,19 @@ cluster role (`labeler`) consumes every node's inventories and heartbeats.
 
 from __future__ import annotations
 
-import hashlib
-
-from gpuop.bus import ConsumerSpec
+from gpuop.bus import ConsumerSpec, streams
 from gpuop.events import device, driver, hardware, subjects
 
 SERVICE = hardware.RescanHardware.SERVICE
 LABELER = "discovery-labeler"
 LABELER_MAX_DELIVER = 60
 """With the retry interval, how long an inventory waits for its Node to be registered."""
-MAX_DURABLE_TOKEN = 64
 
 
 def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
     """Commands to discovery on `node`, and to every operand there."""
     return ConsumerSpec(
-        durable=_durable(node, "commands"),
+        durable=streams.node_durable(SERVICE, node, "commands"),
         subjects=(
             subjects.commands_filter(SERVICE, node, prefix=prefix),
             subjects.commands_filter(device.OPERANDS, node, prefix=prefix),
@@ -36,7 +33,7 @@ def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec
 def node_driver_results(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
     """The driver-manager's results on `node`."""
     return ConsumerSpec(
-        durable=_durable(node, "driver-events"),
+        durable=streams.node_durable(SERVICE, node, "driver-events"),
         subjects=(subjects.events_filter(driver.DriverResult.DOMAIN, node, prefix=prefix),),
         retry_delay=retry_delay,
         deliver_new_only=True,  # the scan at start sees what earlier results changed
@@ -55,11 +52,3 @@ def labeler(prefix: str, *, retry_delay: float) -> ConsumerSpec:
         max_deliver=LABELER_MAX_DELIVER,
         retry_delay=retry_delay,
     )
-
-
-def _durable(node: str, purpose: str) -> str:
-    # durable names become file names on the server: keep long node names short
-    token = subjects.encode_node(node)
-    if len(token) > MAX_DURABLE_TOKEN:
-        token = token[:40] + "-" + hashlib.sha256(token.encode()).hexdigest()[:16]
-    return f"{SERVICE}-{token}-{purpose}"

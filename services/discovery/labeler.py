@@ -20,8 +20,6 @@ the `gpuop_nodes` KV bucket, where the node agent keeps it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +32,7 @@ from gpuop.events import hardware, subjects
 from gpuop.inventory import labeling
 from gpuop.kube import client, errors, nodes
 from gpuop.kube.recording import EventRecorder
+from gpuop.runtime import waiting
 from gpuop.runtime.services import ServiceContext
 from gpuop.services.discovery import consumers
 from gpuop.services.discovery.config import DiscoveryConfig
@@ -242,6 +241,5 @@ async def _connect(context: ServiceContext, config: DiscoveryConfig) -> client.K
                 await kube.close()
         context.not_ready_reason = f"cannot reach Kubernetes: {reason}"
         log.warning("%s; retrying", context.not_ready_reason)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(context.stopping.wait(), config.retry_interval_seconds)
+        await waiting.stopped_within(context.stopping, config.retry_interval_seconds)
     return None

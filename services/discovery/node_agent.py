@@ -20,22 +20,22 @@ in the command stream. The service is ready once the first scan succeeded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from gpuop.bus import Buckets, Bus, BusError, Delivery, TemporaryError
+from gpuop import operands
+from gpuop.bus import Buckets, Bus, BusError, Delivery, TemporaryError, spans
 from gpuop.events import Envelope, Event, device, driver, hardware, new_event, subjects
+from gpuop.events.driver import Component
 from gpuop.host import system
 from gpuop.host.errors import HostError
 from gpuop.host.roots import HostRoot
 from gpuop.inventory import scanning
 from gpuop.nvml import Nvml, NvmlError, open_backend
-from gpuop.runtime.services import ServiceContext
-from gpuop.runtime.settings import SettingsError
-from gpuop.services.discovery import consumers, pausing
+from gpuop.runtime import waiting
+from gpuop.runtime.services import Readiness, ServiceContext
+from gpuop.services.discovery import consumers
 from gpuop.services.discovery.config import DiscoveryConfig
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,6 @@ RESCAN_AFTER: tuple[type[driver.DriverResult], ...] = (
 )
 """Driver-manager results after which the loaded driver (or part of it) may have changed."""
 
-Readiness = Callable[[bool, str], None]
-"""Told (ready, reason) whenever readiness changes."""
 ScanErrors = (HostError, NvmlError)
 
 
@@ -126,7 +124,7 @@ class NodeAgent:
                 self._published = hardware.HardwareDiscovered.model_validate_json(entry.value)
             except ValidationError as error:
                 log.warning("ignoring the stored inventory of %s: %s", self._node, error)
-        paused = await pausing.from_log(self._bus, self._node)
+        paused = Component.GPU in await operands.from_log(self._bus, self._node)
         self._paused = paused
         if paused:
             log.info("operands of %s are paused: reading the host root only", self._node)
@@ -167,14 +165,19 @@ class NodeAgent:
         return payload
 
     async def on_command(self, delivery: Delivery) -> None:
-        """`RescanHardware`, `PauseOperands` and `ResumeOperands` for this node."""
+        """`RescanHardware`, `PauseOperands` and `ResumeOperands` for this node, each in its
+        `handle <verb>` span (the confirmation is its child)."""
+        with spans.handling(__name__, delivery):
+            await self._on_command(delivery)
+
+    async def _on_command(self, delivery: Delivery) -> None:
         payload, envelope = delivery.payload, delivery.envelope
         if isinstance(payload, hardware.RescanHardware):
             log.info("rescan asked for: %s", payload.reason or "no reason given")
             await self._scan_for(envelope, force=True)
         elif isinstance(payload, device.PauseOperands):
             async with self._lock:  # a scan in progress finishes and closes NVML first
-                self._paused = pausing.after(self._paused, payload)
+                self._paused = operands.gpu_paused_after(self._paused, payload)
             await self._publish(
                 device.OperandPaused(
                     command_id=envelope.id, service=device.OperandService.DISCOVERY
@@ -183,7 +186,8 @@ class NodeAgent:
             )
         elif isinstance(payload, device.ResumeOperands):
             async with self._lock:
-                was_paused, self._paused = self._paused, pausing.after(self._paused, payload)
+                was_paused = self._paused
+                self._paused = operands.gpu_paused_after(self._paused, payload)
             await self._publish(
                 device.OperandResumed(
                     command_id=envelope.id, service=device.OperandService.DISCOVERY
@@ -234,14 +238,9 @@ class NodeAgent:
         )
 
     async def _publish(self, payload: Event, *, cause: Envelope | None = None) -> None:
-        envelope = new_event(
-            payload,
-            node=self._node,
-            source=self._source,
-            causationid=cause.id if cause else None,
-            correlationid=cause.correlationid if cause else None,
+        await self._bus.publish(
+            new_event(payload, node=self._node, source=self._source, cause=cause)
         )
-        await self._bus.publish(envelope)
 
     async def _scan_loop(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -256,7 +255,7 @@ class NodeAgent:
             except BusError as error:
                 log.warning("could not publish the inventory, retrying: %s", error)
                 interval = self._config.retry_interval_seconds
-            await self._idle(stopping, interval)
+            await waiting.idle(interval, wake=self._wake, stopping=stopping)
 
     async def _heartbeat_loop(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -264,43 +263,15 @@ class NodeAgent:
                 await self.heartbeat()
             except (HostError, BusError) as error:
                 log.warning("heartbeat of %s failed: %s", self._node, error)
-            await _wait(stopping, self._config.heartbeat_interval_seconds)
-
-    async def _idle(self, stopping: asyncio.Event, seconds: float) -> None:
-        """Wait `seconds`, or less when stopping or when a scan is wanted now."""
-        wake = asyncio.create_task(self._wake.wait())
-        stop = asyncio.create_task(stopping.wait())
-        try:
-            await asyncio.wait((wake, stop), timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in (wake, stop):
-                waiter.cancel()
-            await asyncio.gather(wake, stop, return_exceptions=True)
-        self._wake.clear()
-
-
-async def _wait(stopping: asyncio.Event, seconds: float) -> None:
-    """Sleep `seconds`, or less when `stopping` is set."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), timeout=seconds)
+            await waiting.stopped_within(stopping, self._config.heartbeat_interval_seconds)
 
 
 async def run(context: ServiceContext, config: DiscoveryConfig) -> None:
     """The node role's entry point: one `NodeAgent` for `--node`, until the service stops."""
     settings = context.settings
-    if settings.node is None:
-        raise SettingsError("--node is required for the node role")
-    if not settings.host_root.is_dir():
-        raise SettingsError(f"--host-root {settings.host_root}: no such directory")
-    nvml = open_backend(
-        settings.nvml, host_root=settings.host_root, node=settings.node, holder_id=NVML_HOLDER
-    )
-
-    def readiness(ready: bool, reason: str) -> None:
-        context.ready = ready
-        context.not_ready_reason = reason
-
+    node, host_root = settings.require_node(), settings.require_host_root()
+    nvml = open_backend(settings.nvml, host_root=host_root, node=node, holder_id=NVML_HOLDER)
     agent = NodeAgent(
-        context.bus, settings.node, HostRoot(settings.host_root), nvml, config, readiness=readiness
+        context.bus, node, HostRoot(host_root), nvml, config, readiness=context.set_readiness
     )
     await agent.run(context.stopping)

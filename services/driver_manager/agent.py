@@ -14,21 +14,21 @@ with a durable consumer of its own node, so no other node's command ever reaches
     RebootNode       -> record started, publish RebootStarted, reboot, record done
 
 Results carry the command's id (`causationid`) and its correlation id (the saga), or the
-command's id when it has none; the result's own id is derived from the command id. A bus
+command's id when it has none, and the trace context of the command's `handle <verb>` span;
+the result's own id is derived from the command id. A bus
 that cannot take the result raises `TemporaryError`: the command comes again and its
 recorded result is published then.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuop.bus import Bus, BusError, ConsumerSpec, Delivery, PermanentError, TemporaryError
+from gpuop.bus import Bus, BusError, ConsumerSpec, Delivery, PermanentError, TemporaryError, spans
 from gpuop.bus.protocol import UnknownErrors
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Command, Envelope, new_event, subjects
@@ -38,6 +38,8 @@ from gpuop.host.roots import HostRoot
 from gpuop.host.simkernel import SimKernel
 from gpuop.host.subprocesses import SubprocessKernelOps
 from gpuop.nvml import open_backend
+from gpuop.observability import tracing
+from gpuop.runtime import waiting
 from gpuop.runtime.services import ServiceContext
 from gpuop.runtime.settings import Settings
 from gpuop.services.driver_manager import config as configuration
@@ -108,6 +110,11 @@ class CommandAgent:
         )
 
     async def handle(self, delivery: Delivery) -> None:
+        """One command, in its `handle <verb>` span: the result event is its child."""
+        with spans.handling(__name__, delivery):
+            await self._handle(delivery)
+
+    async def _handle(self, delivery: Delivery) -> None:
         command = delivery.payload
         if not isinstance(command, Command) or command.SERVICE != dm.SERVICE:
             raise PermanentError(f"{delivery.envelope.type} is not a driver-manager command")
@@ -150,7 +157,7 @@ class CommandAgent:
             id=result_id(command_id),
             correlationid=envelope.correlationid or command_id,
             causationid=command_id,
-            traceparent=envelope.traceparent,
+            traceparent=tracing.current_traceparent(),
         )
         if outcome.after is None:
             self.store.finish(command_id, answer, component, outcome.changes)
@@ -230,7 +237,7 @@ async def main(context: ServiceContext) -> None:
     while not lock.try_acquire():
         context.not_ready_reason = f"another driver-manager holds {lock.path}"
         log.warning("%s; waiting", context.not_ready_reason)
-        if await _stopped_within(context, LOCK_RETRY_SECONDS):
+        if await waiting.stopped_within(context.stopping, LOCK_RETRY_SECONDS):
             return
     try:
         for path in clean_staging(root):
@@ -264,11 +271,3 @@ async def main(context: ServiceContext) -> None:
             await subscription.stop()
     finally:
         lock.release()
-
-
-async def _stopped_within(context: ServiceContext, seconds: float) -> bool:
-    try:
-        await asyncio.wait_for(context.stopping.wait(), seconds)
-    except TimeoutError:
-        return False
-    return True

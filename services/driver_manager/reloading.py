@@ -97,7 +97,8 @@ class Reloader:
                 raise UnloadError(
                     UnloadFailureReason.MANAGEMENT_INTERFACE,
                     f"refusing to unload {component}: {', '.join(cut_off)} carries the node's "
-                    "default route and would go down (set allow_management_interface)",
+                    "default route and would go down (the GPUClusterPolicy allows it with "
+                    "spec.network.allowManagementNicReload)",
                 )
         deadline = self.clock.monotonic() + timeout_seconds
         removed: list[str] = []

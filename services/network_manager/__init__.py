@@ -1,16 +1,42 @@
-"""network-manager: Secondary networks with netlink and IPAM in KV (node role); Multus
-NetworkAttachmentDefinitions (cluster role).
+"""network-manager: secondary networks on the nodes, and their NetworkAttachmentDefinitions.
 
-Not built yet: issue 8 builds it. Until then `gpuop run network-manager` starts, connects to the
-bus and reports itself not ready, so deployments and the demo show honestly what is missing.
+The cluster role reads the GPUClusterPolicy's `network` section, publishes it in the
+`gpuop_config` KV bucket for the node roles (which hold no Kubernetes credentials) and
+writes one Multus NetworkAttachmentDefinition per network. The node role stacks a macvlan
+or ipvlan link per network on the NIC the policy picks, with its MTU and an address claimed
+in the `gpuop_ipam` KV bucket, never touches the NIC carrying the default route unless the
+policy allows it, and publishes what came of each network and the node's RDMA devices.
+
+    controller   cluster role: policy -> published section, attachments; `run`
+    attachments  NetworkAttachmentDefinitions: rendering and reconciling
+    node_agent   node role: watches the published section, converges, reports; `run`
+    consumers    what the node role subscribes to
+    applying     one convergence pass over the node's links
+    outcomes     what a pass came to for each network, and the event reporting it
+    planning     pure decisions: the management NIC, a network's NIC, link ownership
+    addressing   address claims in `gpuop_ipam`
+    netlink      the node's links through pyroute2's AsyncIPRoute, in a network namespace
+    rdma         RDMA devices from sysfs, as `network.rdma-discovered`
+    config       the `--config` file
 """
 
-from gpuop.runtime.services import ServiceDefinition
+from gpuop.runtime.services import ServiceContext, ServiceDefinition
 from gpuop.runtime.settings import Role
+from gpuop.services.network_manager import config, controller, node_agent
+
+
+async def main(context: ServiceContext) -> None:
+    """Run the role `--role` names until the service stops."""
+    settings = config.load_config(context.settings.config)
+    if context.settings.role is Role.NODE:
+        await node_agent.run(context, settings)
+    else:
+        await controller.run(context, settings)
+
 
 SERVICE = ServiceDefinition(
     name="network-manager",
     summary="secondary networks, IPAM and NetworkAttachmentDefinitions",
     roles=frozenset({Role.NODE, Role.CLUSTER}),
-    pending_issue=8,
+    main=main,
 )

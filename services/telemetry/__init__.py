@@ -1,16 +1,33 @@
-"""telemetry: GPU metrics with dcgm-exporter names (node role), XID/ECC health events, and
+"""telemetry: GPU metrics with dcgm-exporter's names (node role), XID/ECC health events, and
 operator metrics from the event stream (cluster role).
 
-Not built yet: issue 7 builds it. Until then `gpuop run telemetry` starts, connects to the
-bus and reports itself not ready, so deployments and the demo show honestly what is missing.
+The node role (`node_exporter`) collects NVML readings on its own loops (`collecting`,
+`sessions`) and serves them, rendered once per collection (`exposition`, `catalog`), on the
+service's `/metrics`; pod labels come from the kubelet's PodResources API (`pods`,
+`kubelet_pods`); XID and ECC events become `device.health-changed` (`health`); pause and
+resume commands close and reopen NVML (`gpuop.operands`). The cluster role
+(`cluster_exporter`) turns the upgrade, driver, device and dead-letter streams into
+operator metrics (`operator_metrics`). Both read `--config` (`config`); `consumers` names
+what the node role subscribes to.
 """
 
-from gpuop.runtime.services import ServiceDefinition
+from gpuop.runtime.services import ServiceContext, ServiceDefinition
 from gpuop.runtime.settings import Role
+from gpuop.services.telemetry import cluster_exporter, config, node_exporter
+
+
+async def main(context: ServiceContext) -> None:
+    """Run the role `--role` names until the service stops."""
+    settings = config.load_config(context.settings.config)
+    if context.settings.role is Role.NODE:
+        await node_exporter.run(context, settings)
+    else:
+        await cluster_exporter.run(context, settings)
+
 
 SERVICE = ServiceDefinition(
     name="telemetry",
     summary="GPU metrics, health events and operator metrics",
     roles=frozenset({Role.NODE, Role.CLUSTER}),
-    pending_issue=7,
+    main=main,
 )

@@ -14,6 +14,7 @@ The cluster role. How it flows, module by module:
     acting      the outbox: commands, Kubernetes actions, public state changes
     executing   Kubernetes actions through gpuop.kube, outcomes as events
     deadlines   expired deadlines published as events
+    traces      one trace per saga attempt, under ids derived from the saga
     rollouts    rollout ids and the public rollout events
     config      the `--config` file
 """

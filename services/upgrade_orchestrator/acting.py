@@ -25,12 +25,17 @@ from gpuop.events import command_id, new_command, new_event
 from gpuop.kube import errors
 from gpuop.saga import Decision, KubeAction, NodeSaga, state_changed
 from gpuop.saga.core import transition_event_id
+from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.executing import KubeActions
 
 log = logging.getLogger(__name__)
 
 SOURCE = "/gpuop/upgrade-orchestrator"
 """The `source` of every message the orchestrator publishes."""
+
+
+_Queued = tuple[str, KubeAction, str | None]
+"""A queued Kubernetes action: saga id, action, traceparent of the step that issued it."""
 
 
 def outcome_event_id(action: KubeAction) -> str:
@@ -55,7 +60,7 @@ class Outbox:
         self._clock = clock
         self._retries = retries
         self._retry_delay = retry_delay
-        self._queues: dict[str, asyncio.Queue[tuple[str, KubeAction]]] = {}
+        self._queues: dict[str, asyncio.Queue[_Queued]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._in_flight: set[str] = set()
         """Ids of the actions queued or running."""
@@ -71,6 +76,7 @@ class Outbox:
                     source=SOURCE,
                     id=issued.id,
                     correlationid=saga.saga_id,
+                    traceparent=traces.step_traceparent(saga.saga_id, issued.attempt, issued.step),
                     now=self._clock.now(),
                 )
             )
@@ -94,17 +100,18 @@ class Outbox:
             return
         self._in_flight.add(action.id)
         queue = self._queues.setdefault(saga.node, asyncio.Queue())
-        queue.put_nowait((saga.saga_id, action))
+        queue.put_nowait((saga.saga_id, action, traces.current_step_traceparent(saga)))
         if saga.node not in self._workers or self._workers[saga.node].done():
             self._workers[saga.node] = asyncio.create_task(
                 self._work(saga.node, queue), name=f"kube-actions-{saga.node}"
             )
 
-    async def _work(self, node: str, queue: asyncio.Queue[tuple[str, KubeAction]]) -> None:
+    async def _work(self, node: str, queue: asyncio.Queue[_Queued]) -> None:
         while not queue.empty():
-            saga_id, action = queue.get_nowait()
+            saga_id, action, traceparent = queue.get_nowait()
             try:
-                await self._execute(node, saga_id, action)
+                with traces.acting(node, action, traceparent):
+                    await self._execute(node, saga_id, action)
             except Exception:
                 # the step's deadline or the next leader's re-issue picks the action up again
                 log.exception("%s on node %s failed", type(action).__name__, node)

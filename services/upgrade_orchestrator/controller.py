@@ -7,13 +7,16 @@ into the runner, and rebuilds from KV, re-issuing every saga's pending step
 Whenever something changed (a decision, a node, the policy) and at least every
 `resync_seconds`, `reconcile`:
 
-1. creates a saga (`new_saga`, in the rollout named after the desired versions) for each GPU
-   node whose running versions (its inventory in KV `gpuop_nodes`) differ from the policy's,
-   unless the node's saga of an earlier rollout is still running, and records it as a
-   `SagaStarted` event (after the policy, as `PolicyApplied`), so `gpuop replay` can build
-   the same saga from the log;
-2. runs the admission pass, which records admissions as events, and records the pods of
-   nodes whose saga waits for jobs (`jobs`);
+1. creates a saga (`new_saga`, in the rollout of the desired versions: `current_rollout`,
+   recorded in the policy's status so every replica uses the same id) for each GPU
+   node the policy's `nodeSelector` selects whose running versions (its inventory in KV
+   `gpuop_nodes`) differ from the policy's, unless the node's saga of an earlier rollout is
+   still running, and records it as a `SagaStarted` event (after the policy, as
+   `PolicyApplied`), so `gpuop replay` can build the same saga from the log. A saga of an
+   earlier rollout that was never admitted (nothing was done to the node) is replaced;
+2. runs the admission pass over the selected nodes and those whose saga is under way (it
+   admits nothing while the policy is paused), which records admissions as events, and
+   records the pods of nodes whose saga waits for jobs (`jobs`);
 3. publishes the rollout's events and writes the policy's status (conditions, counts).
 
 Cancelling `run` (leadership lost, service stopping) stops everything it started; the next
@@ -34,7 +37,8 @@ from gpuop.events.driver import Component
 from gpuop.events.upgrade import TERMINAL_STATES, SagaStarted, UpgradeState
 from gpuop.kube import client
 from gpuop.kube.recording import EventRecorder
-from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition
+from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition, selectors
+from gpuop.policy.conditions import RolloutRecord
 from gpuop.saga import Decision, NodeSaga, new_saga
 from gpuop.saga.records import components_to_upgrade
 from gpuop.services.upgrade_orchestrator import intake, jobs
@@ -44,7 +48,7 @@ from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
 from gpuop.services.upgrade_orchestrator.observing import NodeWatcher
 from gpuop.services.upgrade_orchestrator.policies import PolicyWatcher
-from gpuop.services.upgrade_orchestrator.rollouts import RolloutReporter, counts, rollout_id_for
+from gpuop.services.upgrade_orchestrator.rollouts import RolloutReporter, counts, current_rollout
 from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 
@@ -61,6 +65,18 @@ def _raise_if_cancelled() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+def _under_way(saga: NodeSaga) -> bool:
+    """Admitted and not ended: the node is in its maintenance window."""
+    return saga.state not in TERMINAL_STATES and saga.state is not UpgradeState.UPGRADE_REQUIRED
+
+
+def _waiting_untouched(saga: NodeSaga) -> bool:
+    """Waiting for admission with the node as gpuop found it: a newer rollout may take its
+    place, as it never started."""
+    untouched = not (saga.cordoned or saga.touched or saga.operands_paused)
+    return saga.state is UpgradeState.UPGRADE_REQUIRED and untouched
 
 
 class Controller:
@@ -152,25 +168,44 @@ class Controller:
         spec = self.policies.spec
         if spec is None or not self.nodes.synced:
             return
-        rollout_id = rollout_id_for(spec)
+        rollout = current_rollout(spec, self.policies.rollout, self.policies.generation)
+        rollout_id = rollout.id
         await runner.record_policy(spec)  # the policy the new sagas are built from
         now = self._clock.now()
-        for node in sorted(self.nodes.statuses):
+        selected = self._selected(spec)
+        # a node's saga under way keeps its slot even when the selector no longer picks it
+        under_way = {e.saga.node for e in await store.all() if _under_way(e.saga)}
+        for node in selected:
             started = await self._start_saga(node, spec, rollout_id, store, inventories, now)
             if started is not None:
                 deadlines.schedule(started)
-        await runner.admit(self.nodes.statuses, now)
+        managed = {
+            node: status
+            for node, status in self.nodes.statuses.items()
+            if node in selected or node in under_way
+        }
+        await runner.admit(managed, now)
         selector = spec.upgrade_policy.wait_for_completion.pod_selector
-        for entry in await store.all():
+        entries = await store.all()
+        for entry in entries:
             if entry.saga.state is UpgradeState.WAIT_FOR_JOBS_REQUIRED and selector:
                 await jobs.observe(self._bus, self._kube, entry.saga, selector, clock=self._clock)
         sagas = [
             entry.saga
-            for entry in await store.all()
-            if entry.saga.rollout_id == rollout_id and entry.saga.node in self.nodes.statuses
+            for entry in entries
+            if entry.saga.rollout_id == rollout_id and entry.saga.node in managed
         ]
         await self._reporter.report(rollout_id, spec, sagas, now)
-        await self._write_status(sagas, now)
+        await self._write_status(sagas, spec, rollout, now)
+
+    def _selected(self, spec: GPUClusterPolicySpec) -> list[str]:
+        """The GPU nodes the policy's `nodeSelector` selects, by name."""
+        selector = spec.upgrade_policy.node_selector
+        return sorted(
+            node
+            for node in self.nodes.statuses
+            if selectors.matches(selector, self.nodes.labels.get(node, {}))
+        )
 
     async def _start_saga(
         self,
@@ -184,7 +219,11 @@ class Controller:
         stored = await store.get(node)
         if stored is not None and stored.saga.rollout_id == rollout_id:
             return None
-        if stored is not None and stored.saga.state not in TERMINAL_STATES:
+        if (
+            stored is not None
+            and stored.saga.state not in TERMINAL_STATES
+            and not _waiting_untouched(stored.saga)
+        ):
             return None  # the earlier rollout's saga finishes its maintenance window first
         entry = await inventories.get(subjects.encode_node(node))
         if entry is None:
@@ -232,19 +271,37 @@ class Controller:
         log.info("node %s joins %s", node, rollout_id, extra={"node": node})
         return saga
 
-    async def _write_status(self, sagas: list[NodeSaga], now: datetime) -> None:
+    async def _write_status(
+        self,
+        sagas: list[NodeSaga],
+        spec: GPUClusterPolicySpec,
+        rollout: RolloutRecord,
+        now: datetime,
+    ) -> None:
         current = counts(sagas)
         done = current.get(UpgradeState.UPGRADE_DONE, 0)
         ended = all(saga.state in TERMINAL_STATES for saga in sagas)
         generation = self.policies.generation
-        progressing = condition(
-            ConditionType.PROGRESSING,
-            not ended,
-            "RolloutInProgress" if not ended else "RolloutEnded",
-            f"{done} of {len(sagas)} nodes upgraded",
-            now=now,
-            observed_generation=generation,
-        )
+        upgraded = f"{done} of {len(sagas)} nodes upgraded"
+        if ended:
+            progressing = condition(
+                ConditionType.PROGRESSING, False, "RolloutEnded", upgraded,
+                now=now, observed_generation=generation,
+            )  # fmt: skip
+        elif spec.upgrade_policy.paused:
+            # as a paused Deployment says it: whether it progresses is up to the operator
+            finishing = sum(_under_way(saga) for saga in sagas)
+            progressing = condition(
+                ConditionType.PROGRESSING, "Unknown", "RolloutPaused",
+                f"paused (upgradePolicy.paused): {upgraded}, {finishing} finishing their "
+                "upgrade, no other node is started until `gpuop upgrade resume`",
+                now=now, observed_generation=generation,
+            )  # fmt: skip
+        else:
+            progressing = condition(
+                ConditionType.PROGRESSING, True, "RolloutInProgress", upgraded,
+                now=now, observed_generation=generation,
+            )  # fmt: skip
         ready = condition(
             ConditionType.READY,
             done == len(sagas),
@@ -253,4 +310,4 @@ class Controller:
             now=now,
             observed_generation=generation,
         )
-        await self.policies.write_status(progressing, ready, nodes=current)
+        await self.policies.write_status(progressing, ready, nodes=current, rollout=rollout)

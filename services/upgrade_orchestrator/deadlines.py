@@ -20,6 +20,7 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import command_id, new_event
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.saga import NodeSaga, deadline_event
+from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.acting import SOURCE
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class DeadlineScheduler:
                 source=SOURCE,
                 id=deadline_event_id(expired),
                 correlationid=expired.saga_id,
+                traceparent=traces.step_traceparent(expired.saga_id, expired.attempt, expired.step),
                 now=self._clock.now(),
             )
         )

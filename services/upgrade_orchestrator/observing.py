@@ -4,8 +4,8 @@
 saga cares about changes (Ready, `spec.unschedulable`, the kubelet's boot id), publishes
 `kube.NodeObserved`; a deleted node yields `kube.NodeRemoved`. Event ids derive from the
 node's uid and resourceVersion, so two replicas seeing the same change store it once. It
-also keeps each node's `NodeStatus` for the admission pass and calls `on_change` so the
-controller reconciles at once.
+also keeps each node's `NodeStatus` for the admission pass and its labels for the policy's
+`nodeSelector`, and calls `on_change` so the controller reconciles at once.
 """
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ class NodeWatcher:
         self._seen: dict[str, tuple[bool, bool, str | None]] = {}
         self.statuses: dict[str, NodeStatus] = {}
         """Node name -> what admission needs of it."""
+        self.labels: dict[str, dict[str, str]] = {}
+        """Node name -> its labels, as last seen."""
         self.synced = False
         """The initial list has been processed."""
 
@@ -101,6 +103,7 @@ class NodeWatcher:
     async def _observed(self, name: str, node: Mapping[str, Any]) -> None:
         seen = observation(node)
         self.statuses[name] = NodeStatus(ready=seen.ready, unschedulable=seen.unschedulable)
+        self.labels[name] = nodes.labels_of(node)
         if self._seen.get(name) == _facts(seen):
             return
         self._seen[name] = _facts(seen)
@@ -114,6 +117,7 @@ class NodeWatcher:
 
     async def _removed(self, name: str, node: Mapping[str, Any]) -> None:
         self.statuses.pop(name, None)
+        self.labels.pop(name, None)
         self._seen.pop(name, None)
         uid = str(node["metadata"].get("uid") or name)
         await self._bus.publish(

@@ -5,7 +5,8 @@ first by name (a cluster has one; more are reported in the log). Each version of
 goes through `validate_spec`; an invalid one starts no rollout and admits no node (sagas
 under way finish their current steps with the last valid spec) and sets the status
 condition `Valid=False` whose message names the wrong field. `write_status` merges
-conditions and per-state node counts into the status subresource, only when they changed.
+conditions, per-state node counts and the current rollout (`rollout`, which the controller
+names) into the status subresource, only when they changed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events.upgrade import UpgradeState
 from gpuop.kube import client, customobjects, errors
 from gpuop.policy import Condition, GPUClusterPolicySpec, PolicyStatus, validation
+from gpuop.policy.conditions import RolloutRecord
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +97,19 @@ class PolicyWatcher:
             validation.valid_condition(now=now, observed_generation=self.generation)
         )
 
+    @property
+    def rollout(self) -> RolloutRecord | None:
+        """The rollout the status names (written by this or an earlier leader)."""
+        return self._status.rollout
+
     async def write_status(
-        self, *conditions: Condition, nodes: Mapping[UpgradeState, int] | None = None
+        self,
+        *conditions: Condition,
+        nodes: Mapping[UpgradeState, int] | None = None,
+        rollout: RolloutRecord | None = None,
     ) -> None:
-        """Set `conditions` (and the node counts) in the followed policy's status."""
+        """Set `conditions` (and the node counts, the rollout) in the followed policy's
+        status."""
         if self.name is None:
             return
         status = self._status.model_copy(update={"observed_generation": self.generation})
@@ -106,15 +117,23 @@ class PolicyWatcher:
             status = status.with_condition(new)
         if nodes is not None:
             status = status.model_copy(update={"nodes": {str(k): v for k, v in nodes.items()}})
+        if rollout is not None:
+            status = status.model_copy(update={"rollout": rollout})
         self._status = status
         wire = status.to_wire()
         if wire == self._written:
             return
         patch = dict(wire)
         if self._written is not None:
-            # a merge patch keeps keys it does not name: states no node is in any more go
+            # a merge patch keeps keys it does not name: states no node is in any more go,
+            # and so do components the rollout no longer installs
             gone = set(self._written.get("nodes") or {}) - set(wire.get("nodes") or {})
             patch["nodes"] = {**dict.fromkeys(gone), **(wire.get("nodes") or {})}
+            if "rollout" in wire:
+                before = (self._written.get("rollout") or {}).get("versions") or {}
+                versions = wire["rollout"]["versions"]
+                dropped = dict.fromkeys(set(before) - set(versions))
+                patch["rollout"] = {**wire["rollout"], "versions": {**dropped, **versions}}
         try:
             await customobjects.patch_status(self._kube, RESOURCE, self.name, patch)
         except errors.KubeError as error:

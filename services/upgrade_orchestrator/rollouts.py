@@ -1,12 +1,18 @@
 """Rollouts: which one the policy asks for, and how far it got, told on the bus and in the
 policy's status.
 
-A rollout is named after the versions it installs (`rollout_id_for`), so every replica
-derives the same id from the same policy and a takeover continues the same rollout. The
+A rollout is named after the versions it installs (`rollout_id_for`), and, from the second
+rollout of a policy on, after the policy generation that asked for them, since versions can
+come back (`gpuop upgrade abort`) and a rollout's ids must never repeat an earlier one's (the
+server and the agents would drop its messages as duplicates). The controller records the id
+in the policy's status (`RolloutRecord`), so every replica uses the same and a takeover
+continues the same rollout. The
 `RolloutReporter` publishes the public rollout events on `gpuop.evt.upgrade._cluster.*`:
 `RolloutStarted` once, `RolloutProgress` whenever the counts per state change,
 `RolloutCompleted` when every node is done, `RolloutFailed` when every node ended and some
-failed with no retry left. Started, completed and failed have deterministic ids, so a new
+failed with no retry left, or with reason `superseded` when the policy asked for other
+versions before it ended (`gpuop upgrade abort`, or a new `gpuop upgrade start`; told by the
+leader that saw the change). Started, completed and failed have deterministic ids, so a new
 leader repeating them stores nothing twice; a repeated progress report is harmless.
 """
 
@@ -22,6 +28,7 @@ from gpuop.events import command_id, new_event, subjects
 from gpuop.events import upgrade as up
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
+from gpuop.policy.conditions import RolloutRecord
 from gpuop.saga import NodeSaga
 from gpuop.saga.records import desired_targets
 from gpuop.services.upgrade_orchestrator.acting import SOURCE
@@ -29,10 +36,29 @@ from gpuop.services.upgrade_orchestrator.acting import SOURCE
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/-]")
 
 
-def rollout_id_for(policy: GPUClusterPolicySpec) -> str:
-    """The rollout that installs the policy's versions: `rollout-gpu-580.1[-ofed-25.04]`."""
+def rollout_id_for(policy: GPUClusterPolicySpec, generation: int | None = None) -> str:
+    """The rollout that installs the policy's versions: `rollout-gpu-580.1[-ofed-25.04]`,
+    with `-g<generation>` when a generation is given."""
     parts = [f"{c}-{t.version}" for c, t in desired_targets(policy).items()]
-    return _UNSAFE.sub("_", "rollout-" + "-".join(parts))
+    suffix = f"-g{generation}" if generation is not None else ""
+    return _UNSAFE.sub("_", "rollout-" + "-".join(parts) + suffix)
+
+
+def versions_of(policy: GPUClusterPolicySpec) -> dict[str, str]:
+    """The version the policy asks for, per component it manages."""
+    return {str(c): t.version for c, t in desired_targets(policy).items()}
+
+
+def current_rollout(
+    policy: GPUClusterPolicySpec, recorded: RolloutRecord | None, generation: int | None
+) -> RolloutRecord:
+    """The rollout of the policy's versions: the recorded one while the versions are the
+    same; else a new one, named after the generation unless it is the policy's first."""
+    versions = versions_of(policy)
+    if recorded is not None and recorded.versions == versions:
+        return recorded
+    named = None if recorded is None else (generation or 0)
+    return RolloutRecord(id=rollout_id_for(policy, named), versions=versions)
 
 
 def counts(sagas: Sequence[NodeSaga]) -> dict[UpgradeState, int]:
@@ -53,6 +79,8 @@ class RolloutReporter:
         self._bus = bus
         self._reported: dict[str, dict[UpgradeState, int]] = {}
         self._started: dict[str, datetime] = {}
+        self._current: str | None = None
+        self._ended: set[str] = set()
 
     async def report(
         self,
@@ -62,6 +90,10 @@ class RolloutReporter:
         now: datetime,
     ) -> None:
         """Publish what changed since the last report of this rollout."""
+        if self._current not in (None, rollout_id):
+            await self._superseded(self._current, rollout_id, now)
+        self._current = rollout_id
+        self._ended.discard(rollout_id)
         if not sagas:
             return
         started = self._started.setdefault(
@@ -98,6 +130,7 @@ class RolloutReporter:
                 rollout_id=rollout_id, done=done, failed=0, total=total, duration_seconds=seconds
             )
             await self._publish(rollout_id, "completed", completed, now)
+            self._ended.add(rollout_id)
         elif all(s.state is UpgradeState.UPGRADE_DONE or finally_failed(s) for s in sagas):
             failed_nodes = tuple(sorted(s.node for s in sagas if finally_failed(s)))
             rollout_failed = up.RolloutFailed(
@@ -110,6 +143,23 @@ class RolloutReporter:
                 failed_nodes=failed_nodes[:256],
             )
             await self._publish(rollout_id, "failed", rollout_failed, now)
+            self._ended.add(rollout_id)
+
+    async def _superseded(self, rollout_id: str, by: str, now: datetime) -> None:
+        """Tell that `rollout_id`, started and not ended, gave way to `by`."""
+        reported = self._reported.get(rollout_id)
+        if rollout_id in self._ended or reported is None:
+            return
+        self._ended.add(rollout_id)
+        superseded = up.RolloutFailed(
+            rollout_id=rollout_id,
+            done=reported.get(UpgradeState.UPGRADE_DONE, 0),
+            failed=reported.get(UpgradeState.UPGRADE_FAILED, 0),
+            total=sum(reported.values()),
+            reason=up.RolloutFailureReason.SUPERSEDED,
+            message=f"the policy asks for other versions now: {by}",
+        )
+        await self._publish(rollout_id, f"superseded-by-{by}", superseded, now)
 
     async def _publish(
         self, rollout_id: str, what: str | None, event: up.RolloutEvent, now: datetime

@@ -32,6 +32,7 @@ from gpuop.events.upgrade import NodeAdmitted, PolicyApplied, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import Admitted, Decision, NodeSaga, NodeStatus, admission, decide, pending
 from gpuop.saga.core import Trigger
+from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.acting import SOURCE, Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.store import SagaStore
@@ -106,6 +107,7 @@ class Runner:
         if policy is None:
             raise TemporaryError("no valid GPUClusterPolicy yet", delay=1.0)
         await self.record_policy(policy, cause)
+        started = traces.now_ns()
         for _ in range(CONFLICT_RETRIES):
             stored = await self._store.get(node)
             if stored is None:
@@ -121,7 +123,10 @@ class Runner:
             except RevisionConflict:
                 log.info("saga of node %s changed meanwhile; deciding again", node)
                 continue
-            await self._act(decision)
+            with traces.deciding(
+                stored.saga, decision, event, now=now, cause=cause, started_ns=started
+            ):
+                await self._act(decision)
             return decision
         raise TemporaryError(f"saga of node {node} keeps changing under us", delay=0.5)
 
@@ -179,6 +184,7 @@ class Runner:
                     source=SOURCE,
                     id=admitted_event_id(saga),
                     correlationid=saga.rollout_id,
+                    traceparent=traces.current_step_traceparent(saga),
                     now=now,
                 )
             )

@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
 
 from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus, PublishAck  # noqa: E402
 from gpuop.clocks import VirtualClock  # noqa: E402
-from gpuop.events import Envelope, Event, command_id, new_event, subjects  # noqa: E402
+from gpuop.events import Envelope, command_id, new_event, subjects  # noqa: E402
 from gpuop.events import device as dev  # noqa: E402
 from gpuop.events import driver as dm  # noqa: E402
 from gpuop.events.driver import Component  # noqa: E402
@@ -56,7 +56,7 @@ from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler  # n
 from gpuop.services.upgrade_orchestrator.running import Runner  # noqa: E402
 from gpuop.services.upgrade_orchestrator.store import SagaStore  # noqa: E402
 from tests.unit.saga.support import BOOT_A, GPU_OLD, OFED_OLD, T0, policy, saga_for  # noqa: E402
-from tests.unit.upgrade_orchestrator.support import FakeKube  # noqa: E402
+from tests.unit.upgrade_orchestrator.support import FakeKube, answers  # noqa: E402
 
 AGENT_SOURCE = "/gpuop/bench-agent"
 RESYNC = 0.5
@@ -78,25 +78,6 @@ class StillClock(VirtualClock):
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.Event().wait()
-
-
-def answer(payload: object, command: str) -> list[Event]:
-    """What a healthy node agent reports once `payload` is done."""
-    if isinstance(payload, dm.InstallDriver):
-        return [dm.DriverInstalled(command_id=command, component=payload.component,
-                                   version=payload.version)]  # fmt: skip
-    if isinstance(payload, dm.UnloadDriver):
-        return [dm.DriverUnloaded(command_id=command, component=payload.component,
-                                  version=GPU_OLD)]  # fmt: skip
-    if isinstance(payload, dm.LoadDriver):
-        return [dm.DriverLoaded(command_id=command, component=payload.component,
-                                version=payload.version)]  # fmt: skip
-    if isinstance(payload, dm.ValidateDriver):
-        return [dm.DriverValidated(command_id=command, component=payload.component,
-                                   version=payload.version, devices=8)]  # fmt: skip
-    if isinstance(payload, dev.PauseOperands):
-        return [dev.OperandPaused(command_id=command, service=s) for s in dev.OperandService]
-    return []
 
 
 @dataclass
@@ -163,9 +144,11 @@ async def rollout(nodes: int, max_parallel: int, step_seconds: float) -> Result:
     tasks: set[asyncio.Task[None]] = set()
 
     async def report(delivery: Delivery) -> None:
-        events = answer(delivery.payload, delivery.envelope.id)
+        if isinstance(delivery.payload, dev.ResumeOperands):
+            return  # the saga does not wait for the resume: no step to simulate
+        events = answers(delivery.payload, delivery.envelope.id)
         if not events:
-            return  # a command the saga does not wait for (resume): no step to simulate
+            return
         node = delivery.envelope.node
         commands[node] = commands.get(node, 0) + 1
         if step_seconds:

@@ -36,12 +36,16 @@ from gpuop.sim import SimCluster, hosts
 REPO = Path(__file__).resolve().parents[2]
 OLD = seeding.RECORDED_DRIVER_VERSION
 NEW = "580.200.01"
+OFED_OLD, OFED_NEW = "24.10-1.1.4.0", "25.01-0.6.0.0"
 DISCOVERY_CONFIG = (
     "scan_interval_seconds: 2\nheartbeat_interval_seconds: 2\nretry_interval_seconds: 0.2\n"
 )
 DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.1\n"
 ORCHESTRATOR_CONFIG = "lease_duration_seconds: 3\nresync_seconds: 0.5\n"
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
+STOP_GRACE = 40.0
+"""Seconds every process together has to exit after SIGTERM: dozens of them stopping at
+once on two cores take a while (and `gpuop run` itself gives up after 20 s)."""
 
 
 @dataclass
@@ -121,19 +125,21 @@ class Stack:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGKILL)
 
-    async def start_rollout(self, upgrade_policy: dict[str, Any]) -> None:
-        """Install the CRD and create the policy asking for driver `NEW`."""
+    async def start_rollout(
+        self, upgrade_policy: dict[str, Any], *, ofed: str | None = None
+    ) -> None:
+        """Install the CRD and create the policy asking for driver `NEW` (and OFED `ofed`)."""
         definition = yaml.safe_load((REPO / crd.COMMITTED).read_text(encoding="utf-8"))
         extensions = k8s.ApiextensionsV1Api(self.kube.api_client)
         await self.kube.call(extensions.create_custom_resource_definition, definition)
+        driver = {"gpu": {"version": NEW, "source": str(self.source)}}
+        if ofed is not None:
+            driver["ofed"] = {"version": ofed, "source": str(self.source)}
         policy = {
             "apiVersion": specs.API_VERSION,
             "kind": specs.KIND,
             "metadata": {"name": "default"},
-            "spec": {
-                "driver": {"gpu": {"version": NEW, "source": str(self.source)}},
-                "upgradePolicy": upgrade_policy,
-            },
+            "spec": {"driver": driver, "upgradePolicy": upgrade_policy},
         }
         await self.kube.call(
             self.kube.custom_objects.create_cluster_custom_object,
@@ -171,11 +177,15 @@ async def stack(
     nodes_count: int,
     gpus: int,
     kernels: dict[int, str] | None = None,
+    ofed: bool = False,
+    prepare: Callable[[int, HostRoot], None] | None = None,
     seed: int = 0,
 ) -> AsyncIterator[Stack]:
     """The stack with no orchestrator yet, once discovery has labelled every node;
     `kernels`: node index -> kernel release for nodes that run another kernel than the
-    recording's (the driver source gets OLD and NEW packages for every kernel in use)."""
+    recording's (the driver source gets OLD and NEW packages for every kernel in use);
+    `ofed`: every node runs OFED_OLD too (and the source has OFED_NEW); `prepare` changes
+    each node's host root (by index) before its agents start."""
     kernels = kernels or {}
     (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
     (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
@@ -196,10 +206,15 @@ async def stack(
             roots[node] = hosts.build_host_root(
                 work / "hosts" / node, node, gpus, gpu_version=OLD, boot_id=machine.boot_id,
                 product_name=machine.type.name, kernel_release=kernels.get(index),
+                ofed_version=OFED_OLD if ofed else None,
             )  # fmt: skip
+            if prepare is not None:
+                prepare(index, roots[node])
         releases = sorted({system.kernel_release(root) or "" for root in roots.values()})
+        wanted = [("gpu", version) for version in (OLD, NEW)]
+        wanted += [("ofed", version) for version in (OFED_OLD, OFED_NEW) if ofed]
         packaging.build_driver_source(
-            source, [("gpu", version, kernel) for kernel in releases for version in (OLD, NEW)]
+            source, [(component, v, kernel) for kernel in releases for component, v in wanted]
         )
         running = Stack(cluster, kube, bus, nats_url, kubeconfig, work, source, roots)
         exits.push_async_callback(_stop_all, running)
@@ -237,8 +252,8 @@ async def _spawn(arguments: Iterable[str], log: Path) -> asyncio.subprocess.Proc
 
 
 async def _stop_all(running: Stack) -> None:
-    """SIGTERM every process (replicas first), SIGKILL what is still up after 10 s; the exit
-    codes land in `exit_codes` (None: it had to be killed)."""
+    """SIGTERM every process (replicas first), SIGKILL what is still up after `STOP_GRACE`;
+    the exit codes land in `exit_codes` (None: it had to be killed)."""
     processes = {**running.replicas, **running.agents}
     for process in processes.values():
         if process.returncode is None:
@@ -246,7 +261,7 @@ async def _stop_all(running: Stack) -> None:
                 process.send_signal(signal.SIGTERM)
     for name, process in processes.items():
         try:
-            running.exit_codes[name] = await asyncio.wait_for(process.wait(), 10)
+            running.exit_codes[name] = await asyncio.wait_for(process.wait(), STOP_GRACE)
         except TimeoutError:
             process.kill()
             await process.wait()

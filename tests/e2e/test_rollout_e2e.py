@@ -77,6 +77,7 @@ def log_of(lines: list[str], keep: Path) -> list[replaying.Recorded]:
     return replaying.parse_log(lines)
 
 
+@pytest.mark.timeout(420)
 async def test_sixteen_nodes_roll_with_a_reboot_and_a_failed_validation_retried(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
@@ -155,6 +156,7 @@ CHAOS_PARALLEL = 1
 dead leader's Lease)."""
 
 
+@pytest.mark.timeout(480)
 async def test_the_rollout_survives_twenty_sigkills_of_the_orchestrator(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:

@@ -181,6 +181,31 @@ SAMPLES: list[Payload] = [
         message="pool 10.10.0.0/28 is full",
         policy_revision=7,
     ),
+    network.NetworkRemoved(
+        network="rdma-net",
+        interface="rdma0",
+        addresses=(IPv4Interface("10.10.0.5/24"),),
+        policy_revision=8,
+    ),
+    network.RdmaDevicesDiscovered(
+        devices=(
+            network.RdmaDevice(
+                name="mlx5_0",
+                pci_address="0000:41:00.0",
+                driver="mlx5_core",
+                ports=(
+                    network.RdmaPort(
+                        number=1,
+                        state=network.RdmaPortState.ACTIVE,
+                        link_layer=network.RdmaLinkLayer.ETHERNET,
+                        netdev="enp65s0f0np0",
+                        rate="400 Gb/sec (4X NDR)",
+                    ),
+                ),
+            ),
+        ),
+        management_interfaces=("enp65s0f0np0",),
+    ),
     network.ApplyNetwork(policy_revision=7, policy_hash=HASH),
     # upgrade
     upgrade.NodeUpgradeStateChanged(

@@ -172,3 +172,22 @@ def test_envelopes_refuse_invalid_nodes_and_abstract_payloads() -> None:
             node="n1",
             source="/t",
         )
+
+
+def test_an_event_caused_by_a_message_carries_its_id_and_correlation() -> None:
+    command = new_command(
+        driver.LoadDriver(component=driver.Component.GPU, version="580.159.04"),
+        node="gpu-1",
+        source="/test",
+        id="cmd-1",
+        correlationid="saga-1",
+    )
+    loaded = driver.DriverLoaded(
+        command_id="cmd-1", component=driver.Component.GPU, version="580.159.04"
+    )
+
+    answer = new_event(loaded, node="gpu-1", source="/test", cause=command)
+    told = new_event(loaded, node="gpu-1", source="/test", cause=command, correlationid="other")
+
+    assert (answer.causationid, answer.correlationid) == ("cmd-1", "saga-1")
+    assert (told.causationid, told.correlationid) == ("cmd-1", "other")

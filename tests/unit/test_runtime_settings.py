@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpuop.runtime import services
 from gpuop.runtime.launching import check_role
-from gpuop.runtime.settings import Role, SettingsError, load, load_config_file
+from gpuop.runtime.settings import Role, Settings, SettingsError, load, load_config_file
 
 
 def test_flags_win_over_environment_which_wins_over_defaults() -> None:
@@ -101,3 +101,14 @@ def test_config_file_defaults_values_and_errors_naming_the_file(tmp_path: Path) 
         assert str(path) in str(raised.value)
     with pytest.raises(SettingsError, match="cannot read it"):
         load_config_file(tmp_path / "missing.yaml", _Knobs)
+
+
+def test_a_node_role_names_its_missing_node_and_host_root(tmp_path: Path) -> None:
+    settings = Settings(service="discovery", host_root=tmp_path / "missing")
+
+    with pytest.raises(SettingsError, match="--node is required"):
+        settings.require_node()
+    with pytest.raises(SettingsError, match=r"--host-root .*missing: no such directory"):
+        settings.require_host_root()
+    found = settings.model_copy(update={"node": "gpu-1", "host_root": tmp_path})
+    assert (found.require_node(), found.require_host_root()) == ("gpu-1", tmp_path)

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import nats
 import nats.errors
@@ -131,7 +132,8 @@ class NatsBus:
                 reconnected_cb=_log_reconnect,
             )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
-            raise BusUnavailable(f"cannot connect to {self._servers}: {exc!r}") from exc
+            shown = ", ".join(redacted(server) for server in self._servers)
+            raise BusUnavailable(f"cannot connect to {shown}: {exc!r}") from exc
         nc.options["max_reconnect_attempts"] = -1
         return nc
 
@@ -246,11 +248,14 @@ class NatsBus:
             metadata=dict(spec.metadata) or None,
         )
         try:
-            await self.js.add_consumer(layout.name, config)
-        except nats.js.errors.BadRequestError as exc:
-            # an existing consumer with a setting that cannot change: keep its position
-            log.warning("consumer %s kept with its old config: %s", spec.durable, exc)
-        psub = await self.js.pull_subscribe_bind(durable=spec.durable, stream=layout.name)
+            try:
+                await self.js.add_consumer(layout.name, config)
+            except nats.js.errors.BadRequestError as exc:
+                # an existing consumer with a setting that cannot change: keep its position
+                log.warning("consumer %s kept with its old config: %s", spec.durable, exc)
+            psub = await self.js.pull_subscribe_bind(durable=spec.durable, stream=layout.name)
+        except ANY_NATS_ERROR as exc:
+            raise BusUnavailable(f"cannot start consumer {spec.durable}: {exc!r}") from exc
         subscription = NatsSubscription(self, spec, handler, psub, self._metrics)
         subscription.start()
         self._subscriptions.append(subscription)
@@ -278,7 +283,10 @@ class NatsBus:
             inactive_threshold=30.0,
             mem_storage=True,
         )
-        psub = await self.js.pull_subscribe(subject, stream=layout.name, config=config)
+        try:
+            psub = await self.js.pull_subscribe(subject, stream=layout.name, config=config)
+        except ANY_NATS_ERROR as exc:
+            raise BusUnavailable(f"cannot read {subject}: {exc!r}") from exc
         try:
             if not follow and (await psub.consumer_info()).num_pending == 0:
                 return
@@ -296,6 +304,8 @@ class NatsBus:
                         yield stored
                     if not follow and msg.metadata.num_pending == 0:
                         return
+        except ANY_NATS_ERROR as exc:
+            raise BusUnavailable(f"reading {subject} stopped: {exc!r}") from exc
         finally:
             await _unsubscribe(psub)
 
@@ -395,3 +405,14 @@ async def _log_error(exc: Exception) -> None:
 
 async def _log_reconnect() -> None:
     log.info("reconnected to nats")
+
+
+def redacted(server: str) -> str:
+    """`server` as it may be logged: a password in its URL replaced by `***`."""
+    parts = urlsplit(server)
+    if parts.password is None:
+        return server
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))

@@ -20,6 +20,8 @@ from gpuop.bus.errors import BucketMissing, BusError, KeyExists, PublishTimeout,
 from gpuop.bus.protocol import KvEntry
 
 HISTORY = 16
+KEYS_CONSUMER_TTL = 2.0
+"""Seconds the server keeps a key listing's consumer after the listing ends."""
 """Revisions kept per key: enough to audit a saga's last steps."""
 
 _KEY = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
@@ -102,14 +104,25 @@ class NatsKeyValue:
             raise _bus_error("delete", key, exc) from exc
 
     async def keys(self) -> list[str]:
+        # Listed with a short-lived watcher of our own: nats.py's `keys()` leaves its
+        # consumer on the server for five minutes, so a caller that lists often (the
+        # orchestrator, every reconcile) would reach the stream's consumer limit.
+        found: set[str] = set()  # a key written while the listing runs comes twice
         try:
-            # nats.py lists keys with a watcher, which names a key twice when it is written
-            # while the listing runs
-            return sorted(set(await self._raw.keys()))
-        except nats.js.errors.NoKeysError:
-            return []
+            watcher = await self._raw.watch(
+                ">", ignore_deletes=True, meta_only=True, inactive_threshold=KEYS_CONSUMER_TTL
+            )
+            try:
+                async for entry in watcher:
+                    if entry is None:
+                        break
+                    found.add(entry.key)
+            finally:
+                with contextlib.suppress(TimeoutError, nats.errors.Error):
+                    await watcher.stop()  # type: ignore[no-untyped-call]
         except nats.errors.Error as exc:
             raise _bus_error("keys", "*", exc) from exc
+        return sorted(found)
 
     async def watch(self, pattern: str = ">") -> AsyncIterator[KvEntry | None]:
         watcher = await self._raw.watch(pattern)

@@ -1,4 +1,5 @@
-"""Names and retention of the streams and buckets, derived from the subject prefix.
+"""Names and retention of the streams and buckets, derived from the subject prefix, and the
+names of the node agents' durable consumers.
 
 Several clusters can share one NATS when each uses its own prefix; every stream and bucket
 name carries it (`GPUOP_EVENTS`, `gpuop_sagas` for the default prefix).
@@ -7,6 +8,7 @@ name carries it (`GPUOP_EVENTS`, `gpuop_sagas` for the default prefix).
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 
 from gpuop.bus.protocol import Buckets
@@ -16,6 +18,8 @@ DAY = 86400.0
 DEFAULT_EVENTS_MAX_AGE = 30 * DAY
 DUPLICATE_WINDOW = 120.0
 """Seconds within which a repeated event id is dropped; publish retries stay inside it."""
+MAX_DURABLE_TOKEN = 64
+"""Longest node token a durable consumer name carries as it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,17 @@ def stream_for(prefix: str, subject_filter: str) -> StreamLayout:
 def bucket_name(prefix: str, bucket: Buckets | str) -> str:
     """`gpuop_sagas` for bucket `sagas`."""
     return f"{prefix.replace('-', '_')}_{bucket}"
+
+
+def node_durable(service: str, node: str, purpose: str) -> str:
+    """The durable consumer name of `service`'s agent on `node` for `purpose`
+    (`discovery-gpu-1-commands`); stable across restarts, so the agent resumes after its
+    last acked message."""
+    # durable names become file names on the server: keep long node names short
+    token = subjects.encode_node(node)
+    if len(token) > MAX_DURABLE_TOKEN:
+        token = token[:40] + "-" + hashlib.sha256(token.encode()).hexdigest()[:16]
+    return f"{service}-{token}-{purpose}"
 
 
 def subject_matches(pattern: str, subject: str) -> bool:

@@ -1,13 +1,19 @@
 """`gpuop demo`: the embedded stack on one machine, rolling a real driver upgrade.
 
-Starts a real nats-server, a simulated Kubernetes cluster (GPU nodes, kubelets, workloads
-with PodDisruptionBudgets), a simulated host root per node (made from the recorded H200
-host) and every built service as its own process (node roles once per node, cluster roles
-once). Once discovery has labelled the nodes, it installs the GPUClusterPolicy CRD, builds a
-driver source with a newer driver, and creates a policy asking for it: the orchestrator
-rolls the upgrade across the nodes, and the demo prints each transition from the public
-upgrade events, then one JSON line (nodes, done, failed, seconds). Exit 0 only when every
-node is done. Ctrl-C (or the end) stops every process it started.
+Starts a real nats-server, a simulated Kubernetes cluster (by default 8 GPU nodes of 8 GPUs,
+with kubelets and GPU workloads under PodDisruptionBudgets), a simulated host root per node
+(made from the recorded H200 host) with the kubelet's gRPC side on it (device plugin
+registration, PodResources), and every built service as its own process (node roles once per
+node, cluster roles once). Once discovery has labelled the nodes, it installs the
+GPUClusterPolicy CRD, builds a driver source with a newer driver, and creates a policy asking
+for it: the orchestrator rolls the upgrade across the nodes.
+
+On a terminal the rollout is shown live (`gpuop.cli.screens`): the nodes' states, a progress
+bar, the latest events, and where the metrics are and how to tail the events. Otherwise, or
+with `--headless`, it prints one line per node transition. Either way it ends with one JSON
+line (nodes, done, failed, seconds) and exits 0 only when every node is done; `--record FILE`
+exports the event log first, for `gpuop replay`. Ctrl-C (or the end) stops every process it
+started, each with its process group (`gpuop.cli.processes`).
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from typing import Any
 from kubernetes.aio import client as k8s
 
 from gpuop.bus import NatsBus, NatsServer
-from gpuop.cli import events, rollout_view
-from gpuop.cli.processes import Process, say_what_is_missing, show, spawn, stop_all
+from gpuop.cli import events, rollout_view, screens
+from gpuop.cli.processes import Process, show, spawn, stop_all
+from gpuop.events.device import OperandService
 from gpuop.host import packaging, seeding, system
 from gpuop.kube import client as kubeclient
 from gpuop.kube import errors as kubeerrors
@@ -36,13 +43,15 @@ from gpuop.runtime import services
 from gpuop.runtime.settings import Role
 from gpuop.sim.cluster import SimCluster
 from gpuop.sim.hosts import build_host_root
+from gpuop.sim.kubelet_grpc import KubeletGrpc
 
 NEW_VERSION = "580.200.01"
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 LABELS_SHOWN = ("nvidia.com/gpu.count", "nvidia.com/gpu.product", DRIVER_LABEL)
 DISCOVERY_CONFIG = "scan_interval_seconds: 2\nheartbeat_interval_seconds: 2\n"
 DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.2\n"
-ORCHESTRATOR_CONFIG = "resync_seconds: 0.5\n"
+ORCHESTRATOR_CONFIG = "resync_seconds: 0.5\noperands: [{operands}]\n"
+"""The orchestrator waits for a pause confirmation from every operand the demo runs."""
 
 
 def add_parser(verbs: Any) -> None:
@@ -52,10 +61,15 @@ def add_parser(verbs: Any) -> None:
         description="Start nats-server, a simulated GPU cluster and every service locally, "
         "then roll a driver upgrade across the nodes and report how it went.",
     )
-    demo.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
+    demo.add_argument("--nodes", type=int, default=8, help="simulated nodes (default 8)")
     demo.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
     demo.add_argument("--max-parallel", type=int, default=2, help="maxParallelUpgrades")
-    demo.add_argument("--headless", action="store_true", help="plain progress lines only")
+    demo.add_argument(
+        "--headless",
+        action="store_true",
+        help="plain progress lines for CI, then one JSON line (nodes, done, failed, "
+        "seconds); exit 0 only when every node is done",
+    )
     demo.add_argument("--timeout", type=float, default=300, help="seconds for the rollout")
     demo.add_argument("--record", type=Path, help="write the event log here at the end")
     demo.add_argument("--hold", action="store_true", help="keep running until Ctrl-C")
@@ -65,17 +79,19 @@ def add_parser(verbs: Any) -> None:
 async def run_demo(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     _check(args)
     started = time.monotonic()
+    live = sys.stdout.isatty() and not args.headless
     with tempfile.TemporaryDirectory(prefix="gpuop-demo-") as workdir:
         work = Path(workdir)
         async with AsyncExitStack() as stack:
             server = await stack.enter_async_context(NatsServer(work / "nats"))
             cluster = await stack.enter_async_context(SimCluster(nodes=args.nodes, gpus=args.gpus))
             kubeconfig = cluster.write_kubeconfig(work / "kubeconfig")
+            tracker = rollout_view.Tracker(cluster.node_names, started)
             print(f"nats-server (JetStream) listening on {server.url}")
             print(f"simulated cluster: {args.nodes} nodes x {args.gpus} GPUs at {cluster.url}")
             processes: list[Process] = []
             stack.push_async_callback(stop_all, processes)
-            source = await _spawn_all(processes, cluster, server.url, kubeconfig, args, work)
+            source = await _spawn_all(processes, stack, cluster, server.url, kubeconfig, args, work)
             if not args.headless:
                 await show(processes)
             kube = await stack.enter_async_context(await kubeclient.connect(kubeconfig))
@@ -84,29 +100,61 @@ async def run_demo(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             await bus.start()
             stack.push_async_callback(bus.close)
             await _start_rollout(kube, source, args)
-            print(f"rolling GPU driver {seeding.RECORDED_DRIVER_VERSION} -> {NEW_VERSION}")
-            try:
-                outcome = await asyncio.wait_for(
-                    rollout_view.follow(bus, cluster.node_names, started), args.timeout
-                )
-            except TimeoutError:
-                print(f"the rollout did not finish within {args.timeout:g} s", file=sys.stderr)
-                outcome = rollout_view.RolloutOutcome(cluster.node_names)
-                outcome.seconds = time.monotonic() - started
+            title = (
+                f"GPU driver {seeding.RECORDED_DRIVER_VERSION} -> {NEW_VERSION}, "
+                f"{args.nodes} nodes, {args.max_parallel or 'all'} at a time"
+            )
+            footer = _footer(processes, server.url, kubeconfig)
+            if live:
+                async with screens.LiveScreen(tracker, title=title, footer=footer).showing():
+                    await _follow(bus, tracker, args, print_lines=False)
+            else:
+                print(f"rolling {title}", flush=True)
+                await _follow(bus, tracker, args, print_lines=True)
             if args.record is not None:
                 lines = await events.export_lines(bus)
                 args.record.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
                 print(f"recorded {len(lines)} messages to {args.record}; check with:")
                 print(f"  gpuop replay {args.record}")
-            if not args.headless:
-                print(f"\nTail events with:\n  gpuop events tail --nats {server.url}")
-                print(f"Inspect the cluster with:\n  kubectl --kubeconfig {kubeconfig} get nodes")
-                say_what_is_missing()
+            if not args.headless and not live:
+                print("", *footer, sep="\n")
             if args.hold:
                 print("\nRunning; press Ctrl-C to stop.", flush=True)
                 await asyncio.Event().wait()
+            outcome = tracker.outcome
     print(outcome.summary(), flush=True)
     return 0 if outcome.done == len(outcome.nodes) else 1
+
+
+async def _follow(
+    bus: NatsBus, tracker: rollout_view.Tracker, args: argparse.Namespace, *, print_lines: bool
+) -> None:
+    try:
+        await asyncio.wait_for(
+            rollout_view.follow(bus, tracker, print_lines=print_lines), args.timeout
+        )
+    except TimeoutError:
+        tracker.outcome.seconds = tracker.elapsed
+        print(f"the rollout did not finish within {args.timeout:g} s", file=sys.stderr)
+
+
+def _footer(processes: list[Process], nats_url: str, kubeconfig: Path) -> list[str]:
+    """Where to look while it runs: metrics, the event log, the rollout and the cluster."""
+    cluster = [p for p in processes if p.node is None]
+    lines = [
+        f"{'metrics' if i == 0 else '':<9} {p.service:<21} {p.metrics_url}"
+        for i, p in enumerate(cluster)
+    ]
+    first = processes[0].node if processes else None
+    ports = "  ".join(f"{p.service} :{p.port}" for p in processes if first and p.node == first)
+    lines += [
+        f"          on {first}: {ports} (every service: table above)",
+        f"events    gpuop events tail --nats {nats_url}",
+        f"rollout   gpuop upgrade status --kubeconfig {kubeconfig} --nats {nats_url}",
+        f"cluster   kubectl --kubeconfig {kubeconfig} get nodes",
+        "Ctrl-C stops everything.",
+    ]
+    return lines
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -120,22 +168,27 @@ def _check(args: argparse.Namespace) -> None:
 
 async def _spawn_all(
     processes: list[Process],
+    stack: AsyncExitStack,
     cluster: SimCluster,
     nats_url: str,
     kubeconfig: Path,
     args: argparse.Namespace,
     work: Path,
 ) -> Path:
-    """Host roots, the driver source and every built service; returns the source."""
+    """Host roots with their kubelets, the driver source and every built service; returns
+    the source."""
+    built = list(services.installed().values())
+    operands = [d.name for d in built if d.name in set(OperandService)]
     (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
     (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
-    (work / "orchestrator.yaml").write_text(ORCHESTRATOR_CONFIG)
+    (work / "orchestrator.yaml").write_text(
+        ORCHESTRATOR_CONFIG.format(operands=", ".join(operands))
+    )
     configs = {
         "discovery": work / "discovery.yaml",
         "driver-manager": work / "driver-manager.yaml",
         "upgrade-orchestrator": work / "orchestrator.yaml",
     }
-    built = [d for d in services.installed().values() if d.main is not None]
     source = work / "driver-source"
     for node in cluster.node_names:
         machine = cluster.machine(node)
@@ -146,6 +199,7 @@ async def _spawn_all(
             boot_id=machine.boot_id,
             product_name=machine.type.name,
         )
+        await stack.enter_async_context(KubeletGrpc.under(root.path))
         if not source.exists():
             kernel = system.kernel_release(root) or ""
             packaging.build_driver_source(

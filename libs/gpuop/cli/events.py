@@ -75,7 +75,9 @@ def render(stored: StoredMessage) -> str:
     return json.dumps(document, separators=(",", ":"), sort_keys=False)
 
 
-def _bus(args: argparse.Namespace, environ: Mapping[str, str], prefix: str) -> NatsBus:
+def nats_bus(args: argparse.Namespace, environ: Mapping[str, str], prefix: str) -> NatsBus:
+    """The bus `--nats` / `--nats-creds` (or GPUOP_NATS / GPUOP_NATS_CREDS) name; not
+    connected yet."""
     urls = args.nats or environ.get("GPUOP_NATS") or "nats://127.0.0.1:4222"
     return NatsBus(
         [u.strip() for u in urls.split(",")],
@@ -85,7 +87,8 @@ def _bus(args: argparse.Namespace, environ: Mapping[str, str], prefix: str) -> N
     )
 
 
-def _prefix(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+def nats_prefix(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    """`--prefix`, GPUOP_PREFIX or `gpuop`, checked."""
     return subjects.validate_prefix(args.prefix or environ.get("GPUOP_PREFIX") or "gpuop")
 
 
@@ -118,7 +121,7 @@ def _write(path: str, text: str) -> None:
 
 
 async def export_log(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    bus = _bus(args, environ, _prefix(args, environ))
+    bus = nats_bus(args, environ, nats_prefix(args, environ))
     await bus.connect()
     try:
         lines = await export_lines(bus)
@@ -134,10 +137,10 @@ async def export_log(args: argparse.Namespace, environ: Mapping[str, str]) -> in
 
 
 async def tail_events(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    prefix = _prefix(args, environ)
+    prefix = nats_prefix(args, environ)
     subject = args.subject or subjects.stream_filter(subjects.Kind.EVENT, prefix=prefix)
     since = parse_since(args.since, datetime.now(UTC)) if args.since else None
-    bus = _bus(args, environ, prefix)
+    bus = nats_bus(args, environ, prefix)
     await bus.connect()
     try:
         async for stored in bus.read(subject, since=since, follow=not args.no_follow):

@@ -1,7 +1,8 @@
 """`gpuop`: entry point of the console script; builds the argument parser and dispatches.
 
-Exit codes are the same for every subcommand: 0 success, 1 the work failed, 2 bad usage or
-settings (the message says which flag is wrong), 130 interrupted.
+Exit codes are the same for every subcommand (`gpuop.cli.errors` lists which failure gives
+which): 0 success, 1 the work failed, 2 bad usage or settings (the message says which flag
+is wrong), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from collections.abc import Sequence
 
 from gpuop import __version__
 from gpuop.bus.errors import BusError
-from gpuop.cli import demo, discover, events, replay, run, sim
+from gpuop.cli import demo, discover, events, replay, run, sim, upgrade
+from gpuop.cli.errors import CommandFailed
+from gpuop.kube.errors import KubeError
 from gpuop.runtime.services import UnknownService
 from gpuop.runtime.settings import SettingsError
 
@@ -35,6 +38,7 @@ def parser() -> argparse.ArgumentParser:
     events.add_parser(verbs)
     replay.add_parser(verbs)
     discover.add_parser(verbs)
+    upgrade.add_parser(verbs)
     demo.add_parser(verbs)
     sim.add_parser(verbs)
     return top
@@ -45,13 +49,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(asyncio.run(args.handler(args, os.environ)))
     except (SettingsError, UnknownService, ValueError) as exc:
-        print(f"gpuop {args.verb}: {exc}", file=sys.stderr)
+        print(f"gpuop {_command(args)}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except BusError as exc:
-        print(f"gpuop {args.verb}: {exc}", file=sys.stderr)
+    except (BusError, CommandFailed, KubeError) as exc:
+        print(f"gpuop {_command(args)}: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `gpuop ... | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _command(args: argparse.Namespace) -> str:
+    """`upgrade start`, `events tail`, `demo`: the words the user typed."""
+    action = getattr(args, "action", None)
+    return f"{args.verb} {action}" if action else str(args.verb)
 
 
 if __name__ == "__main__":

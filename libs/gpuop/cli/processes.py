@@ -1,7 +1,10 @@
 """Service processes for `gpuop demo`: start one, probe its /readyz, stop them all.
 
 Every service runs as its own `gpuop run` process, exactly as in a DaemonSet or Deployment,
-with its log in the demo's work directory.
+with its log in the demo's work directory. Each one leads a process group of its own, so a
+Ctrl-C at the terminal reaches only the demo, which then stops the services in order, and
+stopping a service stops whatever it started: `stop_all` signals the whole group (SIGTERM,
+then SIGKILL after `STOP_GRACE`), so no process outlives the demo.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -17,8 +21,10 @@ from pathlib import Path
 
 import aiohttp
 
-from gpuop.runtime import services
 from gpuop.runtime.settings import Role
+
+STOP_GRACE = 10.0
+"""Seconds a service has to stop after SIGTERM before its process group is killed."""
 
 
 @dataclass
@@ -33,6 +39,10 @@ class Process:
     def label(self) -> str:
         return f"{self.service} ({self.node or self.role})"
 
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
 
 async def spawn(
     service: str, role: Role, node: str | None, nats_url: str, extra: list[str], work: Path
@@ -46,17 +56,24 @@ async def spawn(
     log = work / f"{service}-{node or role}.log"
     with log.open("wb") as sink:
         process = await asyncio.create_subprocess_exec(
-            *command, stdout=sink, stderr=sink, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            *command,
+            stdout=sink,
+            stderr=sink,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            process_group=0,
         )
     return Process(service, role, node, port, process)
 
 
 async def show(processes: list[Process]) -> None:
-    print(f"\n{'service':<36} {'pid':>7}  {'health':<8} ready")
+    print(f"\n{'service':<36} {'pid':>7}  {'health':<8} {'ready':<5}  metrics")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
         for proc in processes:
             health, ready = await _probe(session, proc)
-            print(f"{proc.label:<36} {proc.process.pid:>7}  {health:<8} {ready}")
+            print(
+                f"{proc.label:<36} {proc.process.pid:>7}  {health:<8} {ready:<5}  "
+                f"{proc.metrics_url}"
+            )
 
 
 async def _probe(session: aiohttp.ClientSession, proc: Process) -> tuple[str, str]:
@@ -77,27 +94,24 @@ async def _probe(session: aiohttp.ClientSession, proc: Process) -> tuple[str, st
     return "no answer", "unknown"
 
 
-def say_what_is_missing() -> None:
-    pending = {d.name: d.pending_issue for d in services.installed().values() if d.main is None}
-    if not pending:
-        return
-    print("\nNot built yet (not started in this demo):")
-    for name, issue in pending.items():
-        print(f"  - {name}: issue {issue}")
-    print("  - the live rollout view, the Helm chart and `gpuop upgrade` (issue 9)")
-
-
 async def stop_all(processes: list[Process]) -> None:
+    """SIGTERM every service's process group, wait, then SIGKILL what is left of each."""
     for proc in processes:
         if proc.process.returncode is None:
-            proc.process.terminate()
+            _signal_group(proc, signal.SIGTERM)
     for proc in processes:
         try:
-            await asyncio.wait_for(proc.process.wait(), 10)
+            await asyncio.wait_for(proc.process.wait(), STOP_GRACE)
         except TimeoutError:
-            proc.process.kill()
+            _signal_group(proc, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 await proc.process.wait()
+        _signal_group(proc, signal.SIGKILL)  # anything the service started and left behind
+
+
+def _signal_group(proc: Process, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.process.pid, signum)
 
 
 def _free_port() -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 from gpuop.runtime import launching, services, settings
 
-EXIT_GRACE = 5.0
+EXIT_GRACE = 20.0
 """Seconds a stopped service's process has to exit before it is made to."""
 
 
@@ -25,6 +25,9 @@ def add_parser(verbs: Any) -> None:
     sub.add_argument("--node", help="this node's Kubernetes name (node role)")
     sub.add_argument("--nats", help="NATS URLs, comma separated")
     sub.add_argument("--nats-creds", help="NATS credentials file")
+    sub.add_argument(
+        "--nats-wait", type=float, help="seconds to keep trying NATS at start (default 30)"
+    )
     sub.add_argument("--prefix", help="subject prefix (default gpuop)")
     sub.add_argument("--kubeconfig", help="kubeconfig file (cluster roles)")
     sub.add_argument("--host-root", help="host root filesystem (default /host)")

@@ -196,8 +196,16 @@ def new_event(
     causationid: str | None = None,
     traceparent: str | None = None,
     now: datetime | None = None,
+    cause: Envelope | None = None,
 ) -> Envelope:
-    """Wrap an event payload; `node` is the node it is about, or `subjects.CLUSTER`."""
+    """Wrap an event payload; `node` is the node it is about, or `subjects.CLUSTER`.
+
+    `cause` is the message this event answers (a command, an event reacted to): its id is
+    the causation id and its correlation id is carried on, unless they are given.
+    """
+    if cause is not None:
+        causationid = causationid or cause.id
+        correlationid = correlationid or cause.correlationid
     return _envelope(
         payload,
         node=node,

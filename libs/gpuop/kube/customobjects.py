@@ -4,7 +4,8 @@ Called by the upgrade orchestrator (reads and watches the cluster policy for des
 driver versions, reports rollout progress in its status) and by network-manager's cluster
 role (Multus NetworkAttachmentDefinitions).
 
-A `CustomResource` names a served collection; its objects are plain dicts. The server
+A `CustomResource` names a served collection; its objects are plain dicts, created,
+listed, watched, patched and deleted with the functions here. The server
 has no schema to merge custom objects' lists by key, so changes are JSON merge patches
 (RFC 7386: maps merge, null removes a key, lists are replaced whole). A status patch may
 carry the resourceVersion it was computed from, turning it into a compare-and-set.
@@ -52,6 +53,7 @@ GPU_CLUSTER_POLICIES = CustomResource("gpuop.io", "v1alpha1", "gpuclusterpolicie
 NETWORK_ATTACHMENT_DEFINITIONS = CustomResource(
     "k8s.cni.cncf.io", "v1", "network-attachment-definitions", namespaced=True
 )
+"""Multus' secondary network attachments (namespaced), one per gpuop network."""
 
 
 async def get(
@@ -106,6 +108,24 @@ def watch(
         label_selector=label_selector,
         clock=clock,
     )
+
+
+async def create(kube: Kube, resource: CustomResource, body: Obj) -> Obj:
+    """Create the object `body` describes (in its `metadata.namespace` when the resource is
+    namespaced); `AlreadyExists` when the name is taken."""
+    namespace = body.get("metadata", {}).get("namespace") if resource.namespaced else None
+    api = kube.custom_objects
+    method = api.create_namespaced_custom_object if namespace else api.create_cluster_custom_object
+    return await kube.call(method, *resource.scope_arguments(namespace), body)
+
+
+async def delete(
+    kube: Kube, resource: CustomResource, name: str, *, namespace: str | None = None
+) -> None:
+    """Delete the object; `NotFound` when it is already gone."""
+    api = kube.custom_objects
+    method = api.delete_namespaced_custom_object if namespace else api.delete_cluster_custom_object
+    await kube.call(method, *resource.scope_arguments(namespace), name)
 
 
 async def patch(

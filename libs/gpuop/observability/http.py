@@ -7,7 +7,10 @@ Kubernetes API, and the readiness probe reports what it is still waiting for.
 - `/healthz` answers 200 as long as the event loop runs: a wedged loop fails the probe.
 - `/readyz` answers 200 or 503 from the service's readiness check, with a JSON reason.
 - `/metrics` renders the registry in the text format the scraper asks for (Prometheus text or
-  OpenMetrics). Collection is cheap because exporters gather off the scrape path.
+  OpenMetrics). Collection is cheap because exporters gather off the scrape path. A service
+  that keeps its own pre-rendered Prometheus text (telemetry's GPU metrics, rendered once per
+  collection with dcgm-exporter's exact names) passes it as `exposition`; the response is
+  then Prometheus text, the registry's followed by those bytes as they are.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Self
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 
 _log = logging.getLogger(__name__)
 
@@ -29,6 +32,8 @@ Readiness = bool | tuple[bool, str]
 """Ready or not, optionally with the reason it is not."""
 ReadinessCheck = Callable[[], Readiness | Awaitable[Readiness]]
 """Answers whether the service can do its job now; may be a plain or an async function."""
+Exposition = Callable[[], bytes | None]
+"""Pre-rendered Prometheus text (format 0.0.4) to serve after the registry's; None: nothing."""
 
 
 class HealthServer:
@@ -42,9 +47,11 @@ class HealthServer:
         host: str = "127.0.0.1",
         port: int = 0,
         readiness_timeout: float = 2.0,
+        exposition: Exposition | None = None,
     ) -> None:
         self._registry = registry
         self._readiness = readiness
+        self._exposition = exposition
         self._host = host
         self._port = port
         # Below the kubelet's probe timeout, so a hung check reads as "not ready", not "dead".
@@ -107,6 +114,13 @@ class HealthServer:
         return web.json_response({"ready": False, "reason": reason}, status=503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        rendered = self._exposition() if self._exposition is not None else None
+        if rendered is not None:
+            # dcgm-exporter's counters have no `_total`, which OpenMetrics would require
+            body = generate_latest(self._registry) + rendered
+            response = web.Response(body=body)
+            response.headers["Content-Type"] = CONTENT_TYPE_PLAIN_0_0_4
+            return response
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         response = web.Response(body=encoder(self._registry))
         # aiohttp's content_type argument refuses parameters such as charset and version.

@@ -17,10 +17,17 @@ The standard `OTEL_*` variables are honoured:
   imported only when asked for; without it the process runs on with one warning.
 - `OTEL_TRACES_SAMPLER`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES` and the exporter's
   own variables are read by the SDK.
+
+Work that outlives a process (an upgrade saga, continued by whichever replica leads) is traced
+under ids derived from its durable identity (`derived_trace_id`, `derived_span_id`): any
+process can parent a span on one of them (`context_of`) before that span exists, and
+`record_span` records it later, with those ids and its real start, once it has ended.
 """
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import importlib
 import logging
 import os
@@ -28,6 +35,7 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -39,7 +47,10 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import Attributes
 
 _log = logging.getLogger(__name__)
 
@@ -51,8 +62,14 @@ _TRACEPARENT = "traceparent"
 # Only the W3C traceparent travels in the envelope; baggage and tracestate are not carried.
 _PROPAGATOR = TraceContextTextMapPropagator()
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
 _configure_lock = threading.Lock()
 _configured = False
+_pinned: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+    "gpuop_pinned_span_ids", default=None
+)
+"""(trace id, span id) for the one span `record_span` is opening, else None."""
 
 
 def configure_tracing(service: str, *, node: str | None = None) -> None:
@@ -86,7 +103,7 @@ def build_tracer_provider(
     env = os.environ if environ is None else environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
-    provider = TracerProvider(resource=_resource(service, node, env))
+    provider = TracerProvider(resource=_resource(service, node, env), id_generator=PinnableIds())
     for name in _exporter_names(env):
         if name == "console":
             # Bound now, not at import time, so a redirected stdout is honoured.
@@ -137,6 +154,117 @@ def attached(traceparent: str | None) -> Iterator[otel_context.Context]:
         yield ctx
     finally:
         otel_context.detach(token)
+
+
+def recording() -> bool:
+    """Whether spans are recorded in this process: an SDK provider is installed (none is
+    when `OTEL_SDK_DISABLED` is true)."""
+    return isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
+def derived_trace_id(*parts: str) -> int:
+    """A trace id that is the same wherever and whenever it is derived from `parts`."""
+    return _digest(16, "trace", *parts)
+
+
+def derived_span_id(*parts: str) -> int:
+    """A span id that is the same wherever and whenever it is derived from `parts`."""
+    return _digest(8, "span", *parts)
+
+
+def context_of(trace_id: int, span_id: int) -> otel_context.Context | None:
+    """The context whose parent is the span with these ids, whether or not it was recorded
+    yet (or ever will be, by this process); None when nothing is recorded here.
+
+    The sampling flag is what the sampler decides for a root span of `trace_id`, the same
+    in every process, so a trace is recorded whole or not at all.
+    """
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        return None
+    decision = provider.sampler.should_sample(otel_context.Context(), trace_id, "derived")
+    sampled = decision.decision is Decision.RECORD_AND_SAMPLE
+    flags = trace.TraceFlags.SAMPLED if sampled else trace.TraceFlags.DEFAULT
+    parent = trace.SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(flags)
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(parent), otel_context.Context())
+
+
+def traceparent_of(ctx: otel_context.Context | None) -> str | None:
+    """The W3C traceparent of the span current in `ctx`; None for None or an empty one."""
+    if ctx is None:
+        return None
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=ctx)
+    return carrier.get(_TRACEPARENT)
+
+
+def record_span(
+    scope: str,
+    name: str,
+    *,
+    trace_id: int,
+    span_id: int,
+    parent: otel_context.Context | None,
+    start: datetime,
+    end: datetime,
+    attributes: Attributes = None,
+    failed: str | None = None,
+) -> None:
+    """Record a span that has already ended, under ids fixed beforehand (`derived_span_id`).
+
+    `parent` None records a root span of `trace_id`; otherwise the span joins the parent's
+    trace (pass its trace id). `failed` is why the work failed: the span's error status. An
+    end before the start (clocks of different producers) is recorded as a zero-length span.
+    Outside a provider built by `build_tracer_provider` the ids cannot be fixed: the span is
+    then recorded under fresh ids, and its children point at a span that is not there.
+    """
+    if not recording():
+        return
+    started = _nanoseconds(start)
+    token = _pinned.set((trace_id, span_id))
+    try:
+        span = tracer(scope).start_span(
+            name,
+            context=parent or otel_context.Context(),
+            attributes=attributes,
+            start_time=started,
+        )
+    finally:
+        _pinned.reset(token)
+    if failed is not None:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, failed))
+    span.end(end_time=max(started, _nanoseconds(end)))
+
+
+class PinnableIds(IdGenerator):
+    """Random ids, except for the span `record_span` opens: that one gets the ids it asks for."""
+
+    def __init__(self) -> None:
+        self._random = RandomIdGenerator()
+
+    def generate_trace_id(self) -> int:
+        pinned = _pinned.get()
+        return pinned[0] if pinned is not None else self._random.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        pinned = _pinned.get()
+        return pinned[1] if pinned is not None else self._random.generate_span_id()
+
+    def is_trace_id_random(self) -> bool:
+        # derived ids are digests: uniformly distributed, as ratio sampling needs
+        return True
+
+
+def _digest(size: int, kind: str, *parts: str) -> int:
+    digest = hashlib.sha256("\x1f".join(("gpuop", kind, *parts)).encode()).digest()
+    # an all-zero id is invalid in W3C trace context; a digest of zeros is not going to happen
+    return int.from_bytes(digest[:size]) or 1
+
+
+def _nanoseconds(moment: datetime) -> int:
+    return (moment - _EPOCH) // timedelta(microseconds=1) * 1000
 
 
 def _resource(service: str, node: str | None, env: Mapping[str, str]) -> Resource:

@@ -1,8 +1,9 @@
 """The `GPUClusterPolicy`: desired driver versions, the upgrade policy, status and CRD.
 
 Who uses it: the upgrade orchestrator reads each policy it watches with `validate_spec` and
-writes `PolicyStatus` back; its decision core decides with an `UpgradePolicy`; the CLI and
-the Helm chart install the CRD that `gpuop.policy.crd` generates.
+writes `PolicyStatus` back; its decision core decides with an `UpgradePolicy`; network-manager
+reads the `network` section (`NetworkSpec`); the CLI and the Helm chart install the CRD that
+`gpuop.policy.crd` generates.
 
 Modules, in the order a policy flows through them:
 
@@ -11,6 +12,10 @@ Modules, in the order a policy flows through them:
     drivers      `driver`: `DriverSpec` and `ComponentSpec` (version, source)
     deadlines    `upgradePolicy.deadlines` and `upgradePolicy.retry`
     upgrades     `upgradePolicy`: `UpgradePolicy` and its upstream sections, plus canary
+    pools        `network.networks[].ipam`: `IpamPool`, the addresses a network gives nodes
+    rdma         `network.rdmaSharedDevices` and the NIC selectors networks share
+    networks     `network`: `NetworkSpec`, `SecondaryNetwork`, and `PublishedNetwork`, the
+                 section as node agents read it from the `gpuop_config` KV bucket
     specs        `GPUClusterPolicySpec` and the resource's group, version and names
     validation   `validate_spec`, `PolicyInvalid` with the path of each wrong field
     conditions   `PolicyStatus`, `Condition`, `condition` and `set_condition`
@@ -27,6 +32,9 @@ from gpuop.policy.conditions import (
 )
 from gpuop.policy.deadlines import Deadlines, Retry
 from gpuop.policy.drivers import ComponentSpec, DriverSpec
+from gpuop.policy.networks import Master, NetworkSpec, PublishedNetwork, SecondaryNetwork
+from gpuop.policy.pools import IpamPool
+from gpuop.policy.rdma import NicSelectors, RdmaSelectors, RdmaSharedDevice
 from gpuop.policy.specs import GPUClusterPolicySpec
 from gpuop.policy.upgrades import Canary, Drain, PodDeletion, UpgradePolicy, WaitForCompletion
 from gpuop.policy.validation import FieldProblem, PolicyInvalid, valid_condition, validate_spec
@@ -41,10 +49,18 @@ __all__ = [
     "DriverSpec",
     "FieldProblem",
     "GPUClusterPolicySpec",
+    "IpamPool",
+    "Master",
+    "NetworkSpec",
+    "NicSelectors",
     "PodDeletion",
     "PolicyInvalid",
     "PolicyStatus",
+    "PublishedNetwork",
+    "RdmaSelectors",
+    "RdmaSharedDevice",
     "Retry",
+    "SecondaryNetwork",
     "UpgradePolicy",
     "WaitForCompletion",
     "condition",

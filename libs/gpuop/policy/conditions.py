@@ -1,7 +1,8 @@
 """`GPUClusterPolicy.status`: conditions and per-state node counts, as the orchestrator
 writes them and `kubectl get gpuclusterpolicy` shows them.
 
-Conditions follow Kubernetes' `metav1.Condition`: `Valid` (False with reason `InvalidSpec`
+The status also names the rollout of the current versions (`RolloutRecord`). Conditions
+follow Kubernetes' `metav1.Condition`: `Valid` (False with reason `InvalidSpec`
 names the wrong field, see `gpuop.policy.validation`), `Ready` (every managed node runs the
 desired drivers) and `Progressing` (a rollout is under way). `lastTransitionTime` changes only
 when a condition's status does: `set_condition` keeps the previous time otherwise, so a status
@@ -112,6 +113,15 @@ def set_condition(conditions: Iterable[Condition], new: Condition) -> tuple[Cond
     return tuple(updated)
 
 
+class RolloutRecord(StatusRecord):
+    """The rollout the orchestrator runs for the policy's current driver versions."""
+
+    id: Annotated[str, Field(min_length=1, max_length=256)]
+    """The rollout's id: the correlation id of its events and the stem of its saga ids."""
+    versions: dict[str, Annotated[str, Field(max_length=64)]] = Field(max_length=2)
+    """The driver version of each component it installs (`gpu`, `ofed`)."""
+
+
 class PolicyStatus(StatusRecord):
     """What gpuop observed and did about the policy."""
 
@@ -125,6 +135,10 @@ class PolicyStatus(StatusRecord):
     nodes: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
     """How many managed nodes are in each upgrade state (`upgrade-done`, `cordon-required`,
     ...); states with no node are left out."""
+    rollout: RolloutRecord | None = None
+    """The rollout of the current driver versions. Kept here so that every replica names a
+    rollout the same way, and a return to versions an earlier rollout installed (`gpuop
+    upgrade abort`) is a new rollout with ids of its own."""
 
     def condition_of(self, type: str) -> Condition | None:
         """The condition of that type, if the status has one."""

@@ -15,10 +15,12 @@ with `context={"field": "<camelCase name>"}`.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 MAX_SECONDS = 7 * 86400
 """The longest timeout, deadline or backoff a policy may set: a week, as agents accept."""
@@ -41,3 +43,17 @@ TimeoutSeconds = Annotated[int, Field(ge=0, le=MAX_SECONDS)]
 """An upstream-style timeout in seconds, where 0 means "no timeout of its own"."""
 DeadlineSeconds = Annotated[int, Field(ge=1, le=MAX_SECONDS)]
 """A deadline in seconds: always bounded, never "forever"."""
+
+
+def matching(pattern: str, message: str) -> AfterValidator:
+    """A check that a string matches `pattern`, refusing it with `message` (pydantic's own
+    words quote the regular expression). Pair it with
+    `Field(json_schema_extra={"pattern": pattern})` so the CRD checks the same."""
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.match(value):
+            raise PydanticCustomError("pattern", message)
+        return value
+
+    return AfterValidator(check)

@@ -4,13 +4,17 @@
 `kubectl get -l` (`app=training,tier!=batch`, `queue in (a,b)`, `!preemptible`). The
 orchestrator hands them to the API server on every list; a malformed one would fail each of
 those requests in the middle of a rollout, so the policy refuses it up front instead, with
-the field's path. Only the syntax is checked here; what the selector matches is the API
+the field's path. Only the syntax is checked here; what a pod selector matches is the API
 server's business.
+
+`upgradePolicy.nodeSelector` is different: the orchestrator already watches every GPU node
+and narrows them down itself, with `matches`, the API server's matching rules.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
@@ -72,6 +76,40 @@ def _check(selector: str) -> str:
             'must be a label selector such as "app=training,tier!=batch"',
         )
     return selector
+
+
+_SET = re.compile(r"^(?P<key>[^\s!=<>()]+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)$")
+_COMPARED = re.compile(r"^(?P<key>[^\s!=<>()]+)\s*(?P<op>==|!=|=|<|>)\s*(?P<value>\S*)$")
+
+
+def matches(selector: str, labels: Mapping[str, str]) -> bool:
+    """Whether `labels` satisfy every requirement of `selector` (a valid one: see
+    `is_valid`), as the API server decides it: `k!=v` and `k notin (..)` also hold when
+    `k` is absent, `k>n` / `k<n` need an integer value."""
+    return all(_term_matches(term, labels) for term in terms(selector) if term)
+
+
+def _term_matches(term: str, labels: Mapping[str, str]) -> bool:
+    if term.startswith("!"):
+        return term[1:].strip() not in labels
+    found = _SET.match(term)
+    if found:
+        values = {v.strip() for v in found["values"].split(",")}
+        inside = found["key"] in labels and labels[found["key"]] in values
+        return inside if found["op"] == "in" else not inside
+    found = _COMPARED.match(term)
+    if found is None:
+        return term in labels
+    key, op, value = found["key"], found["op"], found["value"]
+    if op == "!=":
+        return labels.get(key) != value
+    if op in ("=", "=="):
+        return labels.get(key) == value
+    try:
+        number, bound = int(labels.get(key, "")), int(value)
+    except ValueError:
+        return False
+    return number > bound if op == ">" else number < bound
 
 
 LabelSelector = Annotated[str, Field(max_length=MAX_LENGTH), AfterValidator(_check)]

@@ -3,8 +3,7 @@
 One cluster-scoped `GPUClusterPolicy` (group `gpuop.io`) holds the desired driver versions
 and the upgrade policy. The upgrade orchestrator watches it through `gpuop.kube.customobjects`
 and reads each spec with `gpuop.policy.validation.validate_spec`; `gpuop.policy.crd` builds
-the CustomResourceDefinition from these models. Later sections (`network`) are added here as
-fields of `GPUClusterPolicySpec`.
+the CustomResourceDefinition from these models. Network-manager reads the `network` section.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from typing import Any
 
 from gpuop.policy.drivers import DriverSpec
 from gpuop.policy.fields import Section
+from gpuop.policy.networks import NetworkSpec
 from gpuop.policy.upgrades import UpgradePolicy
 
 GROUP = "gpuop.io"
@@ -25,12 +25,15 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 
 
 class GPUClusterPolicySpec(Section):
-    """The desired state of gpuop's nodes: driver versions and how to roll them out."""
+    """The desired state of gpuop's nodes: driver versions, how to roll them out, and their
+    secondary networks."""
 
     driver: DriverSpec
     """The driver versions every managed node should run."""
     upgrade_policy: UpgradePolicy = UpgradePolicy()
     """How a change of the driver versions is rolled across the nodes."""
+    network: NetworkSpec = NetworkSpec()
+    """Secondary networks, RDMA sharing, and what gpuop may do to the management NIC."""
 
     def to_wire(self) -> dict[str, Any]:
         """The spec as it is written to the API server: camelCase, unset optionals left out."""

@@ -3,11 +3,13 @@
 The fields and defaults up to `drain` are upstream's (`DriverUpgradePolicySpec` of
 NVIDIA/k8s-operator-libs, with the GPU Operator's defaults: `autoUpgrade` true,
 `maxParallelUpgrades` 1, `maxUnavailable` 25%, pod deletion timeout 300 s, drain disabled
-with timeout 300 s), so a GPU Operator policy carries over. The rest are gpuop's: a reboot
-when the driver will not unload, rollback, whether failed nodes hold a slot, retries,
-deadlines for every wait (`gpuop.policy.deadlines`) and a canary.
+with timeout 300 s), so a GPU Operator policy carries over. The rest are gpuop's: which
+nodes a rollout manages (`nodeSelector`), pausing it (`paused`, what `gpuop upgrade pause`
+sets), a reboot when the driver will not unload, rollback, whether failed nodes hold a slot,
+retries, deadlines for every wait (`gpuop.policy.deadlines`) and a canary.
 
-The decision core reads an `UpgradePolicy` for admission (`max_unavailable_of`,
+The orchestrator's controller reads `node_selector` when it picks the managed nodes. The
+decision core reads an `UpgradePolicy` for admission (`paused`, `max_unavailable_of`,
 `max_parallel_upgrades`, `failed_nodes_hold_slot`, `canary`), for the waits of each step
 (`wait_for_jobs_limit`, `pod_deletion_limit`, `drain_limit`, `deadlines`) and for retries
 (`backoff`, `retry.max_attempts`).
@@ -90,6 +92,15 @@ class UpgradePolicy(Section):
     auto_upgrade: bool = True
     """Start a rolling upgrade by itself when the desired driver versions change. When
     false, a version change upgrades nothing until `gpuop upgrade start`."""
+    paused: bool = False
+    """Admit no further node while true: nodes already past `upgrade-required` finish their
+    upgrade, the others wait. `gpuop upgrade pause` sets it, `gpuop upgrade resume` clears
+    it; the `Progressing` condition says `RolloutPaused` meanwhile."""
+    node_selector: LabelSelector = ""
+    """Label selector of the GPU nodes the rollout manages (`kubectl get -l` syntax, such as
+    `pool=training,zone in (a,b)`); empty: every GPU node. Nodes it leaves out get no new
+    saga and do not count in `maxUnavailable`; one already upgrading finishes, holding its
+    slot meanwhile. `gpuop upgrade start --selector` sets it."""
     max_parallel_upgrades: int = Field(default=1, ge=0, le=100_000)
     """How many nodes may be upgrading at once; 0: no limit (then only `maxUnavailable`
     limits the rollout)."""

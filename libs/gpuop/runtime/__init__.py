@@ -1,4 +1,5 @@
-"""Service runtime: settings, service definitions, and the one way a service process starts.
+"""Service runtime: settings, service definitions, the one way a service process starts, and
+how its loops wait between passes (`waiting`).
 
 Sits above the bus and observability, below the services: `gpuop run` calls
 `launching.run_service` with a `ServiceDefinition` found through `services.installed()`.

@@ -1,8 +1,7 @@
 """Runs one service process: logging, tracing, the bus, the health endpoints, the service.
 
 The single path every service starts by (`gpuop run`), so a DaemonSet, a test and the demo
-behave alike. A service that is not built yet still starts, connects and serves /healthz,
-but /readyz says plainly that it is not built, and it does nothing else.
+behave alike.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
         prefix=settings.prefix,
         name=f"gpuop-{definition.name}-{settings.node or settings.role}",
         creds=str(settings.nats_creds) if settings.nats_creds else None,
+        retry_for=settings.nats_wait,
         metrics=BusMetrics(metrics),
     )
     context = ServiceContext(settings, bus, metrics)
@@ -56,6 +56,7 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
         readiness=lambda: (context.ready, context.not_ready_reason),
         host=host,
         port=port,
+        exposition=lambda: context.exposition() if context.exposition is not None else None,
     )
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -64,14 +65,7 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
     log.info("health endpoints on http://%s:%d", *address, extra={"role": settings.role})
     try:
         await bus.start()
-        if definition.main is None:
-            context.not_ready_reason = (
-                f"{definition.name} is not built yet (issue {definition.pending_issue})"
-            )
-            log.warning("%s; connected to the bus and idle", context.not_ready_reason)
-            await context.stopping.wait()
-        else:
-            await definition.main(context)
+        await definition.main(context)
     finally:
         await bus.close()
         await health.stop()

@@ -11,14 +11,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 
 from prometheus_client import CollectorRegistry
 
 from gpuop.bus import Bus
+from gpuop.observability.http import Exposition
 from gpuop.runtime.settings import Role, Settings
 
 ENTRY_POINT_GROUP = "gpuop.services"
+
+Readiness = Callable[[bool, str], None]
+"""Told (ready, reason) whenever a service part's readiness changes; in a running service,
+`ServiceContext.set_readiness`."""
 
 
 @dataclass
@@ -32,6 +37,14 @@ class ServiceContext:
     ready: bool = False
     """Reported by /readyz; a service sets it once it does its job."""
     not_ready_reason: str = "starting"
+    exposition: Exposition | None = None
+    """Pre-rendered Prometheus text /metrics serves after the registry's; a service whose
+    metric names the registry cannot express (telemetry's dcgm-exporter set) sets it."""
+
+    def set_readiness(self, ready: bool, reason: str) -> None:
+        """What /readyz reports from now on (a `Readiness` to hand the service's parts)."""
+        self.ready = ready
+        self.not_ready_reason = reason
 
 
 ServiceMain = Callable[[ServiceContext], Awaitable[None]]
@@ -44,10 +57,8 @@ class ServiceDefinition:
     name: str
     summary: str
     roles: frozenset[Role]
-    main: ServiceMain | None = None
-    """Runs until `context.stopping` is set; None while the service is not built yet."""
-    pending_issue: int | None = None
-    """The issue that builds this service, while `main` is None."""
+    main: ServiceMain
+    """Runs until `context.stopping` is set."""
 
 
 class UnknownService(LookupError):
@@ -56,17 +67,21 @@ class UnknownService(LookupError):
 
 def installed() -> dict[str, ServiceDefinition]:
     """Every installed service, by name."""
-    found: dict[str, ServiceDefinition] = {}
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        definition = entry.load()
-        if not isinstance(definition, ServiceDefinition):
-            raise TypeError(f"entry point {entry.value} is not a ServiceDefinition")
-        found[definition.name] = definition
+    found = {entry.name: _load(entry) for entry in entry_points(group=ENTRY_POINT_GROUP)}
     return dict(sorted(found.items()))
 
 
 def lookup(name: str) -> ServiceDefinition:
-    services = installed()
-    if name not in services:
-        raise UnknownService(f"unknown service {name!r}; installed: {', '.join(services)}")
-    return services[name]
+    """The service `name`, importing only its own package: a process runs one service and
+    should not carry the others' imports (gRPC, netlink) to its exit."""
+    for entry in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        return _load(entry)
+    names = sorted(entry.name for entry in entry_points(group=ENTRY_POINT_GROUP))
+    raise UnknownService(f"unknown service {name!r}; installed: {', '.join(names)}")
+
+
+def _load(entry: EntryPoint) -> ServiceDefinition:
+    definition = entry.load()
+    if not isinstance(definition, ServiceDefinition) or definition.name != entry.name:
+        raise TypeError(f"entry point {entry.name} = {entry.value} is not its ServiceDefinition")
+    return definition

@@ -52,6 +52,8 @@ class Settings(BaseModel):
     """NATS server URLs."""
     nats_creds: Path | None = None
     """NATS credentials file (production NATS uses per-service users)."""
+    nats_wait: float = Field(default=30.0, ge=0, le=3600)
+    """Seconds to keep trying NATS at start before giving up with exit code 1."""
     prefix: str = subjects.DEFAULT_PREFIX
     """Subject prefix, so several clusters can share one NATS."""
     kubeconfig: Path | None = None
@@ -98,6 +100,19 @@ class Settings(BaseModel):
     def listen_address(self) -> tuple[str, int]:
         host, _, port = self.metrics_listen.rpartition(":")
         return host.strip("[]"), int(port)
+
+    def require_node(self) -> str:
+        """`node`, which a node role cannot run without; raises `SettingsError` when unset."""
+        if self.node is None:
+            raise SettingsError("--node is required for the node role")
+        return self.node
+
+    def require_host_root(self) -> Path:
+        """`host_root`, which a node role reads and never creates; raises `SettingsError`
+        when it is not a directory."""
+        if not self.host_root.is_dir():
+            raise SettingsError(f"--host-root {self.host_root}: no such directory")
+        return self.host_root
 
 
 def load(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Settings:

@@ -20,6 +20,11 @@ count as unavailable while cordoned), so one broken node never blocks the rest; 
 node is not admitted (it could not make progress); an upgrade-required node that is already
 cordoned is admitted even with no slot left, first, as upstream does.
 
+What the operator controls (`gpuop upgrade pause` and `start`, through the policy): while
+`upgradePolicy.paused` is set nothing is admitted, and sagas already admitted go on; an
+upgrade-required saga whose targets are not the versions the policy asks for now (one of an
+earlier rollout, superseded before it was admitted) is never admitted.
+
 The canary (`canary.nodes` = N > 0): the first N nodes admitted are marked canary. Until all
 of them reached upgrade-done, no other node is admitted (a canary retried after a failure is
 re-admitted as a canary). While any canary is in upgrade-failed, nothing at all is admitted,
@@ -33,9 +38,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.records import NodeSaga
+from gpuop.saga.records import NodeSaga, desired_targets
 
 S = UpgradeState
 
@@ -76,12 +82,20 @@ class Admission:
     """Non-canary nodes are waiting for the canary nodes to be done."""
     canary_failed: tuple[str, ...]
     """Canary nodes in upgrade-failed: nothing is admitted while there are any."""
+    paused: bool = False
+    """The policy pauses the rollout: nothing is admitted."""
 
 
 def _holds_slot(saga: NodeSaga, failed_hold: bool) -> bool:
     if saga.state in (S.UPGRADE_REQUIRED, S.UPGRADE_DONE):
         return False
     return saga.state is not S.UPGRADE_FAILED or failed_hold
+
+
+def _wanted(saga: NodeSaga, versions: Mapping[Component, str]) -> bool:
+    """The saga installs the versions the policy asks for now, not a superseded rollout's
+    (a change of source alone supersedes nothing, as it names the same rollout)."""
+    return all(versions.get(c) == target.version for c, target in saga.targets.items())
 
 
 def _slots(
@@ -136,14 +150,15 @@ def plan(
     canary_done = all(s.state is S.UPGRADE_DONE for s in canaries)
     held = wanted > 0 and (open_canary > 0 or not canary_done)
 
+    versions = {c: target.version for c, target in desired_targets(policy).items()}
     candidates = sorted(
-        (s for s in required if nodes[s.node].ready),
+        (s for s in required if nodes[s.node].ready and _wanted(s, versions)),
         key=lambda s: (not cordoned(s.node), s.node),
     )
     admitted: list[str] = []
     admitted_canary: list[str] = []
     free = slots
-    for saga in candidates if not canary_failed else ():
+    for saga in candidates if not (canary_failed or upgrade.paused) else ():
         as_canary = saga.canary or (open_canary > 0 and wanted > 0)
         if held and not as_canary:
             continue
@@ -166,6 +181,7 @@ def plan(
         slots=slots,
         held_by_canary=held,
         canary_failed=canary_failed,
+        paused=upgrade.paused,
     )
 
 

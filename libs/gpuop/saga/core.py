@@ -85,7 +85,7 @@ _BEFORE_RELOAD = frozenset(
 
 def decide(saga: NodeSaga, event: Trigger, policy: GPUClusterPolicySpec, now: datetime) -> Decision:
     """The saga after `event` at `now`, with the commands, actions and moves it causes."""
-    draft = Draft(saga, policy.upgrade_policy, now)
+    draft = Draft(saga, policy, now)
     if isinstance(event, DeadlineExpired):
         _on_deadline(draft, event)
     elif isinstance(event, kube.NodeRemoved):

@@ -16,7 +16,7 @@ from typing import Any
 from gpuop.events import command_id
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
-from gpuop.policy import UpgradePolicy
+from gpuop.policy import GPUClusterPolicySpec, UpgradePolicy
 from gpuop.saga.actions import (
     EVENT_REASON,
     Decision,
@@ -44,15 +44,18 @@ _WARNING_STATES = frozenset({S.UPGRADE_FAILED, S.ROLLBACK_REQUIRED, S.REBOOT_REQ
 class Draft:
     """A saga being decided on; `decision()` is the result."""
 
-    def __init__(self, saga: NodeSaga, policy: UpgradePolicy, now: datetime) -> None:
+    def __init__(self, saga: NodeSaga, spec: GPUClusterPolicySpec, now: datetime) -> None:
         self.saga = saga
-        self.policy = policy
+        self.spec = spec
+        self.policy: UpgradePolicy = spec.upgrade_policy
         self.now = now
         self.commands: list[IssuedCommand] = []
         self.actions: list[KubeAction] = []
         self.transitions: list[Transition] = []
 
     def decision(self) -> Decision:
+        if self.transitions:
+            self.update(last_transitions=tuple(self.transitions))
         return Decision(
             saga=self.saga,
             commands=tuple(self.commands),
@@ -99,7 +102,7 @@ class Draft:
         limit = limit_seconds(step, self.policy, self.saga.attempt)
         deadline = None if limit is None else self.now + timedelta(seconds=limit)
         self.update(step=step, step_started=self.now, deadline=deadline)
-        commands, actions = step_effects(self.saga, self.policy)
+        commands, actions = step_effects(self.saga, self.spec)
         self.commands.extend(commands)
         self.actions.extend(actions)
 

@@ -65,7 +65,7 @@ def _timeout(step: Step, policy: UpgradePolicy, attempt: int) -> int:
     return executor_timeout(limit)
 
 
-def _driver_command(saga: NodeSaga, step: Step, timeout: int) -> Command:
+def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: bool) -> Command:
     component = step.component
     if component is None:
         raise ValueError(f"driver step {step.token} names no component")
@@ -80,7 +80,12 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int) -> Command:
             timeout_seconds=timeout,
         )
     if step.kind is StepKind.UNLOAD:
-        return dm.UnloadDriver(component=component, timeout_seconds=timeout)
+        # only an OFED reload can reset the NIC that carries the default route
+        return dm.UnloadDriver(
+            component=component,
+            timeout_seconds=timeout,
+            allow_management_interface=allow_nic_reload and component is dm.Component.OFED,
+        )
     if step.kind is StepKind.LOAD:
         return dm.LoadDriver(component=component, version=target.version, timeout_seconds=timeout)
     if step.kind is StepKind.VALIDATE:
@@ -104,9 +109,10 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int) -> Command:
 
 
 def step_effects(
-    saga: NodeSaga, policy: UpgradePolicy
+    saga: NodeSaga, spec: GPUClusterPolicySpec
 ) -> tuple[tuple[IssuedCommand, ...], tuple[KubeAction, ...]]:
     """The commands and Kubernetes actions that start the saga's current step."""
+    policy = spec.upgrade_policy
     step, token, attempt = saga.step, saga.step.token, saga.attempt
     kind = step.kind
     if kind is StepKind.CORDON:
@@ -152,14 +158,21 @@ def step_effects(
             actions = (Uncordon(id=action_id(saga, token)),)
         return commands, actions
     if step.component is not None:
-        command = _driver_command(saga, step, _timeout(step, policy, attempt))
+        allow = spec.network.allow_management_nic_reload
+        command = _driver_command(saga, step, _timeout(step, policy, attempt), allow)
         return (issue(saga, command, token),), ()
     return (), ()
 
 
 def pending(saga: NodeSaga, policy: GPUClusterPolicySpec) -> Decision:
-    """What to issue again for a saga read back after a crash: its state label and the
-    current step's commands and actions, with the ids they had when first issued."""
-    commands, actions = step_effects(saga, policy.upgrade_policy)
+    """What to issue again for a saga read back after a crash: its state label, the current
+    step's commands and actions, and the public events of its latest transitions, with the
+    ids they had when first issued (the bus drops what was published already)."""
+    commands, actions = step_effects(saga, policy)
     label = SetStateLabel(id=label_id(saga), value=saga.state)
-    return Decision(saga=saga, commands=commands, kube_actions=(label, *actions))
+    return Decision(
+        saga=saga,
+        commands=commands,
+        kube_actions=(label, *actions),
+        transitions=saga.last_transitions,
+    )

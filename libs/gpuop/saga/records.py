@@ -34,6 +34,7 @@ from gpuop.events.fields import (
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.transitions import Transition
 
 COMPONENT_ORDER: tuple[Component, ...] = (Component.GPU, Component.OFED)
 """Every ordered list of components in a saga follows this order."""
@@ -154,6 +155,10 @@ class NodeSaga(Record):
     """When an upgrade-failed saga is tried again; None: not retried."""
     sequence: int = Field(default=0, ge=0)
     """Transitions made so far; seeds the ids of labels and Kubernetes events."""
+    last_transitions: tuple[Transition, ...] = Field(default=(), max_length=32)
+    """The transitions of the latest decision that made any (the last of them is number
+    `sequence`): published again, under the same ids, by a leader that takes the saga over,
+    since its predecessor may have stored the decision and died before publishing them."""
     history: tuple[Outcome, ...] = Field(default=(), max_length=HISTORY_LIMIT)
     """The latest step outcomes, oldest first."""
 

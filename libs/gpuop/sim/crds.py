@@ -8,6 +8,10 @@ types up from the catalog. The controller then marks the CRD ``NamesAccepted`` a
 ``Established``, as clients wait for. Deleting a CRD deletes its custom objects first,
 then drops the ``customresourcecleanup`` finalizer; once the CRD is gone its resource is
 no longer served and its watches end.
+
+:func:`network_attachment_definitions` is the CRD Multus installs in a real cluster
+(``k8s.cni.cncf.io/v1`` NetworkAttachmentDefinition), for the tests and simulated clusters
+that serve network-manager's attachments.
 """
 
 from __future__ import annotations
@@ -176,3 +180,54 @@ class CrdController:
         self.registry.mutate(
             kinds.CUSTOMRESOURCEDEFINITIONS, "", crd["metadata"]["name"], release, validate=False
         )
+
+
+def network_attachment_definitions() -> Obj:
+    """Multus' NetworkAttachmentDefinition CRD, as its deployment manifests install it."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "network-attachment-definitions.k8s.cni.cncf.io"},
+        "spec": {
+            "group": "k8s.cni.cncf.io",
+            "scope": "Namespaced",
+            "names": {
+                "plural": "network-attachment-definitions",
+                "singular": "network-attachment-definition",
+                "kind": "NetworkAttachmentDefinition",
+                "shortNames": ["net-attach-def"],
+            },
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "description": (
+                                "NetworkAttachmentDefinition is a CRD schema specified by the "
+                                "Network Plumbing Working Group to express the intent for "
+                                "attaching pods to one or more logical or physical networks."
+                            ),
+                            "type": "object",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": {
+                                    "description": "The desired state of a network attachment.",
+                                    "type": "object",
+                                    "properties": {
+                                        "config": {
+                                            "description": "A JSON-formatted CNI configuration.",
+                                            "type": "string",
+                                        }
+                                    },
+                                },
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }

@@ -6,6 +6,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+import nats
 import pytest
 
 from gpuop.bus import Buckets, ConsumerSpec, Delivery, KeyExists, NatsBus, NatsServer
@@ -151,10 +152,12 @@ async def test_publish_without_a_server_times_out_with_a_bus_error(tmp_path: Pat
         await bus.close()
 
 
-async def test_connect_to_nothing_fails_clearly() -> None:
-    bus = NatsBus("nats://127.0.0.1:1", retry_for=0.5)
-    with pytest.raises(BusUnavailable, match="cannot connect"):
+async def test_connect_to_nothing_fails_clearly_without_the_password() -> None:
+    bus = NatsBus("nats://driver-manager:s3cret@127.0.0.1:1", retry_for=0.5)
+    with pytest.raises(BusUnavailable, match="cannot connect") as raised:
         await bus.start()
+    assert "s3cret" not in str(raised.value)
+    assert "nats://driver-manager:***@127.0.0.1:1" in str(raised.value)
 
 
 async def test_retried_publish_after_restart_is_deduplicated(tmp_path: Path) -> None:
@@ -173,3 +176,24 @@ async def test_retried_publish_after_restart_is_deduplicated(tmp_path: Path) -> 
         await server.stop()
     assert again.duplicate and again.seq == first.seq
     assert len(stored) == 1
+
+
+async def test_listing_keys_often_leaves_no_consumers_behind(nats_server: NatsServer) -> None:
+    bus = NatsBus(nats_server.url)
+    await bus.start()
+    client = await nats.connect(nats_server.url)
+    try:
+        sagas = await bus.kv(Buckets.SAGAS)
+        await sagas.create("node-a", b"{}")
+        await sagas.create("node-b", b"{}")
+        await sagas.delete("node-b")
+        for _ in range(30):  # the orchestrator lists its sagas on every reconcile
+            assert await sagas.keys() == ["node-a"]
+        stream = f"KV_{bus.prefix}_{Buckets.SAGAS}"
+        js = client.jetstream()
+        async with asyncio.timeout(20):  # the server reaps idle consumers every few seconds
+            while (await js.stream_info(stream)).state.consumer_count:
+                await asyncio.sleep(0.5)
+    finally:
+        await client.close()
+        await bus.close()

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import signal
 import socket
 import sys
+import threading
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from gpuop.bus import NatsBus, NatsServer
+from gpuop.cli import screens
+from gpuop.runtime import services
+from gpuop.runtime.settings import Role
 from tests.integration.bus.support import heartbeat
 
 GPUOP = [sys.executable, "-m", "gpuop.cli.main"]
@@ -37,11 +43,11 @@ def free_port() -> int:
 async def test_help_lists_the_commands() -> None:
     code, out, _ = await gpuop("--help")
     assert code == 0
-    for verb in ("run", "events", "demo"):
+    for verb in ("run", "events", "demo", "upgrade"):
         assert verb in out
 
 
-async def test_placeholder_service_connects_reports_not_built_and_stops_on_sigterm(
+async def test_a_service_connects_reports_ready_and_stops_on_sigterm(
     nats_server: NatsServer,
 ) -> None:
     port = free_port()
@@ -57,8 +63,7 @@ async def test_placeholder_service_connects_reports_not_built_and_stops_on_sigte
                 assert health.status == 200
             async with session.get(f"http://127.0.0.1:{port}/metrics") as metrics:
                 assert "gpuop_bus_published_total" in await metrics.text()
-        assert status == 503
-        assert body["reason"] == "network-manager is not built yet (issue 8)"
+        assert (status, body) == (200, {"ready": True})
     finally:
         process.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(process.communicate(), 20)
@@ -72,7 +77,7 @@ async def _poll_ready(session: aiohttp.ClientSession, port: int) -> tuple[int, d
         try:
             async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
                 body = await response.json()
-                if body.get("reason") != "starting":
+                if body.get("ready"):
                     return response.status, body
         except aiohttp.ClientError:
             pass
@@ -93,7 +98,7 @@ async def test_run_without_a_reachable_nats_fails_with_exit_1(tmp_path) -> None:
     env_port = free_port()
     process = await asyncio.create_subprocess_exec(
         *GPUOP, "run", "telemetry", "--role", "cluster", "--nats", f"nats://127.0.0.1:{env_port}",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        "--nats-wait", "1", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "GPUOP_LOG_FORMAT": "text"},
     )  # fmt: skip
     _, err = await asyncio.wait_for(process.communicate(), 60)
@@ -127,22 +132,129 @@ async def test_events_tail_rejects_a_bad_since() -> None:
     assert code == 2 and "--since" in err
 
 
+class Terminal:
+    """A process on a pseudo-terminal of 160x60, its output collected by a thread."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = args
+        self.output = bytearray()
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self) -> Terminal:
+        master, slave = os.openpty()
+        self.process = await asyncio.create_subprocess_exec(
+            *GPUOP, *self.args, stdin=slave, stdout=slave, stderr=slave,
+            env={**os.environ, "COLUMNS": "160", "LINES": "60"},
+        )  # fmt: skip
+        os.close(slave)
+        self._reader = threading.Thread(target=self._read, args=(master,), daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self, master: int) -> None:
+        try:
+            while chunk := os.read(master, 65536):
+                self.output.extend(chunk)
+        except OSError:  # EIO once the last process holding the terminal is gone
+            pass
+        finally:
+            os.close(master)
+
+    @property
+    def text(self) -> str:
+        return bytes(self.output).decode(errors="replace")
+
+    async def wait_for(self, pattern: str, timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            while not re.search(pattern, self.text, flags=re.M):
+                await asyncio.sleep(0.2)
+
+    async def exit_code(self, timeout: float) -> int:
+        assert self.process is not None
+        code = await asyncio.wait_for(self.process.wait(), timeout)
+        await asyncio.to_thread(self._reader.join, 10)
+        return code
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def command_lines(pids: list[int]) -> list[bytes]:
+    return [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in pids]
+
+
+def gone(pid: int) -> bool:
+    """No such process (a zombie nobody reaped is one left behind too)."""
+    return not Path(f"/proc/{pid}").exists()
+
+
 @pytest.mark.slow
-async def test_demo_rolls_a_driver_upgrade_and_leaves_no_process_behind() -> None:
-    code, out, err = await gpuop("demo", "--nodes", "2", "--gpus", "2", timeout=240)
-    assert code == 0, err + out
-    assert re.search(r"^discovery \(gpu-node-1\)\s+\d+\s+ok\s+yes$", out, flags=re.M), out
-    assert re.search(r"^gpu-node-1\s+2\s+NVIDIA-H200\s+580\.159\.04", out, flags=re.M), out
+@pytest.mark.timeout(300)
+async def test_demo_shows_the_rollout_live_on_a_terminal_and_leaves_no_process_behind() -> None:
+    async with Terminal("demo", "--nodes", "2", "--gpus", "1") as terminal:
+        code = await terminal.exit_code(240)
+    out = terminal.text
+    assert code == 0, out
+    metrics = r"http://127\.0\.0\.1:\d+/metrics"
+    assert re.search(rf"^discovery \(gpu-node-1\)\s+\d+\s+ok\s+yes\s+{metrics}", out, re.M), out
+    assert re.search(rf"^device-plugin \(gpu-node-1\)\s+\d+\s+ok\s+yes\s+{metrics}", out, re.M), out
+    assert re.search(r"^gpu-node-1\s+1\s+NVIDIA-H200\s+580\.159\.04", out, flags=re.M), out
+    assert screens.HIDE_CURSOR in out and out.count("\x1b[") > 100  # redrawn in place
+    last = out[out.rindex("GPU driver 580.159.04 -> 580.200.01, 2 nodes") :]
+    frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", last)
     for node in ("gpu-node-1", "gpu-node-2"):
-        assert re.search(rf"{node}\s+uncordon-required -> upgrade-done", out), out
+        assert re.search(rf"{node}\s+upgrade-done\s+1\s+580\.200\.01", frame), frame
+    assert "] 2/2 done, 0 failed, 0 upgrading" in frame
+    assert "Latest events" in frame and "upgrade.state-changed" in frame
+    assert re.search(rf"^\s+upgrade-orchestrator\s+{metrics}", frame, re.M), frame
+    assert "events    gpuop events tail --nats nats://127.0.0.1:" in frame
+    assert out.rstrip().endswith("}") and screens.SHOW_CURSOR in out[out.rindex("Latest") :]
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["nodes"] == 2 and summary["done"] == 2 and summary["failed"] == 0
-    assert "device-plugin: issue 6" in out
+    assert (summary["nodes"], summary["done"], summary["failed"]) == (2, 2, 0)
     pids = [int(m) for m in re.findall(r"^\S.*?\s(\d+)\s+ok", out, flags=re.M)]
-    assert len(pids) == 6, out
+    built = list(services.installed().values())
+    per_node, once = (
+        sum(Role.NODE in d.roles for d in built),
+        sum(Role.CLUSTER in d.roles for d in built),
+    )
+    assert len(pids) == 2 * per_node + once, out
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_ctrl_c_stops_the_demo_and_every_process_it_started() -> None:
+    async with Terminal("demo", "--nodes", "1", "--gpus", "1") as terminal:
+        assert terminal.process is not None
+        await terminal.wait_for(r"Latest events", 200)
+        await terminal.wait_for(r"gpu-node-1\s+\S*(cordon|wait|pod|drain|operands)", 60)
+        started = descendants(terminal.process.pid)
+        assert len(started) >= 6, started  # nats-server and the services, at least
+        terminal.process.send_signal(signal.SIGINT)
+        code = await terminal.exit_code(60)
+    assert code == 130, terminal.text
+    assert screens.SHOW_CURSOR in terminal.text[terminal.text.rindex("Latest events") :]
+    left = sorted(pid for pid in started if not gone(pid))
+    assert not left, command_lines(left)
 
 
 async def test_demo_headless_records_a_log_that_replays_identically(tmp_path) -> None:
@@ -159,6 +271,22 @@ async def test_demo_headless_records_a_log_that_replays_identically(tmp_path) ->
     code, out, err = await gpuop("replay", str(record))
     assert code == 0, err + out
     assert "identical" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+async def test_demo_headless_with_four_nodes_finishes_and_its_record_replays(tmp_path) -> None:
+    record = tmp_path / "demo.jsonl"
+    code, out, err = await gpuop(
+        "demo", "--headless", "--nodes", "4", "--record", str(record), timeout=360
+    )
+    assert code == 0, err + out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert (summary["nodes"], summary["done"], summary["failed"]) == (4, 4, 0)
+    assert len(re.findall(r"uncordon-required -> upgrade-done", out)) == 4
+    code, out, err = await gpuop("replay", str(record))
+    assert code == 0, err + out
+    assert "for 4 nodes" in out and "identical" in out
 
 
 async def test_demo_rejects_a_bad_size() -> None:

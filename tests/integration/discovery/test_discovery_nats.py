@@ -3,26 +3,21 @@ with its own connection to a real nats-server, label the Node on the simulated A
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from gpuop.bus import NatsBus, NatsServer
+from gpuop.bus import NatsServer
 from gpuop.events import driver, new_event
 from gpuop.host import seeding
 from gpuop.host.roots import HostRoot
 from gpuop.host.simkernel import SimKernel
 from gpuop.kube import client, nodes
-from gpuop.runtime.services import ServiceContext
-from gpuop.runtime.settings import Role, Settings
+from gpuop.runtime.settings import Role
 from gpuop.services import discovery
 from gpuop.services.discovery.labeler import HASH_ANNOTATION
 from gpuop.sim import ApiServer, hosts
+from tests.integration.services import eventually, in_process
 
 NODE = "gpu-1.example.com"
 
@@ -34,29 +29,6 @@ def host_root(tmp_path: Path) -> Path:
     if seeding.find_recorded_host(Path(__file__)) is None:
         pytest.skip("shared/fixtures/h200 (the recorded H200) is not beside the checkout")
     return hosts.build_host_root(tmp_path / "host", NODE, 8).path
-
-
-@asynccontextmanager
-async def service(nats: NatsServer, **settings: Any) -> AsyncIterator[ServiceContext]:
-    """Discovery in this process as `gpuop run discovery` would run it, with its own bus."""
-    bus = NatsBus(nats.url, name=f"discovery-{settings['role']}", retry_for=5.0)
-    await bus.start()
-    context = ServiceContext(
-        Settings(service="discovery", nats=(nats.url,), **settings), bus, CollectorRegistry()
-    )
-    task = asyncio.create_task(discovery.main(context))
-    try:
-        yield context
-    finally:
-        context.stopping.set()
-        await asyncio.wait_for(task, 10)
-        await bus.close()
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.05)
 
 
 async def test_inventories_become_node_labels_and_follow_a_driver_reload(
@@ -78,9 +50,17 @@ async def test_inventories_become_node_labels_and_follow_a_driver_reload(
         return nodes.annotations_of(await nodes.get(kube, NODE)).get(HASH_ANNOTATION)
 
     async with (
-        service(nats_server, role=Role.CLUSTER, kubeconfig=kubeconfig, config=config) as cluster,
-        service(
-            nats_server, role=Role.NODE, node=NODE, host_root=host_root, nvml="sim:8", config=config
+        in_process(
+            discovery.SERVICE, nats_server, role=Role.CLUSTER, kubeconfig=kubeconfig, config=config
+        ) as cluster,
+        in_process(
+            discovery.SERVICE,
+            nats_server,
+            role=Role.NODE,
+            node=NODE,
+            host_root=host_root,
+            nvml="sim:8",
+            config=config,
         ) as agent,
     ):
 

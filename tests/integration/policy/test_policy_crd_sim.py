@@ -134,3 +134,50 @@ async def test_the_status_subresource_stores_what_the_model_writes(
 
     assert isinstance(written, dict)
     assert PolicyStatus.model_validate(written["status"]) == status
+
+
+async def test_a_network_section_is_stored_with_the_models_defaults(
+    custom: client.CustomObjectsApi,
+) -> None:
+    spec = {
+        "driver": {"gpu": {"version": "580"}},
+        "network": {
+            "networks": [
+                {
+                    "name": "roce-a",
+                    "master": {"vendors": ["15b3"], "drivers": ["mlx5_core"]},
+                    "mtu": 9000,
+                    "ipam": {"cidr": "192.168.100.0/24", "rangeStart": "192.168.100.10"},
+                }
+            ],
+            "rdmaSharedDevices": [
+                {"resourceName": "roce_shared", "selectors": {"vendors": ["15b3"]}}
+            ],
+        },
+    }
+
+    created = await create(custom, policy(spec))
+
+    expected = validate_spec(spec)
+    assert created["spec"] == expected.to_wire()
+    assert created["spec"]["network"]["networks"][0]["namespace"] == "default"
+    assert created["spec"]["network"]["allowManagementNicReload"] is False
+
+
+async def test_a_wrong_network_type_is_refused_with_422_naming_the_field(
+    custom: client.CustomObjectsApi,
+) -> None:
+    network = {"name": "roce-a", "master": {"interface": "eth1"}, "mtu": "9000"}
+    spec = {
+        "driver": {"gpu": {"version": "580"}},
+        "network": {"networks": [{**network, "ipam": {"cidr": "10.0.0.0/24"}}]},
+    }
+
+    with pytest.raises(client.ApiException) as refused:
+        await create(custom, policy(spec))
+
+    status = json.loads(refused.value.body or "{}")
+    assert refused.value.status == 422
+    assert [cause["field"] for cause in status["details"]["causes"]] == [
+        "spec.network.networks[0].mtu"
+    ]

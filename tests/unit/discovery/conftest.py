@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,8 @@ from gpuop.nvml import open_backend
 from gpuop.services.discovery.config import DiscoveryConfig
 from gpuop.services.discovery.node_agent import NodeAgent
 from gpuop.sim import hosts
-from tests.unit.discovery.support import BOOT_ID, NODE, QUIET, CountingNvml
+from tests.unit.discovery.support import BOOT_ID, QUIET, CountingNvml
+from tests.unit.node_agents import NODE
 
 
 @pytest.fixture
@@ -30,16 +31,6 @@ def nvml(host: HostRoot) -> CountingNvml:
     return CountingNvml(
         open_backend("sim:2", host_root=host.path, node=NODE, holder_id="discovery")
     )
-
-
-@pytest.fixture
-async def bus() -> AsyncIterator[InMemoryBus]:
-    bus = InMemoryBus()
-    await bus.start()
-    try:
-        yield bus
-    finally:
-        await bus.close()
 
 
 @pytest.fixture

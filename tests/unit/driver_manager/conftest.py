@@ -32,16 +32,6 @@ def packages_built(source: Path) -> dict[str, packaging.BuiltPackage]:
 
 
 @pytest.fixture
-async def bus() -> AsyncIterator[InMemoryBus]:
-    bus = InMemoryBus()
-    await bus.start()
-    try:
-        yield bus
-    finally:
-        await bus.close()
-
-
-@pytest.fixture
 async def harness(bus: InMemoryBus, host: HostRoot, source: Path) -> AsyncIterator[Harness]:
     async with running_agent(bus, host, source) as running:
         yield running

@@ -55,3 +55,35 @@ def test_malformed_selectors_are_refused(selector: str) -> None:
 
 def test_commas_inside_parentheses_do_not_split_terms() -> None:
     assert selectors.terms("a in (x,y), b") == ["a in (x,y)", "b"]
+
+
+LABELS = {"pool": "training", "zone": "b", "gpuop.io/canary": "", "priority": "7"}
+
+
+@pytest.mark.parametrize(
+    ("selector", "selected"),
+    [
+        ("", True),
+        ("pool=training", True),
+        ("pool==training,zone=b", True),
+        ("pool=inference", False),
+        ("pool!=inference", True),
+        ("team!=ml", True),  # an absent key is not equal to anything
+        ("zone in (a, b)", True),
+        ("zone in (a,c)", False),
+        ("zone notin (a,c)", True),
+        ("team notin (ml)", True),
+        ("gpuop.io/canary", True),
+        ("gpuop.io/canary=", True),
+        ("!gpuop.io/canary", False),
+        ("! spot", True),
+        ("priority>5", True),
+        ("priority < 5", False),
+        ("pool>5", False),  # not a number
+        ("missing>1", False),
+        ("pool=training,zone in (a)", False),
+    ],
+)
+def test_node_selectors_match_as_the_api_server_matches(selector: str, selected: bool) -> None:
+    assert selectors.is_valid(selector)
+    assert selectors.matches(selector, LABELS) is selected

@@ -10,6 +10,7 @@ from pydantic import TypeAdapter
 
 from gpuop.events.fields import Version
 from gpuop.policy import FieldProblem, PolicyInvalid, valid_condition, validate_spec
+from tests.unit.policy.support import problems
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 250_000, tzinfo=UTC)
 INT_OR_PERCENT = 'must be an integer >= 1 or a percentage like "25%"'
@@ -21,12 +22,6 @@ def spec_with(**upgrade_policy: Any) -> dict[str, Any]:
 
 def gpu(**component: Any) -> dict[str, Any]:
     return {"driver": {"gpu": component}}
-
-
-def problems(raw: Any) -> list[str]:
-    with pytest.raises(PolicyInvalid) as refused:
-        validate_spec(raw)
-    return [str(problem) for problem in refused.value.problems]
 
 
 INVALID = [

@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
+from gpuop.policy import ComponentSpec
 from gpuop.saga import admission, records
 from gpuop.saga.admission import NodeStatus
 from gpuop.saga.steps import Step, StepKind
-from tests.unit.saga.support import T0, S, policy, saga_for
+from tests.unit.saga.support import GPU_NEW, T0, S, policy, saga_for
 
 
 def cluster(count: int) -> dict[str, NodeStatus]:
@@ -150,3 +151,33 @@ def test_a_canary_retried_after_failure_is_admitted_again_as_a_canary():
     retried = {"node_02": {"canary": True, "attempt": 2, "step": Step(kind=StepKind.ADMISSION)}}
     result = admission.plan(sagas(nodes, spec, **retried), nodes, spec, T0)
     assert result.nodes == result.canary == ("node-02",)
+
+
+def test_a_paused_policy_admits_nothing_and_lets_admitted_nodes_go_on():
+    spec = policy(max_parallel_upgrades=2, max_unavailable="50%", paused=True)
+    nodes = cluster(6)
+    nodes["node-05"] = NodeStatus(unschedulable=True)  # even one cordoned already waits
+    busy = sagas(nodes, spec, node_00=S.DRAIN_REQUIRED)
+    result = admission.plan(busy, nodes, spec, T0)
+    assert result.paused and result.nodes == ()
+    assert (result.in_progress, result.slots) == (1, 1)  # the figures are still computed
+    resumed = policy(max_parallel_upgrades=2, max_unavailable="50%")
+    assert admission.admit(busy, nodes, resumed, T0) == ["node-05"]
+
+
+def test_a_saga_of_a_superseded_rollout_is_not_admitted():
+    old = policy(max_parallel_upgrades=0, max_unavailable="100%")
+    nodes = cluster(3)
+    stale = sagas(nodes, old)
+    newer = old.model_copy(
+        update={"driver": old.driver.model_copy(update={"gpu": ComponentSpec(version="590.1")})}
+    )
+    assert admission.admit(stale, nodes, newer, T0) == []
+    moved_source = old.model_copy(
+        update={
+            "driver": old.driver.model_copy(
+                update={"gpu": ComponentSpec(version=GPU_NEW, source="https://mirror.example")}
+            )
+        }
+    )
+    assert admission.admit(stale, nodes, moved_source, T0) == ["node-00", "node-01", "node-02"]

@@ -162,7 +162,10 @@ def test_deciding_again_after_a_crash_issues_the_same_ids():
     # the runtime re-issues a stored saga's pending step under the same ids
     reissued = effects.pending(once.saga, run.policy)
     assert reissued.commands == once.commands
-    assert reissued.transitions == ()
+    # and the public state change of the latest transition, in case it never went out
+    entered = next(d for d in reversed(run.decisions) if d.transitions)
+    assert once.transitions == () and reissued.transitions == entered.transitions
+    assert entered.transitions[-1].to_state is S.DRIVER_RELOAD_REQUIRED
 
 
 def test_pending_reissues_kube_actions_and_the_label():
@@ -608,6 +611,21 @@ def test_gpu_and_ofed_share_one_window_in_dependency_order():
     ]
     pause = next(c for c in run.commands() if isinstance(c.payload, dev.PauseOperands))
     assert pause.payload.components == (Component.GPU, Component.OFED)
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_only_an_ofed_unload_carries_the_management_nic_opt_in(allowed):
+    spec = policy(ofed=True)
+    spec = spec.model_validate({**spec.to_wire(), "network": {"allowManagementNicReload": allowed}})
+    run = Run(spec)
+    run.admit()
+    run.until(S.UPGRADE_DONE)
+    unloads = {
+        c.payload.component: c.payload.allow_management_interface
+        for c in run.commands()
+        if isinstance(c.payload, dm.UnloadDriver)
+    }
+    assert unloads == {Component.GPU: False, Component.OFED: allowed}
 
 
 def test_ofed_failure_after_gpu_unload_rolls_back_only_what_was_touched():

@@ -11,9 +11,8 @@ import asyncio
 
 from gpuop.bus import ConsumerSpec, Delivery, InMemoryBus
 from gpuop.cli.events import export_lines
-from gpuop.events import Event, command_id, new_event, subjects
+from gpuop.events import command_id, new_event, subjects
 from gpuop.events import device as dev
-from gpuop.events import driver as dm
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import SagaStarted, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
@@ -21,26 +20,9 @@ from gpuop.saga import NodeStatus
 from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.acting import SOURCE
 from tests.unit.saga.support import BOOT_A, GPU_OLD, OFED_OLD, T0, saga_for
-from tests.unit.upgrade_orchestrator.support import Stack
+from tests.unit.upgrade_orchestrator.support import Stack, answers
 
 NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
-
-
-def _answer(payload: object, node_id: str) -> Event | list[Event] | None:
-    if isinstance(payload, dm.InstallDriver):
-        return dm.DriverInstalled(command_id=node_id, component=payload.component,
-                                  version=payload.version)  # fmt: skip
-    if isinstance(payload, dm.UnloadDriver):
-        return dm.DriverUnloaded(command_id=node_id, component=payload.component, version=GPU_OLD)
-    if isinstance(payload, dm.LoadDriver):
-        return dm.DriverLoaded(command_id=node_id, component=payload.component,
-                               version=payload.version)  # fmt: skip
-    if isinstance(payload, dm.ValidateDriver):
-        return dm.DriverValidated(command_id=node_id, component=payload.component,
-                                  version=payload.version, devices=8)  # fmt: skip
-    if isinstance(payload, dev.PauseOperands):
-        return [dev.OperandPaused(command_id=node_id, service=s) for s in dev.OperandService]
-    return None
 
 
 async def record_rollout(
@@ -58,8 +40,9 @@ async def record_rollout(
     assert stack.store is not None and stack.outbox is not None
 
     async def agent(delivery: Delivery) -> None:
-        answer = _answer(delivery.payload, delivery.envelope.id)
-        for event in answer if isinstance(answer, list) else [answer] if answer else []:
+        if isinstance(delivery.payload, dev.ResumeOperands):
+            return  # the saga does not wait for the resume: the recording leaves it unanswered
+        for event in answers(delivery.payload, delivery.envelope.id):
             await bus.publish(
                 new_event(event, node=delivery.envelope.node, source="/gpuop/agent",
                           causationid=delivery.envelope.id, now=stack.clock.now())

@@ -2,7 +2,8 @@
 
 `Stack` wires the store, outbox, deadline scheduler and runner the way the service does, with
 `FakeKube` in place of the API server: it records every action and answers each the way the
-real executor would on a healthy node.
+real executor would on a healthy node. `answers` is what healthy node agents report for each
+command, for the fake agents of the tests and the benchmark.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from dataclasses import dataclass, field
 
 from gpuop.bus import Buckets, InMemoryBus
 from gpuop.clocks import VirtualClock
-from gpuop.events import Envelope, Payload, decode, subjects
+from gpuop.events import Envelope, Event, Payload, decode, subjects
+from gpuop.events import device as dev
+from gpuop.events import driver as dm
 from gpuop.events import kube as observed
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import KubeAction, NodeSaga, actions
@@ -20,7 +23,7 @@ from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
-from tests.unit.saga.support import T0
+from tests.unit.saga.support import GPU_OLD, T0
 
 
 class ManualClock(VirtualClock):
@@ -50,6 +53,28 @@ class FakeKube:
         if isinstance(action, actions.Drain):
             return observed.DrainCompleted(action_id=action.id, evicted=0)
         return None
+
+
+def answers(payload: object, command_id: str) -> list[Event]:
+    """What healthy node agents report once `payload` is done: the driver-manager's result,
+    or every operand's confirmation of a pause or a resume."""
+    if isinstance(payload, dm.InstallDriver):
+        return [dm.DriverInstalled(command_id=command_id, component=payload.component,
+                                   version=payload.version)]  # fmt: skip
+    if isinstance(payload, dm.UnloadDriver):
+        return [dm.DriverUnloaded(command_id=command_id, component=payload.component,
+                                  version=GPU_OLD)]  # fmt: skip
+    if isinstance(payload, dm.LoadDriver):
+        return [dm.DriverLoaded(command_id=command_id, component=payload.component,
+                                version=payload.version)]  # fmt: skip
+    if isinstance(payload, dm.ValidateDriver):
+        return [dm.DriverValidated(command_id=command_id, component=payload.component,
+                                   version=payload.version, devices=8)]  # fmt: skip
+    if isinstance(payload, dev.PauseOperands):
+        return [dev.OperandPaused(command_id=command_id, service=s) for s in dev.OperandService]
+    if isinstance(payload, dev.ResumeOperands):
+        return [dev.OperandResumed(command_id=command_id, service=s) for s in dev.OperandService]
+    return []
 
 
 @dataclass

@@ -9,8 +9,13 @@ from gpuop.bus import InMemoryBus
 from gpuop.events import subjects
 from gpuop.events import upgrade as up
 from gpuop.events.upgrade import UpgradeState
+from gpuop.policy.conditions import RolloutRecord
 from gpuop.saga import NodeSaga
-from gpuop.services.upgrade_orchestrator.rollouts import RolloutReporter, rollout_id_for
+from gpuop.services.upgrade_orchestrator.rollouts import (
+    RolloutReporter,
+    current_rollout,
+    rollout_id_for,
+)
 from tests.unit.saga.support import T0, policy, saga_for
 from tests.unit.upgrade_orchestrator.support import messages
 
@@ -31,6 +36,17 @@ async def rollout_events(bus: InMemoryBus) -> list[up.RolloutEvent]:
 def test_the_rollout_id_names_the_versions_it_installs() -> None:
     assert rollout_id_for(policy()) == "rollout-gpu-580.2"
     assert rollout_id_for(policy(ofed=True)) == "rollout-gpu-580.2-ofed-25.04-2"
+    assert rollout_id_for(policy(), 7) == "rollout-gpu-580.2-g7"
+
+
+def test_a_rollout_is_kept_while_the_versions_stay_and_new_when_they_come_back() -> None:
+    first = current_rollout(policy(), None, 1)
+    assert first == RolloutRecord(id="rollout-gpu-580.2", versions={"gpu": "580.2"})
+    assert current_rollout(policy(max_parallel_upgrades=3), first, 2) == first
+    other = current_rollout(policy(ofed=True), first, 3)
+    assert other.id == "rollout-gpu-580.2-ofed-25.04-2-g3"
+    back = current_rollout(policy(), other, 4)
+    assert back.id == "rollout-gpu-580.2-g4" and back.versions == first.versions
 
 
 async def test_a_rollout_is_started_once_and_completed_when_every_node_is_done() -> None:
@@ -78,3 +94,20 @@ async def test_a_rollout_fails_when_every_node_ended_and_one_has_no_retry_left()
     [failed] = [e for e in await rollout_events(bus) if isinstance(e, up.RolloutFailed)]
     assert failed.failed_nodes == ("gpu-b",)
     assert failed.reason is up.RolloutFailureReason.NODES_FAILED
+
+
+async def test_a_rollout_the_policy_moved_away_from_is_told_superseded_once() -> None:
+    bus = InMemoryBus()
+    await bus.start()
+    spec = policy()
+    reporter = RolloutReporter(bus)
+    a, b = saga_for(spec, node="gpu-a"), saga_for(spec, node="gpu-b")
+    await reporter.report("r1", spec, [in_state(a, S.UPGRADE_DONE), b], T0)
+    await reporter.report("r0", spec, [], T0)  # aborted: back to what the nodes ran
+    await reporter.report("r0", spec, [], T0)
+
+    [superseded] = [e for e in await rollout_events(bus) if isinstance(e, up.RolloutFailed)]
+    assert superseded.rollout_id == "r1"
+    assert superseded.reason is up.RolloutFailureReason.SUPERSEDED
+    assert (superseded.done, superseded.failed, superseded.total) == (1, 0, 2)
+    assert "r0" in superseded.message

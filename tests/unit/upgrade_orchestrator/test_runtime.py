@@ -13,6 +13,7 @@ from gpuop.events import Command, command_id, kube, subjects
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeState
 from gpuop.saga import NodeSaga, NodeStatus, actions, pending
+from gpuop.saga.core import Admitted, decide
 from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.deadlines import deadline_event_id
 from gpuop.services.upgrade_orchestrator.store import SagaStore, StoredSaga
@@ -20,14 +21,6 @@ from tests.unit.saga.support import BOOT_B, NODE, T0, policy, saga_for
 from tests.unit.upgrade_orchestrator.support import Stack, events, messages
 
 S = UpgradeState
-
-
-@pytest.fixture
-async def bus() -> AsyncIterator[InMemoryBus]:
-    memory = InMemoryBus()
-    await memory.start()
-    yield memory
-    await memory.close()
 
 
 @pytest.fixture
@@ -186,3 +179,41 @@ async def test_a_deadline_fires_as_an_event_once(stack: Stack) -> None:
     assert isinstance(expired, DeadlineExpired)
     assert (expired.state, expired.step) == (S.CORDON_REQUIRED, saga.step.token)
     assert envelope.id == deadline_event_id(expired)
+
+
+async def test_a_state_change_stored_but_never_published_is_published_by_the_successor(
+    bus: InMemoryBus,
+) -> None:
+    first = Stack(bus, policy())
+    await first.start()
+    assert first.store is not None
+    try:
+        # the first leader stored its decision to admit the node and died before acting
+        saga = saga_for(first.policy)
+        await first.store.create(saga)
+        admitted = decide(saga, Admitted(canary=False), first.policy, T0)
+        stored = await first.store.get(NODE)
+        assert stored is not None
+        await first.store.replace(admitted.saga, stored.revision)
+    finally:
+        await first.stop()
+    upgrade_events = events(bus.prefix, "upgrade", NODE)
+
+    async def state_changes() -> list[NodeUpgradeStateChanged]:
+        found = [p for _, p in await messages(bus, upgrade_events)]
+        return [p for p in found if isinstance(p, NodeUpgradeStateChanged)]
+
+    assert await state_changes() == []
+
+    second = Stack(bus, policy())
+    rebuilt = await second.start()
+    try:
+        await rebuilt.resume()
+        published = await state_changes()
+        assert [(c.from_state, c.to_state) for c in published] == [
+            (S.UPGRADE_REQUIRED, S.CORDON_REQUIRED)
+        ]
+        await rebuilt.resume()  # a third leader: the same id, nothing new in the log
+        assert len(await state_changes()) == 1
+    finally:
+        await second.stop()

@@ -1,0 +1,321 @@
+{{/*
+Names, labels, and the parts every gpuop container shares: the `gpuop run <service>`
+command line as GPUOP_* variables (libs/gpuop/runtime/settings.py), the service's NATS user,
+the CA that verifies the NATS server, and the health probes.
+*/}}
+
+{{- define "gpuop.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Name of a component: <fullname>-<component>. Call with (dict "root" $ "component" "x"). */}}
+{{- define "gpuop.name" -}}
+{{- printf "%s-%s" (include "gpuop.fullname" .root) .component -}}
+{{- end -}}
+
+{{- define "gpuop.selectorLabels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "gpuop.labels" -}}
+{{ include "gpuop.selectorLabels" . }}
+app.kubernetes.io/part-of: gpuop
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end -}}
+
+{{- define "gpuop.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The non-root user of the image (the Dockerfile's USER). */}}
+{{- define "gpuop.uid" -}}10001{{- end -}}
+
+{{- define "gpuop.natsUsersSecret" -}}
+{{- default (include "gpuop.name" (dict "root" . "component" "nats-users")) .Values.nats.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "gpuop.natsTlsSecret" -}}
+{{- if eq .Values.nats.tls.mode "secret" -}}
+{{- required "nats.tls.secretName is required with nats.tls.mode=secret" .Values.nats.tls.secretName -}}
+{{- else -}}
+{{- include "gpuop.name" (dict "root" . "component" "nats-tls") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the CA (ca.crt) that clients verify the NATS server with; empty for
+an external NATS without TLS or with a publicly trusted certificate. */}}
+{{- define "gpuop.natsCaSecret" -}}
+{{- if .Values.nats.enabled -}}
+{{- include "gpuop.natsTlsSecret" . -}}
+{{- else -}}
+{{- .Values.nats.external.caSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuop.natsAddress" -}}
+{{- if .Values.nats.enabled -}}
+{{- printf "%s.%s.svc:4222" (include "gpuop.name" (dict "root" . "component" "nats")) .Release.Namespace -}}
+{{- else -}}
+{{- required "nats.external.address (host:port) is required when nats.enabled is false" .Values.nats.external.address -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuop.natsScheme" -}}
+{{- if or .Values.nats.enabled .Values.nats.external.tls -}}tls{{- else -}}nats{{- end -}}
+{{- end -}}
+
+{{/* accounts.conf's environment variable of a user's password: driver-manager ->
+DRIVER_MANAGER_PASSWORD. */}}
+{{- define "gpuop.passwordKey" -}}
+{{- printf "%s_PASSWORD" (. | upper | replace "-" "_") -}}
+{{- end -}}
+
+{{/* Every user of deploy/nats/accounts.conf. */}}
+{{- define "gpuop.natsUsers" -}}
+discovery discovery-cluster driver-manager device-plugin network-manager network-manager-cluster telemetry telemetry-cluster upgrade-orchestrator observer admin
+{{- end -}}
+
+{{/*
+The container of one service. Call with a dict:
+  root      the chart's top context ($)
+  service   gpuop service name (`gpuop run <service>`)
+  role      node | cluster
+  user      its NATS user in accounts.conf
+  port      metrics port (/healthz, /readyz, /metrics)
+  portName  metrics | gpu-metrics
+  resources the container's resources
+*/}}
+{{- define "gpuop.container" -}}
+{{- $root := .root -}}
+name: {{ .service }}
+image: {{ include "gpuop.image" $root }}
+imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+args: ["run", {{ .service | quote }}]
+env:
+  - name: GPUOP_ROLE
+    value: {{ .role }}
+  {{- if eq .role "node" }}
+  - name: GPUOP_NODE
+    valueFrom:
+      fieldRef:
+        fieldPath: spec.nodeName
+  - name: GPUOP_HOST_ROOT
+    value: /host
+  - name: GPUOP_NVML
+    value: real
+  {{- end }}
+  - name: GPUOP_PREFIX
+    value: {{ $root.Values.prefix | quote }}
+  - name: GPUOP_METRICS_LISTEN
+    value: {{ printf "0.0.0.0:%d" (int .port) | quote }}
+  - name: GPUOP_CONFIG
+    value: /etc/gpuop/config.yaml
+  - name: GPUOP_LOG_LEVEL
+    value: {{ $root.Values.log.level }}
+  - name: GPUOP_LOG_FORMAT
+    value: {{ $root.Values.log.format }}
+  - name: NATS_PASSWORD
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "gpuop.natsUsersSecret" $root }}
+        key: {{ include "gpuop.passwordKey" .user }}
+  - name: GPUOP_NATS
+    value: {{ printf "%s://%s:$(NATS_PASSWORD)@%s" (include "gpuop.natsScheme" $root) .user (include "gpuop.natsAddress" $root) | quote }}
+  {{- if include "gpuop.natsCaSecret" $root }}
+  # Python's default TLS context (which nats-py uses for tls:// URLs) trusts the CAs of this
+  # file: the image's public CAs and the NATS server's (gpuop.trustInit writes it).
+  - name: SSL_CERT_FILE
+    value: /etc/gpuop/trust/ca-bundle.crt
+  {{- end }}
+  {{- if eq .role "node" }}
+  # The NVIDIA container runtime gives the container NVML and the GPUs' device nodes.
+  - name: NVIDIA_VISIBLE_DEVICES
+    value: all
+  - name: NVIDIA_DRIVER_CAPABILITIES
+    value: utility
+  {{- end }}
+ports:
+  - name: {{ .portName }}
+    containerPort: {{ .port }}
+    protocol: TCP
+startupProbe:
+  httpGet: {path: /healthz, port: {{ .portName }}}
+  periodSeconds: 5
+  failureThreshold: 60
+livenessProbe:
+  httpGet: {path: /healthz, port: {{ .portName }}}
+  periodSeconds: 20
+  timeoutSeconds: 5
+  failureThreshold: 3
+readinessProbe:
+  httpGet: {path: /readyz, port: {{ .portName }}}
+  periodSeconds: 10
+  timeoutSeconds: 5
+resources:
+  {{- toYaml .resources | nindent 2 }}
+{{- end -}}
+
+{{/* Volume mounts every service has: its config file, the CAs it trusts, a writable /tmp. */}}
+{{- define "gpuop.commonMounts" -}}
+- name: config
+  mountPath: /etc/gpuop/config.yaml
+  subPath: config.yaml
+  readOnly: true
+{{- if include "gpuop.natsCaSecret" .root }}
+- name: trust
+  mountPath: /etc/gpuop/trust
+  readOnly: true
+{{- end }}
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{- define "gpuop.commonVolumes" -}}
+- name: config
+  configMap:
+    name: {{ include "gpuop.name" (dict "root" .root "component" (printf "%s-config" .service)) }}
+{{- if include "gpuop.natsCaSecret" .root }}
+- name: nats-ca
+  secret:
+    secretName: {{ include "gpuop.natsCaSecret" .root }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+- name: trust
+  emptyDir:
+    medium: Memory
+    sizeLimit: 4Mi
+{{- end }}
+- name: tmp
+  emptyDir:
+    medium: Memory
+    sizeLimit: 64Mi
+{{- end -}}
+
+{{/* A container that needs no privilege: not root, nothing to escalate to. */}}
+{{- define "gpuop.restrictedSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ include "gpuop.uid" . }}
+runAsGroup: {{ include "gpuop.uid" . }}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Root, for files and sockets that root owns on the host, but without any capability. */}}
+{{- define "gpuop.hostRootSecurityContext" -}}
+runAsUser: 0
+runAsGroup: 0
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* The pod spec fields every node agent shares. Call with (dict "root" $ "nodeSelector" {...}). */}}
+{{- define "gpuop.nodeAgentPod" -}}
+{{- $root := .root -}}
+automountServiceAccountToken: false
+serviceAccountName: {{ include "gpuop.name" (dict "root" $root "component" "node-agent") }}
+{{- with $root.Values.nodeAgents.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $root.Values.nodeAgents.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with $root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+nodeSelector:
+  {{- toYaml .nodeSelector | nindent 2 }}
+{{- with $root.Values.nodeAgents.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+terminationGracePeriodSeconds: 30
+{{- end -}}
+
+{{/* Pod labels and annotations; the config checksum restarts pods when their config changes. */}}
+{{- define "gpuop.podMetadata" -}}
+labels:
+  {{- include "gpuop.selectorLabels" . | nindent 2 }}
+  {{- with .root.Values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+annotations:
+  checksum/config: {{ .config | sha256sum }}
+  {{- with .root.Values.podAnnotations }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end -}}
+
+{{/* A service's --config file: `<service>.config` from the values; for the orchestrator, with
+its Lease in the release's namespace and the pausing operands that are deployed. Call with
+(dict "root" $ "service" "discovery" "values" .Values.discovery). */}}
+{{- define "gpuop.serviceConfig" -}}
+{{- $config := deepCopy (default dict .values.config) -}}
+{{- if eq .service "upgrade-orchestrator" -}}
+{{- $operands := list -}}
+{{- if .root.Values.discovery.enabled }}{{ $operands = append $operands "discovery" }}{{ end -}}
+{{- if .root.Values.devicePlugin.enabled }}{{ $operands = append $operands "device-plugin" }}{{ end -}}
+{{- if .root.Values.telemetry.enabled }}{{ $operands = append $operands "telemetry" }}{{ end -}}
+{{- $defaults := dict "lease_namespace" .root.Release.Namespace "event_namespace" "default" "operands" $operands -}}
+{{- $config = merge $config $defaults -}}
+{{- end -}}
+{{- if $config -}}
+{{- toYaml $config -}}
+{{- else -}}
+{}
+{{- end -}}
+{{- end -}}
+
+{{/* The cluster roles that are deployed, as a space-separated list. */}}
+{{- define "gpuop.clusterRoles" -}}
+{{- $roles := list -}}
+{{- if and .Values.discovery.enabled .Values.discovery.cluster.enabled }}{{ $roles = append $roles "discovery-cluster" }}{{ end -}}
+{{- if and .Values.networkManager.enabled .Values.networkManager.cluster.enabled }}{{ $roles = append $roles "network-manager-cluster" }}{{ end -}}
+{{- if and .Values.telemetry.enabled .Values.telemetry.cluster.enabled }}{{ $roles = append $roles "telemetry-cluster" }}{{ end -}}
+{{- if .Values.upgradeOrchestrator.enabled }}{{ $roles = append $roles "upgrade-orchestrator" }}{{ end -}}
+{{- join " " $roles -}}
+{{- end -}}
+
+{{/* The CA bundle a service trusts: the image's public CAs (driver sources, tracing
+endpoints) and the CA of the NATS server, in one file, since SSL_CERT_FILE replaces the
+default bundle rather than adding to it. An init container, as the gpuop image's user. */}}
+{{- define "gpuop.trustInit" -}}
+{{- if include "gpuop.natsCaSecret" . -}}
+initContainers:
+  - name: trust-nats-ca
+    image: {{ include "gpuop.image" . }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    command:
+      - sh
+      - -c
+      - cat /etc/ssl/certs/ca-certificates.crt /etc/gpuop/nats-ca/ca.crt > /etc/gpuop/trust/ca-bundle.crt
+    securityContext:
+      {{- include "gpuop.restrictedSecurityContext" . | nindent 6 }}
+    resources:
+      requests: {cpu: 10m, memory: 16Mi}
+      limits: {memory: 32Mi}
+    volumeMounts:
+      - name: nats-ca
+        mountPath: /etc/gpuop/nats-ca
+        readOnly: true
+      - name: trust
+        mountPath: /etc/gpuop/trust
+{{- end }}
+{{- end -}}

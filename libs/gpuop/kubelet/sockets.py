@@ -1,0 +1,56 @@
+"""gRPC addresses of unix sockets at any path length.
+
+A unix socket path may hold at most 107 bytes, and a host root in a test or the demo can
+push `<host root>/var/lib/kubelet/device-plugins/nvidia-gpu.sock` past that. `UnixTarget`
+then opens the socket's directory and names the socket through `/proc/self/fd/<fd>/`, which
+the kernel resolves to the same file; the directory stays open until `close()`, so a
+channel that reconnects later still finds it. Short paths are used as they are.
+
+Every gRPC server and channel on a kubelet socket (the device plugin, the simulated
+kubelet, telemetry's PodResources client) gets its address here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+MAX_SOCKET_PATH = 107
+"""Bytes of a unix socket path, without the terminating NUL (`sun_path` holds 108)."""
+
+
+class UnixTarget:
+    """The gRPC address (`unix://...`) of the socket at `path`, usable whatever its length.
+
+    Raises `FileNotFoundError` when the path is too long and its directory is missing.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        """The socket's real path."""
+        self._directory: int | None = None
+        if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+            self.address = f"unix://{path}"
+            """What `grpc.aio.server().add_insecure_port` and `insecure_channel` take."""
+        else:
+            self._directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+            self.address = f"unix:///proc/self/fd/{self._directory}/{path.name}"
+
+    def close(self) -> None:
+        """Let go of the directory (a no-op for a short path); safe to call twice."""
+        if self._directory is not None:
+            os.close(self._directory)
+            self._directory = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,48 @@
+"""What every node operand shares about pause and resume: which driver stacks are paused.
+
+The upgrade orchestrator pauses a node's operands before a driver reload and resumes them
+after (`device.PauseOperands` / `ResumeOperands` on the `operands` command group); a pause
+names the driver stacks about to be reloaded. Each operand service on the node (discovery,
+telemetry, the device plugin) applies every command it handles with `after`, and a
+restarted one replays the node's stored commands through `from_log`, so it never reopens
+a driver's devices in the middle of a reload. Discovery and telemetry hold NVML, which
+only the GPU driver's reload takes away (`gpu_paused_after`); a pause for the network
+driver alone changes nothing they hold.
+"""
+
+from __future__ import annotations
+
+from gpuop.bus import Bus
+from gpuop.events import MalformedMessage, Payload, UnknownEventType, decode, device, subjects
+from gpuop.events.driver import Component
+
+NOTHING_PAUSED: frozenset[Component] = frozenset()
+
+
+def after(paused: frozenset[Component], command: Payload) -> frozenset[Component]:
+    """The paused driver stacks after `command`, given those paused before."""
+    if isinstance(command, device.PauseOperands):
+        return paused | frozenset(command.components)
+    if isinstance(command, device.ResumeOperands):
+        return NOTHING_PAUSED
+    return paused
+
+
+def gpu_paused_after(paused: bool, command: Payload) -> bool:
+    """Whether the GPU driver (and NVML with it) is paused after `command`, given whether it
+    was before."""
+    before = frozenset({Component.GPU}) if paused else NOTHING_PAUSED
+    return Component.GPU in after(before, command)
+
+
+async def from_log(bus: Bus, node: str) -> frozenset[Component]:
+    """The driver stacks the node's stored pause and resume commands leave paused."""
+    paused = NOTHING_PAUSED
+    operands = subjects.commands_filter(device.OPERANDS, node, prefix=bus.prefix)
+    async for stored in bus.read(operands):
+        try:
+            _, command = decode(stored.data)
+        except (MalformedMessage, UnknownEventType):
+            continue
+        paused = after(paused, command)
+    return paused

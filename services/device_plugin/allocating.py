@@ -1,0 +1,61 @@
+"""Allocate's answer for GPUs: how the container runtime learns which GPUs a container gets.
+
+`GpuAnswers.container_response` is called by `resources.GpuResource.allocate` with the
+distinct GPUs or MIG devices behind the allocated ids (replicas of one GPU count once).
+By the configured device list strategies it answers with:
+
+    envvar            NVIDIA_VISIBLE_DEVICES=<uuid>,<uuid> (MIG devices by their MIG- UUID)
+    cdi               CDI device names k8s.device-plugin.nvidia.com/gpu=<uuid>, defined by
+                      the spec `cdi.write_spec` keeps under <host root>/var/run/cdi
+    passDeviceSpecs   also the device nodes: each target's, and the control nodes present
+
+With only `cdi`, no environment variable is set, as upstream does. Nothing here does I/O:
+Allocate has to be fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2
+from gpuop.services.device_plugin import cdi
+from gpuop.services.device_plugin.config import DeviceListStrategy, PluginFlags
+from gpuop.services.device_plugin.inventory import Target
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+"""What the NVIDIA container runtime reads to choose a container's GPUs."""
+DEVICE_PERMISSIONS = "rw"
+"""GPU device nodes are read and written, never created, by a container."""
+
+
+@dataclass(frozen=True)
+class GpuAnswers:
+    """Builds Allocate answers under one configuration."""
+
+    flags: PluginFlags
+    control_nodes: tuple[str, ...]
+    """The control device nodes the host has, for `passDeviceSpecs`."""
+
+    def container_response(self, targets: Sequence[Target]) -> api_pb2.ContainerAllocateResponse:
+        """One container's answer for its distinct targets, in allocation order."""
+        response = api_pb2.ContainerAllocateResponse()
+        strategies = self.flags.device_list_strategy
+        if DeviceListStrategy.ENVVAR in strategies:
+            response.envs[VISIBLE_DEVICES] = ",".join(target.uuid for target in targets)
+        if DeviceListStrategy.CDI in strategies:
+            response.cdi_devices.extend(
+                api_pb2.CDIDevice(name=cdi.qualified_name(target)) for target in targets
+            )
+        if self.flags.pass_device_specs:
+            nodes = dict.fromkeys(
+                [node for target in targets for node in target.device_nodes]
+                + list(self.control_nodes)
+            )
+            response.devices.extend(
+                api_pb2.DeviceSpec(
+                    container_path=node, host_path=node, permissions=DEVICE_PERMISSIONS
+                )
+                for node in nodes
+            )
+        return response

@@ -1,0 +1,46 @@
+"""What the device plugin subscribes to: its node's operand commands, and its node's
+health history (telemetry's health events and the driver-manager's validations) in one
+consumer, so a validation and the XIDs around it are handled in the order they happened.
+"""
+
+from __future__ import annotations
+
+from gpuop.bus import ConsumerSpec, streams
+from gpuop.events import device, driver, subjects
+
+SERVICE = str(device.OperandService.DEVICE_PLUGIN)
+
+
+def health_subjects(prefix: str, node: str) -> tuple[str, str]:
+    """The node's `device.health-changed` and `driver.validated` events."""
+    return (
+        subjects.events_filter(
+            device.DeviceHealthChanged.DOMAIN, node, device.DeviceHealthChanged.NAME, prefix=prefix
+        ),
+        subjects.events_filter(
+            driver.DriverValidated.DOMAIN, node, driver.DriverValidated.NAME, prefix=prefix
+        ),
+    )
+
+
+def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
+    """Pause and resume commands to the operands of `node`."""
+    return ConsumerSpec(
+        durable=streams.node_durable(SERVICE, node, "commands"),
+        subjects=(subjects.commands_filter(device.OPERANDS, node, prefix=prefix),),
+        retry_delay=retry_delay,
+        # from the start on first creation: a pause sent before this node's first plugin
+        # ran must still be confirmed; later runs resume after the last acked command
+    )
+
+
+def node_health(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
+    """The health history of `node`. From the start on first creation, so that nothing
+    published while the log was read at start is missed; later runs resume after the last
+    acked event, and read what came before from the log. Applying an event twice is
+    harmless."""
+    return ConsumerSpec(
+        durable=streams.node_durable(SERVICE, node, "health"),
+        subjects=health_subjects(prefix, node),
+        retry_delay=retry_delay,
+    )

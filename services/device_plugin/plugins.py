@@ -1,0 +1,290 @@
+"""The device plugin of one node, kubelet side: what it advertises, with which health.
+
+`DevicePlugins` owns the NVML session, the GPU inventory read from it, the RDMA shared
+devices, the health book and the pause state, and one `serving.PluginServer` per resource,
+kept registered by a `registering.Registrar`. It needs no bus: `agent.NodeAgent` feeds it
+the node's health events, driver validations and pause commands, and when NATS is down it
+goes on serving the last known health.
+
+    restore   the node's history from the log: the pause it is in, the GPUs' health
+    start     read the RDMA devices and (unless paused) open NVML and read the GPUs; serve
+              each resource, then register it
+    health    an event that makes a GPU unhealthy re-advertises its devices Unhealthy
+    validated every GPU healthy again, and NVML read anew (for a validated GPU driver);
+              the HCAs read anew (for a validated OFED driver)
+    pause     the paused driver's devices advertised Unhealthy; for the GPU driver, NVML
+              closed, so the `nvidia` module can be unloaded
+    resume    NVML opened and read again, the devices advertised with their health
+
+Every change of state holds one lock, so a pause waits for an inventory read to finish.
+NVML that cannot be opened (no driver yet) is retried every `retry_interval`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from gpuop.events import device
+from gpuop.events.driver import Component, DriverValidated
+from gpuop.host.errors import HostError
+from gpuop.host.roots import HostRoot
+from gpuop.kubelet import constants
+from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2
+from gpuop.nvml import Nvml, NvmlError
+from gpuop.runtime import waiting
+from gpuop.runtime.services import Readiness
+from gpuop.services.device_plugin import cdi, inventory, rdma, registering
+from gpuop.services.device_plugin.config import DeviceListStrategy, DevicePluginConfig
+from gpuop.services.device_plugin.health import HealthBook
+from gpuop.services.device_plugin.metrics import PluginMetrics
+from gpuop.services.device_plugin.resources import (
+    GpuPlan,
+    Resource,
+    VacantResource,
+    gpu_resources,
+)
+from gpuop.services.device_plugin.serving import PluginServer
+
+log = logging.getLogger(__name__)
+
+RETRY_INTERVAL = 5.0
+"""Seconds between attempts to open NVML while it cannot be opened."""
+
+HealthRecord = device.DeviceHealthChanged | DriverValidated
+"""What the node's health history is made of."""
+
+
+class DevicePlugins:
+    """Every device plugin server of one node, and the state they advertise."""
+
+    def __init__(
+        self,
+        root: HostRoot,
+        nvml: Nvml,
+        config: DevicePluginConfig,
+        metrics: PluginMetrics,
+        *,
+        readiness: Readiness | None = None,
+        retry_interval: float = RETRY_INTERVAL,
+        register_timeout: float = registering.REGISTER_TIMEOUT,
+        register_retry: float = registering.RETRY_INTERVAL,
+    ) -> None:
+        self.root = root
+        self.config = config
+        self.health = HealthBook(config.health.ignored_xids)
+        self.directory = root.join(constants.DEVICE_PLUGIN_DIR)
+        self._nvml = nvml
+        self._metrics = metrics
+        self._readiness = readiness or (lambda ready, reason: None)
+        self._retry_interval = retry_interval
+        self._paused: set[Component] = set()
+        self._session = False
+        self._stale = True
+        """The GPU inventory must be read (again) when NVML may be used."""
+        self._inventory = inventory.EMPTY
+        self._gpus = GpuPlan(())
+        self._gpu_problem: str | None = None
+        self._rdma: tuple[rdma.RdmaResource, ...] = ()
+        self._servers: dict[str, PluginServer] = {}
+        self._lock = asyncio.Lock()
+        self._registration_problem: str | None = "starting"
+        self._registrar = registering.Registrar(
+            self.directory,
+            lambda: list(self._servers.values()),
+            metrics,
+            status=self._registered,
+            timeout=register_timeout,
+            retry_interval=register_retry,
+        )
+
+    @property
+    def paused(self) -> frozenset[Component]:
+        """Driver stacks whose devices are paused."""
+        return frozenset(self._paused)
+
+    @property
+    def gpu_session_open(self) -> bool:
+        """Whether NVML is held open."""
+        return self._session
+
+    async def restore(self, paused: Iterable[Component], health: Iterable[HealthRecord]) -> None:
+        """Take in the node's history: the driver stacks its commands leave paused, and its
+        health events and driver validations in stream order. Before `run` (so NVML is never
+        opened in the middle of a reload), or late, when the log could not be read at start:
+        applying history again leaves the same state."""
+        async with self._lock:
+            for event in health:
+                if isinstance(event, device.DeviceHealthChanged):
+                    self.health.apply(event)
+                elif event.component is Component.GPU:
+                    self.health.reset()
+            if set(paused) - self._paused:
+                await self._pause(paused)
+            await self._advertise()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Serve and stay registered until `stopping` is set; then stop every server and
+        let go of NVML."""
+        try:
+            async with self._lock:
+                await self._read_rdma()
+                await self._read_gpus()
+                await self._advertise()
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._registrar.run(stopping), name="device-plugin-registrar")
+                group.create_task(self._retry_loop(stopping), name="device-plugin-nvml-retry")
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Stop serving (removing the sockets) and close NVML."""
+        for server in self._servers.values():
+            await server.stop()
+        if self._session:
+            await asyncio.to_thread(self._close_session)
+
+    async def device_health(self, event: device.DeviceHealthChanged) -> None:
+        """Apply one health event of this node."""
+        async with self._lock:
+            if not self.health.apply(event):
+                return
+            known = {gpu.whole.gpu_uuid for gpu in self._inventory.gpus}
+            if known and event.gpu_uuid not in known:
+                log.info("%s is not a GPU of this node as last read", event.gpu_uuid)
+            await self._advertise()
+
+    async def driver_validated(self, component: Component) -> None:
+        """A (re)loaded driver was validated: its devices are trusted and read anew."""
+        async with self._lock:
+            if component is Component.GPU:
+                self.health.reset()
+                self._stale = True
+                await self._read_gpus()
+            else:
+                await self._read_rdma()
+            await self._advertise()
+
+    async def pause(self, components: Iterable[Component]) -> None:
+        """Advertise the devices of `components` Unhealthy; close NVML for the GPU driver."""
+        async with self._lock:
+            await self._pause(components)
+            await self._advertise()
+
+    async def resume(self) -> None:
+        """Use the devices again: NVML and the HCAs read anew, everything advertised."""
+        async with self._lock:
+            resumed, self._paused = self._paused, set()
+            if Component.OFED in resumed:
+                await self._read_rdma()
+            await self._read_gpus()
+            await self._advertise()
+
+    # Internals; every one runs with the lock held.
+
+    async def _pause(self, components: Iterable[Component]) -> None:
+        self._paused |= set(components)
+        if Component.GPU in self._paused:
+            self._stale = True
+            if self._session:
+                await asyncio.to_thread(self._close_session)
+
+    async def _read_gpus(self) -> None:
+        if Component.GPU in self._paused or not self._stale:
+            return
+        try:
+            found = await asyncio.to_thread(self._open_and_read)
+        except NvmlError as error:
+            self._gpu_problem = f"NVML cannot be used: {error}"
+            log.warning("%s; retrying in %.0f s", self._gpu_problem, self._retry_interval)
+            return
+        self._inventory, self._stale = found, False
+        self._gpus = gpu_resources(found, self.config)
+        self._gpu_problem = self._gpus.problem
+        if self._gpu_problem:
+            log.error("%s: advertising no MIG device", self._gpu_problem)
+        if DeviceListStrategy.CDI in self.config.flags.plugin.device_list_strategy:
+            try:
+                path = await asyncio.to_thread(cdi.write_spec, self.root, found)
+                log.info("CDI spec for %d GPUs at %s", len(found.gpus), path)
+            except OSError as error:
+                log.error("cannot write the CDI spec: %s", error)
+        log.info(
+            "read %d GPUs from NVML: %s",
+            len(found.gpus),
+            ", ".join(f"{r.name} ({len(r.devices)})" for r in self._gpus.resources) or "nothing",
+        )
+
+    async def _read_rdma(self) -> None:
+        if Component.OFED in self._paused:
+            return
+        entries = self.config.rdma.config_list
+        try:
+            self._rdma = await asyncio.to_thread(rdma.rdma_resources, self.root, entries)
+        except HostError as error:
+            log.error("cannot read the host's RDMA devices, keeping the last read: %s", error)
+
+    def _open_and_read(self) -> inventory.GpuInventory:
+        self._nvml.init()
+        self._session = True
+        try:
+            return inventory.read_inventory(self._nvml, self.root)
+        except BaseException:
+            self._close_session()
+            raise
+
+    def _close_session(self) -> None:
+        self._nvml.shutdown()
+        self._session = False
+
+    async def _advertise(self) -> None:
+        """Serve every resource with its devices' health now; new resources get a server."""
+        listed: list[Resource] = [*self._gpus.resources, *self._rdma]
+        resources = {resource.name: resource for resource in listed}
+        for name, server in self._servers.items():
+            if name not in resources:
+                await server.advertise(VacantResource(name, server.resource.component), ())
+        for name, resource in resources.items():
+            devices = self._device_list(resource)
+            if name in self._servers:
+                await self._servers[name].advertise(resource, devices)
+                continue
+            server = PluginServer(resource, devices, self.directory, self._metrics)
+            await server.start()
+            self._servers[name] = server
+            self._metrics.advertised(name, devices)
+        self._report()
+
+    def _device_list(self, resource: Resource) -> tuple[api_pb2.Device, ...]:
+        paused = resource.component in self._paused
+        return tuple(
+            api_pb2.Device(
+                ID=d.id,
+                health=constants.HEALTHY
+                if not paused and (d.gpu_uuid is None or self.health.is_healthy(d.gpu_uuid))
+                else constants.UNHEALTHY,
+                topology=None
+                if d.numa_node is None
+                else api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=d.numa_node)]),
+            )
+            for d in resource.devices
+        )
+
+    async def _retry_loop(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            await waiting.stopped_within(stopping, self._retry_interval)
+            if self._stale and Component.GPU not in self._paused and not stopping.is_set():
+                async with self._lock:
+                    await self._read_gpus()
+                    await self._advertise()
+
+    def _registered(self, problem: str | None) -> None:
+        self._registration_problem = problem
+        self._report()
+
+    def _report(self) -> None:
+        problem = self._registration_problem
+        if problem is None and Component.GPU not in self._paused:
+            problem = self._gpu_problem
+        self._readiness(problem is None, problem or "")

@@ -1,0 +1,95 @@
+"""Telemetry's own settings: how often each role collects, which labels GPU series carry,
+where the kubelet's PodResources socket is. Read from the `--config` YAML file
+(`GPUOP_CONFIG`); every key is optional:
+
+    interval_seconds: 5              # fast NVML queries, then one render of /metrics
+    slow_interval_seconds: 30        # PCIe throughput and batched field values (blocking)
+    pods_interval_seconds: 5         # PodResources List, for the pod labels
+    retry_interval_seconds: 5        # NVML not available yet, or a publish failed
+    labels: [gpu, UUID, pci_bus_id, device, modelName, Hostname,
+             DCGM_FI_DRIVER_VERSION, pod, namespace, container]
+    metrics: null                    # null: every metric; else the names to export
+    resource_names: [nvidia.com/gpu] # plus every nvidia.com/mig-* resource
+    kubelet_socket: null             # <host root>/var/lib/kubelet/pod-resources/kubelet.sock
+    ignored_xids: [13, 31, 43, 45, 68, 109]
+
+Called once at start by both roles; tests build `TelemetryConfig` directly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpuop.kubelet import constants
+from gpuop.runtime.settings import load_config_file
+from gpuop.services.telemetry import catalog
+
+POD_RESOURCES_SOCKET = Path(constants.POD_RESOURCES_DIR) / constants.POD_RESOURCES_SOCKET
+"""Where the kubelet serves PodResources, relative to the host root."""
+APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
+"""XIDs a faulty application causes, not the GPU; the NVIDIA device plugin skips them too."""
+
+
+class TelemetryConfig(BaseModel):
+    """The telemetry service's configuration file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    interval_seconds: float = Field(default=5.0, ge=0.05, le=3600)
+    """Seconds between two collections of the fast NVML queries, each followed by one render
+    of the GPU metrics that every scrape until the next one serves."""
+    slow_interval_seconds: float = Field(default=30.0, ge=0.05, le=3600)
+    """Seconds between two rounds of the slow queries (PCIe throughput blocks about 21 ms per
+    GPU, batched field values about 3.4 ms), on their own loop so they never delay the fast."""
+    pods_interval_seconds: float = Field(default=5.0, ge=0.05, le=3600)
+    """Seconds between two PodResources `List` calls; labels change only when the answer does."""
+    retry_interval_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """Seconds before NVML is opened again after it failed, or a health event is republished."""
+    labels: tuple[str, ...] = catalog.LABELS
+    """Labels GPU series carry, from dcgm-exporter's set; leave some out to bound cardinality
+    (without pod, namespace and container the kubelet is not asked at all)."""
+    metrics: tuple[str, ...] | None = None
+    """Metric names to export (dcgm-exporter's counters file); None exports every one."""
+    resource_names: tuple[str, ...] = ("nvidia.com/gpu",)
+    """Extended resources whose devices are GPUs; `nvidia.com/mig-*` resources always are."""
+    kubelet_socket: Path | None = None
+    """The kubelet's PodResources socket; by default the one under the host root."""
+    ignored_xids: tuple[int, ...] = APPLICATION_XIDS
+    """XIDs counted in `DCGM_FI_DEV_XID_ERRORS` but not published as a health change."""
+
+    @field_validator("labels")
+    @classmethod
+    def _known_labels(cls, labels: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = sorted(set(labels) - set(catalog.LABELS))
+        if unknown:
+            raise ValueError(f"unknown labels {unknown}; known: {', '.join(catalog.LABELS)}")
+        if "UUID" not in labels and "gpu" not in labels:
+            raise ValueError("keep UUID or gpu: without either, the GPUs' series collide")
+        return tuple(label for label in catalog.LABELS if label in labels)
+
+    @field_validator("metrics")
+    @classmethod
+    def _known_metrics(cls, metrics: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if metrics is None:
+            return None
+        unknown = sorted(set(metrics) - set(catalog.NAMES))
+        if unknown:
+            raise ValueError(f"unknown metrics {unknown}")
+        return metrics
+
+    @property
+    def maps_pods(self) -> bool:
+        """Whether any pod label is kept, so the kubelet must be asked who owns each GPU."""
+        return bool(set(self.labels) & set(catalog.POD_LABELS))
+
+    def socket_under(self, host_root: Path) -> Path:
+        """The PodResources socket for a node whose root is mounted at `host_root`."""
+        return self.kubelet_socket or host_root / POD_RESOURCES_SOCKET
+
+
+def load_config(path: Path | None) -> TelemetryConfig:
+    """The configuration in `path` (YAML or JSON); the defaults when `path` is None.
+    Raises `SettingsError` naming the file and the first wrong key."""
+    return load_config_file(path, TelemetryConfig)

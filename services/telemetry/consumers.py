@@ -1,0 +1,25 @@
+"""What telemetry subscribes to, in one place.
+
+The node role consumes the operands group's commands for its node (`PauseOperands`,
+`ResumeOperands`) with a durable consumer. The cluster role keeps no durable consumer: it
+reads the event stream from `operator_metrics` (upgrade history from the start, the rest
+from when it started), since its gauges are rebuilt from the log on every start.
+"""
+
+from __future__ import annotations
+
+from gpuop.bus import ConsumerSpec, streams
+from gpuop.events import device, subjects
+
+SERVICE = device.OperandService.TELEMETRY.value
+
+
+def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
+    """Commands to every operand on `node`."""
+    return ConsumerSpec(
+        durable=streams.node_durable(SERVICE, node, "commands"),
+        subjects=(subjects.commands_filter(device.OPERANDS, node, prefix=prefix),),
+        retry_delay=retry_delay,
+        # from the start on first creation: a pause sent before this node's first exporter
+        # ran must still be confirmed; later runs resume after the last acked command
+    )

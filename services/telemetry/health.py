@@ -1,0 +1,241 @@
+"""GPU health: NVML's XID and ECC events, and GPUs that stop answering, as
+`device.health-changed` events for the device plugin.
+
+`watch` waits for the events of each NVML session in a thread and hands them to the node
+exporter, which passes them, and the outcome of every fast collection, to `HealthTracker`;
+the tracker decides what changed:
+
+- a critical XID makes the GPU unhealthy (reason `xid`); the XIDs an application causes
+  (`ignored_xids`, by default the NVIDIA device plugin's list) only show in the metrics;
+- an uncorrectable ECC event makes it unhealthy (reason `ecc`), with the counters of the
+  collection that followed; corrected errors only count in the metrics;
+- a GPU the fast queries cannot reach is unhealthy (`unreachable`) until it answers again;
+- an XID or ECC mark holds until the GPU answers in a later NVML session (after the driver
+  reload a pause and resume bring) with no uncorrected volatile ECC error nor pending row
+  remap; then the GPU is `recovered`.
+
+`XidHistory` keeps what `DCGM_FI_DEV_XID_ERRORS` and `DCGM_EXP_XID_ERRORS_COUNT` show.
+`Outbox` publishes the events in order and keeps them while the bus is unreachable, so a
+node keeps its health history across a NATS outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+
+from gpuop.bus import Bus, BusError
+from gpuop.events import Envelope, new_event
+from gpuop.events.device import DeviceHealthChanged, HealthReason
+from gpuop.nvml import DeviceEvent, DeviceMetrics, EccEvent, NotInitialized, NvmlError, XidEvent
+from gpuop.services.telemetry.collecting import FastRound, XidSnapshot
+from gpuop.services.telemetry.instruments import ExporterMetrics
+from gpuop.services.telemetry.sessions import Inventory, NvmlSession
+
+log = logging.getLogger(__name__)
+
+EVENT_WAIT_MS = 250
+"""How long one wait for an NVML event blocks its thread; a closed session ends it sooner."""
+XID_WINDOW_SECONDS = 300.0
+"""dcgm-exporter's window for `DCGM_EXP_XID_ERRORS_COUNT`."""
+MAX_XIDS_KEPT = 1024
+"""XIDs remembered per GPU for the window; a storm beyond that counts only the latest."""
+MAX_EVENT_COUNT = 1_000_000
+"""The most an event's ECC counts carry (`fields.Count`)."""
+MAX_PENDING_EVENTS = 4096
+"""Health events kept while the bus is unreachable; the oldest go first beyond that."""
+
+
+Handle = Callable[[DeviceEvent, Inventory], Awaitable[None]]
+"""Called with each NVML event and the session it came from."""
+
+
+async def watch(
+    session: NvmlSession, handle: Handle, metrics: ExporterMetrics, *, retry_seconds: float
+) -> None:
+    """Hand every XID and ECC event of every session that opens to `handle`, for ever."""
+    seen: Inventory | None = None
+    while True:
+        seen = await session.opened(other_than=seen)
+        watcher = session.watcher
+        while watcher is not None:
+            try:
+                event = await asyncio.to_thread(watcher.wait, EVENT_WAIT_MS)
+            except NotInitialized:
+                break  # the session closed
+            except NvmlError as error:
+                metrics.nvml_failed("events")
+                log.warning("waiting for NVML events failed: %s", error)
+                await asyncio.sleep(retry_seconds)
+                continue
+            if event is not None:
+                await handle(event, seen)
+
+
+class XidHistory:
+    """The XIDs seen on each GPU since telemetry started watching."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, int] = {}
+        self._seen: dict[int, deque[tuple[float, int]]] = {}
+
+    def record(self, index: int, xid: int, now: float) -> None:
+        self._last[index] = xid
+        self._seen.setdefault(index, deque(maxlen=MAX_XIDS_KEPT)).append((now, xid))
+
+    def snapshot(self, now: float) -> XidSnapshot:
+        """What to render now; drops what left the window."""
+        counts: dict[int, dict[int, int]] = {}
+        for index, seen in self._seen.items():
+            while seen and seen[0][0] < now - XID_WINDOW_SECONDS:
+                seen.popleft()
+            for _, xid in seen:
+                per_gpu = counts.setdefault(index, {})
+                per_gpu[xid] = per_gpu.get(xid, 0) + 1
+        return XidSnapshot(last=dict(self._last), window_counts=counts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    reason: HealthReason
+    session: Inventory
+    """The NVML session in which the GPU became unhealthy."""
+
+
+class HealthTracker:
+    """Decides when a GPU's health changed; see the module docstring."""
+
+    def __init__(self, ignored_xids: Collection[int]) -> None:
+        self._ignored = frozenset(ignored_xids)
+        self._marks: dict[str, _Mark] = {}
+
+    def unhealthy(self) -> dict[str, HealthReason]:
+        """The GPUs marked unhealthy now, by UUID."""
+        return {uuid: mark.reason for uuid, mark in self._marks.items()}
+
+    def on_event(
+        self, event: DeviceEvent, session: Inventory, last: FastRound | None
+    ) -> DeviceHealthChanged | None:
+        """The health change an NVML event means, if any; `last` is the collection that
+        followed it."""
+        if isinstance(event, XidEvent):
+            if event.xid in self._ignored:
+                return None
+            self._marks[event.uuid] = _Mark(HealthReason.XID, session)
+            return DeviceHealthChanged(
+                gpu_uuid=event.uuid,
+                healthy=False,
+                reason=HealthReason.XID,
+                xid=event.xid,
+                message=f"XID {event.xid} on GPU {event.index}",
+            )
+        if isinstance(event, EccEvent) and event.uncorrectable:
+            metrics = last.metrics.get(event.index) if last else None
+            self._marks[event.uuid] = _Mark(HealthReason.ECC, session)
+            return DeviceHealthChanged(
+                gpu_uuid=event.uuid,
+                healthy=False,
+                reason=HealthReason.ECC,
+                ecc_volatile_uncorrected=_count(
+                    metrics.ecc_volatile_uncorrected if metrics else None
+                ),
+                ecc_aggregate_uncorrected=_count(
+                    metrics.ecc_aggregate_uncorrected if metrics else None
+                ),
+                message=f"uncorrectable ECC error on GPU {event.index}",
+            )
+        return None
+
+    def on_round(self, session: Inventory, collected: FastRound) -> list[DeviceHealthChanged]:
+        """The health changes one fast collection shows: GPUs lost, GPUs back."""
+        changes: list[DeviceHealthChanged] = []
+        for gpu in session.gpus:
+            mark = self._marks.get(gpu.uuid)
+            error = collected.failures.get(gpu.index)
+            if error is not None:
+                if mark is None or mark.reason is not HealthReason.UNREACHABLE:
+                    self._marks[gpu.uuid] = _Mark(HealthReason.UNREACHABLE, session)
+                    changes.append(
+                        DeviceHealthChanged(
+                            gpu_uuid=gpu.uuid,
+                            healthy=False,
+                            reason=HealthReason.UNREACHABLE,
+                            message=f"GPU {gpu.index} does not answer NVML: {error}"[:1024],
+                        )
+                    )
+                continue
+            metrics = collected.metrics.get(gpu.index)
+            if mark is not None and metrics is not None and _recovered(mark, session, metrics):
+                del self._marks[gpu.uuid]
+                changes.append(
+                    DeviceHealthChanged(
+                        gpu_uuid=gpu.uuid,
+                        healthy=True,
+                        reason=HealthReason.RECOVERED,
+                        ecc_volatile_uncorrected=_count(metrics.ecc_volatile_uncorrected),
+                        ecc_aggregate_uncorrected=_count(metrics.ecc_aggregate_uncorrected),
+                        message=f"GPU {gpu.index} answers again after {mark.reason}",
+                    )
+                )
+        return changes
+
+
+def _count(value: int | None) -> int | None:
+    # the event's counts are bounded; a GPU past a million errors is past caring
+    return None if value is None else min(value, MAX_EVENT_COUNT)
+
+
+def _recovered(mark: _Mark, session: Inventory, metrics: DeviceMetrics) -> bool:
+    if mark.reason is HealthReason.UNREACHABLE:
+        return True
+    if mark.session is session:
+        return False  # XID and ECC marks hold until a driver reload
+    return not metrics.ecc_volatile_uncorrected and not metrics.remapped_rows_pending
+
+
+class Outbox:
+    """Health events to publish, in order, kept while the bus is unreachable."""
+
+    def __init__(self, bus: Bus, node: str, source: str, metrics: ExporterMetrics) -> None:
+        self._bus = bus
+        self._node = node
+        self._source = source
+        self._metrics = metrics
+        self._pending: deque[tuple[Envelope, HealthReason]] = deque()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def add(self, change: DeviceHealthChanged) -> None:
+        """Queue one event; its id is fixed now, so a retried publish is a duplicate."""
+        if len(self._pending) >= MAX_PENDING_EVENTS:
+            dropped, _ = self._pending.popleft()
+            log.warning("dropping an unpublished health event %s: too many pending", dropped.id)
+        envelope = new_event(change, node=self._node, source=self._source)
+        self._pending.append((envelope, change.reason))
+        self._metrics.health_events_pending.set(len(self._pending))
+        log.info(
+            "GPU %s %s (%s): %s",
+            change.gpu_uuid,
+            "healthy" if change.healthy else "unhealthy",
+            change.reason,
+            change.message,
+        )
+
+    async def flush(self) -> bool:
+        """Publish what is pending; False when the bus failed and some remain."""
+        while self._pending:
+            envelope, reason = self._pending[0]
+            try:
+                await self._bus.publish(envelope)
+            except BusError as error:
+                log.warning("health event not published yet, retrying: %s", error)
+                return False
+            self._pending.popleft()
+            self._metrics.health_events.labels(reason=reason.value).inc()
+            self._metrics.health_events_pending.set(len(self._pending))
+        return True

@@ -1,0 +1,155 @@
+"""Which container holds which GPU: the kubelet's PodResources answer, turned into pod labels.
+
+The node exporter asks a `PodResourcesSource` on its own loop (never per scrape) and
+re-renders the GPU labels only when `attribute()` gives a different answer. The kubelet
+source (`kubelet_pods.KubeletPodResources`) calls PodResources `List` over the kubelet's
+unix socket; `InMemoryPodResources` stands in for it in tests and the benchmark.
+
+Device ids are whatever the device plugin advertised, so every form is accepted: a GPU
+UUID, a time-slicing replica `<uuid>::<n>` (the replica maps back to its GPU), a MIG device
+UUID (attributed to its parent GPU), an index `3` or a device name `nvidia3`. Ids of other
+resources, and ids that match no GPU of this node, are ignored. `Attributor` asks the
+source and reports, once per change rather than once per refresh, when it cannot.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import Gauge
+
+from gpuop.nvml import DeviceInfo, MigDevice
+from gpuop.services.telemetry.sessions import Inventory
+
+log = logging.getLogger(__name__)
+
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+REPLICA_SEPARATOR = "::"
+"""Between a GPU's UUID and the replica number in a time-sliced device id."""
+
+
+class PodResourcesUnavailable(Exception):
+    """The kubelet could not be asked: no socket, no answer in time, or an error answer."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Owner:
+    """A container the kubelet gave a device to."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAssignment:
+    """One device id of one extended resource, given to one container."""
+
+    resource_name: str
+    """`nvidia.com/gpu`, `nvidia.com/mig-1g.18gb`, `rdma/rdma_shared_device_a`, ..."""
+    device_id: str
+    """The id the device plugin advertised."""
+    owner: Owner
+
+
+class PodResourcesSource(Protocol):
+    """Who holds which device on this node, as the kubelet says."""
+
+    async def assignments(self) -> tuple[DeviceAssignment, ...]:
+        """Every device of every running container. Raises `PodResourcesUnavailable`."""
+        ...
+
+    async def close(self) -> None:
+        """Let go of the connection; a later `assignments()` connects again."""
+        ...
+
+
+class InMemoryPodResources:
+    """A `PodResourcesSource` answering what it was last told; `unavailable` makes it fail."""
+
+    def __init__(self, assignments: Iterable[DeviceAssignment] = ()) -> None:
+        self.current = tuple(assignments)
+        self.unavailable: str | None = None
+        """When set, `assignments()` raises `PodResourcesUnavailable` with this message."""
+        self.calls = 0
+
+    async def assignments(self) -> tuple[DeviceAssignment, ...]:
+        self.calls += 1
+        if self.unavailable is not None:
+            raise PodResourcesUnavailable(self.unavailable)
+        return self.current
+
+    async def close(self) -> None:
+        pass
+
+
+Attribution = Mapping[int, tuple[Owner, ...]]
+"""The containers holding each GPU, by NVML index, sorted; GPUs nobody holds are absent."""
+
+
+def device_ids(gpus: Sequence[DeviceInfo], migs: Iterable[MigDevice] = ()) -> dict[str, int]:
+    """Every id a device plugin may advertise for this node's GPUs, to the GPU's index."""
+    ids: dict[str, int] = {}
+    for gpu in gpus:
+        ids[gpu.uuid] = gpu.index
+        ids[str(gpu.index)] = gpu.index
+        ids[f"nvidia{gpu.index}"] = gpu.index
+    for mig in migs:
+        ids[mig.uuid] = mig.parent_index
+    return ids
+
+
+def is_gpu_resource(resource_name: str, resource_names: Iterable[str]) -> bool:
+    """Whether devices of `resource_name` are GPUs (or MIG devices of one)."""
+    return resource_name.startswith(MIG_RESOURCE_PREFIX) or resource_name in resource_names
+
+
+def attribute(
+    assignments: Iterable[DeviceAssignment],
+    ids: Mapping[str, int],
+    resource_names: Iterable[str],
+) -> dict[int, tuple[Owner, ...]]:
+    """The containers holding each GPU."""
+    names = frozenset(resource_names)
+    owners: dict[int, set[Owner]] = {}
+    for assignment in assignments:
+        if not is_gpu_resource(assignment.resource_name, names):
+            continue
+        device_id = assignment.device_id.partition(REPLICA_SEPARATOR)[0]
+        index = ids.get(device_id)
+        if index is not None:
+            owners.setdefault(index, set()).add(assignment.owner)
+    return {index: tuple(sorted(found)) for index, found in sorted(owners.items())}
+
+
+class Attributor:
+    """Asks a `PodResourcesSource` who holds this node's GPUs; `up` is set to 1 while the
+    kubelet answers and 0 while it cannot be asked (the last answer then stays in force)."""
+
+    def __init__(
+        self, source: PodResourcesSource, resource_names: Iterable[str], up: Gauge
+    ) -> None:
+        self.source = source
+        self._resource_names = tuple(resource_names)
+        self._up = up
+        self._answering: bool | None = None
+
+    async def refresh(self, inventory: Inventory) -> dict[int, tuple[Owner, ...]] | None:
+        """The containers holding each GPU of `inventory`; None when the kubelet failed."""
+        try:
+            assignments = await self.source.assignments()
+        except PodResourcesUnavailable as error:
+            if self._answering is not False:
+                log.warning("no pod labels: the kubelet's PodResources failed: %s", error)
+            self._answering = False
+            self._up.set(0)
+            return None
+        if self._answering is False:
+            log.info("the kubelet's PodResources answers again")
+        self._answering = True
+        self._up.set(1)
+        ids = device_ids(inventory.gpus, inventory.migs)
+        return attribute(assignments, ids, self._resource_names)

@@ -1,0 +1,194 @@
+"""One trace per node upgrade: each saga attempt is a trace whose ids derive from the saga.
+
+The runner, the outbox and the deadline scheduler call this module; the decision core never
+does (it stays pure). Ids derive from what the saga record keeps, the way command ids do
+(`command_id(saga_id, token, attempt)`): the trace id from the saga id and attempt, a step's
+span id from its token as well. So a command's parent is known when it is published, long
+before its step ends, and a leader that takes a saga over after a crash parents on, and
+records, the very spans the previous one referred to. The tree of one attempt:
+
+    upgrade saga          the admission step (upgrade-required), root of the trace
+      step <token>        each later step, recorded once it ends, from its start in the record
+        kube <action>     a Kubernetes action of the step; its outcome event is published in it
+        handle <verb>     a node agent handling the step's command, in the agent's process
+          decide <event>  the runner deciding on the agent's answer, persisting and acting
+
+An event from outside the trace (an inventory, a node observation, an expired deadline) is
+decided under the step it concerns. A step is recorded by whoever decides its end, with the
+start the record kept; terminal steps (upgrade-done, a final upgrade-failed) when entered.
+What is lost: the span of a step whose deciding leader crashed between persisting and
+recording it (its children then point at a span that is not there).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from gpuop.events import Event
+from gpuop.observability import tracing
+from gpuop.saga import Decision, KubeAction, NodeSaga
+from gpuop.saga.records import Outcome, StepResult
+from gpuop.saga.steps import StepKind
+
+ROOT = "upgrade saga"
+"""Name of the root span of every upgrade trace."""
+_TERMINAL = frozenset({StepKind.DONE, StepKind.FAILED})
+_UNSUCCESSFUL = frozenset({StepResult.FAILED, StepResult.EXPIRED})
+
+
+def trace_id(saga_id: str, attempt: int) -> int:
+    """The trace of one attempt of a saga."""
+    return tracing.derived_trace_id(saga_id, str(attempt))
+
+
+def step_span_id(saga_id: str, attempt: int, token: str) -> int:
+    """The span of one step of one attempt (the root is the `admission` step's)."""
+    return tracing.derived_span_id(saga_id, str(attempt), token)
+
+
+def step_context(saga_id: str, attempt: int, token: str) -> otel_context.Context | None:
+    """The context whose parent is the step's span; None when tracing is off."""
+    return tracing.context_of(trace_id(saga_id, attempt), step_span_id(saga_id, attempt, token))
+
+
+def step_traceparent(saga_id: str, attempt: int, token: str) -> str | None:
+    """The `traceparent` of what the step issues; None when tracing is off."""
+    return tracing.traceparent_of(step_context(saga_id, attempt, token))
+
+
+def current_step_traceparent(saga: NodeSaga) -> str | None:
+    """`step_traceparent` of the saga's pending step."""
+    return step_traceparent(saga.saga_id, saga.attempt, saga.step.token)
+
+
+@contextmanager
+def deciding(
+    before: NodeSaga,
+    decision: Decision,
+    event: Event,
+    *,
+    now: datetime,
+    cause: str | None,
+    started_ns: int,
+) -> Iterator[None]:
+    """The `decide <event>` span around acting on a persisted decision made at `now` about
+    `before` (`cause`: the event's id; `started_ns`: when deciding began, from `now_ns`),
+    after recording the steps the decision ended."""
+    if not tracing.recording():
+        yield
+        return
+    _record_ended_steps(before, decision, now)
+    ours = trace_id(before.saga_id, before.attempt)
+    received = trace.get_current_span().get_span_context()
+    links: list[trace.Link] = []
+    parent = None
+    if not (received.is_valid and received.trace_id == ours):
+        # decided under the step it concerns; whatever trace the event came in stays linked
+        parent = step_context(before.saga_id, before.attempt, before.step.token)
+        if received.is_valid:
+            links.append(trace.Link(received))
+    after = decision.saga
+    attributes: dict[str, str | int] = {
+        **_saga_attributes(before),
+        "gpuop.upgrade.state": str(before.state),
+        "gpuop.upgrade.next_state": str(after.state),
+        "gpuop.upgrade.step": before.step.token,
+        "gpuop.message.type": event.TYPE,
+    }
+    if cause is not None:
+        attributes["messaging.message.id"] = cause
+    with tracing.tracer(__name__).start_as_current_span(
+        f"decide {event.DOMAIN}.{event.NAME}",
+        context=parent,
+        kind=trace.SpanKind.CONSUMER,
+        links=links,
+        attributes=attributes,
+        start_time=started_ns,
+    ):
+        yield
+
+
+@contextmanager
+def acting(node: str, action: KubeAction, traceparent: str | None) -> Iterator[None]:
+    """The `kube <action>` span around a Kubernetes action, child of the step that issued it
+    (`traceparent`, taken when it was queued)."""
+    with tracing.tracer(__name__).start_as_current_span(
+        f"kube {type(action).__name__.lower()}",
+        context=tracing.context_from(traceparent),
+        attributes={"k8s.node.name": node, "gpuop.action.id": action.id},
+    ):
+        yield
+
+
+def now_ns() -> int:
+    """The start of a `deciding` span: take it before deciding."""
+    return time.time_ns()
+
+
+def _record_ended_steps(before: NodeSaga, decision: Decision, now: datetime) -> None:
+    after = decision.saga
+    pending = (after.attempt, after.step.token)
+    if (before.attempt, before.step.token) != pending:
+        _record_step(before, before.attempt, before.step.token, before.step_started, now, after)
+    # steps entered and left within this decision, whose commands point at their spans
+    passed = {(c.attempt, c.step) for c in decision.commands} - {pending}
+    for attempt, token in sorted(passed):
+        _record_step(after, attempt, token, now, now, after)
+    if after.step.kind in _TERMINAL and pending != (before.attempt, before.step.token):
+        _record_step(after, after.attempt, after.step.token, now, now, after)
+
+
+def _record_step(
+    saga: NodeSaga, attempt: int, token: str, start: datetime, end: datetime, after: NodeSaga
+) -> None:
+    outcome = _outcome(after, attempt, token)
+    root = token == StepKind.ADMISSION.value
+    attributes: dict[str, str | int] = {
+        **_saga_attributes(saga),
+        "gpuop.saga.attempt": attempt,
+        "gpuop.upgrade.step": token,
+    }
+    if outcome is not None:
+        attributes["gpuop.upgrade.state"] = str(outcome.state)
+        attributes["gpuop.step.result"] = str(outcome.result)
+    elif root or token == saga.step.token:
+        attributes["gpuop.upgrade.state"] = str(saga.state)
+    if root:
+        attributes["gpuop.upgrade.canary"] = str(after.canary).lower()
+    failed = None
+    if outcome is not None and outcome.result in _UNSUCCESSFUL:
+        failed = outcome.detail or str(outcome.result)
+    tracing.record_span(
+        __name__,
+        ROOT if root else f"step {token}",
+        trace_id=trace_id(saga.saga_id, attempt),
+        span_id=step_span_id(saga.saga_id, attempt, token),
+        parent=None if root else step_context(saga.saga_id, attempt, StepKind.ADMISSION.value),
+        start=start,
+        end=end,
+        attributes=attributes,
+        failed=failed,
+    )
+
+
+def _outcome(saga: NodeSaga, attempt: int, token: str) -> Outcome | None:
+    """How the step ended, as the record kept it (the latest such outcome)."""
+    for outcome in reversed(saga.history):
+        if outcome.attempt == attempt and outcome.step == token:
+            return outcome
+    return None
+
+
+def _saga_attributes(saga: NodeSaga) -> dict[str, str | int]:
+    return {
+        "k8s.node.name": saga.node,
+        "gpuop.saga.id": saga.saga_id,
+        "gpuop.saga.attempt": saga.attempt,
+        "gpuop.rollout.id": saga.rollout_id,
+    }

@@ -1,0 +1,248 @@
+"""Scrape latency and collector CPU of telemetry's node exporter, against the NVML floor.
+
+Run by `tests/bench/run_all.py` (`make bench`), or alone:
+`.venv/bin/python tests/bench/telemetry.py [--quick]`.
+
+A child process runs the node exporter as a node would: a simulated node of 8 H200s whose
+slow queries block as long as on the recorded H200 (21 ms of PCIe sampling, 3.4 ms of field
+values), 64 pods time-sliced over the 8 GPUs (8 replicas each) answered by an in-memory
+PodResources source, every metric and label on, a 1 s collection interval, and the service's
+HTTP server with the process's full registry. This process first leaves it alone for a
+window and reads, from its own `/metrics`, the CPU its collector threads used
+(`gpuop_telemetry_collector_cpu_seconds_total`) and the whole process used
+(`process_cpu_seconds_total`); then it scrapes it back to back over one keep-alive
+connection, as Prometheus does, while collections go on, and times each full response; the
+exporter's own CPU per scrape is reported beside it, since latency on a shared machine also
+measures its neighbours.
+
+The NVML floor is what the same fast queries cost on the real H200 (fixtures/h200/nvml.json
+`timing_us`, medians): the calls timed there at their measured cost, the others a
+`DeviceMetrics` reading makes at the cheapest measured one, 8 GPUs, once a second. The last
+line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import time
+from importlib import resources
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+GPUS = 8
+REPLICAS = 8
+"""Time-slicing replicas per GPU: 64 pods on 8 GPUs."""
+NODE = "bench-node"
+INTERVAL = 1.0
+TARGET_P99_MS = 5.0
+TARGET_CPU_PERCENT = 2.0
+TIMED_CALLS_PER_GPU = {
+    "memory_info": 1,
+    "utilization": 1,
+    "temperature_gpu": 1,
+    "power_usage_mw": 1,
+    "clock_sm_mhz": 2,  # SM and memory clocks
+    "ecc_volatile_uncorrected": 4,  # volatile and aggregate, corrected and not
+    "compute_procs": 1,
+}
+"""Calls of one `DeviceMetrics` reading whose cost the recording timed, by timing key."""
+UNTIMED_CALLS_PER_GPU = 8
+"""Encoder, fan, energy, P-state, clock reasons, remapped rows, retired pages, PCIe replays:
+priced at the cheapest timed call."""
+
+
+def nvml_floor() -> dict[str, float]:
+    """The recorded H200's cost of the same queries, for 8 GPUs."""
+    recording = json.loads(resources.files("gpuop.nvml").joinpath("h200_nvml.json").read_text())
+    timing = {
+        key.split(".", 1)[1]: value["median"] for key, value in recording["timing_us"].items()
+    }
+    cheapest = min(timing[key] for key in TIMED_CALLS_PER_GPU)
+    per_gpu = sum(timing[key] * calls for key, calls in TIMED_CALLS_PER_GPU.items())
+    per_gpu += cheapest * UNTIMED_CALLS_PER_GPU
+    slow_ms = (2 * timing["pcie_tx_kbps"] + timing["field_values_x7"]) / 1000
+    return {
+        "nvml_floor_us_per_collection": round(per_gpu * GPUS, 1),
+        "nvml_floor_cpu_percent": round(per_gpu * GPUS / 1e6 / INTERVAL * 100, 4),
+        "nvml_slow_blocking_ms_per_round": round(slow_ms * GPUS, 1),
+    }
+
+
+# The exporter, in the child process.
+
+
+async def serve() -> None:
+    """Run the exporter behind the service's HTTP server until stdin closes."""
+    from gpuop.bus import InMemoryBus
+    from gpuop.nvml import SimNvml
+    from gpuop.nvml.sim_gpus import gpu_uuid
+    from gpuop.observability.http import HealthServer
+    from gpuop.observability.metrics import registry
+    from gpuop.services.telemetry.config import TelemetryConfig
+    from gpuop.services.telemetry.node_exporter import NodeExporter
+    from gpuop.services.telemetry.pods import DeviceAssignment, InMemoryPodResources, Owner
+
+    logging.basicConfig(level=logging.WARNING)
+    pods = InMemoryPodResources(
+        DeviceAssignment(
+            "nvidia.com/gpu",
+            f"{gpu_uuid(NODE, gpu)}::{replica}",
+            Owner("bench", f"job-{gpu}-{replica}", "main"),
+        )
+        for gpu in range(GPUS)
+        for replica in range(REPLICAS)
+    )
+    config = TelemetryConfig(
+        interval_seconds=INTERVAL, slow_interval_seconds=10, pods_interval_seconds=5
+    )
+    bus = InMemoryBus()
+    await bus.start()
+    nvml = SimNvml(GPUS, node=NODE, simulate_latency=True)
+    metrics = registry()
+    exporter = NodeExporter(bus, NODE, nvml, config, metrics, pod_resources=pods)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_reader(sys.stdin.fileno(), stopping.set)  # the parent closed our stdin
+    async with HealthServer(metrics, exposition=exporter.exposition) as server:
+        assert server.address is not None
+        print(f"PORT {server.address[1]}", flush=True)
+        await exporter.run(stopping)
+    await bus.close()
+
+
+# The measurements, in this process.
+
+
+def scrape(connection: http.client.HTTPConnection) -> bytes:
+    connection.request("GET", "/metrics")
+    response = connection.getresponse()
+    body = response.read()
+    assert response.status == 200, response.status
+    return body
+
+
+def value(body: bytes, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    raise KeyError(name)
+
+
+def cpu_seconds(body: bytes) -> tuple[float, float, float]:
+    """(collector threads, whole process, fast collections) so far."""
+    collector = sum(
+        value(body, "gpuop_telemetry_collector_cpu_seconds_total", loop=loop)
+        for loop in ("fast", "slow")
+    )
+    process = value(body, "process_cpu_seconds_total")
+    collections = value(body, "gpuop_telemetry_collection_seconds_count", loop="fast")
+    return collector, process, collections
+
+
+def measure(window: float, scrapes: int) -> dict[str, Any]:
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"the exporter did not start: {line!r}")
+        connection = http.client.HTTPConnection("127.0.0.1", int(line.split()[1]), timeout=10)
+        while b"DCGM_FI_PROF_PCIE_TX_BYTES" not in scrape(connection):  # a slow round is in
+            time.sleep(0.1)
+
+        first = scrape(connection)
+        started = time.monotonic()
+        time.sleep(window)
+        last = scrape(connection)
+        elapsed = time.monotonic() - started
+        (c0, p0, n0), (c1, p1, n1) = cpu_seconds(first), cpu_seconds(last)
+
+        latencies = []
+        for _ in range(scrapes):
+            began = time.perf_counter()
+            body = scrape(connection)
+            latencies.append((time.perf_counter() - began) * 1000)
+        (c2, p2, _) = cpu_seconds(scrape(connection))
+        connection.close()
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=15)
+    latencies.sort()
+    lines = [line for line in body.decode().splitlines() if line.startswith("DCGM_")]
+    collections = max(n1 - n0, 1)
+    return {
+        "scrape_p50_ms": round(statistics.median(latencies), 3),
+        "scrape_p99_ms": round(latencies[int(len(latencies) * 0.99) - 1], 3),
+        "scrape_max_ms": round(latencies[-1], 3),
+        "scrapes": scrapes,
+        "scrape_bytes": len(body),
+        "gpu_series": len(lines),
+        "collector_cpu_percent": round((c1 - c0) / elapsed * 100, 4),
+        "collector_us_per_collection": round((c1 - c0) / collections * 1e6, 1),
+        "process_cpu_percent": round((p1 - p0) / elapsed * 100, 3),
+        # what serving costs the exporter, free of this machine's scheduling noise
+        "server_cpu_ms_per_scrape": round(((p2 - p1) - (c2 - c1)) / (scrapes + 1) * 1000, 3),
+        "window_s": round(elapsed, 1),
+        "collections": int(collections),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="a 15 s window and 1,000 scrapes")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        asyncio.run(serve())
+        return 0
+    window, scrapes = (15.0, 1_000) if args.quick else (60.0, 5_000)
+    measured = measure(window, scrapes)
+    floor = nvml_floor()
+    met = (
+        measured["scrape_p99_ms"] <= TARGET_P99_MS
+        and measured["collector_cpu_percent"] <= TARGET_CPU_PERCENT
+    )
+    print(
+        json.dumps(
+            {
+                "benchmark": "telemetry",
+                "about": (
+                    "Node exporter on a simulated 8-GPU node (slow NVML queries blocking as on"
+                    " the H200), 64 time-sliced pods, every metric and label, 1 s interval:"
+                    " full-response scrape latency over keep-alive while collecting, and CPU"
+                    " per second of the collector threads and of the whole process."
+                ),
+                "target": (
+                    f"scrape p99 <= {TARGET_P99_MS:g} ms, collector CPU <="
+                    f" {TARGET_CPU_PERCENT:g}% of one core"
+                ),
+                "target_met": met,
+                "mode": "quick" if args.quick else "full",
+                "gpus": GPUS,
+                "pods": GPUS * REPLICAS,
+                "interval_s": INTERVAL,
+                **measured,
+                **floor,
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The Helm chart, rendered and linted by Helm itself, offline.
+
+No PyPI wheel ships the `helm` command; `helm-python-sdk` ships Helm v4's own Go SDK as a
+shared library (the code `helm lint` and `helm template` run), which these tests call. Each
+rendering is done once per values file and shared by the tests that read it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+CHART = REPO / "deploy" / "helm" / "gpuop"
+VALUES = {
+    "defaults": None,
+    "all-features": CHART / "ci" / "all-features-values.yaml",
+    "external-nats": CHART / "ci" / "external-nats-values.yaml",
+}
+"""The values files every test renders with: none, every feature on, an existing NATS."""
+RELEASE = "gpuop"
+NAMESPACE = "gpuop-system"
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Rendering:
+    """What `helm template` would print, as objects, with the template each came from."""
+
+    manifests: tuple[tuple[str, Manifest], ...]
+
+    def all(self, kind: str | None = None) -> list[Manifest]:
+        return [m for _, m in self.manifests if kind is None or m["kind"] == kind]
+
+    def get(self, kind: str, name: str) -> Manifest:
+        found = [m for m in self.all(kind) if m["metadata"]["name"] == name]
+        assert len(found) == 1, f"{len(found)} {kind} named {name}"
+        return found[0]
+
+    def workloads(self) -> list[Manifest]:
+        return [m for m in self.all() if m["kind"] in ("DaemonSet", "Deployment", "StatefulSet")]
+
+
+def values(name: str) -> dict[str, Any] | None:
+    path = VALUES[name]
+    if path is None:
+        return None
+    loaded: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return loaded
+
+
+def render_with(overrides: dict[str, Any] | None) -> Rendering:
+    helm.disable_logging()
+    with helm.Chart.load(CHART) as chart:
+        rendered = chart.render(overrides, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    manifests = []
+    for template, text in sorted(rendered.items()):
+        if not template.endswith((".yaml", ".yml")):
+            continue  # NOTES.txt
+        for document in yaml.safe_load_all(text):
+            if document:
+                manifests.append((template, document))
+    return Rendering(tuple(manifests))
+
+
+@functools.cache
+def render(name: str) -> Rendering:
+    return render_with(values(name))
+
+
+def crds() -> list[Manifest]:
+    helm.disable_logging()
+    with helm.Chart.load(CHART) as chart:
+        return [yaml.safe_load(crd["data"]) for crd in chart.crds]
+
+
+def crd_texts() -> dict[str, str]:
+    with helm.Chart.load(CHART) as chart:
+        return {crd["filename"]: crd["data"] for crd in chart.crds}
+
+
+def lint(name: str) -> dict[str, Any]:
+    helm.disable_logging()
+    return helm.lint(CHART, values(name), strict=True, namespace=NAMESPACE)

@@ -1,0 +1,443 @@
+"""The Helm chart: Helm's lint and rendering with the default, all-features and external-NATS
+values, every manifest valid Kubernetes, and every setting agreeing with the code it deploys
+(settings, config models, metric names, the CRD, deploy/nats, the image's user)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from gpuop.events.upgrade import UpgradeState
+from gpuop.runtime import services, settings
+from gpuop.services.device_plugin import config as device_plugin_config
+from gpuop.services.discovery import config as discovery_config
+from gpuop.services.driver_manager import config as driver_manager_config
+from gpuop.services.network_manager import config as network_manager_config
+from gpuop.services.telemetry import catalog
+from gpuop.services.telemetry import config as telemetry_config
+from gpuop.services.telemetry.operator_metrics import OperatorMetrics
+from gpuop.services.upgrade_orchestrator import config as orchestrator_config
+from tests.unit.deploy.charts import (
+    CHART,
+    NAMESPACE,
+    REPO,
+    VALUES,
+    Manifest,
+    Rendering,
+    crd_texts,
+    lint,
+    render,
+    render_with,
+)
+
+KUBERNETES = ("1.27", kubernetes_validate.latest_version())
+"""The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest known."""
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"}
+"""Kinds of the Prometheus and cert-manager operators: kubernetes-validate has no schema for
+them, so `test_operator_objects_have_what_their_operators_read` checks them."""
+NODE_AGENTS = ("discovery", "driver-manager", "device-plugin", "network-manager", "telemetry")
+PRIVILEGED = {"driver-manager", "network-manager"}
+CONFIG_LOADERS = {
+    "discovery": discovery_config.load_config,
+    "driver-manager": driver_manager_config.load,
+    "device-plugin": device_plugin_config.load_config,
+    "network-manager": network_manager_config.load_config,
+    "telemetry": telemetry_config.load_config,
+    "upgrade-orchestrator": orchestrator_config.load_config,
+}
+
+
+def containers(rendering: Rendering) -> list[tuple[Manifest, dict[str, Any]]]:
+    return [
+        (workload, container)
+        for workload in rendering.workloads()
+        for container in workload["spec"]["template"]["spec"]["containers"]
+    ]
+
+
+def gpuop_containers(rendering: Rendering) -> list[tuple[Manifest, dict[str, Any]]]:
+    return [(w, c) for w, c in containers(rendering) if c.get("args", [""])[0] == "run"]
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_helm_lint_finds_nothing_wrong(values: str) -> None:
+    report = lint(values)
+
+    assert report["errors"] == []
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert problems == []
+
+
+@pytest.mark.parametrize("version", KUBERNETES)
+@pytest.mark.parametrize("values", VALUES)
+def test_every_manifest_is_valid_kubernetes_in_strict_mode(values: str, version: str) -> None:
+    rendering = render(values)
+    checked = 0
+    for template, manifest in rendering.manifests:
+        if manifest["kind"] in OPERATOR_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(manifest, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            path = ".".join(str(p) for p in error.path)
+            pytest.fail(f"{template}: {manifest['kind']} {path}: {error.message}")
+        checked += 1
+
+    assert checked >= 35
+
+
+def test_the_crd_is_valid_kubernetes_and_the_one_in_deploy_crds() -> None:
+    committed = (REPO / "deploy" / "crds" / "gpuclusterpolicies.gpuop.io.yaml").read_text()
+    shipped = crd_texts()
+
+    assert list(shipped) == ["gpuop/crds/gpuclusterpolicies.gpuop.io.yaml"]
+    assert next(iter(shipped.values())) == committed
+    for version in KUBERNETES:
+        kubernetes_validate.validate(yaml.safe_load(committed), version, strict=True)
+
+
+def test_the_bundled_nats_runs_deploy_nats_unchanged() -> None:
+    config = render("defaults").get("ConfigMap", "gpuop-nats-config")
+
+    for name in ("nats-server.conf", "accounts.conf"):
+        assert config["data"][name] == (REPO / "deploy" / "nats" / name).read_text(), name
+
+
+def test_every_nats_user_gets_a_password_that_nats_reads_as_a_string() -> None:
+    accounts = (REPO / "deploy" / "nats" / "accounts.conf").read_text()
+    variables = set(re.findall(r"password: \$([A-Z_]+)", accounts))
+    secret = render("defaults").get("Secret", "gpuop-nats-users")
+
+    assert set(secret["data"]) == variables
+    template = (CHART / "templates" / "nats" / "users.yaml").read_text()
+    # nats-server parses the variables as values: a leading digit would make a number
+    assert "(randAlpha 1)" in template
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_every_service_starts_with_valid_settings_and_its_own_nats_user(values: str) -> None:
+    rendering = render(values)
+    started = set()
+    for workload, container in gpuop_containers(rendering):
+        service = container["args"][1]
+        environ = environment(container, node="gpu-1.example.com")
+        loaded = settings.load({"service": service}, environ)
+        started.add((service, loaded.role))
+
+        assert loaded.role in services.lookup(service).roles
+        user = workload["metadata"]["name"].removeprefix("gpuop-")
+        assert all(url.startswith(("tls://", "nats://")) for url in loaded.nats)
+        assert {url.split("://")[1].split(":")[0] for url in loaded.nats} == {user}
+        assert loaded.listen_address == ("0.0.0.0", container["ports"][0]["containerPort"])
+        assert str(loaded.config) == "/etc/gpuop/config.yaml"
+        if loaded.role is settings.Role.NODE:
+            assert (loaded.node, str(loaded.host_root)) == ("gpu-1.example.com", "/host")
+
+    node = settings.Role.NODE
+    assert {(s, node) for s in NODE_AGENTS} <= started
+    assert ("upgrade-orchestrator", settings.Role.CLUSTER) in started
+
+
+def environment(container: dict[str, Any], *, node: str) -> dict[str, str]:
+    """The container's environment as the kubelet makes it: downward API, Secrets (a stand-in
+    password), and `$(VAR)` references to variables defined before."""
+    environ: dict[str, str] = {}
+    for variable in container["env"]:
+        if "value" in variable:
+            value = re.sub(
+                r"\$\((\w+)\)", lambda m: environ.get(m[1], m[0]), str(variable["value"])
+            )
+        elif "fieldRef" in variable["valueFrom"]:
+            assert variable["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+            value = node
+        else:
+            value = "p4ssw0rd"
+        environ[variable["name"]] = value
+    return environ
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_every_config_file_passes_its_services_config_model(values: str, tmp_path: Path) -> None:
+    rendering = render(values)
+    checked = []
+    for config_map in rendering.all("ConfigMap"):
+        name = config_map["metadata"]["name"]
+        if not name.endswith("-config") or name == "gpuop-nats-config":
+            continue
+        service = name.removeprefix("gpuop-").removesuffix("-config")
+        path = tmp_path / f"{service}.yaml"
+        path.write_text(config_map["data"]["config.yaml"])
+        CONFIG_LOADERS[service](path)
+        checked.append(service)
+
+    assert sorted(checked) == sorted(CONFIG_LOADERS)
+
+
+def test_the_orchestrator_leads_in_the_release_namespace_and_waits_for_deployed_operands() -> None:
+    config = yaml.safe_load(
+        render("defaults").get("ConfigMap", "gpuop-upgrade-orchestrator-config")["data"][
+            "config.yaml"
+        ]
+    )
+    without_telemetry = render_with({"telemetry": {"enabled": False}})
+    fewer = yaml.safe_load(
+        without_telemetry.get("ConfigMap", "gpuop-upgrade-orchestrator-config")["data"][
+            "config.yaml"
+        ]
+    )
+
+    assert config["lease_namespace"] == NAMESPACE
+    assert config["operands"] == ["discovery", "device-plugin", "telemetry"]
+    assert fewer["operands"] == ["discovery", "device-plugin"]
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_node_agents_have_no_kubernetes_token_and_only_two_are_privileged(values: str) -> None:
+    rendering = render(values)
+    daemonsets = {
+        d["metadata"]["name"].removeprefix("gpuop-"): d for d in rendering.all("DaemonSet")
+    }
+
+    assert set(daemonsets) == set(NODE_AGENTS)
+    for service, daemonset in daemonsets.items():
+        pod = daemonset["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        security = container["securityContext"]
+        assert pod["automountServiceAccountToken"] is False, service
+        assert security.get("privileged", False) is (service in PRIVILEGED), service
+        if service not in PRIVILEGED:
+            assert security["allowPrivilegeEscalation"] is False, service
+            assert security["capabilities"] == {"drop": ["ALL"]}, service
+            assert security["readOnlyRootFilesystem"] is True, service
+        writable = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
+        assert ("/host" in writable) is (service == "driver-manager"), service
+    discovery = daemonsets["discovery"]["spec"]["template"]["spec"]
+    assert discovery["containers"][0]["securityContext"]["runAsNonRoot"] is True
+    assert daemonsets["network-manager"]["spec"]["template"]["spec"]["hostNetwork"] is True
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_cluster_roles_run_unprivileged_as_the_images_user(values: str) -> None:
+    rendering = render(values)
+    user = image_user()
+
+    for deployment in rendering.all("Deployment"):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        security = container["securityContext"]
+        assert security["runAsNonRoot"] is True
+        assert security["runAsUser"] == user
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        assert "privileged" not in security
+
+
+def image_user() -> int:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    (user,) = re.findall(r"^USER (\d+)", dockerfile, re.M)
+    return int(user)
+
+
+def rules_of(rendering: Rendering, account: str) -> dict[tuple[str, str], set[str]]:
+    """(namespace or "*", group/resource) -> verbs, over every binding of `account`."""
+    granted: dict[tuple[str, str], set[str]] = {}
+    for binding in rendering.all("ClusterRoleBinding") + rendering.all("RoleBinding"):
+        if not any(s["name"] == account for s in binding["subjects"]):
+            continue
+        kind = binding["roleRef"]["kind"]
+        namespace = binding["metadata"].get("namespace", "*")
+        role = rendering.get(kind, binding["roleRef"]["name"])
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    key = (namespace, f"{group}/{resource}" if group else resource)
+                    names = rule.get("resourceNames")
+                    verbs = {f"{v}:{','.join(names)}" if names else v for v in rule["verbs"]}
+                    granted.setdefault(key, set()).update(verbs)
+    return granted
+
+
+def test_rbac_grants_each_role_exactly_what_its_calls_need() -> None:
+    rendering = render("defaults")
+    lease = "get:gpuop-upgrade-orchestrator,patch:gpuop-upgrade-orchestrator"
+
+    assert rules_of(rendering, "gpuop-node-agent") == {}
+    assert rules_of(rendering, "gpuop-telemetry-cluster") == {}
+    assert rules_of(rendering, "gpuop-discovery-cluster") == {
+        ("*", "nodes"): {"get", "list", "patch"},
+        ("default", "events"): {"create"},
+    }
+    assert rules_of(rendering, "gpuop-network-manager-cluster") == {
+        ("*", "gpuop.io/gpuclusterpolicies"): {"get", "list", "watch"},
+        ("*", "k8s.cni.cncf.io/network-attachment-definitions"): {
+            "get", "list", "watch", "create", "patch", "delete",
+        },
+    }  # fmt: skip
+    assert rules_of(rendering, "gpuop-upgrade-orchestrator") == {
+        ("*", "nodes"): {"get", "list", "watch", "patch"},
+        ("*", "pods"): {"get", "list", "watch", "delete"},
+        ("*", "pods/eviction"): {"create"},
+        ("*", "policy/poddisruptionbudgets"): {"list"},
+        ("*", "gpuop.io/gpuclusterpolicies"): {"get", "list", "watch"},
+        ("*", "gpuop.io/gpuclusterpolicies/status"): {"get", "patch"},
+        (NAMESPACE, "coordination.k8s.io/leases"): {"create", *lease.split(",")},
+        ("default", "events"): {"create"},
+    }
+    service_accounts = {s["metadata"]["name"]: s for s in rendering.all("ServiceAccount")}
+    assert all(s["automountServiceAccountToken"] is False for s in service_accounts.values())
+
+
+def test_the_orchestrator_runs_two_replicas_apart_behind_a_disruption_budget() -> None:
+    rendering = render("defaults")
+    deployment = rendering.get("Deployment", "gpuop-upgrade-orchestrator")
+    budget = rendering.get("PodDisruptionBudget", "gpuop-upgrade-orchestrator")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+
+    assert deployment["spec"]["replicas"] == 2
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    anti = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (preferred,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_every_nats_client_trusts_the_ca_of_the_server_it_reaches_and_public_cas(
+    values: str,
+) -> None:
+    rendering = render(values)
+    for workload, container in gpuop_containers(rendering):
+        environ = environment(container, node="n")
+        pod = workload["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        (init,) = pod["initContainers"]
+        written = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+        read = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+
+        # SSL_CERT_FILE replaces Python's default bundle: it must hold the public CAs too
+        assert environ["SSL_CERT_FILE"] == "/etc/gpuop/trust/ca-bundle.crt"
+        assert init["command"][-1] == (
+            "cat /etc/ssl/certs/ca-certificates.crt /etc/gpuop/nats-ca/ca.crt"
+            " > /etc/gpuop/trust/ca-bundle.crt"
+        )
+        assert written["/etc/gpuop/trust"] == read["/etc/gpuop/trust"] == "trust"
+        ca = volumes[written["/etc/gpuop/nats-ca"]]["secret"]
+        assert ca["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+        assert init["securityContext"]["runAsUser"] == image_user()
+        if values == "external-nats":
+            assert ca["secretName"] == "nats-ca"
+            assert environ["GPUOP_NATS"].endswith("@nats.messaging.svc:4222")
+        else:
+            server = rendering.get("StatefulSet", "gpuop-nats")["spec"]["template"]["spec"]
+            tls = next(v for v in server["volumes"] if v["name"] == "tls")
+            assert ca["secretName"] == tls["secret"]["secretName"]
+            assert environ["GPUOP_NATS"].endswith(f"@gpuop-nats.{NAMESPACE}.svc:4222")
+
+
+def test_a_helm_generated_certificate_names_the_nats_service() -> None:
+    secret = render("defaults").get("Secret", "gpuop-nats-tls")
+
+    assert secret["type"] == "kubernetes.io/tls"
+    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+
+
+def test_operator_objects_have_what_their_operators_read() -> None:
+    rendering = render("all-features")
+    metrics_services = [
+        s for s in rendering.all("Service") if s["metadata"]["labels"].get("gpuop.io/metrics")
+    ]
+    (monitor,) = rendering.all("ServiceMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    ports = {p["name"] for s in metrics_services for p in s["spec"]["ports"]}
+
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == ports
+    assert all(selector.items() <= s["metadata"]["labels"].items() for s in metrics_services)
+    assert len(metrics_services) == 9
+    workloads = rendering.workloads()
+    for service in metrics_services:
+        (selected,) = [
+            w
+            for w in workloads
+            if service["spec"]["selector"].items()
+            <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        (container,) = selected["spec"]["template"]["spec"]["containers"]
+        assert service["spec"]["ports"][0]["targetPort"] == container["ports"][0]["name"]
+
+    (rule,) = rendering.all("PrometheusRule")
+    alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+    assert {"GpuopGpuXidErrors", "GpuopUpgradeFailed", "GpuopUpgradeStepPastDeadline"} <= set(
+        alerts
+    )
+    assert all(a["labels"]["severity"] in ("warning", "critical") for a in alerts.values())
+    assert all(a["annotations"]["summary"] and a["expr"] for a in alerts.values())
+
+    certificates = {c["metadata"]["name"]: c for c in rendering.all("Certificate")}
+    issuers = {i["metadata"]["name"] for i in rendering.all("Issuer")}
+    server = certificates["gpuop-nats"]
+    assert server["spec"]["issuerRef"]["name"] in issuers
+    assert "gpuop-nats.gpuop-system.svc" in server["spec"]["dnsNames"]
+    statefulset = rendering.get("StatefulSet", "gpuop-nats")["spec"]["template"]["spec"]
+    tls = next(v for v in statefulset["volumes"] if v["name"] == "tls")
+    assert tls["secret"]["secretName"] == server["spec"]["secretName"]
+
+
+def test_the_alerts_name_only_metrics_that_telemetry_exports() -> None:
+    registry = CollectorRegistry()
+    OperatorMetrics(registry)
+    exported = set(catalog.NAMES)
+    for family in registry.collect():
+        exported |= {sample.name for sample in family.samples}
+        exported.add(family.name)
+    (rule,) = render("all-features").all("PrometheusRule")
+
+    for group in rule["spec"]["groups"]:
+        for alert in group["rules"]:
+            names = set(re.findall(r"\b(?:gpuop|DCGM)_[A-Za-z_]+\b", alert["expr"]))
+            assert names, alert["alert"]
+            assert names <= exported, f"{alert['alert']} reads {names - exported}"
+            states = set(re.findall(r'state="([^"]+)"', alert["expr"]))
+            assert states <= {state.value for state in UpgradeState}
+
+
+def test_the_xid_alert_ignores_the_xids_telemetry_treats_as_application_errors() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    assert tuple(values["prometheusRule"]["ignoredXids"]) == telemetry_config.APPLICATION_XIDS
+
+
+def test_monitoring_objects_only_when_asked_for() -> None:
+    kinds = {m["kind"] for m in render("defaults").all()}
+
+    assert not kinds & OPERATOR_KINDS
+
+
+def test_the_bundled_nats_refuses_a_prefix_its_permissions_do_not_cover() -> None:
+    with pytest.raises(helm.HelmError, match="written for the prefix gpuop"):
+        render_with({"prefix": "cluster-b"})
+
+    other = render_with({"prefix": "cluster-b", "nats": {"enabled": False, "external": {
+        "address": "nats.shared:4222"}}})  # fmt: skip
+    (_, container) = gpuop_containers(other)[0]
+    assert environment(container, node="n")["GPUOP_PREFIX"] == "cluster-b"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"nats": {"tls": {"mode": "none"}}}, "nats.tls.mode must be auto, certManager"),
+        ({"nats": {"tls": {"mode": "secret"}}}, "nats.tls.secretName is required"),
+        ({"nats": {"enabled": False}}, "nats.external.address"),
+    ],
+)
+def test_incomplete_nats_settings_fail_with_what_is_missing(
+    overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(helm.HelmError, match=re.escape(message)):
+        render_with(overrides)

@@ -1,0 +1,59 @@
+"""The Grafana dashboard in deploy/grafana reads only series that telemetry exports, so a
+renamed metric fails here rather than as an empty panel."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from gpuop.services.telemetry import catalog
+from gpuop.services.telemetry.instruments import ExporterMetrics
+from gpuop.services.telemetry.operator_metrics import OperatorMetrics
+
+DASHBOARD = Path(__file__).resolve().parents[3] / "deploy/grafana/gpuop-telemetry.json"
+SERIES = re.compile(r"\b(DCGM_\w+|gpuop_\w+)")
+
+
+def exported() -> set[str]:
+    registry = CollectorRegistry()
+    ExporterMetrics(registry)
+    OperatorMetrics(registry)
+    samples = {sample.name for family in registry.collect() for sample in family.samples}
+    return samples | set(catalog.NAMES)
+
+
+def expressions(document: object) -> list[str]:
+    if isinstance(document, dict):
+        found = [document["expr"]] if isinstance(document.get("expr"), str) else []
+        query = document.get("query")
+        if isinstance(query, dict) and isinstance(query.get("query"), str):
+            found.append(query["query"])
+        return found + [e for value in document.values() for e in expressions(value)]
+    if isinstance(document, list):
+        return [e for value in document for e in expressions(value)]
+    return []
+
+
+def test_every_series_the_dashboard_queries_is_exported() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = expressions(dashboard)
+
+    referenced = {name for query in queries for name in SERIES.findall(query)}
+
+    assert len(queries) > 25
+    assert referenced - exported() == set()
+    for name in ("DCGM_FI_DEV_GPU_TEMP", "gpuop_upgrade_nodes", "gpuop_rollout_progress_ratio"):
+        assert name in referenced
+
+
+def test_panels_have_unique_ids_and_use_the_datasource_variable() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+
+    assert len({panel["id"] for panel in panels}) == len(panels)
+    for panel in panels:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}"
