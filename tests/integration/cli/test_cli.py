@@ -257,33 +257,20 @@ async def test_ctrl_c_stops_the_demo_and_every_process_it_started() -> None:
     assert not left, command_lines(left)
 
 
-async def test_demo_headless_records_a_log_that_replays_identically(tmp_path) -> None:
-    record = tmp_path / "demo.jsonl"
-    code, out, err = await gpuop(
-        "demo", "--headless", "--nodes", "1", "--gpus", "1", "--record", str(record), timeout=240
-    )
-    assert code == 0, err + out
-    assert "pid" not in out
-    assert "gpu-node-1     uncordon-required -> upgrade-done" in out
-    summary = json.loads(out.strip().splitlines()[-1])
-    assert (summary["nodes"], summary["done"], summary["failed"]) == (1, 1, 0)
-    assert summary["seconds"] > 0
-    code, out, err = await gpuop("replay", str(record))
-    assert code == 0, err + out
-    assert "identical" in out
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 async def test_demo_headless_with_four_nodes_finishes_and_its_record_replays(tmp_path) -> None:
     record = tmp_path / "demo.jsonl"
     code, out, err = await gpuop(
-        "demo", "--headless", "--nodes", "4", "--record", str(record), timeout=360
-    )
+        "demo", "--headless", "--nodes", "4", "--gpus", "2", "--record", str(record),
+        timeout=360,
+    )  # fmt: skip
     assert code == 0, err + out
+    assert "pid" not in out  # plain progress lines, no process table
     summary = json.loads(out.strip().splitlines()[-1])
     assert (summary["nodes"], summary["done"], summary["failed"]) == (4, 4, 0)
-    assert len(re.findall(r"uncordon-required -> upgrade-done", out)) == 4
+    assert summary["seconds"] > 0
+    assert len(re.findall(r"\] gpu-node-\d\s+uncordon-required -> upgrade-done", out)) == 4
     code, out, err = await gpuop("replay", str(record))
     assert code == 0, err + out
     assert "for 4 nodes" in out and "identical" in out
