@@ -2,8 +2,10 @@
 
 `Outbox.carry_out` publishes the decision's node-agent commands under their deterministic
 ids (a re-publish after a crash is dropped by the server's duplicate window and by the
-agents), hands its Kubernetes actions to the node's action queue, and publishes one public
-`NodeUpgradeStateChanged` per transition, also under a deterministic id.
+agents), hands its Kubernetes actions to the node's action queue (of the state labels of a
+decision that passed through states, only the last: the others would be overwritten at
+once), and publishes one public `NodeUpgradeStateChanged` per transition, also under a
+deterministic id.
 
 Kubernetes actions of one node run in order, in a background task per node, because a
 drain can take minutes and the event intake must not wait for it; each outcome is published
@@ -24,6 +26,7 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import command_id, new_command, new_event
 from gpuop.kube import errors
 from gpuop.saga import Decision, KubeAction, NodeSaga, state_changed
+from gpuop.saga.actions import SetStateLabel
 from gpuop.saga.core import transition_event_id
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.executing import KubeActions
@@ -80,7 +83,10 @@ class Outbox:
                     now=self._clock.now(),
                 )
             )
+        labels = [a for a in decision.kube_actions if isinstance(a, SetStateLabel)]
         for action in decision.kube_actions:
+            if isinstance(action, SetStateLabel) and action is not labels[-1]:
+                continue  # a state passed through: the decision's last label overwrites it
             self._queue(saga, action)
         first = saga.sequence - len(decision.transitions) + 1
         for offset, transition in enumerate(decision.transitions):
@@ -117,6 +123,9 @@ class Outbox:
                 log.exception("%s on node %s failed", type(action).__name__, node)
             finally:
                 self._in_flight.discard(action.id)
+        # nothing awaited since the queue was found empty, so no action is left behind: the
+        # node's next action starts a new worker, and a node at rest holds no memory here
+        del self._queues[node], self._workers[node]
 
     async def _execute(self, node: str, saga_id: str, action: KubeAction) -> None:
         for attempt in range(1, self._retries + 1):
@@ -147,14 +156,16 @@ class Outbox:
 
     async def idle(self) -> None:
         """Wait until every queued Kubernetes action has run."""
-        while any(not task.done() for task in self._workers.values()):
-            await asyncio.gather(*self._workers.values(), return_exceptions=True)
+        while running := [task for task in self._workers.values() if not task.done()]:
+            await asyncio.gather(*running, return_exceptions=True)
 
     async def close(self) -> None:
         """Stop running actions (an interrupted one is re-issued by the next leader)."""
-        for task in self._workers.values():
+        workers = list(self._workers.values())
+        for task in workers:
             task.cancel()
-        for task in self._workers.values():
+        for task in workers:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._workers.clear()
+        self._queues.clear()

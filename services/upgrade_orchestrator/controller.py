@@ -16,7 +16,7 @@ Whenever something changed (a decision, a node, the policy) and at least every
    earlier rollout that was never admitted (nothing was done to the node) is replaced;
 2. runs the admission pass over the selected nodes and those whose saga is under way (it
    admits nothing while the policy is paused), which records admissions as events, and
-   records the pods of nodes whose saga waits for jobs (`jobs`);
+   watches the pods of the nodes whose saga waits for jobs (`jobs`);
 3. publishes the rollout's events and writes the policy's status (conditions, counts).
 
 Cancelling `run` (leadership lost, service stopping) stops everything it started; the next
@@ -97,6 +97,7 @@ class Controller:
         self._wake = asyncio.Event()
         self.policies = PolicyWatcher(kube, on_change=self._wake.set, clock=clock)
         self.nodes = NodeWatcher(bus, kube, on_change=self._wake.set, clock=clock)
+        self.pod_watches = jobs.PodWatches(bus, kube, clock=clock)
         self._reporter = RolloutReporter(bus)
         self._resumed = False
 
@@ -149,6 +150,7 @@ class Controller:
             for task in watchers:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await self.pod_watches.close()
             await outbox.close()
             await deadlines.close()
 
@@ -185,11 +187,9 @@ class Controller:
             if node in selected or node in under_way
         }
         await runner.admit(managed, now)
-        selector = spec.upgrade_policy.wait_for_completion.pod_selector
         entries = await store.all()
-        for entry in entries:
-            if entry.saga.state is UpgradeState.WAIT_FOR_JOBS_REQUIRED and selector:
-                await jobs.observe(self._bus, self._kube, entry.saga, selector, clock=self._clock)
+        waiting = [e.saga for e in entries if e.saga.state is UpgradeState.WAIT_FOR_JOBS_REQUIRED]
+        self.pod_watches.follow(waiting, spec.upgrade_policy.wait_for_completion.pod_selector)
         sagas = [
             entry.saga
             for entry in entries

@@ -7,6 +7,10 @@ action of a persisted decision and publishes the returned outcome (`NodeCordoned
 carrying the action's id as `action_id`; the core then reads that outcome from the log like
 any other event. Labels and Kubernetes Events have no outcome the core waits for.
 
+Every transition's state label is written first (`gpuop.saga.drafting`); the node that
+write returns serves the Event and the cordon or uncordon that follow it, which then need
+not read the node (`KubeExecutor._written`).
+
 Executing an action twice is harmless: `nodes.cordon` records in an annotation whether the
 node was cordoned before the first execution, so a repeat reports the same
 `was_unschedulable`; deleting or evicting pods already gone succeeds.
@@ -52,26 +56,56 @@ def _failure_reason(error: errors.DrainError) -> observed.EvictionFailureReason:
     return reasons.UNMANAGED_PODS
 
 
+def _trimmed(node: client.Obj) -> client.Obj:
+    """What a cordon, an uncordon or an Event needs of a node written a moment ago."""
+    metadata = node.get("metadata") or {}
+    annotations = nodes.annotations_of(node)
+    kept = {
+        key: annotations[key] for key in (nodes.INITIAL_STATE_ANNOTATION,) if key in annotations
+    }
+    return {
+        "metadata": {
+            "name": metadata.get("name"),
+            "uid": metadata.get("uid"),
+            "resourceVersion": metadata.get("resourceVersion"),
+            "annotations": kept,
+        },
+        "spec": {"unschedulable": nodes.is_unschedulable(node)},
+    }
+
+
 class KubeExecutor:
     """`KubeActions` through the official client."""
 
     def __init__(self, kube: client.Kube, recorder: EventRecorder) -> None:
         self._kube = kube
         self._recorder = recorder
+        self._written: dict[str, client.Obj] = {}
+        """Node -> the node as the state label's write returned it, trimmed to a few hundred
+        bytes. Every transition writes the label first, so the Event that follows takes the
+        node's uid from here and a cordon or uncordon decides on it instead of reading the
+        node again (a 409 says when it is not current)."""
 
     async def execute(self, node: str, action: actions.KubeAction) -> observed.KubeEvent | None:
         if isinstance(action, actions.Cordon):
-            was = await nodes.cordon(self._kube, node)
+            was = await nodes.cordon(self._kube, node, known=self._written.pop(node, None))
             return observed.NodeCordoned(action_id=action.id, was_unschedulable=was)
         if isinstance(action, actions.Uncordon):
-            await nodes.uncordon(self._kube, node)
+            await nodes.uncordon(self._kube, node, known=self._written.pop(node, None))
             return observed.NodeUncordoned(action_id=action.id)
         if isinstance(action, actions.SetStateLabel):
-            await nodes.set_labels(self._kube, node, {actions.STATE_LABEL: action.value.value})
+            self._written.pop(node, None)
+            written = await nodes.set_labels(
+                self._kube, node, {actions.STATE_LABEL: action.value.value}
+            )
+            self._written[node] = _trimmed(written)
             return None
         if isinstance(action, actions.RecordEvent):
             kind = EventType.WARNING if action.warning else EventType.NORMAL
-            await self._recorder.node_event(node, action.reason, action.message, event_type=kind)
+            uid = (self._written.get(node) or {}).get("metadata", {}).get("uid")
+            await self._recorder.node_event(
+                node, action.reason, action.message, event_type=kind, node_uid=uid
+            )
             return None
         if isinstance(action, actions.DeletePods):
             return await self._delete_gpu_pods(node, action)
@@ -86,7 +120,6 @@ class KubeExecutor:
             timeout=float(max(action.timeout_seconds, 1)),
             pod_filter=pods.uses_gpu,
             retry_interval=1.0,
-            poll_interval=0.2,
         )
         try:
             result = await draining.drain_node(self._kube, node, options)
@@ -108,7 +141,6 @@ class KubeExecutor:
             timeout=float(max(action.timeout_seconds, 1)),
             pod_selector=action.pod_selector or None,
             retry_interval=1.0,
-            poll_interval=0.2,
         )
         try:
             result = await draining.drain_node(self._kube, node, options)

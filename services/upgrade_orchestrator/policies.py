@@ -6,7 +6,10 @@ goes through `validate_spec`; an invalid one starts no rollout and admits no nod
 under way finish their current steps with the last valid spec) and sets the status
 condition `Valid=False` whose message names the wrong field. `write_status` merges
 conditions, per-state node counts and the current rollout (`rollout`, which the controller
-names) into the status subresource, only when they changed.
+names) into the status subresource, only when they changed; a change of progress alone (the
+counts, the conditions' messages) at most every `PROGRESS_INTERVAL` seconds, since the
+controller reconciles after every decision and would otherwise write the status once per
+node and transition.
 """
 
 from __future__ import annotations
@@ -24,6 +27,19 @@ from gpuop.policy.conditions import RolloutRecord
 log = logging.getLogger(__name__)
 
 RESOURCE = customobjects.GPU_CLUSTER_POLICIES
+PROGRESS_INTERVAL = 2.0
+"""Seconds between status writes that only move the progress along; a later reconcile (at
+least every `resync_seconds`) writes what was held back."""
+
+
+def _outline(wire: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a written status says beyond progress: each condition's type, status, reason
+    and generation, the rollout, the observed generation."""
+    conditions = [
+        (c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration"))
+        for c in wire.get("conditions") or []
+    ]
+    return (wire.get("observedGeneration"), conditions, wire.get("rollout"))
 
 
 class PolicyWatcher:
@@ -50,6 +66,8 @@ class PolicyWatcher:
         edit is being fixed, so their events are not retried into the dead-letter stream."""
         self._status = PolicyStatus()
         self._written: dict[str, Any] | None = None
+        self._written_at = 0.0
+        """`clock.monotonic()` of the last status write."""
 
     async def run(self, *, retry_delay: float = 5.0) -> None:
         """Watch until cancelled; waits for the CRD while it is not installed."""
@@ -123,6 +141,10 @@ class PolicyWatcher:
         wire = status.to_wire()
         if wire == self._written:
             return
+        now = self._clock.monotonic()
+        progress_only = self._written is not None and _outline(wire) == _outline(self._written)
+        if progress_only and now - self._written_at < PROGRESS_INTERVAL:
+            return
         patch = dict(wire)
         if self._written is not None:
             # a merge patch keeps keys it does not name: states no node is in any more go,
@@ -139,4 +161,4 @@ class PolicyWatcher:
         except errors.KubeError as error:
             log.warning("could not write the status of GPUClusterPolicy %s: %s", self.name, error)
             return
-        self._written = wire
+        self._written, self._written_at = wire, now

@@ -3,7 +3,8 @@
 Called by the upgrade orchestrator in `drain-required` (every pod but the skipped ones) and
 in `pod-deletion-required` (only GPU pods: `DrainOptions(pod_filter=pods.uses_gpu)`).
 
-1. List the node's pods, narrowed by `pod_selector`.
+1. List the node's pods, narrowed by `pod_selector`, with a list-watch (`pods.watch_on_node`)
+   that later follows them: a drain costs one LIST and one WATCH whatever it waits for.
 2. Sort them (`plan`, a pure function). Skipped: pods labelled with a drain skip label
    (`nvidia.com/<drv>-driver-upgrade-drain.skip=true`), pods `pod_filter` rejects,
    unfinished DaemonSet pods, and mirror pods (`kubernetes.io/config.mirror`; the kubelet
@@ -15,8 +16,8 @@ in `pod-deletion-required` (only GPU pods: `DrainOptions(pod_filter=pods.uses_gp
    same name is never touched. A 429 (a PodDisruptionBudget allows no disruption now) is
    retried every `retry_interval` until the deadline, then `DrainTimedOut` names the
    budget. A pod already gone counts as removed.
-4. Wait until every removed pod is gone from the node (deleted, or its name taken by a new
-   uid); at the deadline, `DrainTimedOut` names the pods still there.
+4. Wait, on that watch, until every removed pod is gone from the node (deleted, or its name
+   taken by a new uid); at the deadline, `DrainTimedOut` names the pods still there.
 
 One deadline, `timeout` seconds after the start, bounds steps 3 and 4 together.
 """
@@ -34,6 +35,7 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube import budgets, errors, pods
 from gpuop.kube.client import Kube
 from gpuop.kube.pods import PodRef
+from gpuop.kube.watching import ListWatch
 
 Obj = dict[str, Any]
 
@@ -75,8 +77,6 @@ class DrainOptions:
     """Evict (honouring PodDisruptionBudgets); False deletes directly."""
     retry_interval: float = 5.0
     """Seconds between attempts at an eviction a budget refused."""
-    poll_interval: float = 1.0
-    """Seconds between checks that removed pods are gone."""
 
     def __post_init__(self) -> None:
         if self.timeout <= 0:
@@ -223,24 +223,34 @@ async def _remove_all(
     return [task.result() for task in tasks]
 
 
+async def _next_change(changes: ListWatch, seconds: float, clock: Clock) -> None:
+    """Return after the watch's next change, or after `seconds` on `clock`."""
+    change = asyncio.ensure_future(anext(changes))
+    timer = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        await asyncio.wait([change, timer], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in (change, timer):
+            waiter.cancel()
+        await asyncio.gather(timer, return_exceptions=True)
+        # a change taken is in `changes.objects` already; a failure of the watch is not
+        outcome = await asyncio.gather(change, return_exceptions=True)
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+
+
 async def _wait_gone(
-    kube: Kube,
-    node: str,
-    removed: Iterable[PodRef],
-    options: DrainOptions,
-    deadline: float,
-    clock: Clock,
+    changes: ListWatch, removed: Iterable[PodRef], deadline: float, clock: Clock
 ) -> list[PodRef]:
-    """Poll until none of `removed` is on the node; returns those left at the deadline."""
+    """Follow the node's pods until none of `removed` is left; returns those left at the
+    deadline."""
     waiting = set(removed)
-    while waiting:
-        present = {PodRef.of(pod) for pod in await pods.on_node(kube, node)}
-        waiting &= present
+    while True:
+        waiting &= {PodRef.of(pod) for pod in changes.objects.values()}
         remaining = deadline - clock.monotonic()
         if not waiting or remaining <= 0:
-            break
-        await clock.sleep(min(options.poll_interval, remaining))
-    return sorted(waiting)
+            return sorted(waiting)
+        await _next_change(changes, remaining, clock)
 
 
 async def drain_node(
@@ -250,20 +260,22 @@ async def drain_node(
     should be cordoned first, or its controllers may schedule replacements onto it."""
     options = options or DrainOptions()
     deadline = clock.monotonic() + options.timeout
-    drain = plan(await pods.on_node(kube, node, label_selector=options.pod_selector), options)
-    if drain.refused:
-        raise _refused_error(node, drain.refused)
-    removals = await _remove_all(kube, drain.remove, options, deadline, clock)
-    blocked = [removal for removal in removals if removal.timed_out]
-    if blocked:
-        raise errors.DrainTimedOut(
-            node=node,
-            pods=[str(removal.pod) for removal in blocked],
-            timeout=options.timeout,
-            pdbs=sorted({removal.pdb for removal in blocked if removal.pdb}),
-        )
-    removed = [removal.pod for removal in removals]
-    left = await _wait_gone(kube, node, removed, options, deadline, clock)
+    watch = pods.watch_on_node(kube, node, label_selector=options.pod_selector, clock=clock)
+    async with watch:
+        drain = plan(sorted((await watch.list()).values(), key=PodRef.of), options)
+        if drain.refused:
+            raise _refused_error(node, drain.refused)
+        removals = await _remove_all(kube, drain.remove, options, deadline, clock)
+        blocked = [removal for removal in removals if removal.timed_out]
+        if blocked:
+            raise errors.DrainTimedOut(
+                node=node,
+                pods=[str(removal.pod) for removal in blocked],
+                timeout=options.timeout,
+                pdbs=sorted({removal.pdb for removal in blocked if removal.pdb}),
+            )
+        removed = [removal.pod for removal in removals]
+        left = await _wait_gone(watch, removed, deadline, clock)
     if left:
         raise errors.DrainTimedOut(
             node=node, pods=[str(ref) for ref in left], timeout=options.timeout

@@ -6,7 +6,8 @@ label it mirrors onto each node) and by discovery's cluster role (feature labels
 Labels and annotations are strategic merge patches: a value sets a key, None removes it,
 other keys stay as they are; such a patch needs no read and cannot conflict. Cordon and
 uncordon decide from what they read, so they patch with the read `resourceVersion` as a
-precondition and, on 409, read again and decide again.
+precondition and, on 409, read again and decide again; a caller that just wrote the node
+passes what that write returned as `known`, which spares the read while it is current.
 
 Cordon remembers whether the node was already unschedulable before the upgrade touched
 it, in the annotation `INITIAL_STATE_ANNOTATION` (upstream's
@@ -73,15 +74,24 @@ async def update_on_fresh_read(
     decide: Callable[[Obj], Obj | None],
     *,
     attempts: int = CONFLICT_ATTEMPTS,
+    known: Obj | None = None,
 ) -> Obj:
     """Read the node, let `decide` turn it into a patch (None: nothing to do), and apply
-    that patch only if the node is still as read; on 409, start over from a fresh read."""
+    that patch only if the node is still as read; on 409, start over from a fresh read.
+    `known`, the node as a write just returned it, stands in for the first read: if it is
+    not current any more the patch gets 409 and the node is read (and it is read anyway
+    when `decide` finds nothing to do on it)."""
     attempt = 1
+    node, fresh = known, False
     while True:
-        node = await get(kube, name)
+        if node is None:
+            node, fresh = await get(kube, name), True
         body = decide(node)
         if body is None:
-            return node
+            if fresh:
+                return node
+            node = None  # only a patch proves `known` current: read before doing nothing
+            continue
         body.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
         try:
             return await patch(kube, name, body)
@@ -89,12 +99,16 @@ async def update_on_fresh_read(
             if attempt >= attempts:
                 raise
             attempt += 1
+            node = None
             log.info("node %s changed while being updated; reading it again", name)
 
 
-async def cordon(kube: Kube, name: str, *, annotation: str = INITIAL_STATE_ANNOTATION) -> bool:
+async def cordon(
+    kube: Kube, name: str, *, annotation: str = INITIAL_STATE_ANNOTATION, known: Obj | None = None
+) -> bool:
     """Make the node unschedulable; returns whether it already was before the first cordon
-    (as recorded in `annotation`, so a repeated cordon returns the same answer)."""
+    (as recorded in `annotation`, so a repeated cordon returns the same answer). `known`:
+    as for `update_on_fresh_read`."""
     initially: bool = False
 
     def decide(node: Obj) -> Obj | None:
@@ -108,13 +122,16 @@ async def cordon(kube: Kube, name: str, *, annotation: str = INITIAL_STATE_ANNOT
             body["spec"] = {"unschedulable": True}
         return body or None
 
-    await update_on_fresh_read(kube, name, decide)
+    await update_on_fresh_read(kube, name, decide, known=known)
     return initially
 
 
-async def uncordon(kube: Kube, name: str, *, annotation: str = INITIAL_STATE_ANNOTATION) -> bool:
+async def uncordon(
+    kube: Kube, name: str, *, annotation: str = INITIAL_STATE_ANNOTATION, known: Obj | None = None
+) -> bool:
     """Make the node schedulable again unless `annotation` records that it was already
-    cordoned before the upgrade; forget the record. Returns whether it is schedulable."""
+    cordoned before the upgrade; forget the record. Returns whether it is schedulable.
+    `known`: as for `update_on_fresh_read`."""
     schedulable: bool = False
 
     def decide(node: Obj) -> Obj | None:
@@ -130,5 +147,5 @@ async def uncordon(kube: Kube, name: str, *, annotation: str = INITIAL_STATE_ANN
             schedulable = True  # someone else uncordoned it meanwhile; that stands
         return body or None
 
-    await update_on_fresh_read(kube, name, decide)
+    await update_on_fresh_read(kube, name, decide, known=known)
     return schedulable

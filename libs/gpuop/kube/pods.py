@@ -1,7 +1,7 @@
 """Pods: which run on a node, which of them hold GPUs, and deleting one safely.
 
-Called by the upgrade orchestrator (`wait-for-jobs-required` lists the selected workload
-pods, `pod-deletion-required` removes the GPU pods) and by `draining`.
+Called by the upgrade orchestrator (`wait-for-jobs-required` watches the pods of the nodes
+that wait, `pod-deletion-required` removes the GPU pods) and by `draining`.
 
 GPU pods are selected as the GPU Operator's `gpuPodSpecFilter` does: a container or init
 container whose requests or limits name a resource starting with `nvidia.com/gpu` (which
@@ -16,8 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube import errors
 from gpuop.kube.client import Kube
+from gpuop.kube.watching import ListWatch
 
 Obj = dict[str, Any]
 
@@ -104,6 +106,21 @@ async def on_node(
         listed = await kube.call(kube.core.list_namespaced_pod, namespace, **selectors)
     items: list[Obj] = listed.get("items") or []
     return sorted(items, key=PodRef.of)
+
+
+def watch_on_node(
+    kube: Kube, node: str, *, label_selector: str | None = None, clock: Clock = SYSTEM_CLOCK
+) -> ListWatch:
+    """A list-watch of the pods bound to `node` (every namespace) that match
+    `label_selector`: one LIST, then one WATCH for every later change, where polling
+    `on_node` would LIST again each time."""
+    return ListWatch(
+        kube,
+        kube.core.list_pod_for_all_namespaces,
+        field_selector=f"spec.nodeName={node}",
+        label_selector=label_selector or None,
+        clock=clock,
+    )
 
 
 async def gpu_pods_on(kube: Kube, node: str, *, label_selector: str | None = None) -> list[Obj]:

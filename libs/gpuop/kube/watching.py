@@ -11,7 +11,8 @@ all marked `resync`; so a consumer sees every object's final state and every del
 even for changes made while it could not watch. It keeps the last known state of every
 object (`objects`) to compute that difference.
 
-Used by the services' controllers (nodes, pods, the cluster policy) and by
+Used by the services' controllers (nodes, pods, the cluster policy), by `draining` (a
+node's pods: `list()` to plan, the watch to wait until the evicted ones are gone) and by
 `customobjects.watch`. Close it (`async with`) to release the connection.
 """
 
@@ -118,6 +119,14 @@ class ListWatch:
         """The last known state of every object, as received; it may run ahead of the events
         not yet taken from the iterator."""
         return MappingProxyType(self._objects)
+
+    async def list(self) -> Mapping[ObjectKey, Obj]:
+        """List the collection unless it was listed already, and return every object as last
+        known, without waiting for a change; the list's ADDED events still come from the
+        iterator, which goes on to watch from there. A failed list raises its `KubeError`."""
+        if not self._listed:
+            await self._relist()
+        return self.objects
 
     def __aiter__(self) -> ListWatch:
         return self

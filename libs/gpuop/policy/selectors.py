@@ -2,13 +2,13 @@
 
 `waitForCompletion.podSelector` and `drain.podSelector` are label selectors in the syntax of
 `kubectl get -l` (`app=training,tier!=batch`, `queue in (a,b)`, `!preemptible`). The
-orchestrator hands them to the API server on every list; a malformed one would fail each of
+orchestrator hands the drain's to the API server with its list; a malformed one would fail
 those requests in the middle of a rollout, so the policy refuses it up front instead, with
-the field's path. Only the syntax is checked here; what a pod selector matches is the API
-server's business.
+the field's path.
 
-`upgradePolicy.nodeSelector` is different: the orchestrator already watches every GPU node
-and narrows them down itself, with `matches`, the API server's matching rules.
+Where the orchestrator already watches the objects, it narrows them down itself with
+`matches`, the API server's matching rules: `upgradePolicy.nodeSelector` over the GPU nodes,
+`waitForCompletion.podSelector` over the pods of a node that waits for jobs.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, ConfigDict, Field
+from pydantic.dataclasses import dataclass
 
 from gpuop.events.device import OperandService
 from gpuop.events.driver import Component
@@ -64,8 +65,16 @@ class Target(Record):
     """Where driver-manager fetches it; None: the package must already be on the host."""
 
 
-class Outcome(Record):
-    """One ended step, for operators and for the record's own audit trail."""
+@dataclass(
+    frozen=True, slots=True, config=ConfigDict(extra="ignore", use_attribute_docstrings=True)
+)
+class Outcome:
+    """One ended step, for operators and for the record's own audit trail.
+
+    A slotted dataclass rather than a `Record`, with the same JSON: the orchestrator keeps
+    every node's saga decoded (`SagaStore`), and a model instance costs six times the memory
+    (its `__dict__` and set of fields), which the history multiplies by up to
+    `HISTORY_LIMIT` per node."""
 
     at: AwareDatetime
     """When the core learned how it ended."""

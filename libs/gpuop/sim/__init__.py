@@ -24,6 +24,7 @@ Modules, from the bottom up::
     discovery   discovery documents            handlers    HTTP verbs and routing
     server      ApiServer                      threaded    ApiServer in a thread
     kubeconfig  kubeconfig files               cli         `gpuop sim apiserver`
+    accounting  requests counted by verb, resource and scope
 
 The simulated cluster around the server (``SimCluster``)::
 
@@ -37,8 +38,9 @@ The simulated cluster around the server (``SimCluster``)::
     cluster     SimCluster
 """
 
+from gpuop.sim.accounting import RequestKind
 from gpuop.sim.cluster import SimCluster
 from gpuop.sim.server import ApiServer, RequestRecord
 from gpuop.sim.threaded import ThreadedApiServer
 
-__all__ = ["ApiServer", "RequestRecord", "SimCluster", "ThreadedApiServer"]
+__all__ = ["ApiServer", "RequestKind", "RequestRecord", "SimCluster", "ThreadedApiServer"]

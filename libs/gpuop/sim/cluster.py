@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import Counter
 from pathlib import Path
 from types import TracebackType
 
 from gpuop.sim import kinds, machines, workload_kinds, workloads
+from gpuop.sim.accounting import RequestKind
 from gpuop.sim.daemons import DaemonSetController
 from gpuop.sim.jobs import JobController
 from gpuop.sim.kubelet import Kubelet
@@ -109,6 +111,12 @@ class SimCluster:
     @property
     def url(self) -> str:
         return self.server.url
+
+    @property
+    def requests(self) -> Counter[RequestKind]:
+        """Requests the API server served, by verb, resource and scope (its clients' own:
+        the simulated kubelets and controllers work in process)."""
+        return self.server.requests
 
     @property
     def node_names(self) -> list[str]:

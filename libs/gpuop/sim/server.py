@@ -2,9 +2,11 @@
 
 ``ApiServer`` assembles the pieces (catalog, store, registry, controllers, HTTP handlers),
 binds ``127.0.0.1`` on a free port, requires a random bearer token, and records every
-request. Tests and ``gpuop sim apiserver`` start it with ``async with ApiServer() as
-server``; clients connect through ``server.write_kubeconfig(path)``; simulation components
-in the same process (the simulated kubelet) use ``server.registry`` and ``server.store``.
+request: in ``request_log`` as it came, and counted by verb, resource and scope in
+``requests`` (``accounting.py``). Tests and ``gpuop sim apiserver`` start it with
+``async with ApiServer() as server``; clients connect through
+``server.write_kubeconfig(path)``; simulation components in the same process (the simulated
+kubelet) use ``server.registry`` and ``server.store``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hmac
 import logging
 import secrets
 import socket
+from collections import Counter
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -23,6 +26,7 @@ from aiohttp.typedefs import Handler
 
 from gpuop.sim import errors, handlers, kinds
 from gpuop.sim import kubeconfig as kubeconfigs
+from gpuop.sim.accounting import RequestKind, classify
 from gpuop.sim.crds import CrdController
 from gpuop.sim.garbage import GarbageCollector
 from gpuop.sim.namespaces import NamespaceController
@@ -92,6 +96,8 @@ class ApiServer:
         if taint_unschedulable_nodes:
             UnschedulableTaintController(self.registry)
         self.request_log: list[RequestRecord] = []
+        self.requests: Counter[RequestKind] = Counter()
+        """Requests served so far, by verb, resource and scope (``accounting.py``)."""
         self._runner: web.AppRunner | None = None
         self._bound_port = 0
 
@@ -205,6 +211,7 @@ class ApiServer:
                 request.headers.get("Content-Type", ""),
             )
         )
+        self.requests[classify(request.method, request.path, dict(request.query))] += 1
 
     def _authorized(self, request: web.Request) -> bool:
         if "Authorization" not in request.headers:

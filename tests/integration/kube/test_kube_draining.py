@@ -203,11 +203,30 @@ async def test_the_drain_waits_for_evicted_pods_to_be_gone(
         server.complete_pod_termination("default", "slow")
 
     confirming = asyncio.create_task(kubelet())
-    result = await draining.drain_node(kube, "node-1", DrainOptions(timeout=5, poll_interval=0.02))
+    result = await draining.drain_node(kube, "node-1", DrainOptions(timeout=5))
     await confirming
 
     assert names(result.evicted) == ["slow"]
     assert await remaining(kube) == []
+
+
+@pytest.mark.parametrize("kubelet_delay", [None])
+async def test_the_wait_for_evicted_pods_watches_them_instead_of_listing_again(
+    server: ApiServer, kube: client.Kube
+) -> None:
+    server.seed(support.pod("slow"))
+    gone = asyncio.get_running_loop().call_later(
+        0.5, server.complete_pod_termination, "default", "slow"
+    )
+
+    try:
+        result = await draining.drain_node(kube, "node-1", DrainOptions(timeout=5))
+    finally:
+        gone.cancel()
+
+    assert names(result.evicted) == ["slow"]
+    pod_reads = {kind.verb: n for kind, n in server.requests.items() if kind.resource == "pods"}
+    assert pod_reads == {"LIST": 1, "WATCH": 1}
 
 
 @pytest.mark.parametrize("kubelet_delay", [None])
@@ -236,7 +255,7 @@ async def test_a_pod_replaced_under_the_same_name_counts_as_gone(
         server.seed(support.pod("sts-0"))  # a StatefulSet recreates it under its name
 
     replacing = asyncio.create_task(controller())
-    result = await draining.drain_node(kube, "node-1", DrainOptions(timeout=5, poll_interval=0.02))
+    result = await draining.drain_node(kube, "node-1", DrainOptions(timeout=5))
     await replacing
 
     assert names(result.evicted) == ["sts-0"]

@@ -11,8 +11,8 @@ from kubernetes import client as sync_client
 from kubernetes import config as sync_config
 from kubernetes.aio import client
 
-from gpuop.sim import ApiServer
-from tests.integration.sim.support import RawApi
+from gpuop.sim import ApiServer, RequestKind
+from tests.integration.sim.support import RawApi, pod
 
 
 async def test_requests_without_the_bearer_token_get_401_status(raw: RawApi) -> None:
@@ -125,3 +125,29 @@ async def test_request_log_records_method_path_query_and_status(
         200,
     )
     assert "labelSelector=app%3Dx" in record.query
+
+
+async def test_requests_are_counted_by_verb_resource_and_scope(
+    server: ApiServer, core: client.CoreV1Api
+) -> None:
+    await core.create_namespaced_pod("default", pod("p1"))
+    await core.read_namespaced_pod("p1", "default")
+    await core.list_namespaced_pod("default")
+    await core.list_pod_for_all_namespaces(field_selector="spec.nodeName=node-1")
+    await core.patch_namespaced_pod("p1", "default", {"metadata": {"labels": {"a": "b"}}})
+    eviction = {"metadata": {"name": "p1", "namespace": "default"}}
+    await core.create_namespaced_pod_eviction("p1", "default", eviction)
+    watch = await core.list_node_without_preload_content(watch=True, timeout_seconds=1)
+    watch.close()
+    await core.read_namespace("default")
+
+    assert server.requests == {
+        RequestKind("POST", "pods", "namespace"): 1,
+        RequestKind("GET", "pods", "resource"): 1,
+        RequestKind("LIST", "pods", "namespace"): 1,
+        RequestKind("LIST", "pods", "cluster"): 1,
+        RequestKind("PATCH", "pods", "resource"): 1,
+        RequestKind("POST", "pods/eviction", "resource"): 1,
+        RequestKind("WATCH", "nodes", "cluster"): 1,
+        RequestKind("GET", "namespaces", "resource"): 1,
+    }

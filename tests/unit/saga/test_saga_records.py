@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+from datetime import timedelta
+
 import pytest
 
 from gpuop.events.driver import Component
@@ -70,6 +74,32 @@ def test_history_keeps_only_the_latest_outcomes():
         )
     assert len(saga.history) == records.HISTORY_LIMIT
     assert saga.history[-1].detail == str(records.HISTORY_LIMIT + 4)
+
+
+def test_a_decoded_saga_with_a_full_history_stays_small():
+    """The orchestrator keeps every node's saga decoded (`SagaStore`): 5,000 of them must
+    fit its memory budget (tests/bench/scale.py) even with full histories."""
+    saga = Run(policy()).saga
+    for index in range(records.HISTORY_LIMIT):
+        outcome = records.Outcome(
+            at=T0 + timedelta(seconds=index),
+            attempt=1,
+            state=S.DRAIN_REQUIRED,
+            step="drain",
+            result=records.StepResult.SUCCEEDED,
+            detail=f"{index} pods evicted",
+        )
+        saga = saga.with_outcome(outcome)
+    stored = saga.to_json()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        decoded = [records.NodeSaga.from_json(stored) for _ in range(100)]
+        per_saga = tracemalloc.get_traced_memory()[0] / len(decoded)
+    finally:
+        tracemalloc.stop()
+    assert decoded[0] == saga
+    assert per_saga < 24 * 1024  # a model instance per outcome made it 75 KB
 
 
 def test_step_tokens_name_kind_component_and_round():

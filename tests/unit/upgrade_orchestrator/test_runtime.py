@@ -68,6 +68,45 @@ async def test_admission_is_recorded_then_persisted_then_acted_on(stack: Stack) 
     assert envelope.correlationid == changed.rollout_id
 
 
+async def test_states_passed_through_in_one_decision_write_only_the_last_state_label(
+    stack: Stack,
+) -> None:
+    await admit_and_decide(stack)
+    assert stack.outbox is not None and stack.runner is not None
+    await stack.outbox.idle()
+    cordon = stack.kube.done[-1][1]
+    stack.kube.done.clear()
+
+    decision = await stack.runner.apply(NODE, kube.NodeCordoned(action_id=cordon.id), T0)
+    await stack.outbox.idle()
+
+    assert decision is not None
+    assert [t.to_state for t in decision.transitions] == [
+        S.WAIT_FOR_JOBS_REQUIRED,  # no job selector: passed through
+        S.POD_DELETION_REQUIRED,
+    ]
+    done = [action for _, action in stack.kube.done]
+    assert [type(a) for a in done] == [
+        actions.RecordEvent,
+        actions.SetStateLabel,
+        actions.RecordEvent,
+        actions.DeletePods,
+    ]
+    assert [a.value for a in done if isinstance(a, actions.SetStateLabel)] == [
+        S.POD_DELETION_REQUIRED
+    ]
+
+
+async def test_a_node_whose_actions_all_ran_holds_no_worker_or_queue(stack: Stack) -> None:
+    """With thousands of nodes, an idle worker and queue kept per node add up."""
+    await admit_and_decide(stack)
+    assert stack.outbox is not None
+    await stack.outbox.idle()
+
+    assert len(stack.kube.done) == 3
+    assert stack.outbox._workers == {} and stack.outbox._queues == {}
+
+
 async def test_a_second_admission_pass_does_not_admit_beyond_the_limit(bus: InMemoryBus) -> None:
     stack = Stack(bus, policy(max_parallel_upgrades=1, max_unavailable=2))
     runner = await stack.start()
