@@ -151,9 +151,10 @@ async def test_sixteen_nodes_roll_with_a_reboot_and_a_failed_validation_retried(
 
 
 KILLS = 20
-CHAOS_PARALLEL = 1
-"""One node at a time, so that the rollout outlasts twenty takeovers (each waits out the
-dead leader's Lease)."""
+CHAOS_PARALLEL = 2
+LEADERSHIP = (0.0, 0.3)
+"""Seconds a leader lives before its SIGKILL, drawn uniformly: short enough that twenty
+takeovers (each waits out the dead leader's Lease) come well before the rollout could end."""
 
 
 @pytest.mark.timeout(480)
@@ -174,7 +175,7 @@ async def test_the_rollout_survives_twenty_sigkills_of_the_orchestrator(
         kills = 0
         while kills < KILLS and not await every_node_done(running):
             await running.wait_until("a replica leading", someone_leads, 30)
-            await asyncio.sleep(chance.uniform(0.05, 0.6))  # a random moment of its leadership
+            await asyncio.sleep(chance.uniform(*LEADERSHIP))  # a random moment of its leadership
             leader = running.leader()
             if leader is None:
                 continue
