@@ -69,8 +69,24 @@ class Outbox:
         """Ids of the actions queued or running."""
 
     async def carry_out(self, decision: Decision) -> None:
-        """Publish the commands, queue the Kubernetes actions, publish the transitions."""
+        """Publish the transitions, then the commands, then queue the Kubernetes actions.
+        The public state changes go first: nothing that could lead to the node's next
+        decision (an agent's answer, an action's outcome) exists before them, so a leader
+        that dies midway leaves them in the saga's `last_transitions` for its successor's
+        `resume`, not overwritten by a later decision."""
         saga = decision.saga
+        first = saga.sequence - len(decision.transitions) + 1
+        for offset, transition in enumerate(decision.transitions):
+            await self._bus.publish(
+                new_event(
+                    state_changed(saga, transition),
+                    node=saga.node,
+                    source=SOURCE,
+                    id=transition_event_id(saga, first + offset),
+                    correlationid=saga.rollout_id,
+                    now=self._clock.now(),
+                )
+            )
         for issued in decision.commands:
             await self._bus.publish(
                 new_command(
@@ -88,18 +104,6 @@ class Outbox:
             if isinstance(action, SetStateLabel) and action is not labels[-1]:
                 continue  # a state passed through: the decision's last label overwrites it
             self._queue(saga, action)
-        first = saga.sequence - len(decision.transitions) + 1
-        for offset, transition in enumerate(decision.transitions):
-            await self._bus.publish(
-                new_event(
-                    state_changed(saga, transition),
-                    node=saga.node,
-                    source=SOURCE,
-                    id=transition_event_id(saga, first + offset),
-                    correlationid=saga.rollout_id,
-                    now=self._clock.now(),
-                )
-            )
 
     def _queue(self, saga: NodeSaga, action: KubeAction) -> None:
         if action.id in self._in_flight:

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gpuop.bus import InMemoryBus, KeyExists
-from gpuop.events import Command, command_id, kube, subjects
+from gpuop.bus import InMemoryBus, KeyExists, PublishAck
+from gpuop.events import Command, Envelope, command_id, kube, subjects
+from gpuop.events import device as dev
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeState
 from gpuop.saga import NodeSaga, NodeStatus, actions, pending
@@ -256,3 +257,25 @@ async def test_a_state_change_stored_but_never_published_is_published_by_the_suc
         assert len(await state_changes()) == 1
     finally:
         await second.stop()
+
+
+async def test_a_decisions_state_changes_go_out_before_its_commands(stack: Stack) -> None:
+    published: list[str] = []
+    publish = stack.bus.publish
+
+    async def recorded(envelope: Envelope) -> PublishAck:
+        published.append(envelope.type)
+        return await publish(envelope)
+
+    stack.bus.publish = recorded  # type: ignore[method-assign]
+    assert stack.runner is not None
+    subscription = await intake.start(stack.bus, stack.runner)
+    try:
+        await admit_and_decide(stack)
+        await wait_for_state(stack, S.OPERANDS_PAUSE_REQUIRED)
+    finally:
+        await subscription.stop()
+    pause = published.index(dev.PauseOperands.TYPE)
+    entered = [i for i, t in enumerate(published) if t == NodeUpgradeStateChanged.TYPE]
+    # a successor can only see the pause answered once the state change is in the log
+    assert entered and max(i for i in entered if i < pause) == pause - 1
