@@ -15,6 +15,7 @@ import signal
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -43,6 +44,47 @@ def _read_ports(path: Path) -> dict[str, list[str]] | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     return ports if isinstance(ports, dict) and ports.get("nats") else None
+
+
+async def run_server(
+    config: Path,
+    ports_dir: Path,
+    *,
+    arguments: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    log: Path | None = None,
+    timeout: float = 10.0,
+) -> tuple[asyncio.subprocess.Process, dict[str, list[str]]]:
+    """Start nats-server on `config` (plus `arguments`, in environment `env`, output appended
+    to `log` or dropped) and wait until its ports file in `ports_dir` says it listens; the
+    process and its ports. `BusUnavailable` when it does not within `timeout`."""
+    with contextlib.ExitStack() as files:
+        output = files.enter_context(log.open("ab")) if log else asyncio.subprocess.DEVNULL
+        process = await asyncio.create_subprocess_exec(
+            str(server_binary()), "-c", str(config), "--ports_file_dir", str(ports_dir),
+            *arguments, stdout=output, stderr=output, env=env,
+        )  # fmt: skip
+    ports_file = ports_dir / f"nats-server_{process.pid}.ports"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (ports := _read_ports(ports_file)) is None:
+        if process.returncode is not None or loop.time() > deadline:
+            await terminate(process)
+            raise BusUnavailable(f"nats-server did not start (config {config})")
+        await asyncio.sleep(0.01)
+    return process, ports
+
+
+async def terminate(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM `process`, then SIGKILL if it does not exit within 5 s."""
+    if process.returncode is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), 5.0)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
 
 
 class NatsServer:
@@ -85,23 +127,7 @@ class NatsServer:
             "  max_file_store: 4294967296\n"
             "}\n" + self._extra
         )
-        self._process = await asyncio.create_subprocess_exec(
-            str(server_binary()),
-            "-c",
-            str(config),
-            "--ports_file_dir",
-            str(ports_dir),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        ports_file = ports_dir / f"nats-server_{self._process.pid}.ports"
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while (ports := _read_ports(ports_file)) is None:
-            if self._process.returncode is not None or loop.time() > deadline:
-                await self.stop()
-                raise BusUnavailable(f"nats-server did not start (config {config})")
-            await asyncio.sleep(0.01)
+        self._process, ports = await run_server(config, ports_dir, timeout=timeout)
         self.url = ports["nats"][0]
         self.monitor_url = (ports.get("monitoring") or [""])[0]
         # a restart must come back on the same port, so clients reconnect to the same URL
@@ -111,14 +137,8 @@ class NatsServer:
     async def stop(self) -> None:
         """SIGTERM, then SIGKILL if it does not exit promptly."""
         process, self._process = self._process, None
-        if process is None or process.returncode is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), 5.0)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        if process is not None:
+            await terminate(process)
 
     async def kill(self) -> None:
         """SIGKILL: a crash, not a shutdown."""

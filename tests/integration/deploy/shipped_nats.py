@@ -11,10 +11,8 @@ client sends, so a test can ask which subjects a user published and which were r
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import secrets
-import signal
 import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -27,8 +25,8 @@ import nats.errors
 import trustme
 from nats.aio.client import Client
 
-from gpuop.bus import NatsBus
-from gpuop.bus.launcher import server_binary
+from gpuop.bus import NatsBus, launcher
+from gpuop.bus.errors import BusUnavailable
 
 REPO = Path(__file__).resolve().parents[3]
 NATS_DIR = REPO / "deploy" / "nats"
@@ -144,43 +142,21 @@ class ShippedNats:
         users = shipped_users()
         env = {users[name].password_variable: password for name, password in self.passwords.items()}
         trace = ["-V", "--max_traced_msg_len", "64"] if self.trace else []
-        with self.log_file.open("ab") as log:
-            self._process = await asyncio.create_subprocess_exec(
-                str(server_binary()),
-                "-c",
-                str(self.workdir / CONFIG),
-                "--ports_file_dir",
-                str(ports),
-                *trace,
-                stdout=log,
-                stderr=log,
-                env=env,
-            )
-        ports_file = ports / f"nats-server_{self._process.pid}.ports"
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            try:
-                urls = json.loads(ports_file.read_text())["nats"]
-                break
-            except (FileNotFoundError, json.JSONDecodeError, KeyError):
-                pass
-            if self._process.returncode is not None or loop.time() > deadline:
-                await self.stop()
-                raise AssertionError(f"nats-server did not start:\n{self.log_file.read_text()}")
-            await asyncio.sleep(0.01)
-        self.port = int(urls[0].rsplit(":", 1)[1])
+        try:
+            self._process, ports_of = await launcher.run_server(
+                self.workdir / CONFIG, ports, arguments=trace, env=env, log=self.log_file,
+                timeout=timeout,
+            )  # fmt: skip
+        except BusUnavailable:
+            raise AssertionError(
+                f"nats-server did not start:\n{self.log_file.read_text()}"
+            ) from None
+        self.port = int(ports_of["nats"][0].rsplit(":", 1)[1])
 
     async def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.returncode is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), 5.0)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        if process is not None:
+            await launcher.terminate(process)
 
     def url(self, user: str, *, password: str | None = None, scheme: str = "tls") -> str:
         """The URL a service of `user` connects with (the chart's GPUOP_NATS)."""
