@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast demo lint schemas bench proto clean
+.PHONY: setup test test-slow test-all demo lint schemas bench proto clean
 
 setup: $(STAMP)
 
@@ -18,11 +18,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+# `test` is everything but the suites marked slow (end to end with real processes, faults,
+# chaos); CI runs both (.ci/run), `test-all` too.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
-
-test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow --durations=15
+
+test-all: test test-slow
 
 demo: $(STAMP)
 	$(BIN)/gpuop demo

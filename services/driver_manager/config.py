@@ -15,6 +15,7 @@ default on a production node.
     ack_wait_seconds: 30           bus: a silent (killed) agent's command is redelivered after
     max_deliver: 10                bus: deliveries of one command before it is dead-lettered
     install_pause_seconds: 0       fault injection for crash tests (see the field)
+    load_pause_seconds: 0          fault injection for crash tests (see the field)
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ class DriverManagerConfig(BaseModel):
     """Fault injection, for crash tests only: an install sleeps this long after unpacking
     into its staging directory and before the rename that installs it, so a test can kill
     the agent at the worst moment. Keep 0 on real nodes."""
+    load_pause_seconds: Annotated[float, Field(ge=0, le=3600)] = 0.0
+    """Fault injection, for crash tests only: a load sleeps this long after the modules are
+    in and before the agent records and answers it, so a test can kill the agent with the new
+    driver loaded but not yet reported. Keep 0 on real nodes."""
 
     def modules_to_load(self, component: Component) -> tuple[str, ...]:
         return self.load_modules.get(component, DEFAULT_LOAD_MODULES[component])

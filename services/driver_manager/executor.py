@@ -22,6 +22,7 @@ already opted into in the same maintenance window.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,8 @@ from gpuop.services.driver_manager.rebooting import Rebooter
 from gpuop.services.driver_manager.reloading import LoadError, Reloader, UnloadError
 from gpuop.services.driver_manager.state import ComponentRecord, StepContext
 from gpuop.services.driver_manager.validating import ValidationFailed, Validator
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,10 @@ class Executor:
                 f"loading {component} {version} did not finish within {timeout} s",
                 retryable=True,
             ) from None
+        if self.config.load_pause_seconds:
+            pause = self.config.load_pause_seconds
+            log.warning("pausing %.1f s after the load, before answering (fault injection)", pause)
+            await self.installer.clock.sleep(pause)
         changes: dict[str, Any] = {"loaded": version}
         if record.loaded not in (None, version):
             changes["previous"] = record.loaded

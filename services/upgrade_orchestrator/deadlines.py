@@ -7,6 +7,12 @@ publishes `core.deadline_event(saga)` under an id derived from the saga, state, 
 attempt, so two replicas or a restarted process firing the same deadline store it once.
 The core ignores a deadline whose step has since finished, so a timer that fires late is
 harmless. Time comes from the one clock.
+
+A new leader holds every deadline until `hold_until` (the controller passes its takeover time
+plus the intake's ack wait): a step's result that the dead leader had fetched but not acked is
+only handed out again after that wait, and a deadline published sooner would come before it
+in the log and fail a step that had in fact ended in time. Seen in the chaos test: a
+validation that passed, failed by a deadline that the successor fired at once on takeover.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from datetime import datetime
 
 from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
@@ -38,6 +45,12 @@ class DeadlineScheduler:
         self._bus = bus
         self._clock = clock
         self._timers: dict[str, tuple[str, asyncio.Task[None]]] = {}
+        self._held_until: datetime | None = None
+
+    def hold_until(self, moment: datetime) -> None:
+        """Fire no deadline before `moment`, however long ago it passed (see the module
+        docstring); timers armed from here on wait for it."""
+        self._held_until = moment
 
     def schedule(self, saga: NodeSaga) -> None:
         """Fire the saga's deadline when it passes; forget the node's earlier one."""
@@ -59,7 +72,10 @@ class DeadlineScheduler:
             current[1].cancel()
 
     async def _fire(self, node: str, expired: DeadlineExpired) -> None:
-        delay = (expired.deadline - self._clock.now()).total_seconds()
+        due = expired.deadline
+        if self._held_until is not None and self._held_until > due:
+            due = self._held_until
+        delay = (due - self._clock.now()).total_seconds()
         if delay > 0:
             await self._clock.sleep(delay)
         log.info("deadline of %s (%s) passed on node %s", expired.step, expired.state, node)

@@ -7,6 +7,7 @@
 - no node drained twice in one attempt;
 - no command issued twice with different ids for one step (same node, same payload, between
   the same two state changes of the node);
+- no state change missing: each one starts from the state the node's last one ended in;
 - every node ends upgrade-done, or upgrade-failed with a reason.
 """
 
@@ -69,7 +70,13 @@ def check(log: Sequence[Recorded], max_unavailable: int) -> Walk:
             key = (node, len(walk.paths.get(node, ())), entry.envelope.type, data)
             walk.step_ids[key].add(entry.envelope.id)
         elif isinstance(payload, NodeUpgradeStateChanged):
-            walk.paths[node].append(payload)
+            path = walk.paths[node]
+            if path and payload.from_state is not path[-1].to_state:
+                walk.violations.append(
+                    f"line {entry.line}: {node} moved from {payload.from_state} but the log "
+                    f"last had it in {path[-1].to_state}: a state change is missing"
+                )
+            path.append(payload)
         elif isinstance(payload, ke.NodeCordoned):
             walk.cordoned.add(node)
             walk.most_cordoned = max(walk.most_cordoned, len(walk.cordoned))

@@ -20,6 +20,8 @@ class Log:
 
     def __init__(self) -> None:
         self.entries: list[Recorded] = []
+        self.last: dict[str, UpgradeState] = {}
+        """Each node's state after its last change written, the next change's from_state."""
 
     def add(self, node: str, payload: Event | Command, id: str | None = None) -> None:
         line = len(self.entries) + 1
@@ -33,10 +35,11 @@ class Log:
 
     def state(self, node: str, to: UpgradeState, attempt: int = 1, reason: str = "") -> None:
         change = NodeUpgradeStateChanged(
-            rollout_id="r", to_state=to, reason=reason,
+            rollout_id="r", from_state=self.last.get(node), to_state=to, reason=reason,
             attempt=attempt, components=(GPU,), target_versions={GPU: "2.0"},
         )  # fmt: skip
         self.add(node, change)
+        self.last[node] = to
 
     def upgrade(self, node: str) -> None:
         """A clean upgrade of `node`: cordon, drain, reload, validate, uncordon, done."""
@@ -111,4 +114,16 @@ def test_nodes_left_midway_or_failed_without_a_reason_are_caught() -> None:
     assert sorted(invariants.check(log.entries, 3).violations) == [
         "a ended in drain-required, neither done nor failed",
         "b ended upgrade-failed without a reason",
+    ]
+
+
+def test_a_state_change_missing_from_the_log_is_caught() -> None:
+    log = Log()
+    log.upgrade("a")
+    log.state("b", S.CORDON_REQUIRED)
+    log.last["b"] = S.DRAIN_REQUIRED  # the change to drain-required never reached the log
+    log.state("b", S.UPGRADE_DONE)
+    assert invariants.check(log.entries, 2).violations == [
+        f"line {len(log.entries)}: b moved from drain-required but the log last had it in "
+        "cordon-required: a state change is missing"
     ]

@@ -13,16 +13,18 @@ from collections.abc import AsyncIterator
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType
+from nats.js.api import DeliverPolicy, KeyValueConfig, StorageType
 from nats.js.kv import KeyValue as RawKeyValue
 
 from gpuop.bus.errors import BucketMissing, BusError, KeyExists, PublishTimeout, RevisionConflict
 from gpuop.bus.protocol import KvEntry
 
 HISTORY = 16
+"""Revisions kept per key: enough to audit a saga's last steps."""
 KEYS_CONSUMER_TTL = 2.0
 """Seconds the server keeps a key listing's consumer after the listing ends."""
-"""Revisions kept per key: enough to audit a saga's last steps."""
+KEYS_WAIT = 10.0
+"""Seconds a key listing waits for the server's next entry before it fails."""
 
 _KEY = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
 _DELETED = ("DEL", "PURGE")
@@ -46,15 +48,16 @@ async def open_bucket(js: JetStreamContext, name: str) -> NatsKeyValue:
             )
         except nats.js.errors.APIError as exc:
             raise BucketMissing(f"cannot create bucket {name}: {exc}") from exc
-    return NatsKeyValue(name, raw)
+    return NatsKeyValue(name, raw, js)
 
 
 class NatsKeyValue:
     """One bucket; raw nats errors are translated at this boundary."""
 
-    def __init__(self, name: str, raw: RawKeyValue) -> None:
+    def __init__(self, name: str, raw: RawKeyValue, js: JetStreamContext) -> None:
         self._name = name
         self._raw = raw
+        self._js = js
 
     @property
     def bucket(self) -> str:
@@ -104,23 +107,40 @@ class NatsKeyValue:
             raise _bus_error("delete", key, exc) from exc
 
     async def keys(self) -> list[str]:
-        # Listed with a short-lived watcher of our own: nats.py's `keys()` leaves its
-        # consumer on the server for five minutes, so a caller that lists often (the
-        # orchestrator, every reconcile) would reach the stream's consumer limit.
+        # Listed with a short-lived consumer of our own, not nats.py's `keys()`: that one
+        # leaves its consumer on the server for five minutes (a caller that lists often, the
+        # orchestrator on every reconcile, would reach the stream's consumer limit), and it
+        # decides the listing is over when the server reports nothing pending before its
+        # callback has counted a delivery, which on a busy machine ends it before the first
+        # entry: an empty listing of a bucket with keys. Here the end is the entry the server
+        # sends with nothing pending after it, and an empty stream is asked for up front.
+        stream, prefix = f"KV_{self._name}", f"$KV.{self._name}."
         found: set[str] = set()  # a key written while the listing runs comes twice
         try:
-            watcher = await self._raw.watch(
-                ">", ignore_deletes=True, meta_only=True, inactive_threshold=KEYS_CONSUMER_TTL
+            if not (await self._js.stream_info(stream)).state.messages:
+                return []
+            listing = await self._js.subscribe(
+                f"{prefix}>",
+                stream=stream,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                headers_only=True,
+                inactive_threshold=KEYS_CONSUMER_TTL,
             )
             try:
-                async for entry in watcher:
-                    if entry is None:
+                while True:
+                    message = await listing.next_msg(timeout=KEYS_WAIT)
+                    key = message.subject[len(prefix) :]
+                    if (message.headers or {}).get("KV-Operation") in _DELETED:
+                        found.discard(key)
+                    else:
+                        found.add(key)
+                    if message.metadata.num_pending == 0:
                         break
-                    found.add(entry.key)
             finally:
                 with contextlib.suppress(TimeoutError, nats.errors.Error):
-                    await watcher.stop()  # type: ignore[no-untyped-call]
-        except nats.errors.Error as exc:
+                    await listing.unsubscribe()
+        except (nats.errors.Error, TimeoutError) as exc:
             raise _bus_error("keys", "*", exc) from exc
         return sorted(found)
 

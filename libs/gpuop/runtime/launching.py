@@ -1,12 +1,14 @@
 """Runs one service process: logging, tracing, the bus, the health endpoints, the service.
 
 The single path every service starts by (`gpuop run`), so a DaemonSet, a test and the demo
-behave alike.
+behave alike. SIGTERM and SIGINT stop it; SIGUSR1 logs where each of its asyncio tasks waits
+(`dump_tasks`), for a process that is alive but makes no progress.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import signal
 
@@ -61,6 +63,7 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, context.stopping.set)
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
     address = await health.start()
     log.info("health endpoints on http://%s:%d", *address, extra={"role": settings.role})
     try:
@@ -69,6 +72,16 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
     finally:
         await bus.close()
         await health.stop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(signum)
         log.info("stopped")
+
+
+def dump_tasks() -> None:
+    """Log every asyncio task of the running loop with the stack it waits in."""
+    tasks = sorted(asyncio.all_tasks(), key=lambda task: task.get_name())
+    for task in tasks:
+        stack = io.StringIO()
+        task.print_stack(limit=12, file=stack)
+        log.warning("task dump (SIGUSR1): %s", stack.getvalue().rstrip())
+    log.warning("task dump (SIGUSR1): %d tasks", len(tasks))

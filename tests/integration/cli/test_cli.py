@@ -64,12 +64,16 @@ async def test_a_service_connects_reports_ready_and_stops_on_sigterm(
             async with session.get(f"http://127.0.0.1:{port}/metrics") as metrics:
                 assert "gpuop_bus_published_total" in await metrics.text()
         assert (status, body) == (200, {"ready": True})
+        process.send_signal(signal.SIGUSR1)  # where does it wait? it says, and runs on
+        await asyncio.sleep(0.2)
     finally:
         process.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(process.communicate(), 20)
     assert process.returncode == 0
     lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
     assert any(line.get("node") == "gpu-1.example.com" for line in lines)
+    dumped = [line for line in lines if "task dump (SIGUSR1)" in str(line)]
+    assert len(dumped) > 2 and "tasks" in str(dumped[-1])
 
 
 async def _poll_ready(session: aiohttp.ClientSession, port: int) -> tuple[int, dict[str, str]]:
