@@ -52,6 +52,24 @@ class Walk:
     )
     violations: list[str] = field(default_factory=list)
 
+    def cordon(self, node: str, line: int, max_unavailable: int) -> None:
+        if node in self.cordoned:
+            return
+        self.cordoned.add(node)
+        self.most_cordoned = max(self.most_cordoned, len(self.cordoned))
+        if len(self.cordoned) > max_unavailable:
+            self.violations.append(
+                f"line {line}: {len(self.cordoned)} nodes cordoned "
+                f"({sorted(self.cordoned)}), maxUnavailable is {max_unavailable}"
+            )
+
+    def uncordon(self, node: str, line: int) -> None:
+        if node not in self.cordoned:
+            return
+        self.cordoned.discard(node)
+        if node in self.touched:
+            self.violations.append(f"line {line}: {node} uncordoned before its driver validated")
+
     def attempt(self, node: str) -> int:
         path = self.paths.get(node)
         return path[-1].attempt if path else 0
@@ -78,19 +96,17 @@ def check(log: Sequence[Recorded], max_unavailable: int) -> Walk:
                 )
             path.append(payload)
         elif isinstance(payload, ke.NodeCordoned):
-            walk.cordoned.add(node)
-            walk.most_cordoned = max(walk.most_cordoned, len(walk.cordoned))
-            if len(walk.cordoned) > max_unavailable:
-                walk.violations.append(
-                    f"line {entry.line}: {len(walk.cordoned)} nodes cordoned "
-                    f"({sorted(walk.cordoned)}), maxUnavailable is {max_unavailable}"
-                )
+            walk.cordon(node, entry.line, max_unavailable)
         elif isinstance(payload, ke.NodeUncordoned):
-            walk.cordoned.discard(node)
-            if node in walk.touched:
-                walk.violations.append(
-                    f"line {entry.line}: {node} uncordoned before its driver validated"
-                )
+            walk.uncordon(node, entry.line)
+        elif isinstance(payload, ke.NodeObserved):
+            # a leader that cordoned or uncordoned and died before saying so: the node's
+            # next observation, while its saga waits for that step, shows it instead
+            waiting = walk.paths[node][-1].to_state if walk.paths.get(node) else None
+            if payload.unschedulable and waiting is UpgradeState.CORDON_REQUIRED:
+                walk.cordon(node, entry.line, max_unavailable)
+            elif not payload.unschedulable and waiting is UpgradeState.UNCORDON_REQUIRED:
+                walk.uncordon(node, entry.line)
         elif isinstance(payload, DRIVER_TOUCHES):
             walk.touched.add(node)
         elif isinstance(payload, dm.DriverValidated):

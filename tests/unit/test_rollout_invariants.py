@@ -127,3 +127,24 @@ def test_a_state_change_missing_from_the_log_is_caught() -> None:
         f"line {len(log.entries)}: b moved from drain-required but the log last had it in "
         "cordon-required: a state change is missing"
     ]
+
+
+def test_a_cordon_or_uncordon_only_observed_counts_as_one() -> None:
+    # leaders that acted and died before saying so: the next observation of the node shows it
+    log = Log()
+    log.state("a", S.CORDON_REQUIRED)
+    log.add("a", ke.NodeObserved(ready=True, unschedulable=True))
+    log.state("b", S.CORDON_REQUIRED)
+    log.add("b", ke.NodeCordoned(action_id="1"))
+    log.state("a", S.UNCORDON_REQUIRED)
+    log.add("a", ke.NodeObserved(ready=True, unschedulable=False))
+    log.state("a", S.UPGRADE_DONE)
+    log.state("c", S.CORDON_REQUIRED)
+    log.add("c", ke.NodeCordoned(action_id="2"))
+    log.state("b", S.UPGRADE_DONE)
+    log.state("c", S.UPGRADE_DONE)
+    assert invariants.check(log.entries, 2).violations == []
+    assert invariants.check(log.entries, 1).violations == [
+        "line 4: 2 nodes cordoned (['a', 'b']), maxUnavailable is 1",
+        "line 9: 2 nodes cordoned (['b', 'c']), maxUnavailable is 1",
+    ]
