@@ -8,6 +8,7 @@ The cluster role. How it flows, module by module:
     policies    the GPUClusterPolicy: validated spec, status conditions and counts
     observing   node watch -> kube.NodeObserved / NodeRemoved events
     jobs        pods of nodes waiting for jobs -> kube.PodsObserved events
+    nodepods    one informer of a node's pods, shared by wait-for-jobs, pod deletion, drain
     intake      the one durable consumer of what the decision core needs
     running     event -> core.decide -> compare-and-set -> outbox; resume after a crash
     store       the sagas in KV `gpuop_sagas`

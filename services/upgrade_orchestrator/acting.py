@@ -2,10 +2,14 @@
 
 `Outbox.carry_out` publishes the decision's node-agent commands under their deterministic
 ids (a re-publish after a crash is dropped by the server's duplicate window and by the
-agents), hands its Kubernetes actions to the node's action queue (of the state labels of a
-decision that passed through states, only the last: the others would be overwritten at
-once), and publishes one public `NodeUpgradeStateChanged` per transition, also under a
-deterministic id.
+agents), hands its Kubernetes actions to the node's action queue, and publishes one public
+`NodeUpgradeStateChanged` per transition, also under a deterministic id.
+
+Each node write costs the API server a request, so the queue gets fewer than the core asks
+for (`node_writes`): of the state labels of a decision that passed through states only the
+last, since the others would be overwritten at once (upstream, too, writes one label per
+reconcile); and when the decision also cordons or uncordons, that label goes into the same
+PATCH (`Cordon.label`), which runs in the label's place, before the decision's Event.
 
 Kubernetes actions of one node run in order, in a background task per node, because a
 drain can take minutes and the event intake must not wait for it; each outcome is published
@@ -19,14 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+from collections.abc import Sequence
 
 from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import command_id, new_command, new_event
 from gpuop.kube import errors
 from gpuop.saga import Decision, KubeAction, NodeSaga, state_changed
-from gpuop.saga.actions import SetStateLabel
+from gpuop.saga.actions import Cordon, SetStateLabel, Uncordon
 from gpuop.saga.core import transition_event_id
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.executing import KubeActions
@@ -44,6 +50,23 @@ _Queued = tuple[str, KubeAction, str | None]
 def outcome_event_id(action: KubeAction) -> str:
     """Id of the event reporting how `action` ended: one per action, so a repeat dedupes."""
     return command_id(action.id, "outcome", 1)
+
+
+def node_writes(kube_actions: Sequence[KubeAction]) -> tuple[KubeAction, ...]:
+    """A decision's Kubernetes actions as they are run: its last state label only, written
+    by its cordon or uncordon when it has one (in the label's place), the rest in order."""
+    labels = [a for a in kube_actions if isinstance(a, SetStateLabel)]
+    if not labels:
+        return tuple(kube_actions)
+    last = labels[-1]
+    carrier = next((a for a in kube_actions if isinstance(a, Cordon | Uncordon)), None)
+    kept: list[KubeAction] = []
+    for action in kube_actions:
+        if action is last:
+            kept.append(last if carrier is None else dataclasses.replace(carrier, label=last.value))
+        elif not isinstance(action, SetStateLabel) and action is not carrier:
+            kept.append(action)
+    return tuple(kept)
 
 
 class Outbox:
@@ -99,10 +122,7 @@ class Outbox:
                     now=self._clock.now(),
                 )
             )
-        labels = [a for a in decision.kube_actions if isinstance(a, SetStateLabel)]
-        for action in decision.kube_actions:
-            if isinstance(action, SetStateLabel) and action is not labels[-1]:
-                continue  # a state passed through: the decision's last label overwrites it
+        for action in node_writes(decision.kube_actions):
             self._queue(saga, action)
 
     def _queue(self, saga: NodeSaga, action: KubeAction) -> None:

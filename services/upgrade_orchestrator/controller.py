@@ -16,7 +16,8 @@ Whenever something changed (a decision, a node, the policy) and at least every
    earlier rollout that was never admitted (nothing was done to the node) is replaced;
 2. runs the admission pass over the selected nodes and those whose saga is under way (it
    admits nothing while the policy is paused), which records admissions as events, and
-   watches the pods of the nodes whose saga waits for jobs (`jobs`);
+   watches the pods of the nodes whose saga waits for jobs, deletes pods or drains (`jobs`,
+   one informer per node, shared with the executor's drains: `nodepods`);
 3. publishes the rollout's events and writes the policy's status (conditions, counts).
 
 Cancelling `run` (leadership lost, service stopping) stops everything it started; the next
@@ -28,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from gpuop.bus import Buckets, Bus, KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
@@ -112,7 +113,11 @@ class Controller:
             self._kube, component=COMPONENT, namespace=self._config.event_namespace,
             clock=self._clock,
         )  # fmt: skip
-        outbox = Outbox(self._bus, KubeExecutor(self._kube, recorder), clock=self._clock)
+        executor = KubeExecutor(
+            self._kube, recorder, watched_node=self.nodes.node,
+            node_pods=self.pod_watches.node_pods,
+        )  # fmt: skip
+        outbox = Outbox(self._bus, executor, clock=self._clock)
         deadlines = DeadlineScheduler(self._bus, clock=self._clock)
         runner = Runner(
             self._bus, store, outbox, deadlines, lambda: self.policies.in_force,
@@ -135,9 +140,11 @@ class Controller:
                     continue
                 if not self._resumed:
                     # consume first, so outcomes of the re-issued actions are not missed
-                    subscription = await intake.start(
-                        self._bus, runner, ack_wait=self._config.lease_duration_seconds
-                    )
+                    ack_wait = self._config.lease_duration_seconds
+                    subscription = await intake.start(self._bus, runner, ack_wait=ack_wait)
+                    # results the dead leader held come back within the ack wait: no
+                    # deadline overtakes them (`deadlines`)
+                    deadlines.hold_until(self._clock.now() + timedelta(seconds=ack_wait))
                     found = await runner.resume()
                     log.info("took over %d sagas from KV", found)
                     self._resumed = True
@@ -180,6 +187,7 @@ class Controller:
         for node in selected:
             started = await self._start_saga(node, spec, rollout_id, store, inventories, now)
             if started is not None:
+                await runner.announce(started)
                 deadlines.schedule(started)
         managed = {
             node: status
@@ -188,8 +196,8 @@ class Controller:
         }
         await runner.admit(managed, now)
         entries = await store.all()
-        waiting = [e.saga for e in entries if e.saga.state is UpgradeState.WAIT_FOR_JOBS_REQUIRED]
-        self.pod_watches.follow(waiting, spec.upgrade_policy.wait_for_completion.pod_selector)
+        all_sagas = [e.saga for e in entries]
+        self.pod_watches.follow(all_sagas, spec.upgrade_policy.wait_for_completion.pod_selector)
         sagas = [
             entry.saga
             for entry in entries

@@ -7,9 +7,14 @@ action of a persisted decision and publishes the returned outcome (`NodeCordoned
 carrying the action's id as `action_id`; the core then reads that outcome from the log like
 any other event. Labels and Kubernetes Events have no outcome the core waits for.
 
-Every transition's state label is written first (`gpuop.saga.drafting`); the node that
-write returns serves the Event and the cordon or uncordon that follow it, which then need
-not read the node (`KubeExecutor._written`).
+Every request counts (the API requests test and the scale benchmark hold them per upgraded
+node), so nothing here reads what it can know: a cordon or uncordon decides on the node as the
+controller's node watch last saw it (`NodeWatcher.node`), or as this executor's last label
+write returned it, and writes the decision's state label in the same PATCH when the outbox
+folded it in (`Cordon.label`); a 409 says when that copy was not current, and only then is
+the node read. An Event takes the node's uid from the same copies. Pod deletion and drain
+read the node's pods from the informer the controller shares between the steps that need
+them (`nodepods`), and open a list-watch of their own only when there is none.
 
 Executing an action twice is harmless: `nodes.cordon` records in an annotation whether the
 node was cordoned before the first execution, so a repeat reports the same
@@ -18,13 +23,18 @@ node was cordoned before the first execution, so a repeat reports the same
 
 from __future__ import annotations
 
-from typing import Protocol
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from gpuop.events import kube as observed
 from gpuop.events.fields import NamespacedName
+from gpuop.events.upgrade import UpgradeState
 from gpuop.kube import client, draining, errors, nodes, pods
 from gpuop.kube.recording import EventRecorder, EventType
+from gpuop.policy import selectors
 from gpuop.saga import actions
+from gpuop.services.upgrade_orchestrator.nodepods import NodePods
 
 PODS_REPORTED = 64
 """Pods named in a failure event at most (the event's limit)."""
@@ -68,30 +78,83 @@ def _trimmed(node: client.Obj) -> client.Obj:
             "name": metadata.get("name"),
             "uid": metadata.get("uid"),
             "resourceVersion": metadata.get("resourceVersion"),
+            "labels": {actions.STATE_LABEL: nodes.labels_of(node).get(actions.STATE_LABEL)},
             "annotations": kept,
         },
         "spec": {"unschedulable": nodes.is_unschedulable(node)},
     }
 
 
+def _state_label(value: UpgradeState | None) -> dict[str, str | None] | None:
+    return None if value is None else {actions.STATE_LABEL: value.value}
+
+
+def _narrowed(options: draining.DrainOptions) -> draining.DrainOptions:
+    """`options` for the shared informer, which has every pod of the node: the pod selector
+    applied here, as a filter, instead of by the server."""
+    selector, accepted = options.pod_selector, options.pod_filter
+    if not selector:
+        return options
+
+    def selected(pod: Mapping[str, Any]) -> bool:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        return selectors.matches(selector, labels) and (accepted is None or accepted(pod))
+
+    return dataclasses.replace(options, pod_selector=None, pod_filter=selected)
+
+
 class KubeExecutor:
     """`KubeActions` through the official client."""
 
-    def __init__(self, kube: client.Kube, recorder: EventRecorder) -> None:
+    def __init__(
+        self,
+        kube: client.Kube,
+        recorder: EventRecorder,
+        *,
+        watched_node: Callable[[str], Mapping[str, Any] | None] = lambda name: None,
+        node_pods: NodePods | None = None,
+    ) -> None:
         self._kube = kube
         self._recorder = recorder
+        self._watched_node = watched_node
+        """The node as a watch last saw it (`NodeWatcher.node`), or None."""
+        self._node_pods = node_pods
         self._written: dict[str, client.Obj] = {}
         """Node -> the node as the state label's write returned it, trimmed to a few hundred
-        bytes. Every transition writes the label first, so the Event that follows takes the
-        node's uid from here and a cordon or uncordon decides on it instead of reading the
-        node again (a 409 says when it is not current)."""
+        bytes; dropped once a cordon or uncordon changed the node."""
+
+    def _known(self, node: str) -> client.Obj | None:
+        """The freshest copy of the node at hand, read from no server: the watch's, unless
+        it does not show the state label this executor wrote last yet (the watch lags a
+        moment behind a write). resourceVersions do not say which of two copies is newer;
+        a wrong guess costs a 409 and a read, never a wrong write."""
+        watched, written = self._watched_node(node), self._written.get(node)
+        if watched is None:
+            return written
+        label = actions.STATE_LABEL
+        if written is not None and (
+            nodes.labels_of(watched).get(label) != nodes.labels_of(written).get(label)
+        ):
+            return written
+        return dict(watched)
+
+    def _uid(self, node: str) -> str | None:
+        known = self._written.get(node) or self._watched_node(node) or {}
+        uid = (known.get("metadata") or {}).get("uid")
+        return str(uid) if uid else None
 
     async def execute(self, node: str, action: actions.KubeAction) -> observed.KubeEvent | None:
         if isinstance(action, actions.Cordon):
-            was = await nodes.cordon(self._kube, node, known=self._written.pop(node, None))
+            was = await nodes.cordon(
+                self._kube, node, known=self._known(node), labels=_state_label(action.label)
+            )
+            self._written.pop(node, None)
             return observed.NodeCordoned(action_id=action.id, was_unschedulable=was)
         if isinstance(action, actions.Uncordon):
-            await nodes.uncordon(self._kube, node, known=self._written.pop(node, None))
+            await nodes.uncordon(
+                self._kube, node, known=self._known(node), labels=_state_label(action.label)
+            )
+            self._written.pop(node, None)
             return observed.NodeUncordoned(action_id=action.id)
         if isinstance(action, actions.SetStateLabel):
             self._written.pop(node, None)
@@ -102,14 +165,21 @@ class KubeExecutor:
             return None
         if isinstance(action, actions.RecordEvent):
             kind = EventType.WARNING if action.warning else EventType.NORMAL
-            uid = (self._written.get(node) or {}).get("metadata", {}).get("uid")
             await self._recorder.node_event(
-                node, action.reason, action.message, event_type=kind, node_uid=uid
+                node, action.reason, action.message, event_type=kind, node_uid=self._uid(node)
             )
             return None
         if isinstance(action, actions.DeletePods):
             return await self._delete_gpu_pods(node, action)
         return await self._drain(node, action)
+
+    async def _remove_pods(self, node: str, options: draining.DrainOptions) -> draining.DrainResult:
+        if self._node_pods is None:
+            return await draining.drain_node(self._kube, node, options)
+        async with self._node_pods.using(node) as watched:
+            return await draining.drain_node(
+                self._kube, node, _narrowed(options), node_pods=watched
+            )
 
     async def _delete_gpu_pods(
         self, node: str, action: actions.DeletePods
@@ -122,7 +192,7 @@ class KubeExecutor:
             retry_interval=1.0,
         )
         try:
-            result = await draining.drain_node(self._kube, node, options)
+            result = await self._remove_pods(node, options)
         except errors.DrainError as error:
             return observed.PodDeletionFailed(
                 action_id=action.id,
@@ -143,7 +213,7 @@ class KubeExecutor:
             retry_interval=1.0,
         )
         try:
-            result = await draining.drain_node(self._kube, node, options)
+            result = await self._remove_pods(node, options)
         except errors.DrainError as error:
             blocking = None
             if isinstance(error, errors.DrainTimedOut) and error.pdb:

@@ -2,12 +2,13 @@
 
 A saga in wait-for-jobs-required moves on when a `PodsObserved` reports no pod of the
 policy's `waitForCompletion.podSelector` Running or Pending on the node (or when the wait's
-deadline passes). The controller hands `PodWatches.follow` the sagas that wait on each
-reconcile; each such node gets one list-watch of its pods (`pods.watch_on_node`: a LIST,
-then a WATCH), matched against the selector here, and an observation is published whenever
-the counts change, until the saga moves on. Jobs can run for hours: a LIST per reconcile
-would cost the API server a request per node and second meanwhile. The event id is derived
-from the saga, its attempt and the counts, so an unchanged observation is stored once.
+deadline passes). The controller hands `PodWatches.follow` every saga on each reconcile;
+the node of each that waits is followed through its shared informer (`nodepods`: one LIST,
+then one WATCH, which the pod deletion and the drain after it read as well), matched
+against the selector here, and an observation is published whenever the counts change,
+until the saga moves on. Jobs can run for hours: a LIST per reconcile would cost the API
+server a request per node and second meanwhile. The event id is derived from the saga, its
+attempt and the counts, so an unchanged observation is stored once.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import command_id, new_event
 from gpuop.events import kube as observed
 from gpuop.events.fields import NamespacedName
+from gpuop.events.upgrade import UpgradeState
 from gpuop.kube import client, draining, errors, pods
 from gpuop.policy import selectors
 from gpuop.saga import NodeSaga
 from gpuop.services.upgrade_orchestrator.acting import SOURCE
+from gpuop.services.upgrade_orchestrator.nodepods import POD_STATES, NodePods
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +61,23 @@ def _key(saga: NodeSaga, selector: str) -> tuple[str, int, str]:
 
 
 class PodWatches:
-    """One list-watch per node whose saga waits for jobs, publishing its observations."""
+    """Observations of the pods of every node whose saga waits for jobs."""
 
     def __init__(self, bus: Bus, kube: client.Kube, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._bus = bus
-        self._kube = kube
         self._clock = clock
+        self.node_pods = NodePods(kube, clock=clock)
+        """The informers of the nodes' pods, shared with the executor's pod deletions and
+        drains."""
         self._watches: dict[str, tuple[tuple[str, int, str], asyncio.Task[None]]] = {}
 
-    def follow(self, waiting: Iterable[NodeSaga], selector: str) -> None:
-        """Watch the nodes of `waiting` (sagas in wait-for-jobs-required) for pods that
-        `selector` selects, and stop watching every other node; a watch that failed is
-        started again."""
+    def follow(self, sagas: Iterable[NodeSaga], selector: str) -> None:
+        """Keep the pods of the nodes of `sagas` in the steps that read them followed
+        (`nodepods.POD_STATES`), observe those waiting for jobs for pods that `selector`
+        selects, and stop for every other node; an observer that failed is started again."""
+        sagas = list(sagas)
+        self.node_pods.hold(saga.node for saga in sagas if saga.state in POD_STATES)
+        waiting = [saga for saga in sagas if saga.state is UpgradeState.WAIT_FOR_JOBS_REQUIRED]
         wanted = {saga.node: saga for saga in waiting} if selector else {}
         for node, (key, task) in list(self._watches.items()):
             saga = wanted.get(node)
@@ -84,9 +92,9 @@ class PodWatches:
     async def _watch(self, saga: NodeSaga, selector: str) -> None:
         reported: observed.PodsObserved | None = None
         try:
-            async with pods.watch_on_node(self._kube, saga.node, clock=self._clock) as watch:
-                await watch.list()
+            async with self.node_pods.using(saga.node) as watch:
                 while True:
+                    since = watch.version
                     on_node = list(watch.objects.values())
                     selected = [
                         pod
@@ -99,18 +107,19 @@ class PodWatches:
                     if seen != reported:
                         await _publish(self._bus, saga, seen, self._clock)
                         reported = seen
-                    await anext(watch)
+                    await watch.changed(since)
         except errors.KubeError as error:
             # the next reconcile starts the watch again
             log.warning("watching the pods of node %s failed: %s", saga.node, error)
 
     async def close(self) -> None:
-        """Stop every watch."""
+        """Stop every observer and close the informers no one uses."""
         tasks = [task for _, task in self._watches.values()]
         self._watches.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.node_pods.close()
 
 
 async def _publish(bus: Bus, saga: NodeSaga, seen: observed.PodsObserved, clock: Clock) -> None:

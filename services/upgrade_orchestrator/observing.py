@@ -5,7 +5,8 @@ saga cares about changes (Ready, `spec.unschedulable`, the kubelet's boot id), p
 `kube.NodeObserved`; a deleted node yields `kube.NodeRemoved`. Event ids derive from the
 node's uid and resourceVersion, so two replicas seeing the same change store it once. It
 also keeps each node's `NodeStatus` for the admission pass and its labels for the policy's
-`nodeSelector`, and calls `on_change` so the controller reconciles at once.
+`nodeSelector`, and calls `on_change` so the controller reconciles at once. The executor
+cordons and uncordons from the watch's copy of the node (`node`) instead of reading it.
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ class NodeWatcher:
         """Node name -> its labels, as last seen."""
         self.synced = False
         """The initial list has been processed."""
+        self._watch: ListWatch | None = None
+
+    def node(self, name: str) -> Mapping[str, Any] | None:
+        """The GPU node as the watch last saw it (a moment behind the API server at most)."""
+        return None if self._watch is None else self._watch.objects.get(("", name))
 
     async def run(self) -> None:
         """Watch until cancelled."""
@@ -89,6 +95,7 @@ class NodeWatcher:
             self._kube, self._kube.core.list_node, label_selector=GPU_NODE_SELECTOR,
             clock=self._clock,
         ) as watch:  # fmt: skip
+            self._watch = watch
             async for change in watch:
                 node = change.object
                 name = str(node["metadata"]["name"])

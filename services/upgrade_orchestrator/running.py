@@ -21,17 +21,19 @@ cause, so a replay decides that event and the later ones with it.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime
 
 from gpuop.bus import Bus, Delivery, RevisionConflict, TemporaryError
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, command_id, new_event, subjects
-from gpuop.events.upgrade import NodeAdmitted, PolicyApplied, UpgradeState
+from gpuop.events.upgrade import DOMAIN, NodeAdmitted, PolicyApplied, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import Admitted, Decision, NodeSaga, NodeStatus, admission, decide, pending
-from gpuop.saga.core import Trigger
+from gpuop.saga.core import Trigger, transition_event_id
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.acting import SOURCE, Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
@@ -151,9 +153,37 @@ class Runner:
         stored = await self._store.all()
         for entry in stored:
             if policy is not None:
-                await self._outbox.carry_out(pending(entry.saga, policy))
+                again = pending(entry.saga, policy)
+                if again.transitions and await self._published(entry.saga):
+                    again = replace(again, transitions=())
+                await self._outbox.carry_out(again)
             self._deadlines.schedule(entry.saga)
         return len(stored)
+
+    async def announce(self, saga: NodeSaga) -> None:
+        """Carry out what a new saga asks before anything happens to the node: its state
+        label, `upgrade-required`, as upstream shows a node that waits for its upgrade."""
+        policy = self._policy()
+        if policy is not None:
+            await self._outbox.carry_out(pending(saga, policy))
+
+    async def _published(self, saga: NodeSaga) -> bool:
+        """Whether the state change of the saga's latest transition is in the log (the
+        outbox publishes a decision's state changes in order, so the earlier ones are too).
+        The server drops a republished id only within its duplicate window: a takeover long
+        after a saga's last decision would store its state changes twice without this."""
+        last = saga.last_transitions[-1]
+        name = last.to_state.value
+        subject = subjects.event_subject(DOMAIN, saga.node, name, prefix=self._bus.prefix)
+        found = await self._bus.last(subject)
+        if found is None:
+            return False
+        try:
+            stored: object = json.loads(found.data)
+        except ValueError:
+            return False
+        wanted = transition_event_id(saga, saga.sequence)
+        return isinstance(stored, dict) and stored.get("id") == wanted
 
     async def admit(
         self, nodes: Mapping[str, NodeStatus], now: datetime | None = None

@@ -1,8 +1,10 @@
 """The whole upgrade stack on one machine, for the rollout end-to-end tests: a real
 nats-server (the test's `nats_server` fixture), the simulated cluster with GPU workloads under
 PodDisruptionBudgets, on every node discovery and the driver-manager as `gpuop run`
-processes on the node's own host root, discovery's cluster role, a driver source, and
-upgrade-orchestrator replicas as processes the test may SIGKILL and start again.
+processes on the node's own host root (with `operands`, the device plugin and telemetry too,
+beside a simulated kubelet's gRPC side, and the orchestrator pauses them for each reload),
+discovery's cluster role, a driver source, and upgrade-orchestrator replicas as processes the
+test may SIGKILL and start again; node agents can be SIGKILLed and started again too.
 
 `Stack.start_rollout` installs the CRD and the GPUClusterPolicy; the outcome is read from
 the event log (`Stack.export`) and the Nodes, never from the orchestrator's state.
@@ -31,7 +33,10 @@ from gpuop.host import packaging, seeding, system
 from gpuop.host.roots import HostRoot
 from gpuop.kube import client, nodes
 from gpuop.policy import crd, specs
+from gpuop.saga.actions import STATE_LABEL
 from gpuop.sim import SimCluster, hosts
+from gpuop.sim.faults import FaultPlan
+from gpuop.sim.kubelet_grpc import KubeletGrpc
 
 REPO = Path(__file__).resolve().parents[2]
 OLD = seeding.RECORDED_DRIVER_VERSION
@@ -42,6 +47,8 @@ DISCOVERY_CONFIG = (
 )
 DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.1\n"
 ORCHESTRATOR_CONFIG = "lease_duration_seconds: 3\nresync_seconds: 0.5\n"
+OPERANDS = ("device-plugin", "telemetry")
+TELEMETRY_CONFIG = "interval_seconds: 1\n"
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 STOP_GRACE = 40.0
 """Seconds every process together has to exit after SIGTERM: dozens of them stopping at
@@ -66,25 +73,48 @@ class Stack:
     """Running orchestrator replicas by name."""
     agents: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     """Node agents and discovery's cluster role by name."""
+    agent_arguments: dict[str, list[str]] = field(default_factory=dict)
+    """How each agent was started, to start it again."""
     _started: int = 0
 
     @property
     def node_names(self) -> list[str]:
         return list(self.cluster.node_names)
 
-    def tail_of_logs(self, keep: int = 2500) -> str:
-        return "\n".join(f"--- {log.name}\n{log.read_text()[-keep:]}" for log in self.logs)
+    def tail_of(self, name: str, keep: int) -> str:
+        text = (self.work / f"{name}.log").read_text(errors="replace")
+        return f"--- {name}.log\n{text[-keep:]}"
+
+    async def report(self) -> str:
+        """What a failed wait shows: each node's upgrade state, the log tails of the nodes
+        not done, and of the running orchestrator replicas after they logged where each of
+        their tasks waits (SIGUSR1, `gpuop.runtime.launching.dump_tasks`)."""
+        for process in self.replicas.values():
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGUSR1)
+        await asyncio.sleep(1.0)
+        try:
+            states = {node: found.get(STATE_LABEL) for node, found in (await self.labels()).items()}
+        except Exception as error:  # the report must not hide the failure it reports
+            states = {"(labels unreadable)": repr(error)}
+        parts = ["states: " + ", ".join(f"{node}={state}" for node, state in states.items())]
+        for node, state in states.items():
+            if state != "upgrade-done" and f"driver-manager-{node}" in self.agents:
+                parts.append(self.tail_of(f"driver-manager-{node}", 1200))
+        parts += [self.tail_of(name, 6000) for name in self.replicas]
+        parts.append(f"(every log is under {self.work})")
+        return "\n".join(parts)
 
     async def wait_until(
         self, what: str, check: Callable[[], Awaitable[bool]], timeout: float
     ) -> None:
-        """Poll `check` until it is true; on timeout fail with the services' log tails."""
+        """Poll `check` until it is true; on timeout fail with `report`."""
         try:
             async with asyncio.timeout(timeout):
                 while not await check():
                     await asyncio.sleep(0.25)
         except TimeoutError:
-            raise AssertionError(f"{what} did not happen\n{self.tail_of_logs()}") from None
+            raise AssertionError(f"{what} did not happen\n{await self.report()}") from None
 
     async def labels(self) -> dict[str, dict[str, str]]:
         return {n: nodes.labels_of(await nodes.get(self.kube, n)) for n in self.node_names}
@@ -124,6 +154,20 @@ class Stack:
         process = self.replicas.pop(name)
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGKILL)
+
+    async def kill_agent(self, name: str) -> None:
+        """SIGKILL node agent `name` (e.g. "driver-manager-gpu-node-3") and reap it."""
+        process = self.agents[name]
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGKILL)
+        await process.wait()
+
+    async def restart_agent(self, name: str) -> None:
+        """Start agent `name` again, as it was started, its log appended to."""
+        process = self.agents[name]
+        if process.returncode is None:
+            raise RuntimeError(f"{name} still runs")
+        self.agents[name] = await _spawn(self.agent_arguments[name], self.work / f"{name}.log")
 
     async def start_rollout(
         self, upgrade_policy: dict[str, Any], *, ofed: str | None = None
@@ -180,19 +224,27 @@ async def stack(
     ofed: bool = False,
     prepare: Callable[[int, HostRoot], None] | None = None,
     seed: int = 0,
+    operands: bool = False,
+    driver_manager: dict[int, str] | None = None,
+    faults: FaultPlan | None = None,
 ) -> AsyncIterator[Stack]:
     """The stack with no orchestrator yet, once discovery has labelled every node;
     `kernels`: node index -> kernel release for nodes that run another kernel than the
     recording's (the driver source gets OLD and NEW packages for every kernel in use);
     `ofed`: every node runs OFED_OLD too (and the source has OFED_NEW); `prepare` changes
-    each node's host root (by index) before its agents start."""
+    each node's host root (by index) before its agents start; `operands`: see the module
+    docstring; `driver_manager`: node index -> more YAML for that node's driver-manager
+    config (fault injection); `faults`: what the API server gets wrong on purpose
+    (`cluster.faults` changes it while the stack runs)."""
     kernels = kernels or {}
     (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
     (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
-    (work / "orchestrator.yaml").write_text(ORCHESTRATOR_CONFIG)
+    (work / "telemetry.yaml").write_text(TELEMETRY_CONFIG)
+    paused = f"operands: [{', '.join(OPERANDS)}]\n" if operands else ""
+    (work / "orchestrator.yaml").write_text(ORCHESTRATOR_CONFIG + paused)
     async with AsyncExitStack() as exits:
         cluster = await exits.enter_async_context(
-            SimCluster(nodes=nodes_count, gpus=gpus, workloads=True, seed=seed)
+            SimCluster(nodes=nodes_count, gpus=gpus, workloads=True, seed=seed, faults=faults)
         )
         kubeconfig = cluster.write_kubeconfig(work / "kubeconfig")
         bus = NatsBus(nats_url, name="e2e-observer")
@@ -210,6 +262,8 @@ async def stack(
             )  # fmt: skip
             if prepare is not None:
                 prepare(index, roots[node])
+            if operands:
+                await exits.enter_async_context(KubeletGrpc.under(roots[node].path))
         releases = sorted({system.kernel_release(root) or "" for root in roots.values()})
         wanted = [("gpu", version) for version in (OLD, NEW)]
         wanted += [("ofed", version) for version in (OFED_OLD, OFED_NEW) if ofed]
@@ -219,13 +273,21 @@ async def stack(
         running = Stack(cluster, kube, bus, nats_url, kubeconfig, work, source, roots)
         exits.push_async_callback(_stop_all, running)
         agents = []
-        for node, root in roots.items():
+        for index, (node, root) in enumerate(roots.items()):
             on_node = ["--node", node, "--nats", nats_url, "--host-root", str(root.path)]
             on_node += ["--nvml", f"sim:{gpus}"]
-            for name, extra in (
+            config = work / "driver-manager.yaml"
+            if index in (driver_manager or {}):
+                config = work / f"driver-manager-{node}.yaml"
+                config.write_text(DRIVER_MANAGER_CONFIG + (driver_manager or {})[index])
+            services = [
                 ("discovery", ["--role", "node", "--config", str(work / "discovery.yaml")]),
-                ("driver-manager", ["--config", str(work / "driver-manager.yaml")]),
-            ):
+                ("driver-manager", ["--config", str(config)]),
+            ]
+            if operands:
+                services.append(("device-plugin", []))
+                services.append(("telemetry", ["--config", str(work / "telemetry.yaml")]))
+            for name, extra in services:
                 agents.append((f"{name}-{node}", [name, *on_node, *extra]))
         cluster_role = ["discovery", "--role", "cluster", "--nats", nats_url]
         agents.append(("discovery-cluster", [*cluster_role, "--kubeconfig", str(kubeconfig)]))
@@ -233,6 +295,7 @@ async def stack(
             log = work / f"{name}.log"
             running.logs.append(log)
             running.agents[name] = await _spawn(arguments, log)
+            running.agent_arguments[name] = arguments
 
         async def labelled() -> bool:
             found = await running.labels()

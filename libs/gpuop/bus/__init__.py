@@ -8,6 +8,7 @@ tests and replays. Import the pieces you need as namespaces:
 from gpuop.bus.errors import (
     BusError,
     KeyExists,
+    MessageTooLarge,
     PermanentError,
     PublishTimeout,
     RevisionConflict,
@@ -39,6 +40,7 @@ __all__ = [
     "KeyExists",
     "KeyValue",
     "KvEntry",
+    "MessageTooLarge",
     "NatsBus",
     "NatsServer",
     "PermanentError",

@@ -223,6 +223,8 @@ class RawPublisher(Protocol):
 
     @property
     def prefix(self) -> str: ...
+    @property
+    def max_payload(self) -> int: ...
 
     async def publish_raw(
         self, subject: str, data: bytes, headers: dict[str, str] | None = None
@@ -277,6 +279,7 @@ class PumpedSubscription(abc.ABC):
             seq=message.stream_seq,
             kind=kind,
             reason=reason,
+            max_payload=self._publisher.max_payload,
         )
         await self._publisher.publish_raw(out.subject, out.data, out.headers)
 

@@ -4,6 +4,8 @@
     ├── PublishTimeout          the server did not confirm a publish in time (safe to retry:
     │                           the event id dedupes it)
     ├── BusUnavailable          not connected, and did not reconnect in time
+    ├── MessageTooLarge         data and headers over the server's payload limit: refused
+    │                           before sending (the server would close the connection)
     ├── RevisionConflict        a KV write based on a stale revision
     │   └── KeyExists           create-if-absent found the key present
     └── BucketMissing           a KV bucket that `start()` did not create
@@ -28,6 +30,11 @@ class PublishTimeout(BusError):
 
 class BusUnavailable(BusError):
     """No connection to the server."""
+
+
+class MessageTooLarge(BusError):
+    """A message whose data and headers exceed the server's `max_payload`; never sent, since
+    nats-server answers one by closing the connection."""
 
 
 class RevisionConflict(BusError):

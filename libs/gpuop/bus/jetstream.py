@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -90,6 +90,13 @@ class NatsBus:
     @property
     def prefix(self) -> str:
         return self._prefix
+
+    @property
+    def max_payload(self) -> int:
+        """Largest message, data and headers together, the server accepts."""
+        if self._nc is None:
+            return publishing.DEFAULT_MAX_PAYLOAD
+        return int(self._nc.max_payload)
 
     @property
     def js(self) -> JetStreamContext:
@@ -181,6 +188,7 @@ class NatsBus:
         return ack
 
     async def _publish_outgoing(self, out: publishing.Outgoing) -> PublishAck:
+        publishing.fitting(out, self.max_payload)
         deadline = time.monotonic() + self._retry_for
         delay = 0.05
         while True:
@@ -200,7 +208,10 @@ class NatsBus:
                 raise BusError(f"publish to {out.subject} failed: {exc}") from exc
 
     async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[PublishAck]:
-        outs = [publishing.prepare(e, self._prefix) for e in envelopes]
+        outs = [
+            publishing.fitting(publishing.prepare(e, self._prefix), self.max_payload)
+            for e in envelopes
+        ]
         futures = []
         try:
             for out in outs:
@@ -270,6 +281,23 @@ class NatsBus:
         if name not in self._buckets:
             self._buckets[name] = await open_bucket(self.js, name)
         return self._buckets[name]
+
+    async def last(self, subject: str) -> StoredMessage | None:
+        layout = streams.stream_for(self._prefix, subject)
+        try:
+            raw = await self.js.get_last_msg(layout.name, subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        except ANY_NATS_ERROR as exc:
+            raise BusUnavailable(f"cannot read the last message of {subject}: {exc!r}") from exc
+        return StoredMessage(
+            stream=layout.name,
+            seq=raw.seq or 0,
+            subject=raw.subject or subject,
+            data=raw.data or b"",
+            time=raw.time if raw.time is not None else datetime.fromtimestamp(0, UTC),
+            headers=dict(raw.headers or {}),
+        )
 
     async def read(
         self, subject: str, *, since: datetime | None = None, follow: bool = False

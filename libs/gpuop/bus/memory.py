@@ -3,7 +3,8 @@
 It keeps the contract of `NatsBus` (streams with sequence numbers, dedupe by event id,
 durable consumers that resume after the last ack, nak with delay, ack deadlines,
 `max_deliver`, dead letters, KV revisions with compare-and-set, watches) so that the same
-contract suite passes against both. Nothing here survives the process.
+contract suite passes against both. Nothing here survives the process. Like nats-server
+with its default configuration, it refuses a message over 1 MiB (data and headers).
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ class InMemoryBus:
     def prefix(self) -> str:
         return self._prefix
 
+    @property
+    def max_payload(self) -> int:
+        """Largest message, data and headers together, the bus accepts."""
+        return publishing.DEFAULT_MAX_PAYLOAD
+
     async def start(self) -> None:
         for bucket in Buckets:
             await self.kv(bucket)
@@ -97,10 +103,13 @@ class InMemoryBus:
     def _stream(self, subject: str) -> _Stream:
         return self._streams[streams.stream_for(self._prefix, subject).name]
 
-    async def publish(self, envelope: Envelope) -> PublishAck:
-        out = publishing.prepare(envelope, self._prefix)
+    def _store(self, out: publishing.Outgoing) -> PublishAck:
+        publishing.fitting(out, self.max_payload)
         self._metrics.published(out.kind)
         return self._stream(out.subject).append(out)
+
+    async def publish(self, envelope: Envelope) -> PublishAck:
+        return self._store(publishing.prepare(envelope, self._prefix))
 
     async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[PublishAck]:
         return [await self.publish(e) for e in envelopes]
@@ -129,15 +138,20 @@ class InMemoryBus:
         self, subject: str, data: bytes, headers: dict[str, str] | None = None
     ) -> PublishAck:
         """Publish bytes no model produced: replaying dead letters, hostile-input tests."""
-        out = publishing.raw(self._prefix, subject, data, headers)
-        self._metrics.published(out.kind)
-        return self._stream(out.subject).append(out)
+        return self._store(publishing.raw(self._prefix, subject, data, headers))
 
     async def kv(self, bucket: Buckets | str) -> MemoryKeyValue:
         name = streams.bucket_name(self._prefix, bucket)
         if name not in self._buckets:
             self._buckets[name] = MemoryKeyValue(name)
         return self._buckets[name]
+
+    async def last(self, subject: str) -> StoredMessage | None:
+        stream = self._stream(subject)
+        for stored in reversed(stream.messages):
+            if stored.subject == subject:
+                return stored
+        return None
 
     async def read(
         self, subject: str, *, since: datetime | None = None, follow: bool = False

@@ -148,6 +148,10 @@ class Bus(Protocol):
 
     @property
     def prefix(self) -> str: ...
+    @property
+    def max_payload(self) -> int:
+        """Largest message, data and headers together, the bus accepts; a larger one is
+        refused with `MessageTooLarge`."""
 
     async def start(self) -> None:
         """Connect and create streams and buckets (idempotent)."""
@@ -171,6 +175,9 @@ class Bus(Protocol):
 
     async def kv(self, bucket: Buckets | str) -> KeyValue:
         """A KV bucket created by `start()`."""
+
+    async def last(self, subject: str) -> StoredMessage | None:
+        """The latest stored message on exactly `subject` (no wildcards), or None."""
 
     def read(
         self, subject: str, *, since: datetime | None = None, follow: bool = False

@@ -70,7 +70,7 @@ def render(stored: StoredMessage) -> str:
     """The stored JSON document, or, for bytes that are not JSON, a line that says so."""
     try:
         document = json.loads(stored.data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         document = {"error": "not JSON", "subject": stored.subject, "seq": stored.seq}
     return json.dumps(document, separators=(",", ":"), sort_keys=False)
 

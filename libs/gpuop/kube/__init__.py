@@ -6,10 +6,12 @@ kubeconfig (or the pod's service account), the same against a real cluster as ag
 `gpuop.kube.errors`; every wait reads a `gpuop.clocks.Clock`. Import the modules as namespaces
 (`from gpuop.kube import nodes` then `await nodes.cordon(kube, "node-1")`)::
 
-    client         connect(), Kube: the ApiClient, API groups, call() and open()
+    client         connect(), Kube: the ApiClient, API groups, call() (retried as
+                   client-go does: RetryPolicy) and open()
     errors         KubeError and its tree, mapped from Status bodies in one place
     clocks         Clock, SystemClock, VirtualClock
     watching       ListWatch: list+watch with resume, bookmarks and relist on 410
+    informers      Informer: one ListWatch read in the background, shared by many readers
     nodes          cordon/uncordon remembering the initial state, labels, annotations
     pods           GPU pod selection, pods on a node, deleting one incarnation
     budgets        which PodDisruptionBudget refused an eviction

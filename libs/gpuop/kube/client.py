@@ -10,12 +10,39 @@ objects stay the plain camelCase dicts of the wire, and both translate every fai
 models, which forbid fields they do not know: gpuop builds those bodies itself and changes
 objects it read with patches, so a newer server's extra fields never stand in the way.
 Services open one `Kube` at start-up and close it on the way out.
+
+`Kube.call` retries as client-go does, and a little more for reads (`RetryPolicy`):
+
+- an answer that carries `Retry-After` (a 429, or a 5xx such as 503) is retried for any
+  verb after that many seconds: the server refused the request before running it (429 is
+  what priority and fairness and max-in-flight answer) and asks to try again. A Retry-After
+  longer than `max_delay`, and a 429 without one (an eviction a PodDisruptionBudget
+  refuses: a decision, not a throttle), go to the caller;
+- a read (GET: `read_*`, `list_*`, `get_*`, `connect_get_*`) that got a 5xx or no answer is
+  retried with capped exponential backoff and jitter: reading again is always safe;
+- a write (POST, PUT, PATCH, DELETE) that got a 500 without Retry-After, or lost its
+  connection after it was sent, may have run: it is not retried blindly. The caller
+  decides, and gpuop's writers are built for that: patches carry the resourceVersion
+  they were decided on (a repeat gets 409 and is decided again on a fresh read), creates
+  get 409 AlreadyExists, deletes 404. A write whose connection could not even be opened
+  never reached the server and is retried like a read.
+
+`_request_timeout` (default `request_timeout`) bounds the whole call, retries and waits
+included, as a client-go context deadline does, and `attempts` bounds the number of
+requests; after either, the caller gets the last error, of its own type (`ServerError`,
+`TooManyRequests`, `Unreachable`). The official client's own retry options
+(`Configuration.retries`, `client_go_retries`) stay off: they retry by status code without
+knowing what a verb did, and wait on a clock tests cannot drive. `Kube.open` does not retry:
+`watching.ListWatch`, its one caller, reconnects with its own backoff.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -25,6 +52,7 @@ import pydantic
 from kubernetes.aio import client, config
 from kubernetes.aio.config.config_exception import ConfigException
 
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube import errors
 
 Obj = dict[str, Any]
@@ -36,7 +64,53 @@ _load_kube_config: Callable[..., Awaitable[Any]] = config.load_kube_config
 _load_incluster_config: Callable[..., None] = config.load_incluster_config
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
-"""Seconds one request may take, body included, unless the call says otherwise."""
+"""Seconds one call may take, retries and their bodies included, unless it says otherwise."""
+READ_PREFIXES = ("read_", "list_", "get_", "connect_get_", "connect_head_")
+"""How the official client names its GET (and HEAD) methods; the others write."""
+
+RETRY_AFTER_ERRORS = (errors.TooManyRequests, errors.ServerError)
+"""The answers whose Retry-After `Kube.call` honours, for any verb."""
+
+log = logging.getLogger(__name__)
+
+
+def is_read(method: ApiMethod) -> bool:
+    """Whether an API method only reads. The official client names every method by its HTTP
+    verb (`read_node`: GET, `patch_node`: PATCH); an unknown name counts as a write."""
+    name = getattr(method, "__name__", "").removesuffix("_without_preload_content")
+    return name.startswith(READ_PREFIXES)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When and how long `Kube.call` waits to try a failed request again (see the module
+    docstring for which failures)."""
+
+    attempts: int = 5
+    """Requests at most, the first included."""
+    backoff: float = 0.1
+    """Seconds before the first retry of a read; doubled for each further one, and
+    jittered down by up to half so that many clients do not retry in step."""
+    max_delay: float = 5.0
+    """The longest one wait may be; a Retry-After beyond it is left to the caller."""
+
+    def delay(self, error: errors.KubeError, *, read: bool, retry: int) -> float | None:
+        """Seconds to wait before retry number `retry` (from 1) after `error`, or None when
+        the error goes to the caller."""
+        if retry >= self.attempts:
+            return None
+        asked = error.retry_after if isinstance(error, RETRY_AFTER_ERRORS) else None
+        if asked is not None:
+            return asked if asked <= self.max_delay else None
+        unsent = isinstance(error, errors.Unreachable) and not error.sent
+        if not isinstance(error, errors.ServerError | errors.Unreachable) or not (read or unsent):
+            return None
+        backoff = min(self.backoff * 2.0 ** (retry - 1), self.max_delay)
+        return backoff * (1.0 - random.random() / 2)
+
+
+NO_RETRY = RetryPolicy(attempts=1)
+"""Every failure straight to the caller."""
 
 
 def _raw(method: ApiMethod) -> ApiMethod:
@@ -52,14 +126,27 @@ def _raw(method: ApiMethod) -> ApiMethod:
     return raw
 
 
+def _sent(error: BaseException) -> bool:
+    """Whether a request that failed this way may have reached the server: not when the
+    connection could not be opened."""
+    return not isinstance(error, aiohttp.ClientConnectorError | ConnectionRefusedError)
+
+
 class Kube:
     """One API server: the official `ApiClient` and the API groups gpuop uses."""
 
     def __init__(
-        self, api_client: Any, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+        self,
+        api_client: Any,
+        *,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        retry: RetryPolicy = RetryPolicy(),
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.api_client = api_client
         self.request_timeout = request_timeout
+        self.retry = retry
+        self.clock = clock
         self.core: Any = client.CoreV1Api(api_client)
         self.coordination: Any = client.CoordinationV1Api(api_client)
         self.policy: Any = client.PolicyV1Api(api_client)
@@ -67,16 +154,36 @@ class Kube:
 
     async def call(self, method: ApiMethod, *args: Any, **kwargs: Any) -> Obj:
         """Call an API method, e.g. `await kube.call(kube.core.read_node, "node-1")`, and
-        return the decoded JSON body; a failed request raises a `KubeError`."""
-        kwargs.setdefault("_request_timeout", self.request_timeout)
+        return the decoded JSON body; a failed request raises a `KubeError`, once the
+        retries the failure allows are spent (see the module docstring)."""
+        timeout = kwargs.pop("_request_timeout", self.request_timeout)
+        deadline = self.clock.monotonic() + timeout
+        read = is_read(method)
+        retries = 0
+        while True:
+            try:
+                return await self._call_once(method, args, kwargs, timeout)
+            except errors.KubeError as error:
+                retries += 1
+                delay = self.retry.delay(error, read=read, retry=retries)
+                timeout = deadline - self.clock.monotonic() - (delay or 0.0)
+                if delay is None or timeout <= 0:
+                    raise
+                name = getattr(method, "__name__", "request")
+                log.info("%s failed (%s); retry %d in %.2fs", name, error, retries, delay)
+                await self.clock.sleep(delay)
+
+    async def _call_once(
+        self, method: ApiMethod, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
+    ) -> Obj:
         try:
-            response = await _raw(method)(*args, **kwargs)
+            response = await _raw(method)(*args, _request_timeout=timeout, **kwargs)
             async with response:
                 body = await response.read()
         except pydantic.ValidationError as error:
             raise errors.refused_by_client(error) from error
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            raise errors.unreachable(error) from error
+            raise errors.unreachable(error, sent=_sent(error)) from error
         if response.status >= 400:
             raise errors.from_response(response.status, body, response.headers)
         if not body:
@@ -94,7 +201,7 @@ class Kube:
         except pydantic.ValidationError as error:
             raise errors.refused_by_client(error) from error
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            raise errors.unreachable(error) from error
+            raise errors.unreachable(error, sent=_sent(error)) from error
         if response.status >= 400:
             try:
                 body = await response.read()
@@ -125,6 +232,7 @@ async def connect(
     *,
     context: str | None = None,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    retry: RetryPolicy = RetryPolicy(),
 ) -> Kube:
     """A `Kube` for the cluster a kubeconfig file names (its current context, or
     `context`), or for the cluster this pod runs in when `kubeconfig` is None."""
@@ -142,4 +250,4 @@ async def connect(
     except (ConfigException, OSError, ValueError, KeyError) as error:
         source = kubeconfig if kubeconfig is not None else "the in-cluster service account"
         raise errors.ConfigError(f"cannot load Kubernetes config from {source}: {error}") from error
-    return Kube(client.ApiClient(configuration), request_timeout=request_timeout)
+    return Kube(client.ApiClient(configuration), request_timeout=request_timeout, retry=retry)

@@ -62,6 +62,8 @@ class Unreachable(KubeError):
     """The API server did not answer."""
 
     temporary = True
+    sent = True
+    """False when the connection could not even be opened: the request never ran."""
 
 
 class ConfigError(KubeError):
@@ -205,5 +207,8 @@ def refused_by_client(error: Exception) -> Invalid:
     return Invalid(f"the Kubernetes client refused the request: {error}", reason="Invalid")
 
 
-def unreachable(error: BaseException) -> Unreachable:
-    return Unreachable(f"the API server did not answer: {error!r}")
+def unreachable(error: BaseException, *, sent: bool = True) -> Unreachable:
+    """No answer; `sent=False` when the request never left (the connection was refused)."""
+    unanswered = Unreachable(f"the API server did not answer: {error!r}")
+    unanswered.sent = sent
+    return unanswered

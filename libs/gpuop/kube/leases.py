@@ -156,14 +156,18 @@ class LeaderElection:
                     await self._release()
 
     async def try_acquire_or_renew(self) -> Attempt:
-        """One read and, when the lease is free, expired or ours, one conditional write."""
-        timeout = {"_request_timeout": self.renew_deadline}
+        """One read and, when the lease is free, expired or ours, one conditional write;
+        both, retries included, within `renew_deadline`, as client-go bounds one try with a
+        context deadline: a leader whose try runs late must find out before the lease can
+        pass to another candidate."""
+        deadline = self.clock.monotonic() + self.renew_deadline
         try:
+            read = self.kube.coordination.read_namespaced_lease
             lease = await self.kube.call(
-                self.kube.coordination.read_namespaced_lease, self.name, self.namespace, **timeout
+                read, self.name, self.namespace, **self._remaining(deadline)
             )
         except errors.NotFound:
-            return await self._create(timeout)
+            return await self._create(self._remaining(deadline))
         record = LeaseRecord.of(lease)
         monotonic = self.clock.monotonic()
         if record.resource_version != self._observed_version:
@@ -183,7 +187,7 @@ class LeaderElection:
         if record.holder != self.identity:
             spec.update(acquireTime=now, leaseTransitions=record.transitions + 1)
         try:
-            written = await self._patch(record.resource_version, spec, timeout)
+            written = await self._patch(record.resource_version, spec, self._remaining(deadline))
         except errors.Conflict:
             return Attempt.CONFLICT
         self._observe(written)
@@ -244,6 +248,11 @@ class LeaderElection:
             _content_type=MERGE_PATCH,
             **timeout,
         )
+
+    def _remaining(self, deadline: float) -> dict[str, float]:
+        """The request timeout left of this try, a little at least so that a request that
+        has no time left fails fast with a timeout."""
+        return {"_request_timeout": max(deadline - self.clock.monotonic(), 0.01)}
 
     def _observe(self, lease: Mapping[str, Any]) -> None:
         self._observed_version = LeaseRecord.of(lease).resource_version

@@ -6,8 +6,10 @@ label it mirrors onto each node) and by discovery's cluster role (feature labels
 Labels and annotations are strategic merge patches: a value sets a key, None removes it,
 other keys stay as they are; such a patch needs no read and cannot conflict. Cordon and
 uncordon decide from what they read, so they patch with the read `resourceVersion` as a
-precondition and, on 409, read again and decide again; a caller that just wrote the node
-passes what that write returned as `known`, which spares the read while it is current.
+precondition and, on 409, read again and decide again; a caller that knows the node (what
+its last write returned, or a watch's copy) passes it as `known`, which spares the read
+while it is current. Both take `labels` to set in the same write, so a caller that labels
+the node as it cordons it makes one request, not two.
 
 Cordon remembers whether the node was already unschedulable before the upgrade touched
 it, in the annotation `INITIAL_STATE_ANNOTATION` (upstream's
@@ -103,21 +105,36 @@ async def update_on_fresh_read(
             log.info("node %s changed while being updated; reading it again", name)
 
 
+def _metadata_patch(
+    labels: Mapping[str, str | None] | None, annotations: Mapping[str, str | None]
+) -> Obj:
+    metadata: Obj = {}
+    if labels:
+        metadata["labels"] = dict(labels)
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    return {"metadata": metadata} if metadata else {}
+
+
 async def cordon(
-    kube: Kube, name: str, *, annotation: str = INITIAL_STATE_ANNOTATION, known: Obj | None = None
+    kube: Kube,
+    name: str,
+    *,
+    annotation: str = INITIAL_STATE_ANNOTATION,
+    known: Obj | None = None,
+    labels: Mapping[str, str | None] | None = None,
 ) -> bool:
-    """Make the node unschedulable; returns whether it already was before the first cordon
-    (as recorded in `annotation`, so a repeated cordon returns the same answer). `known`:
-    as for `update_on_fresh_read`."""
+    """Make the node unschedulable, and set `labels` in the same write; returns whether it
+    already was before the first cordon (as recorded in `annotation`, so a repeated cordon
+    returns the same answer). `known`: as for `update_on_fresh_read`."""
     initially: bool = False
 
     def decide(node: Obj) -> Obj | None:
         nonlocal initially
         recorded = annotations_of(node).get(annotation)
         initially = recorded == "true" if recorded is not None else is_unschedulable(node)
-        body: Obj = {}
-        if recorded is None:
-            body["metadata"] = {"annotations": {annotation: "true" if initially else "false"}}
+        record = {annotation: "true" if initially else "false"} if recorded is None else {}
+        body = _metadata_patch(labels, record)
         if not is_unschedulable(node):
             body["spec"] = {"unschedulable": True}
         return body or None
@@ -127,20 +144,23 @@ async def cordon(
 
 
 async def uncordon(
-    kube: Kube, name: str, *, annotation: str = INITIAL_STATE_ANNOTATION, known: Obj | None = None
+    kube: Kube,
+    name: str,
+    *,
+    annotation: str = INITIAL_STATE_ANNOTATION,
+    known: Obj | None = None,
+    labels: Mapping[str, str | None] | None = None,
 ) -> bool:
     """Make the node schedulable again unless `annotation` records that it was already
-    cordoned before the upgrade; forget the record. Returns whether it is schedulable.
-    `known`: as for `update_on_fresh_read`."""
+    cordoned before the upgrade; forget the record; set `labels` in the same write. Returns
+    whether it is schedulable. `known`: as for `update_on_fresh_read`."""
     schedulable: bool = False
 
     def decide(node: Obj) -> Obj | None:
         nonlocal schedulable
         recorded = annotations_of(node).get(annotation)
         schedulable = recorded != "true"
-        body: Obj = {}
-        if recorded is not None:
-            body["metadata"] = {"annotations": {annotation: None}}
+        body = _metadata_patch(labels, {annotation: None} if recorded is not None else {})
         if schedulable and is_unschedulable(node):
             body["spec"] = {"unschedulable": None}
         elif not schedulable and not is_unschedulable(node):

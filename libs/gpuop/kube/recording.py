@@ -1,13 +1,13 @@
 """Kubernetes Events about what the operator does to nodes.
 
-Called by the upgrade orchestrator at every state change of a node (reason
-`GPUDriverUpgrade` or `OFEDDriverUpgrade`, as upstream records them), so that
-`kubectl describe node` and `kubectl get events` tell the rollout's story next to the
-kubelet's own events. Events are core/v1, written as client-go's record package writes
-them: in namespace `default` (a node has none), `involvedObject` the node (kind, name,
-uid), `source.component` and `reportingComponent` the operator (`gpuop`), one event per
-call (`count: 1`). An Event is a record, not a state: callers that must not fail because
-of one catch `KubeError`.
+Called by the upgrade orchestrator when a node's upgrade starts, ends, reboots or rolls back
+(`gpuop.saga.drafting.RECORDED_STATES`; upstream records one at every state change, with
+reason `GPUDriverUpgrade` or `OFEDDriverUpgrade`), so that `kubectl describe node` and
+`kubectl get events` tell the rollout's story next to the kubelet's own events. Events are
+core/v1, written as client-go's record package writes them: in namespace `default` (a node
+has none), `involvedObject` the node (kind, name, uid), `source.component` and
+`reportingComponent` the operator (`gpuop`), one event per call (`count: 1`). An Event is a
+record, not a state: callers that must not fail because of one catch `KubeError`.
 """
 
 from __future__ import annotations

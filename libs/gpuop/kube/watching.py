@@ -2,8 +2,9 @@
 
 `ListWatch` is what a client-go informer's reflector does, as an async iterator: it lists
 the collection (one ADDED per object), then watches from the list's resourceVersion. When
-a watch ends (the server's `timeoutSeconds`, a dropped connection, a server error) it
-reconnects from the last resourceVersion it saw, which BOOKMARK events keep fresh even when
+a watch ends (the server's `timeoutSeconds`, a dropped connection, a server error, a 429)
+it reconnects from the last resourceVersion it saw (after a backoff, or the Retry-After
+the server asked for, when it failed), which BOOKMARK events keep fresh even when
 nothing it watches changes. When that version has left the server's history (410 Expired,
 as an in-stream ERROR event or an HTTP 410), it lists again and emits the difference to
 what it knew: ADDED and MODIFIED for what is new or changed, DELETED for what vanished,
@@ -217,6 +218,8 @@ class ListWatch:
     async def _back_off(self, error: errors.KubeError) -> None:
         self._disconnect()
         delay = min(self._retry_delay * 2**self._failures, self._max_retry_delay)
+        if error.retry_after is not None:  # a throttled watch waits as long as it is asked
+            delay = min(max(delay, error.retry_after), self._max_retry_delay)
         self._failures += 1
         log.warning("watch failed (%s); retrying in %.1fs", error, delay)
         await self._clock.sleep(delay)

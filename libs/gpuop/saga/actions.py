@@ -31,6 +31,9 @@ class Cordon:
     """Mark the node unschedulable."""
 
     id: str
+    label: UpgradeState | None = None
+    """Also set `STATE_LABEL` to this value, in the same write. The core leaves it unset; the
+    outbox folds the decision's `SetStateLabel` in here, sparing the API server a request."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class Uncordon:
     """Mark the node schedulable; never issued for a node that was cordoned before."""
 
     id: str
+    label: UpgradeState | None = None
+    """As for `Cordon.label`."""
 
 
 @dataclass(frozen=True)

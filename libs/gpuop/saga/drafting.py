@@ -3,9 +3,15 @@
 Used only inside one call of `gpuop.saga.core.decide` (and by `gpuop.saga.compensation`):
 `Draft` holds the saga as it changes, and every move goes through `Draft.move`, which checks
 it against the transition table (`gpuop.saga.transitions.require`), counts it, writes the
-state label and a Kubernetes Event, and enters the new state's first step with its deadline
-and effects. States with nothing to wait for are passed through in the same decision (no
-wait-for-jobs selector, drain disabled, nothing to uncordon), so they still appear as moves.
+state label, and enters the new state's first step with its deadline and effects. States
+with nothing to wait for are passed through in the same decision (no wait-for-jobs
+selector, drain disabled, nothing to uncordon), so they still appear as moves.
+
+A Kubernetes Event is recorded only for the moves an administrator acts on or looks for in
+`kubectl describe node` (`RECORDED_STATES`: the upgrade started, a reboot, a rollback, a
+failure, done), not for every move as upstream's library does: each Event is a request to
+the API server, and the complete trail of every move, with its reason, is the log of public
+`NodeUpgradeStateChanged` events on the bus.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ from gpuop.saga.transitions import Transition, require
 
 S = UpgradeState
 _WARNING_STATES = frozenset({S.UPGRADE_FAILED, S.ROLLBACK_REQUIRED, S.REBOOT_REQUIRED})
+RECORDED_STATES = frozenset({S.CORDON_REQUIRED, S.UPGRADE_DONE, *_WARNING_STATES})
+"""The states whose entry is recorded as a Kubernetes Event on the node: the upgrade started
+(admitted, cordoning), it ended (done or failed), or the node is rebooted or rolled back."""
 
 
 class Draft:
@@ -114,16 +123,16 @@ class Draft:
         attempt = saga.attempt + 1 if to_state is S.UPGRADE_REQUIRED else saga.attempt
         self.update(state=to_state, sequence=saga.sequence + 1, attempt=attempt)
         self.transitions.append(Transition(saga.state, to_state, reason, attempt))
-        message = f"{saga.state} -> {to_state} (attempt {attempt}): {reason}"[:1024]
         self.actions.append(SetStateLabel(id=label_id(self.saga), value=to_state))
-        self.actions.append(
-            RecordEvent(
-                id=event_id(self.saga),
-                reason=EVENT_REASON,
-                message=message,
-                warning=to_state in _WARNING_STATES,
+        if to_state in RECORDED_STATES:
+            self.actions.append(
+                RecordEvent(
+                    id=event_id(self.saga),
+                    reason=EVENT_REASON,
+                    message=f"{saga.state} -> {to_state} (attempt {attempt}): {reason}"[:1024],
+                    warning=to_state in _WARNING_STATES,
+                )
             )
-        )
         self._enter(to_state, retry)
 
     def _enter(self, state: UpgradeState, retry: bool) -> None:

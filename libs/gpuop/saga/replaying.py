@@ -115,7 +115,8 @@ def export_line(stream: str, seq: int, subject: str, time: datetime, data: bytes
     """One line of the export; raises `ValueError` when `data` is not a JSON object."""
     try:
         message = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        # nesting too deep to parse is hostile input too: a line left out, not a crash
         raise ValueError(f"{stream} #{seq} is not JSON: {exc}") from None
     if not isinstance(message, dict):
         raise ValueError(f"{stream} #{seq} is not a JSON object")

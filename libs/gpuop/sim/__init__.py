@@ -25,6 +25,7 @@ Modules, from the bottom up::
     server      ApiServer                      threaded    ApiServer in a thread
     kubeconfig  kubeconfig files               cli         `gpuop sim apiserver`
     accounting  requests counted by verb, resource and scope
+    faults      500s, 429s and dropped watches, on purpose (FaultPlan)
 
 The simulated cluster around the server (``SimCluster``)::
 
@@ -40,7 +41,15 @@ The simulated cluster around the server (``SimCluster``)::
 
 from gpuop.sim.accounting import RequestKind
 from gpuop.sim.cluster import SimCluster
+from gpuop.sim.faults import FaultPlan
 from gpuop.sim.server import ApiServer, RequestRecord
 from gpuop.sim.threaded import ThreadedApiServer
 
-__all__ = ["ApiServer", "RequestKind", "RequestRecord", "SimCluster", "ThreadedApiServer"]
+__all__ = [
+    "ApiServer",
+    "FaultPlan",
+    "RequestKind",
+    "RequestRecord",
+    "SimCluster",
+    "ThreadedApiServer",
+]

@@ -4,7 +4,8 @@ The CLI command (``gpuop.cli.sim``) awaits :func:`run_cluster`, which starts a
 :class:`~gpuop.sim.cluster.SimCluster` (API server, GPU nodes, kubelets, workloads), seeds
 it with any manifests given, writes a kubeconfig for clients, and serves until cancelled
 (Ctrl-C, SIGTERM or the demo shutting down). :func:`run_apiserver` does the same with an
-API server alone. Every other gpuop process then reaches it through that kubeconfig.
+API server alone. Every other gpuop process then reaches it through that kubeconfig. Both
+take a :class:`~gpuop.sim.faults.FaultPlan` for a server that fails on purpose.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from gpuop.sim.cluster import SimCluster
+from gpuop.sim.faults import FaultPlan
 from gpuop.sim.server import ApiServer
 
 logger = logging.getLogger(__name__)
@@ -43,11 +45,14 @@ async def run_apiserver(
     port: int = 0,
     kubelet_delay: float | None = 0.0,
     manifests: Sequence[Path] = (),
+    faults: FaultPlan | None = None,
     on_ready: Callable[[ApiServer], None] | None = None,
 ) -> None:
     """Serve until cancelled. ``on_ready`` is called once the kubeconfig is written."""
     objects = load_manifests(manifests)
-    async with ApiServer(host=host, port=port, kubelet_delay=kubelet_delay) as server:
+    async with ApiServer(
+        host=host, port=port, kubelet_delay=kubelet_delay, faults=faults
+    ) as server:
         for obj in objects:
             server.seed(obj)
         server.write_kubeconfig(kubeconfig_out)
@@ -70,6 +75,7 @@ async def run_cluster(
     termination_cap: float = 2.0,
     anonymous_auth: bool = True,
     manifests: Sequence[Path] = (),
+    faults: FaultPlan | None = None,
     on_ready: Callable[[SimCluster], None] | None = None,
 ) -> None:
     """Serve a simulated cluster until cancelled; ``on_ready`` is called once the
@@ -86,6 +92,7 @@ async def run_cluster(
         start_delay=start_delay,
         termination_cap=termination_cap,
         anonymous_auth=anonymous_auth,
+        faults=faults,
     ) as cluster:
         for obj in objects:
             cluster.server.seed(obj)

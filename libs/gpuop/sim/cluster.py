@@ -27,6 +27,7 @@ from types import TracebackType
 from gpuop.sim import kinds, machines, workload_kinds, workloads
 from gpuop.sim.accounting import RequestKind
 from gpuop.sim.daemons import DaemonSetController
+from gpuop.sim.faults import FaultPlan
 from gpuop.sim.jobs import JobController
 from gpuop.sim.kubelet import Kubelet
 from gpuop.sim.machines import Machine
@@ -60,12 +61,15 @@ class SimCluster:
         token: str | None = None,
         bookmark_interval: float = 5.0,
         anonymous_auth: bool = False,
+        faults: FaultPlan | None = None,
         clock: Clock = utc_now,
     ) -> None:
         """``start_delay``: seconds from admission to Running. ``termination_cap``: the
         most seconds a terminating pod lingers (its grace period, if shorter).
         ``job_seconds``: how long generated Job pods run. ``seed`` fixes machine ids,
-        boot ids and pod names. ``anonymous_auth``: see :class:`ApiServer`."""
+        boot ids and pod names. ``anonymous_auth`` and ``faults``: see :class:`ApiServer`;
+        faults reach only the server's clients, never the kubelets and controllers that
+        work in process."""
         if nodes < 0 or gpus < 0:
             raise ValueError(f"nodes and gpus must not be negative (got {nodes}, {gpus})")
         self.server = ApiServer(
@@ -75,6 +79,7 @@ class SimCluster:
             kubelet_delay=None,
             bookmark_interval=bookmark_interval,
             anonymous_auth=anonymous_auth,
+            faults=faults,
             clock=clock,
         )
         workload_kinds.register(self.server.catalog)
@@ -111,6 +116,11 @@ class SimCluster:
     @property
     def url(self) -> str:
         return self.server.url
+
+    @property
+    def faults(self) -> FaultPlan:
+        """What the API server gets wrong on purpose; change it while the cluster runs."""
+        return self.server.faults
 
     @property
     def requests(self) -> Counter[RequestKind]:

@@ -68,10 +68,12 @@ class Handlers:
         *,
         bookmark_interval: float,
         server_address: Callable[[], str],
+        watch_opened: watching.WatchOpened | None = None,
     ) -> None:
         self.registry = registry
         self.bookmark_interval = bookmark_interval
         self.server_address = server_address
+        self.watch_opened = watch_opened
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         path = request.path
@@ -143,6 +145,7 @@ class Handlers:
                     resource,
                     options,
                     bookmark_interval=self.bookmark_interval,
+                    on_open=self.watch_opened,
                 )
             return json_response(listing.list_response(self.registry, resource, options))
         if request.method == "POST":

@@ -6,7 +6,8 @@ request: in ``request_log`` as it came, and counted by verb, resource and scope 
 ``requests`` (``accounting.py``). Tests and ``gpuop sim apiserver`` start it with
 ``async with ApiServer() as server``; clients connect through
 ``server.write_kubeconfig(path)``; simulation components in the same process (the simulated
-kubelet) use ``server.registry`` and ``server.store``.
+kubelet) use ``server.registry`` and ``server.store``. ``server.faults`` (``faults.py``)
+makes it answer some requests with 500 or 429 before they run, and end watches early.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gpuop.sim import errors, handlers, kinds
 from gpuop.sim import kubeconfig as kubeconfigs
 from gpuop.sim.accounting import RequestKind, classify
 from gpuop.sim.crds import CrdController
+from gpuop.sim.faults import FaultPlan
 from gpuop.sim.garbage import GarbageCollector
 from gpuop.sim.namespaces import NamespaceController
 from gpuop.sim.nodes import UnschedulableTaintController
@@ -69,6 +71,7 @@ class ApiServer:
         history_limit: int = 100_000,
         taint_unschedulable_nodes: bool = True,
         anonymous_auth: bool = False,
+        faults: FaultPlan | None = None,
         clock: Clock = utc_now,
     ) -> None:
         """``kubelet_delay``: seconds until a gracefully deleted pod bound to a node is
@@ -78,11 +81,13 @@ class ApiServer:
         requests that carry no credentials, as kube-apiserver's ``--anonymous-auth`` with
         RBAC granting ``system:anonymous`` everything; kubectl and other client-go tools
         need it, because they send no bearer token over plain HTTP. A wrong token is
-        still refused."""
+        still refused. ``faults``: what to get wrong on purpose (none by default); tests may
+        change it, or replace it, while the server runs."""
         self._host = host
         self._port = port
         self.token = token or secrets.token_urlsafe(32)
         self.anonymous_auth = anonymous_auth
+        self.faults = faults if faults is not None else FaultPlan()
         self.bookmark_interval = bookmark_interval
         self.catalog = Catalog()
         for resource in kinds.BUILTIN:
@@ -115,6 +120,7 @@ class ApiServer:
             self.registry,
             bookmark_interval=self.bookmark_interval,
             server_address=lambda: f"{self._host}:{self._bound_port}",
+            watch_opened=lambda end: self.faults.watch_opened(end),
         )
         app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{path:.*}", routes.dispatch)
@@ -188,9 +194,13 @@ class ApiServer:
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            if request.path not in _UNAUTHENTICATED and not self._authorized(request):
+            unauthenticated = request.path in _UNAUTHENTICATED
+            if not unauthenticated and not self._authorized(request):
                 raise errors.unauthorized()
-            response = await handler(request)
+            # Before the handler, so that a faulted request has no effect, as when
+            # kube-apiserver's fairness filter (429) or its storage (500) refuses one.
+            fault = None if unauthenticated else self.faults.fault(request.method, request.path)
+            response = fault if fault is not None else await handler(request)
         except errors.ApiError as error:
             response = handlers.error_response(error)
         except asyncio.CancelledError:

@@ -8,13 +8,15 @@ BOOKMARK annotated ``k8s.io/initial-events-end``. A version older than the retai
 gets a single in-stream ERROR event carrying a 410 ``Expired`` Status, with HTTP 200.
 On a filtered watch an object that stops matching arrives as DELETED and one that starts
 matching as ADDED. ``allowWatchBookmarks`` adds periodic BOOKMARK events;
-``timeoutSeconds`` ends the stream cleanly.
+``timeoutSeconds`` ends the stream cleanly, and so does the server's fault plan
+(``faults.py``) when it drops watches: ``on_open`` registers each stream with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +29,10 @@ from gpuop.sim.store import Change, Store, Watcher
 Obj = dict[str, Any]
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+WatchOpened = Callable[[Callable[[], None]], Callable[[], None]]
+"""Told of each new stream with the function that ends it cleanly; returns the function to
+call once the stream is over (``FaultPlan.watch_opened``)."""
 
 
 def _line(event_type: str, obj: Obj) -> bytes:
@@ -104,24 +110,32 @@ async def serve_watch(
     options: ListOptions,
     *,
     bookmark_interval: float,
+    on_open: WatchOpened | None = None,
 ) -> web.StreamResponse:
-    """Stream events until the timeout, the server's shutdown or the client leaving."""
+    """Stream events until the timeout, the server's shutdown, the fault plan ending it or
+    the client leaving."""
     stream = WatchStream(store, resource, options)
     watcher = store.watch(resource.group_resource)
+    opened: Callable[[], None] | None = None
     try:
+        if on_open is not None:
+            opened = on_open(lambda: watcher.queue.put_nowait(None))
         opening = stream.opening()
         response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
         await response.prepare(request)
         try:
             await _stream(response, stream, watcher, opening, options, bookmark_interval)
+            await response.write_eof()
         except ConnectionResetError:
-            # The client went away mid-write; there is nobody left to answer.
-            return response
-        await response.write_eof()
+            # The client went away mid-write, or as the stream ended; nobody is left to
+            # answer.
+            pass
         return response
     finally:
         store.stop_watching(watcher)
+        if opened is not None:
+            opened()
 
 
 async def _stream(
@@ -140,17 +154,23 @@ async def _stream(
     deadline = loop.time() + options.timeout_seconds if options.timeout_seconds else None
     next_bookmark = loop.time() + bookmark_interval if options.allow_bookmarks else None
     while True:
-        wakeups = [moment for moment in (deadline, next_bookmark) if moment is not None]
-        wait = max(min(wakeups) - loop.time(), 0.0) if wakeups else None
-        try:
-            change = await asyncio.wait_for(watcher.queue.get(), wait)
-        except TimeoutError:
-            if deadline is not None and loop.time() >= deadline:
-                return
-            if next_bookmark is not None and loop.time() >= next_bookmark:
-                await response.write(stream.bookmark())
-                next_bookmark = loop.time() + bookmark_interval
-            continue
+        if deadline is not None and loop.time() >= deadline:
+            return
+        if not watcher.queue.empty():
+            change = watcher.queue.get_nowait()
+        else:
+            wakeups = [moment for moment in (deadline, next_bookmark) if moment is not None]
+            wait = max(min(wakeups) - loop.time(), 0.0) if wakeups else None
+            try:
+                change = await asyncio.wait_for(watcher.queue.get(), wait)
+            except TimeoutError:
+                # A BOOKMARK says every change up to the store's version was sent: only
+                # with none left in the queue (a timeout can race a change put meanwhile).
+                due = next_bookmark is not None and loop.time() >= next_bookmark
+                if due and watcher.queue.empty():
+                    await response.write(stream.bookmark())
+                    next_bookmark = loop.time() + bookmark_interval
+                continue
         if change is None:
             return
         event = stream.event(change)

@@ -18,6 +18,7 @@ from gpuop.bus import (
     Delivery,
     InMemoryBus,
     KeyExists,
+    MessageTooLarge,
     NatsBus,
     NatsServer,
     PermanentError,
@@ -150,6 +151,39 @@ async def test_malformed_payload_is_dead_lettered_and_never_reaches_handler(bus:
     assert [seq_of(d) for d in recorder.seen] == [2]
 
 
+async def test_a_message_over_the_payload_limit_is_refused_and_the_bus_carries_on(
+    bus: Bus,
+) -> None:
+    limit = bus.max_payload
+    with pytest.raises(MessageTooLarge):
+        await publish_raw(bus, "gpuop.evt.hardware.n1.heartbeat", b"x" * (limit + 1))
+    with pytest.raises(MessageTooLarge):  # the headers count too
+        await bus.publish_raw("gpuop.evt.hardware.n1.heartbeat", b"x" * limit, {"a": "b"})
+    recorder = Recorder()
+    sub = await bus.consume(spec(), recorder)
+    await bus.publish(heartbeat("n1", 1))
+    await recorder.wait_for(1)
+    await sub.stop()
+
+
+async def test_a_malformed_message_at_the_payload_limit_is_dead_lettered_cut_to_fit(
+    bus: Bus,
+) -> None:
+    big = b"{" + b"x" * (bus.max_payload - 100)
+    await publish_raw(bus, "gpuop.evt.hardware.n1.heartbeat", big)
+    recorder = Recorder()
+    sub = await bus.consume(spec(), recorder)
+    await bus.publish(heartbeat("n1", 2))
+    await recorder.wait_for(1)  # the consumer's connection survived the dead letter
+    await wait_until(lambda: _has_dead_letters(bus, 1))
+    await sub.stop()
+    (letter,) = await dead_letters(bus)
+    assert letter.headers[streams.DLQ_KIND] == "malformed"
+    assert letter.headers[streams.DLQ_TRUNCATED] == str(len(big))
+    assert big.startswith(letter.data) and len(letter.data) > len(big) - 2048
+    assert [seq_of(d) for d in recorder.seen] == [2]
+
+
 async def test_envelope_about_another_node_is_dead_lettered(bus: Bus) -> None:
     recorder = Recorder()
     sub = await bus.consume(spec(), recorder)
@@ -253,6 +287,16 @@ async def test_read_returns_stored_messages_in_order_and_since_filters(bus: Bus)
     assert await collect(bus.read("gpuop.evt.driver.>")) == []
     future = datetime(2999, 1, 1, tzinfo=UTC)
     assert await collect(bus.read(HB_SUBJECT, since=future)) == []
+
+
+async def test_last_is_the_latest_message_on_exactly_one_subject(bus: Bus) -> None:
+    await bus.publish_batch([heartbeat("n1", i) for i in range(3)])
+    await bus.publish(heartbeat("n2", 3))
+    n1 = HB_SUBJECT.replace("*", "n1")
+    last = await bus.last(n1)
+    assert last is not None and (last.subject, last.seq) == (n1, 3)
+    assert json.loads(last.data)["id"] == json.loads((await collect(bus.read(n1)))[-1].data)["id"]
+    assert await bus.last(HB_SUBJECT.replace("*", "n3")) is None
 
 
 async def test_kv_create_update_and_conflicts(bus: Bus) -> None:

@@ -74,6 +74,8 @@ class Flow:
     reads: list[str] = field(default_factory=list)
     kv: dict[Buckets, tuple[str, ...]] = field(default_factory=dict)
     """Per bucket, the operations: get, put, create, update, delete, keys, watch."""
+    lasts: list[str] = field(default_factory=list)
+    """Subjects whose latest stored message it reads (`Bus.last`)."""
     changes_streams: bool = False
     """Starts a second bus with another retention, which must update the streams."""
 
@@ -140,6 +142,8 @@ def flows() -> dict[str, Flow]:
                 Buckets.SAGAS: ("get", "create", "update", "delete", "keys", "watch"),
                 Buckets.NODES: ("get", "keys"),
             },
+            # a takeover asks whether a saga's latest state change is in the log
+            lasts=[subjects.event_subject(upgrade.DOMAIN, NODE, "cordon-required", prefix=PREFIX)],
             changes_streams=True,
         ),
     }
@@ -201,7 +205,12 @@ async def test_each_service_works_with_its_user_and_needs_every_permission_it_ha
                 assert ack.stream == "GPUOP_COMMANDS"
         for subject in flow.reads:
             assert [m async for m in bus.read(subject)], f"{user} read nothing on {subject}"
+        for subject in flow.lasts:
+            await bus.last(subject)
         for bucket, operations in flow.kv.items():
+            # a key of someone else's in every bucket, so that listing one is not answered
+            # from the stream's size alone
+            await (await admin.kv(bucket)).put(f"{TOKEN}.other", b"v0")
             await run_kv(bus, bucket, operations)
         if dead_letters:
             await wait_for(

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from gpuop.clocks import VirtualClock
-from gpuop.kube import client, leases
+from gpuop.kube import client, errors, leases
 from gpuop.kube.leases import Attempt, LeaderElection
 from gpuop.sim import ApiServer
 
@@ -194,3 +194,34 @@ def test_lease_times_always_carry_microseconds() -> None:
     moment = VirtualClock().now()
 
     assert leases.micro_time(moment) == "2026-01-01T00:00:00.000001Z"
+
+
+async def test_one_try_reads_and_writes_within_the_renew_deadline_retries_included(
+    server: ApiServer, kube: client.Kube, candidate: Candidate
+) -> None:
+    """A leader must learn that a renewal failed before the lease can pass to another
+    candidate: the write gets what the read left of `renew_deadline`, not a deadline of its
+    own, and a retry that would end past it is not made."""
+    waits: list[float] = []
+
+    class ThrottledClock(VirtualClock):
+        """Only the first read is throttled; then every write."""
+
+        async def sleep(self, seconds: float) -> None:
+            waits.append(seconds)
+            server.faults.methods = ["PATCH"]
+            await super().sleep(seconds)
+
+    a = candidate("a", renew_deadline=0.6, clock=(clock := ThrottledClock()))
+    kube.clock = clock
+    assert await a.try_acquire_or_renew() is Attempt.LEADING  # creates the lease
+    server.faults.throttle_rate, server.faults.retry_after = 1.0, 0.4
+    server.faults.methods = ["GET"]
+
+    with pytest.raises(errors.TooManyRequests):
+        await a.try_acquire_or_renew()
+
+    assert waits == [0.4]  # the read's retry; 0.2 s were left for the write, too few to retry
+    assert clock.monotonic() <= 0.6
+    patches = [r.status for r in server.request_log if r.method == "PATCH"]
+    assert patches == [429]

@@ -12,7 +12,7 @@ import pytest
 from gpuop.clocks import VirtualClock
 from gpuop.kube import client, errors, nodes, watching
 from gpuop.kube.watching import ListWatch, WatchEvent
-from gpuop.sim import ApiServer
+from gpuop.sim import ApiServer, kinds
 from tests.integration.kube import support
 
 
@@ -235,3 +235,74 @@ async def test_a_closed_watch_stops_iterating(server: ApiServer, kube: client.Ku
 
     assert [event async for event in watch] == []
     assert watching.object_key({"metadata": {"name": "n"}}) == ("", "n")
+
+
+async def relabel_node_every(server: ApiServer, values: range, *, compact: bool = False) -> None:
+    """Label node-1 `v=<value>` for each value, in process (no request to fault), a few ms
+    apart; `compact` drops the watch history after every change."""
+
+    for value in values:
+        await asyncio.sleep(0.005)
+
+        def label(node: dict[str, Any], value: int = value) -> None:
+            node["metadata"].setdefault("labels", {})["v"] = str(value)
+
+        server.registry.mutate(kinds.NODES, "", "node-1", label)
+        if compact:
+            server.compact()
+
+
+async def label_values_until(watch: ListWatch, last: int) -> list[WatchEvent]:
+    """The node's events until it carries `v=<last>`."""
+    seen: list[WatchEvent] = []
+    async with asyncio.timeout(20):
+        async for event in watch:
+            seen.append(event)
+            if event.object["metadata"].get("labels", {}).get("v") == str(last):
+                return seen
+    raise AssertionError("the watch ended")
+
+
+def label_values(events: list[WatchEvent]) -> list[int]:
+    return [int(e.object["metadata"]["labels"]["v"]) for e in events if e.type == "MODIFIED"]
+
+
+async def test_dropped_and_refused_watches_resume_without_losing_or_repeating_a_change(
+    server: ApiServer, kube: client.Kube
+) -> None:
+    server.seed(support.node("node-1"))
+    faults = server.faults
+    faults.watch_drop_seconds, faults.error_rate, faults.throttle_rate = 0.05, 0.2, 0.2
+    faults.retry_after = 0.05
+
+    async with ListWatch(kube, kube.core.list_node, retry_delay=0.01) as watch:
+        assert [e.type for e in await take(watch, 1)] == ["ADDED"]
+        async with asyncio.TaskGroup() as group:
+            group.create_task(relabel_node_every(server, range(100)))
+            events = await label_values_until(watch, 99)
+
+    assert label_values(events) == list(range(100))
+    assert not any(e.resync for e in events)
+    assert faults.watches_dropped >= 3
+    assert sum(faults.injected.values()) > 0  # some reconnects were refused
+    lists = [r for r in server.request_log if r.path == "/api/v1/nodes" and "watch" not in r.query]
+    assert [r.status for r in lists if r.status == 200] == [200]  # resumed, never relisted
+
+
+async def test_a_dropped_watch_whose_history_is_gone_relists_and_converges(
+    server: ApiServer, kube: client.Kube
+) -> None:
+    server.seed(support.node("node-1"))
+    server.faults.watch_drop_seconds = 0.03
+
+    async with ListWatch(kube, kube.core.list_node, retry_delay=0.01) as watch:
+        await take(watch, 1)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(relabel_node_every(server, range(100), compact=True))
+            events = await label_values_until(watch, 99)
+
+    values = label_values(events)
+    assert values == sorted(set(values))  # in order, none twice, though some collapsed
+    assert values[-1] == 99
+    assert any(e.resync for e in events)
+    assert watch.objects[("", "node-1")]["metadata"]["labels"] == {"v": "99"}

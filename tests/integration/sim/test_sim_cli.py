@@ -156,3 +156,27 @@ async def test_negative_sizes_are_a_usage_error(tmp_path: Path) -> None:
 
     assert process.returncode == 2
     assert "--nodes -1" in out.decode()
+
+
+async def test_fault_flags_make_the_api_fail_on_purpose_but_never_its_health_checks(
+    tmp_path: Path,
+) -> None:
+    kubeconfig = tmp_path / "kc"
+    async with sim_apiserver(
+        "--nodes", "1", "--no-workloads", "--kubeconfig-out", str(kubeconfig),
+        "--error-rate", "1", "--watch-drop-seconds", "30",
+    ) as process:  # fmt: skip
+        announced = await wait_for_kubeconfig(process)
+        async with official_client(kubeconfig) as api:
+            host = api.configuration.host
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{host}/api/v1/nodes") as faulted:
+                status, body = faulted.status, await faulted.json()
+            async with session.get(f"{host}/readyz") as ready:
+                ready_status = ready.status
+        code, _ = await stop(process, signal.SIGTERM)
+
+    assert "faults: 100% of requests answer 500, watches end after 30s on average" in announced
+    assert (status, body["reason"]) == (500, "InternalError")
+    assert ready_status == 200
+    assert code == 0

@@ -3,14 +3,21 @@ the simulated cluster (GPU workloads under budgets, a training Job the policy wa
 drains), with fake node agents (`fleets.rollout`). The bounds are counts of requests, so
 they hold on any machine; each names the fix it keeps:
 
-- no LIST of every pod, ever, and pod LISTs per node bounded by the steps that plan from
-  one (waiting for jobs, deleting GPU pods, draining), not by the decisions or the time a
-  wait takes: those steps follow the node's pods with one watch each;
-- no GET of the node per Kubernetes Event or per cordon and uncordon: the state label's
-  write returns the node;
+- no LIST of every pod, ever, and one LIST and one WATCH of a node's pods for the three
+  steps that read them (waiting for jobs, deleting GPU pods, draining), not one per step,
+  per decision or per second a wait takes: the steps share the node's informer (`nodepods`);
+- one node write per state the node passes through: the state label (upgrade-required
+  written as the node's saga is created), which goes into the cordon's and the uncordon's own
+  PATCH (`acting.node_writes`); and no GET of the node for an Event or a
+  cordon: they use the node watch's copy, or what the label write returned;
+- Kubernetes Events only where an administrator looks (`drafting.RECORDED_STATES`): the
+  upgrade started and it ended, not every transition;
 - the policy status written when more than the progress changed, the progress at most every
   `PROGRESS_INTERVAL`, not once per transition;
 - and the total, which the scale benchmark reports (`tests/bench/scale.py`).
+
+Evictions are bounded apart: their number is the workload's (one per pod the node runs,
+plus a retry each second while a PodDisruptionBudget refuses), not the orchestrator's.
 """
 
 from __future__ import annotations
@@ -21,13 +28,20 @@ from gpuop.sim import RequestKind
 from tests.integration.upgrade_orchestrator import fleets
 
 NODES = 6
-TRANSITIONS = 9
-"""upgrade-required -> cordon -> wait-for-jobs -> pod-deletion -> drain -> operands-pause ->
-driver-reload -> validation -> uncordon -> upgrade-done."""
-EXCEPT_EVICTIONS_PER_NODE = 30
-"""A state label and an Event per transition (18), cordon and uncordon (2), a LIST and a
-WATCH of the node's pods for each of the three steps that need them (6), and a share of
-what the rollout costs once (the Lease, the node and policy watches, the policy status)."""
+STATES = 10
+"""upgrade-required, cordon, wait-for-jobs, pod-deletion, drain, operands-pause,
+driver-reload, validation, uncordon, upgrade-done."""
+EVENTS = 2
+"""The upgrade started (cordon-required) and ended (upgrade-done)."""
+RETRIED_NODE_WRITES = 0.5
+"""A cordon or uncordon whose copy of the node was not current: a 409, a GET, a PATCH again
+(a kubelet heartbeat in between)."""
+EXCEPT_EVICTIONS_PER_NODE = 18
+"""A node write per state, the cordon's and the uncordon's included (10), the two Events
+(2), a LIST and a WATCH of the node's pods (2), and a share of what the rollout costs once
+and what grows with its duration (the Lease and its renewals, the node and policy watches,
+the policy status): about 2 per node over six nodes in about 5 s, held to 4 so a slow
+machine passes. Measured: 16.2 to 16.3."""
 
 
 def per_node(run: fleets.Rollout, verb: str, resource: str) -> float:
@@ -42,11 +56,11 @@ async def test_a_rollout_costs_a_bounded_number_of_requests_per_node(tmp_path: P
 
     assert run.upgraded == NODES  # every node reached upgrade-done
     assert run.unfiltered_pod_lists == 0
-    assert per_node(run, "LIST", "pods") <= 3
-    assert per_node(run, "WATCH", "pods") <= 3
-    assert per_node(run, "GET", "nodes") <= 0.5  # a cordon whose node changed meanwhile
-    assert per_node(run, "PATCH", "nodes") <= TRANSITIONS + 2
-    assert per_node(run, "POST", "events") <= TRANSITIONS
+    assert per_node(run, "LIST", "pods") <= 1
+    assert per_node(run, "WATCH", "pods") <= 1
+    assert per_node(run, "GET", "nodes") <= RETRIED_NODE_WRITES
+    assert per_node(run, "PATCH", "nodes") <= STATES + RETRIED_NODE_WRITES
+    assert per_node(run, "POST", "events") <= EVENTS
     assert per_node(run, "PATCH", "gpuclusterpolicies/status") <= 2
     evictions = run.requests[RequestKind("POST", "pods/eviction", "resource")]
     assert sum(run.requests.values()) - evictions <= EXCEPT_EVICTIONS_PER_NODE * NODES, sorted(

@@ -1,19 +1,23 @@
 """The orchestrator's Kubernetes actions on the simulated cluster, through the official
-client: each reports its outcome with the action's id, and a repeat reports the same."""
+client: each reports its outcome with the action's id, and a repeat reports the same; with
+a copy of the node and the node's shared pod informer they read nothing more."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from gpuop.events import kube as observed
+from gpuop.events.upgrade import UpgradeState
 from gpuop.kube import client, nodes, pods
 from gpuop.kube.recording import EventRecorder
 from gpuop.saga import actions
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
-from gpuop.sim import SimCluster
+from gpuop.services.upgrade_orchestrator.nodepods import NodePods
+from gpuop.sim import RequestKind, SimCluster
 
 
 @pytest.fixture
@@ -79,3 +83,65 @@ async def test_deleting_gpu_pods_then_draining_empties_the_node(
     assert isinstance(deleted, observed.PodsDeleted) and deleted.deleted > 0, deleted
     assert isinstance(drained, observed.DrainCompleted), drained
     assert await pods.gpu_pods_on(kube, node) == []
+
+
+def served_since(cluster: SimCluster, before: Counter[RequestKind]) -> Counter[RequestKind]:
+    served = Counter(cluster.requests)
+    served.subtract(before)
+    return +served
+
+
+async def test_a_cordon_from_a_known_node_writes_the_state_label_in_its_one_request(
+    cluster: SimCluster, kube: client.Kube
+) -> None:
+    node = cluster.node_names[0]
+    watched = await nodes.get(kube, node)  # as the controller's node watch holds it
+    executor = KubeExecutor(kube, EventRecorder(kube), watched_node={node: watched}.get)
+    before = Counter(cluster.requests)
+
+    cordon = actions.Cordon(id="cordon", label=UpgradeState.CORDON_REQUIRED)
+    cordoned = await executor.execute(node, cordon)
+    started = actions.RecordEvent(id="e", reason="r", message="m", warning=False)
+    await executor.execute(node, started)  # the node's uid from the same copy
+
+    assert isinstance(cordoned, observed.NodeCordoned) and not cordoned.was_unschedulable
+    assert served_since(cluster, before) == {
+        RequestKind("PATCH", "nodes", "resource"): 1,
+        RequestKind("POST", "events", "namespace"): 1,
+    }
+    written = await nodes.get(kube, node)
+    assert nodes.is_unschedulable(written)
+    assert nodes.labels_of(written)[actions.STATE_LABEL] == "cordon-required"
+
+
+async def test_pod_deletion_and_drain_share_one_list_and_watch_of_the_nodes_pods(
+    cluster: SimCluster, kube: client.Kube
+) -> None:
+    node = cluster.node_names[0]
+    shared = NodePods(kube)
+    shared.hold([node])  # as the controller holds it while the saga is in those steps
+    executor = KubeExecutor(kube, EventRecorder(kube), node_pods=shared)
+    await executor.execute(node, actions.Cordon(id="cordon"))
+    before = Counter(cluster.requests)
+
+    deleted = await executor.execute(
+        node, actions.DeletePods(id="delete", force=True, timeout_seconds=30, delete_empty_dir=True)
+    )
+    # the selector is applied to the shared informer's pods, not by the server
+    drained = await executor.execute(
+        node,
+        actions.Drain(
+            id="drain", force=True, pod_selector="app=metrics-gateway", timeout_seconds=30,
+            delete_empty_dir=True,
+        ),
+    )  # fmt: skip
+    shared.hold([])
+    await shared.close()
+
+    assert isinstance(deleted, observed.PodsDeleted) and deleted.deleted > 0, deleted
+    assert isinstance(drained, observed.DrainCompleted) and drained.evicted == 1, drained
+    served = served_since(cluster, before)
+    assert served[RequestKind("LIST", "pods", "cluster")] == 1
+    assert served[RequestKind("WATCH", "pods", "cluster")] == 1
+    left = [pod["metadata"]["labels"].get("app") for pod in await pods.on_node(kube, node)]
+    assert "metrics-gateway" not in left and "nvidia-driver-daemonset" in left

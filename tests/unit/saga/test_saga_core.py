@@ -115,15 +115,19 @@ def test_kube_actions_carry_the_policy_options():
     assert drains[0].pod_selector == "team=ml" and drains[0].timeout_seconds == 180
 
 
-def test_every_transition_sets_the_label_and_records_an_event():
+def test_every_transition_sets_the_label_and_only_the_start_and_end_record_an_event():
     run = Run(full_policy())
     run.admit()
     run.until(S.UPGRADE_DONE)
     labels = [a for a in run.kube_actions() if isinstance(a, actions.SetStateLabel)]
     events = [a for a in run.kube_actions() if isinstance(a, actions.RecordEvent)]
     assert [label.value for label in labels] == MAIN_LINE[1:]
-    assert len(events) == len(labels) and not any(e.warning for e in events)
-    assert len({label.id for label in labels} | {e.id for e in events}) == 2 * len(labels)
+    assert [e.message.split(" (")[0] for e in events] == [
+        "upgrade-required -> cordon-required",
+        "uncordon-required -> upgrade-done",
+    ]
+    assert not any(e.warning for e in events)
+    assert len({label.id for label in labels} | {e.id for e in events}) == len(labels) + 2
 
 
 def test_state_changed_events_describe_each_transition():
@@ -415,6 +419,21 @@ def test_validation_failure_rolls_back_validates_and_only_then_uncordons():
     saga = run.saga
     assert "XID 79 on GPU 3" in saga.last_error and saga.failure is not None
     assert not saga.cordoned and not saga.operands_paused and saga.touched == ()
+
+
+def test_a_rollback_and_the_failure_are_recorded_as_warning_events():
+    run = Run(policy())
+    run.admit()
+    run.until(S.VALIDATION_REQUIRED)
+    run.fail("XID 79 on GPU 3")
+    run.until(S.UPGRADE_FAILED)
+
+    events = [a for a in run.kube_actions() if isinstance(a, actions.RecordEvent)]
+    assert [(e.message.split(" (")[0], e.warning) for e in events] == [
+        ("upgrade-required -> cordon-required", False),
+        ("validation-required -> rollback-required", True),
+        ("uncordon-required -> upgrade-failed", True),
+    ]
 
 
 def test_validation_failure_without_rollback_leaves_the_node_cordoned():

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -15,7 +16,7 @@ from gpuop.events.upgrade import NodeAdmitted, SagaStarted, UpgradeState
 from gpuop.kube import client
 from gpuop.policy import ComponentSpec, Condition, GPUClusterPolicySpec
 from gpuop.policy.conditions import RolloutRecord
-from gpuop.saga import NodeStatus
+from gpuop.saga import NodeStatus, actions
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.controller import Controller
 from gpuop.services.upgrade_orchestrator.rollouts import rollout_id_for
@@ -104,6 +105,15 @@ async def test_a_paused_policy_starts_sagas_but_admits_nothing(harness: Harness)
 
     assert len(await harness.published(SagaStarted)) == 4
     assert await harness.published(NodeAdmitted) == []
+
+    def waiting_labels() -> list[actions.SetStateLabel]:
+        done = [action for _, action in harness.stack.kube.done]
+        labels = [a for a in done if isinstance(a, actions.SetStateLabel)]
+        return [label for label in labels if label.value is S.UPGRADE_REQUIRED]
+
+    async with asyncio.timeout(5):  # every waiting node says so, as upstream's label does
+        while len(waiting_labels()) < 4:
+            await asyncio.sleep(0.01)
     progressing = harness.progressing()
     assert (progressing.status, progressing.reason) == ("Unknown", "RolloutPaused")
     assert "gpuop upgrade resume" in progressing.message

@@ -4,13 +4,18 @@ replays identically; a changed policy diverges (exit 1); a malformed file exits 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
+from gpuop.bus import InMemoryBus
+from gpuop.cli.events import export_lines, render
 from gpuop.cli.main import main
+from gpuop.events import new_event
 from gpuop.events import upgrade as up
+from gpuop.events.hardware import HardwareHeartbeat
 from gpuop.policy import Drain
 from gpuop.saga import replaying
 from tests.unit.saga.support import policy
@@ -135,3 +140,18 @@ def test_a_missing_file_or_policy_exits_2(
     invalid.write_text("driver: {gpu: {}}\n")
     assert main(["replay", str(recorded), "--policy", str(invalid)]) == 2
     assert "invalid.yaml" in capsys.readouterr().err
+
+
+async def test_the_export_leaves_out_a_message_nested_too_deep_to_parse(
+    bus: InMemoryBus, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await bus.publish_raw("gpuop.evt.driver.n1.loaded", b"[" * 5000)
+    beat = HardwareHeartbeat(
+        boot_id=str(uuid.uuid4()), inventory_hash="a" * 64, uptime_seconds=1, gpu_count=1
+    )
+    await bus.publish(new_event(beat, node="n1", source="/test"))
+    lines = await export_lines(bus)
+    assert [json.loads(line)["seq"] for line in lines] == [2]
+    assert "#1 is not JSON" in capsys.readouterr().err
+    (stored,) = [m async for m in bus.read("gpuop.evt.driver.>")]
+    assert json.loads(render(stored))["error"] == "not JSON"

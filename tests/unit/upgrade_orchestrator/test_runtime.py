@@ -274,8 +274,19 @@ async def test_a_state_change_stored_but_never_published_is_published_by_the_suc
         assert [(c.from_state, c.to_state) for c in published] == [
             (S.UPGRADE_REQUIRED, S.CORDON_REQUIRED)
         ]
-        await rebuilt.resume()  # a third leader: the same id, nothing new in the log
+        tried: list[str] = []
+        publish = bus.publish
+
+        async def recorded(envelope: Envelope) -> PublishAck:
+            tried.append(envelope.type)
+            return await publish(envelope)
+
+        bus.publish = recorded  # type: ignore[method-assign]
+        # a third leader, maybe long after (past the server's duplicate window): the log has
+        # the state change, so it is not sent again
+        await rebuilt.resume()
         assert len(await state_changes()) == 1
+        assert not [sent for sent in tried if "state-changed" in sent], tried
     finally:
         await second.stop()
 
