@@ -30,10 +30,11 @@ from datetime import datetime
 from gpuop.bus import Bus, Delivery, RevisionConflict, TemporaryError
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, command_id, new_event, subjects
-from gpuop.events.upgrade import DOMAIN, NodeAdmitted, PolicyApplied, UpgradeState
+from gpuop.events.upgrade import DOMAIN, NodeAdmitted, PolicyApplied, SagaStarted, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import Admitted, Decision, NodeSaga, NodeStatus, admission, decide, pending
 from gpuop.saga.core import Trigger, transition_event_id
+from gpuop.saga.records import desired_targets
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.acting import SOURCE, Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
@@ -153,6 +154,7 @@ class Runner:
         stored = await self._store.all()
         for entry in stored:
             if policy is not None:
+                await self._start_recorded(entry.saga, policy)
                 again = pending(entry.saga, policy)
                 if again.transitions and await self._published(entry.saga):
                     again = replace(again, transitions=())
@@ -167,6 +169,53 @@ class Runner:
         if policy is not None:
             await self._outbox.carry_out(pending(saga, policy))
 
+    async def _start_recorded(self, saga: NodeSaga, policy: GPUClusterPolicySpec) -> None:
+        """Publish the `SagaStarted` of a saga never admitted if the log lacks it: the leader
+        that stored the saga died before recording its start, and without it a replay of
+        the log has no saga to decide for (seen in the chaos test). Rebuilt from the record,
+        as `new_saga` made it: a component it leaves out ran the policy's version."""
+        if saga.state is not UpgradeState.UPGRADE_REQUIRED or saga.sequence or saga.attempt > 1:
+            return
+        started_id = command_id(saga.saga_id, "started", 1)
+        prefix = self._bus.prefix
+        subject = subjects.event_subject(DOMAIN, saga.node, SagaStarted.NAME, prefix=prefix)
+        if await self._stored_id(subject) == started_id:
+            return
+        targets = desired_targets(policy)
+        running = {
+            component: saga.previous_versions.get(component)
+            if component in saga.components
+            else target.version
+            for component, target in targets.items()
+        }
+        started = SagaStarted(
+            rollout_id=saga.rollout_id,
+            saga_id=saga.saga_id,
+            running_versions=running,
+            boot_id=saga.boot_id,
+            unschedulable=saga.initially_unschedulable,
+            operands=saga.operands,
+            expected_devices=saga.expected_devices,
+        )
+        log.info("recording the start of %s, which its first leader did not", saga.saga_id)
+        envelope = new_event(
+            started, node=saga.node, source=SOURCE, id=started_id,
+            correlationid=saga.rollout_id, now=saga.step_started,
+        )  # fmt: skip
+        await self._bus.publish(envelope)
+
+    async def _stored_id(self, subject: str) -> str | None:
+        """The envelope id of the latest message on `subject`, if any."""
+        found = await self._bus.last(subject)
+        if found is None:
+            return None
+        try:
+            stored: object = json.loads(found.data)
+        except ValueError:
+            return None
+        identifier = stored.get("id") if isinstance(stored, dict) else None
+        return identifier if isinstance(identifier, str) else None
+
     async def _published(self, saga: NodeSaga) -> bool:
         """Whether the state change of the saga's latest transition is in the log (the
         outbox publishes a decision's state changes in order, so the earlier ones are too).
@@ -175,15 +224,7 @@ class Runner:
         last = saga.last_transitions[-1]
         name = last.to_state.value
         subject = subjects.event_subject(DOMAIN, saga.node, name, prefix=self._bus.prefix)
-        found = await self._bus.last(subject)
-        if found is None:
-            return False
-        try:
-            stored: object = json.loads(found.data)
-        except ValueError:
-            return False
-        wanted = transition_event_id(saga, saga.sequence)
-        return isinstance(stored, dict) and stored.get("id") == wanted
+        return await self._stored_id(subject) == transition_event_id(saga, saga.sequence)
 
     async def admit(
         self, nodes: Mapping[str, NodeStatus], now: datetime | None = None

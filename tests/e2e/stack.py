@@ -50,6 +50,9 @@ ORCHESTRATOR_CONFIG = "lease_duration_seconds: 3\nresync_seconds: 0.5\n"
 OPERANDS = ("device-plugin", "telemetry")
 TELEMETRY_CONFIG = "interval_seconds: 1\n"
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
+STARTUP = 180.0
+"""Seconds for every process to start and discovery to label every node: dozens of Python
+processes importing at once on two cores, on a machine that may be busy with more."""
 STOP_GRACE = 40.0
 """Seconds every process together has to exit after SIGTERM: dozens of them stopping at
 once on two cores take a while (and `gpuop run` itself gives up after 20 s)."""
@@ -301,7 +304,7 @@ async def stack(
             found = await running.labels()
             return all(labels.get(DRIVER_LABEL) == OLD for labels in found.values())
 
-        await running.wait_until("discovery labelling every node", labelled, 90)
+        await running.wait_until("discovery labelling every node", labelled, STARTUP)
         yield running
 
 

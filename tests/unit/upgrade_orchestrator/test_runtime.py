@@ -13,8 +13,8 @@ from gpuop.bus import InMemoryBus, KeyExists, PublishAck
 from gpuop.events import Command, Envelope, command_id, kube, subjects
 from gpuop.events import device as dev
 from gpuop.events.deadlines import DeadlineExpired
-from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeState
-from gpuop.saga import NodeSaga, NodeStatus, actions, pending
+from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, SagaStarted, UpgradeState
+from gpuop.saga import NodeSaga, NodeStatus, actions, pending, replaying
 from gpuop.saga.core import Admitted, decide
 from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.deadlines import deadline_event_id
@@ -289,6 +289,33 @@ async def test_a_state_change_stored_but_never_published_is_published_by_the_suc
         assert not [sent for sent in tried if "state-changed" in sent], tried
     finally:
         await second.stop()
+
+
+async def test_a_saga_stored_without_its_start_recorded_gets_it_from_the_successor(
+    bus: InMemoryBus,
+) -> None:
+    first = Stack(bus, policy())
+    await first.start()
+    assert first.store is not None
+    saga = saga_for(first.policy)
+    try:
+        await first.store.create(saga)  # and died before publishing SagaStarted
+    finally:
+        await first.stop()
+    subject = events(bus.prefix, "upgrade", NODE, SagaStarted.NAME)
+    assert await messages(bus, subject) == []
+
+    second = Stack(bus, policy())
+    rebuilt = await second.start()
+    try:
+        await rebuilt.resume()
+        await rebuilt.resume()  # a third leader finds it recorded
+        [(envelope, started)] = await messages(bus, subject)
+    finally:
+        await second.stop()
+    assert isinstance(started, SagaStarted)
+    # what a replay of the log builds from it is the saga that was stored
+    assert replaying._started(envelope, started, second.policy, 1) == saga
 
 
 async def test_a_decisions_state_changes_go_out_before_its_commands(stack: Stack) -> None:
