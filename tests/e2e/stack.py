@@ -230,6 +230,7 @@ async def stack(
     operands: bool = False,
     driver_manager: dict[int, str] | None = None,
     faults: FaultPlan | None = None,
+    labeler_retry: float | None = None,
 ) -> AsyncIterator[Stack]:
     """The stack with no orchestrator yet, once discovery has labelled every node;
     `kernels`: node index -> kernel release for nodes that run another kernel than the
@@ -238,7 +239,8 @@ async def stack(
     each node's host root (by index) before its agents start; `operands`: see the module
     docstring; `driver_manager`: node index -> more YAML for that node's driver-manager
     config (fault injection); `faults`: what the API server gets wrong on purpose
-    (`cluster.faults` changes it while the stack runs)."""
+    (`cluster.faults` changes it while the stack runs); `labeler_retry`: seconds between
+    discovery's cluster role's retries (its default otherwise, 5 s)."""
     kernels = kernels or {}
     (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
     (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
@@ -293,6 +295,10 @@ async def stack(
             for name, extra in services:
                 agents.append((f"{name}-{node}", [name, *on_node, *extra]))
         cluster_role = ["discovery", "--role", "cluster", "--nats", nats_url]
+        if labeler_retry is not None:
+            labeler = work / "discovery-cluster.yaml"
+            labeler.write_text(f"retry_interval_seconds: {labeler_retry}\n")
+            cluster_role += ["--config", str(labeler)]
         agents.append(("discovery-cluster", [*cluster_role, "--kubeconfig", str(kubeconfig)]))
         for name, arguments in agents:
             log = work / f"{name}.log"

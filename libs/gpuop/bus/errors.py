@@ -4,8 +4,9 @@
     ├── PublishTimeout          the server did not confirm a publish in time (safe to retry:
     │                           the event id dedupes it)
     ├── BusUnavailable          not connected, and did not reconnect in time
-    ├── MessageTooLarge         data and headers over the server's payload limit: refused
-    │                           before sending (the server would close the connection)
+    ├── MessageTooLarge         data and headers over the server's payload limit, or a
+    │                           subject too long: refused before sending (the server would
+    │                           close the connection)
     ├── RevisionConflict        a KV write based on a stale revision
     │   └── KeyExists           create-if-absent found the key present
     └── BucketMissing           a KV bucket that `start()` did not create
@@ -33,8 +34,9 @@ class BusUnavailable(BusError):
 
 
 class MessageTooLarge(BusError):
-    """A message whose data and headers exceed the server's `max_payload`; never sent, since
-    nats-server answers one by closing the connection."""
+    """A message whose data and headers exceed the server's `max_payload`, or whose subject
+    is longer than `publishing.MAX_SUBJECT`; never sent, since nats-server answers one by
+    closing the connection."""
 
 
 class RevisionConflict(BusError):

@@ -5,9 +5,11 @@ retried publish is dropped by the server), and the current trace context is writ
 the envelope and the `traceparent` header so consumers continue the producer's trace.
 
 Nothing goes out larger than the server accepts (`fitting`): nats-server closes the
-connection of a client that sends a message over its `max_payload`, data and headers
-together, and every consumer and publish of the service would go down with it. A dead
-letter keeps as much of the original as fits beside its headers.
+connection of a client that sends a message over its `max_payload` (data and headers
+together) or a protocol line over its `max_control_line` (a very long subject), and every
+consumer and publish of the service would go down with it. A hostile message can be stored
+at either limit, so its dead letter keeps as much of the original as fits beside its
+headers, under a subject shortened to `MAX_SUBJECT`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ from gpuop.observability import tracing
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 """nats-server's default `max_payload`; the server announces its own when a client connects."""
+MAX_SUBJECT = 1024
+"""Longest subject sent, in bytes: far below nats-server's default `max_control_line` (4 KiB),
+which must also hold a reply inbox and the sizes."""
+MAX_TOKEN = 128
+"""Longest token of a shortened dead-letter subject; gpuop's own are shorter (a node token
+may have 253 characters, but no subject of gpuop's is shortened)."""
 _HEADER_LINE = len(b"NATS/1.0\r\n")
 
 
@@ -44,6 +52,8 @@ def size_on_wire(data: bytes, headers: dict[str, str]) -> int:
 
 def fitting(out: Outgoing, max_payload: int) -> Outgoing:
     """`out`, or `MessageTooLarge` when the server would refuse it."""
+    if len(out.subject.encode()) > MAX_SUBJECT:
+        raise MessageTooLarge(f"{out.subject[:200]}...: a subject over {MAX_SUBJECT} bytes")
     size = size_on_wire(out.data, out.headers)
     if size > max_payload:
         raise MessageTooLarge(
@@ -88,7 +98,9 @@ def dead_letter(
     Its id is derived from the consumer and the original sequence, so storing the same dead
     letter twice (a crash between store and terminate) keeps one copy. An original too large
     to fit beside the headers in `max_payload` is cut to fit, and `DLQ_TRUNCATED` gives its
-    length (the whole message stays in its own stream, at `DLQ_SEQ`).
+    length (the whole message stays in its own stream, at `DLQ_SEQ`). An original subject too
+    long for `MAX_SUBJECT` is shortened in the dead letter's subject (`DLQ_SUBJECT` has it
+    whole).
     """
     headers = {
         streams.MSG_ID: f"dlq:{consumer}:{seq}",
@@ -102,11 +114,28 @@ def dead_letter(
         headers[streams.DLQ_TRUNCATED] = str(len(data))
         data = data[: max(0, max_payload - size_on_wire(b"", headers))]
     return Outgoing(
-        subjects.dead_letter_subject(subject, prefix=prefix),
+        _dead_letter_subject(subject, prefix),
         data,
         headers,
         subjects.Kind.DEAD_LETTER,
     )
+
+
+def _dead_letter_subject(original: str, prefix: str) -> str:
+    """`<prefix>.dlq.<original>`, shortened to `MAX_SUBJECT` if need be: each token of the
+    original cut to `MAX_TOKEN` (so that the subject keeps its tokens, which the per-service
+    permissions of deploy/nats match one by one), then, for a subject of many tokens, the
+    end cut off."""
+    where = subjects.dead_letter_subject(original, prefix=prefix)
+    if len(where.encode()) <= MAX_SUBJECT:
+        return where
+    shortened = ".".join(_cut(token, MAX_TOKEN) for token in original.split("."))
+    return _cut(subjects.dead_letter_subject(shortened, prefix=prefix), MAX_SUBJECT).rstrip(".")
+
+
+def _cut(text: str, size: int) -> str:
+    """The longest start of `text` of at most `size` bytes."""
+    return text.encode()[:size].decode(errors="ignore")
 
 
 def _header_safe(text: str) -> str:

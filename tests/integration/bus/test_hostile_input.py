@@ -4,10 +4,8 @@ message ends handled and acked, acked as an unknown type, or dead-lettered with 
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,44 +14,22 @@ from prometheus_client import CollectorRegistry
 from gpuop.bus import Bus, ConsumerSpec, Delivery, InMemoryBus, NatsBus, NatsServer
 from gpuop.events import REGISTRY
 from gpuop.observability.metrics import BusMetrics
+from tests import hostile
 from tests.integration.bus.support import dead_letters, heartbeat, wait_until
 
 NODES = ["n1", "n2", "gpu-3.example.com"]
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
-    ),
-    max_leaves=12,
-)
 
 
 @st.composite
 def envelope_like(draw: st.DrawFn) -> bytes:
     """Documents that look like envelopes, with any field wrong, missing or foreign."""
-    document: dict[str, Any] = heartbeat(draw(st.sampled_from(NODES)), 1).model_dump(mode="json")
-    for field in draw(st.sets(st.sampled_from(sorted(document)), max_size=3)):
-        if draw(st.booleans()):
-            del document[field]
-        else:
-            document[field] = draw(json_values)
+    document = hostile.document_of(heartbeat(draw(st.sampled_from(NODES)), 1))
     if draw(st.booleans()):
-        document["type"] = draw(
-            st.sampled_from([*sorted(REGISTRY), "io.gpuop.hardware.heartbeat.v7"])
-        )
-    if draw(st.booleans()):
-        document["data"] = draw(st.dictionaries(st.text(max_size=12), json_values, max_size=5))
-    return json.dumps(document).encode()
+        document["type"] = draw(st.sampled_from(sorted(REGISTRY)))
+    return draw(st.one_of(hostile.mutated(document), hostile.newer_version(document)))
 
 
-hostile = st.one_of(
-    st.binary(max_size=300),
-    json_values.map(lambda v: json.dumps(v).encode()),
-    envelope_like(),
-    st.just(b"\xff" * 10),
-    st.just(b"[" * 5000),
-)
+hostile_bytes = st.one_of(hostile.garbage, envelope_like())
 
 
 async def _exercise(
@@ -111,7 +87,9 @@ def _settled(metrics: CollectorRegistry) -> float:
     return sum(_outcomes(metrics).values())
 
 
-messages_strategy = st.lists(st.tuples(st.sampled_from(NODES), hostile), min_size=1, max_size=25)
+messages_strategy = st.lists(
+    st.tuples(st.sampled_from(NODES), hostile_bytes), min_size=1, max_size=25
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -132,7 +110,9 @@ def test_hostile_messages_in_memory_end_acked_or_dead_lettered(
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(messages=st.lists(st.tuples(st.sampled_from(NODES), hostile), min_size=50, max_size=120))
+@given(
+    messages=st.lists(st.tuples(st.sampled_from(NODES), hostile_bytes), min_size=50, max_size=120)
+)
 def test_hostile_messages_on_nats_end_acked_or_dead_lettered(
     messages: list[tuple[str, bytes]],
 ) -> None:

@@ -9,9 +9,17 @@ from pathlib import Path
 import nats
 import pytest
 
-from gpuop.bus import Buckets, ConsumerSpec, Delivery, KeyExists, NatsBus, NatsServer
+from gpuop.bus import Buckets, ConsumerSpec, Delivery, KeyExists, NatsBus, NatsServer, streams
 from gpuop.bus.errors import BusUnavailable, PublishTimeout
-from tests.integration.bus.support import HB_SUBJECT, Recorder, collect, heartbeat, seq_of
+from tests.integration.bus.support import (
+    HB_SUBJECT,
+    Recorder,
+    collect,
+    dead_letters,
+    heartbeat,
+    seq_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.nats
 
@@ -197,3 +205,36 @@ async def test_listing_keys_often_leaves_no_consumers_behind(nats_server: NatsSe
     finally:
         await client.close()
         await bus.close()
+
+
+async def test_a_consumer_dead_letters_a_message_stored_under_a_very_long_subject_and_carries_on(
+    nats_server: NatsServer,
+) -> None:
+    # nats-server stores it (its protocol line fits in 4 KiB), but the line that would store a
+    # dead letter under `gpuop.dlq.<subject>` would not, and the server would close the
+    # consumer's connection for good
+    bus = NatsBus(nats_server.url)
+    await bus.start()
+    raw = await nats.connect(nats_server.url)
+    subject = "gpuop.evt.hardware." + "x" * 4040 + ".heartbeat"
+    await raw.publish(subject, b"{not json")
+    await raw.flush()
+    await raw.close()
+    recorder = Recorder()
+    try:
+        sub = await bus.consume(ConsumerSpec("long", [HB_SUBJECT]), recorder)
+        await bus.publish(heartbeat("n1", 1))
+        await recorder.wait_for(1)
+
+        async def dead_lettered() -> bool:
+            return bool(await dead_letters(bus))
+
+        await wait_until(dead_lettered)
+        (letter,) = await dead_letters(bus)
+        await sub.stop()
+    finally:
+        await bus.close()
+    assert letter.headers[streams.DLQ_SUBJECT] == subject
+    assert streams.subject_matches("gpuop.dlq.gpuop.evt.hardware.*.heartbeat", letter.subject)
+    assert letter.headers[streams.DLQ_KIND] == "malformed"
+    assert letter.data == b"{not json"
