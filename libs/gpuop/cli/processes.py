@@ -65,6 +65,11 @@ async def spawn(
     return Process(service, role, node, port, process)
 
 
+STARTUP_WAIT = 60.0
+"""Seconds `show` waits for a service to answer: a dozen Python processes start at once, and
+on two busy cores the last of them may take most of a minute."""
+
+
 async def show(processes: list[Process]) -> None:
     print(f"\n{'service':<36} {'pid':>7}  {'health':<8} {'ready':<5}  metrics")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
@@ -78,7 +83,8 @@ async def show(processes: list[Process]) -> None:
 
 async def _probe(session: aiohttp.ClientSession, proc: Process) -> tuple[str, str]:
     base = f"http://127.0.0.1:{proc.port}"
-    for _ in range(150):
+    deadline = asyncio.get_running_loop().time() + STARTUP_WAIT
+    while asyncio.get_running_loop().time() < deadline:
         if proc.process.returncode is not None:
             return "exited", f"exit code {proc.process.returncode}"
         try:

@@ -8,6 +8,7 @@ behave alike. SIGTERM and SIGINT stop it; SIGUSR1 logs where each of its asyncio
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import io
 import logging
 import signal
@@ -21,6 +22,11 @@ from gpuop.runtime.services import ServiceContext, ServiceDefinition
 from gpuop.runtime.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
+
+STOP_GRACE = 25.0
+"""Seconds from SIGTERM or SIGINT until a service that has not stopped is made to: its
+threads' stacks go to stderr (what it hung on) and it exits 1, as the kubelet would kill it
+after the pod's grace period, but with the reason in its log."""
 
 
 def check_role(definition: ServiceDefinition, settings: Settings) -> None:
@@ -61,8 +67,13 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
         exposition=lambda: context.exposition() if context.exposition is not None else None,
     )
     loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        context.stopping.set()
+        faulthandler.dump_traceback_later(STOP_GRACE, exit=True)
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, context.stopping.set)
+        loop.add_signal_handler(signum, stop)
     loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
     address = await health.start()
     log.info("health endpoints on http://%s:%d", *address, extra={"role": settings.role})
