@@ -1,7 +1,8 @@
 """gRPC addresses of unix sockets at any path length.
 
-A unix socket path may hold at most 107 bytes (gRPC binds 105), and a host root in a test or the demo can
-push `<host root>/var/lib/kubelet/device-plugins/nvidia-gpu.sock` past that. `UnixTarget`
+A unix socket path may hold at most 107 bytes (gRPC binds 105), and a host root in a test or
+the demo can push `<host root>/var/lib/kubelet/device-plugins/nvidia-gpu.sock` past that.
+`UnixTarget`
 then opens the socket's directory and names the socket through `/proc/self/fd/<fd>/`, which
 the kernel resolves to the same file; the directory stays open until `close()`, so a
 channel that reconnects later still finds it. Short paths are used as they are.
