@@ -12,8 +12,10 @@ continues the same rollout. The
 `RolloutCompleted` when every node is done, `RolloutFailed` when every node ended and some
 failed with no retry left, or with reason `superseded` when the policy asked for other
 versions before it ended (`gpuop upgrade abort`, or a new `gpuop upgrade start`; told by the
-leader that saw the change). Started, completed and failed have deterministic ids, so a new
-leader repeating them stores nothing twice; a repeated progress report is harmless.
+leader that saw the change). A leader publishes each of them once; they have deterministic
+ids, so a new leader repeating them within the server's duplicate window stores nothing
+twice; a repeated progress report is harmless. The reporter keeps the counts of the current
+rollout only.
 """
 
 from __future__ import annotations
@@ -79,6 +81,10 @@ class RolloutReporter:
         self._bus = bus
         self._reported: dict[str, dict[UpgradeState, int]] = {}
         self._started: dict[str, datetime] = {}
+        self._announced: set[str] = set()
+        """Rollouts whose `RolloutStarted` this reporter published: once each, since the
+        server drops a repeat only within its duplicate window (two minutes), and the
+        controller reports at every reconcile."""
         self._current: str | None = None
         self._ended: set[str] = set()
 
@@ -92,6 +98,7 @@ class RolloutReporter:
         """Publish what changed since the last report of this rollout."""
         if self._current not in (None, rollout_id):
             await self._superseded(self._current, rollout_id, now)
+            self._forget_all_but(rollout_id)
         self._current = rollout_id
         self._ended.discard(rollout_id)
         if not sagas:
@@ -99,20 +106,22 @@ class RolloutReporter:
         started = self._started.setdefault(
             rollout_id, min((s.history[0].at if s.history else s.step_started) for s in sagas)
         )
-        upgrade = policy.upgrade_policy
-        await self._publish(
-            rollout_id,
-            "started",
-            up.RolloutStarted(
-                rollout_id=rollout_id,
-                trigger=up.RolloutTrigger.POLICY,
-                target_versions={c: t.version for c, t in desired_targets(policy).items()},
-                total=len(sagas),
-                max_parallel_upgrades=upgrade.max_parallel_upgrades,
-                max_unavailable=upgrade.max_unavailable,
-            ),
-            now,
-        )
+        if rollout_id not in self._announced:
+            upgrade = policy.upgrade_policy
+            await self._publish(
+                rollout_id,
+                "started",
+                up.RolloutStarted(
+                    rollout_id=rollout_id,
+                    trigger=up.RolloutTrigger.POLICY,
+                    target_versions={c: t.version for c, t in desired_targets(policy).items()},
+                    total=len(sagas),
+                    max_parallel_upgrades=upgrade.max_parallel_upgrades,
+                    max_unavailable=upgrade.max_unavailable,
+                ),
+                now,
+            )
+            self._announced.add(rollout_id)
         current = counts(sagas)
         if self._reported.get(rollout_id) == current:
             return
@@ -144,6 +153,14 @@ class RolloutReporter:
             )
             await self._publish(rollout_id, "failed", rollout_failed, now)
             self._ended.add(rollout_id)
+
+    def _forget_all_but(self, rollout_id: str) -> None:
+        """Drop what is kept of every other rollout: rollout ids never come back, and a
+        leader runs through one rollout after another for as long as it leads."""
+        self._reported = {r: c for r, c in self._reported.items() if r == rollout_id}
+        self._started = {r: at for r, at in self._started.items() if r == rollout_id}
+        self._announced &= {rollout_id}
+        self._ended &= {rollout_id}
 
     async def _superseded(self, rollout_id: str, by: str, now: datetime) -> None:
         """Tell that `rollout_id`, started and not ended, gave way to `by`."""

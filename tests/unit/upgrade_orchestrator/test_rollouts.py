@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from gpuop.bus import InMemoryBus
-from gpuop.events import subjects
+from gpuop.bus import InMemoryBus, PublishAck
+from gpuop.events import Envelope, subjects
 from gpuop.events import upgrade as up
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy.conditions import RolloutRecord
@@ -111,3 +111,43 @@ async def test_a_rollout_the_policy_moved_away_from_is_told_superseded_once() ->
     assert superseded.reason is up.RolloutFailureReason.SUPERSEDED
     assert (superseded.done, superseded.failed, superseded.total) == (1, 0, 2)
     assert "r0" in superseded.message
+
+
+async def test_a_leader_announces_a_rollout_once_however_long_it_runs() -> None:
+    # the server drops a repeated id only within its two-minute duplicate window, and the
+    # controller reports at every reconcile: a repeat published later is stored again
+    bus = InMemoryBus()
+    await bus.start()
+    published: list[str] = []
+    publish = bus.publish
+
+    async def recording(envelope: Envelope) -> PublishAck:
+        published.append(envelope.type)
+        return await publish(envelope)
+
+    bus.publish = recording  # type: ignore[method-assign]
+    spec = policy()
+    reporter = RolloutReporter(bus)
+    a, b = saga_for(spec, node="gpu-a"), saga_for(spec, node="gpu-b")
+    for minutes, sagas in enumerate(([a, b], [in_state(a, S.DRAIN_REQUIRED), b], [a, b])):
+        await reporter.report("r1", spec, sagas, T0 + timedelta(minutes=5 * minutes))
+
+    started = [kind for kind in published if up.RolloutStarted.NAME in kind]
+    assert len(started) == 1
+
+
+async def test_a_reporter_keeps_nothing_of_the_rollouts_before_the_current_one() -> None:
+    bus = InMemoryBus()
+    await bus.start()
+    spec = policy()
+    reporter = RolloutReporter(bus)
+    saga = saga_for(spec, node="gpu-a")
+    for generation in range(1, 6):
+        rollout_id = f"r{generation}"
+        await reporter.report(rollout_id, spec, [saga], T0)
+        await reporter.report(rollout_id, spec, [in_state(saga, S.UPGRADE_DONE)], T0)
+
+    kept = (reporter._reported, reporter._started, reporter._announced, reporter._ended)
+    assert all(set(part) <= {"r5"} for part in kept)
+    completed = [e for e in await rollout_events(bus) if isinstance(e, up.RolloutCompleted)]
+    assert [e.rollout_id for e in completed] == ["r1", "r2", "r3", "r4", "r5"]
