@@ -4,7 +4,8 @@ A unix socket path may hold at most 107 bytes (gRPC binds 105), and a host root 
 the demo can push `<host root>/var/lib/kubelet/device-plugins/nvidia-gpu.sock` past that.
 `UnixTarget` then opens the socket's directory and names the socket through
 `/proc/self/fd/<fd>/`, which the kernel resolves to the same file; the directory stays
-open until `close()`, so a channel that reconnects later still finds it. Short paths are used as they are.
+open until `close()`, so a channel that reconnects later still finds it. Short paths are
+used as they are.
 
 Every gRPC server and channel on a kubelet socket (the device plugin, the simulated
 kubelet, telemetry's PodResources client) gets its address here.
