@@ -53,9 +53,10 @@ DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 STARTUP = 180.0
 """Seconds for every process to start and discovery to label every node: dozens of Python
 processes importing at once on two cores, on a machine that may be busy with more."""
-STOP_GRACE = 40.0
+STOP_GRACE = 90.0
 """Seconds every process together has to exit after SIGTERM: dozens of them stopping at
-once on two cores take a while (and `gpuop run` itself gives up after 20 s)."""
+once on two cores take a while; a service that hangs dumps its stacks into its log and
+exits 1 after `gpuop.runtime.launching.STOP_GRACE` (60 s), before this SIGKILL."""
 
 
 @dataclass

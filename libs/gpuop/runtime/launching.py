@@ -23,10 +23,12 @@ from gpuop.runtime.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE = 25.0
+STOP_GRACE = 60.0
 """Seconds from SIGTERM or SIGINT until a service that has not stopped is made to: its
-threads' stacks go to stderr (what it hung on) and it exits 1, as the kubelet would kill it
-after the pod's grace period, but with the reason in its log."""
+threads' stacks go to stderr (what it hung on) and it exits 1. Longer than a pod's default
+grace period (the kubelet's SIGKILL comes first in a cluster), since dozens of services
+stopping at once on a busy two-core test machine can take half a minute; what it catches is
+a service that hangs, with the reason in its log."""
 
 
 def check_role(definition: ServiceDefinition, settings: Settings) -> None:
