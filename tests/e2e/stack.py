@@ -50,6 +50,8 @@ ORCHESTRATOR_CONFIG = "lease_duration_seconds: 3\nresync_seconds: 0.5\n"
 OPERANDS = ("device-plugin", "telemetry")
 TELEMETRY_CONFIG = "interval_seconds: 1\n"
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
+STARTED = "health endpoints on"
+"""What `gpuop run` logs once its signal handlers are installed."""
 STARTUP = 180.0
 """Seconds for every process to start and discovery to label every node: dozens of Python
 processes importing at once on two cores, on a machine that may be busy with more."""
@@ -171,7 +173,14 @@ class Stack:
         process = self.agents[name]
         if process.returncode is None:
             raise RuntimeError(f"{name} still runs")
-        self.agents[name] = await _spawn(self.agent_arguments[name], self.work / f"{name}.log")
+        log = self.work / f"{name}.log"
+        started = log.read_text(errors="replace").count(STARTED)
+        self.agents[name] = await _spawn(self.agent_arguments[name], log)
+
+        async def up() -> bool:  # its signal handlers are in place: a SIGTERM stops it cleanly
+            return log.read_text(errors="replace").count(STARTED) > started
+
+        await self.wait_until(f"{name} started again", up, STARTUP)
 
     async def start_rollout(
         self, upgrade_policy: dict[str, Any], *, ofed: str | None = None

@@ -130,12 +130,6 @@ async def test_node_agents_killed_mid_step_resume_and_install_once(
 
             return check
 
-        def in_state(node: str, *states: S) -> Callable[[], Awaitable[bool]]:
-            async def check() -> bool:
-                return (await running.labels())[node].get(STATE_LABEL) in states
-
-            return check
-
         async def kill_and_restart(
             agent: str, moment: Callable[[], Awaitable[bool]], what: str
         ) -> None:
@@ -157,13 +151,14 @@ async def test_node_agents_killed_mid_step_resume_and_install_once(
             ),
             kill_and_restart(
                 f"device-plugin-{names[PLUGIN_KILLED]}",
-                in_state(names[PLUGIN_KILLED], S.DRIVER_RELOAD_REQUIRED, S.VALIDATION_REQUIRED),
+                # its log, not the node's label: the reload can pass in a fraction of a second
+                said(f"device-plugin-{names[PLUGIN_KILLED]}", "pausing gpu"),
                 "the device plugin paused for the reload",
             ),
             kill_and_restart(
                 f"telemetry-{names[TELEMETRY_KILLED]}",
-                in_state(names[TELEMETRY_KILLED], S.DRAIN_REQUIRED, S.OPERANDS_PAUSE_REQUIRED),
-                "telemetry about to be paused",
+                said(f"telemetry-{names[TELEMETRY_KILLED]}", "pausing"),
+                "telemetry paused for the reload",
             ),
         )
         await running.wait_until(

@@ -247,9 +247,10 @@ async def test_demo_shows_the_rollout_live_on_a_terminal_and_leaves_no_process_b
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_ctrl_c_stops_the_demo_and_every_process_it_started() -> None:
-    # --hold: on a busy machine the one node may be done before the Ctrl-C lands; the demo
-    # must still be running to be stopped by it
-    async with Terminal("demo", "--nodes", "1", "--gpus", "1", "--hold") as terminal:
+    # two nodes one at a time: the second waits for the first, so on a busy machine too the
+    # Ctrl-C lands while the rollout runs
+    demo = ("demo", "--nodes", "2", "--gpus", "1", "--max-parallel", "1")
+    async with Terminal(*demo) as terminal:
         assert terminal.process is not None
         await terminal.wait_for(r"Latest events", 200)
         await terminal.wait_for(r"gpu-node-1\s+\S*(cordon|wait|pod|drain|operands)", 60)
