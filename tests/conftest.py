@@ -1,10 +1,11 @@
 """Fixtures shared by every suite: a real nats-server per test, the in-memory bus, the
-recorded H200 host (and a writable, booted copy of it), and a check for leaked tasks."""
+recorded H200 host (and a writable, booted copy of it), a check for leaked tasks, and the
+rule that a test skips only where `tests/skips.py` allows it."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,8 @@ import pytest
 from gpuop.bus import InMemoryBus, NatsServer
 from gpuop.host import seeding
 from gpuop.host.roots import HostRoot
-
-RECORDED = seeding.find_recorded_host(Path(__file__))
+from gpuop.sim import recordings
+from tests import skips
 
 
 @pytest.fixture
@@ -41,10 +42,8 @@ async def bus() -> AsyncIterator[InMemoryBus]:
 
 @pytest.fixture
 def recorded() -> HostRoot:
-    """The recorded H200 host root itself (shared/fixtures/h200); tests only read it."""
-    if RECORDED is None:
-        pytest.skip("shared/fixtures/h200 is not beside the checkout")
-    return HostRoot(RECORDED)
+    """The recorded H200 host root itself (`gpuop.sim.recordings`); tests only read it."""
+    return HostRoot(recordings.H200_HOST_ROOT)
 
 
 @pytest.fixture
@@ -74,3 +73,17 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
         task.cancel()
     await asyncio.gather(*leaked, return_exceptions=True)
     assert not leaked, f"test leaked tasks: {[t.get_name() for t in leaked]}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A skip not in `tests/skips.py` is reported as a failure that gives its reason."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if report.skipped and not hasattr(report, "wasxfail") and item.nodeid not in skips.ALLOWED:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} skipped ({reason}), and only the skips in tests/skips.py are allowed:"
+            " a missing tool or fixture must fail and say what to install"
+        )

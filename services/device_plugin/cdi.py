@@ -8,7 +8,7 @@ atomically (a runtime never reads half a file) by `plugins.DevicePlugins` whenev
 reads the inventory, and removed when the node has no GPU. Every GPU and MIG device is
 named by its UUID; the control device nodes the host has go to the spec-wide edits, with
 `NVIDIA_VISIBLE_DEVICES=void` so the legacy runtime hook injects nothing a second time.
-Spec version 0.5.0 covers every field used (shared/reference/cdi.md).
+Spec version 0.5.0 covers every field used (the CDI specification, SPEC.md).
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ class Netlink:
         except NetlinkError as error:
             missing = f"the kernel has no {kind} driver" if error.code == errno.EOPNOTSUPP else ""
             raise NetlinkFailure(f"creating {kind} link {name}", error.code, missing) from None
-        (index,) = await self._ipr.link_lookup(ifname=name)
+        index = await self._index_of(name)
         changes: dict[str, Any] = {"ifalias": alias}
         if mtu is not None:
             changes["mtu"] = mtu
@@ -187,6 +187,20 @@ class Netlink:
             address=str(address.ip),
             prefixlen=address.network.prefixlen,
         )
+
+    async def _index_of(self, name: str) -> int:
+        """The index of link `name`, just created; a link gone again by now (an OFED reload
+        or another tool removed it) is a `NetlinkFailure` the next converge retries."""
+        try:
+            found = await self._ipr.link_lookup(ifname=name)
+        except NetlinkError as error:
+            raise NetlinkFailure(f"looking up the new link {name}", error.code) from None
+        if len(found) != 1:
+            raise NetlinkFailure(
+                f"looking up the new link {name}", errno.ENODEV, "it vanished after it was created"
+            )
+        index: int = found[0]
+        return index
 
     async def _request(self, action: str, method: Any, *args: Any, **kwargs: Any) -> None:
         try:

@@ -27,7 +27,7 @@ from gpuop.saga.actions import STATE_LABEL
 from gpuop.sim.faults import FaultPlan
 from tests.e2e import invariants
 from tests.e2e.stack import DRIVER_LABEL, NEW, Stack, stack
-from tests.e2e.test_rollout_e2e import every_node_done, log_of, recorded_host_or_skip
+from tests.e2e.test_rollout_e2e import every_node_done, log_of
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 
@@ -100,7 +100,6 @@ async def policy_ready(running: Stack) -> bool:
 async def test_a_rollout_completes_while_the_api_server_fails_and_every_service_recovers(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    recorded_host_or_skip()
     faults = FaultPlan(seed=10)  # off while the stack starts and the test creates the policy
     async with stack(
         tmp_path, nats_server.url, nodes_count=NODES, gpus=GPUS, seed=4, faults=faults

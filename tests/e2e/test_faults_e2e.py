@@ -35,7 +35,6 @@ from tests.e2e.test_rollout_e2e import (
     ROLLOUT_TIMEOUT,
     every_node_done,
     log_of,
-    recorded_host_or_skip,
     upgrade_policy,
 )
 
@@ -68,7 +67,6 @@ def unanswered(log: list[replaying.Recorded]) -> list[str]:
 async def test_a_sixteen_node_rollout_rides_out_ten_seconds_without_nats(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    recorded_host_or_skip()
     async with stack(tmp_path, nats_server.url, nodes_count=16, gpus=2, seed=30) as running:
         await running.start_replica()
         await running.start_replica()
@@ -114,7 +112,6 @@ LOAD_PAUSE = "load_pause_seconds: 2\nack_wait_seconds: 2\n"
 async def test_node_agents_killed_mid_step_resume_and_install_once(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    recorded_host_or_skip()
     faults = {INSTALL_KILLED: PAUSE, LOAD_KILLED: LOAD_PAUSE}
     async with stack(
         tmp_path, nats_server.url, nodes_count=4, gpus=2, seed=31, operands=True,

@@ -52,7 +52,7 @@ from gpuop.kube import customobjects
 from tests.e2e import invariants
 from tests.e2e.hostile_traffic import BATCH, QUOTAS, RARE, Hostile, Traffic
 from tests.e2e.stack import Stack, stack
-from tests.e2e.test_rollout_e2e import every_node_done, log_of, recorded_host_or_skip
+from tests.e2e.test_rollout_e2e import every_node_done, log_of
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 
@@ -361,7 +361,6 @@ async def settled(running: Stack, sent: list[Sent]) -> None:
 async def test_a_rollout_completes_while_ten_thousand_hostile_messages_are_settled_by_the_rules(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    recorded_host_or_skip()
     began = time.monotonic()
     async with stack(
         tmp_path, nats_server.url, nodes_count=NODES, gpus=GPUS, seed=4, labeler_retry=LABELER_RETRY

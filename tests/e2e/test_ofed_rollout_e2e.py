@@ -22,7 +22,7 @@ from gpuop.saga.actions import STATE_LABEL
 from gpuop.sim import nics
 from tests.e2e import invariants
 from tests.e2e.stack import OFED_NEW, stack
-from tests.e2e.test_rollout_e2e import log_of, recorded_host_or_skip
+from tests.e2e.test_rollout_e2e import log_of
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 
@@ -53,7 +53,6 @@ def upgrade_policy() -> dict[str, Any]:
 async def test_gpu_and_ofed_roll_together_and_the_management_nic_is_protected(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    recorded_host_or_skip()
     async with stack(
         tmp_path, nats_server.url, nodes_count=NODES, gpus=GPUS, ofed=True,
         prepare=with_connectx, seed=8,

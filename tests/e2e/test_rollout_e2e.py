@@ -28,7 +28,7 @@ import pytest
 
 from gpuop.bus import NatsServer
 from gpuop.events.upgrade import UpgradeState
-from gpuop.host import seeding, system
+from gpuop.host import system
 from gpuop.host.simkernel import SimKernel
 from gpuop.policy import specs
 from gpuop.saga import replaying
@@ -61,11 +61,6 @@ def upgrade_policy(max_parallel: int = MAX_PARALLEL) -> dict[str, Any]:
     }
 
 
-def recorded_host_or_skip() -> None:
-    if seeding.find_recorded_host(Path(__file__)) is None:
-        pytest.skip("shared/fixtures/h200 (the recorded H200) is not beside the checkout")
-
-
 async def every_node_done(running: Stack) -> bool:
     labels = await running.labels()
     return all(found.get(STATE_LABEL) == S.UPGRADE_DONE for found in labels.values())
@@ -81,7 +76,6 @@ def log_of(lines: list[str], keep: Path) -> list[replaying.Recorded]:
 async def test_sixteen_nodes_roll_with_a_reboot_and_a_failed_validation_retried(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    recorded_host_or_skip()
     async with stack(
         tmp_path, nats_server.url, nodes_count=NODES, gpus=GPUS,
         kernels={DEFECTIVE: OTHER_KERNEL}, seed=16,
@@ -161,7 +155,6 @@ takeovers (each waits out the dead leader's Lease) come well before the rollout 
 async def test_the_rollout_survives_twenty_sigkills_of_the_orchestrator(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    recorded_host_or_skip()
     seed = random.randrange(1 << 30)
     chance = random.Random(seed)
     async with stack(tmp_path, nats_server.url, nodes_count=NODES, gpus=GPUS, seed=20) as running:

@@ -8,6 +8,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from gpuop.runtime import services
+from gpuop.runtime import settings as settings_module
 from gpuop.runtime.launching import check_role
 from gpuop.runtime.settings import Role, Settings, SettingsError, load, load_config_file
 
@@ -112,3 +113,16 @@ def test_a_node_role_names_its_missing_node_and_host_root(tmp_path: Path) -> Non
         settings.require_host_root()
     found = settings.model_copy(update={"node": "gpu-1", "host_root": tmp_path})
     assert (found.require_node(), found.require_host_root()) == ("gpu-1", tmp_path)
+
+
+def test_a_missing_default_host_root_says_which_flag_to_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    absent = tmp_path / "host"
+    monkeypatch.setattr(settings_module, "DEFAULT_HOST_ROOT", absent)
+
+    with pytest.raises(SettingsError) as raised:
+        Settings(service="network-manager", host_root=absent).require_host_root()
+
+    assert f"--host-root {absent}: no such directory (the default" in str(raised.value)
+    assert "pass --host-root DIR or set GPUOP_HOST_ROOT" in str(raised.value)

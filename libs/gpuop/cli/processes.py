@@ -4,7 +4,8 @@ Every service runs as its own `gpuop run` process, exactly as in a DaemonSet or 
 with its log in the demo's work directory. Each one leads a process group of its own, so a
 Ctrl-C at the terminal reaches only the demo, which then stops the services in order, and
 stopping a service stops whatever it started: `stop_all` signals the whole group (SIGTERM,
-then SIGKILL after `STOP_GRACE`), so no process outlives the demo.
+then SIGKILL after `STOP_GRACE`), so no process outlives the demo. A demo that dies without
+stopping them (SIGKILL) takes them along: each gets SIGTERM when its parent dies.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
+from gpuop.bus.launcher import exit_with_parent
 from gpuop.runtime.settings import Role
 
 STOP_GRACE = 10.0
@@ -61,6 +64,7 @@ async def spawn(
             stderr=sink,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             process_group=0,
+            preexec_fn=exit_with_parent,
         )
     return Process(service, role, node, port, process)
 
@@ -113,6 +117,34 @@ async def stop_all(processes: list[Process]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 await proc.process.wait()
         _signal_group(proc, signal.SIGKILL)  # anything the service started and left behind
+
+
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""What `timeout`, a CI runner or a closed terminal sends; each stops the demo as Ctrl-C does."""
+
+
+@contextlib.contextmanager
+def cancelled_on_signals() -> Iterator[list[signal.Signals]]:
+    """While inside, the first SIGTERM or SIGHUP cancels the current task, so its cleanup
+    (stopping every process it started) runs as after Ctrl-C; later ones are ignored so that
+    cleanup is not cut short. Yields the signals received, in order."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    received: list[signal.Signals] = []
+
+    def cancel(signum: signal.Signals) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            task.cancel()
+
+    for signum in STOPPING_SIGNALS:
+        loop.add_signal_handler(signum, cancel, signum)
+    try:
+        yield received
+    finally:
+        for signum in STOPPING_SIGNALS:
+            loop.remove_signal_handler(signum)
 
 
 def _signal_group(proc: Process, signum: signal.Signals) -> None:

@@ -1,7 +1,7 @@
 """A simulated node's host root, seeded from the recorded H200 host.
 
-Tests and the demo call `seed_host_root` to get a writable copy of
-shared/fixtures/h200/hostroot whose simulated kernel runs what the real one did: the GPU
+Tests and the demo call `seed_host_root` to get a writable copy of the recorded H200 host
+root (`gpuop.sim.recordings`) whose simulated kernel runs what the real one did: the GPU
 driver package installed for the recorded kernel (`6.18.44-fc-v657-gpu`) and `nvidia` and
 `nvidia_uvm` loaded from it at 580.159.04, with a fresh boot id. The recorded host had
 `mlx5_core`, `mlx5_ib` and `ib_core` built into its kernel; `ofed_version` replaces them with
@@ -19,23 +19,8 @@ from gpuop.host.files import write_atomic
 from gpuop.host.roots import HostRoot
 from gpuop.host.simkernel import SimKernel
 
-RECORDED_H200 = Path("shared/fixtures/h200/hostroot")
-"""Where the recorded H200 host root lies, relative to the directory holding the checkout
-(or to the checkout itself)."""
-
 RECORDED_DRIVER_VERSION = "580.159.04"
 """The NVIDIA driver the recorded host ran."""
-
-
-def find_recorded_host(start: Path | None = None) -> Path | None:
-    """The recorded H200 host root in `start` (default: this source file's location) or a
-    directory above it; None when there is none, as in an installed wheel."""
-    here = (start or Path(__file__)).resolve()
-    for directory in (here, *here.parents):
-        candidate = directory / RECORDED_H200
-        if candidate.is_dir():
-            return candidate
-    return None
 
 
 def seed_host_root(

@@ -1,7 +1,7 @@
 """What a GPU is doing: the values telemetry exports, fast and slow.
 
 `Nvml.metrics()` returns a `DeviceMetrics` built from the hot queries, each 1 to 7 µs on a
-real H200 (shared/fixtures/h200 `timing_us`), so a collector can take all of them for eight
+real H200 (the recording's `timing_us`), so a collector can take all of them for eight
 GPUs every second. `PcieThroughput` and `FieldValue` come from the two slow queries
 (`Nvml.pcie_throughput()` about 21 ms, `Nvml.field_values()` about 3.4 ms): telemetry runs
 those on their own slower loop, never on the collection path and never per scrape.

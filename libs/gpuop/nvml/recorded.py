@@ -1,9 +1,10 @@
 """`RecordedNvml`: the `Nvml` protocol answering from a recorded `nvml.json`.
 
-`--nvml recorded:<file>` runs a service against what a real node answered, with no GPU:
-shared/fixtures/h200/nvml.json is one NVIDIA H200 on driver 580.159.04 (decoded by
-`recordings.py`, which says how unrecorded values read). The readings never move, no event
-ever arrives (a wait times out, as the recorded one did), and there is no NVLink or MIG.
+`--nvml recorded:<file>` runs a service against what a real node answered, with no GPU: the
+H200 recording (`gpuop.sim.recordings`, `h200/nvml.json`) is one NVIDIA H200 on driver
+580.159.04 (decoded by `recordings.py`, which says how unrecorded values read). The readings
+never move, no event ever arrives (a wait times out, as the recorded one did), and there is
+no NVLink or MIG.
 """
 
 from __future__ import annotations

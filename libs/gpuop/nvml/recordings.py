@@ -1,4 +1,4 @@
-"""Recorded NVML answers: decoding an `nvml.json` like shared/fixtures/h200/nvml.json.
+"""Recorded NVML answers: decoding an `nvml.json` like the recorded H200's.
 
 `RecordedNvml` serves a decoded recording as a backend, and `SimNvml` seeds its GPUs from
 one. A copy of the H200 recording ships in this package (`h200_nvml.json`), so the simulation
@@ -30,7 +30,7 @@ from gpuop.nvml.metrics import (
 from gpuop.nvml.watching import instance_id
 
 PACKAGED_H200 = "h200_nvml.json"
-"""The copy of shared/fixtures/h200/nvml.json inside this package."""
+"""The copy of the recorded H200's `nvml.json` (`gpuop.sim.recordings`) inside this package."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gpuop.events import subjects
 
 ENV_PREFIX = "GPUOP_"
+DEFAULT_HOST_ROOT = Path("/host")
+"""Where a node agent's pod mounts the node's root filesystem."""
 
 
 class Role(enum.StrEnum):
@@ -58,7 +60,7 @@ class Settings(BaseModel):
     """Subject prefix, so several clusters can share one NATS."""
     kubeconfig: Path | None = None
     """Kubeconfig for cluster roles; in a pod the service account is used when unset."""
-    host_root: Path = Path("/host")
+    host_root: Path = DEFAULT_HOST_ROOT
     """Where the node's root filesystem is mounted."""
     nvml: str = "real"
     """NVML backend: `real`, `sim:<gpus>` or `recorded:<file>`."""
@@ -111,7 +113,13 @@ class Settings(BaseModel):
         """`host_root`, which a node role reads and never creates; raises `SettingsError`
         when it is not a directory."""
         if not self.host_root.is_dir():
-            raise SettingsError(f"--host-root {self.host_root}: no such directory")
+            hint = (
+                " (the default, where a pod mounts the node's /; off a node pass --host-root"
+                " DIR or set GPUOP_HOST_ROOT, for example a root made by `gpuop sim host`)"
+                if self.host_root == DEFAULT_HOST_ROOT
+                else ""
+            )
+            raise SettingsError(f"--host-root {self.host_root}: no such directory{hint}")
         return self.host_root
 
 

@@ -1,12 +1,12 @@
 """A simulated Kubernetes cluster for tests and the demo: an API server, GPU nodes with
 their kubelets, a scheduler, workload controllers and generated GPU workloads.
 
-The API server is faithful to the semantics gpuop relies on
-(shared/reference/kube-apiserver-semantics.md): one global resourceVersion, 409 conflicts,
-Status errors, watches with bookmarks and 410, selectors, the three patch types, finalizers
-and graceful pod deletion, eviction against PodDisruptionBudgets, and CRDs served
-generically with schema validation. The product reaches it through the official client
-and a kubeconfig, exactly as it reaches a real cluster.
+The API server is faithful to the apiserver semantics gpuop relies on: one global
+resourceVersion, 409 conflicts, Status errors, watches with bookmarks and 410, selectors,
+the three patch types, finalizers and graceful pod deletion, eviction against
+PodDisruptionBudgets, and CRDs served generically with schema validation. The product
+reaches it through the official client and a kubeconfig, exactly as it reaches a real
+cluster.
 
 Modules, from the bottom up::
 

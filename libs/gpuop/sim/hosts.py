@@ -20,15 +20,12 @@ from gpuop.host import nvidia, pci, seeding, simstate, system
 from gpuop.host.files import write_atomic
 from gpuop.host.roots import RECORDED_LINKS, HostRoot
 from gpuop.nvml import sim_gpus
+from gpuop.sim import recordings
 
 RECORDED_GPU = "0000:00:06.0"
 """The recorded H200's PCI address: the template of every simulated GPU function."""
 ARCH = "x86_64"
 """What `proc/sys/kernel/arch` says when the recorded host does not."""
-
-
-class MissingRecording(FileNotFoundError):
-    """The recorded H200 host (shared/fixtures/h200) is not beside the checkout."""
 
 
 def build_host_root(
@@ -44,15 +41,13 @@ def build_host_root(
     kernel_release: str | None = None,
 ) -> HostRoot:
     """A booted host root for simulated node `node` with `gpus` H200s (1 to 64), made from
-    the recorded host (`recorded`, default: found beside the checkout). `gpu_version`,
+    the recorded host (`recorded`, default: the packaged H200 recording). `gpu_version`,
     `ofed_version`, `boot_id` and `kernel_release` are as for `seed_host_root`;
     `product_name`, when given, is the DMI product name (a cloud instance type such as
     `p5e.48xlarge`)."""
     if not 1 <= gpus <= 64:
         raise ValueError(f"a simulated node has 1 to 64 GPUs, not {gpus}")
-    source = recorded or seeding.find_recorded_host()
-    if source is None:
-        raise MissingRecording("shared/fixtures/h200/hostroot is not beside the checkout")
+    source = recorded or recordings.H200_HOST_ROOT
     root = seeding.seed_host_root(
         destination,
         source,

@@ -4,7 +4,7 @@ kubelet restarts, and the PodResources API, on real unix sockets.
 Tests, the benchmark, the demo and telemetry run one `KubeletGrpc` per simulated node on
 that node's kubelet directory (`KubeletGrpc.under(host_root)` uses
 `<host root>/var/lib/kubelet`, where a device plugin started with the same `--host-root`
-looks). It behaves as the real kubelet does (shared/reference/kubelet-device-plugin.md):
+looks). It behaves as the real kubelet does (pkg/kubelet/cm/devicemanager):
 
     Register       rejects another API version or a resource name without a domain (or in
                    kubernetes.io), dials the plugin's socket back and calls

@@ -15,14 +15,16 @@
 
 GPU pods fill at most half of the cluster's GPUs (a workload that would not fit is left
 out), so with two or more nodes any one node can be drained and its pods rescheduled.
-Every budget allows one disruption once its pods are healthy. The controllers
+Every budget allows one disruption once its pods are healthy. A one-node cluster gets no
+budgets: its evicted pods have nowhere to go, so any budget would block every drain forever
+(as it would for `kubectl drain` on such a cluster). The controllers
 (``replication.py``, ``daemons.py``) make the pods; names come from the cluster's seeded
 random, so a seed gives the same cluster every run. Called by ``cluster.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuop.sim import kinds, podstatus
@@ -92,6 +94,8 @@ def plan(nodes: int, gpus: int) -> list[GpuWorkload]:
             scratch="checkpoints",
         ),
     ]
+    if nodes == 1:
+        candidates = [replace(workload, budget=None) for workload in candidates]
     budget, chosen = nodes * gpus // 2, []
     for workload in candidates:
         needed = workload.replicas * workload.gpus

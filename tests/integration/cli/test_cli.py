@@ -18,6 +18,7 @@ import pytest
 
 from gpuop.bus import NatsBus, NatsServer
 from gpuop.cli import screens
+from gpuop.host.roots import HostRoot
 from gpuop.runtime import services
 from gpuop.runtime.settings import Role
 from tests.integration.bus.support import heartbeat
@@ -48,12 +49,13 @@ async def test_help_lists_the_commands() -> None:
 
 
 async def test_a_service_connects_reports_ready_and_stops_on_sigterm(
-    nats_server: NatsServer,
+    nats_server: NatsServer, seeded: HostRoot
 ) -> None:
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         *GPUOP, "run", "network-manager", "--node", "gpu-1.example.com",
         "--nats", nats_server.url, "--metrics-listen", f"127.0.0.1:{port}",
+        "--host-root", str(seeded.path),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -5,20 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
-from gpuop.host import seeding
+from gpuop.sim import recordings
 from tests.integration.cli.test_cli import gpuop
 
-RECORDED = seeding.find_recorded_host(Path(__file__))
-needs_recording = pytest.mark.skipif(
-    RECORDED is None, reason="shared/fixtures/h200 (the recorded H200) is not beside the checkout"
-)
+RECORDED = recordings.H200_HOST_ROOT
 
 
-@needs_recording
 async def test_discover_json_reports_the_recorded_h200_and_its_labels() -> None:
-    assert RECORDED is not None
     nvml = f"recorded:{RECORDED.parent / 'nvml.json'}"
 
     code, out, err = await gpuop("discover", "--host-root", str(RECORDED), "--nvml", nvml, "--json")
@@ -42,9 +35,7 @@ async def test_discover_json_reports_the_recorded_h200_and_its_labels() -> None:
     assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
 
 
-@needs_recording
 async def test_discover_prints_tables_for_people() -> None:
-    assert RECORDED is not None
     nvml = f"recorded:{RECORDED.parent / 'nvml.json'}"
 
     code, out, _ = await gpuop("discover", "--host-root", str(RECORDED), "--nvml", nvml)

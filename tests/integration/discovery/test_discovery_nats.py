@@ -9,7 +9,6 @@ import pytest
 
 from gpuop.bus import NatsServer
 from gpuop.events import driver, new_event
-from gpuop.host import seeding
 from gpuop.host.roots import HostRoot
 from gpuop.host.simkernel import SimKernel
 from gpuop.kube import client, nodes
@@ -26,8 +25,6 @@ pytestmark = pytest.mark.nats
 
 @pytest.fixture
 def host_root(tmp_path: Path) -> Path:
-    if seeding.find_recorded_host(Path(__file__)) is None:
-        pytest.skip("shared/fixtures/h200 (the recorded H200) is not beside the checkout")
     return hosts.build_host_root(tmp_path / "host", NODE, 8).path
 
 

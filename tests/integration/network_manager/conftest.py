@@ -2,7 +2,7 @@
 pairs standing in for its NICs (this kernel has no dummy driver), and a host root whose
 sysfs says they are ConnectX ports. The management NIC carries an address and the
 namespace's default route. Every namespace a test makes is deleted after it, pass or fail,
-and deleting a namespace deletes every link in it. Needs root; skipped otherwise."""
+and deleting a namespace deletes every link in it. Needs root and iproute2; fails without."""
 
 from __future__ import annotations
 
@@ -101,8 +101,10 @@ def addresses_of(link: dict[str, Any]) -> list[str]:
 @pytest.fixture
 def make_node(tmp_path: Path) -> Iterator[Callable[[str], SimNode]]:
     """Makes simulated nodes; deletes their namespaces afterwards, whatever happened."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to create network namespaces")
+    if os.geteuid() != 0:
+        pytest.fail("creating network namespaces needs root: run the tests as root (CI does)")
+    if shutil.which("ip") is None:
+        pytest.fail("iproute2 is not installed: apt-get install -y iproute2")
     created: list[str] = []
 
     def make(name: str) -> SimNode:

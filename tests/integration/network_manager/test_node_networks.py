@@ -11,6 +11,7 @@ import pytest
 
 from gpuop.bus import KeyValue
 from gpuop.events.network import LinkMode, NetworkFailureReason
+from gpuop.services.network_manager import netlink
 from gpuop.services.network_manager.outcomes import Configured, Failed, Removed
 from tests.unit.network_manager.support import (
     DATA_NIC,
@@ -129,6 +130,34 @@ async def test_a_link_the_kernel_refuses_an_address_is_undone_and_its_claim_give
     assert "deleted link gpuop-roce-a after a failure" in result.changes
     assert node.layout() == before
     assert await ipam.keys() == []
+
+
+async def test_a_link_gone_right_after_it_was_created_fails_and_the_next_pass_makes_it(
+    make_node: MakeNode, ipam: KeyValue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node("gpu-node-1")
+    before = node.layout()
+
+    class VanishingRoute(netlink.AsyncIPRoute):  # type: ignore[misc]
+        """Deletes each link it creates before its creator looks it up, as an OFED reload
+        between the two requests does."""
+
+        async def link(self, command: str, **arguments: object) -> object:
+            answer = await super().link(command, **arguments)
+            if command == "add":
+                node.ip("link", "del", str(arguments["ifname"]))
+            return answer
+
+    monkeypatch.setattr(netlink, "AsyncIPRoute", VanishingRoute)
+    result = await node.networks(ipam).apply(spec(ROCE))
+
+    (outcome,) = result.outcomes
+    assert isinstance(outcome, Failed) and outcome.reason is NetworkFailureReason.NETLINK_ERROR
+    assert "looking up the new link gpuop-roce-a: it vanished" in outcome.message
+    assert node.layout() == before and await ipam.keys() == []
+    monkeypatch.undo()
+    (again,) = (await node.networks(ipam).apply(spec(ROCE))).outcomes
+    assert isinstance(again, Configured) and node.link("gpuop-roce-a") is not None
 
 
 async def test_a_master_the_kernel_refuses_leaves_no_claim(

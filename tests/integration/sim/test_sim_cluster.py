@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kubernetes.aio import client
 
-from gpuop.sim import ApiServer, SimCluster
+from gpuop.sim import ApiServer, SimCluster, workloads
 from tests.integration.sim.clusters import (
     controller_kind,
     eventually,
@@ -124,6 +124,15 @@ async def test_budgets_allow_the_disruptions_their_healthy_pods_leave(
         assert status.expected_pods == len(pods)
         assert status.current_healthy == len(pods)
         assert status.disruptions_allowed == status.current_healthy - status.desired_healthy == 1
+
+
+def test_a_one_node_cluster_gets_no_budget_a_drain_could_never_meet() -> None:
+    alone = workloads.plan(1, 8)
+    assert alone and all(w.budget is None for w in alone)
+    assert {w.name: w.budget for w in workloads.plan(2, 8)} == {
+        "llm-inference": ("maxUnavailable", 1),
+        "embeddings": ("minAvailable", "50%"),
+    }
 
 
 async def test_deleting_a_deployment_pod_gets_a_replacement_and_the_budget_recovers(

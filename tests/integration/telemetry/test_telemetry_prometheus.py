@@ -13,7 +13,6 @@ import aiohttp
 import pytest
 
 from gpuop.bus import NatsServer
-from gpuop.host import seeding
 from gpuop.nvml.sim_gpus import gpu_uuid
 from gpuop.sim import hosts
 from gpuop.sim.kubelet_grpc import KubeletGrpc
@@ -28,8 +27,6 @@ pytestmark = [pytest.mark.nats, pytest.mark.slow]
 
 @pytest.fixture
 def host_root(tmp_path: Path) -> Path:
-    if seeding.find_recorded_host(Path(__file__)) is None:
-        pytest.skip("shared/fixtures/h200 (the recorded H200) is not beside the checkout")
     return hosts.build_host_root(tmp_path / "host", NODE, GPUS).path
 
 

@@ -107,8 +107,6 @@ class Cluster:
 
 @pytest.fixture
 def host(tmp_path: Path) -> HostRoot:
-    if seeding.find_recorded_host(Path(__file__)) is None:
-        pytest.skip("shared/fixtures/h200 (the recorded H200) is not beside the checkout")
     return hosts.build_host_root(tmp_path / "host", NODE, GPUS, boot_id=BOOT_ID)
 
 

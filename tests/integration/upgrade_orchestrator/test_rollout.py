@@ -95,8 +95,6 @@ async def orchestrator(bus: NatsBus, kube: client.Kube, identity: str) -> AsyncI
 async def test_a_new_gpu_driver_in_the_policy_rolls_across_every_node(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    if seeding.find_recorded_host(Path(__file__)) is None:
-        pytest.skip("shared/fixtures/h200 (the recorded H200) is not beside the checkout")
     exit_codes: dict[str, int | None] = {}
     logs: list[Path] = []
     async with SimCluster(nodes=NODES, gpus=GPUS, workloads=True, seed=5) as cluster:

@@ -13,7 +13,7 @@ from gpuop.kubelet.podresources.v1 import api_pb2 as podresources
 
 HINT = "proto/kubelet changed: run `make proto` and commit libs/gpuop/kubelet"
 
-# From shared/reference/kubelet-device-plugin.md: message -> {field: number}.
+# From the kubelet's deviceplugin/v1beta1/api.proto: message -> {field: number}.
 DEVICE_PLUGIN = {
     "Empty": {},
     "DevicePluginOptions": {"pre_start_required": 1, "get_preferred_allocation_available": 2},

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from gpuop.bus import InMemoryBus
-from gpuop.host import seeding
 from gpuop.host.roots import HostRoot
 from gpuop.nvml import open_backend
 from gpuop.services.discovery.config import DiscoveryConfig
@@ -21,8 +20,6 @@ from tests.unit.node_agents import NODE
 
 @pytest.fixture
 def host(tmp_path: Path) -> HostRoot:
-    if seeding.find_recorded_host(Path(__file__)) is None:
-        pytest.skip("shared/fixtures/h200 (the recorded H200) is not beside the checkout")
     return hosts.build_host_root(tmp_path / "host", NODE, 2, boot_id=BOOT_ID)
 
 

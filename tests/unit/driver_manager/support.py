@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuop.bus import Bus, Subscription
@@ -24,6 +23,7 @@ from gpuop.runtime.settings import Settings
 from gpuop.services.driver_manager import agent as agents
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop.services.driver_manager.state import StateStore
+from gpuop.sim import recordings
 
 NODE = "n1"
 KERNEL = "6.18.44-fc-v657-gpu"
@@ -38,10 +38,7 @@ _ids = itertools.count(1)
 
 
 def recorded_host() -> Path:
-    recorded = seeding.find_recorded_host(Path(__file__))
-    if recorded is None:
-        pytest.skip("shared/fixtures/h200 is not beside the checkout: no host root to seed")
-    return recorded
+    return recordings.H200_HOST_ROOT
 
 
 def seed(directory: Path, *, ofed: bool = False) -> HostRoot:

@@ -14,25 +14,20 @@ from gpuop.host.roots import HostRoot
 from gpuop.host.simkernel import SimKernel
 from gpuop.inventory import labeling, scanning
 from gpuop.nvml import open_backend
-from gpuop.sim import hosts
+from gpuop.sim import hosts, recordings
 
-RECORDED = seeding.find_recorded_host(Path(__file__))
-needs_recording = pytest.mark.skipif(
-    RECORDED is None, reason="shared/fixtures/h200 (the recorded H200) is not beside the checkout"
-)
+RECORDED = recordings.H200_HOST_ROOT
 BOOT_ID = "8c1f2f5e-0c53-4d57-a0a4-3e3c1b0c9a11"
 H200_UUID = "GPU-20bce083-dbf9-2d4f-3c35-c858915accc5"
 
 
 @pytest.fixture
 def recorded_nvml_spec() -> str:
-    assert RECORDED is not None
     return f"recorded:{RECORDED.parent / 'nvml.json'}"
 
 
 @pytest.fixture
 def h200_root(tmp_path: Path) -> HostRoot:
-    assert RECORDED is not None
     return seeding.seed_host_root(tmp_path / "host", RECORDED, boot_id=BOOT_ID)
 
 
@@ -42,7 +37,6 @@ def unload_gpu_driver(root: HostRoot) -> None:
     kernel.rmmod("nvidia")
 
 
-@needs_recording
 def test_the_recorded_h200_is_reported_exactly_as_recorded(
     h200_root: HostRoot, recorded_nvml_spec: str
 ) -> None:
@@ -77,7 +71,6 @@ def test_the_recorded_h200_is_reported_exactly_as_recorded(
     assert inventory.inventory_hash == inventory.content_hash()
 
 
-@needs_recording
 def test_the_recorded_h200_implies_the_gfd_and_nfd_labels(
     h200_root: HostRoot, recorded_nvml_spec: str
 ) -> None:
@@ -100,9 +93,7 @@ def test_the_recorded_h200_implies_the_gfd_and_nfd_labels(
     assert labels["feature.node.kubernetes.io/kernel-version.full"] == "6.18.44-fc-v657-gpu"
 
 
-@needs_recording
 def test_the_recording_itself_scans_read_only_with_an_unknown_boot_id() -> None:
-    assert RECORDED is not None
 
     inventory = scanning.scan(HostRoot(RECORDED), None)
 
@@ -111,7 +102,6 @@ def test_the_recording_itself_scans_read_only_with_an_unknown_boot_id() -> None:
     assert inventory.driver_version == "580.159.04"
 
 
-@needs_recording
 def test_a_simulated_8_gpu_node_agrees_in_sysfs_and_nvml(tmp_path: Path) -> None:
     root = hosts.build_host_root(tmp_path / "host", "node-1", 8, boot_id=BOOT_ID)
     nvml = open_backend("sim:8", host_root=root.path, node="node-1")
@@ -130,7 +120,6 @@ def test_a_simulated_8_gpu_node_agrees_in_sysfs_and_nvml(tmp_path: Path) -> None
     assert labels["nvidia.com/gpu.mode"] == "compute"
 
 
-@needs_recording
 def test_the_driver_lists_each_simulated_gpu_under_its_address(tmp_path: Path) -> None:
     root = hosts.build_host_root(tmp_path / "host", "node-1", 4)
     nvml = open_backend("sim:4", host_root=root.path, node="node-1")
@@ -145,7 +134,6 @@ def test_the_driver_lists_each_simulated_gpu_under_its_address(tmp_path: Path) -
     assert root.read_text("proc/driver/nvidia/gpus/0000:00:06.0/information") is None
 
 
-@needs_recording
 def test_without_a_loaded_driver_there_are_no_gpus_and_no_driver_version(tmp_path: Path) -> None:
     root = hosts.build_host_root(tmp_path / "host", "node-1", 8)
     unload_gpu_driver(root)
@@ -164,7 +152,6 @@ def test_without_a_loaded_driver_there_are_no_gpus_and_no_driver_version(tmp_pat
     assert "nvidia.com/gpu.count" not in labels
 
 
-@needs_recording
 def test_reloading_the_driver_brings_every_simulated_gpu_back(tmp_path: Path) -> None:
     root = hosts.build_host_root(tmp_path / "host", "node-1", 8)
     unload_gpu_driver(root)
@@ -177,7 +164,6 @@ def test_reloading_the_driver_brings_every_simulated_gpu_back(tmp_path: Path) ->
     assert {f.driver for f in inventory.pci_functions if f.vendor_id == "10de"} == {"nvidia"}
 
 
-@needs_recording
 def test_the_scan_lets_go_of_nvml_so_the_driver_can_be_unloaded(tmp_path: Path) -> None:
     root = hosts.build_host_root(tmp_path / "host", "node-1", 2)
     nvml = open_backend("sim:2", host_root=root.path, node="node-1", holder_id="discovery")
@@ -188,7 +174,6 @@ def test_the_scan_lets_go_of_nvml_so_the_driver_can_be_unloaded(tmp_path: Path) 
     unload_gpu_driver(root)
 
 
-@needs_recording
 def test_a_host_only_scan_keeps_the_gpus_while_the_same_driver_is_loaded(tmp_path: Path) -> None:
     root = hosts.build_host_root(tmp_path / "host", "node-1", 2)
     full = scanning.scan(root, open_backend("sim:2", host_root=root.path, node="node-1"))
@@ -202,7 +187,6 @@ def test_a_host_only_scan_keeps_the_gpus_while_the_same_driver_is_loaded(tmp_pat
     assert after_unload.inventory_hash == after_unload.content_hash()
 
 
-@needs_recording
 def test_the_dmi_product_name_and_os_release_are_reported(tmp_path: Path) -> None:
     root = hosts.build_host_root(tmp_path / "host", "node-1", 1, product_name="p5e.48xlarge")
     (root.path / "etc").mkdir()
@@ -214,7 +198,6 @@ def test_the_dmi_product_name_and_os_release_are_reported(tmp_path: Path) -> Non
     assert (inventory.os_id, inventory.os_version_id) == ("ubuntu", "24.04")
 
 
-@needs_recording
 def test_only_managed_modules_are_listed_sorted(tmp_path: Path) -> None:
     root = hosts.build_host_root(tmp_path / "host", "node-1", 1, ofed_version="24.10-1.1.4.0")
 

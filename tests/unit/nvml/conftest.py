@@ -7,21 +7,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-FIXTURE_DIR = next(
-    (
-        base / "shared/fixtures/h200"
-        for base in (ROOT, ROOT.parent)
-        if (base / "shared/fixtures/h200/nvml.json").is_file()
-    ),
-    None,
-)
-"""shared/fixtures/h200 beside the checkout, when it is there."""
-PACKAGED = Path(str(resources.files("gpuop.nvml").joinpath("h200_nvml.json")))
-NVML_JSON = FIXTURE_DIR / "nvml.json" if FIXTURE_DIR else PACKAGED
-"""The recorded answers: the shared fixture, or the package's copy of it."""
+from gpuop.sim import recordings
 
-needs_fixture = pytest.mark.skipif(FIXTURE_DIR is None, reason="shared/ not beside the checkout")
+FIXTURE_DIR = recordings.H200
+"""The recorded H200 node, inside the project."""
+PACKAGED = Path(str(resources.files("gpuop.nvml").joinpath("h200_nvml.json")))
+"""The NVML package's own copy of the recording's `nvml.json` (the simulated NVML's seed)."""
+NVML_JSON = recordings.H200_NVML
+"""The recorded answers."""
 
 
 class FakeClock:

@@ -11,7 +11,7 @@ from gpuop.nvml import errors
 from gpuop.nvml.modules import HOLDERS_DIR, HostRootModules, InMemoryModules, ModuleState
 from gpuop.nvml.simulated import SimNvml
 
-from .conftest import FIXTURE_DIR, NVML_JSON, FakeClock, needs_fixture
+from .conftest import FIXTURE_DIR, NVML_JSON, FakeClock
 
 
 def sim(modules: ModuleState, clock: FakeClock, holder: str = "telemetry") -> SimNvml:
@@ -143,9 +143,7 @@ def test_holder_ids_must_be_file_names(tmp_path: Path) -> None:
         HostRootModules(tmp_path).hold("nvidia", "../escape")
 
 
-@needs_fixture
 def test_the_recorded_host_root_has_the_nvidia_module_loaded() -> None:
-    assert FIXTURE_DIR is not None
     modules = HostRootModules(FIXTURE_DIR / "hostroot")
     assert modules.is_loaded("nvidia") and modules.is_loaded("nvidia_uvm")
     assert not modules.is_loaded("nvidia_drm")

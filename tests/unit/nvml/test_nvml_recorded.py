@@ -16,7 +16,7 @@ from gpuop.nvml.recorded import RecordedNvml
 from gpuop.nvml.recordings import load_recording
 from gpuop.nvml.topology import PcieLevel
 
-from .conftest import FIXTURE_DIR, NVML_JSON, PACKAGED, needs_fixture
+from .conftest import FIXTURE_DIR, NVML_JSON, PACKAGED
 
 
 @pytest.fixture
@@ -89,15 +89,11 @@ def test_the_packaged_recording_is_the_default() -> None:
     assert load_recording() == load_recording(NVML_JSON)
 
 
-@needs_fixture
 def test_the_packaged_recording_equals_the_shared_fixture() -> None:
-    assert FIXTURE_DIR is not None
     assert PACKAGED.read_bytes() == (FIXTURE_DIR / "nvml.json").read_bytes()
 
 
-@needs_fixture
 def test_inventory_agrees_with_nvidia_smi_on_the_same_host(nvml: RecordedNvml) -> None:
-    assert FIXTURE_DIR is not None
     smi = ET.parse(FIXTURE_DIR / "nvidia-smi-q.xml").getroot()
     gpu = smi.find("gpu")
     assert gpu is not None

@@ -3,7 +3,7 @@
 isort:skip_file
 Kubelet device plugin API v1beta1, wire-compatible with
 k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/api.proto: same package, services,
-field names and numbers. Written from shared/reference/kubelet-device-plugin.md.
+field names and numbers. Written from the kubelet API (k8s.io/kubelet/pkg/apis).
 
 The kubelet serves Registration on /var/lib/kubelet/device-plugins/kubelet.sock;
 a device plugin serves DevicePlugin on its own socket in the same directory.

@@ -3,7 +3,7 @@
 isort:skip_file
 Kubelet PodResources API v1, wire-compatible with
 k8s.io/kubelet/pkg/apis/podresources/v1/api.proto: same package, service,
-field names and numbers. Written from shared/reference/kubelet-device-plugin.md.
+field names and numbers. Written from the kubelet API (k8s.io/kubelet/pkg/apis).
 
 The kubelet serves it on /var/lib/kubelet/pod-resources/kubelet.sock; telemetry
 reads it to attribute GPUs to pods.

@@ -1,0 +1,67 @@
+"""A clone is enough: nothing in the project reaches outside the repository, and the skip
+allow-list names only tests that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpuop.sim import recordings
+from tests import skips
+
+ROOT = Path(__file__).resolve().parents[2]
+SCANNED = ("libs", "services", "tests", "deploy", "proto", ".ci", "Makefile", "pyproject.toml")
+OUTSIDE = re.compile(r"\.\./shared|shared/(fixtures|reference)|/work/|\bROOT\.parent\b")
+"""What code reaching past the checkout looks like: the team's shared folder beside it, this
+workplace's paths, or a search above the repository root."""
+IGNORED_DIRS = {"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", "recordings"}
+
+
+def _files() -> list[Path]:
+    found: list[Path] = []
+    for name in SCANNED:
+        top = ROOT / name
+        if top.is_file():
+            found.append(top)
+            continue
+        for path in top.rglob("*"):
+            if path.is_file() and not IGNORED_DIRS & set(path.relative_to(ROOT).parts):
+                found.append(path)
+    return found
+
+
+def test_no_file_refers_to_a_path_outside_the_repository() -> None:
+    this = Path(__file__).resolve()
+    offending = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in _files()
+        if path != this and path.suffix not in {".pyc", ".whl"}
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
+    assert offending == []
+
+
+def test_the_scan_would_see_a_reference_outside() -> None:
+    assert OUTSIDE.search('HOST = Path("../shared/fixtures/h200")')
+    assert OUTSIDE.search("for base in (ROOT, ROOT.parent):")
+    assert not OUTSIDE.search("recordings.H200_HOST_ROOT")
+
+
+def test_the_recorded_h200_is_inside_the_project_and_complete() -> None:
+    assert recordings.H200.is_relative_to(ROOT / "libs")
+    assert "do not edit" in (recordings.H200 / "README.md").read_text()
+    assert recordings.H200_NVML.is_file() and recordings.H200_NVIDIA_SMI.is_file()
+    links = (recordings.H200_HOST_ROOT / "SYMLINKS.txt").read_text().splitlines()
+    assert links and all(" -> " in line for line in links)
+    for recorded in ("proc/driver/nvidia/version", "proc/modules", "sys/module/nvidia/version"):
+        assert (recordings.H200_HOST_ROOT / recorded).is_file(), recorded
+    assert (recordings.H200_HOST_ROOT / "sys/bus/pci/devices/0000:00:06.0/device").is_file()
+
+
+def test_every_allowed_skip_names_a_test_that_exists_and_says_why() -> None:
+    for node_id, reason in skips.ALLOWED.items():
+        module, _, name = node_id.partition("::")
+        assert (ROOT / module).is_file(), node_id
+        assert f"def {name}(" in (ROOT / module).read_text(), node_id
+        assert "kernel" in reason, f"{node_id}: a skip is only for what the kernel cannot do"
