@@ -134,10 +134,11 @@ async def _run(args: argparse.Namespace) -> int:
                 print(f"  gpuop replay {args.record}")
             if not live and (args.hold or not args.headless):
                 print("", *footer, sep="\n")
-            if args.hold:
-                print("\nRunning; Ctrl-C (or SIGTERM) stops it.", flush=True)
-                await asyncio.Event().wait()
             outcome = tracker.outcome
+            if args.hold:
+                print(outcome.summary(), "", "Running; Ctrl-C (or SIGTERM) stops it.", sep="\n")
+                sys.stdout.flush()
+                await asyncio.Event().wait()
     print(outcome.summary(), flush=True)
     return 0 if outcome.done == len(outcome.nodes) else 1
 

@@ -1,8 +1,11 @@
 """Runs one service process: logging, tracing, the bus, the health endpoints, the service.
 
 The single path every service starts by (`gpuop run`), so a DaemonSet, a test and the demo
-behave alike. SIGTERM and SIGINT stop it; SIGUSR1 logs where each of its asyncio tasks waits
-(`dump_tasks`), for a process that is alive but makes no progress.
+behave alike. SIGTERM and SIGINT stop it within seconds, also when NATS or the API server is
+gone: the service gets `MAIN_GRACE` to return by itself, then is cancelled (its crash-safe
+steps resume from their records and redeliveries), and closing the bus gets `CLOSE_GRACE`.
+SIGUSR1 logs where each of its asyncio tasks waits (`dump_tasks`), for a process that is
+alive but makes no progress.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import faulthandler
 import io
 import logging
 import signal
+from collections.abc import Coroutine
+from typing import Any
 
 from gpuop.bus import NatsBus
 from gpuop.observability import logging as oblog
@@ -23,12 +28,15 @@ from gpuop.runtime.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
+MAIN_GRACE = 2.5
+"""Seconds a service has after SIGTERM or SIGINT to return by itself before it is cancelled:
+a publish waiting for a NATS that is gone would otherwise wait out `--nats-wait`."""
+CLOSE_GRACE = 1.5
+"""Seconds closing the bus may take (a drain against a dead server times out)."""
 STOP_GRACE = 60.0
-"""Seconds from SIGTERM or SIGINT until a service that has not stopped is made to: its
-threads' stacks go to stderr (what it hung on) and it exits 1. Longer than a pod's default
-grace period (the kubelet's SIGKILL comes first in a cluster), since dozens of services
-stopping at once on a busy two-core test machine can take half a minute; what it catches is
-a service that hangs, with the reason in its log."""
+"""Seconds from SIGTERM or SIGINT until a process that has still not exited is made to: its
+threads' stacks go to stderr (what it hung on) and it exits 1. The last resort, for a hang
+that cancelling cannot reach (a blocked thread), with the reason in its log."""
 
 
 def check_role(definition: ServiceDefinition, settings: Settings) -> None:
@@ -79,15 +87,44 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
     loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
     address = await health.start()
     log.info("health endpoints on http://%s:%d", *address, extra={"role": settings.role})
-    try:
+
+    async def serve() -> None:
         await bus.start()
         await definition.main(context)
+
+    try:
+        await run_until_stopped(serve(), context.stopping)
     finally:
-        await bus.close()
+        try:
+            await asyncio.wait_for(bus.close(), CLOSE_GRACE)
+        except TimeoutError:
+            log.warning("closing the bus took over %.1f s; left unfinished", CLOSE_GRACE)
         await health.stop()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(signum)
         log.info("stopped")
+
+
+async def run_until_stopped(work: Coroutine[Any, Any, None], stopping: asyncio.Event) -> None:
+    """Run `work` until it returns; once `stopping` is set it has `MAIN_GRACE` seconds to
+    return, then it is cancelled. Its exception, if it raised one, is raised here."""
+    task: asyncio.Task[None] = asyncio.create_task(work, name="service-main")
+    stopped = asyncio.create_task(stopping.wait(), name="service-stopping")
+    cancelled = False
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            await asyncio.wait({task}, timeout=MAIN_GRACE)
+        if not task.done():
+            log.warning("still busy %.1f s after the stop signal; cancelling it", MAIN_GRACE)
+            cancelled = task.cancel()
+    finally:
+        stopped.cancel()
+        if not task.done():  # this coroutine itself was cancelled
+            task.cancel()
+        await asyncio.gather(task, stopped, return_exceptions=True)
+    if not cancelled:
+        task.result()
 
 
 def dump_tasks() -> None:

@@ -78,6 +78,33 @@ async def test_a_service_connects_reports_ready_and_stops_on_sigterm(
     assert len(dumped) > 2 and "tasks" in str(dumped[-1])
 
 
+async def test_a_service_stops_within_seconds_of_sigterm_when_its_nats_is_gone(
+    tmp_path: Path, seeded: HostRoot
+) -> None:
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    config = tmp_path / "discovery.yaml"
+    config.write_text("scan_interval_seconds: 0.5\nheartbeat_interval_seconds: 0.5\n")
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        *GPUOP, "run", "discovery", "--node", "gpu-1", "--nats", server.url,
+        "--nats-wait", "600", "--metrics-listen", f"127.0.0.1:{port}", "--config", str(config),
+        "--host-root", str(seeded.path), "--nvml", "sim:2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _poll_ready(session, port)
+    finally:
+        await server.stop()
+    await asyncio.sleep(2)  # its heartbeats now wait for a server that may take 600 s
+    process.send_signal(signal.SIGTERM)
+
+    out, _ = await asyncio.wait_for(process.communicate(), 30)  # not the 600 s of --nats-wait
+    assert process.returncode == 0, out.decode()[-2000:]
+    assert "after the stop signal; cancelling it" in out.decode()
+
+
 async def _poll_ready(session: aiohttp.ClientSession, port: int) -> tuple[int, dict[str, str]]:
     for _ in range(200):
         try:
