@@ -1,4 +1,5 @@
-"""`gpuop sim apiserver`: run a simulated GPU cluster in the foreground.
+"""`gpuop sim apiserver`: run a simulated GPU cluster in the foreground; `gpuop sim host`:
+make one simulated node's host root, to run a node agent on by hand.
 
 For development and for standard Kubernetes tools: the command writes a kubeconfig, prints
 how to point kubectl at it, and serves until Ctrl-C or SIGTERM, then stops cleanly with
@@ -11,15 +12,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
+import shutil
 import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuop.events import subjects
+from gpuop.host import seeding, system
+from gpuop.host.roots import HostRoot
 from gpuop.sim import cli as simcli
+from gpuop.sim import hosts
 from gpuop.sim.cluster import SimCluster
 from gpuop.sim.faults import FaultPlan
+
+_VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+_~-]{0,63}$")
+"""A driver version or kernel release, as the policy spells one."""
 
 
 def _share(text: str) -> float:
@@ -123,6 +133,27 @@ def add_parser(verbs: Any) -> None:
         help="end every watch after a random time of this mean, in seconds (default: never)",
     )
     apiserver.set_defaults(handler=serve)
+    host = actions.add_parser(
+        "host",
+        help="make a simulated GPU node's host root from the recorded H200",
+        description=(
+            "Write the host root of one simulated GPU node into DIR (new or empty), made from "
+            "the recorded H200 node, its GPU driver loaded, so a node agent can run on it by "
+            "hand: gpuop run <service> --host-root DIR --nvml sim:<gpus> ..."
+        ),
+    )
+    host.add_argument("directory", type=Path, metavar="DIR", help="where to write the host root")
+    host.add_argument("--node", required=True, help="the node's Kubernetes name")
+    host.add_argument("--gpus", type=int, default=8, help="H200 GPUs, 1 to 64 (default 8)")
+    host.add_argument("--kernel", help="the running kernel's release (default: the recording's)")
+    host.add_argument(
+        "--driver",
+        default=seeding.RECORDED_DRIVER_VERSION,
+        help="GPU driver installed and loaded, or 'none' (default: the recording's, "
+        f"{seeding.RECORDED_DRIVER_VERSION})",
+    )
+    host.add_argument("--ofed", help="OFED driver installed and loaded (default: none)")
+    host.set_defaults(handler=make_host)
 
 
 def fault_plan(args: argparse.Namespace) -> FaultPlan:
@@ -201,3 +232,44 @@ async def serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             loop.remove_signal_handler(signum)
     print("stopped", flush=True)
     return 0
+
+
+async def make_host(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """`gpuop sim host`: write the host root, then say how to run an agent on it."""
+    node = subjects.validate_node_name(args.node)
+    driver = None if args.driver == "none" else args.driver
+    for flag, value in (("--driver", driver), ("--ofed", args.ofed), ("--kernel", args.kernel)):
+        if value is not None and not _VERSION.match(value):
+            raise ValueError(f"{flag} {value!r}: expected letters, digits and '. + _ ~ -'")
+    directory = args.directory.resolve()
+    await asyncio.to_thread(_build_host, directory, node, driver, args)
+    loaded = f"driver {driver} loaded" if driver else "no GPU driver"
+    ofed = f", OFED {args.ofed} loaded" if args.ofed else ""
+    kernel = system.kernel_release(HostRoot(directory))
+    print(f"host root of {node}: {args.gpus} x NVIDIA H200, {loaded}{ofed}, kernel {kernel}, "
+          f"at {directory}")  # fmt: skip
+    print("run a node agent on it, for example:")
+    print(f"  gpuop run discovery --node {node} --host-root {directory} --nvml sim:{args.gpus} "
+          "--nats nats://127.0.0.1:4222")  # fmt: skip
+    return 0
+
+
+def _build_host(directory: Path, node: str, driver: str | None, args: argparse.Namespace) -> None:
+    """Write the host root into `directory` (new or empty); on failure, leave it as it was."""
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise ValueError(f"{directory}: exists and is not an empty directory")
+    existed = directory.exists()
+    try:
+        hosts.build_host_root(
+            directory,
+            node,
+            args.gpus,
+            gpu_version=driver,
+            ofed_version=args.ofed,
+            kernel_release=args.kernel,
+        )
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        if existed:
+            directory.mkdir()
+        raise
