@@ -15,6 +15,7 @@ from pathlib import Path
 import dockerfile
 import pytest
 
+from gpuop.sim import recordings
 from tests.unit.deploy.charts import REPO
 
 BASE = "python:3.11-slim"
@@ -156,3 +157,9 @@ def test_the_build_context_builds_a_wheel_with_every_service(tmp_path: Path) -> 
         assert f"gpuop/services/{service}/__init__.py" in names, service
         assert f"gpuop.services.{service}:SERVICE" in entry_points
     assert "gpuop = gpuop.cli.main:main" in entry_points
+    recorded = {
+        f"gpuop/sim/recordings/h200/{path.relative_to(recordings.H200).as_posix()}"
+        for path in recordings.H200.rglob("*")
+        if path.is_file()
+    }
+    assert recorded and recorded <= set(names), sorted(recorded - set(names))[:5]
