@@ -1,5 +1,7 @@
 # gpuop developer entry points. Every target creates .venv and installs the project when the
-# venv is missing or older than pyproject.toml, so a fresh clone needs only Python 3.11 and pip.
+# venv is missing or older than a pyproject.toml, so a fresh clone needs only Python 3.11 and
+# pip. Two distributions: gpuop (the product, what the image installs) and gpuop-sim
+# (libs/gpuop-sim: the simulation the tests and the demo run on).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -10,12 +12,12 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml libs/gpuop-sim/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
 		|| { echo "error: Python 3.11 or newer is needed (tried '$(PYTHON)')" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -e libs/gpuop-sim
 	@touch $(STAMP)
 
 # `test` is everything but the suites marked slow (end to end with real processes, faults,
@@ -35,7 +37,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	@# gpuop-sim's editable install is an import hook, which import-linter does not follow
+	PYTHONPATH=libs/gpuop-sim $(BIN)/lint-imports
 
 schemas: $(STAMP)
 	$(BIN)/python -m gpuop.events.schemas proto/events

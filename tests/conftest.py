@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from gpuop.bus import InMemoryBus, NatsServer
-from gpuop.host import seeding
 from gpuop.host.roots import HostRoot
-from gpuop.sim import recordings
+from gpuop_sim import recordings
+from gpuop_sim.host import seeding
 from tests import skips
 
 
@@ -42,7 +42,7 @@ async def bus() -> AsyncIterator[InMemoryBus]:
 
 @pytest.fixture
 def recorded() -> HostRoot:
-    """The recorded H200 host root itself (`gpuop.sim.recordings`); tests only read it."""
+    """The recorded H200 host root itself (`gpuop_sim.recordings`); tests only read it."""
     return HostRoot(recordings.H200_HOST_ROOT)
 
 

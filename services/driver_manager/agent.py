@@ -28,14 +28,14 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter
 
+from gpuop import plugins
 from gpuop.bus import Bus, BusError, ConsumerSpec, Delivery, PermanentError, TemporaryError, spans
 from gpuop.bus.protocol import UnknownErrors
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Command, Envelope, new_event, subjects
 from gpuop.events import driver as dm
-from gpuop.host.protocol import KernelOps
+from gpuop.host.protocol import KernelOps, Rebooter, SimulatedHost
 from gpuop.host.roots import HostRoot
-from gpuop.host.simkernel import SimKernel
 from gpuop.host.subprocesses import SubprocessKernelOps
 from gpuop.nvml import open_backend
 from gpuop.observability import tracing
@@ -49,9 +49,7 @@ from gpuop.services.driver_manager.executor import Executor
 from gpuop.services.driver_manager.installing import Installer, clean_staging
 from gpuop.services.driver_manager.rebooting import (
     HostRebooter,
-    Rebooter,
     RebootFailed,
-    SimRebooter,
 )
 from gpuop.services.driver_manager.reloading import Reloader
 from gpuop.services.driver_manager.state import (
@@ -199,10 +197,16 @@ def build_executor(
     rebooter: Rebooter
     if mode is KernelMode.HOST:
         kernel, rebooter = SubprocessKernelOps(root, chroot=True), HostRebooter(root)
-    elif mode is KernelMode.STANDINS:
-        kernel, rebooter = SubprocessKernelOps(root, chroot=False), SimRebooter(root)
-    else:
-        kernel, rebooter = SimKernel(root), SimRebooter(root)
+    else:  # both only ever act on a simulated host root, which the plugin reboots
+        simulated: SimulatedHost = plugins.load(
+            "gpuop.kernels", "simulated", wanted_for=f"kernel mode {mode.value}"
+        )(root)
+        rebooter = simulated.rebooter
+        kernel = (
+            SubprocessKernelOps(root, chroot=False)
+            if mode is KernelMode.STANDINS
+            else simulated.kernel
+        )
     nvml = partial(
         open_backend,
         settings.nvml,

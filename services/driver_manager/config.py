@@ -43,7 +43,7 @@ class KernelMode(enum.StrEnum):
     `SimKernel.reboot`."""
     STANDINS = "standins"
     """The real subprocess path without chroot: `modprobe`, `rmmod`, `depmod` from PATH told
-    the host root by `GPUOP_HOST_ROOT`, as the stand-ins of `gpuop.host.standins` are. Only
+    the host root by `GPUOP_HOST_ROOT`, as the stand-ins of `gpuop_sim.host.standins` are. Only
     for simulated hosts, so reboot is `SimKernel.reboot` too."""
 
 

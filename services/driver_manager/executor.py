@@ -31,12 +31,12 @@ from gpuop.events import Command, Event
 from gpuop.events import driver as dm
 from gpuop.host import packages, system
 from gpuop.host.errors import HostError
+from gpuop.host.protocol import Rebooter
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import answers
 from gpuop.services.driver_manager.answers import ComponentCommand
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop.services.driver_manager.installing import Installer, InstallError, running_kernel
-from gpuop.services.driver_manager.rebooting import Rebooter
 from gpuop.services.driver_manager.reloading import LoadError, Reloader, UnloadError
 from gpuop.services.driver_manager.state import ComponentRecord, StepContext
 from gpuop.services.driver_manager.validating import ValidationFailed, Validator

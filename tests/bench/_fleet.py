@@ -41,9 +41,9 @@ if str(ROOT) not in sys.path:
 from gpuop.bus import Buckets, Bus, ConsumerSpec, Delivery, KeyValue, NatsBus  # noqa: E402
 from gpuop.events import Event, device, driver, hardware, new_event, subjects  # noqa: E402
 from gpuop.inventory import scanning  # noqa: E402
-from gpuop.nvml.sim_gpus import gpu_uuid  # noqa: E402
-from gpuop.nvml.simulated import SimNvml  # noqa: E402
-from gpuop.sim.hosts import build_host_root  # noqa: E402
+from gpuop_sim.cluster.hosts import build_host_root  # noqa: E402
+from gpuop_sim.nvml.sim_gpus import gpu_uuid  # noqa: E402
+from gpuop_sim.nvml.simulated import SimNvml  # noqa: E402
 
 SOURCE = "/gpuop/soak-fleet"
 DURABLE = "soak-fleet"

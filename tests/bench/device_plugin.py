@@ -46,8 +46,8 @@ from gpuop.services.device_plugin.agent import NVML_HOLDER, NodeAgent
 from gpuop.services.device_plugin.config import DevicePluginConfig
 from gpuop.services.device_plugin.metrics import PluginMetrics
 from gpuop.services.device_plugin.plugins import DevicePlugins
-from gpuop.sim import hosts
-from gpuop.sim.kubelet_grpc import KubeletGrpc
+from gpuop_sim.cluster import hosts
+from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
 
 NODE = "bench-node"
 GPUS = 8

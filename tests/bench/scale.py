@@ -17,7 +17,7 @@ Run by `tests/bench/run_all.py` (`make bench`), or alone:
     figure held to the target) and `a_python_orchestrator_mb`.
 (b) API requests: the real orchestrator (`leading.lead`: Lease, policy and node watches,
     the controller, the executor through the official client) against the simulated
-    cluster (`gpuop.sim.SimCluster`, GPU workloads under PodDisruptionBudgets), on the
+    cluster (`gpuop_sim.SimCluster`, GPU workloads under PodDisruptionBudgets), on the
     in-memory bus, with fake node agents that answer every driver and operand command at
     once (`tests/integration/upgrade_orchestrator/fleets.py`). The policy waits for the
     training Job's pods, deletes GPU pods and drains. Every request the API server serves

@@ -18,7 +18,7 @@ so the cluster is made of three parts, all on one real nats-server:
   a heartbeat every 10 s, the driver-manager's and the operands' answers to every command
   at once; it also publishes GPU health changes (XID and ECC, one a second, each GPU
   recovering ten events later) for every node, the sample nodes' device plugins included;
-- the simulated Kubernetes cluster (`gpuop.sim.SimCluster`, 200 nodes of 8 GPUs, 50 with
+- the simulated Kubernetes cluster (`gpuop_sim.SimCluster`, 200 nodes of 8 GPUs, 50 with
   `--quick`, GPU workloads under PodDisruptionBudgets, kubelets reporting every 10 s) in
   this process.
 
@@ -78,13 +78,15 @@ os.environ.update(OWN_ENVIRONMENT)
 from gpuop.bus import BusError, NatsBus, NatsServer, StoredMessage  # noqa: E402
 from gpuop.events import MalformedMessage, UnknownEventType, decode, subjects  # noqa: E402
 from gpuop.events import upgrade as up  # noqa: E402
-from gpuop.host import packaging, seeding, system  # noqa: E402
+from gpuop.host import packaging, system  # noqa: E402
 from gpuop.host.roots import HostRoot  # noqa: E402
 from gpuop.kube import client, customobjects  # noqa: E402
 from gpuop.kube import errors as kubeerrors  # noqa: E402
 from gpuop.policy import crd, specs  # noqa: E402
-from gpuop.sim import SimCluster, hosts  # noqa: E402
-from gpuop.sim.kubelet_grpc import KubeletGrpc  # noqa: E402
+from gpuop_sim import SimCluster  # noqa: E402
+from gpuop_sim.cluster import hosts  # noqa: E402
+from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc  # noqa: E402
+from gpuop_sim.host import seeding  # noqa: E402
 from tests.bench._fleet import FleetConfig, FleetNode  # noqa: E402
 from tests.bench._processes import (  # noqa: E402
     Tracked,

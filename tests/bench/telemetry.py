@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import time
-from importlib import resources
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -61,7 +60,9 @@ priced at the cheapest timed call."""
 
 def nvml_floor() -> dict[str, float]:
     """The recorded H200's cost of the same queries, for 8 GPUs."""
-    recording = json.loads(resources.files("gpuop.nvml").joinpath("h200_nvml.json").read_text())
+    from gpuop_sim import recordings
+
+    recording = json.loads(recordings.H200_NVML.read_text())
     timing = {
         key.split(".", 1)[1]: value["median"] for key, value in recording["timing_us"].items()
     }
@@ -82,13 +83,13 @@ def nvml_floor() -> dict[str, float]:
 async def serve() -> None:
     """Run the exporter behind the service's HTTP server until stdin closes."""
     from gpuop.bus import InMemoryBus
-    from gpuop.nvml import SimNvml
-    from gpuop.nvml.sim_gpus import gpu_uuid
     from gpuop.observability.http import HealthServer
     from gpuop.observability.metrics import registry
     from gpuop.services.telemetry.config import TelemetryConfig
     from gpuop.services.telemetry.node_exporter import NodeExporter
     from gpuop.services.telemetry.pods import DeviceAssignment, InMemoryPodResources, Owner
+    from gpuop_sim.nvml.sim_gpus import gpu_uuid
+    from gpuop_sim.nvml.simulated import SimNvml
 
     logging.basicConfig(level=logging.WARNING)
     pods = InMemoryPodResources(

@@ -29,14 +29,16 @@ from kubernetes.aio import client as k8s
 
 from gpuop.bus import NatsBus
 from gpuop.cli.events import export_lines
-from gpuop.host import packaging, seeding, system
+from gpuop.host import packaging, system
 from gpuop.host.roots import HostRoot
 from gpuop.kube import client, nodes
 from gpuop.policy import crd, specs
 from gpuop.saga.actions import STATE_LABEL
-from gpuop.sim import SimCluster, hosts
-from gpuop.sim.faults import FaultPlan
-from gpuop.sim.kubelet_grpc import KubeletGrpc
+from gpuop_sim import SimCluster
+from gpuop_sim.apiserver.faults import FaultPlan
+from gpuop_sim.cluster import hosts
+from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
+from gpuop_sim.host import seeding
 
 REPO = Path(__file__).resolve().parents[2]
 OLD = seeding.RECORDED_DRIVER_VERSION

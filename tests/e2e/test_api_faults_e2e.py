@@ -24,7 +24,7 @@ import pytest
 from gpuop.bus import NatsServer
 from gpuop.kube import customobjects, errors
 from gpuop.saga.actions import STATE_LABEL
-from gpuop.sim.faults import FaultPlan
+from gpuop_sim.apiserver.faults import FaultPlan
 from tests.e2e import invariants
 from tests.e2e.stack import DRIVER_LABEL, NEW, Stack, stack
 from tests.e2e.test_rollout_e2e import every_node_done, log_of

@@ -23,10 +23,12 @@ from gpuop.bus import NatsBus, NatsServer
 from gpuop.events import Command, Envelope, Event, command_id, decode, new_command, subjects
 from gpuop.events import driver as dm
 from gpuop.events.hardware import HardwareDiscovered, RescanHardware
-from gpuop.host import packaging, seeding, system
+from gpuop.host import packaging, system
 from gpuop.kube import client, nodes
 from gpuop.kube.watching import ListWatch
-from gpuop.sim import SimCluster, hosts
+from gpuop_sim import SimCluster
+from gpuop_sim.cluster import hosts
+from gpuop_sim.host import seeding
 
 pytestmark = pytest.mark.nats
 

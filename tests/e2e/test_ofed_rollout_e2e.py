@@ -19,7 +19,7 @@ from gpuop.host.roots import HostRoot
 from gpuop.kube import nodes
 from gpuop.saga import replaying
 from gpuop.saga.actions import STATE_LABEL
-from gpuop.sim import nics
+from gpuop_sim.cluster import nics
 from tests.e2e import invariants
 from tests.e2e.stack import OFED_NEW, stack
 from tests.e2e.test_rollout_e2e import log_of

@@ -29,10 +29,10 @@ import pytest
 from gpuop.bus import NatsServer
 from gpuop.events.upgrade import UpgradeState
 from gpuop.host import system
-from gpuop.host.simkernel import SimKernel
 from gpuop.policy import specs
 from gpuop.saga import replaying
 from gpuop.saga.actions import STATE_LABEL
+from gpuop_sim.host.simkernel import SimKernel
 from tests.e2e import invariants
 from tests.e2e.stack import DRIVER_LABEL, NEW, Stack, set_package, stack
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpuop.sim import recordings
+from gpuop_sim import recordings
 from tests import skips
 
 ROOT = Path(__file__).resolve().parents[2]

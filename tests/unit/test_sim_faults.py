@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from gpuop.sim.faults import FaultPlan
+from gpuop_sim.apiserver.faults import FaultPlan
 
 
 def statuses(plan: FaultPlan, count: int) -> list[int]:

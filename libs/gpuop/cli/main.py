@@ -13,9 +13,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from gpuop import __version__
+from gpuop import __version__, plugins
 from gpuop.bus.errors import BusError
-from gpuop.cli import demo, discover, events, replay, run, sim, upgrade
+from gpuop.cli import discover, events, replay, run, upgrade
 from gpuop.cli.errors import CommandFailed
 from gpuop.kube.errors import KubeError
 from gpuop.runtime.services import UnknownService
@@ -39,8 +39,8 @@ def parser() -> argparse.ArgumentParser:
     replay.add_parser(verbs)
     discover.add_parser(verbs)
     upgrade.add_parser(verbs)
-    demo.add_parser(verbs)
-    sim.add_parser(verbs)
+    for add_parser in plugins.load_all("gpuop.commands").values():  # `demo`, `sim`
+        add_parser(verbs)
     return top
 
 
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(asyncio.run(args.handler(args, os.environ)))
-    except (SettingsError, UnknownService, ValueError) as exc:
+    except (SettingsError, UnknownService, ValueError, plugins.PluginMissing) as exc:
         print(f"gpuop {_command(args)}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (BusError, CommandFailed, KubeError) as exc:

@@ -1,7 +1,7 @@
 """A node's host, seen from a node agent: everything under a host root (`/host` in a pod,
 a directory in tests), read with typed readers, and the kernel's modules, changed through
-one `KernelOps` protocol with a real (`SubprocessKernelOps`) and a simulated (`SimKernel`)
-implementation.
+one `KernelOps` protocol, implemented here for a real host (`SubprocessKernelOps`) and by
+plugins for a simulated one (`gpuop_sim.host.simkernel`, entry point group `gpuop.kernels`).
 
 Import the pieces as namespaces: `from gpuop.host import pci, system, modules, nvidia`,
 then `pci.pci_functions(root)`, `nvidia.driver_version(root)`.
@@ -14,13 +14,9 @@ then `pci.pci_functions(root)`, `nvidia.driver_version(root)`.
     components    driver components, their modules and dependency order
     protocol      KernelOps
     subprocesses  SubprocessKernelOps: modprobe, rmmod, depmod, chrooted
-    simkernel     SimKernel, and its holders API for the simulated NVML
-    simstate      where SimKernel keeps its state in the host root
     packages      installed package layout, active versions, module stand-ins
     indexing      the simulated depmod's modules.dep
     packaging     package archives and driver sources of stand-ins
-    standins      stand-in modprobe, rmmod, depmod executables
-    seeding       a simulated host root from the recorded H200
     errors        the exception tree
 """
 
@@ -42,7 +38,6 @@ from gpuop.host.nvidia import GpuInformation, NvidiaDriverVersion
 from gpuop.host.pci import PciFunction
 from gpuop.host.protocol import KernelOps
 from gpuop.host.roots import HostRoot
-from gpuop.host.simkernel import SimKernel
 from gpuop.host.subprocesses import SubprocessKernelOps
 from gpuop.host.system import HostSystem, OsRelease
 
@@ -67,6 +62,5 @@ __all__ = [
     "NvidiaDriverVersion",
     "OsRelease",
     "PciFunction",
-    "SimKernel",
     "SubprocessKernelOps",
 ]

@@ -4,7 +4,7 @@ indexing kernel modules.
 The driver-manager receives a `KernelOps` in its constructor: `SubprocessKernelOps` on a
 node (modprobe, rmmod and depmod chrooted into the host root), `SimKernel` in the demo and
 in tests, or `SubprocessKernelOps(chroot=False)` with the stand-in tools of
-`gpuop.host.standins` on PATH to exercise the real subprocess path against a simulated host.
+`gpuop_sim.host.standins` on PATH to exercise the real subprocess path against a simulated host.
 """
 
 from __future__ import annotations
@@ -42,3 +42,20 @@ class KernelOps(Protocol):
         """Rebuild the module index of `kernel_release` after packages were installed or
         removed, so `load` finds the active version. Raises `DepmodFailed`."""
         ...
+
+
+class Rebooter(Protocol):
+    """Reboots a node."""
+
+    async def reboot(self) -> None:
+        """Start the reboot; on a real node, this process dies soon after."""
+        ...
+
+
+class SimulatedHost(Protocol):
+    """A host that a plugin simulates under a host root (entry point group `gpuop.kernels`,
+    name `simulated`): its kernel, and a reboot that reboots the simulation, never the
+    machine the agent runs on."""
+
+    kernel: KernelOps
+    rebooter: Rebooter

@@ -1,7 +1,7 @@
 """The host root: where a node agent finds the host's `/sys`, `/proc`, `/etc` and `/lib`.
 
 In a pod the host's `/` is mounted at `/host`; in tests and the demo it is a directory made
-from the recorded H200 host (`gpuop.sim.recordings`, `h200/hostroot`). Every reader in `gpuop.host`
+from the recorded H200 host (`gpuop_sim.recordings`, `h200/hostroot`). Every reader in `gpuop.host`
 takes a `HostRoot` and reads through it, so none of them ever touches the container's own
 files by mistake: symbolic links are followed as the host would follow them, an absolute
 target starting again at the host root.

@@ -4,7 +4,7 @@ into the host root, their failures read from what they print.
 The driver-manager uses `SubprocessKernelOps` on a node (its pod mounts the host's `/` at
 `/host` and may chroot). With `chroot=False` the tools come from PATH and learn the host
 root from `GPUOP_HOST_ROOT`: that is how tests and the demo run the stand-ins of
-`gpuop.host.standins` against a simulated host, through this same code.
+`gpuop_sim.host.standins` against a simulated host, through this same code.
 
 kmod's messages, which `failure` maps to `gpuop.host.errors`:
 

@@ -2,7 +2,7 @@
 
 Everything goes through the official client's asyncio flavour (`kubernetes.aio`) and a
 kubeconfig (or the pod's service account), the same against a real cluster as against
-`gpuop.sim`. Objects are the plain camelCase dicts of the wire; every failure is one of
+`gpuop_sim`. Objects are the plain camelCase dicts of the wire; every failure is one of
 `gpuop.kube.errors`; every wait reads a `gpuop.clocks.Clock`. Import the modules as namespaces
 (`from gpuop.kube import nodes` then `await nodes.cordon(kube, "node-1")`)::
 

@@ -12,7 +12,7 @@ every client and server on a kubelet socket shares.
                            the stubs; a test fails when the committed ones drift
 
 The device plugin service serves DevicePlugin and calls Registration; the simulated kubelet
-(`gpuop.sim.kubelet_grpc`) serves Registration and PodResourcesLister; telemetry calls
+(`gpuop_sim.cluster.kubelet_grpc`) serves Registration and PodResourcesLister; telemetry calls
 PodResourcesLister. The generated modules are committed and excluded from ruff; mypy reads
 the `.pyi` stubs beside them.
 """

@@ -1,9 +1,9 @@
 """NVML access for node services: one `Nvml` protocol, three backends.
 
-`PynvmlBackend` talks to the driver through nvidia-ml-py, `SimNvml` simulates H200 nodes
-(moving metrics, XID and ECC injection, MIG, NVLink and NUMA, coupled to a simulated kernel's
-`nvidia` module), `RecordedNvml` answers from a recorded `nvml.json`. Services get theirs from
-`open_backend()` with the `--nvml` flag. Import the concept modules as namespaces:
+`PynvmlBackend` talks to the driver through nvidia-ml-py, `RecordedNvml` answers from a
+recorded `nvml.json`; other backends come from plugins (entry point group `gpuop.nvml`):
+`gpuop_sim`'s `SimNvml` simulates H200 nodes for `--nvml sim:<gpus>`. Services get theirs
+from `open_backend()` with the `--nvml` flag. Import the concept modules as namespaces:
 `from gpuop.nvml import errors, metrics` then `errors.DriverNotLoaded`, `metrics.FieldId`.
 """
 
@@ -34,7 +34,6 @@ from gpuop.nvml.protocol import Nvml, inventory, opened
 from gpuop.nvml.real import PynvmlBackend
 from gpuop.nvml.recorded import RecordedNvml
 from gpuop.nvml.recordings import load_recording
-from gpuop.nvml.simulated import SimNvml
 from gpuop.nvml.topology import NvLink, NvLinkRemote, PcieLevel, PeerTopology
 from gpuop.nvml.watching import DeviceEvent, EccEvent, EventWatcher, XidEvent
 
@@ -70,7 +69,6 @@ __all__ = [
     "ProcessInfo",
     "PynvmlBackend",
     "RecordedNvml",
-    "SimNvml",
     "XidEvent",
     "errors",
     "inventory",

@@ -1,7 +1,7 @@
 """`RecordedNvml`: the `Nvml` protocol answering from a recorded `nvml.json`.
 
 `--nvml recorded:<file>` runs a service against what a real node answered, with no GPU: the
-H200 recording (`gpuop.sim.recordings`, `h200/nvml.json`) is one NVIDIA H200 on driver
+H200 recording (`gpuop_sim.recordings`, `h200/nvml.json`) is one NVIDIA H200 on driver
 580.159.04 (decoded by `recordings.py`, which says how unrecorded values read). The readings
 never move, no event ever arrives (a wait times out, as the recorded one did), and there is
 no NVLink or MIG.
@@ -24,7 +24,7 @@ from gpuop.nvml.watching import EventWatcher, QueueWatcher, WatcherSet
 class RecordedNvml:
     """Answers NVML queries from a recording: static values, no events, no MIG, no NVLink."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path) -> None:
         self.recording = load_recording(path)
         self._open = False
         self._watchers: WatcherSet[QueueWatcher] = WatcherSet()

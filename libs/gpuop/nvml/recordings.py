@@ -1,8 +1,7 @@
 """Recorded NVML answers: decoding an `nvml.json` like the recorded H200's.
 
-`RecordedNvml` serves a decoded recording as a backend, and `SimNvml` seeds its GPUs from
-one. A copy of the H200 recording ships in this package (`h200_nvml.json`), so the simulation
-needs nothing outside it; a unit test keeps the copy equal to the fixture.
+`RecordedNvml` serves a decoded recording as a backend, and the simulation (`gpuop_sim`,
+whose `recordings` hold the H200's) seeds its GPUs from one.
 
 Values are exactly the recording's. What the recording did not capture, or captured as
 NotSupported (its `errors` section lists fan speed, NUMA node, NVLink state and retired
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +26,6 @@ from gpuop.nvml.metrics import (
     ProcessInfo,
 )
 from gpuop.nvml.watching import instance_id
-
-PACKAGED_H200 = "h200_nvml.json"
-"""The copy of the recorded H200's `nvml.json` (`gpuop.sim.recordings`) inside this package."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +49,9 @@ class Recording:
     devices: tuple[RecordedDevice, ...]
 
 
-def load_recording(path: Path | None = None) -> Recording:
-    """Decode a recorded `nvml.json`; the packaged H200 recording when `path` is None."""
-    if path is None:
-        source = resources.files("gpuop.nvml").joinpath(PACKAGED_H200).read_text()
-    else:
-        source = path.read_text()
+def load_recording(path: Path) -> Recording:
+    """Decode the recorded `nvml.json` at `path`."""
+    source = path.read_text()
     try:
         document = json.loads(source)
         calls = document["calls"]
@@ -73,7 +65,7 @@ def load_recording(path: Path | None = None) -> Recording:
             devices=devices,
         )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise ValueError(f"{path or PACKAGED_H200}: not a usable NVML recording: {exc!r}") from exc
+        raise ValueError(f"{path}: not a usable NVML recording: {exc!r}") from exc
 
 
 def _device(index: int, answers: dict[str, Any]) -> RecordedDevice:

@@ -17,10 +17,10 @@ import aiohttp
 import pytest
 
 from gpuop.bus import NatsBus, NatsServer
-from gpuop.cli import screens
 from gpuop.host.roots import HostRoot
 from gpuop.runtime import services
 from gpuop.runtime.settings import Role
+from gpuop_sim.cli import screens
 from tests.integration.bus.support import heartbeat
 
 GPUOP = [sys.executable, "-m", "gpuop.cli.main"]

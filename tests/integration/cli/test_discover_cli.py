@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpuop.sim import recordings
+from gpuop_sim import recordings
 from tests.integration.cli.test_cli import gpuop
 
 RECORDED = recordings.H200_HOST_ROOT

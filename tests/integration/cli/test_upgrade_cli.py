@@ -26,8 +26,8 @@ from gpuop.events.driver import Component
 from gpuop.kube import client, customobjects, nodes
 from gpuop.policy import specs
 from gpuop.saga.actions import STATE_LABEL
-from gpuop.sim import ApiServer
-from gpuop.sim.kubeconfig import write_kubeconfig
+from gpuop_sim import ApiServer
+from gpuop_sim.apiserver.kubeconfig import write_kubeconfig
 from tests.integration.cli.test_cli import free_port, gpuop
 from tests.integration.upgrade_orchestrator.test_policies import install_crd
 from tests.unit.saga.support import T0

@@ -26,16 +26,17 @@ from gpuop.events import (
     new_event,
 )
 from gpuop.host.roots import HostRoot
-from gpuop.host.simkernel import SimKernel
 from gpuop.kubelet import constants
 from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2
-from gpuop.nvml import HostRootModules, Nvml, SimNvml
+from gpuop.nvml import HostRootModules, Nvml
 from gpuop.services.device_plugin.agent import NVML_HOLDER, NodeAgent
 from gpuop.services.device_plugin.config import DevicePluginConfig
 from gpuop.services.device_plugin.metrics import PluginMetrics
 from gpuop.services.device_plugin.plugins import DevicePlugins
-from gpuop.sim import hosts
-from gpuop.sim.kubelet_grpc import KubeletGrpc
+from gpuop_sim.cluster import hosts
+from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
+from gpuop_sim.host.simkernel import SimKernel
+from gpuop_sim.nvml.simulated import SimNvml
 
 NODE = "gpu-1.example.com"
 E = TypeVar("E", bound=Event)

@@ -13,12 +13,12 @@ from gpuop.bus import InMemoryBus
 from gpuop.events import device, driver
 from gpuop.host.errors import ModuleInUse
 from gpuop.host.roots import HostRoot
-from gpuop.host.simkernel import SimKernel
 from gpuop.kubelet import constants
-from gpuop.nvml import sim_gpus
 from gpuop.services.device_plugin import cdi
 from gpuop.services.device_plugin.config import DevicePluginConfig
 from gpuop.services.device_plugin.serving import socket_name
+from gpuop_sim.host.simkernel import SimKernel
+from gpuop_sim.nvml import sim_gpus
 from tests.integration.device_plugin.support import (
     GPU,
     NODE,

@@ -16,7 +16,7 @@ from gpuop.events import command_id, decode, device, driver, new_command, new_ev
 from gpuop.host.roots import HostRoot
 from gpuop.runtime.services import ServiceContext
 from gpuop.services import device_plugin
-from gpuop.sim.kubelet_grpc import KubeletGrpc
+from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
 from tests.integration.device_plugin.support import (
     GPU,
     NODE,

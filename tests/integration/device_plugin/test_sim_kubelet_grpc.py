@@ -15,7 +15,7 @@ from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpuop.kubelet.podresources.v1 import api_pb2 as podresources
 from gpuop.kubelet.podresources.v1 import api_pb2_grpc as podresources_grpc
 from gpuop.kubelet.sockets import UnixTarget
-from gpuop.sim.kubelet_grpc import KubeletError, KubeletGrpc
+from gpuop_sim.cluster.kubelet_grpc import KubeletError, KubeletGrpc
 from tests.integration.device_plugin.support import GPU, build_host, healthy, running_node
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuop.kube import client
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 
 
 @pytest.fixture

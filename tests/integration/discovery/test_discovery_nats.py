@@ -10,12 +10,13 @@ import pytest
 from gpuop.bus import NatsServer
 from gpuop.events import driver, new_event
 from gpuop.host.roots import HostRoot
-from gpuop.host.simkernel import SimKernel
 from gpuop.kube import client, nodes
 from gpuop.runtime.settings import Role
 from gpuop.services import discovery
 from gpuop.services.discovery.labeler import HASH_ANNOTATION
-from gpuop.sim import ApiServer, hosts
+from gpuop_sim import ApiServer
+from gpuop_sim.cluster import hosts
+from gpuop_sim.host.simkernel import SimKernel
 from tests.integration.services import eventually, in_process
 
 NODE = "gpu-1.example.com"

@@ -18,7 +18,7 @@ from gpuop.kube import client, nodes
 from gpuop.kube.recording import EventRecorder
 from gpuop.services.discovery import labeler
 from gpuop.services.discovery.labeler import HASH_ANNOTATION, OWNED_ANNOTATION, Labeler
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 
 NODE = "gpu-1.example.com"
 GPU_FUNCTION = PciFunction(

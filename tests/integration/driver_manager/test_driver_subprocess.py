@@ -12,10 +12,11 @@ import pytest
 
 from gpuop.bus import InMemoryBus
 from gpuop.events import driver as dm
-from gpuop.host import modules, standins, system
+from gpuop.host import modules, system
 from gpuop.host.roots import HostRoot
 from gpuop.nvml import open_backend
 from gpuop.services.driver_manager.config import DriverManagerConfig, KernelMode
+from gpuop_sim.host import standins
 from tests.unit.driver_manager.support import (
     BOOT_ID,
     NEW,

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.host import errors, modules, nvidia, packages, packaging, standins
+from gpuop.host import errors, modules, nvidia, packages, packaging
 from gpuop.host.roots import HostRoot
-from gpuop.host.simkernel import SimKernel
 from gpuop.host.subprocesses import SubprocessKernelOps
+from gpuop_sim.host import standins
+from gpuop_sim.host.simkernel import SimKernel
 
 KERNEL = "6.18.44-fc-v657-gpu"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuop.kube import client
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 
 
 @pytest.fixture

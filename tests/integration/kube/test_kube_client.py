@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuop.kube import client, errors, nodes
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 from tests.integration.kube import support
 
 

@@ -11,7 +11,7 @@ from gpuop.clocks import VirtualClock
 from gpuop.kube import budgets, client, draining, errors, pods
 from gpuop.kube.draining import DrainOptions, SkipReason
 from gpuop.kube.pods import PodRef
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 from tests.integration.kube import support
 
 EMPTY_DIR = [{"name": "scratch", "emptyDir": {}}]

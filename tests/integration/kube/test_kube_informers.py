@@ -10,7 +10,7 @@ import pytest
 from gpuop.kube import client, nodes
 from gpuop.kube.informers import Informer
 from gpuop.kube.watching import ListWatch
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 from tests.integration.kube import support
 
 

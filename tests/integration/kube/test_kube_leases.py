@@ -11,7 +11,7 @@ import pytest
 from gpuop.clocks import VirtualClock
 from gpuop.kube import client, errors, leases
 from gpuop.kube.leases import Attempt, LeaderElection
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 
 LEASE = "gpuop-upgrade-orchestrator"
 Candidate = Callable[..., LeaderElection]

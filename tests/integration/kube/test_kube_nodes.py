@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpuop.kube import client, errors, nodes
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 from tests.integration.kube import support
 
 RECORD = nodes.INITIAL_STATE_ANNOTATION

@@ -6,7 +6,7 @@ import pytest
 
 from gpuop.kube import client, pods
 from gpuop.kube.pods import PodRef
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 from tests.integration.kube import support
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuop.clocks import VirtualClock
 from gpuop.kube import client, recording
 from gpuop.kube.recording import EventRecorder, EventType
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 from tests.integration.kube import support
 
 

@@ -1,5 +1,5 @@
-"""`Kube.call` against a server that fails on purpose (`gpuop.sim.faults`): what it retries,
-how long it waits (on a virtual clock), and when it gives the error to the caller."""
+"""`Kube.call` against a server that fails on purpose (`gpuop_sim.apiserver.faults`): what it
+retries, how long it waits (on a virtual clock), and when it gives the error to the caller."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from gpuop.clocks import VirtualClock
 from gpuop.kube import client, errors, nodes
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 from tests.integration.kube import support
 
 NAMESPACES = "/api/v1/namespaces"

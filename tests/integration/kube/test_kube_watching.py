@@ -12,7 +12,8 @@ import pytest
 from gpuop.clocks import VirtualClock
 from gpuop.kube import client, errors, nodes, watching
 from gpuop.kube.watching import ListWatch, WatchEvent
-from gpuop.sim import ApiServer, kinds
+from gpuop_sim import ApiServer
+from gpuop_sim.apiserver import kinds
 from tests.integration.kube import support
 
 

@@ -20,8 +20,8 @@ from gpuop.policy.networks import CONFIG_KEY
 from gpuop.services.network_manager import attachments
 from gpuop.services.network_manager.config import NetworkManagerConfig
 from gpuop.services.network_manager.controller import NetworkController
-from gpuop.sim import ApiServer
-from gpuop.sim.crds import network_attachment_definitions
+from gpuop_sim import ApiServer
+from gpuop_sim.apiserver.crds import network_attachment_definitions
 from tests.unit.network_manager.support import wire
 
 NADS = customobjects.NETWORK_ATTACHMENT_DEFINITIONS

@@ -19,8 +19,8 @@ from gpuop.policy import crd, specs
 from gpuop.runtime.services import ServiceContext
 from gpuop.runtime.settings import Role
 from gpuop.services import network_manager
-from gpuop.sim import ApiServer
-from gpuop.sim.crds import network_attachment_definitions
+from gpuop_sim import ApiServer
+from gpuop_sim.apiserver.crds import network_attachment_definitions
 from tests.integration.services import eventually, in_process
 from tests.unit.network_manager.support import wire
 

@@ -22,7 +22,7 @@ from gpuop.policy import (
     valid_condition,
     validate_spec,
 )
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 
 REPO = Path(__file__).resolve().parents[3]
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

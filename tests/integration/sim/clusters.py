@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from kubernetes.aio import client, config
 
-from gpuop.sim import SimCluster
+from gpuop_sim import SimCluster
 
 Obj = dict[str, Any]
 T = TypeVar("T")

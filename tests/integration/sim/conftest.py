@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kubernetes.aio import client, config
 
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 from tests.integration.sim.support import RawApi
 
 
@@ -23,7 +23,7 @@ def no_server_errors(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     errors = [
         record.getMessage()
         for record in caplog.get_records("call")
-        if record.name.startswith("gpuop.sim") and record.levelno >= logging.ERROR
+        if record.name.startswith("gpuop_sim") and record.levelno >= logging.ERROR
     ]
     assert not errors, f"the simulated API server logged errors: {errors}"
 

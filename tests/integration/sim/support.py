@@ -9,8 +9,8 @@ from typing import Any
 
 import aiohttp
 
-from gpuop.sim import ApiServer
-from gpuop.sim.resources import GroupResource
+from gpuop_sim import ApiServer
+from gpuop_sim.apiserver.resources import GroupResource
 
 Obj = dict[str, Any]
 

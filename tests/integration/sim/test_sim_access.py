@@ -11,7 +11,7 @@ from kubernetes import client as sync_client
 from kubernetes import config as sync_config
 from kubernetes.aio import client
 
-from gpuop.sim import ApiServer, RequestKind
+from gpuop_sim import ApiServer, RequestKind
 from tests.integration.sim.support import RawApi, pod
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from kubernetes.aio import client
 
-from gpuop.sim import ApiServer, SimCluster, workloads
+from gpuop_sim import ApiServer, SimCluster
+from gpuop_sim.cluster import workloads
 from tests.integration.sim.clusters import (
     controller_kind,
     eventually,

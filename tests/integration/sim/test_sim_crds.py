@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from kubernetes.aio import client
 
-from gpuop.sim import ApiServer
-from gpuop.sim.resources import GroupResource
+from gpuop_sim import ApiServer
+from gpuop_sim.apiserver.resources import GroupResource
 from tests.integration.sim.support import RawApi, watch_opened
 
 GROUP = "gpuop.io"

@@ -7,7 +7,7 @@ import json
 import pytest
 from kubernetes.aio import client
 
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 from tests.integration.sim.support import RawApi, pdb, pod, running
 
 BLOCKED = "Cannot evict pod as it would violate the pod's disruption budget."

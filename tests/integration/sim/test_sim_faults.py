@@ -8,8 +8,9 @@ import asyncio
 import json
 import time
 
-from gpuop.sim import ApiServer, kinds
-from gpuop.sim.faults import FaultPlan
+from gpuop_sim import ApiServer
+from gpuop_sim.apiserver import kinds
+from gpuop_sim.apiserver.faults import FaultPlan
 from tests.integration.sim.support import RawApi, pod, watch_opened
 
 PODS = "/api/v1/namespaces/default/pods"

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes.aio import client, watch
 
-from gpuop.sim import ApiServer, SimCluster, workloads
+from gpuop_sim import ApiServer, SimCluster
+from gpuop_sim.cluster import workloads
 from tests.integration.sim.clusters import (
     controller_kind,
     eventually,

@@ -7,8 +7,8 @@ import json
 import pytest
 from kubernetes.aio import client
 
-from gpuop.sim import ApiServer
-from gpuop.sim.patching import apply_json_patch, apply_merge_patch, strategic_merge
+from gpuop_sim import ApiServer
+from gpuop_sim.apiserver.patching import apply_json_patch, apply_merge_patch, strategic_merge
 from tests.integration.sim.support import RawApi, node, pod
 
 NODE = "/api/v1/nodes/node-1"

@@ -12,8 +12,8 @@ from kubernetes import config as sync_config
 from kubernetes import watch as sync_watch
 from kubernetes.aio import client, config
 
-from gpuop.sim import ApiServer, ThreadedApiServer
-from gpuop.sim.cli import run_apiserver
+from gpuop_sim import ApiServer, ThreadedApiServer
+from gpuop_sim.cluster.cli import run_apiserver
 from tests.integration.sim.support import node, pod, running
 
 

@@ -7,7 +7,8 @@ import json
 import pytest
 from kubernetes.aio import client
 
-from gpuop.sim import ApiServer, kinds
+from gpuop_sim import ApiServer
+from gpuop_sim.apiserver import kinds
 from tests.integration.sim.support import RawApi, node, pod
 
 STALE = (

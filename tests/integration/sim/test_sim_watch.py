@@ -8,7 +8,8 @@ import time
 import pytest
 from kubernetes.aio import client, watch
 
-from gpuop.sim import ApiServer, kinds
+from gpuop_sim import ApiServer
+from gpuop_sim.apiserver import kinds
 from tests.integration.sim.support import RawApi, node, pod, watch_opened
 
 PODS = "/api/v1/namespaces/default/pods"

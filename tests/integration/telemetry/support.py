@@ -18,7 +18,7 @@ import pytest
 from gpuop.kubelet import constants
 from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpuop.kubelet.sockets import UnixTarget
-from gpuop.sim.kubelet_grpc import KubeletGrpc
+from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
 
 
 def prometheus_binary() -> str:

@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 
 from gpuop.bus import NatsServer
-from gpuop.nvml.sim_gpus import gpu_uuid
-from gpuop.sim import hosts
-from gpuop.sim.kubelet_grpc import KubeletGrpc
+from gpuop_sim.cluster import hosts
+from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
+from gpuop_sim.nvml.sim_gpus import gpu_uuid
 from tests.integration.telemetry.support import GpuPlugin, Prometheus, free_port, prometheus_binary
 
 NODE = "gpu-1.example.com"

@@ -30,7 +30,7 @@ from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
-from gpuop.host import packaging, seeding, system
+from gpuop.host import packaging, system
 from gpuop.host.roots import HostRoot
 from gpuop.nvml import open_backend
 from gpuop.observability import tracing
@@ -49,7 +49,8 @@ from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
-from gpuop.sim import hosts
+from gpuop_sim.cluster import hosts
+from gpuop_sim.host import seeding
 from tests.integration.device_plugin.support import NODE, running_node
 from tests.unit.span_recording import ancestry, named, one_tree, recorded_spans, untraced
 from tests.unit.upgrade_orchestrator.support import FakeKube

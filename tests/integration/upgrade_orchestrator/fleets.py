@@ -32,7 +32,7 @@ from gpuop.policy import crd, specs
 from gpuop.services.upgrade_orchestrator import leading
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.store import SagaStore
-from gpuop.sim import RequestKind, RequestRecord, SimCluster
+from gpuop_sim import RequestKind, RequestRecord, SimCluster
 from tests.unit.saga.support import inventory, policy
 from tests.unit.upgrade_orchestrator.support import answers
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuop.sim import RequestKind
+from gpuop_sim import RequestKind
 from tests.integration.upgrade_orchestrator import fleets
 
 NODES = 6

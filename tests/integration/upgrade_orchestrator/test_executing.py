@@ -17,7 +17,7 @@ from gpuop.kube.recording import EventRecorder
 from gpuop.saga import actions
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
 from gpuop.services.upgrade_orchestrator.nodepods import NodePods
-from gpuop.sim import RequestKind, SimCluster
+from gpuop_sim import RequestKind, SimCluster
 
 
 @pytest.fixture

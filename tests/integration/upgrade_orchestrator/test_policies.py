@@ -17,7 +17,7 @@ from kubernetes.aio import client as k8s
 from gpuop.kube import client, customobjects
 from gpuop.policy import crd, specs
 from gpuop.services.upgrade_orchestrator.policies import PolicyWatcher
-from gpuop.sim import ApiServer
+from gpuop_sim import ApiServer
 
 REPO = Path(__file__).resolve().parents[3]
 NAME = "default"

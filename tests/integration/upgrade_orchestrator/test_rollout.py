@@ -24,14 +24,16 @@ from gpuop.bus import NatsBus, NatsServer
 from gpuop.cli.events import export_lines
 from gpuop.events import decode, subjects
 from gpuop.events.upgrade import NodeUpgradeStateChanged, RolloutCompleted, UpgradeState
-from gpuop.host import packaging, seeding, system
+from gpuop.host import packaging, system
 from gpuop.kube import client, customobjects, nodes
 from gpuop.policy import crd, specs
 from gpuop.saga import replaying
 from gpuop.saga.actions import STATE_LABEL
 from gpuop.services.upgrade_orchestrator import leading
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
-from gpuop.sim import SimCluster, hosts
+from gpuop_sim import SimCluster
+from gpuop_sim.cluster import hosts
+from gpuop_sim.host import seeding
 from tests.e2e.test_node_agents_e2e import (
     DISCOVERY_CONFIG,
     DRIVER_LABEL,

@@ -14,11 +14,11 @@ import pytest
 from gpuop.bus import Bus
 from gpuop.bus.errors import BusUnavailable
 from gpuop.bus.protocol import StoredMessage
-from gpuop.cli import rollout_view, screens
-from gpuop.cli.rollout_view import Tracker
 from gpuop.events import Envelope, decode, new_event
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import NodeUpgradeStateChanged, RolloutCompleted, UpgradeState
+from gpuop_sim.cli import rollout_view, screens
+from gpuop_sim.cli.rollout_view import Tracker
 from tests.integration.bus.support import heartbeat
 from tests.unit.saga.support import BOOT_A, inventory
 
@@ -110,7 +110,8 @@ async def test_frames_are_redrawn_in_place_and_the_cursor_comes_back(tracker: Tr
     assert drawn.startswith(screens.HIDE_CURSOR)
     frame = len(screen.render(1000))
     assert f"\x1b[{frame}F" in drawn  # back to the first line of the previous frame
-    assert drawn.endswith(screens.SHOW_CURSOR)
+    assert drawn.endswith(f"{screens.SHOW_CURSOR}\n")  # what follows starts a clean line
+    assert drawn.splitlines()[-1].endswith(screens.SHOW_CURSOR)
 
 
 class BreakingBus:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuop.cli import main, sim
+from gpuop.cli import main
+from gpuop_sim.cli import sim
 
 BASE = ["sim", "apiserver", "--kubeconfig-out", "kubeconfig"]
 

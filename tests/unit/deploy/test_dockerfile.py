@@ -15,7 +15,7 @@ from pathlib import Path
 import dockerfile
 import pytest
 
-from gpuop.sim import recordings
+from gpuop_sim import recordings
 from tests.unit.deploy.charts import REPO
 
 BASE = "python:3.11-slim"
@@ -157,9 +157,36 @@ def test_the_build_context_builds_a_wheel_with_every_service(tmp_path: Path) -> 
         assert f"gpuop/services/{service}/__init__.py" in names, service
         assert f"gpuop.services.{service}:SERVICE" in entry_points
     assert "gpuop = gpuop.cli.main:main" in entry_points
+    simulation = [
+        name
+        for name in names
+        if re.search(
+            r"gpuop_sim|gpuop/sim/|simkernel|simstate|seeding|standins|/sim_|simulated", name
+        )
+    ]
+    assert simulation == [], "the product's wheel (the image's) holds no simulation"
+
+
+@pytest.mark.timeout(120)
+def test_the_simulation_s_wheel_holds_the_whole_recording_and_its_plugins(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(tmp_path), str(REPO / "libs/gpuop-sim")],
+        check=True,
+        capture_output=True,
+        timeout=110,
+    )  # fmt: skip
+
+    (wheel,) = tmp_path.glob("gpuop_sim-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        entry_points = archive.read("gpuop_sim-0.1.0.dist-info/entry_points.txt").decode()
     recorded = {
-        f"gpuop/sim/recordings/h200/{path.relative_to(recordings.H200).as_posix()}"
+        f"gpuop_sim/recordings/h200/{path.relative_to(recordings.H200).as_posix()}"
         for path in recordings.H200.rglob("*")
         if path.is_file()
     }
-    assert recorded and recorded <= set(names), sorted(recorded - set(names))[:5]
+    assert recorded and recorded <= names, sorted(recorded - names)[:5]
+    assert not any(name.startswith("gpuop/") for name in names)
+    for group in ("gpuop.commands", "gpuop.nvml", "gpuop.kernels"):
+        assert f"[{group}]" in entry_points, group

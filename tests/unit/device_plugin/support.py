@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuop.host.roots import HostRoot
-from gpuop.nvml import SimNvml, opened
+from gpuop.nvml import opened
 from gpuop.services.device_plugin.config import DevicePluginConfig
 from gpuop.services.device_plugin.inventory import GpuInventory, read_inventory
+from gpuop_sim.nvml.simulated import SimNvml
 
 NODE = "gpu-1.example.com"
 

@@ -13,7 +13,7 @@ from gpuop.host.roots import HostRoot
 from gpuop.nvml import open_backend
 from gpuop.services.discovery.config import DiscoveryConfig
 from gpuop.services.discovery.node_agent import NodeAgent
-from gpuop.sim import hosts
+from gpuop_sim.cluster import hosts
 from tests.unit.discovery.support import BOOT_ID, QUIET, CountingNvml
 from tests.unit.node_agents import NODE
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from gpuop.bus import Buckets, Delivery, InMemoryBus
 from gpuop.events import device, driver, hardware, new_event, subjects
 from gpuop.host.roots import HostRoot
-from gpuop.host.simkernel import SimKernel
 from gpuop.services.discovery.config import DiscoveryConfig
 from gpuop.services.discovery.node_agent import NodeAgent
+from gpuop_sim.host.simkernel import SimKernel
 from tests.unit.discovery.support import BOOT_ID, QUIET, CountingNvml
 from tests.unit.node_agents import NODE, published, running, send_command, send_event, wait_for
 

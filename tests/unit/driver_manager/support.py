@@ -17,13 +17,14 @@ from gpuop.bus import Bus, Subscription
 from gpuop.clocks import Clock, VirtualClock
 from gpuop.events import Command, Envelope, Event, decode, new_command, subjects
 from gpuop.events import driver as dm
-from gpuop.host import packaging, seeding
+from gpuop.host import packaging
 from gpuop.host.roots import HostRoot
 from gpuop.runtime.settings import Settings
 from gpuop.services.driver_manager import agent as agents
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop.services.driver_manager.state import StateStore
-from gpuop.sim import recordings
+from gpuop_sim import recordings
+from gpuop_sim.host import seeding
 
 NODE = "n1"
 KERNEL = "6.18.44-fc-v657-gpu"

@@ -11,14 +11,15 @@ from prometheus_client import CollectorRegistry
 from gpuop.bus import InMemoryBus
 from gpuop.events import driver as dm
 from gpuop.host.roots import HostRoot
-from gpuop.host.simkernel import SimKernel
 from gpuop.host.subprocesses import SubprocessKernelOps
 from gpuop.runtime.services import ServiceContext
 from gpuop.runtime.settings import SettingsError
 from gpuop.services.driver_manager import agent as agents
 from gpuop.services.driver_manager import config as configuration
 from gpuop.services.driver_manager.config import KernelMode
-from gpuop.services.driver_manager.rebooting import HostRebooter, SimRebooter
+from gpuop.services.driver_manager.rebooting import HostRebooter
+from gpuop_sim.host.plugin import SimRebooter
+from gpuop_sim.host.simkernel import SimKernel
 
 from .support import settings_for
 

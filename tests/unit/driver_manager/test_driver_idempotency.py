@@ -15,12 +15,12 @@ from gpuop.events import driver as dm
 from gpuop.events import new_command
 from gpuop.host import modules, packages, packaging, system
 from gpuop.host.roots import HostRoot
-from gpuop.host.simkernel import SimKernel
 from gpuop.runtime.services import ServiceContext
 from gpuop.services.driver_manager import agent as agents
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop.services.driver_manager.installing import clean_staging
 from gpuop.services.driver_manager.state import StepContext
+from gpuop_sim.host.simkernel import SimKernel
 
 from .support import (
     BOOT_ID,

@@ -9,8 +9,8 @@ from pathlib import Path
 from gpuop.events import driver as dm
 from gpuop.host import modules, nvidia, packages, packaging
 from gpuop.host.roots import HostRoot
-from gpuop.host.simkernel import SimKernel
 from gpuop.nvml import open_backend
+from gpuop_sim.host.simkernel import SimKernel
 
 from .support import KERNEL, NEW, OLD, SAGA, Harness, rewrite_index, source_of
 

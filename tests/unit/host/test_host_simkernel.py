@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.host import components, errors, modules, nvidia, packages, pci, seeding, system
+from gpuop.host import components, errors, modules, nvidia, packages, pci, system
 from gpuop.host.roots import HostRoot
-from gpuop.host.simkernel import SimKernel
+from gpuop_sim.host import seeding
+from gpuop_sim.host.simkernel import SimKernel
 
 KERNEL = "6.18.44-fc-v657-gpu"
 GPU = "0000:00:06.0"
@@ -178,7 +179,7 @@ def test_a_hold_taken_in_another_process_is_seen_here_and_lasts_as_long_as_its_o
 ) -> None:
     script = (
         "import sys; from pathlib import Path\n"
-        "from gpuop.host.roots import HostRoot\nfrom gpuop.host.simkernel import SimKernel\n"
+        "from gpuop.host.roots import HostRoot\nfrom gpuop_sim.host.simkernel import SimKernel\n"
         "kernel = SimKernel(HostRoot(Path(sys.argv[1])))\n"
         "kernel.hold('nvidia', 'nvml:child', owner_pid=int(sys.argv[2]))\n"
         "kernel.hold('nvidia', 'nvml:gone')\n"  # owned by the child, which exits now

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from gpuop.events.hardware import HardwareDiscovered, MigMode
-from gpuop.host import seeding
 from gpuop.host.errors import HostReadError
 from gpuop.host.roots import HostRoot
-from gpuop.host.simkernel import SimKernel
 from gpuop.inventory import labeling, scanning
 from gpuop.nvml import open_backend
-from gpuop.sim import hosts, recordings
+from gpuop_sim import recordings
+from gpuop_sim.cluster import hosts
+from gpuop_sim.host import seeding
+from gpuop_sim.host.simkernel import SimKernel
 
 RECORDED = recordings.H200_HOST_ROOT
 BOOT_ID = "8c1f2f5e-0c53-4d57-a0a4-3e3c1b0c9a11"

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpuop.host.roots import HostRoot
 from gpuop.policy import NetworkSpec, SecondaryNetwork
-from gpuop.sim import nics
+from gpuop_sim.cluster import nics
 
 DATA_NIC = "ens1f0"
 """A ConnectX port free for secondary networks."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpuop.host import components, netdevs
 from gpuop.host.roots import HostRoot
-from gpuop.sim import nics
+from gpuop_sim.cluster import nics
 
 from .support import DATA_NIC, MANAGEMENT_NIC, connectx_host
 

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from importlib import resources
-from pathlib import Path
-
 import pytest
 
-from gpuop.sim import recordings
+from gpuop_sim import recordings
 
 FIXTURE_DIR = recordings.H200
 """The recorded H200 node, inside the project."""
-PACKAGED = Path(str(resources.files("gpuop.nvml").joinpath("h200_nvml.json")))
-"""The NVML package's own copy of the recording's `nvml.json` (the simulated NVML's seed)."""
 NVML_JSON = recordings.H200_NVML
 """The recorded answers."""
 

@@ -11,7 +11,7 @@ from gpuop.nvml.backends import open_backend
 from gpuop.nvml.protocol import inventory, opened
 from gpuop.nvml.real import PynvmlBackend
 from gpuop.nvml.recorded import RecordedNvml
-from gpuop.nvml.simulated import SimNvml
+from gpuop_sim.nvml.simulated import SimNvml
 
 from .conftest import NVML_JSON
 from .test_nvml_modules import write_host_root

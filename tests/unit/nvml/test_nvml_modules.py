@@ -9,7 +9,7 @@ import pytest
 
 from gpuop.nvml import errors
 from gpuop.nvml.modules import HOLDERS_DIR, HostRootModules, InMemoryModules, ModuleState
-from gpuop.nvml.simulated import SimNvml
+from gpuop_sim.nvml.simulated import SimNvml
 
 from .conftest import FIXTURE_DIR, NVML_JSON, FakeClock
 

@@ -15,8 +15,9 @@ from gpuop.nvml.protocol import inventory, opened
 from gpuop.nvml.recorded import RecordedNvml
 from gpuop.nvml.recordings import load_recording
 from gpuop.nvml.topology import PcieLevel
+from gpuop_sim.nvml.simulated import SimNvml
 
-from .conftest import FIXTURE_DIR, NVML_JSON, PACKAGED
+from .conftest import FIXTURE_DIR, NVML_JSON
 
 
 @pytest.fixture
@@ -85,12 +86,12 @@ def test_an_unusable_recording_is_refused(tmp_path: Path) -> None:
         RecordedNvml(broken)
 
 
-def test_the_packaged_recording_is_the_default() -> None:
-    assert load_recording() == load_recording(NVML_JSON)
-
-
-def test_the_packaged_recording_equals_the_shared_fixture() -> None:
-    assert PACKAGED.read_bytes() == (FIXTURE_DIR / "nvml.json").read_bytes()
+def test_the_simulation_seeds_from_the_recorded_h200_by_default() -> None:
+    recorded = load_recording(NVML_JSON).devices[0].info
+    simulated = SimNvml(1, node="n1")
+    with opened(simulated):
+        device = simulated.device_info(0)
+    assert (device.name, device.memory_total_bytes) == (recorded.name, recorded.memory_total_bytes)
 
 
 def test_inventory_agrees_with_nvidia_smi_on_the_same_host(nvml: RecordedNvml) -> None:

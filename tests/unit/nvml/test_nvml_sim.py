@@ -11,8 +11,8 @@ from gpuop.nvml import errors
 from gpuop.nvml.metrics import DeviceMetrics, FieldId
 from gpuop.nvml.protocol import inventory, opened
 from gpuop.nvml.recordings import load_recording
-from gpuop.nvml.simulated import SimNvml
 from gpuop.nvml.topology import NvLinkRemote, PcieLevel
+from gpuop_sim.nvml.simulated import SimNvml
 
 from .conftest import NVML_JSON, FakeClock
 

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from gpuop.nvml import errors
-from gpuop.nvml.simulated import SimNvml
 from gpuop.nvml.watching import EccEvent, XidEvent
+from gpuop_sim.nvml.simulated import SimNvml
 
 from .conftest import NVML_JSON, FakeClock
 

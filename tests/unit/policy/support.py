@@ -9,7 +9,7 @@ import pytest
 
 from gpuop.policy import PolicyInvalid, validate_spec
 from gpuop.policy import crd as crds
-from gpuop.sim import schemas
+from gpuop_sim.apiserver import schemas
 
 
 def problems(raw: Any) -> list[str]:

@@ -11,7 +11,7 @@ import yaml
 
 from gpuop.policy import PolicyInvalid, validate_spec
 from gpuop.policy import crd as crds
-from gpuop.sim import schemas
+from gpuop_sim.apiserver import schemas
 from tests.unit.policy.support import assert_schema_agrees
 
 REPO = Path(__file__).resolve().parents[3]

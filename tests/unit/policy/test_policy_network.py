@@ -13,7 +13,7 @@ import pytest
 from gpuop.policy import IpamPool, PolicyInvalid, PublishedNetwork, SecondaryNetwork, validate_spec
 from gpuop.policy import crd as crds
 from gpuop.policy.pools import MAX_POOL_SIZE
-from gpuop.sim import schemas
+from gpuop_sim.apiserver import schemas
 from tests.unit.policy.support import assert_schema_agrees, problems
 
 GPU = {"gpu": {"version": "580.105.08"}}

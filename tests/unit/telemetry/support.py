@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuop.nvml import FieldValue, NvmlError
-from gpuop.nvml.sim_gpus import gpu_uuid
 from gpuop.observability.http import HealthServer
 from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.node_exporter import NodeExporter
+from gpuop_sim.nvml.sim_gpus import gpu_uuid
 from tests.unit.node_agents import NODE
 
 QUIET = TelemetryConfig(

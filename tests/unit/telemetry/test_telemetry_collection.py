@@ -12,11 +12,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuop.bus import InMemoryBus
-from gpuop.nvml import DriverNotLoaded, GpuLost, InMemoryModules, NotInitialized, NvmlError, SimNvml
+from gpuop.nvml import DriverNotLoaded, GpuLost, InMemoryModules, NotInitialized, NvmlError
 from gpuop.nvml.modules import NVIDIA
 from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.pods import DeviceAssignment, InMemoryPodResources, Owner
+from gpuop_sim.nvml.simulated import SimNvml
 from tests.unit.node_agents import eventually, running
 from tests.unit.telemetry.support import (
     QUIET,

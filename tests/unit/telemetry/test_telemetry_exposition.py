@@ -8,10 +8,12 @@ import dataclasses
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuop.nvml import DeviceInfo, FieldId, PcieThroughput, RecordedNvml, SimNvml, inventory
+from gpuop.nvml import DeviceInfo, FieldId, PcieThroughput, RecordedNvml, inventory
 from gpuop.services.telemetry import catalog, exposition
 from gpuop.services.telemetry.catalog import Reading
 from gpuop.services.telemetry.pods import Owner
+from gpuop_sim import recordings
+from gpuop_sim.nvml.simulated import SimNvml
 from tests.unit.node_agents import NODE
 from tests.unit.telemetry.support import by_gpu, series
 
@@ -96,7 +98,7 @@ def test_values_are_converted_to_dcgm_units() -> None:
 
 
 def test_what_the_recorded_h200_answers_not_supported_is_left_out_not_zero() -> None:
-    recorded = RecordedNvml()
+    recorded = RecordedNvml(recordings.H200_NVML)
     recorded.init()
     [gpu] = inventory(recorded)
     fields = recorded.field_values(0, catalog.SLOW_FIELDS)

@@ -11,8 +11,9 @@ from prometheus_client import CollectorRegistry
 from gpuop.bus import BusError, InMemoryBus, PublishAck
 from gpuop.events import Envelope, device, driver
 from gpuop.events.device import DeviceHealthChanged, HealthReason
-from gpuop.nvml import GpuLost, SimNvml
+from gpuop.nvml import GpuLost
 from gpuop.services.telemetry.node_exporter import NodeExporter
+from gpuop_sim.nvml.simulated import SimNvml
 from tests.unit.node_agents import NODE, eventually, published, running, send_command, wait_for
 from tests.unit.telemetry.support import QUIET, CountingNvml, by_gpu, series, uuid_of
 

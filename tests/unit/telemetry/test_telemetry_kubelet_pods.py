@@ -16,7 +16,7 @@ from gpuop.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
 from gpuop.kubelet.sockets import UnixTarget
 from gpuop.services.telemetry.kubelet_pods import KubeletPodResources
 from gpuop.services.telemetry.pods import DeviceAssignment, Owner, PodResourcesUnavailable
-from gpuop.sim.pod_resources import Allocation, PodResourcesServicer
+from gpuop_sim.cluster.pod_resources import Allocation, PodResourcesServicer
 
 UUID = "GPU-20bce083-dbf9-2d4f-3c35-c858915accc5"
 

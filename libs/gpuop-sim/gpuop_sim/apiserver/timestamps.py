@@ -1,0 +1,83 @@
+"""Server time and the canonical form of Kubernetes timestamps.
+
+A real API server decodes every write into typed structs, so ``metav1.Time`` fields come
+back in whole seconds (``2026-01-01T00:00:00Z``) and ``metav1.MicroTime`` fields with
+microseconds (``2026-01-01T00:00:00.000000Z``), whatever the client sent; a value without a
+timezone is rejected. The registry applies the same normalisation to built-in kinds through
+:func:`normalize_times`, and stamps server-set times with a :data:`Clock` so tests can
+control it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuop_sim.apiserver import errors
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def format_time(moment: datetime) -> str:
+    """``metav1.Time``: RFC 3339 in UTC, whole seconds."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def format_micro_time(moment: datetime) -> str:
+    """``metav1.MicroTime``: RFC 3339 in UTC with six fractional digits."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> datetime:
+    """Parse an RFC 3339 timestamp; raises ValueError when it has no timezone."""
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        raise ValueError(f"timestamp {text!r} has no timezone")
+    return moment
+
+
+TIME_FIELDS = frozenset(
+    {
+        "lastTransitionTime",
+        "lastHeartbeatTime",
+        "lastProbeTime",
+        "lastUpdateTime",
+        "timeAdded",
+        "firstTimestamp",
+        "lastTimestamp",
+        "startTime",
+        "startedAt",
+        "finishedAt",
+    }
+)
+MICRO_TIME_FIELDS = frozenset({"acquireTime", "renewTime", "eventTime", "lastObservedTime"})
+
+# Subtrees holding free-form user data, whose keys are not field names.
+_OPAQUE = frozenset({"metadata", "data", "binaryData", "labels", "annotations", "nodeSelector"})
+
+
+def normalize_times(obj: Any, kind: str) -> None:
+    """Rewrite known timestamp fields of a built-in object in place to canonical form."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key in _OPAQUE:
+                continue
+            if isinstance(value, str) and (key in TIME_FIELDS or key in MICRO_TIME_FIELDS):
+                try:
+                    moment = parse_time(value)
+                except ValueError as error:
+                    raise errors.bad_request(
+                        f'{kind} in version "v1" cannot be handled as a {kind}: '
+                        f"parsing time {value!r}: {error}"
+                    ) from None
+                obj[key] = format_time(moment) if key in TIME_FIELDS else format_micro_time(moment)
+            else:
+                normalize_times(value, kind)
+    elif isinstance(obj, list):
+        for item in obj:
+            normalize_times(item, kind)

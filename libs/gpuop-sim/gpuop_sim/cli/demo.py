@@ -1,0 +1,302 @@
+"""`gpuop demo`: the embedded stack on one machine, rolling a real driver upgrade.
+
+Starts a real nats-server, a simulated Kubernetes cluster (by default 8 GPU nodes of 8 GPUs,
+with kubelets and GPU workloads under PodDisruptionBudgets), a simulated host root per node
+(made from the recorded H200 host) with the kubelet's gRPC side on it (device plugin
+registration, PodResources), and every built service as its own process (node roles once per
+node, cluster roles once). Once discovery has labelled the nodes, it installs the
+GPUClusterPolicy CRD, builds a driver source with a newer driver, and creates a policy asking
+for it: the orchestrator rolls the upgrade across the nodes.
+
+On a terminal the rollout is shown live (`gpuop_sim.cli.screens`): the nodes' states, a progress
+bar, the latest events, and where the metrics are and how to tail the events. Otherwise, or
+with `--headless`, it prints one line per node transition. Either way it ends with one JSON
+line (nodes, done, failed, seconds) and exits 0 only when every node is done; `--record FILE`
+exports the event log first, for `gpuop replay`. Ctrl-C, SIGTERM, SIGHUP (or the end) stop
+every process it started, each with its process group (`gpuop_sim.cli.processes`); those
+processes end too if the demo is killed outright.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from kubernetes.aio import client as k8s
+
+from gpuop.bus import NatsBus, NatsServer
+from gpuop.cli import events
+from gpuop.events.device import OperandService
+from gpuop.host import packaging, system
+from gpuop.kube import client as kubeclient
+from gpuop.kube import errors as kubeerrors
+from gpuop.kube import nodes as kubenodes
+from gpuop.policy import crd, specs
+from gpuop.runtime import services
+from gpuop.runtime.settings import Role
+from gpuop_sim.cli import rollout_view, screens
+from gpuop_sim.cli.processes import Process, cancelled_on_signals, show, spawn, stop_all
+from gpuop_sim.cluster.cluster import SimCluster
+from gpuop_sim.cluster.hosts import build_host_root
+from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
+from gpuop_sim.host import seeding
+
+NEW_VERSION = "580.200.01"
+DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
+LABELS_SHOWN = ("nvidia.com/gpu.count", "nvidia.com/gpu.product", DRIVER_LABEL)
+DISCOVERY_CONFIG = "scan_interval_seconds: 2\nheartbeat_interval_seconds: 2\n"
+DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.2\n"
+ORCHESTRATOR_CONFIG = "resync_seconds: 0.5\noperands: [{operands}]\n"
+"""The orchestrator waits for a pause confirmation from every operand the demo runs."""
+
+
+def add_parser(verbs: Any) -> None:
+    demo: argparse.ArgumentParser = verbs.add_parser(
+        "demo",
+        help="run the whole stack locally and roll a driver upgrade",
+        description="Start nats-server, a simulated GPU cluster and every service locally, "
+        "then roll a driver upgrade across the nodes and report how it went.",
+    )
+    demo.add_argument("--nodes", type=int, default=8, help="simulated nodes (default 8)")
+    demo.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    demo.add_argument("--max-parallel", type=int, default=2, help="maxParallelUpgrades")
+    demo.add_argument(
+        "--headless",
+        action="store_true",
+        help="plain progress lines for CI, then one JSON line (nodes, done, failed, "
+        "seconds); exit 0 only when every node is done",
+    )
+    demo.add_argument("--timeout", type=float, default=300, help="seconds for the rollout")
+    demo.add_argument("--record", type=Path, help="write the event log here at the end")
+    demo.add_argument("--hold", action="store_true", help="keep running until Ctrl-C")
+    demo.set_defaults(handler=run_demo)
+
+
+async def run_demo(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    _check(args)
+    with cancelled_on_signals() as received:
+        try:
+            return await _run(args)
+        except asyncio.CancelledError:
+            if not received:
+                raise
+            current = asyncio.current_task()
+            assert current is not None
+            current.uncancel()
+            print(f"stopped by {received[0].name}; every process it started is stopped",
+                  file=sys.stderr)  # fmt: skip
+            return 128 + received[0]
+
+
+async def _run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    live = sys.stdout.isatty() and not args.headless
+    with tempfile.TemporaryDirectory(prefix="gpuop-demo-") as workdir:
+        work = Path(workdir)
+        async with AsyncExitStack() as stack:
+            server = await stack.enter_async_context(NatsServer(work / "nats"))
+            cluster = await stack.enter_async_context(SimCluster(nodes=args.nodes, gpus=args.gpus))
+            kubeconfig = cluster.write_kubeconfig(work / "kubeconfig")
+            tracker = rollout_view.Tracker(cluster.node_names, started)
+            print(f"nats-server (JetStream) listening on {server.url}")
+            print(f"simulated cluster: {args.nodes} nodes x {args.gpus} GPUs at {cluster.url}")
+            processes: list[Process] = []
+            stack.push_async_callback(stop_all, processes)
+            source = await _spawn_all(processes, stack, cluster, server.url, kubeconfig, args, work)
+            if not args.headless:
+                await show(processes)
+            kube = await stack.enter_async_context(await kubeclient.connect(kubeconfig))
+            await _wait_for_labels(kube, cluster.node_names, args.headless)
+            bus = NatsBus(server.url, name="gpuop-demo")
+            await bus.start()
+            stack.push_async_callback(bus.close)
+            await _start_rollout(kube, source, args)
+            title = (
+                f"GPU driver {seeding.RECORDED_DRIVER_VERSION} -> {NEW_VERSION}, "
+                f"{args.nodes} nodes, {args.max_parallel or 'all'} at a time"
+            )
+            footer = _footer(processes, server.url, kubeconfig)
+            if live:
+                async with screens.LiveScreen(tracker, title=title, footer=footer).showing():
+                    await _follow(bus, tracker, args, print_lines=False)
+            else:
+                print(f"rolling {title}", flush=True)
+                await _follow(bus, tracker, args, print_lines=True)
+            if args.record is not None:
+                lines = await events.export_lines(bus)
+                args.record.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+                print(f"recorded {len(lines)} messages to {args.record}; check with:")
+                print(f"  gpuop replay {args.record}")
+            if not live and (args.hold or not args.headless):
+                print("", *footer, sep="\n")
+            outcome = tracker.outcome
+            if args.hold:
+                print(outcome.summary(), "", "Running; Ctrl-C (or SIGTERM) stops it.", sep="\n")
+                sys.stdout.flush()
+                await asyncio.Event().wait()
+    print(outcome.summary(), flush=True)
+    return 0 if outcome.done == len(outcome.nodes) else 1
+
+
+async def _follow(
+    bus: NatsBus, tracker: rollout_view.Tracker, args: argparse.Namespace, *, print_lines: bool
+) -> None:
+    try:
+        await asyncio.wait_for(
+            rollout_view.follow(bus, tracker, print_lines=print_lines), args.timeout
+        )
+    except TimeoutError:
+        tracker.outcome.seconds = tracker.elapsed
+        print(f"the rollout did not finish within {args.timeout:g} s", file=sys.stderr)
+
+
+def _footer(processes: list[Process], nats_url: str, kubeconfig: Path) -> list[str]:
+    """Where to look while it runs: metrics, the event log, the rollout and the cluster."""
+    cluster = [p for p in processes if p.node is None]
+    lines = [
+        f"{'metrics' if i == 0 else '':<9} {p.service:<21} {p.metrics_url}"
+        for i, p in enumerate(cluster)
+    ]
+    first = processes[0].node if processes else None
+    ports = "  ".join(f"{p.service} :{p.port}" for p in processes if first and p.node == first)
+    lines += [
+        f"          on {first}: {ports} (every service: table above)",
+        f"events    gpuop events tail --nats {nats_url}",
+        f"rollout   gpuop upgrade status --kubeconfig {kubeconfig} --nats {nats_url}",
+        f"cluster   kubectl --kubeconfig {kubeconfig} get nodes",
+        "Ctrl-C stops everything.",
+    ]
+    return lines
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not 1 <= args.gpus <= 64:
+        raise ValueError(f"--gpus {args.gpus}: expected 1 to 64")
+    if not 1 <= args.nodes <= 16:
+        raise ValueError(f"--nodes {args.nodes}: expected 1 to 16")
+    if args.max_parallel < 0:
+        raise ValueError(f"--max-parallel {args.max_parallel}: expected 0 (no limit) or more")
+
+
+async def _spawn_all(
+    processes: list[Process],
+    stack: AsyncExitStack,
+    cluster: SimCluster,
+    nats_url: str,
+    kubeconfig: Path,
+    args: argparse.Namespace,
+    work: Path,
+) -> Path:
+    """Host roots with their kubelets, the driver source and every built service; returns
+    the source."""
+    built = list(services.installed().values())
+    operands = [d.name for d in built if d.name in set(OperandService)]
+    (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
+    (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
+    (work / "orchestrator.yaml").write_text(
+        ORCHESTRATOR_CONFIG.format(operands=", ".join(operands))
+    )
+    configs = {
+        "discovery": work / "discovery.yaml",
+        "driver-manager": work / "driver-manager.yaml",
+        "upgrade-orchestrator": work / "orchestrator.yaml",
+    }
+    source = work / "driver-source"
+    for node in cluster.node_names:
+        machine = cluster.machine(node)
+        root = build_host_root(
+            work / "hosts" / node,
+            node,
+            args.gpus,
+            boot_id=machine.boot_id,
+            product_name=machine.type.name,
+        )
+        await stack.enter_async_context(KubeletGrpc.under(root.path))
+        if not source.exists():
+            kernel = system.kernel_release(root) or ""
+            packaging.build_driver_source(
+                source,
+                [("gpu", seeding.RECORDED_DRIVER_VERSION, kernel), ("gpu", NEW_VERSION, kernel)],
+            )
+        on_node = ["--node", node, "--nvml", f"sim:{args.gpus}", "--host-root", str(root.path)]
+        for definition in built:
+            if Role.NODE in definition.roles:
+                extra = [*on_node, *_config(configs, definition.name)]
+                processes.append(
+                    await spawn(definition.name, Role.NODE, node, nats_url, extra, work)
+                )
+    for definition in built:
+        if Role.CLUSTER in definition.roles:
+            extra = ["--kubeconfig", str(kubeconfig), *_config(configs, definition.name)]
+            processes.append(
+                await spawn(definition.name, Role.CLUSTER, None, nats_url, extra, work)
+            )
+    return source
+
+
+def _config(configs: dict[str, Path], service: str) -> list[str]:
+    return ["--config", str(configs[service])] if service in configs else []
+
+
+async def _wait_for_labels(kube: kubeclient.Kube, node_names: list[str], quiet: bool) -> None:
+    """Wait until discovery has labelled every node, then show the labels."""
+    if not quiet:
+        print(f"\n{'node':<14} " + " ".join(f"{k.rsplit('/', 1)[1]:<26}" for k in LABELS_SHOWN))
+    for node in node_names:
+        labels: dict[str, str] = {}
+        for _ in range(300):
+            labels = kubenodes.labels_of(await kubenodes.get(kube, node))
+            if DRIVER_LABEL in labels:
+                break
+            await asyncio.sleep(0.1)
+        if not quiet:
+            values = " ".join(f"{labels.get(key, '-'):<26}" for key in LABELS_SHOWN)
+            print(f"{node:<14} {values}")
+    print(flush=True)
+
+
+async def _start_rollout(kube: kubeclient.Kube, source: Path, args: argparse.Namespace) -> None:
+    """Install the CRD and create a GPUClusterPolicy asking for the new driver."""
+    extensions = k8s.ApiextensionsV1Api(kube.api_client)
+    await kube.call(extensions.create_custom_resource_definition, crd.build())
+    policy = {
+        "apiVersion": specs.API_VERSION,
+        "kind": specs.KIND,
+        "metadata": {"name": "default"},
+        "spec": {
+            "driver": {"gpu": {"version": NEW_VERSION, "source": str(source)}},
+            "upgradePolicy": {
+                "maxParallelUpgrades": args.max_parallel,
+                "maxUnavailable": "50%",
+                "podDeletion": {"force": True, "deleteEmptyDir": True, "timeoutSeconds": 60},
+                # a node its PodDisruptionBudgets block fails with the reason well within the
+                # demo's timeout, instead of waiting out upstream's default
+                "drain": {
+                    "enable": True,
+                    "force": True,
+                    "deleteEmptyDir": True,
+                    "timeoutSeconds": 60,
+                },
+            },
+        },
+    }
+    for _ in range(50):  # the API server serves a new CRD a moment after creating it
+        try:
+            await kube.call(
+                kube.custom_objects.create_cluster_custom_object,
+                specs.GROUP,
+                specs.VERSION,
+                specs.PLURAL,
+                policy,
+            )
+            return
+        except kubeerrors.NotFound:
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the GPUClusterPolicy CRD was never served")

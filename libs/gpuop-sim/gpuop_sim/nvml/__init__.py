@@ -1,0 +1,7 @@
+"""Simulated NVML: `SimNvml` (simulated) answers as H200s do, seeded from the recording.
+
+sim_gpus      identities, bus ids and NUMA of simulated GPUs
+sim_fields    field values            sim_topology  NVLink and PCIe topology
+sim_mig       MIG instances           simulated     SimNvml
+backend       `--nvml sim:<gpus>` (entry point `gpuop.nvml:sim`)
+"""

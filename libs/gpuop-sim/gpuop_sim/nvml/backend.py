@@ -1,0 +1,22 @@
+"""`--nvml sim:<gpus>` (entry point `gpuop.nvml:sim`): `gpus` simulated H200s (1 to 64), their
+driver the `nvidia` module of the simulated kernel under `--host-root`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuop.nvml.errors import InvalidBackendSpec
+from gpuop.nvml.modules import HostRootModules
+from gpuop_sim.nvml.simulated import MAX_GPUS, SimNvml
+
+
+def open_sim(
+    argument: str, *, spec: str, host_root: Path, node: str, holder_id: str | None
+) -> SimNvml:
+    """The simulated NVML of node `node`; `InvalidBackendSpec` for a bad GPU count."""
+    if not argument.isdigit() or not 1 <= int(argument) <= MAX_GPUS:
+        raise InvalidBackendSpec(
+            f"--nvml {spec!r}: the GPU count must be a number from 1 to {MAX_GPUS}"
+        )
+    modules = HostRootModules(host_root)
+    return SimNvml(int(argument), node=node, module_state=modules, holder_id=holder_id)

@@ -1,0 +1,330 @@
+"""`SimNvml`: the `Nvml` protocol over simulated GPUs, for tests and `gpuop demo`.
+
+`--nvml sim:<gpus>` gives each simulated node `gpus` H200s seeded from the recorded one
+(`recordings.load_recording()`), with distinct identities, moving values (`sim_gpus.py`),
+HGX wiring (`sim_topology.py`) and MIG (`sim_mig.py`). Tests and the simulated cluster
+drive it: `inject_xid`, `inject_ecc`, `lose_gpu`, `enable_mig`, `start_process`.
+
+Driver coupling, through `modules.ModuleState`: `init()` raises `DriverNotLoaded` while the
+`nvidia` module is not loaded; an open session holds the module as `holder_id` until
+`shutdown()`, so the simulated kernel refuses to unload it meanwhile; the driver version is
+the loaded module's. When a session opens on a different driver version than the last one
+(or after an init found no driver), the GPUs go through a driver reload: volatile ECC
+counters, energy and processes start again from zero. Without a module state the driver is
+always loaded, at `driver_version`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from gpuop.nvml.devices import DeviceInfo
+from gpuop.nvml.errors import DriverNotLoaded, GpuLost, InvalidArgument, NotInitialized
+from gpuop.nvml.metrics import DeviceMetrics, FieldValue, PcieThroughput
+from gpuop.nvml.mig import MigDevice, MigProfile
+from gpuop.nvml.modules import NVIDIA, ModuleState
+from gpuop.nvml.recordings import load_recording
+from gpuop.nvml.topology import NvLink, PeerTopology
+from gpuop.nvml.watching import (
+    DeviceEvent,
+    EccEvent,
+    EventWatcher,
+    QueueWatcher,
+    WatcherSet,
+    XidEvent,
+)
+from gpuop_sim import recordings
+from gpuop_sim.nvml import sim_mig, sim_topology
+from gpuop_sim.nvml.sim_fields import field_value, pcie_throughput
+from gpuop_sim.nvml.sim_gpus import SimGpu, identity
+
+MAX_GPUS = 64
+"""The most GPUs one node's inventory can carry (`hardware.Gpu.index` is at most 63)."""
+CUDA_BY_DRIVER_BRANCH = {
+    525: "12.0", 530: "12.1", 535: "12.2", 545: "12.3", 550: "12.4", 555: "12.5",
+    560: "12.6", 565: "12.7", 570: "12.8", 575: "12.9", 580: "13.0", 590: "13.1",
+}  # fmt: skip
+"""Highest CUDA version each driver branch supports; other branches report the recording's."""
+SLOW_QUERY_SECONDS = {"pcie": 0.021, "fields": 0.0034}
+"""What the two slow queries cost on the recorded H200, slept when `simulate_latency`."""
+_holder_ids = itertools.count()
+
+
+class SimNvml:
+    """Simulated NVML for one node of `gpus` H200s.
+
+    `node` fixes the GPUs' identities, `seed` (with `node`) their random walks, `clock`
+    (monotonic seconds) their pace. `module_state` couples the session to a kernel, holding
+    `nvidia` as `holder_id`; `driver_version` is reported when no module state says.
+    `recording` replaces the recorded H200's `nvml.json` (`gpuop_sim.recordings`);
+    `simulate_latency` makes the two slow queries sleep as long as they take on a real H200.
+    """
+
+    def __init__(
+        self,
+        gpus: int = 8,
+        *,
+        node: str = "sim-node",
+        seed: int = 0,
+        module_state: ModuleState | None = None,
+        holder_id: str | None = None,
+        driver_version: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        recording: Path | None = None,
+        simulate_latency: bool = False,
+    ) -> None:
+        if not 1 <= gpus <= MAX_GPUS:
+            raise ValueError(f"a simulated node has 1 to {MAX_GPUS} GPUs, not {gpus}")
+        self.node = node
+        self.holder_id = holder_id or f"nvml-{os.getpid()}-{next(_holder_ids)}"
+        """Who the open session holds the `nvidia` module as."""
+        self._recording = load_recording(recording or recordings.H200_NVML)
+        self._modules = module_state
+        self._configured_version = driver_version or self._recording.driver_version
+        self._clock = clock
+        self._latency = simulate_latency
+        template = self._recording.devices[0]
+        now = clock()
+        self._gpus = [
+            SimGpu(
+                identity(template.info, node, index, gpus),
+                template.metrics,
+                random.Random(f"{seed}/{node}/{index}"),
+                now,
+            )
+            for index in range(gpus)
+        ]
+        self._mig: dict[int, tuple[MigDevice, ...]] = {}
+        self._lost: set[int] = set()
+        self._watchers: WatcherSet[QueueWatcher] = WatcherSet()
+        self._lock = threading.RLock()
+        self._session_version: str | None = None
+        self._last_version: str | None = None
+        self._unloaded_seen = False
+
+    # The session and the driver behind it.
+
+    def init(self) -> None:
+        with self._lock:
+            if self._session_version is not None:
+                return
+            version = self._configured_version
+            if self._modules is not None:
+                try:
+                    self._modules.hold(NVIDIA, self.holder_id)
+                except DriverNotLoaded:
+                    self._unloaded_seen = True
+                    raise
+                version = self._modules.version(NVIDIA) or version
+            if self._unloaded_seen or self._last_version not in (None, version):
+                self._reload_driver()
+            self._unloaded_seen = False
+            self._session_version = self._last_version = version
+
+    def shutdown(self) -> None:
+        self._watchers.close_all()
+        with self._lock:
+            if self._session_version is None:
+                return
+            self._session_version = None
+            if self._modules is not None:
+                self._modules.release(NVIDIA, self.holder_id)
+
+    def set_driver_version(self, version: str) -> None:
+        """The version reported from the next session on, when no module state says."""
+        self._configured_version = version
+
+    def driver_version(self) -> str:
+        return self._session()
+
+    def cuda_driver_version(self) -> str:
+        branch = self._session().split(".", 1)[0]
+        default = self._recording.cuda_driver_version
+        return CUDA_BY_DRIVER_BRANCH.get(int(branch), default) if branch.isdigit() else default
+
+    def nvml_version(self) -> str:
+        return f"{self.cuda_driver_version().split('.')[0]}.{self._session()}"
+
+    def device_count(self) -> int:
+        self._session()
+        if self._modules is not None and not self._modules.brings_up_gpus(NVIDIA):
+            return 0  # a defective driver build: loaded, but no GPU came up
+        return len(self._gpus)
+
+    # Queries.
+
+    def device_info(self, index: int) -> DeviceInfo:
+        with self._lock:
+            gpu = self._gpu(index)
+            if index not in self._mig:
+                return gpu.info
+            return dataclasses.replace(
+                gpu.info, mig_mode_current=True, mig_mode_pending=True, max_mig_devices=7
+            )
+
+    def metrics(self, index: int) -> DeviceMetrics:
+        with self._lock:
+            gpu = self._gpu(index)
+            gpu.advance(self._clock())
+            return gpu.metrics()
+
+    def pcie_throughput(self, index: int) -> PcieThroughput:
+        with self._lock:
+            gpu = self._gpu(index)
+            gpu.advance(self._clock())
+            answer = pcie_throughput(gpu)
+        self._slow("pcie")
+        return answer
+
+    def field_values(self, index: int, field_ids: Sequence[int]) -> tuple[FieldValue, ...]:
+        with self._lock:
+            gpu = self._gpu(index)
+            gpu.advance(self._clock())
+            nvlink = sim_topology.has_nvlink(len(self._gpus))
+            answer = tuple(field_value(gpu, int(f), nvlink=nvlink) for f in field_ids)
+        self._slow("fields")
+        return answer
+
+    def nvlinks(self, index: int) -> tuple[NvLink, ...]:
+        with self._lock:
+            self._gpu(index)
+            return sim_topology.nvlinks(index, len(self._gpus))
+
+    def topology(self, index: int, peer: int) -> PeerTopology:
+        with self._lock:
+            self._gpu(index)
+            self._gpu(peer)
+            return sim_topology.topology(index, peer, len(self._gpus))
+
+    def mig_profiles(self, index: int) -> tuple[MigProfile, ...]:
+        with self._lock:
+            return sim_mig.h200_profiles(self._gpu(index).info.memory_total_bytes)
+
+    def mig_devices(self, index: int) -> tuple[MigDevice, ...]:
+        with self._lock:
+            self._gpu(index)
+            return self._mig.get(index, ())
+
+    def watch_events(self, indices: Sequence[int] | None = None) -> EventWatcher:
+        with self._lock:
+            self._session()
+            chosen = range(len(self._gpus)) if indices is None else indices
+            for index in chosen:
+                self._gpu(index)
+            return self._watchers.add(QueueWatcher(chosen, on_close=self._watchers.discard))
+
+    # What tests and the simulated cluster do to the GPUs; none needs an open session.
+
+    def inject_xid(
+        self,
+        index: int,
+        xid: int,
+        *,
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+    ) -> None:
+        """The driver reports XID `xid` on the GPU; open watchers receive it."""
+        uuid = self._info(index).uuid
+        self._publish(XidEvent(index, uuid, xid, gpu_instance_id, compute_instance_id))
+
+    def inject_ecc(
+        self, index: int, *, volatile_corrected: int = 0, volatile_uncorrected: int = 0
+    ) -> None:
+        """The GPU counts ECC errors: the volatile and aggregate counters grow, uncorrected
+        ones remap rows (pending until the next reset), and watchers get one event per kind."""
+        if volatile_corrected < 0 or volatile_uncorrected < 0:
+            raise ValueError("ECC error counts cannot be negative")
+        with self._lock:
+            gpu = self._gpus[self._index(index)]
+            c = gpu.counters
+            c.volatile_corrected += volatile_corrected
+            c.aggregate_corrected += volatile_corrected
+            c.volatile_uncorrected += volatile_uncorrected
+            c.aggregate_uncorrected += volatile_uncorrected
+            if volatile_uncorrected:
+                c.remapped_uncorrectable += volatile_uncorrected
+                c.remap_pending = True
+        if volatile_corrected:
+            self._publish(EccEvent(index, gpu.info.uuid, uncorrectable=False))
+        if volatile_uncorrected:
+            self._publish(EccEvent(index, gpu.info.uuid, uncorrectable=True))
+
+    def lose_gpu(self, index: int) -> None:
+        """The GPU falls off the bus: XID 79 to watchers, then every query of it raises
+        `GpuLost` until `recover_gpu()` or a driver reload."""
+        with self._lock:
+            self._lost.add(self._index(index))
+        self.inject_xid(index, 79)
+
+    def recover_gpu(self, index: int) -> None:
+        """The GPU answers again."""
+        with self._lock:
+            self._lost.discard(self._index(index))
+
+    def enable_mig(self, index: int, profiles: Sequence[str]) -> None:
+        """Turn MIG on with one MIG device per profile, such as `["3g.71gb", "4g.71gb"]`;
+        `ValueError` when the layout does not fit an H200."""
+        with self._lock:
+            info = self._gpus[self._index(index)].info
+            devices = sim_mig.layout(index, info.uuid, info.memory_total_bytes, profiles)
+            self._mig[index] = devices
+
+    def disable_mig(self, index: int) -> None:
+        """Turn MIG off: the whole GPU is one device again."""
+        with self._lock:
+            self._mig.pop(self._index(index), None)
+
+    def start_process(self, index: int, pid: int, used_memory_bytes: int) -> None:
+        """A compute process with `used_memory_bytes` of framebuffer starts on the GPU."""
+        with self._lock:
+            self._gpus[self._index(index)].counters.processes[pid] = used_memory_bytes
+
+    def end_process(self, index: int, pid: int) -> None:
+        """The process exits."""
+        with self._lock:
+            self._gpus[self._index(index)].counters.processes.pop(pid, None)
+
+    # Internals.
+
+    def _session(self) -> str:
+        version = self._session_version
+        if version is None:
+            raise NotInitialized("the NVML session is not open: call init() first")
+        return version
+
+    def _index(self, index: int) -> int:
+        if not 0 <= index < len(self._gpus):
+            raise InvalidArgument(f"no GPU at index {index}: the node has {len(self._gpus)}")
+        return index
+
+    def _info(self, index: int) -> DeviceInfo:
+        with self._lock:
+            return self._gpus[self._index(index)].info
+
+    def _gpu(self, index: int) -> SimGpu:
+        self._session()
+        if self._index(index) in self._lost:
+            raise GpuLost(f"GPU {index} has fallen off the bus")
+        return self._gpus[index]
+
+    def _reload_driver(self) -> None:
+        now = self._clock()
+        for gpu in self._gpus:
+            gpu.advance(now)
+            gpu.driver_reloaded()
+        self._lost.clear()
+
+    def _publish(self, event: DeviceEvent) -> None:
+        for watcher in self._watchers.snapshot():
+            watcher.deliver(event)
+
+    def _slow(self, query: str) -> None:
+        if self._latency:
+            time.sleep(SLOW_QUERY_SECONDS[query])
