@@ -16,7 +16,9 @@ from typing import Protocol
 
 
 class Clock(Protocol):
-    """What the Kubernetes helpers need of time."""
+    """Monotonic time, sleeping and the wall clock: what everything that waits or stamps takes
+    (`gpuop.kube`'s retries, informers and leases, the services' timers and deadlines), so a
+    test can pass a `VirtualClock`."""
 
     def monotonic(self) -> float:
         """Seconds on a clock that never goes back; only differences mean anything."""

@@ -145,7 +145,10 @@ async def test_sixteen_nodes_roll_with_a_reboot_and_a_failed_validation_retried(
 
 
 KILLS = 20
-CHAOS_PARALLEL = 2
+CHAOS_PARALLEL = 1
+CHAOS_INSTALL = "install_pause_seconds: 3\n"
+"""One node at a time, each install 3 s longer: every kill costs a lease expiry (3 s) and a
+takeover, and twenty of them must come before the rollout ends, with room on a fast machine."""
 LEADERSHIP = (0.0, 0.3)
 """Seconds a leader lives before its SIGKILL, drawn uniformly: short enough that twenty
 takeovers (each waits out the dead leader's Lease) come well before the rollout could end."""
@@ -157,7 +160,10 @@ async def test_the_rollout_survives_twenty_sigkills_of_the_orchestrator(
 ) -> None:
     seed = random.randrange(1 << 30)
     chance = random.Random(seed)
-    async with stack(tmp_path, nats_server.url, nodes_count=NODES, gpus=GPUS, seed=20) as running:
+    slower = dict.fromkeys(range(NODES), CHAOS_INSTALL)
+    async with stack(
+        tmp_path, nats_server.url, nodes_count=NODES, gpus=GPUS, seed=20, driver_manager=slower
+    ) as running:
         await running.start_replica()
         await running.start_replica()
         await running.start_rollout(upgrade_policy(CHAOS_PARALLEL))

@@ -1,7 +1,7 @@
 """The event bus: JetStream streams, durable consumers, KV with compare-and-set.
 
 Services depend on the `Bus` protocol; `NatsBus` runs in production, `InMemoryBus` in unit
-tests and replays. Import the pieces you need as namespaces:
+tests. Import the pieces you need as namespaces:
 `from gpuop.bus import errors, protocol`.
 """
 

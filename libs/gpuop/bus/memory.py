@@ -1,4 +1,5 @@
-"""`InMemoryBus`: the bus inside one process, for unit tests and `gpuop replay`.
+"""`InMemoryBus`: the bus inside one process, for unit tests. (`gpuop replay` needs no bus: it
+folds an exported log with the saga core, `gpuop.saga.replaying`.)
 
 It keeps the contract of `NatsBus` (streams with sequence numbers, dedupe by event id,
 durable consumers that resume after the last ack, nak with delay, ack deadlines,

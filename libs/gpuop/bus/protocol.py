@@ -1,6 +1,6 @@
 """The bus seam: what services may ask of the bus, whatever implements it.
 
-`NatsBus` (JetStream) and `InMemoryBus` (unit tests, `gpuop replay`) both satisfy `Bus`;
+`NatsBus` (JetStream) and `InMemoryBus` (unit tests) both satisfy `Bus`;
 one contract suite runs against both. Services receive a `Bus` in their constructor.
 """
 

@@ -73,7 +73,10 @@ class DeviceHealthChanged(Event):
 
 
 class PauseOperands(Command):
-    """Every operand on the node must release its GPU and RDMA device handles now."""
+    """The operands on the node (device plugin, discovery, telemetry) release what they hold
+    of the named driver stacks before a reload: NVML sessions for `gpu`, RDMA handles for
+    `ofed`; the device plugin advertises those devices Unhealthy meanwhile. Each confirms
+    with `OperandPaused`."""
 
     SERVICE: ClassVar[str] = OPERANDS
     VERB: ClassVar[str] = "pause"

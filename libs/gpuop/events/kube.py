@@ -135,7 +135,9 @@ class PodDeletionFailed(KubeActionResult):
 
 
 class DrainCompleted(KubeActionResult):
-    """The drain finished: only DaemonSet and drain-skip pods remain."""
+    """The drain finished: every pod it had to evict is gone. What it skips stays: DaemonSet
+    pods, static pods' mirrors, pods with a drain skip label, and pods the policy's pod
+    selector leaves out."""
 
     NAME: ClassVar[str] = "drain-completed"
 

@@ -169,9 +169,13 @@ def test_the_build_context_builds_a_wheel_with_every_service(tmp_path: Path) -> 
 
 @pytest.mark.timeout(120)
 def test_the_simulation_s_wheel_holds_the_whole_recording_and_its_plugins(tmp_path: Path) -> None:
+    source = tmp_path / "gpuop-sim"  # a copy: building leaves build/ and egg-info beside it
+    shutil.copytree(
+        REPO / "libs/gpuop-sim", source, ignore=shutil.ignore_patterns("__pycache__", "build")
+    )
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(tmp_path), str(REPO / "libs/gpuop-sim")],
+         "--wheel-dir", str(tmp_path), str(source)],
         check=True,
         capture_output=True,
         timeout=110,
