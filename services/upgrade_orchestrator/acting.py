@@ -31,9 +31,8 @@ from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import command_id, new_command, new_event
 from gpuop.kube import errors
-from gpuop.saga import Decision, KubeAction, NodeSaga, state_changed
+from gpuop.saga import Decision, KubeAction, NodeSaga, folding
 from gpuop.saga.actions import Cordon, SetStateLabel, Uncordon
-from gpuop.saga.core import transition_event_id
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.executing import KubeActions
 
@@ -98,27 +97,27 @@ class Outbox:
         that dies midway leaves them in the saga's `last_transitions` for its successor's
         `resume`, not overwritten by a later decision."""
         saga = decision.saga
-        first = saga.sequence - len(decision.transitions) + 1
-        for offset, transition in enumerate(decision.transitions):
-            await self._bus.publish(
-                new_event(
-                    state_changed(saga, transition),
-                    node=saga.node,
-                    source=SOURCE,
-                    id=transition_event_id(saga, first + offset),
-                    correlationid=saga.rollout_id,
-                    now=self._clock.now(),
+        for out in folding.outputs(decision):
+            if isinstance(out, folding.StateChange):
+                await self._bus.publish(
+                    new_event(
+                        out.payload,
+                        node=saga.node,
+                        source=SOURCE,
+                        id=out.id,
+                        correlationid=saga.rollout_id,
+                        now=self._clock.now(),
+                    )
                 )
-            )
-        for issued in decision.commands:
+                continue
             await self._bus.publish(
                 new_command(
-                    issued.payload,
+                    out.payload,
                     node=saga.node,
                     source=SOURCE,
-                    id=issued.id,
+                    id=out.id,
                     correlationid=saga.saga_id,
-                    traceparent=traces.step_traceparent(saga.saga_id, issued.attempt, issued.step),
+                    traceparent=traces.step_traceparent(saga.saga_id, out.attempt, out.step),
                     now=self._clock.now(),
                 )
             )

@@ -35,12 +35,12 @@ from gpuop.bus import Buckets, Bus, KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import command_id, hardware, new_event, subjects
 from gpuop.events.driver import Component
-from gpuop.events.upgrade import TERMINAL_STATES, SagaStarted, UpgradeState
+from gpuop.events.upgrade import TERMINAL_STATES, UpgradeState
 from gpuop.kube import client
 from gpuop.kube.recording import EventRecorder
 from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition, selectors
 from gpuop.policy.conditions import RolloutRecord
-from gpuop.saga import Decision, NodeSaga, new_saga
+from gpuop.saga import Decision, NodeSaga, folding, new_saga
 from gpuop.saga.records import components_to_upgrade
 from gpuop.services.upgrade_orchestrator import intake, jobs
 from gpuop.services.upgrade_orchestrator.acting import SOURCE, Outbox
@@ -258,14 +258,7 @@ class Controller:
                 await store.replace(saga, stored.revision)
         except (KeyExists, RevisionConflict):
             return None  # written meanwhile; the next pass looks again
-        started = SagaStarted(
-            rollout_id=rollout_id,
-            saga_id=saga.saga_id,
-            running_versions=running,
-            boot_id=inventory.boot_id,
-            unschedulable=unschedulable,
-            operands=saga.operands,
-        )
+        started = folding.start_of(saga, running)
         await self._bus.publish(
             new_event(
                 started,

@@ -1,21 +1,19 @@
 """The one durable consumer that feeds the decision core: what it subscribes to.
 
 Everything the core decides on arrives here, in the log, in per-node order (the bus never
-hands two messages of one node to the handler at once): the orchestrator's own Kubernetes
+hands two messages of one node to the handler at once): the inbound set of the fold
+(`gpuop.saga.folding`, which replay reads too): the orchestrator's own Kubernetes
 observations and action outcomes (domain `kube`), the driver-manager's results (`driver`),
-operand pause confirmations (`device`), discovery's inventories (`hardware.discovered`, for
-the boot id and running versions), expired deadlines (`saga.deadline-expired`) and
-recorded admissions (`upgrade.admitted`). The public `upgrade` state changes are not read
+operand pause confirmations, discovery's inventories (for the boot id and running versions),
+expired deadlines and recorded admissions. The public `upgrade` state changes are not read
 back: they are outputs.
 """
 
 from __future__ import annotations
 
 from gpuop.bus import Bus, ConsumerSpec, Subscription
-from gpuop.events import device as dev
-from gpuop.events import hardware as hw
-from gpuop.events import subjects, upgrade
-from gpuop.events.deadlines import DeadlineExpired
+from gpuop.events import subjects
+from gpuop.saga import folding
 from gpuop.services.upgrade_orchestrator.running import Runner
 
 DURABLE = "upgrade-orchestrator"
@@ -36,12 +34,8 @@ def consumer_spec(prefix: str, ack_wait: float = ACK_WAIT) -> ConsumerSpec:
     return ConsumerSpec(
         durable=DURABLE,
         subjects=(
-            events("kube"),
-            events("driver"),
-            events(dev.OperandPaused.DOMAIN, dev.OperandPaused.NAME),
-            events(hw.HardwareDiscovered.DOMAIN, hw.HardwareDiscovered.NAME),
-            events(DeadlineExpired.DOMAIN, DeadlineExpired.NAME),
-            events(upgrade.DOMAIN, upgrade.NodeAdmitted.NAME),
+            *(events(domain) for domain in folding.INBOUND_DOMAINS),
+            *(events(inbound.DOMAIN, inbound.NAME) for inbound in folding.INBOUND_TYPES),
         ),
         max_deliver=20,
         ack_wait=ack_wait,

@@ -1,11 +1,12 @@
 """The runner: feeds each event of the log to the decision core, persist first, then act.
 
 For every delivery of the intake consumer (`intake`), `Runner.handle` reads the node's saga
-with its revision, calls `core.decide` with the event and the event's recorded time, and, if
-the saga changed, writes it with compare-and-set; only then does the outbox publish the
-commands and state changes and run the Kubernetes actions, and the deadline scheduler arm
-the new step's deadline. A `RevisionConflict` (another writer got there first) makes it read
-again and decide again on the newer saga.
+with its revision, takes one `folding.step` with the event and the event's recorded time
+(the fold `gpuop replay` takes too), and, if the saga changed, writes it with
+compare-and-set; only then does the outbox publish the commands and state changes and run
+the Kubernetes actions, and the deadline scheduler arm the new step's deadline. A
+`RevisionConflict` (another writer got there first) makes it read again and decide again on
+the newer saga.
 
 `resume` is the restart path: it rebuilds from KV and re-issues every saga's `pending()`
 commands and actions with their original ids, so whatever the crash interrupted is done
@@ -32,8 +33,8 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, command_id, new_event, subjects
 from gpuop.events.upgrade import DOMAIN, NodeAdmitted, PolicyApplied, SagaStarted, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import Admitted, Decision, NodeSaga, NodeStatus, admission, decide, pending
-from gpuop.saga.core import Trigger, transition_event_id
+from gpuop.saga import Decision, NodeSaga, NodeStatus, admission, folding, pending
+from gpuop.saga.core import transition_event_id
 from gpuop.saga.records import desired_targets
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.acting import SOURCE, Outbox
@@ -109,17 +110,16 @@ class Runner:
         policy = self._policy()
         if policy is None:
             raise TemporaryError("no valid GPUClusterPolicy yet", delay=1.0)
+        if isinstance(event, NodeAdmitted):  # decided now: it no longer holds a slot itself
+            self._announced.pop(event.saga_id, None)
         await self.record_policy(policy, cause)
         started = traces.now_ns()
         for _ in range(CONFLICT_RETRIES):
             stored = await self._store.get(node)
             if stored is None:
                 return None
-            trigger = self._trigger(stored.saga, event)
-            if trigger is None:
-                return None
-            decision = decide(stored.saga, trigger, policy, now)
-            if decision.saga == stored.saga:
+            decision = folding.step(stored.saga, event, policy, now)
+            if decision is None:
                 return None
             try:
                 await self._store.replace(decision.saga, stored.revision)
@@ -132,14 +132,6 @@ class Runner:
                 await self._act(decision)
             return decision
         raise TemporaryError(f"saga of node {node} keeps changing under us", delay=0.5)
-
-    def _trigger(self, saga: NodeSaga, event: Event) -> Trigger | None:
-        if not isinstance(event, NodeAdmitted):
-            return event
-        self._announced.pop(event.saga_id, None)
-        if (event.saga_id, event.attempt) != (saga.saga_id, saga.attempt):
-            return None  # an admission of an earlier rollout or attempt
-        return Admitted(canary=event.canary)
 
     async def _act(self, decision: Decision) -> None:
         await self._outbox.carry_out(decision)
@@ -188,15 +180,7 @@ class Runner:
             else target.version
             for component, target in targets.items()
         }
-        started = SagaStarted(
-            rollout_id=saga.rollout_id,
-            saga_id=saga.saga_id,
-            running_versions=running,
-            boot_id=saga.boot_id,
-            unschedulable=saga.initially_unschedulable,
-            operands=saga.operands,
-            expected_devices=saga.expected_devices,
-        )
+        started = folding.start_of(saga, running)
         log.info("recording the start of %s, which its first leader did not", saga.saga_id)
         envelope = new_event(
             started, node=saga.node, source=SOURCE, id=started_id,

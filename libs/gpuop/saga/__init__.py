@@ -1,10 +1,11 @@
 """The driver-upgrade saga: durable records, one transition table, and a pure decision core.
 
 Above `gpuop.events` and `gpuop.policy`, below the upgrade orchestrator service, which does
-all the I/O: it keeps one `NodeSaga` per node in KV, feeds each event of the log to
-`core.decide`, writes the returned saga with compare-and-set, then publishes the commands and
-executes the Kubernetes actions; it runs `admission.plan` to start nodes. Nothing here reads
-a clock, the bus or Kubernetes. Import the modules as namespaces:
+all the I/O: it keeps one `NodeSaga` per node in KV, folds each event of the log into it
+(`folding.step`, the fold replay takes too), writes the returned saga with compare-and-set,
+then publishes the commands and executes the Kubernetes actions; it runs `admission.plan` to
+start nodes. Nothing here reads a clock, the bus or Kubernetes. Import the modules as
+namespaces:
 
     records       NodeSaga (the KV record), new_saga, the targets and outcomes it keeps
     steps         the steps inside each state, their order and their deadlines
@@ -15,7 +16,9 @@ a clock, the bus or Kubernetes. Import the modules as namespaces:
     compensation  what a failure leads to: uncordon, rollback, upgrade-failed, retry
     core          decide(saga, event, policy, now) -> Decision; Admitted
     admission     plan / admit: maxParallelUpgrades, maxUnavailable, canary
-    replaying     `gpuop replay`: an exported log fed to a fresh core, compared with the record
+    folding       one fold from the log to decisions: the inbound set, triggers, a saga
+                  from its SagaStarted, one step, a decision's outputs with their ids
+    replaying     `gpuop replay`: an exported log folded through a fresh core, compared
 """
 
 from gpuop.saga import (
@@ -25,6 +28,7 @@ from gpuop.saga import (
     core,
     drafting,
     effects,
+    folding,
     records,
     replaying,
     steps,
@@ -57,6 +61,7 @@ __all__ = [
     "decide",
     "drafting",
     "effects",
+    "folding",
     "new_saga",
     "pending",
     "plan",

@@ -9,11 +9,10 @@ The export (`gpuop events export`) is JSON lines, one stored message per line, i
 when the server stored it, `message` the envelope exactly as published. `export_line` writes
 one line and `parse_log` reads them back.
 
-`replay` feeds the inbound events (what the orchestrator's intake consumes: `kube` and
-`driver` events, operand pauses, inventories, expired deadlines, admissions), in stream order,
-to `core.decide` with each event's recorded time, the way the runtime does: `SagaStarted`
-builds a node's saga with `new_saga`, `NodeAdmitted` becomes `core.Admitted` for the saga and
-attempt it names, and a decision that leaves the saga unchanged does nothing. The policy is
+`replay` folds the inbound events (`folding.is_inbound`: what the orchestrator's intake
+consumes), in stream order, with each event's recorded time, through the same `folding`
+the runtime uses: `SagaStarted` builds a node's saga (`folding.started_saga`), `folding.step`
+decides, and `folding.outputs` names what each decision publishes. The policy is
 the latest `PolicyApplied` (one that names an event as its cause was applied just before that
 event was decided), unless an override replaces every recorded one. `compare` then sets the
 commands and state changes it produced against the recorded ones, node by node.
@@ -27,17 +26,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from gpuop.events import Envelope, Event, Payload, decode, kube
-from gpuop.events import device as dev
-from gpuop.events import hardware as hw
-from gpuop.events.deadlines import DeadlineExpired
+from gpuop.events import Envelope, Event, Payload, decode
 from gpuop.events.envelope import MalformedMessage, UnknownEventType
-from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, PolicyApplied, SagaStarted
+from gpuop.events.upgrade import NodeUpgradeStateChanged, PolicyApplied, SagaStarted
 from gpuop.policy import GPUClusterPolicySpec, PolicyInvalid, validate_spec
-from gpuop.saga.core import Admitted, Trigger, decide, state_changed, transition_event_id
-from gpuop.saga.records import NodeSaga, new_saga
+from gpuop.saga import folding
+from gpuop.saga.records import NodeSaga
 
 EVENTS_STREAM = "GPUOP_EVENTS"
 COMMANDS_STREAM = "GPUOP_COMMANDS"
@@ -174,12 +170,8 @@ def load_policy(document: object, where: str) -> GPUClusterPolicySpec:
         raise ReplayInputError(f"{where}: {exc}") from None
 
 
-def is_inbound(payload: Payload) -> bool:
-    """Whether the orchestrator's intake consumes this payload (see its `consumer_spec`)."""
-    if isinstance(payload, Event) and payload.DOMAIN in (kube.DOMAIN, "driver"):
-        return True
-    inbound = (dev.OperandPaused, hw.HardwareDiscovered, DeadlineExpired, NodeAdmitted)
-    return isinstance(payload, inbound)
+def _kind(out: folding.Output) -> str:
+    return "transition" if isinstance(out, folding.StateChange) else "command"
 
 
 def _dump(payload: BaseModel) -> dict[str, Any]:
@@ -235,28 +227,22 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
             sagas[envelope.node] = _started(envelope, payload, current, entry.line)
             result.nodes.add(envelope.node)
             continue
-        if not isinstance(payload, Event) or not is_inbound(payload):
+        if not isinstance(payload, Event) or not folding.is_inbound(payload):
             continue
         saga = sagas.get(envelope.node)
         if saga is None or current is None:
             continue
-        trigger = _trigger(saga, payload)
-        if trigger is None:
+        if folding.trigger(saga, payload) is None:
             continue
         result.events += 1
-        decision = decide(saga, trigger, current, envelope.time)
-        if decision.saga == saga:
+        decision = folding.step(saga, payload, current, envelope.time)
+        if decision is None:
             continue
         sagas[envelope.node] = decision.saga
-        produced = result.outputs.setdefault(envelope.node, [])
-        for issued in decision.commands:
-            command = issued.payload
-            produced.append(Output("command", issued.id, command.TYPE, _dump(command)))
-        first = decision.saga.sequence - len(decision.transitions) + 1
-        for offset, transition in enumerate(decision.transitions):
-            changed = state_changed(decision.saga, transition)
-            event_id = transition_event_id(decision.saga, first + offset)
-            produced.append(Output("transition", event_id, changed.TYPE, _dump(changed)))
+        result.outputs.setdefault(envelope.node, []).extend(
+            Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
+            for out in folding.outputs(decision)
+        )
     return result
 
 
@@ -264,27 +250,9 @@ def _started(
     envelope: Envelope, started: SagaStarted, policy: GPUClusterPolicySpec, line: int
 ) -> NodeSaga:
     try:
-        return new_saga(
-            node=envelope.node,
-            rollout_id=started.rollout_id,
-            policy=policy,
-            running=started.running_versions,
-            now=envelope.time,
-            boot_id=started.boot_id,
-            unschedulable=started.unschedulable,
-            operands=started.operands,
-            expected_devices=started.expected_devices,
-        )
-    except (ValueError, ValidationError) as exc:
+        return folding.started_saga(envelope.node, started, policy, envelope.time)
+    except ValueError as exc:  # ValidationError is one
         raise ReplayInputError(f"line {line}: cannot start the saga: {exc}") from None
-
-
-def _trigger(saga: NodeSaga, event: Event) -> Trigger | None:
-    if not isinstance(event, NodeAdmitted):
-        return event
-    if (event.saga_id, event.attempt) != (saga.saga_id, saga.attempt):
-        return None  # an admission of an earlier rollout or attempt
-    return Admitted(canary=event.canary)
 
 
 def compare(expected: Outputs, got: Outputs) -> Comparison:

@@ -14,7 +14,7 @@ from gpuop.events import Command, Envelope, command_id, kube, subjects
 from gpuop.events import device as dev
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, SagaStarted, UpgradeState
-from gpuop.saga import NodeSaga, NodeStatus, actions, pending, replaying
+from gpuop.saga import NodeSaga, NodeStatus, actions, folding, pending
 from gpuop.saga.core import Admitted, decide
 from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.deadlines import deadline_event_id
@@ -315,7 +315,7 @@ async def test_a_saga_stored_without_its_start_recorded_gets_it_from_the_success
         await second.stop()
     assert isinstance(started, SagaStarted)
     # what a replay of the log builds from it is the saga that was stored
-    assert replaying._started(envelope, started, second.policy, 1) == saga
+    assert folding.started_saga(envelope.node, started, second.policy, envelope.time) == saga
 
 
 async def test_a_decisions_state_changes_go_out_before_its_commands(stack: Stack) -> None:

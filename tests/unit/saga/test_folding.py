@@ -1,0 +1,63 @@
+"""The one fold from the log to decisions, which the runtime and replay both take: its
+inbound set is the intake's, an admission counts only for its own attempt, an event that
+changes nothing is no step, and a decision's outputs come state changes first, with ids."""
+
+from __future__ import annotations
+
+from gpuop.bus import streams
+from gpuop.events import bus_subject, new_event, subjects
+from gpuop.events import upgrade as up
+from gpuop.events.kube import NodeCordoned
+from gpuop.saga import folding
+from gpuop.saga.core import Admitted
+from gpuop.services.upgrade_orchestrator import intake
+from tests.unit.saga.support import BOOT_A, GPU_OLD, NODE, T0, inventory, policy, saga_for
+
+SPEC = policy()
+
+
+def test_the_intake_consumes_exactly_the_inbound_set() -> None:
+    filters = intake.consumer_spec(subjects.DEFAULT_PREFIX).subjects
+    saga = saga_for(SPEC)
+    admitted = up.NodeAdmitted(rollout_id="r", saga_id=saga.saga_id, attempt=1, canary=False)
+    decision = folding.step(saga, admitted, SPEC, T0)
+    assert decision is not None
+    changed = folding.outputs(decision)[0].payload
+    for payload, inbound in ((admitted, True), (inventory(BOOT_A), True), (changed, False)):
+        assert folding.is_inbound(payload) is inbound, payload
+        subject = bus_subject(new_event(payload, node=NODE, source="/t"))
+        assert any(streams.subject_matches(f, subject) for f in filters) is inbound, subject
+
+
+def test_an_admission_counts_only_for_its_own_saga_and_attempt() -> None:
+    saga = saga_for(SPEC)
+    own = up.NodeAdmitted(rollout_id="r", saga_id=saga.saga_id, attempt=1, canary=True)
+    earlier = own.model_copy(update={"attempt": 2})
+    other = own.model_copy(update={"saga_id": "another-saga"})
+    assert folding.trigger(saga, own) == Admitted(canary=True)
+    assert folding.trigger(saga, earlier) is None and folding.trigger(saga, other) is None
+    assert folding.step(saga, other, SPEC, T0) is None
+
+
+def test_an_event_that_changes_nothing_is_no_step() -> None:
+    saga = saga_for(SPEC)  # upgrade-required: a cordon it did not ask for changes nothing
+    assert folding.step(saga, NodeCordoned(action_id="x"), SPEC, T0) is None
+
+
+def test_outputs_are_state_changes_then_commands_with_the_ids_the_outbox_publishes() -> None:
+    saga = saga_for(SPEC)
+    admitted = up.NodeAdmitted(rollout_id="r", saga_id=saga.saga_id, attempt=1, canary=False)
+    decision = folding.step(saga, admitted, SPEC, T0)
+    assert decision is not None and decision.transitions
+    outs = folding.outputs(decision)
+    kinds = [isinstance(out, folding.StateChange) for out in outs]
+    assert kinds == sorted(kinds, reverse=True)  # every state change before any command
+    assert len({out.id for out in outs}) == len(outs)
+    assert folding.outputs(decision) == outs  # the same ids every time it is decided
+
+
+def test_a_saga_is_rebuilt_from_its_start_record() -> None:
+    saga = saga_for(SPEC)
+    running = {component: GPU_OLD for component in saga.components}
+    rebuilt = folding.started_saga(NODE, folding.start_of(saga, running), SPEC, T0)
+    assert rebuilt == saga
