@@ -23,7 +23,6 @@ recorded result is published then.
 from __future__ import annotations
 
 import logging
-import uuid
 from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter
@@ -32,7 +31,7 @@ from gpuop import plugins
 from gpuop.bus import Bus, BusError, ConsumerSpec, Delivery, PermanentError, TemporaryError, spans
 from gpuop.bus.protocol import UnknownErrors
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import Command, Envelope, new_event, subjects
+from gpuop.events import Command, Envelope, ids, new_event, subjects
 from gpuop.events import driver as dm
 from gpuop.host.protocol import KernelOps, Rebooter, SimulatedHost
 from gpuop.host.roots import HostRoot
@@ -63,14 +62,13 @@ from gpuop.services.driver_manager.validating import Validator
 
 log = logging.getLogger(__name__)
 
-_RESULT_IDS = uuid.UUID("0d7b6f55-2f0e-4c39-9a8e-5a3f4f1c2b7d")
 LOCK_RETRY_SECONDS = 2.0
 NVML_HOLDER = "driver-manager"
 
 
 def result_id(command_id: str) -> str:
     """The id of the result of `command_id`: the same every time it is answered."""
-    return uuid.uuid5(_RESULT_IDS, f"{command_id}/result").hex
+    return ids.result(command_id)
 
 
 class CommandAgent:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import command_id, new_command, new_event
+from gpuop.events import ids, new_command, new_event
 from gpuop.kube import errors
 from gpuop.saga import Decision, KubeAction, NodeSaga, folding
 from gpuop.saga.actions import Cordon, SetStateLabel, Uncordon
@@ -48,7 +48,7 @@ _Queued = tuple[str, KubeAction, str | None]
 
 def outcome_event_id(action: KubeAction) -> str:
     """Id of the event reporting how `action` ended: one per action, so a repeat dedupes."""
-    return command_id(action.id, "outcome", 1)
+    return ids.outcome(action.id)
 
 
 def node_writes(kube_actions: Sequence[KubeAction]) -> tuple[KubeAction, ...]:

@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 
 from gpuop.bus import Buckets, Bus, KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import command_id, hardware, new_event, subjects
+from gpuop.events import hardware, ids, new_event, subjects
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import TERMINAL_STATES, UpgradeState
 from gpuop.kube import client
@@ -264,7 +264,7 @@ class Controller:
                 started,
                 node=node,
                 source=SOURCE,
-                id=command_id(saga.saga_id, "started", 1),
+                id=ids.started(saga.saga_id),
                 correlationid=rollout_id,
                 now=now,
             )

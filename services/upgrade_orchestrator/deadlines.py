@@ -24,7 +24,7 @@ from datetime import datetime
 
 from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import command_id, new_event
+from gpuop.events import ids, new_event
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.saga import NodeSaga, deadline_event
 from gpuop.services.upgrade_orchestrator import traces
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def deadline_event_id(expired: DeadlineExpired) -> str:
     """The one id of this deadline's expiry, whoever publishes it."""
-    return command_id(expired.saga_id, f"deadline-{expired.state}-{expired.step}", expired.attempt)
+    return ids.deadline(expired.saga_id, f"{expired.state}", expired.step, expired.attempt)
 
 
 class DeadlineScheduler:

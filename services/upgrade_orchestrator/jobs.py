@@ -20,7 +20,7 @@ from typing import Any
 
 from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import command_id, new_event
+from gpuop.events import ids, new_event
 from gpuop.events import kube as observed
 from gpuop.events.fields import NamespacedName
 from gpuop.events.upgrade import UpgradeState
@@ -123,13 +123,14 @@ class PodWatches:
 
 
 async def _publish(bus: Bus, saga: NodeSaga, seen: observed.PodsObserved, clock: Clock) -> None:
-    key = f"pods-{seen.job_pods}-{seen.gpu_pods}-{seen.drainable_pods}"
     await bus.publish(
         new_event(
             seen,
             node=saga.node,
             source=SOURCE,
-            id=command_id(saga.saga_id, key, saga.attempt),
+            id=ids.pods_observed(
+                saga.saga_id, (seen.job_pods, seen.gpu_pods, seen.drainable_pods), saga.attempt
+            ),
             correlationid=saga.saga_id,
             now=clock.now(),
         )

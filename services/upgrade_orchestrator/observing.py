@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import command_id, new_event
+from gpuop.events import ids, new_event
 from gpuop.events import kube as observed
 from gpuop.kube import client, nodes
 from gpuop.kube.watching import ListWatch
@@ -115,8 +115,8 @@ class NodeWatcher:
             return
         self._seen[name] = _facts(seen)
         metadata = node["metadata"]
-        event_id = command_id(
-            str(metadata.get("uid") or name), f"observed-{metadata.get('resourceVersion')}", 1
+        event_id = ids.node_observed(
+            str(metadata.get("uid") or name), f"{metadata.get('resourceVersion')}"
         )
         await self._bus.publish(
             new_event(seen, node=name, source=SOURCE, id=event_id, now=self._clock.now())
@@ -132,7 +132,7 @@ class NodeWatcher:
                 observed.NodeRemoved(),
                 node=name,
                 source=SOURCE,
-                id=command_id(uid, "removed", 1),
+                id=ids.node_removed(uid),
                 now=self._clock.now(),
             )
         )

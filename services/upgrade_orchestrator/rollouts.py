@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from gpuop.bus import Bus
-from gpuop.events import command_id, new_event, subjects
+from gpuop.events import ids, new_event, subjects
 from gpuop.events import upgrade as up
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
@@ -186,7 +186,7 @@ class RolloutReporter:
                 event,
                 node=subjects.CLUSTER,
                 source=SOURCE,
-                id=command_id(rollout_id, what, 1) if what else None,
+                id=ids.rollout_event(rollout_id, what) if what else None,
                 correlationid=rollout_id,
                 now=now,
             )

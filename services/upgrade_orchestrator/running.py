@@ -30,7 +30,7 @@ from datetime import datetime
 
 from gpuop.bus import Bus, Delivery, RevisionConflict, TemporaryError
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import Event, command_id, new_event, subjects
+from gpuop.events import Event, ids, new_event, subjects
 from gpuop.events.upgrade import DOMAIN, NodeAdmitted, PolicyApplied, SagaStarted, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import Decision, NodeSaga, NodeStatus, admission, folding, pending
@@ -49,7 +49,7 @@ CONFLICT_RETRIES = 8
 
 def admitted_event_id(saga: NodeSaga) -> str:
     """The one id of the admission of this saga's attempt."""
-    return command_id(saga.saga_id, "admitted", saga.attempt)
+    return ids.admitted(saga.saga_id, saga.attempt)
 
 
 class Runner:
@@ -168,7 +168,7 @@ class Runner:
         as `new_saga` made it: a component it leaves out ran the policy's version."""
         if saga.state is not UpgradeState.UPGRADE_REQUIRED or saga.sequence or saga.attempt > 1:
             return
-        started_id = command_id(saga.saga_id, "started", 1)
+        started_id = ids.started(saga.saga_id)
         prefix = self._bus.prefix
         subject = subjects.event_subject(DOMAIN, saga.node, SagaStarted.NAME, prefix=prefix)
         if await self._stored_id(subject) == started_id:

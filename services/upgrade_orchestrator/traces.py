@@ -2,7 +2,7 @@
 
 The runner, the outbox and the deadline scheduler call this module; the decision core never
 does (it stays pure). Ids derive from what the saga record keeps, the way command ids do
-(`command_id(saga_id, token, attempt)`): the trace id from the saga id and attempt, a step's
+(`ids.step(saga_id, token, attempt)`): the trace id from the saga id and attempt, a step's
 span id from its token as well. So a command's parent is known when it is published, long
 before its step ends, and a leader that takes a saga over after a crash parents on, and
 records, the very spans the previous one referred to. The tree of one attempt:

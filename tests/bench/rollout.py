@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
 
 from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus, PublishAck  # noqa: E402
 from gpuop.clocks import VirtualClock  # noqa: E402
-from gpuop.events import Envelope, command_id, new_event, subjects  # noqa: E402
+from gpuop.events import Envelope, ids, new_event, subjects  # noqa: E402
 from gpuop.events import device as dev  # noqa: E402
 from gpuop.events import driver as dm  # noqa: E402
 from gpuop.events.driver import Component  # noqa: E402
@@ -186,7 +186,7 @@ async def rollout(nodes: int, max_parallel: int, step_seconds: float) -> Result:
             )  # fmt: skip
             await bus.publish(
                 new_event(started, node=name, source=SOURCE, now=T0,
-                          id=command_id(saga.saga_id, "started", 1))
+                          id=ids.step(saga.saga_id, "started", 1))
             )  # fmt: skip
         gc.collect()
         passes = 0

@@ -51,8 +51,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus  # noqa: E402
-from gpuop.events import command_id, new_event, subjects  # noqa: E402
 from gpuop.events import device as dev  # noqa: E402
+from gpuop.events import ids, new_event, subjects  # noqa: E402
 from gpuop.events import kube as observed  # noqa: E402
 from gpuop.events.driver import Component  # noqa: E402
 from gpuop.events.upgrade import SagaStarted, UpgradeState  # noqa: E402
@@ -176,7 +176,7 @@ async def hold_sagas(nodes: int, roll: int) -> dict[str, Any]:
             )  # fmt: skip
             await bus.publish(
                 new_event(started, node=name, source=SOURCE, now=T0,
-                          id=command_id(saga.saga_id, "started", 1))
+                          id=ids.step(saga.saga_id, "started", 1))
             )  # fmt: skip
         gc.collect()
         built = proc_status_mb("VmRSS")

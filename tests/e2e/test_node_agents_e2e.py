@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpuop.bus import NatsBus, NatsServer
-from gpuop.events import Command, Envelope, Event, command_id, decode, new_command, subjects
+from gpuop.events import Command, Envelope, Event, decode, ids, new_command, subjects
 from gpuop.events import driver as dm
 from gpuop.events.hardware import HardwareDiscovered, RescanHardware
 from gpuop.host import packaging, system
@@ -67,7 +67,7 @@ class Agents:
 
     async def send(self, command: Command, step: str) -> dm.DriverResult:
         """Publish `command` as saga step `step` and return the driver event answering it."""
-        cid = command_id(SAGA, step, 1)
+        cid = ids.step(SAGA, step, 1)
         self.sent.append(cid)
         await self.bus.publish(
             new_command(command, node=self.node, source="/gpuop/e2e", id=cid, correlationid=SAGA)
@@ -80,7 +80,7 @@ class Agents:
 
     async def rescan(self, reason: str) -> HardwareDiscovered:
         """Ask discovery for a fresh inventory and return the one published for it."""
-        cid = command_id(SAGA, f"rescan-{reason}", 1)
+        cid = ids.step(SAGA, f"rescan-{reason}", 1)
         await self.bus.publish(
             new_command(RescanHardware(reason=reason), node=self.node, source="/gpuop/e2e", id=cid)
         )

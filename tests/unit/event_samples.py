@@ -12,11 +12,11 @@ from ipaddress import IPv4Interface, IPv6Interface
 
 from gpuop.events import (
     Payload,
-    command_id,
     deadlines,
     device,
     driver,
     hardware,
+    ids,
     kube,
     network,
     upgrade,
@@ -29,7 +29,7 @@ HASH = "a" * 64
 GPU_UUID = "GPU-20bce083-dbf9-2d4f-3c35-c858915accc5"
 SAGA = "saga/gpu-node-1/1"
 ROLLOUT = "rollout-580.159.04"
-CMD = command_id(SAGA, "driver-reload-required/unload", 1)
+CMD = ids.step(SAGA, "driver-reload-required/unload", 1)
 GPU = driver.Component.GPU
 OFED = driver.Component.OFED
 POD = NamespacedName(namespace="ml", name="trainer-0")

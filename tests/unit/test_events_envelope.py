@@ -13,9 +13,9 @@ from gpuop.events import (
     MalformedMessage,
     UnknownEventType,
     bus_subject,
-    command_id,
     decode,
     driver,
+    ids,
     new_command,
     new_event,
     parse_as,
@@ -135,12 +135,12 @@ def test_parse_as_checks_the_type() -> None:
 
 
 def test_command_id_is_deterministic_per_saga_step_and_attempt() -> None:
-    first = command_id("saga/n1/1", "driver-reload-required/unload", 1)
-    assert first == command_id("saga/n1/1", "driver-reload-required/unload", 1)
+    first = ids.step("saga/n1/1", "driver-reload-required/unload", 1)
+    assert first == ids.step("saga/n1/1", "driver-reload-required/unload", 1)
     others = {
-        command_id("saga/n2/1", "driver-reload-required/unload", 1),
-        command_id("saga/n1/1", "driver-reload-required/load", 1),
-        command_id("saga/n1/1", "driver-reload-required/unload", 2),
+        ids.step("saga/n2/1", "driver-reload-required/unload", 1),
+        ids.step("saga/n1/1", "driver-reload-required/load", 1),
+        ids.step("saga/n1/1", "driver-reload-required/unload", 2),
     }
     assert first not in others
     assert len(others) == 3
@@ -149,7 +149,7 @@ def test_command_id_is_deterministic_per_saga_step_and_attempt() -> None:
 
 def test_a_reissued_command_is_byte_identical_apart_from_its_time() -> None:
     unload = driver.UnloadDriver(component=driver.Component.GPU)
-    id_ = command_id("saga/n1/1", "unload", 1)
+    id_ = ids.step("saga/n1/1", "unload", 1)
     first = new_command(unload, node="n1", source="/gpuop/upgrade-orchestrator", id=id_, now=NOW)
     again = new_command(unload, node="n1", source="/gpuop/upgrade-orchestrator", id=id_, now=NOW)
     assert first.to_bytes() == again.to_bytes()

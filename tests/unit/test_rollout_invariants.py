@@ -3,7 +3,7 @@ invariant, so the end-to-end tests that rely on it can fail."""
 
 from __future__ import annotations
 
-from gpuop.events import Command, Event, command_id, new_command, new_event
+from gpuop.events import Command, Event, ids, new_command, new_event
 from gpuop.events import driver as dm
 from gpuop.events import kube as ke
 from gpuop.events.driver import Component
@@ -47,7 +47,7 @@ class Log:
         self.add(node, ke.NodeCordoned(action_id=f"cordon-{node}"))
         self.add(node, ke.DrainCompleted(action_id=f"drain-{node}", evicted=1))
         self.state(node, S.DRIVER_RELOAD_REQUIRED)
-        self.add(node, dm.UnloadDriver(component=GPU), command_id(node, "unload", 1))
+        self.add(node, dm.UnloadDriver(component=GPU), ids.step(node, "unload", 1))
         self.add(node, dm.DriverUnloaded(command_id="x", component=GPU, version="1.0"))
         self.add(node, dm.DriverLoaded(command_id="y", component=GPU, version="2.0"))
         self.state(node, S.VALIDATION_REQUIRED)

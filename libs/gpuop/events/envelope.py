@@ -11,7 +11,6 @@ Producers call `new_event` / `new_command`; the bus calls `bus_subject` and `dec
 
 from __future__ import annotations
 
-import functools
 import json
 import uuid
 from datetime import UTC, datetime
@@ -23,7 +22,6 @@ from gpuop.events import subjects
 
 SPEC_VERSION: Final = "1.0"
 TYPE_PREFIX = "io.gpuop"
-_COMMAND_IDS = uuid.UUID("6b1d6d0e-4a57-4c1e-9f3e-8c3c1f1f0a11")
 
 
 class MalformedMessage(ValueError):
@@ -218,12 +216,6 @@ def new_event(
     )
 
 
-@functools.lru_cache(maxsize=16384)
-def command_id(saga_id: str, step: str, attempt: int) -> str:
-    """Deterministic command id: the same saga step and attempt always get the same id."""
-    return uuid.uuid5(_COMMAND_IDS, f"{saga_id}/{step}/{attempt}").hex
-
-
 def new_command(
     payload: Command,
     *,
@@ -235,7 +227,7 @@ def new_command(
     traceparent: str | None = None,
     now: datetime | None = None,
 ) -> Envelope:
-    """Wrap a command for the agent on `node`; `id` should come from `command_id`."""
+    """Wrap a command for the agent on `node`; `id` should come from `gpuop.events.ids`."""
     return _envelope(
         payload,
         node=node,

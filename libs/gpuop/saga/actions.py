@@ -7,7 +7,7 @@ action comes back as a `gpuop.events.kube` event carrying the action's `id` as `
 (`NodeCordoned`, `NodeUncordoned`, `PodsDeleted` / `PodDeletionFailed`, `DrainCompleted` /
 `DrainFailed`); labels and Kubernetes Events have no outcome the core waits for.
 
-Every action carries a deterministic id (`command_id(saga_id, step, attempt)`), so executing
+Every action carries a deterministic id (`ids.step(saga_id, step, attempt)`), so executing
 one twice (a crash between acting and recording) can be recognised and is harmless.
 """
 
@@ -104,7 +104,7 @@ class IssuedCommand:
 
     payload: Command
     id: str
-    """`command_id(saga_id, step, attempt)`: the same every time this step is decided."""
+    """`ids.step(saga_id, step, attempt)`: the same every time this step is decided."""
     step: str
     """The token the id was derived from."""
     attempt: int

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpuop.events import Event, command_id, kube
+from gpuop.events import Event, ids, kube
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import hardware as hw
@@ -367,4 +367,4 @@ def state_changed(saga: NodeSaga, transition: Transition) -> NodeUpgradeStateCha
 
 def transition_event_id(saga: NodeSaga, sequence: int) -> str:
     """Id of the `NodeUpgradeStateChanged` of the saga's `sequence`-th transition."""
-    return command_id(saga.saga_id, f"transition-{sequence}", 1)
+    return ids.transition(saga.saga_id, sequence)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from gpuop.events import command_id
+from gpuop.events import ids
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec, UpgradePolicy
@@ -77,7 +77,7 @@ class Draft:
 
     def step_id(self) -> str:
         """The id the pending step's command or action was issued under."""
-        return command_id(self.saga.saga_id, self.saga.step.token, self.saga.attempt)
+        return ids.step(self.saga.saga_id, self.saga.step.token, self.saga.attempt)
 
     def outcome(self, result: StepResult, detail: str) -> None:
         """Record how the pending step ended."""

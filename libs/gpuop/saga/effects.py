@@ -3,7 +3,7 @@
 The decision core (`gpuop.saga.core`) calls `step_effects` when a saga enters a step, and
 the runtime calls `pending` after a crash to issue again what the stored saga's current
 step needs. Both derive everything from the saga record and the policy, with ids from
-`command_id(saga_id, token, attempt)`, so a step issued twice carries the same ids and the
+`ids.step(saga_id, token, attempt)`, so a step issued twice carries the same ids and the
 second copy is dropped (by the bus's duplicate window, the agents, the runtime).
 
 Executors get 90% of the step's deadline as their own timeout (`steps.executor_timeout`),
@@ -12,7 +12,7 @@ so they report a failure with its reason before the saga's deadline fails the st
 
 from __future__ import annotations
 
-from gpuop.events import Command, command_id
+from gpuop.events import Command, ids
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.policy import GPUClusterPolicySpec, UpgradePolicy
@@ -37,7 +37,7 @@ def issue(saga: NodeSaga, payload: Command, token: str) -> IssuedCommand:
     """`payload` under the id of `token` in the saga's current attempt."""
     return IssuedCommand(
         payload=payload,
-        id=command_id(saga.saga_id, token, saga.attempt),
+        id=ids.step(saga.saga_id, token, saga.attempt),
         step=token,
         attempt=saga.attempt,
     )
@@ -45,17 +45,17 @@ def issue(saga: NodeSaga, payload: Command, token: str) -> IssuedCommand:
 
 def action_id(saga: NodeSaga, token: str) -> str:
     """The id of the Kubernetes action of `token` in the saga's current attempt."""
-    return command_id(saga.saga_id, token, saga.attempt)
+    return ids.step(saga.saga_id, token, saga.attempt)
 
 
 def label_id(saga: NodeSaga) -> str:
     """The id of the label write for the saga's latest transition."""
-    return command_id(saga.saga_id, f"label-{saga.sequence}", saga.attempt)
+    return ids.label(saga.saga_id, saga.sequence, saga.attempt)
 
 
 def event_id(saga: NodeSaga) -> str:
     """The id of the Kubernetes Event for the saga's latest transition."""
-    return command_id(saga.saga_id, f"event-{saga.sequence}", saga.attempt)
+    return ids.kube_event(saga.saga_id, saga.sequence, saga.attempt)
 
 
 def _timeout(step: Step, policy: UpgradePolicy, attempt: int) -> int:

@@ -4,7 +4,7 @@ A state names the pending action (`driver-reload-required`); a step names the on
 it that has an executor and a deadline (`unload-gpu`). The decision core (`gpuop.saga.core`)
 keeps the pending step in the saga record and asks this module what comes next. A step's
 token names its deadline (`DeadlineExpired.step`) and, with the saga's attempt, seeds the id
-of the command or action it issues (`command_id(saga_id, token, attempt)`), so deciding the
+of the command or action it issues (`ids.step(saga_id, token, attempt)`), so deciding the
 same step again after a crash issues the same ids.
 
 The maintenance window reloads every component of the saga at once, in this order:

@@ -11,8 +11,8 @@ from gpuop.events import (
     Event,
     Payload,
     bus_subject,
-    command_id,
     device,
+    ids,
     new_command,
     new_event,
     subjects,
@@ -67,7 +67,7 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
 
 def envelope_of(payload: Payload) -> Envelope:
     if isinstance(payload, Command):
-        ident = command_id("saga/gpu-1/1", f"test/{payload.VERB}", 1)
+        ident = ids.step("saga/gpu-1/1", f"test/{payload.VERB}", 1)
         return new_command(payload, node=NODE, source="/test", id=ident)
     assert isinstance(payload, Event)
     return new_event(payload, node=NODE, source="/test")

@@ -18,10 +18,10 @@ from gpuop.events import (
     Command,
     Envelope,
     Event,
-    command_id,
     decode,
     device,
     driver,
+    ids,
     new_command,
     new_event,
 )
@@ -76,7 +76,7 @@ class Node:
 
     async def command(self, payload: Command, step: str) -> Envelope:
         """Send a command to this node's operands, as the orchestrator would."""
-        envelope = new_command(payload, node=NODE, source="/test", id=command_id("saga-1", step, 1))
+        envelope = new_command(payload, node=NODE, source="/test", id=ids.step("saga-1", step, 1))
         await self.bus.publish(envelope)
         return envelope
 

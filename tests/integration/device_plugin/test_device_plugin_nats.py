@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuop.bus import NatsBus, NatsServer
-from gpuop.events import command_id, decode, device, driver, new_command, new_event
+from gpuop.events import decode, device, driver, ids, new_command, new_event
 from gpuop.host.roots import HostRoot
 from gpuop.runtime.services import ServiceContext
 from gpuop.services import device_plugin
@@ -118,7 +118,7 @@ async def test_gpuop_run_device_plugin_registers_and_confirms_a_pause(
                 device.PauseOperands(components=(driver.Component.GPU,)),
                 node=NODE,
                 source="/gpuop/upgrade-orchestrator",
-                id=command_id("saga-1", "pause", 1),
+                id=ids.step("saga-1", "pause", 1),
             )
             await orchestrator.publish(pause)
             await kubelet.wait_for_devices(GPU, unhealthy(*(d.ID for d in devices)))

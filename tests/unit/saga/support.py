@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gpuop.events import Event, command_id, kube
+from gpuop.events import Event, ids, kube
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import hardware as hw
@@ -111,7 +111,7 @@ class Run:
 
     @property
     def step_id(self) -> str:
-        return command_id(self.saga.saga_id, self.saga.step.token, self.saga.attempt)
+        return ids.step(self.saga.saga_id, self.saga.step.token, self.saga.attempt)
 
     @property
     def state(self) -> UpgradeState:

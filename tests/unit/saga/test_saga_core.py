@@ -6,9 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from gpuop.events import command_id, kube
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
+from gpuop.events import ids, kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.driver import Component
 from gpuop.saga import actions, core, effects, records
@@ -79,7 +79,7 @@ def test_commands_carry_the_targets_and_ids_from_step_and_attempt():
     by_step = {c.step: c for c in run.commands()}
 
     for token, command in by_step.items():
-        assert command.id == command_id(run.saga.saga_id, token, 1)
+        assert command.id == ids.step(run.saga.saga_id, token, 1)
         assert command.attempt == 1
     install = by_step["install-gpu"].payload
     assert isinstance(install, dm.InstallDriver)
@@ -106,7 +106,7 @@ def test_kube_actions_carry_the_policy_options():
     drains = [a for a in run.kube_actions() if isinstance(a, actions.Drain)]
     assert deletes == [
         actions.DeletePods(
-            id=command_id(run.saga.saga_id, "pod-deletion", 1),
+            id=ids.step(run.saga.saga_id, "pod-deletion", 1),
             force=True,
             timeout_seconds=90,
             delete_empty_dir=True,
@@ -302,7 +302,7 @@ def test_unload_in_use_reboots_with_the_current_boot_id_when_allowed():
     assert run.state is S.REBOOT_REQUIRED
     (reboot,) = decision.commands
     assert isinstance(reboot.payload, dm.RebootNode) and reboot.payload.boot_id == BOOT_A
-    assert reboot.id == command_id(run.saga.saga_id, "reboot", 1)
+    assert reboot.id == ids.step(run.saga.saga_id, "reboot", 1)
     assert [e.warning for e in decision.kube_actions if isinstance(e, actions.RecordEvent)] == [
         True
     ]
@@ -530,7 +530,7 @@ def test_failed_node_retries_after_the_backoff_with_the_next_attempt():
     assert run.saga.failure is None and run.saga.last_error
     decision = run.admit()
     cordon = next(a for a in decision.kube_actions if isinstance(a, actions.Cordon))
-    assert cordon.id == command_id(run.saga.saga_id, "cordon", 2)
+    assert cordon.id == ids.step(run.saga.saga_id, "cordon", 2)
     run.until(S.DRIVER_RELOAD_REQUIRED)
     run.fail("no such package")
     run.ok()

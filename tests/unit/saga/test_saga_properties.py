@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuop.events import command_id, kube
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
+from gpuop.events import ids, kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.driver import Component
 from gpuop.saga import actions, core, effects, records, transitions
@@ -142,7 +142,7 @@ def test_random_events_never_leave_the_table_or_reuse_ids(spec, cordoned, ofed_k
     key_of: dict[str, tuple[str, int, str]] = {}
     reissued = [c for d in run.decisions for c in effects.pending(d.saga, spec).commands]
     for command in [*run.commands(), *reissued]:
-        assert command.id == command_id(run.saga.saga_id, command.step, command.attempt)
+        assert command.id == ids.step(run.saga.saga_id, command.step, command.attempt)
         key = (command.step, command.attempt)
         assert id_of.setdefault(key, command.id) == command.id, key
         what = (command.step, command.attempt, command.payload.TYPE)

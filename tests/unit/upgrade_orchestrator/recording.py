@@ -11,8 +11,8 @@ import asyncio
 
 from gpuop.bus import ConsumerSpec, Delivery, InMemoryBus
 from gpuop.cli.events import export_lines
-from gpuop.events import command_id, new_event, subjects
 from gpuop.events import device as dev
+from gpuop.events import ids, new_event, subjects
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import SagaStarted, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
@@ -65,7 +65,7 @@ async def record_rollout(
             )  # fmt: skip
             await bus.publish(
                 new_event(started, node=node, source=SOURCE, now=T0,
-                          id=command_id(saga.saga_id, "started", 1))
+                          id=ids.step(saga.saga_id, "started", 1))
             )  # fmt: skip
         async with asyncio.timeout(10):
             while True:

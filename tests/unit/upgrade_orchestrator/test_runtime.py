@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from gpuop.bus import InMemoryBus, KeyExists, PublishAck
-from gpuop.events import Command, Envelope, command_id, kube, subjects
+from gpuop.events import Command, Envelope, ids, kube, subjects
 from gpuop.events import device as dev
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, SagaStarted, UpgradeState
@@ -150,7 +150,7 @@ async def test_revision_conflict_reads_again_and_decides_on_the_newer_saga(
         assert isinstance(stack.store, InterferingStore)
         stack.store.interfered = False
         saga = await stack.saga(NODE)
-        cordon_id = command_id(saga.saga_id, saga.step.token, saga.attempt)
+        cordon_id = ids.step(saga.saga_id, saga.step.token, saga.attempt)
         decision = await runner.apply(NODE, kube.NodeCordoned(action_id=cordon_id), T0)
     finally:
         await stack.stop()
