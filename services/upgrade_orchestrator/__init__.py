@@ -10,11 +10,12 @@ The cluster role. How it flows, module by module:
     jobs        pods of nodes waiting for jobs -> kube.PodsObserved events
     nodepods    one informer of a node's pods, shared by wait-for-jobs, pod deletion, drain
     intake      the one durable consumer of what the decision core needs
-    running     event -> core.decide -> compare-and-set -> outbox; resume after a crash
+    running     event -> folding.step -> compare-and-set -> outbox; resume after a crash
     store       the sagas in KV `gpuop_sagas`
     acting      the outbox: commands, Kubernetes actions, public state changes
     executing   Kubernetes actions through gpuop.kube, outcomes as events
     deadlines   expired deadlines published as events
+    publishing  the one publisher: the orchestrator's source and clock on every message
     traces      one trace per saga attempt, under ids derived from the saga
     rollouts    rollout ids and the public rollout events
     config      the `--config` file

@@ -29,18 +29,15 @@ from collections.abc import Sequence
 
 from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import ids, new_command, new_event
+from gpuop.events import ids
 from gpuop.kube import errors
 from gpuop.saga import Decision, KubeAction, NodeSaga, folding
 from gpuop.saga.actions import Cordon, SetStateLabel, Uncordon
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.executing import KubeActions
+from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 log = logging.getLogger(__name__)
-
-SOURCE = "/gpuop/upgrade-orchestrator"
-"""The `source` of every message the orchestrator publishes."""
-
 
 _Queued = tuple[str, KubeAction, str | None]
 """A queued Kubernetes action: saga id, action, traceparent of the step that issued it."""
@@ -80,7 +77,7 @@ class Outbox:
         retries: int = 5,
         retry_delay: float = 1.0,
     ) -> None:
-        self._bus = bus
+        self._publish = Publisher(bus, clock)
         self._kube_actions = kube_actions
         self._clock = clock
         self._retries = retries
@@ -99,27 +96,16 @@ class Outbox:
         saga = decision.saga
         for out in folding.outputs(decision):
             if isinstance(out, folding.StateChange):
-                await self._bus.publish(
-                    new_event(
-                        out.payload,
-                        node=saga.node,
-                        source=SOURCE,
-                        id=out.id,
-                        correlationid=saga.rollout_id,
-                        now=self._clock.now(),
-                    )
+                await self._publish.event(
+                    out.payload, node=saga.node, id=out.id, correlationid=saga.rollout_id
                 )
                 continue
-            await self._bus.publish(
-                new_command(
-                    out.payload,
-                    node=saga.node,
-                    source=SOURCE,
-                    id=out.id,
-                    correlationid=saga.saga_id,
-                    traceparent=traces.step_traceparent(saga.saga_id, out.attempt, out.step),
-                    now=self._clock.now(),
-                )
+            await self._publish.command(
+                out.payload,
+                node=saga.node,
+                id=out.id,
+                correlationid=saga.saga_id,
+                traceparent=traces.step_traceparent(saga.saga_id, out.attempt, out.step),
             )
         for action in node_writes(decision.kube_actions):
             self._queue(saga, action)
@@ -164,16 +150,12 @@ class Outbox:
                 await self._clock.sleep(self._retry_delay * attempt)
                 continue
             if outcome is not None:
-                await self._bus.publish(
-                    new_event(
-                        outcome,
-                        node=node,
-                        source=SOURCE,
-                        id=outcome_event_id(action),
-                        correlationid=saga_id,
-                        causationid=action.id,
-                        now=self._clock.now(),
-                    )
+                await self._publish.event(
+                    outcome,
+                    node=node,
+                    id=outcome_event_id(action),
+                    correlationid=saga_id,
+                    causationid=action.id,
                 )
             return
 

@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 
 from gpuop.bus import Buckets, Bus, KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import hardware, ids, new_event, subjects
+from gpuop.events import hardware, ids, subjects
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import TERMINAL_STATES, UpgradeState
 from gpuop.kube import client
@@ -43,12 +43,13 @@ from gpuop.policy.conditions import RolloutRecord
 from gpuop.saga import Decision, NodeSaga, folding, new_saga
 from gpuop.saga.records import components_to_upgrade
 from gpuop.services.upgrade_orchestrator import intake, jobs
-from gpuop.services.upgrade_orchestrator.acting import SOURCE, Outbox
+from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
 from gpuop.services.upgrade_orchestrator.observing import NodeWatcher
 from gpuop.services.upgrade_orchestrator.policies import PolicyWatcher
+from gpuop.services.upgrade_orchestrator.publishing import Publisher
 from gpuop.services.upgrade_orchestrator.rollouts import RolloutReporter, counts, current_rollout
 from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
@@ -92,6 +93,7 @@ class Controller:
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._bus = bus
+        self._publish = Publisher(bus, clock)
         self._kube = kube
         self._config = config
         self._clock = clock
@@ -259,15 +261,8 @@ class Controller:
         except (KeyExists, RevisionConflict):
             return None  # written meanwhile; the next pass looks again
         started = folding.start_of(saga, running)
-        await self._bus.publish(
-            new_event(
-                started,
-                node=node,
-                source=SOURCE,
-                id=ids.started(saga.saga_id),
-                correlationid=rollout_id,
-                now=now,
-            )
+        await self._publish.event(
+            started, node=node, id=ids.started(saga.saga_id), correlationid=rollout_id, now=now
         )
         log.info("node %s joins %s", node, rollout_id, extra={"node": node})
         return saga

@@ -24,11 +24,11 @@ from datetime import datetime
 
 from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import ids, new_event
+from gpuop.events import ids
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.saga import NodeSaga, deadline_event
 from gpuop.services.upgrade_orchestrator import traces
-from gpuop.services.upgrade_orchestrator.acting import SOURCE
+from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class DeadlineScheduler:
     """One timer per node, for the deadline of its saga's pending step."""
 
     def __init__(self, bus: Bus, *, clock: Clock = SYSTEM_CLOCK) -> None:
-        self._bus = bus
+        self._publish = Publisher(bus, clock)
         self._clock = clock
         self._timers: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._held_until: datetime | None = None
@@ -79,16 +79,12 @@ class DeadlineScheduler:
         if delay > 0:
             await self._clock.sleep(delay)
         log.info("deadline of %s (%s) passed on node %s", expired.step, expired.state, node)
-        await self._bus.publish(
-            new_event(
-                expired,
-                node=node,
-                source=SOURCE,
-                id=deadline_event_id(expired),
-                correlationid=expired.saga_id,
-                traceparent=traces.step_traceparent(expired.saga_id, expired.attempt, expired.step),
-                now=self._clock.now(),
-            )
+        await self._publish.event(
+            expired,
+            node=node,
+            id=deadline_event_id(expired),
+            correlationid=expired.saga_id,
+            traceparent=traces.step_traceparent(expired.saga_id, expired.attempt, expired.step),
         )
 
     def pending(self) -> dict[str, str]:

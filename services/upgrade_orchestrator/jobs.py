@@ -20,15 +20,15 @@ from typing import Any
 
 from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import ids, new_event
+from gpuop.events import ids
 from gpuop.events import kube as observed
 from gpuop.events.fields import NamespacedName
 from gpuop.events.upgrade import UpgradeState
 from gpuop.kube import client, draining, errors, pods
 from gpuop.policy import selectors
 from gpuop.saga import NodeSaga
-from gpuop.services.upgrade_orchestrator.acting import SOURCE
 from gpuop.services.upgrade_orchestrator.nodepods import POD_STATES, NodePods
+from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class PodWatches:
     """Observations of the pods of every node whose saga waits for jobs."""
 
     def __init__(self, bus: Bus, kube: client.Kube, *, clock: Clock = SYSTEM_CLOCK) -> None:
-        self._bus = bus
+        self._publisher = Publisher(bus, clock)
         self._clock = clock
         self.node_pods = NodePods(kube, clock=clock)
         """The informers of the nodes' pods, shared with the executor's pod deletions and
@@ -105,7 +105,7 @@ class PodWatches:
                     ]
                     seen = count(on_node, selected)
                     if seen != reported:
-                        await _publish(self._bus, saga, seen, self._clock)
+                        await _publish(self._publisher, saga, seen)
                         reported = seen
                     await watch.changed(since)
         except errors.KubeError as error:
@@ -122,16 +122,11 @@ class PodWatches:
         await self.node_pods.close()
 
 
-async def _publish(bus: Bus, saga: NodeSaga, seen: observed.PodsObserved, clock: Clock) -> None:
-    await bus.publish(
-        new_event(
-            seen,
-            node=saga.node,
-            source=SOURCE,
-            id=ids.pods_observed(
-                saga.saga_id, (seen.job_pods, seen.gpu_pods, seen.drainable_pods), saga.attempt
-            ),
-            correlationid=saga.saga_id,
-            now=clock.now(),
-        )
+async def _publish(publisher: Publisher, saga: NodeSaga, seen: observed.PodsObserved) -> None:
+    counts = (seen.job_pods, seen.gpu_pods, seen.drainable_pods)
+    await publisher.event(
+        seen,
+        node=saga.node,
+        id=ids.pods_observed(saga.saga_id, counts, saga.attempt),
+        correlationid=saga.saga_id,
     )

@@ -17,12 +17,12 @@ from typing import Any
 
 from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import ids, new_event
+from gpuop.events import ids
 from gpuop.events import kube as observed
 from gpuop.kube import client, nodes
 from gpuop.kube.watching import ListWatch
 from gpuop.saga import NodeStatus
-from gpuop.services.upgrade_orchestrator.acting import SOURCE
+from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class NodeWatcher:
         on_change: Callable[[], None] = lambda: None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self._bus = bus
+        self._publish = Publisher(bus, clock)
         self._kube = kube
         self._on_change = on_change
         self._clock = clock
@@ -118,21 +118,11 @@ class NodeWatcher:
         event_id = ids.node_observed(
             str(metadata.get("uid") or name), f"{metadata.get('resourceVersion')}"
         )
-        await self._bus.publish(
-            new_event(seen, node=name, source=SOURCE, id=event_id, now=self._clock.now())
-        )
+        await self._publish.event(seen, node=name, id=event_id)
 
     async def _removed(self, name: str, node: Mapping[str, Any]) -> None:
         self.statuses.pop(name, None)
         self.labels.pop(name, None)
         self._seen.pop(name, None)
         uid = str(node["metadata"].get("uid") or name)
-        await self._bus.publish(
-            new_event(
-                observed.NodeRemoved(),
-                node=name,
-                source=SOURCE,
-                id=ids.node_removed(uid),
-                now=self._clock.now(),
-            )
-        )
+        await self._publish.event(observed.NodeRemoved(), node=name, id=ids.node_removed(uid))

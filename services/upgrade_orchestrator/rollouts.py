@@ -26,14 +26,14 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from gpuop.bus import Bus
-from gpuop.events import ids, new_event, subjects
+from gpuop.events import ids, subjects
 from gpuop.events import upgrade as up
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.policy.conditions import RolloutRecord
 from gpuop.saga import NodeSaga
 from gpuop.saga.records import desired_targets
-from gpuop.services.upgrade_orchestrator.acting import SOURCE
+from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/-]")
 
@@ -78,7 +78,7 @@ class RolloutReporter:
     """Publishes one rollout's public events as its sagas move."""
 
     def __init__(self, bus: Bus) -> None:
-        self._bus = bus
+        self._publisher = Publisher(bus)
         self._reported: dict[str, dict[UpgradeState, int]] = {}
         self._started: dict[str, datetime] = {}
         self._announced: set[str] = set()
@@ -181,13 +181,10 @@ class RolloutReporter:
     async def _publish(
         self, rollout_id: str, what: str | None, event: up.RolloutEvent, now: datetime
     ) -> None:
-        await self._bus.publish(
-            new_event(
-                event,
-                node=subjects.CLUSTER,
-                source=SOURCE,
-                id=ids.rollout_event(rollout_id, what) if what else None,
-                correlationid=rollout_id,
-                now=now,
-            )
+        await self._publisher.event(
+            event,
+            node=subjects.CLUSTER,
+            id=ids.rollout_event(rollout_id, what) if what else None,
+            correlationid=rollout_id,
+            now=now,
         )

@@ -30,15 +30,16 @@ from datetime import datetime
 
 from gpuop.bus import Bus, Delivery, RevisionConflict, TemporaryError
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import Event, ids, new_event, subjects
+from gpuop.events import Event, ids, subjects
 from gpuop.events.upgrade import DOMAIN, NodeAdmitted, PolicyApplied, SagaStarted, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import Decision, NodeSaga, NodeStatus, admission, folding, pending
 from gpuop.saga.core import transition_event_id
 from gpuop.saga.records import desired_targets
 from gpuop.services.upgrade_orchestrator import traces
-from gpuop.services.upgrade_orchestrator.acting import SOURCE, Outbox
+from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
+from gpuop.services.upgrade_orchestrator.publishing import Publisher
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class Runner:
         on_change: Callable[[Decision], None] | None = None,
     ) -> None:
         self._bus = bus
+        self._publish = Publisher(bus, clock)
         self._store = store
         self._outbox = outbox
         self._deadlines = deadlines
@@ -90,14 +92,8 @@ class Runner:
         decides with the same policy."""
         if policy == self._recorded:
             return
-        await self._bus.publish(
-            new_event(
-                PolicyApplied(spec=policy.to_wire()),
-                node=subjects.CLUSTER,
-                source=SOURCE,
-                causationid=cause,
-                now=self._clock.now(),
-            )
+        await self._publish.event(
+            PolicyApplied(spec=policy.to_wire()), node=subjects.CLUSTER, causationid=cause
         )
         self._recorded = policy
 
@@ -182,11 +178,10 @@ class Runner:
         }
         started = folding.start_of(saga, running)
         log.info("recording the start of %s, which its first leader did not", saga.saga_id)
-        envelope = new_event(
-            started, node=saga.node, source=SOURCE, id=started_id,
-            correlationid=saga.rollout_id, now=saga.step_started,
+        await self._publish.event(
+            started, node=saga.node, id=started_id, correlationid=saga.rollout_id,
+            now=saga.step_started,
         )  # fmt: skip
-        await self._bus.publish(envelope)
 
     async def _stored_id(self, subject: str) -> str | None:
         """The envelope id of the latest message on `subject`, if any."""
@@ -232,16 +227,13 @@ class Runner:
                 attempt=saga.attempt,
                 canary=canary,
             )
-            await self._bus.publish(
-                new_event(
-                    admitted,
-                    node=node,
-                    source=SOURCE,
-                    id=admitted_event_id(saga),
-                    correlationid=saga.rollout_id,
-                    traceparent=traces.current_step_traceparent(saga),
-                    now=now,
-                )
+            await self._publish.event(
+                admitted,
+                node=node,
+                id=admitted_event_id(saga),
+                correlationid=saga.rollout_id,
+                traceparent=traces.current_step_traceparent(saga),
+                now=now,
             )
         return result
 

@@ -51,8 +51,9 @@ from gpuop.events.upgrade import SagaStarted, UpgradeState  # noqa: E402
 from gpuop.policy import GPUClusterPolicySpec  # noqa: E402
 from gpuop.saga import Decision, NodeStatus  # noqa: E402
 from gpuop.services.upgrade_orchestrator import intake  # noqa: E402
-from gpuop.services.upgrade_orchestrator.acting import SOURCE, Outbox  # noqa: E402
+from gpuop.services.upgrade_orchestrator.acting import Outbox  # noqa: E402
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler  # noqa: E402
+from gpuop.services.upgrade_orchestrator.publishing import SOURCE  # noqa: E402
 from gpuop.services.upgrade_orchestrator.running import Runner  # noqa: E402
 from gpuop.services.upgrade_orchestrator.store import SagaStore  # noqa: E402
 from tests.unit.saga.support import BOOT_A, GPU_OLD, OFED_OLD, T0, policy, saga_for  # noqa: E402

@@ -59,8 +59,9 @@ from gpuop.events.upgrade import SagaStarted, UpgradeState  # noqa: E402
 from gpuop.policy import GPUClusterPolicySpec  # noqa: E402
 from gpuop.saga import Decision, KubeAction, NodeStatus  # noqa: E402
 from gpuop.services.upgrade_orchestrator import intake  # noqa: E402
-from gpuop.services.upgrade_orchestrator.acting import SOURCE, Outbox  # noqa: E402
+from gpuop.services.upgrade_orchestrator.acting import Outbox  # noqa: E402
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler  # noqa: E402
+from gpuop.services.upgrade_orchestrator.publishing import SOURCE  # noqa: E402
 from gpuop.services.upgrade_orchestrator.running import Runner  # noqa: E402
 from gpuop.services.upgrade_orchestrator.store import SagaStore  # noqa: E402
 from tests.bench.rollout import RESYNC, StillClock  # noqa: E402

@@ -18,7 +18,7 @@ from gpuop.events.upgrade import SagaStarted, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeStatus
 from gpuop.services.upgrade_orchestrator import intake
-from gpuop.services.upgrade_orchestrator.acting import SOURCE
+from gpuop.services.upgrade_orchestrator.publishing import SOURCE
 from tests.unit.saga.support import BOOT_A, GPU_OLD, OFED_OLD, T0, saga_for
 from tests.unit.upgrade_orchestrator.support import Stack, answers
 
