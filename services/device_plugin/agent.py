@@ -98,20 +98,20 @@ class NodeAgent:
             await self._on_command(delivery)
 
     async def _on_command(self, delivery: Delivery) -> None:
-        payload, envelope = delivery.payload, delivery.envelope
-        service = device.OperandService.DEVICE_PLUGIN
-        if isinstance(payload, device.PauseOperands):
-            log.info("pausing %s: %s", ", ".join(payload.components), payload.reason or "")
-            await self._plugins.pause(payload.components)
-            await self._publish(
-                device.OperandPaused(command_id=envelope.id, service=service), envelope
-            )
-        elif isinstance(payload, device.ResumeOperands):
-            log.info("resuming: %s", payload.reason or "")
-            await self._plugins.resume()
-            await self._publish(
-                device.OperandResumed(command_id=envelope.id, service=service), envelope
-            )
+        await operands.handle(self, delivery)
+
+    service = device.OperandService.DEVICE_PLUGIN
+
+    async def pause(self, command: device.PauseOperands) -> None:
+        log.info("pausing %s: %s", ", ".join(command.components), command.reason or "")
+        await self._plugins.pause(command.components)
+
+    async def resume(self, command: device.ResumeOperands) -> None:
+        log.info("resuming: %s", command.reason or "")
+        await self._plugins.resume()
+
+    async def confirm(self, confirmation: Event, cause: Envelope) -> None:
+        await self._publish(confirmation, cause)
 
     async def on_health(self, delivery: Delivery) -> None:
         """Telemetry's health events and the driver-manager's validations of this node."""

@@ -175,32 +175,29 @@ class NodeAgent:
         if isinstance(payload, hardware.RescanHardware):
             log.info("rescan asked for: %s", payload.reason or "no reason given")
             await self._scan_for(envelope, force=True)
-        elif isinstance(payload, device.PauseOperands):
-            async with self._lock:  # a scan in progress finishes and closes NVML first
-                self._paused = operands.gpu_paused_after(self._paused, payload)
-            await self._publish(
-                device.OperandPaused(
-                    command_id=envelope.id, service=device.OperandService.DISCOVERY
-                ),
-                cause=envelope,
-            )
-        elif isinstance(payload, device.ResumeOperands):
-            async with self._lock:
-                was_paused = self._paused
-                self._paused = operands.gpu_paused_after(self._paused, payload)
-            await self._publish(
-                device.OperandResumed(
-                    command_id=envelope.id, service=device.OperandService.DISCOVERY
-                ),
-                cause=envelope,
-            )
-            if was_paused:
+        else:
+            was_paused = self._paused
+            resumed = await operands.handle(self, delivery) and not self._paused
+            if was_paused and resumed:
                 # the driver may have changed meanwhile; the confirmation must not wait for it
                 try:
                     await self.scan(cause=envelope)
                 except (*ScanErrors, BusError) as error:
                     log.warning("scan after resume failed, the next scan retries: %s", error)
                     self._wake.set()
+
+    service = device.OperandService.DISCOVERY
+
+    async def pause(self, command: device.PauseOperands) -> None:
+        async with self._lock:  # a scan in progress finishes and closes NVML first
+            self._paused = operands.gpu_paused_after(self._paused, command)
+
+    async def resume(self, command: device.ResumeOperands) -> None:
+        async with self._lock:
+            self._paused = operands.gpu_paused_after(self._paused, command)
+
+    async def confirm(self, confirmation: Event, cause: Envelope) -> None:
+        await self._publish(confirmation, cause=cause)
 
     async def on_driver_event(self, delivery: Delivery) -> None:
         """Scan after a driver result that may have changed what is loaded."""

@@ -168,31 +168,26 @@ class NodeExporter:
             await self._on_command(delivery)
 
     async def _on_command(self, delivery: Delivery) -> None:
-        payload, envelope = delivery.payload, delivery.envelope
-        if isinstance(payload, device.PauseOperands):
-            if operands.gpu_paused_after(self._paused, payload) and not self._paused:
-                log.info("pausing: closing NVML for a driver reload (%s)", payload.reason)
-                await self._pause()
-            await self._publish(
-                device.OperandPaused(
-                    command_id=envelope.id, service=device.OperandService.TELEMETRY
-                ),
-                cause=envelope,
-            )
-        elif isinstance(payload, device.ResumeOperands):
-            if self._paused:
-                log.info("resuming: NVML may open again (%s)", payload.reason)
-                self._paused = False
-                await self.session.resume()
-                self.metrics.paused.set(0)
-                self._wake_fast.set()
-                self._wake_slow.set()
-            await self._publish(
-                device.OperandResumed(
-                    command_id=envelope.id, service=device.OperandService.TELEMETRY
-                ),
-                cause=envelope,
-            )
+        await operands.handle(self, delivery)
+
+    service = device.OperandService.TELEMETRY
+
+    async def pause(self, command: device.PauseOperands) -> None:
+        if operands.gpu_paused_after(self._paused, command) and not self._paused:
+            log.info("pausing: closing NVML for a driver reload (%s)", command.reason)
+            await self._pause()
+
+    async def resume(self, command: device.ResumeOperands) -> None:
+        if self._paused:
+            log.info("resuming: NVML may open again (%s)", command.reason)
+            self._paused = False
+            await self.session.resume()
+            self.metrics.paused.set(0)
+            self._wake_fast.set()
+            self._wake_slow.set()
+
+    async def confirm(self, confirmation: Event, cause: Envelope) -> None:
+        await self._publish(confirmation, cause=cause)
 
     async def on_device_event(self, event: DeviceEvent, inventory: Inventory) -> None:
         """An XID or ECC event: count it, collect at once so the metrics show it, and tell
