@@ -107,9 +107,6 @@ async def test_the_one_handler_pauses_or_resumes_then_confirms_with_the_command_
         assert isinstance(confirmation, device.OperandPaused | device.OperandResumed)
         assert confirmation.command_id == sent.envelope.id
         assert confirmation.service is operand.service
-            sent.envelope.id,
-            operand.service,
-        )
 
 
 async def test_any_other_command_is_left_to_the_service() -> None:
