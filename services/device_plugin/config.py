@@ -46,13 +46,14 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from gpuop.health import APPLICATION_XIDS
 from gpuop.runtime.settings import load_config_file
 
 GPU_RESOURCE = "nvidia.com/gpu"
 """The resource every physical GPU (or, under the single strategy, MIG device) is."""
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 """Mixed-strategy MIG resources: `nvidia.com/mig-1g.18gb`."""
-DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+DEFAULT_IGNORED_XIDS = APPLICATION_XIDS
 """XIDs that are application errors: the GPU stays healthy (upstream's list)."""
 
 _RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")

@@ -22,14 +22,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gpuop.health import APPLICATION_XIDS
 from gpuop.kubelet import constants
 from gpuop.runtime.settings import load_config_file
 from gpuop.services.telemetry import catalog
 
 POD_RESOURCES_SOCKET = Path(constants.POD_RESOURCES_DIR) / constants.POD_RESOURCES_SOCKET
 """Where the kubelet serves PodResources, relative to the host root."""
-APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
-"""XIDs a faulty application causes, not the GPU; the NVIDIA device plugin skips them too."""
 
 
 class TelemetryConfig(BaseModel):

@@ -1,0 +1,13 @@
+"""GPU health rules every node service shares. Telemetry owns the decision: it watches NVML's
+XID and ECC events and publishes `device.health-changed`; the device plugin follows those
+events (and keeps upstream's `health.ignoredXids` key as a filter of its own).
+
+    APPLICATION_XIDS   the XIDs a faulty application causes, not the GPU: a GPU that
+                       reports one stays healthy (the NVIDIA device plugin's default list)
+"""
+
+from __future__ import annotations
+
+APPLICATION_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
+"""13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped processing,
+45 preemptive cleanup, 68 video processor exception, 109 context switch timeout."""
