@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gpuop import selectors
 from gpuop.kube import errors
 from gpuop.kube.client import Kube
 
@@ -31,31 +32,12 @@ def named_in(error: errors.KubeError) -> str | None:
     return None
 
 
-def _expression_matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, operator = expression.get("key", ""), expression.get("operator", "")
-    values = expression.get("values") or []
-    if operator == "In":
-        return key in labels and labels[key] in values
-    if operator == "NotIn":
-        return key not in labels or labels[key] not in values
-    if operator == "Exists":
-        return key in labels
-    if operator == "DoesNotExist":
-        return key not in labels
-    return False
-
-
 def selects(budget: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
     """Whether the budget's label selector selects the pod."""
-    selector = (budget.get("spec") or {}).get("selector") or {}
-    match_labels = selector.get("matchLabels") or {}
-    expressions = selector.get("matchExpressions") or []
-    if not match_labels and not expressions:
-        return False
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return all(labels.get(key) == value for key, value in match_labels.items()) and all(
-        _expression_matches(expression, labels) for expression in expressions
-    )
+    requirements = selectors.from_label_selector((budget.get("spec") or {}).get("selector") or {})
+    if not requirements:
+        return False  # policy/v1: an empty selector selects nothing
+    return selectors.matches(requirements, (pod.get("metadata") or {}).get("labels") or {})
 
 
 async def blocking(kube: Kube, pod: Mapping[str, Any], error: errors.KubeError) -> str | None:

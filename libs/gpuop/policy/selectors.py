@@ -7,8 +7,9 @@ those requests in the middle of a rollout, so the policy refuses it up front ins
 the field's path.
 
 Where the orchestrator already watches the objects, it narrows them down itself with
-`matches`, the API server's matching rules: `upgradePolicy.nodeSelector` over the GPU nodes,
-`waitForCompletion.podSelector` over the pods of a node that waits for jobs.
+`matches`, the API server's matching rules (`gpuop.selectors`, the one matcher):
+`upgradePolicy.nodeSelector` over the GPU nodes, `waitForCompletion.podSelector` over the
+pods of a node that waits for jobs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
+
+from gpuop import selectors as selecting
+from gpuop.selectors import terms
 
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -32,25 +36,6 @@ _TERMS = (
     re.compile(rf"^{_KEY}\s*[<>]\s*-?[0-9]+$"),
 )
 MAX_LENGTH = 4096
-
-
-def terms(selector: str) -> list[str]:
-    """The comma-separated requirements of `selector`, commas inside `( )` kept."""
-    found: list[str] = []
-    depth = 0
-    current: list[str] = []
-    for char in selector:
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        if char == "," and depth == 0:
-            found.append("".join(current).strip())
-            current = []
-        else:
-            current.append(char)
-    found.append("".join(current).strip())
-    return found
 
 
 def is_valid(selector: str) -> bool:
@@ -78,38 +63,10 @@ def _check(selector: str) -> str:
     return selector
 
 
-_SET = re.compile(r"^(?P<key>[^\s!=<>()]+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)$")
-_COMPARED = re.compile(r"^(?P<key>[^\s!=<>()]+)\s*(?P<op>==|!=|=|<|>)\s*(?P<value>\S*)$")
-
-
 def matches(selector: str, labels: Mapping[str, str]) -> bool:
     """Whether `labels` satisfy every requirement of `selector` (a valid one: see
-    `is_valid`), as the API server decides it: `k!=v` and `k notin (..)` also hold when
-    `k` is absent, `k>n` / `k<n` need an integer value."""
-    return all(_term_matches(term, labels) for term in terms(selector) if term)
-
-
-def _term_matches(term: str, labels: Mapping[str, str]) -> bool:
-    if term.startswith("!"):
-        return term[1:].strip() not in labels
-    found = _SET.match(term)
-    if found:
-        values = {v.strip() for v in found["values"].split(",")}
-        inside = found["key"] in labels and labels[found["key"]] in values
-        return inside if found["op"] == "in" else not inside
-    found = _COMPARED.match(term)
-    if found is None:
-        return term in labels
-    key, op, value = found["key"], found["op"], found["value"]
-    if op == "!=":
-        return labels.get(key) != value
-    if op in ("=", "=="):
-        return labels.get(key) == value
-    try:
-        number, bound = int(labels.get(key, "")), int(value)
-    except ValueError:
-        return False
-    return number > bound if op == ">" else number < bound
+    `is_valid`), as the API server decides it (`gpuop.selectors`)."""
+    return selecting.matches(selecting.parse(selector), labels)
 
 
 LabelSelector = Annotated[str, Field(max_length=MAX_LENGTH), AfterValidator(_check)]
