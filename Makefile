@@ -47,7 +47,7 @@ proto: $(STAMP)
 	$(BIN)/python -m gpuop.kubelet.codegen
 
 bench: $(STAMP)
-	$(BIN)/python tests/bench/run_all.py
+	$(BIN)/python -m tests.bench.run_all
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,9 +1,9 @@
 """The soak benchmark's emulated nodes: what the node agents of most of the cluster would put
 on the bus, from one process (`tests/bench/soak.py` starts it; it is no benchmark itself).
 
-Run as `python tests/bench/_fleet.py CONFIG.json`; the file is a `FleetConfig`. For every
-emulated node it does what discovery's node role, the driver-manager and the operands do
-there, at once and always successfully:
+Run as `python -m tests.bench._fleet CONFIG.json` from the repository root; the file is a
+`FleetConfig`. For every emulated node it does what discovery's node role, the
+driver-manager and the operands do there, at once and always successfully:
 
 - publishes the node's inventory (`hardware.discovered`, also put in KV `gpuop_nodes`) at
   start, after each driver unload and load, and on `RescanHardware`; the inventory is one
@@ -35,8 +35,6 @@ from pathlib import Path
 from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from gpuop.bus import Buckets, Bus, ConsumerSpec, Delivery, KeyValue, NatsBus  # noqa: E402
 from gpuop.events import Event, device, driver, hardware, new_event, subjects  # noqa: E402

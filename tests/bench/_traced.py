@@ -3,7 +3,7 @@ SIGUSR2 starts tracing (at the end of warm-up, so imports and start-up cost noth
 second writes a snapshot of the traced allocations still held to `held.snapshot` in the
 directory `SOAK_SNAPSHOTS` names: what the service allocated after warm-up and kept.
 
-Run as `python tests/bench/_traced.py run <service> ...`, with the arguments of `gpuop`.
+Run as `python -m tests.bench._traced run <service> ...`, with the arguments of `gpuop`.
 Tracing slows the service and takes memory of its own: its resident memory is no figure.
 """
 

@@ -1,7 +1,7 @@
 """End-to-end throughput of small events through `gpuop.bus`, against raw nats-py as a baseline.
 
-Run by `tests/bench/run_all.py` (`make bench`), or alone:
-`.venv/bin/python tests/bench/bus.py [--quick] [--profile FILE]`.
+Run by `tests.bench.run_all` (`make bench`), or alone:
+`.venv/bin/python -m tests.bench.bus [--quick] [--profile FILE]`.
 
 Both paths do the same work against one nats-server started here: serialize heartbeat
 envelopes (the same bytes, subjects and `Nats-Msg-Id` headers), publish them pipelined in

@@ -1,7 +1,7 @@
 """Device plugin latency: Allocate round trips, and an XID event's way to the kubelet.
 
-Run by `tests/bench/run_all.py` (`make bench`), or alone:
-`.venv/bin/python tests/bench/device_plugin.py [--quick]`.
+Run by `tests.bench.run_all` (`make bench`), or alone:
+`.venv/bin/python -m tests.bench.device_plugin [--quick]`.
 
 One simulated 8-GPU node in this process: the device plugin (`DevicePlugins` behind its
 `NodeAgent`, on a `NatsBus`), the simulated kubelet on real unix sockets, and a nats-server

@@ -1,7 +1,7 @@
 """Rollout speed of the upgrade orchestrator's runtime with simulated nodes.
 
-Run by `tests/bench/run_all.py` (`make bench`), or alone:
-`.venv/bin/python tests/bench/rollout.py [--quick]`.
+Run by `tests.bench.run_all` (`make bench`), or alone:
+`.venv/bin/python -m tests.bench.rollout [--quick]`.
 
 The real runtime (`Runner`, `Outbox`, `DeadlineScheduler`, `SagaStore`, the intake
 consumer) runs on `gpuop.bus.InMemoryBus`, with a fake Kubernetes that succeeds every action
@@ -38,8 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus, PublishAck  # noqa: E402
 from gpuop.clocks import VirtualClock  # noqa: E402

@@ -1,6 +1,6 @@
 """Runs every benchmark script in tests/bench and rewrites BENCHMARKS.md from their results.
 
-Called by `make bench` (full size) or `.venv/bin/python tests/bench/run_all.py --quick`.
+Called by `make bench` (full size) or `.venv/bin/python -m tests.bench.run_all --quick`.
 A benchmark is any `tests/bench/*.py` other than this file, `__init__.py` and helper modules
 (names starting with `_`, or listed in `HELPERS`). Each script accepts `--quick` and prints
 one JSON object as its last line of output; the figures of that object become a table.
@@ -67,8 +67,9 @@ def shown(path: Path) -> str:
 
 def run(script: Path, quick: bool) -> Outcome:
     """Run `script`, echoing its output as it comes, and read its last line as JSON."""
-    argv = [sys.executable, str(script), *(["--quick"] if quick else [])]
-    command = shlex.join([shown(Path(sys.executable)), shown(script), *argv[2:]])
+    module = f"tests.bench.{script.stem}"  # run from the root: `tests` imports as a package
+    argv = [sys.executable, "-m", module, *(["--quick"] if quick else [])]
+    command = shlex.join([shown(Path(sys.executable)), *argv[1:]])
     print(f"$ {command}", flush=True)
     lines: list[str] = []
     limit = TIMEOUT[quick] if quick else LONG_RUNNING.get(script.stem, TIMEOUT[quick])
@@ -135,7 +136,7 @@ def report(outcomes: list[Outcome], quick: bool) -> str:
     lines = [
         "# Benchmarks",
         "",
-        "Written by `tests/bench/run_all.py` (`make bench`); do not edit by hand.",
+        "Written by `tests.bench.run_all` (`make bench`); do not edit by hand.",
         "",
         f"- Date: {now}",
         f"- Mode: {'quick' if quick else 'full'}",

@@ -1,8 +1,8 @@
 """Scale of the upgrade orchestrator: its memory with 5,000 node sagas, and the Kubernetes API
 requests it makes per upgraded node.
 
-Run by `tests/bench/run_all.py` (`make bench`), or alone:
-`.venv/bin/python tests/bench/scale.py [--quick]`.
+Run by `tests.bench.run_all` (`make bench`), or alone:
+`.venv/bin/python -m tests.bench.scale [--quick]`.
 
 (a) memory, in a fresh subprocess so that nothing else is counted: the orchestrator's
     runtime as `tests/bench/rollout.py` drives it (`SagaStore` on `gpuop.bus.InMemoryBus`,
@@ -47,8 +47,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus  # noqa: E402
 from gpuop.events import device as dev  # noqa: E402

@@ -1,8 +1,8 @@
 """Soak: a 200-node simulated cluster runs telemetry, device events and a never-ending
 rollout for 10 minutes; does the resident memory of any service keep growing?
 
-Run by `tests/bench/run_all.py` (`make bench`), or alone:
-`.venv/bin/python tests/bench/soak.py [--quick] [--seconds S] [--nodes N] [--sample-nodes K]
+Run by `tests.bench.run_all` (`make bench`), or alone:
+`.venv/bin/python -m tests.bench.soak [--quick] [--seconds S] [--nodes N] [--sample-nodes K]
 [--work DIR] [--trace KIND]`.
 
 Two hundred nodes with five node services each do not fit one small machine as processes,
@@ -66,8 +66,6 @@ import aiohttp
 from kubernetes.aio import client as k8s
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 from tests.bench._processes import OWN_ENVIRONMENT  # noqa: E402
 
 # the simulated kubelets serve gRPC in this process, and every service is forked from it
@@ -302,7 +300,7 @@ async def start_processes(
 
     async def start(name: str, kind: str, argv: list[str]) -> None:
         if kind == trace:
-            traced = [str(Path(__file__).with_name("_traced.py")), "run", *argv]
+            traced = ["-m", "tests.bench._traced", "run", *argv]
             snapshots = {"SOAK_SNAPSHOTS": str(work / "snapshots" / name)}
             started = await spawn(name, kind, traced, logs, service=True,
                                   extra_environment=snapshots)  # fmt: skip
@@ -329,7 +327,7 @@ async def start_processes(
             ("telemetry-node", ["telemetry", *config("telemetry")]),
         ):
             await start(f"{kind}-{node}", kind, [*argv, *on_node])
-    fleet = [str(Path(__file__).with_name("_fleet.py")), str(fleet_config)]
+    fleet = ["-m", "tests.bench._fleet", str(fleet_config)]
     tracked.append(await spawn("fleet", "fleet", fleet, logs, service=False))
 
 

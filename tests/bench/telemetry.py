@@ -1,7 +1,7 @@
 """Scrape latency and collector CPU of telemetry's node exporter, against the NVML floor.
 
-Run by `tests/bench/run_all.py` (`make bench`), or alone:
-`.venv/bin/python tests/bench/telemetry.py [--quick]`.
+Run by `tests.bench.run_all` (`make bench`), or alone:
+`.venv/bin/python -m tests.bench.telemetry [--quick]`.
 
 A child process runs the node exporter as a node would: a simulated node of 8 H200s whose
 slow queries block as long as on the recorded H200 (21 ms of PCIe sampling, 3.4 ms of field
