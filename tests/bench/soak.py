@@ -13,7 +13,7 @@ so the cluster is made of three parts, all on one real nats-server:
   network-manager's controller) and, on `--sample-nodes` nodes spread over the cluster
   (6; 2 with `--quick`), discovery, the driver-manager, the device plugin and telemetry's
   exporter, each node on its own simulated host root with the simulated kubelet's gRPC
-  side, as tests/e2e/stack.py builds them; a driver source holds both driver versions;
+  side, as tests/support/stack.py builds them; a driver source holds both driver versions;
 - every other node emulated by one more process (`tests/bench/_fleet.py`): its inventory,
   a heartbeat every 10 s, the driver-manager's and the operands' answers to every command
   at once; it also publishes GPU health changes (XID and ECC, one a second, each GPU

@@ -25,9 +25,9 @@ from gpuop.bus import NatsServer
 from gpuop.kube import customobjects, errors
 from gpuop.saga.actions import STATE_LABEL
 from gpuop_sim.apiserver.faults import FaultPlan
-from tests.e2e import invariants
-from tests.e2e.stack import DRIVER_LABEL, NEW, Stack, stack
-from tests.e2e.test_rollout_e2e import every_node_done, log_of
+from tests.support import invariants
+from tests.support.rollouts import every_node_done, log_of
+from tests.support.stack import DRIVER_LABEL, NEW, Stack, stack
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 

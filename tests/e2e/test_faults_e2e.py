@@ -28,15 +28,15 @@ from gpuop.host import packages, system
 from gpuop.saga import replaying
 from gpuop.saga.actions import STATE_LABEL
 from gpuop.services.driver_manager.installing import STAGING
-from tests.e2e import invariants
-from tests.e2e.stack import NEW, Stack, stack
-from tests.e2e.test_rollout_e2e import (
+from tests.support import invariants
+from tests.support.rollouts import (
     ALLOWED_UNAVAILABLE,
     ROLLOUT_TIMEOUT,
     every_node_done,
     log_of,
     upgrade_policy,
 )
+from tests.support.stack import NEW, Stack, stack
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 

@@ -49,10 +49,10 @@ from gpuop.events import MalformedMessage, UnknownEventType, decode, subjects
 from gpuop.events import hardware as hw
 from gpuop.events.upgrade import UpgradeState
 from gpuop.kube import customobjects
-from tests.e2e import invariants
 from tests.e2e.hostile_traffic import BATCH, QUOTAS, RARE, Hostile, Traffic
-from tests.e2e.stack import Stack, stack
-from tests.e2e.test_rollout_e2e import every_node_done, log_of
+from tests.support import invariants
+from tests.support.rollouts import every_node_done, log_of
+from tests.support.stack import Stack, stack
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,6 +26,7 @@ from gpuop.kube.watching import ListWatch
 from gpuop_sim import SimCluster
 from gpuop_sim.cluster import hosts
 from gpuop_sim.host import seeding
+from tests.support.processes import DISCOVERY_CONFIG, DRIVER_LABEL, DRIVER_MANAGER_CONFIG, service
 
 pytestmark = pytest.mark.nats
 
@@ -38,12 +36,7 @@ ABSENT = "580.999.99"
 """A version the driver source has no package of."""
 GPUS = 8
 SAGA = "e2e-upgrade-1"
-DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 COUNT_LABEL = "nvidia.com/gpu.count"
-DISCOVERY_CONFIG = (
-    "scan_interval_seconds: 1\nheartbeat_interval_seconds: 0.5\nretry_interval_seconds: 0.2\n"
-)
-DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.1\n"
 STEP_TIMEOUT = 20.0
 """Seconds one command may take to be answered, or one observation to come true."""
 
@@ -160,35 +153,6 @@ async def watching(watch: Coroutine[None, None, None]) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-
-
-@asynccontextmanager
-async def service(
-    name: str, arguments: list[str], log: Path, exit_codes: dict[str, int | None]
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    """`gpuop run <arguments>` as a process, stopped with SIGTERM (then SIGKILL) at the end;
-    its exit code lands in `exit_codes[name]`."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUOP_")}
-    with log.open("ab") as output:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuop.cli.main", "run", *arguments, "--log-format", "text",
-            stdout=output, stderr=output, env={**environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), 10)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-                exit_codes[name] = None  # did not stop on SIGTERM
-            else:
-                exit_codes[name] = process.returncode
-        else:
-            exit_codes[name] = process.returncode
 
 
 async def record_labels(kube: client.Kube, node: str, history: list[dict[str, str]]) -> None:

@@ -20,9 +20,9 @@ from gpuop.kube import nodes
 from gpuop.saga import replaying
 from gpuop.saga.actions import STATE_LABEL
 from gpuop_sim.cluster import nics
-from tests.e2e import invariants
-from tests.e2e.stack import OFED_NEW, stack
-from tests.e2e.test_rollout_e2e import log_of
+from tests.support import invariants
+from tests.support.rollouts import log_of
+from tests.support.stack import OFED_NEW, stack
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 

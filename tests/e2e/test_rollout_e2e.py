@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -33,43 +32,23 @@ from gpuop.policy import specs
 from gpuop.saga import replaying
 from gpuop.saga.actions import STATE_LABEL
 from gpuop_sim.host.simkernel import SimKernel
-from tests.e2e import invariants
-from tests.e2e.stack import DRIVER_LABEL, NEW, Stack, set_package, stack
+from tests.support import invariants
+from tests.support.rollouts import (
+    ALLOWED_UNAVAILABLE,
+    ROLLOUT_TIMEOUT,
+    every_node_done,
+    log_of,
+    upgrade_policy,
+)
+from tests.support.stack import DRIVER_LABEL, NEW, set_package, stack
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 
 NODES, GPUS = 16, 2
-MAX_PARALLEL, MAX_UNAVAILABLE = 4, "25%"
-ALLOWED_UNAVAILABLE = 4
 IN_USE, DEFECTIVE = 5, 10
 """Indexes of the node whose module is held and of the node with the defective package."""
 OTHER_KERNEL = "6.18.44-fc-v657-gpu-lts"
-ROLLOUT_TIMEOUT = 300.0
 S = UpgradeState
-
-
-def upgrade_policy(max_parallel: int = MAX_PARALLEL) -> dict[str, Any]:
-    return {
-        "maxParallelUpgrades": max_parallel,
-        "maxUnavailable": MAX_UNAVAILABLE,
-        "podDeletion": {"force": True, "deleteEmptyDir": True, "timeoutSeconds": 60},
-        "drain": {"enable": True, "force": True, "deleteEmptyDir": True, "timeoutSeconds": 60},
-        "rebootOnUnloadFailure": True,
-        "rollbackOnFailure": True,
-        "retry": {"maxAttempts": 3, "backoffSeconds": 10, "maxBackoffSeconds": 10},
-        "deadlines": {"validation": 8, "driverUnload": 20},
-    }
-
-
-async def every_node_done(running: Stack) -> bool:
-    labels = await running.labels()
-    return all(found.get(STATE_LABEL) == S.UPGRADE_DONE for found in labels.values())
-
-
-def log_of(lines: list[str], keep: Path) -> list[replaying.Recorded]:
-    """The parsed log; the export is kept in `keep` to look at when a check fails."""
-    keep.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return replaying.parse_log(lines)
 
 
 @pytest.mark.timeout(420)

@@ -9,7 +9,7 @@ does, minus the process, the signals and the health server.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -50,10 +50,3 @@ async def in_process(
         finally:
             context.stopping.set()
             await asyncio.wait_for(task, 10)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:
-    """Wait until `check` holds, asking every 50 ms."""
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.05)

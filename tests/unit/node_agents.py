@@ -8,7 +8,7 @@ simulated node.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol, TypeVar
 
@@ -38,16 +38,6 @@ async def running(agent: NodeAgent) -> AsyncIterator[None]:
     finally:
         stopping.set()
         await asyncio.wait_for(task, 5)
-
-
-async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float = 5.0) -> None:
-    """Wait until `check` holds."""
-    async with asyncio.timeout(timeout):
-        while True:
-            answer = check()
-            if answer if isinstance(answer, bool) else await answer:
-                return
-            await asyncio.sleep(0.01)
 
 
 async def published(bus: InMemoryBus, kind: type[E]) -> list[tuple[Envelope, E]]:

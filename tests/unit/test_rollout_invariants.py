@@ -1,4 +1,4 @@
-"""The checker of the rollout invariants (tests/e2e/invariants.py) catches each broken
+"""The checker of the rollout invariants (tests/support/invariants.py) catches each broken
 invariant, so the end-to-end tests that rely on it can fail."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from gpuop.events import kube as ke
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import NodeUpgradeStateChanged, UpgradeState
 from gpuop.saga.replaying import COMMANDS_STREAM, EVENTS_STREAM, Recorded
-from tests.e2e import invariants
+from tests.support import invariants
 
 S = UpgradeState
 GPU = Component.GPU

@@ -65,3 +65,13 @@ def test_every_allowed_skip_names_a_test_that_exists_and_says_why() -> None:
         assert (ROOT / module).is_file(), node_id
         assert f"def {name}(" in (ROOT / module).read_text(), node_id
         assert "kernel" in reason, f"{node_id}: a skip is only for what the kernel cannot do"
+
+
+def test_no_test_module_imports_another() -> None:
+    imports_a_test = re.compile(r"^\s*from (\.|tests\.\S*\.)test_\w+ import", re.M)
+    offending = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").rglob("*.py")
+        if "__pycache__" not in path.parts and imports_a_test.search(path.read_text())
+    ]
+    assert offending == [], "shared helpers belong in tests/support"

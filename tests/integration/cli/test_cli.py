@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
 import signal
-import socket
-import sys
 import threading
 from pathlib import Path
 
@@ -22,23 +19,7 @@ from gpuop.runtime import services
 from gpuop.runtime.settings import Role
 from gpuop_sim.cli import screens
 from tests.integration.bus.support import heartbeat
-
-GPUOP = [sys.executable, "-m", "gpuop.cli.main"]
-
-
-async def gpuop(*args: str, timeout: float = 60) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        *GPUOP, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support.processes import GPUOP, command_lines, descendants, free_port, gone, gpuop
 
 
 async def test_help_lists_the_commands() -> None:
@@ -212,30 +193,6 @@ class Terminal:
         if self.process is not None and self.process.returncode is None:
             self.process.kill()
             await self.process.wait()
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid`, from /proc."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents[int(stat.parent.name)] = int(fields[1])
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def command_lines(pids: list[int]) -> list[bytes]:
-    return [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in pids]
-
-
-def gone(pid: int) -> bool:
-    """No such process (a zombie nobody reaped is one left behind too)."""
-    return not Path(f"/proc/{pid}").exists()
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cli.test_cli import GPUOP, command_lines, descendants, gpuop
+from tests.support.processes import GPUOP, command_lines, descendants, gpuop
 
 OWN_LINES = [
     r"nats-server \(JetStream\) listening on nats://127\.0\.0\.1:\d+",

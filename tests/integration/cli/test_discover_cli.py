@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from gpuop_sim import recordings
-from tests.integration.cli.test_cli import gpuop
+from tests.support.processes import gpuop
 
 RECORDED = recordings.H200_HOST_ROOT
 

@@ -10,7 +10,7 @@ import yaml
 
 from gpuop.bus import NatsBus, NatsServer
 from gpuop.saga import replaying
-from tests.integration.cli.test_cli import gpuop
+from tests.support.processes import gpuop
 from tests.unit.saga.support import policy
 from tests.unit.upgrade_orchestrator.recording import NODES, record_rollout
 

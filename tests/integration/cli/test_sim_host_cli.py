@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from tests.integration.cli.test_cli import gpuop
+from tests.support.processes import gpuop
 
 
 async def test_a_host_made_by_hand_is_what_discovery_sees(tmp_path: Path) -> None:

@@ -28,8 +28,8 @@ from gpuop.policy import specs
 from gpuop.saga.actions import STATE_LABEL
 from gpuop_sim import ApiServer
 from gpuop_sim.apiserver.kubeconfig import write_kubeconfig
-from tests.integration.cli.test_cli import free_port, gpuop
-from tests.integration.upgrade_orchestrator.test_policies import install_crd
+from tests.support.processes import free_port, gpuop
+from tests.support.rollouts import install_crd
 from tests.unit.saga.support import T0
 
 OLD, NEW = "580.159.04", "580.200.01"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -15,18 +15,13 @@ import pytest
 from gpuop.bus import Buckets, BusError, Delivery, InMemoryBus, NatsBus, NatsServer, TemporaryError
 from gpuop.events import decode, driver, network, new_command, new_event
 from gpuop.services.network_manager.node_agent import NodeAgent
+from tests.support.waiting import eventually
 from tests.unit.network_manager.support import MANAGEMENT_NIC, spec, wire
 
 from .conftest import SimNode, agent, network_events, publish_policy
 
 MakeNode = Callable[[str], SimNode]
 POOL = {"cidr": "192.168.100.0/24", "rangeStart": "192.168.100.10", "rangeEnd": "192.168.100.20"}
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.02)
 
 
 @asynccontextmanager

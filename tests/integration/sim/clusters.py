@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,19 +34,6 @@ async def official_client(kubeconfig: Path) -> AsyncIterator[client.ApiClient]:
     await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
     async with client.ApiClient(configuration) as api:
         yield api
-
-
-async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float = 5.0) -> T:
-    """Poll ``check`` until it returns something other than None or False."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = await check()
-        if result is not None and result is not False:
-            return result
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(0.02)
 
 
 def gpu_container(gpus: int) -> Obj:

@@ -14,7 +14,8 @@ import aiohttp
 from kubernetes.aio import client, watch
 from kubernetes.aio.client.exceptions import ApiException
 
-from tests.integration.sim.clusters import controller_kind, eventually, official_client
+from tests.integration.sim.clusters import controller_kind, official_client
+from tests.support.waiting import eventually
 
 GPUOP = [sys.executable, "-m", "gpuop.cli.main"]
 

@@ -15,12 +15,12 @@ from gpuop_sim import ApiServer, SimCluster
 from gpuop_sim.cluster import workloads
 from tests.integration.sim.clusters import (
     controller_kind,
-    eventually,
     gpu_deployment,
     gpu_pod,
     ready_status,
     running_cluster,
 )
+from tests.support.waiting import eventually
 
 GPU = "nvidia.com/gpu"
 

@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from kubernetes.aio import client as k8s
 
 from gpuop.kube import client, customobjects
-from gpuop.policy import crd, specs
+from gpuop.policy import specs
 from gpuop.services.upgrade_orchestrator.policies import PolicyWatcher
 from gpuop_sim import ApiServer
+from tests.support.rollouts import install_crd
 
 REPO = Path(__file__).resolve().parents[3]
 NAME = "default"
@@ -30,11 +29,6 @@ def body(retry: dict[str, int]) -> dict[str, Any]:
         "metadata": {"name": NAME},
         "spec": {"driver": {"gpu": {"version": "580.1"}}, "upgradePolicy": {"retry": retry}},
     }
-
-
-async def install_crd(kube: client.Kube) -> None:
-    definition = yaml.safe_load((REPO / crd.COMMITTED).read_text(encoding="utf-8"))
-    await k8s.ApiextensionsV1Api(kube.api_client).create_custom_resource_definition(definition)
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop_sim import SimCluster
 from gpuop_sim.cluster import hosts
 from gpuop_sim.host import seeding
-from tests.e2e.test_node_agents_e2e import (
+from tests.support.processes import (
     DISCOVERY_CONFIG,
     DRIVER_LABEL,
     DRIVER_MANAGER_CONFIG,

@@ -12,9 +12,9 @@ from gpuop.nvml.protocol import inventory, opened
 from gpuop.nvml.real import PynvmlBackend
 from gpuop.nvml.recorded import RecordedNvml
 from gpuop_sim.nvml.simulated import SimNvml
+from tests.support.hosts import write_host_root
 
 from .conftest import NVML_JSON
-from .test_nvml_modules import write_host_root
 
 
 def test_real_is_nvidia_ml_py(tmp_path: Path) -> None:

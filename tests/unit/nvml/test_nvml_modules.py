@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from gpuop.nvml import errors
 from gpuop.nvml.modules import HOLDERS_DIR, HostRootModules, InMemoryModules, ModuleState
 from gpuop_sim.nvml.simulated import SimNvml
+from tests.support.hosts import write_host_root
 
 from .conftest import FIXTURE_DIR, NVML_JSON, FakeClock
 
@@ -89,20 +89,6 @@ def test_reopening_on_the_same_driver_keeps_the_counters(clock: FakeClock) -> No
     nvml.shutdown()
     nvml.init()
     assert nvml.metrics(1).ecc_volatile_corrected == 2
-
-
-def write_host_root(root: Path, *, loaded: bool = True) -> None:
-    (root / "proc").mkdir(parents=True, exist_ok=True)
-    lines = ["nvidia_uvm 1830912 - - Live 0xffffffffc080c000 (O)"]
-    if loaded:
-        lines.append("nvidia 14299136 - - Live 0xffffffffc0400000 (O)")
-    (root / "proc/modules").write_text("\n".join(lines) + "\n")
-    version = root / "sys/module/nvidia/version"
-    if loaded:
-        version.parent.mkdir(parents=True, exist_ok=True)
-        version.write_text("580.159.04\n")
-    elif version.parent.exists():
-        shutil.rmtree(version.parent)
 
 
 def test_a_host_root_session_leaves_a_holder_file_while_open(

@@ -18,7 +18,8 @@ from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.pods import DeviceAssignment, InMemoryPodResources, Owner
 from gpuop_sim.nvml.simulated import SimNvml
-from tests.unit.node_agents import eventually, running
+from tests.support.waiting import eventually
+from tests.unit.node_agents import running
 from tests.unit.telemetry.support import (
     QUIET,
     CountingNvml,

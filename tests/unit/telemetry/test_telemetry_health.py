@@ -14,7 +14,8 @@ from gpuop.events.device import DeviceHealthChanged, HealthReason
 from gpuop.nvml import GpuLost
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop_sim.nvml.simulated import SimNvml
-from tests.unit.node_agents import NODE, eventually, published, running, send_command, wait_for
+from tests.support.waiting import eventually
+from tests.unit.node_agents import NODE, published, running, send_command, wait_for
 from tests.unit.telemetry.support import QUIET, CountingNvml, by_gpu, series, uuid_of
 
 Exporters = Callable[..., NodeExporter]

@@ -16,7 +16,7 @@ from gpuop.events.upgrade import UpgradeState as S
 from gpuop.services.telemetry.cluster_exporter import ClusterExporter
 from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.operator_metrics import OperatorMetrics
-from tests.unit.node_agents import eventually
+from tests.support.waiting import eventually
 
 ROLLOUT = "rollout-580.159.04"
 GPU = driver.Component.GPU

@@ -16,7 +16,8 @@ from gpuop.nvml import InMemoryModules
 from gpuop.nvml.modules import NVIDIA
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.sessions import SessionClosed
-from tests.unit.node_agents import NODE, eventually, running, send_command, wait_for
+from tests.support.waiting import eventually
+from tests.unit.node_agents import NODE, running, send_command, wait_for
 from tests.unit.telemetry.support import QUIET, CountingNvml, SlowFields, by_gpu
 
 Exporters = Callable[..., NodeExporter]

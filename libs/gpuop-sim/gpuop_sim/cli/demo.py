@@ -13,7 +13,8 @@ bar, the latest events, and where the metrics are and how to tail the events. Ot
 with `--headless`, it prints one line per node transition. Either way it ends with one JSON
 line (nodes, done, failed, seconds) and exits 0 only when every node is done; `--record FILE`
 exports the event log first, for `gpuop replay`. Ctrl-C, SIGTERM, SIGHUP (or the end) stop
-every process it started, each with its process group (`gpuop_sim.cli.processes`); those
+every process it started (`processes.watching`: a signal ends the wait in progress, then the
+cleanup runs as after the end), each with its process group (`gpuop_sim.cli.processes`); those
 processes end too if the demo is killed outright.
 """
 
@@ -42,7 +43,7 @@ from gpuop.policy import crd, specs
 from gpuop.runtime import services
 from gpuop.runtime.settings import Role
 from gpuop_sim.cli import rollout_view, screens
-from gpuop_sim.cli.processes import Process, cancelled_on_signals, show, spawn, stop_all
+from gpuop_sim.cli.processes import Process, Stop, Stopped, show, spawn, stop_all, watching
 from gpuop_sim.cluster.cluster import SimCluster
 from gpuop_sim.cluster.hosts import build_host_root
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
@@ -81,21 +82,16 @@ def add_parser(verbs: Any) -> None:
 
 async def run_demo(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     _check(args)
-    with cancelled_on_signals() as received:
+    with watching() as stop:
         try:
-            return await _run(args)
-        except asyncio.CancelledError:
-            if not received:
-                raise
-            current = asyncio.current_task()
-            assert current is not None
-            current.uncancel()
-            print(f"stopped by {received[0].name}; every process it started is stopped",
+            return await _run(args, stop)
+        except Stopped as stopped:
+            print(f"stopped by {stopped.signum.name}; every process it started is stopped",
                   file=sys.stderr)  # fmt: skip
-            return 128 + received[0]
+            return 128 + stopped.signum
 
 
-async def _run(args: argparse.Namespace) -> int:
+async def _run(args: argparse.Namespace, stop: Stop) -> int:
     started = time.monotonic()
     live = sys.stdout.isatty() and not args.headless
     with tempfile.TemporaryDirectory(prefix="gpuop-demo-") as workdir:
@@ -111,9 +107,9 @@ async def _run(args: argparse.Namespace) -> int:
             stack.push_async_callback(stop_all, processes)
             source = await _spawn_all(processes, stack, cluster, server.url, kubeconfig, args, work)
             if not args.headless:
-                await show(processes)
+                await stop.unless_stopped(show(processes))
             kube = await stack.enter_async_context(await kubeclient.connect(kubeconfig))
-            await _wait_for_labels(kube, cluster.node_names, args.headless)
+            await stop.unless_stopped(_wait_for_labels(kube, cluster.node_names, args.headless))
             bus = NatsBus(server.url, name="gpuop-demo")
             await bus.start()
             stack.push_async_callback(bus.close)
@@ -125,10 +121,10 @@ async def _run(args: argparse.Namespace) -> int:
             footer = _footer(processes, server.url, kubeconfig)
             if live:
                 async with screens.LiveScreen(tracker, title=title, footer=footer).showing():
-                    await _follow(bus, tracker, args, print_lines=False)
+                    await stop.unless_stopped(_follow(bus, tracker, args, print_lines=False))
             else:
                 print(f"rolling {title}", flush=True)
-                await _follow(bus, tracker, args, print_lines=True)
+                await stop.unless_stopped(_follow(bus, tracker, args, print_lines=True))
             if args.record is not None:
                 lines = await events.export_lines(bus)
                 args.record.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -140,7 +136,7 @@ async def _run(args: argparse.Namespace) -> int:
             if args.hold:
                 print(outcome.summary(), "", "Running; Ctrl-C (or SIGTERM) stops it.", sep="\n")
                 sys.stdout.flush()
-                await asyncio.Event().wait()
+                await stop.unless_stopped(asyncio.Event().wait())
     print(outcome.summary(), flush=True)
     return 0 if outcome.done == len(outcome.nodes) else 1
 

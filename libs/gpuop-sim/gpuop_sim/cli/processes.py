@@ -17,9 +17,10 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 
@@ -118,29 +119,65 @@ async def stop_all(processes: list[Process]) -> None:
         _signal_group(proc, signal.SIGKILL)  # anything the service started and left behind
 
 
-STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-"""What `timeout`, a CI runner or a closed terminal sends; each stops the demo as Ctrl-C does."""
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Ctrl-C, and what `timeout`, a CI runner or a closed terminal sends: each stops the demo."""
+
+T = TypeVar("T")
+
+
+class Stopped(Exception):
+    """A stopping signal arrived; `signum` is the first."""
+
+    def __init__(self, signum: signal.Signals) -> None:
+        super().__init__(f"stopped by {signum.name}")
+        self.signum = signum
+
+
+class Stop:
+    """The stopping signals received while `watching`; `unless_stopped` ends a wait early."""
+
+    def __init__(self) -> None:
+        self.received: list[signal.Signals] = []
+        self.requested = asyncio.Event()
+
+    def _on_signal(self, signum: signal.Signals) -> None:
+        self.received.append(signum)
+        self.requested.set()
+
+    async def unless_stopped(self, work: Awaitable[T]) -> T:
+        """The result of `work`, unless a stopping signal comes first: then `work` is
+        cancelled and `Stopped` raised, so the caller's cleanup runs as after the end.
+
+        No cancellation is sent into the caller itself: a library that swallows one (Python
+        3.11's `wait_for`, racing a result, does) would make it run on. `work` is cancelled
+        again every second until it ends."""
+        task = asyncio.ensure_future(work)
+        stopping = asyncio.create_task(self.requested.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the caller itself was cancelled
+            task.cancel()
+            raise
+        finally:
+            stopping.cancel()
+        if task.done():
+            return task.result()
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+        raise Stopped(self.received[0])
 
 
 @contextlib.contextmanager
-def cancelled_on_signals() -> Iterator[list[signal.Signals]]:
-    """While inside, the first SIGTERM or SIGHUP cancels the current task, so its cleanup
-    (stopping every process it started) runs as after Ctrl-C; later ones are ignored so that
-    cleanup is not cut short. Yields the signals received, in order."""
+def watching() -> Iterator[Stop]:
+    """While inside, SIGINT, SIGTERM and SIGHUP ask the demo to stop (`Stop`); later ones
+    change nothing, so the cleanup they start is not cut short."""
     loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    received: list[signal.Signals] = []
-
-    def cancel(signum: signal.Signals) -> None:
-        received.append(signum)
-        if len(received) == 1:
-            task.cancel()
-
+    stop = Stop()
     for signum in STOPPING_SIGNALS:
-        loop.add_signal_handler(signum, cancel, signum)
+        loop.add_signal_handler(signum, stop._on_signal, signum)
     try:
-        yield received
+        yield stop
     finally:
         for signum in STOPPING_SIGNALS:
             loop.remove_signal_handler(signum)

@@ -1,0 +1,92 @@
+"""The `gpuop` command and the processes it starts, as tests see them from outside: `gpuop`
+runs one command, `service` runs one `gpuop run` for the length of a block (with the fast
+agent configs below), and `descendants` finds what a process started."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+GPUOP = [sys.executable, "-m", "gpuop.cli.main"]
+
+
+async def gpuop(*args: str, timeout: float = 60) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *GPUOP, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def command_lines(pids: list[int]) -> list[bytes]:
+    return [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in pids]
+
+
+def gone(pid: int) -> bool:
+    """No such process (a zombie nobody reaped is one left behind too)."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
+DISCOVERY_CONFIG = (
+    "scan_interval_seconds: 1\nheartbeat_interval_seconds: 0.5\nretry_interval_seconds: 0.2\n"
+)
+DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.1\n"
+
+
+@asynccontextmanager
+async def service(
+    name: str, arguments: list[str], log: Path, exit_codes: dict[str, int | None]
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`gpuop run <arguments>` as a process, stopped with SIGTERM (then SIGKILL) at the end;
+    its exit code lands in `exit_codes[name]`."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUOP_")}
+    with log.open("ab") as output:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpuop.cli.main", "run", *arguments, "--log-format", "text",
+            stdout=output, stderr=output, env={**environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+                exit_codes[name] = None  # did not stop on SIGTERM
+            else:
+                exit_codes[name] = process.returncode
+        else:
+            exit_codes[name] = process.returncode
