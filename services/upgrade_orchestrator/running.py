@@ -22,6 +22,7 @@ cause, so a replay decides that event and the later ones with it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -79,6 +80,7 @@ class Runner:
         """Saga id -> (attempt, canary) of admissions published and not yet decided."""
         self._recorded: GPUClusterPolicySpec | None = None
         """The policy last recorded as `PolicyApplied` by this process."""
+        self._locks: dict[str, asyncio.Lock] = {}
 
     async def handle(self, delivery: Delivery) -> None:
         """The intake consumer's handler."""
@@ -110,6 +112,18 @@ class Runner:
             self._announced.pop(event.saga_id, None)
         await self.record_policy(policy, cause)
         started = traces.now_ns()
+        async with self._node_lock(node):
+            return await self._decide(node, event, policy, now, cause, started)
+
+    async def _decide(
+        self,
+        node: str,
+        event: Event,
+        policy: GPUClusterPolicySpec,
+        now: datetime,
+        cause: str | None,
+        started: int,
+    ) -> Decision | None:
         for _ in range(CONFLICT_RETRIES):
             stored = await self._store.get(node)
             if stored is None:
@@ -135,20 +149,35 @@ class Runner:
         if self._on_change is not None:
             self._on_change(decision)
 
+    def _node_lock(self, node: str) -> asyncio.Lock:
+        """Held while one node's saga is read and acted on: the intake consumes before
+        `resume` runs (so no outcome of a re-issued action is missed), and a resume that
+        re-issued a step read before a decision the intake made meanwhile would queue that
+        step's label after the decision's, leaving the node labelled with a state its saga
+        left (seen in the chaos test: a done node labelled uncordon-required)."""
+        return self._locks.setdefault(node, asyncio.Lock())
+
     async def resume(self) -> int:
-        """Rebuild from KV: re-issue every saga's pending step and arm its deadline.
-        Returns the number of sagas found."""
+        """Rebuild from KV: re-issue every saga's pending step and arm its deadline, each
+        saga read again under its node's lock. Returns the number of sagas found."""
+        nodes = [entry.saga.node for entry in await self._store.all()]
+        for node in nodes:
+            async with self._node_lock(node):
+                await self._resume(node)
+        return len(nodes)
+
+    async def _resume(self, node: str) -> None:
+        entry = await self._store.get(node)
+        if entry is None:
+            return
         policy = self._policy()
-        stored = await self._store.all()
-        for entry in stored:
-            if policy is not None:
-                await self._start_recorded(entry.saga, policy)
-                again = pending(entry.saga, policy)
-                if again.transitions and await self._published(entry.saga):
-                    again = replace(again, transitions=())
-                await self._outbox.carry_out(again)
-            self._deadlines.schedule(entry.saga)
-        return len(stored)
+        if policy is not None:
+            await self._start_recorded(entry.saga, policy)
+            again = pending(entry.saga, policy)
+            if again.transitions and await self._published(entry.saga):
+                again = replace(again, transitions=())
+            await self._outbox.carry_out(again)
+        self._deadlines.schedule(entry.saga)
 
     async def announce(self, saga: NodeSaga) -> None:
         """Carry out what a new saga asks before anything happens to the node: its state

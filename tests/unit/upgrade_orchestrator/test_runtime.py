@@ -19,7 +19,7 @@ from gpuop.saga.core import Admitted, decide
 from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.deadlines import deadline_event_id
 from gpuop.services.upgrade_orchestrator.store import SagaStore, StoredSaga
-from tests.unit.saga.support import BOOT_B, NODE, T0, policy, saga_for
+from tests.unit.saga.support import BOOT_B, NODE, T0, Run, policy, saga_for
 from tests.unit.upgrade_orchestrator.support import Stack, events, messages
 
 S = UpgradeState
@@ -338,3 +338,42 @@ async def test_a_decisions_state_changes_go_out_before_its_commands(stack: Stack
     entered = [i for i, t in enumerate(published) if t == NodeUpgradeStateChanged.TYPE]
     # a successor can only see the pause answered once the state change is in the log
     assert entered and max(i for i in entered if i < pause) == pause - 1
+
+
+async def test_a_takeover_racing_a_decision_leaves_the_node_labelled_as_its_saga(
+    bus: InMemoryBus,
+) -> None:
+    """The successor consumes before it resumes: the dead leader's uncordon outcome can be
+    decided while the resume re-issues the uncordon it read, and the label written last must
+    be the saga's final state, not the step the resume read (the chaos test caught this)."""
+    spec = policy()
+    run = Run(spec, saga_for(spec))
+    run.admit()
+    run.until(UpgradeState.UNCORDON_REQUIRED)
+    stack = Stack(bus, spec)
+    runner = await stack.start()
+    assert stack.store is not None and stack.outbox is not None
+    try:
+        await stack.store.create(run.saga)
+        outcome = kube.NodeUncordoned(action_id=run.step_id)  # the dead leader's uncordon
+        read_all = stack.store.all
+
+        async def read_all_then_yield() -> list[StoredSaga]:
+            found = await read_all()
+            for _ in range(20):  # a real KV listing lets the intake decide meanwhile
+                await asyncio.sleep(0)
+            return found
+
+        stack.store.all = read_all_then_yield  # type: ignore[method-assign]
+        await asyncio.gather(runner.resume(), runner.apply(NODE, outcome, T0))
+        await stack.outbox.idle()
+        final = await stack.saga(NODE)
+    finally:
+        await stack.stop()
+    written = [
+        action.label if isinstance(action, actions.Uncordon) else action.value
+        for _, action in stack.kube.done
+        if isinstance(action, actions.Uncordon | actions.SetStateLabel)
+    ]
+    assert final.state is UpgradeState.UPGRADE_DONE
+    assert written[-1] is UpgradeState.UPGRADE_DONE, written
