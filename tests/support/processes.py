@@ -10,9 +10,11 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
+
+from gpuop.bus.launcher import exiting_with_parent
 
 GPUOP = [sys.executable, "-m", "gpuop.cli.main"]
 
@@ -63,18 +65,25 @@ DISCOVERY_CONFIG = (
 DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.1\n"
 
 
+async def start_service(arguments: Iterable[str], log: Path) -> asyncio.subprocess.Process:
+    """`gpuop run <arguments>` as a process logging to `log`, in an environment without the
+    caller's `GPUOP_*` settings; it gets SIGTERM if the test process dies."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUOP_")}
+    command = [sys.executable, "-m", "gpuop.cli.main", "run", *arguments, "--log-format", "text"]
+    with log.open("ab") as output:
+        return await asyncio.create_subprocess_exec(
+            *exiting_with_parent(command), stdout=output, stderr=output,
+            env={**environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+
+
 @asynccontextmanager
 async def service(
     name: str, arguments: list[str], log: Path, exit_codes: dict[str, int | None]
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """`gpuop run <arguments>` as a process, stopped with SIGTERM (then SIGKILL) at the end;
     its exit code lands in `exit_codes[name]`."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUOP_")}
-    with log.open("ab") as output:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuop.cli.main", "run", *arguments, "--log-format", "text",
-            stdout=output, stderr=output, env={**environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+    process = await start_service(arguments, log)
     try:
         yield process
     finally:

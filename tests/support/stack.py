@@ -15,10 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from gpuop_sim.apiserver.faults import FaultPlan
 from gpuop_sim.cluster import hosts
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
 from gpuop_sim.host import seeding
+from tests.support.processes import start_service
 
 REPO = Path(__file__).resolve().parents[2]
 OLD = seeding.RECORDED_DRIVER_VERSION
@@ -135,7 +135,7 @@ class Stack:
         self.logs.append(log)
         arguments = ["upgrade-orchestrator", "--role", "cluster", "--nats", self.nats_url]
         arguments += ["--kubeconfig", str(self.kubeconfig), "--config", str(self._orchestrator)]
-        self.replicas[name] = await _spawn(arguments, log)
+        self.replicas[name] = await start_service(arguments, log)
         return name
 
     def unclean_exits(self) -> dict[str, int | None]:
@@ -177,7 +177,7 @@ class Stack:
             raise RuntimeError(f"{name} still runs")
         log = self.work / f"{name}.log"
         started = log.read_text(errors="replace").count(STARTED)
-        self.agents[name] = await _spawn(self.agent_arguments[name], log)
+        self.agents[name] = await start_service(self.agent_arguments[name], log)
 
         async def up() -> bool:  # its signal handlers are in place: a SIGTERM stops it cleanly
             return log.read_text(errors="replace").count(STARTED) > started
@@ -315,7 +315,7 @@ async def stack(
         for name, arguments in agents:
             log = work / f"{name}.log"
             running.logs.append(log)
-            running.agents[name] = await _spawn(arguments, log)
+            running.agents[name] = await start_service(arguments, log)
             running.agent_arguments[name] = arguments
 
         async def labelled() -> bool:
@@ -324,15 +324,6 @@ async def stack(
 
         await running.wait_until("discovery labelling every node", labelled, STARTUP)
         yield running
-
-
-async def _spawn(arguments: Iterable[str], log: Path) -> asyncio.subprocess.Process:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUOP_")}
-    with log.open("ab") as output:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuop.cli.main", "run", *arguments, "--log-format", "text",
-            stdout=output, stderr=output, env={**environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
 
 
 async def _stop_all(running: Stack) -> None:
