@@ -29,7 +29,6 @@ from gpuop.nvml.metrics import (
     ProcessInfo,
 )
 from gpuop.nvml.mig import MigDevice, MigProfile
-from gpuop.nvml.modules import HostRootModules, InMemoryModules, ModuleState
 from gpuop.nvml.protocol import Nvml, inventory, opened
 from gpuop.nvml.real import PynvmlBackend
 from gpuop.nvml.recorded import RecordedNvml
@@ -50,12 +49,9 @@ __all__ = [
     "FieldId",
     "FieldValue",
     "GpuLost",
-    "HostRootModules",
-    "InMemoryModules",
     "InvalidBackendSpec",
     "MigDevice",
     "MigProfile",
-    "ModuleState",
     "NotInitialized",
     "NotSupported",
     "NvLink",

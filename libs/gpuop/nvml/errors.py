@@ -23,10 +23,10 @@ pynvml binding (`binding.py`) calls it for every `pynvml.NVMLError`, so raw pynv
 never leave `gpuop.nvml`. Backends return `None` for a field whose query is `NotSupported`
 rather than raising, so callers see this tree only for real failures.
 
-Two errors stand apart, being about configuration rather than NVML: `InvalidBackendSpec`
-(a `--nvml` value `backends.open_backend()` cannot use; a `ValueError`), and `ModuleInUse`,
-which the in-memory module state (`modules.InMemoryModules`) raises when a test unloads a
-module something still holds, the way `rmmod` refuses.
+Two errors stand apart, being about configuration rather than NVML: `InvalidBackendSpec` (a
+`--nvml` value `backends.open_backend()` cannot use; a `ValueError`), and `ModuleInUse`,
+which the in-memory module state (`gpuop_sim.nvml.modules.InMemoryModules`) raises when a
+test unloads a module something still holds, the way `rmmod` refuses.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from gpuop.events import (
 from gpuop.host.roots import HostRoot
 from gpuop.kubelet import constants
 from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2
-from gpuop.nvml import HostRootModules, Nvml
+from gpuop.nvml import Nvml
 from gpuop.services.device_plugin.agent import NVML_HOLDER, NodeAgent
 from gpuop.services.device_plugin.config import DevicePluginConfig
 from gpuop.services.device_plugin.metrics import PluginMetrics
@@ -36,6 +36,7 @@ from gpuop.services.device_plugin.plugins import DevicePlugins
 from gpuop_sim.cluster import hosts
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
 from gpuop_sim.host.simkernel import SimKernel
+from gpuop_sim.nvml.modules import HostRootModules
 from gpuop_sim.nvml.simulated import SimNvml
 
 NODE = "gpu-1.example.com"

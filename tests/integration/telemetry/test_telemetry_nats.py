@@ -14,12 +14,11 @@ from prometheus_client import CollectorRegistry
 from gpuop.bus import NatsBus, NatsServer
 from gpuop.events import decode, device, driver, new_command, new_event, upgrade
 from gpuop.events.upgrade import UpgradeState as S
-from gpuop.nvml import InMemoryModules
-from gpuop.nvml.modules import NVIDIA
 from gpuop.runtime.settings import Role
 from gpuop.services import telemetry
 from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.node_exporter import NodeExporter
+from gpuop_sim.nvml.modules import NVIDIA, InMemoryModules
 from gpuop_sim.nvml.simulated import SimNvml
 from tests.integration.services import connected, in_process
 from tests.support.waiting import eventually

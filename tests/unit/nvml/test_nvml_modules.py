@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuop.nvml import errors
-from gpuop.nvml.modules import HOLDERS_DIR, HostRootModules, InMemoryModules, ModuleState
+from gpuop_sim.nvml.modules import HOLDERS_DIR, HostRootModules, InMemoryModules, ModuleState
 from gpuop_sim.nvml.simulated import SimNvml
 from tests.support.hosts import write_host_root
 

@@ -9,11 +9,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuop.bus import InMemoryBus
-from gpuop.nvml import InMemoryModules
-from gpuop.nvml.modules import NVIDIA
 from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.pods import PodResourcesSource
+from gpuop_sim.nvml.modules import NVIDIA, InMemoryModules
 from gpuop_sim.nvml.simulated import SimNvml
 from tests.unit.node_agents import NODE
 from tests.unit.telemetry.support import QUIET, CountingNvml

@@ -12,11 +12,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuop.bus import InMemoryBus
-from gpuop.nvml import DriverNotLoaded, GpuLost, InMemoryModules, NotInitialized, NvmlError
-from gpuop.nvml.modules import NVIDIA
+from gpuop.nvml import DriverNotLoaded, GpuLost, NotInitialized, NvmlError
 from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.pods import DeviceAssignment, InMemoryPodResources, Owner
+from gpuop_sim.nvml.modules import NVIDIA, InMemoryModules
 from gpuop_sim.nvml.simulated import SimNvml
 from tests.support.waiting import eventually
 from tests.unit.node_agents import running

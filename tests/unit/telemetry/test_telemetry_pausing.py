@@ -12,10 +12,9 @@ from prometheus_client import CollectorRegistry
 
 from gpuop.bus import InMemoryBus
 from gpuop.events import device, driver
-from gpuop.nvml import InMemoryModules
-from gpuop.nvml.modules import NVIDIA
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.sessions import SessionClosed
+from gpuop_sim.nvml.modules import NVIDIA, InMemoryModules
 from tests.support.waiting import eventually
 from tests.unit.node_agents import NODE, running, send_command, wait_for
 from tests.unit.telemetry.support import QUIET, CountingNvml, SlowFields, by_gpu

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuop.nvml.errors import InvalidBackendSpec
-from gpuop.nvml.modules import HostRootModules
+from gpuop_sim.nvml.modules import HostRootModules
 from gpuop_sim.nvml.simulated import MAX_GPUS, SimNvml
 
 

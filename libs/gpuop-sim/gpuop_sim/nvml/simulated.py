@@ -29,7 +29,6 @@ from gpuop.nvml.devices import DeviceInfo
 from gpuop.nvml.errors import DriverNotLoaded, GpuLost, InvalidArgument, NotInitialized
 from gpuop.nvml.metrics import DeviceMetrics, FieldValue, PcieThroughput
 from gpuop.nvml.mig import MigDevice, MigProfile
-from gpuop.nvml.modules import NVIDIA, ModuleState
 from gpuop.nvml.recordings import load_recording
 from gpuop.nvml.topology import NvLink, PeerTopology
 from gpuop.nvml.watching import (
@@ -42,6 +41,7 @@ from gpuop.nvml.watching import (
 )
 from gpuop_sim import recordings
 from gpuop_sim.nvml import sim_mig, sim_topology
+from gpuop_sim.nvml.modules import NVIDIA, ModuleState
 from gpuop_sim.nvml.sim_fields import field_value, pcie_throughput
 from gpuop_sim.nvml.sim_gpus import SimGpu, identity
 

@@ -5,14 +5,15 @@
 as a user of the module, so a simulated `rmmod nvidia` fails while a service holds a session.
 It reaches the kernel only through `ModuleState`:
 
-* `HostRootModules` reads a host root the way the simulated kernel (`gpuop.host.SimKernel`)
-  writes it: `proc/modules` (the truth about what is loaded), `sys/module/<m>/version`, and
-  one holder file per user, `run/gpuop/sim-kernel/holders/<module>/<holder id>`, holding the
-  owner's pid. A hold checks and writes under SimKernel's lock (`flock` on
+* `HostRootModules` reads a host root the way the simulated kernel
+  (`gpuop_sim.host.SimKernel`) writes it (the layout is `gpuop_sim.host.simstate`'s):
+  `proc/modules` (the truth about what is loaded), `sys/module/<m>/version`, and one holder
+  file per user, `run/gpuop/sim-kernel/holders/<module>/<holder id>`, holding the owner's
+  pid. A hold checks and writes under SimKernel's lock (`flock` on
   `run/gpuop/sim-kernel/lock`), so it cannot slip past a concurrent `rmmod`, and the holder
   file appears by an atomic rename. It interoperates with SimKernel, in this process or
-  another, without importing `gpuop.host`; SimKernel drops holds of dead processes and
-  recounts `proc/modules`' use counts on its own next change.
+  another; SimKernel drops holds of dead processes and recounts `proc/modules`' use counts
+  on its own next change.
 * `InMemoryModules` is the same in a dict, for unit tests.
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -28,18 +28,16 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuop.nvml.errors import DriverNotLoaded, ModuleInUse
+from gpuop_sim.host import simstate
 
 NVIDIA = "nvidia"
 """The kernel module NVML needs."""
 
-SIM_KERNEL_DIR = Path("run/gpuop/sim-kernel")
-"""Where, under the host root, the simulated kernel keeps its state."""
-HOLDERS_DIR = SIM_KERNEL_DIR / "holders"
-"""One file per module holder, named by holder id, holding the owner's pid."""
-NO_GPUS_DIR = SIM_KERNEL_DIR / "no-gpus"
+HOLDERS_DIR = Path(simstate.HOLDERS)
+"""One file per module holder, named by holder id, holding the owner's pid (the simulated
+kernel's layout, `gpuop_sim.host.simstate`, the one place it is written down)."""
+NO_GPUS_DIR = Path(simstate.NO_GPUS)
 """A file per loaded module from a defective build that brings up no GPU."""
-HOLDER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
-"""What a holder id may look like (SimKernel's rule): a short file name."""
 
 
 class ModuleState(Protocol):
@@ -162,13 +160,13 @@ class HostRootModules:
         return frozenset(e.name for e in directory.iterdir() if not e.name.startswith("."))
 
     def _holder(self, module: str, holder_id: str) -> Path:
-        if not HOLDER_ID.match(holder_id):
+        if not simstate.HOLDER_ID.match(holder_id):
             raise ValueError(f"holder id {holder_id!r} is not a short file name")
         return self.host_root / HOLDERS_DIR / module / holder_id
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        lock = self.host_root / SIM_KERNEL_DIR / "lock"
+        lock = self.host_root / simstate.LOCK
         lock.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
