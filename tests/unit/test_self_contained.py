@@ -43,7 +43,9 @@ def test_no_file_refers_to_a_path_outside_the_repository() -> None:
 
 
 def test_the_scan_would_see_a_reference_outside() -> None:
-    assert OUTSIDE.search('HOST = Path("../shared/fixtures/h200")')
+    beside = "../" + "shared"  # spelled apart, so this file does not match its own scan
+    assert OUTSIDE.search(f'HOST = Path("{beside}/fixtures/h200")')
+    assert OUTSIDE.search(f'REFERENCE = "{beside.removeprefix("../")}/reference/cdi.md"')
     assert OUTSIDE.search("for base in (ROOT, ROOT.parent):")
     assert not OUTSIDE.search("recordings.H200_HOST_ROOT")
 
