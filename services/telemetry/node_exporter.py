@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
 from gpuop import operands
 from gpuop.bus import Bus, Delivery, spans
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Envelope, Event, device, new_event, subjects
 from gpuop.events.driver import Component
 from gpuop.nvml import DeviceEvent, Nvml, NvmlError, XidEvent, open_backend
@@ -61,7 +60,7 @@ class NodeExporter:
         *,
         pod_resources: pods.PodResourcesSource | None = None,
         readiness: Readiness | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._bus = bus
         self._node = subjects.validate_node_name(node)
@@ -138,7 +137,9 @@ class NodeExporter:
         """One fast collection; NVML failures are logged, and the session reopened."""
         async with self._collecting:
             try:
-                collected = await self.collector.collect(self.xids.snapshot(self._clock()))
+                collected = await self.collector.collect(
+                    self.xids.snapshot(self._clock.monotonic())
+                )
             except SessionClosed:
                 return
             except NvmlError as error:
@@ -193,7 +194,7 @@ class NodeExporter:
         """An XID or ECC event: count it, collect at once so the metrics show it, and tell
         the cluster when the GPU's health changed."""
         if isinstance(event, XidEvent):
-            self.xids.record(event.index, event.xid, self._clock())
+            self.xids.record(event.index, event.xid, self._clock.monotonic())
         await self.collect()
         change = self.health.on_event(event, inventory, self.collector.last)
         if change is not None:

@@ -34,14 +34,14 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-ROOT = Path(__file__).resolve().parents[2]
+from gpuop.bus import Buckets, Bus, ConsumerSpec, Delivery, KeyValue, NatsBus
+from gpuop.events import Event, device, driver, hardware, new_event, subjects
+from gpuop.inventory import scanning
+from gpuop_sim.cluster.hosts import build_host_root
+from gpuop_sim.nvml.sim_gpus import gpu_uuid
+from gpuop_sim.nvml.simulated import SimNvml
 
-from gpuop.bus import Buckets, Bus, ConsumerSpec, Delivery, KeyValue, NatsBus  # noqa: E402
-from gpuop.events import Event, device, driver, hardware, new_event, subjects  # noqa: E402
-from gpuop.inventory import scanning  # noqa: E402
-from gpuop_sim.cluster.hosts import build_host_root  # noqa: E402
-from gpuop_sim.nvml.sim_gpus import gpu_uuid  # noqa: E402
-from gpuop_sim.nvml.simulated import SimNvml  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 SOURCE = "/gpuop/soak-fleet"
 DURABLE = "soak-fleet"

@@ -24,6 +24,7 @@ from pathlib import Path
 from tests.bench._traced import SNAPSHOT
 
 ROOT = Path(__file__).resolve().parents[2]
+
 OWN_ENVIRONMENT = {"GRPC_ENABLE_FORK_SUPPORT": "false", "GRPC_VERBOSITY": "ERROR"}
 """What the benchmark sets for itself (see soak.py) and keeps from the processes it starts."""
 STOP_GRACE = 30.0

@@ -37,25 +37,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus, PublishAck
+from gpuop.events import Envelope, ids, new_event, subjects
+from gpuop.events import device as dev
+from gpuop.events import driver as dm
+from gpuop.events.driver import Component
+from gpuop.events.upgrade import SagaStarted, UpgradeState
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import Decision, NodeStatus
+from gpuop.services.upgrade_orchestrator import intake
+from gpuop.services.upgrade_orchestrator.acting import Outbox
+from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
+from gpuop.services.upgrade_orchestrator.publishing import SOURCE
+from gpuop.services.upgrade_orchestrator.running import Runner
+from gpuop.services.upgrade_orchestrator.store import SagaStore
+from tests.support.clocks import StillClock
+from tests.support.orchestrator import FakeKube, answers
+from tests.support.sagas import BOOT_A, GPU_OLD, OFED_OLD, T0, policy, saga_for
 
-from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus, PublishAck  # noqa: E402
-from gpuop.clocks import VirtualClock  # noqa: E402
-from gpuop.events import Envelope, ids, new_event, subjects  # noqa: E402
-from gpuop.events import device as dev  # noqa: E402
-from gpuop.events import driver as dm  # noqa: E402
-from gpuop.events.driver import Component  # noqa: E402
-from gpuop.events.upgrade import SagaStarted, UpgradeState  # noqa: E402
-from gpuop.policy import GPUClusterPolicySpec  # noqa: E402
-from gpuop.saga import Decision, NodeStatus  # noqa: E402
-from gpuop.services.upgrade_orchestrator import intake  # noqa: E402
-from gpuop.services.upgrade_orchestrator.acting import Outbox  # noqa: E402
-from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler  # noqa: E402
-from gpuop.services.upgrade_orchestrator.publishing import SOURCE  # noqa: E402
-from gpuop.services.upgrade_orchestrator.running import Runner  # noqa: E402
-from gpuop.services.upgrade_orchestrator.store import SagaStore  # noqa: E402
-from tests.unit.saga.support import BOOT_A, GPU_OLD, OFED_OLD, T0, policy, saga_for  # noqa: E402
-from tests.unit.upgrade_orchestrator.support import FakeKube, answers  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 AGENT_SOURCE = "/gpuop/bench-agent"
 RESYNC = 0.5
@@ -70,13 +70,6 @@ TARGET_RATIO = 1.10
 TARGET_P99_MS = 100.0
 COMPLETIONS = (dm.DriverLoaded, dm.DriverUnloaded, dm.DriverInstalled)
 """Agent answers after which the core's next step is another agent command."""
-
-
-class StillClock(VirtualClock):
-    """Virtual time that stays at `T0`: a sleep on it never ends, so no deadline fires."""
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.Event().wait()
 
 
 @dataclass

@@ -46,26 +46,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus
+from gpuop.events import device as dev
+from gpuop.events import ids, new_event, subjects
+from gpuop.events import kube as observed
+from gpuop.events.driver import Component
+from gpuop.events.upgrade import SagaStarted, UpgradeState
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import Decision, KubeAction, NodeStatus
+from gpuop.services.upgrade_orchestrator import intake
+from gpuop.services.upgrade_orchestrator.acting import Outbox
+from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
+from gpuop.services.upgrade_orchestrator.publishing import SOURCE
+from gpuop.services.upgrade_orchestrator.running import Runner
+from gpuop.services.upgrade_orchestrator.store import SagaStore
+from tests.bench.rollout import RESYNC
+from tests.support import fleets
+from tests.support.clocks import StillClock
+from tests.support.orchestrator import FakeKube, answers
+from tests.support.sagas import BOOT_A, GPU_OLD, OFED_OLD, T0, policy, saga_for
 
-from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus  # noqa: E402
-from gpuop.events import device as dev  # noqa: E402
-from gpuop.events import ids, new_event, subjects  # noqa: E402
-from gpuop.events import kube as observed  # noqa: E402
-from gpuop.events.driver import Component  # noqa: E402
-from gpuop.events.upgrade import SagaStarted, UpgradeState  # noqa: E402
-from gpuop.policy import GPUClusterPolicySpec  # noqa: E402
-from gpuop.saga import Decision, KubeAction, NodeStatus  # noqa: E402
-from gpuop.services.upgrade_orchestrator import intake  # noqa: E402
-from gpuop.services.upgrade_orchestrator.acting import Outbox  # noqa: E402
-from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler  # noqa: E402
-from gpuop.services.upgrade_orchestrator.publishing import SOURCE  # noqa: E402
-from gpuop.services.upgrade_orchestrator.running import Runner  # noqa: E402
-from gpuop.services.upgrade_orchestrator.store import SagaStore  # noqa: E402
-from tests.bench.rollout import RESYNC, StillClock  # noqa: E402
-from tests.integration.upgrade_orchestrator import fleets  # noqa: E402
-from tests.unit.saga.support import BOOT_A, GPU_OLD, OFED_OLD, T0, policy, saga_for  # noqa: E402
-from tests.unit.upgrade_orchestrator.support import FakeKube, answers  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 AGENT_SOURCE = "/gpuop/bench-agent"
 SAGAS = 5_000

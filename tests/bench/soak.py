@@ -65,28 +65,27 @@ from typing import Any
 import aiohttp
 from kubernetes.aio import client as k8s
 
-ROOT = Path(__file__).resolve().parents[2]
-from tests.bench._processes import OWN_ENVIRONMENT  # noqa: E402
+from tests.bench._processes import OWN_ENVIRONMENT
 
 # the simulated kubelets serve gRPC in this process, and every service is forked from it
 # (to set its parent-death signal) and exec'd at once: gRPC's fork handlers have nothing
 # to protect, and would log a line for every fork, as for every plugin stopped at the end
 os.environ.update(OWN_ENVIRONMENT)
 
-from gpuop.bus import BusError, NatsBus, NatsServer, StoredMessage  # noqa: E402
-from gpuop.events import MalformedMessage, UnknownEventType, decode, subjects  # noqa: E402
-from gpuop.events import upgrade as up  # noqa: E402
-from gpuop.host import packaging, system  # noqa: E402
-from gpuop.host.roots import HostRoot  # noqa: E402
-from gpuop.kube import client, customobjects  # noqa: E402
-from gpuop.kube import errors as kubeerrors  # noqa: E402
-from gpuop.policy import crd, specs  # noqa: E402
-from gpuop_sim import SimCluster  # noqa: E402
-from gpuop_sim.cluster import hosts  # noqa: E402
-from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc  # noqa: E402
-from gpuop_sim.host import seeding  # noqa: E402
-from tests.bench._fleet import FleetConfig, FleetNode  # noqa: E402
-from tests.bench._processes import (  # noqa: E402
+from gpuop.bus import BusError, NatsBus, NatsServer, StoredMessage
+from gpuop.events import MalformedMessage, UnknownEventType, decode, subjects
+from gpuop.events import upgrade as up
+from gpuop.host import packaging, system
+from gpuop.host.roots import HostRoot
+from gpuop.kube import client, customobjects
+from gpuop.kube import errors as kubeerrors
+from gpuop.policy import crd, specs
+from gpuop_sim import SimCluster
+from gpuop_sim.cluster import hosts
+from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
+from gpuop_sim.host import seeding
+from tests.bench._fleet import FleetConfig, FleetNode
+from tests.bench._processes import (
     Tracked,
     held_allocations,
     held_snapshots,
@@ -97,7 +96,7 @@ from tests.bench._processes import (  # noqa: E402
     tail,
     write_samples,
 )
-from tests.bench._traced import SNAPSHOT  # noqa: E402
+from tests.bench._traced import SNAPSHOT
 
 OLD = seeding.RECORDED_DRIVER_VERSION
 NEW = "580.200.01"
@@ -121,6 +120,8 @@ KINDS = (
     "upgrade-orchestrator", "discovery-cluster", "telemetry-cluster", "network-manager-cluster",
     "discovery-node", "driver-manager", "device-plugin", "telemetry-node",
 )  # fmt: skip
+
+ROOT = Path(__file__).resolve().parents[2]
 """The service processes by kind: the cluster roles, then each sample node's services."""
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 POLICY = "default"

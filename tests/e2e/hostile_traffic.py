@@ -41,7 +41,7 @@ from gpuop.events import Command, Event, Payload, deadlines, device, kube, subje
 from gpuop.events import driver as dm
 from gpuop.events import hardware as hw
 from tests import hostile
-from tests.unit.event_samples import SAMPLES
+from tests.support.event_samples import SAMPLES
 
 PREFIX = subjects.DEFAULT_PREFIX
 GHOSTS = ("ghost-1", "ghost-2", "gpu-404.example.com", subjects.CLUSTER)

@@ -9,7 +9,7 @@ from opentelemetry import trace
 
 from gpuop.bus import ConsumerSpec, Delivery, InMemoryBus, spans
 from gpuop.events import Envelope, decode, device, driver, new_command, new_event, subjects
-from tests.unit.span_recording import recorded_spans, untraced
+from tests.support.spans import recorded_spans, untraced
 
 NODE = "gpu-1"
 SENDER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -27,7 +27,7 @@ from gpuop.events import (
     subjects,
 )
 from gpuop.events.fields import DocumentedEnum, member_docs
-from tests.unit.event_samples import SAMPLES
+from tests.support.event_samples import SAMPLES
 
 CATALOGUE = [
     gpuop.events.hardware,
@@ -69,7 +69,7 @@ def test_importing_the_package_registers_every_catalogue_model() -> None:
 def test_every_registered_type_has_a_sample() -> None:
     sampled = {type(sample) for sample in SAMPLES}
     missing = sorted(cls.TYPE for cls in set(REGISTRY.values()) - sampled)
-    assert not missing, f"add a sample to tests/unit/event_samples.py for {missing}"
+    assert not missing, f"add a sample to tests/support/event_samples.py for {missing}"
 
 
 @pytest.mark.parametrize("cls", MODELS, ids=str)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from opentelemetry import trace
 
 from gpuop.observability import tracing
-from tests.unit.span_recording import recorded_spans, untraced
+from tests.support.spans import recorded_spans, untraced
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

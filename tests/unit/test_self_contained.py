@@ -77,3 +77,39 @@ def test_no_test_module_imports_another() -> None:
         if "__pycache__" not in path.parts and imports_a_test.search(path.read_text())
     ]
     assert offending == [], "shared helpers belong in tests/support"
+
+
+def _foreign_helpers(text: str, own: str) -> list[str]:
+    """The helper modules `text` (a module of package `own`) imports from another test
+    directory than its own."""
+    imported = re.findall(r"^\s*from (tests(?:\.\w+)+) import", text, re.M)
+    imported += [
+        f"{package}.{name}"
+        for package, name in re.findall(r"^\s*from (tests(?:\.\w+)*) import (\w+)", text, re.M)
+    ]
+    shared = ("tests.support", "tests.skips", "tests.hostile")
+    return [
+        module
+        for module in imported
+        if not module.startswith(shared)
+        and (ROOT / (module.replace(".", "/") + ".py")).is_file()
+        and module.rsplit(".", 1)[0] != own
+    ]
+
+
+def test_helpers_shared_across_directories_live_in_tests_support() -> None:
+    offending = {
+        str(path.relative_to(ROOT)): _foreign_helpers(
+            path.read_text(), ".".join(path.relative_to(ROOT).parent.parts)
+        )
+        for path in (ROOT / "tests").rglob("*.py")
+        if "__pycache__" not in path.parts and "support" not in path.parts
+    }
+    offending = {path: helpers for path, helpers in offending.items() if helpers}
+    assert offending == {}, "a helper used beyond its own directory belongs in tests/support"
+
+
+def test_the_helper_scan_sees_a_foreign_helper() -> None:
+    text = "from tests.unit.nvml.fake_pynvml import FakeNvml\nfrom tests.support import waiting\n"
+    assert _foreign_helpers(text, "tests.unit.cli") == ["tests.unit.nvml.fake_pynvml"]
+    assert _foreign_helpers(text, "tests.unit.nvml") == []

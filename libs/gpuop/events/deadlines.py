@@ -20,7 +20,6 @@ from pydantic import AwareDatetime
 
 from gpuop.events.envelope import Event
 from gpuop.events.fields import Attempt, CorrelationId, Token
-from gpuop.events.upgrade import UpgradeState
 
 
 class DeadlineExpired(Event):
@@ -31,8 +30,9 @@ class DeadlineExpired(Event):
 
     saga_id: CorrelationId
     """The saga whose deadline it is."""
-    state: UpgradeState
-    """The saga's state when the deadline was set."""
+    state: Token
+    """The saga's state when the deadline was set (a state of the saga's kind: upstream's
+    upgrade states for a driver upgrade)."""
     step: Token
     """The wait inside that state: `drain`, `unload`, `operands-pause`, `reboot`, `backoff`."""
     attempt: Attempt

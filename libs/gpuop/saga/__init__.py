@@ -1,4 +1,4 @@
-"""The driver-upgrade saga: durable records, one transition table, and a pure decision core.
+"""Sagas: one kind-agnostic machinery, the driver upgrade as its first kind, a pure core.
 
 Above `gpuop.events` and `gpuop.policy`, below the upgrade orchestrator service, which does
 all the I/O: it keeps one `NodeSaga` per node in KV, folds each event of the log into it
@@ -7,14 +7,21 @@ then publishes the commands and executes the Kubernetes actions; it runs `admiss
 start nodes. Nothing here reads a clock, the bus or Kubernetes. Import the modules as
 namespaces:
 
+    machine       what every saga kind runs on: Kind (states, table, one Phase per state,
+                  hooks), Draft (moves checked against the table, deadlines, effects),
+                  decide, Decision, Transition; a new kind (GPU remediation, MIG
+                  reconfiguration) brings its own states and phases and touches no other's
+    upgrade       UPGRADE: the driver upgrade as a kind (its table, phases and hooks);
+                  `pending` re-issues a stored saga's step after a crash
+    phases        one module per upgrade state: enter, on_event, on_deadline; PHASES
     records       NodeSaga (the KV record), new_saga, the targets and outcomes it keeps
     steps         the steps inside each state, their order and their deadlines
     transitions   TABLE: state -> allowed next states, with triggers; IllegalTransition
     actions       Decision, IssuedCommand and the Kubernetes actions (Cordon, Drain, ...)
-    effects       what each step issues; `pending` re-issues it after a crash
-    drafting      the decision being built (moves checked against the table)
+    effects       ids and driver commands the phases' effects share
+    drafting      the upgrade's Draft (the helpers its phases share) and its announcements
     compensation  what a failure leads to: uncordon, rollback, upgrade-failed, retry
-    core          decide(saga, event, policy, now) -> Decision; Admitted
+    core          decide(saga, event, policy, now) -> Decision: UPGRADE on the machinery
     admission     plan / admit: maxParallelUpgrades, maxUnavailable, canary
     folding       one fold from the log to decisions: the inbound set, triggers, a saga
                   from its SagaStarted, one step, a decision's outputs with their ids
@@ -29,17 +36,20 @@ from gpuop.saga import (
     drafting,
     effects,
     folding,
+    machine,
+    phases,
     records,
     replaying,
     steps,
     transitions,
+    upgrade,
 )
 from gpuop.saga.actions import Decision, IssuedCommand, KubeAction
 from gpuop.saga.admission import Admission, NodeStatus, admit, plan
 from gpuop.saga.core import Admitted, deadline_event, decide, state_changed
-from gpuop.saga.effects import pending
 from gpuop.saga.records import NodeSaga, new_saga
 from gpuop.saga.transitions import TABLE, IllegalTransition, Transition
+from gpuop.saga.upgrade import pending
 
 __all__ = [
     "TABLE",
@@ -62,12 +72,15 @@ __all__ = [
     "drafting",
     "effects",
     "folding",
+    "machine",
     "new_saga",
     "pending",
+    "phases",
     "plan",
     "records",
     "replaying",
     "state_changed",
     "steps",
     "transitions",
+    "upgrade",
 ]

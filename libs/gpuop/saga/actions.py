@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuop.events import Command
 from gpuop.events.upgrade import UpgradeState
+from gpuop.saga import machine
+from gpuop.saga.machine import IssuedCommand
 from gpuop.saga.records import NodeSaga
-from gpuop.saga.transitions import Transition
 
 STATE_LABEL = "gpuop.io/driver-upgrade-state"
 """The node label that mirrors the saga's state (upstream's label values)."""
@@ -98,29 +98,21 @@ KubeAction = Cordon | Uncordon | DeletePods | Drain | SetStateLabel | RecordEven
 """Every Kubernetes action the core can order."""
 
 
-@dataclass(frozen=True)
-class IssuedCommand:
-    """A command for a node agent, with the id it must be published under."""
+Decision = machine.Decision[NodeSaga, UpgradeState]
+"""What one event did to one upgrade saga: the saga after it (persist it with compare-and-set
+before acting, when it differs), the commands to publish, the Kubernetes actions to execute,
+the moves made (each published as a `NodeUpgradeStateChanged`)."""
 
-    payload: Command
-    id: str
-    """`ids.step(saga_id, step, attempt)`: the same every time this step is decided."""
-    step: str
-    """The token the id was derived from."""
-    attempt: int
-    """The attempt the id was derived from."""
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What one event did to one saga."""
-
-    saga: NodeSaga
-    """The saga after the event: persist it (compare-and-set) before acting, when it differs
-    from the one decided on (an ignored event returns that one unchanged)."""
-    commands: tuple[IssuedCommand, ...] = ()
-    """Node-agent commands to publish, in order."""
-    kube_actions: tuple[KubeAction, ...] = ()
-    """Kubernetes actions to execute, in order."""
-    transitions: tuple[Transition, ...] = ()
-    """State moves made, in order; publish a `NodeUpgradeStateChanged` for each."""
+__all__ = [
+    "EVENT_REASON",
+    "STATE_LABEL",
+    "Cordon",
+    "Decision",
+    "DeletePods",
+    "Drain",
+    "IssuedCommand",
+    "KubeAction",
+    "RecordEvent",
+    "SetStateLabel",
+    "Uncordon",
+]

@@ -17,8 +17,10 @@ the managed nodes whenever a saga or a node changes, then feeds each admitted no
 gpuop's differences: each node counts as unavailable once (upstream counts a cordoned
 cordon-required node twice); failed nodes hold no parallel slot unless configured (they still
 count as unavailable while cordoned), so one broken node never blocks the rest; a NotReady
-node is not admitted (it could not make progress); an upgrade-required node that is already
-cordoned is admitted even with no slot left, first, as upstream does.
+node is not admitted (it could not make progress), nor one another kind of saga holds
+(`NodeStatus.held_by`: a remediation or MIG reconfiguration, counted as unavailable: one
+budget for every kind); an upgrade-required node that is already cordoned is admitted even
+with no slot left, first, as upstream does.
 
 What the operator controls (`gpuop upgrade pause` and `start`, through the policy): while
 `upgradePolicy.paused` is set nothing is admitted, and sagas already admitted go on; an
@@ -56,6 +58,10 @@ class NodeStatus:
     """Cordoned by someone other than its saga (an administrator, another controller)."""
     exists: bool = True
     """The node object exists; a removed node counts for nothing."""
+    held_by: str | None = None
+    """The kind of another saga that holds the node now (a GPU remediation, a MIG
+    reconfiguration): the node counts as unavailable, and is not admitted until it is free.
+    Every kind's sagas share the one `maxUnavailable` budget this way."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +138,10 @@ def plan(
         saga = by_node.get(name)
         return nodes[name].unschedulable or (saga is not None and saga.cordoned)
 
-    unavailable = sum(not nodes[n].ready or cordoned(n) for n in managed)
+    def held_elsewhere(name: str) -> bool:
+        return nodes[name].held_by is not None
+
+    unavailable = sum(not nodes[n].ready or cordoned(n) or held_elsewhere(n) for n in managed)
     required = [s for s in by_node.values() if s.state is S.UPGRADE_REQUIRED]
     max_unavailable = upgrade.max_unavailable_of(total)
     slots = _slots(
@@ -152,7 +161,11 @@ def plan(
 
     versions = {c: target.version for c, target in desired_targets(policy).items()}
     candidates = sorted(
-        (s for s in required if nodes[s.node].ready and _wanted(s, versions)),
+        (
+            s
+            for s in required
+            if nodes[s.node].ready and not held_elsewhere(s.node) and _wanted(s, versions)
+        ),
         key=lambda s: (not cordoned(s.node), s.node),
     )
     admitted: list[str] = []

@@ -1,10 +1,11 @@
-"""What each saga step issues: the commands and Kubernetes actions that start it.
+"""What the upgrade's steps issue, the parts several phases share: ids and driver commands.
 
-The decision core (`gpuop.saga.core`) calls `step_effects` when a saga enters a step, and
-the runtime calls `pending` after a crash to issue again what the stored saga's current
-step needs. Both derive everything from the saga record and the policy, with ids from
-`ids.step(saga_id, token, attempt)`, so a step issued twice carries the same ids and the
-second copy is dropped (by the bus's duplicate window, the agents, the runtime).
+Each phase (`gpuop.saga.phases`) says what its steps issue (`effects`); the machinery calls
+it when a saga enters a step, and the runtime again after a crash (`upgrade.pending`), for
+what the stored saga's current step needs. Both derive everything from the saga record and
+the policy, with ids from `ids.step(saga_id, token, attempt)`, so a step issued twice carries
+the same ids and the second copy is dropped (by the bus's duplicate window, the agents, the
+runtime).
 
 Executors get 90% of the step's deadline as their own timeout (`steps.executor_timeout`),
 so they report a failure with its reason before the saga's deadline fails the step.
@@ -13,19 +14,10 @@ so they report a failure with its reason before the saga's deadline fails the st
 from __future__ import annotations
 
 from gpuop.events import Command, ids
-from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.policy import GPUClusterPolicySpec, UpgradePolicy
-from gpuop.saga.actions import (
-    Cordon,
-    Decision,
-    DeletePods,
-    Drain,
-    IssuedCommand,
-    KubeAction,
-    SetStateLabel,
-    Uncordon,
-)
+from gpuop.saga.actions import IssuedCommand
+from gpuop.saga.machine import Effects
 from gpuop.saga.records import NodeSaga
 from gpuop.saga.steps import Step, StepKind, executor_timeout, limit_seconds
 
@@ -56,6 +48,11 @@ def label_id(saga: NodeSaga) -> str:
 def event_id(saga: NodeSaga) -> str:
     """The id of the Kubernetes Event for the saga's latest transition."""
     return ids.kube_event(saga.saga_id, saga.sequence, saga.attempt)
+
+
+def timeout(saga: NodeSaga, policy: UpgradePolicy) -> int:
+    """The executor's timeout for the saga's pending step (90% of its deadline)."""
+    return _timeout(saga.step, policy, saga.attempt)
 
 
 def _timeout(step: Step, policy: UpgradePolicy, attempt: int) -> int:
@@ -108,71 +105,13 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: 
     raise ValueError(f"{step.token} is not a driver step")
 
 
-def step_effects(
-    saga: NodeSaga, spec: GPUClusterPolicySpec
-) -> tuple[tuple[IssuedCommand, ...], tuple[KubeAction, ...]]:
-    """The commands and Kubernetes actions that start the saga's current step."""
+def driver_effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
+    """The command of a driver step (install, unload, load, validate, rollback) to the
+    node's driver-manager."""
+    step = saga.step
+    if step.component is None:
+        return (), ()
     policy = spec.upgrade_policy
-    step, token, attempt = saga.step, saga.step.token, saga.attempt
-    kind = step.kind
-    if kind is StepKind.CORDON:
-        return (), (Cordon(id=action_id(saga, token)),)
-    if kind is StepKind.POD_DELETION:
-        deletion = policy.pod_deletion
-        pods = DeletePods(
-            id=action_id(saga, token),
-            force=deletion.force,
-            timeout_seconds=_timeout(step, policy, attempt),
-            delete_empty_dir=deletion.delete_empty_dir,
-        )
-        return (), (pods,)
-    if kind is StepKind.DRAIN:
-        drain = Drain(
-            id=action_id(saga, token),
-            force=policy.drain.force,
-            pod_selector=policy.drain.pod_selector,
-            timeout_seconds=_timeout(step, policy, attempt),
-            delete_empty_dir=policy.drain.delete_empty_dir,
-        )
-        return (), (drain,)
-    if kind is StepKind.OPERANDS_PAUSE:
-        pause = dev.PauseOperands(
-            components=saga.components, reason=f"driver upgrade of {saga.rollout_id}"
-        )
-        return (issue(saga, pause, token),), ()
-    if kind is StepKind.REBOOT:
-        if saga.boot_id_at_reboot is None:
-            raise ValueError("a reboot needs the boot id it was decided in")
-        reboot = dm.RebootNode(
-            boot_id=saga.boot_id_at_reboot,
-            reason=f"driver unload failed in use during {saga.rollout_id}",
-        )
-        return (issue(saga, reboot, token),), ()
-    if kind is StepKind.UNCORDON:
-        commands: tuple[IssuedCommand, ...] = ()
-        if saga.operands_paused:
-            resume = dev.ResumeOperands(reason=f"driver upgrade of {saga.rollout_id} ended")
-            commands = (issue(saga, resume, RESUME_STEP),)
-        actions: tuple[KubeAction, ...] = ()
-        if not saga.initially_unschedulable:
-            actions = (Uncordon(id=action_id(saga, token)),)
-        return commands, actions
-    if step.component is not None:
-        allow = spec.network.allow_management_nic_reload
-        command = _driver_command(saga, step, _timeout(step, policy, attempt), allow)
-        return (issue(saga, command, token),), ()
-    return (), ()
-
-
-def pending(saga: NodeSaga, policy: GPUClusterPolicySpec) -> Decision:
-    """What to issue again for a saga read back after a crash: its state label, the current
-    step's commands and actions, and the public events of its latest transitions, with the
-    ids they had when first issued (the bus drops what was published already)."""
-    commands, actions = step_effects(saga, policy)
-    label = SetStateLabel(id=label_id(saga), value=saga.state)
-    return Decision(
-        saga=saga,
-        commands=commands,
-        kube_actions=(label, *actions),
-        transitions=saga.last_transitions,
-    )
+    allow = spec.network.allow_management_nic_reload
+    command = _driver_command(saga, step, _timeout(step, policy, saga.attempt), allow)
+    return (issue(saga, command, step.token),), ()

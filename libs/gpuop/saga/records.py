@@ -180,6 +180,18 @@ class NodeSaga(Record):
         """A record read back from KV."""
         return cls.model_validate_json(data)
 
+    def ended(self, at: datetime, result: str, detail: str) -> NodeSaga:
+        """This record with the pending step's outcome (`result`, a `StepResult`) appended."""
+        outcome = Outcome(
+            at=at,
+            attempt=self.attempt,
+            state=self.state,
+            step=self.step.token,
+            result=StepResult(result),
+            detail=detail,
+        )
+        return self.with_outcome(outcome)
+
     def with_outcome(self, outcome: Outcome) -> NodeSaga:
         """This record with `outcome` appended to its bounded history."""
         return self.model_copy(update={"history": (*self.history, outcome)[-HISTORY_LIMIT:]})

@@ -1,8 +1,9 @@
-"""The one transition table of the node upgrade saga, and the check the core obeys.
+"""The one transition table of the node upgrade saga, and the check every move obeys.
 
 `TABLE` maps each state to the states it may move to, each edge with the trigger that takes
-it. The decision core (`gpuop.saga.core`) calls `require` for every move it makes, so a move
-absent from this table is a bug that raises `IllegalTransition` instead of reaching a node;
+it. The machinery (`gpuop.saga.machine.Draft.move`) checks every move a phase makes against
+it, so a move absent from this table is a bug that raises `IllegalTransition` instead of
+reaching a node;
 a test walks every edge through the core. The main line is upstream's (DESIGN.md section 4);
 the other edges are gpuop's compensation:
 
@@ -22,10 +23,11 @@ A new rollout starts a new saga (a new record), so `upgrade-done` has no way out
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
 from gpuop.events.upgrade import UpgradeState
+from gpuop.saga import machine
+from gpuop.saga.machine import IllegalTransition
 
 S = UpgradeState
 
@@ -104,22 +106,8 @@ TABLE: Mapping[UpgradeState, Mapping[UpgradeState, str]] = MappingProxyType(
 """State -> the states it may move to -> the trigger of that move."""
 
 
-class IllegalTransition(RuntimeError):
-    """The core tried a move the table does not have: a bug, never a node's fault."""
-
-
-@dataclass(frozen=True)
-class Transition:
-    """One move of a saga, as the core made it."""
-
-    from_state: UpgradeState
-    """State before."""
-    to_state: UpgradeState
-    """State after."""
-    reason: str
-    """Why, in words (the event or deadline that caused it)."""
-    attempt: int
-    """The saga's attempt after the move."""
+Transition = machine.Transition[UpgradeState]
+"""One move of an upgrade saga."""
 
 
 def allowed(from_state: UpgradeState, to_state: UpgradeState) -> bool:
@@ -131,6 +119,9 @@ def require(from_state: UpgradeState, to_state: UpgradeState) -> None:
     """Raise `IllegalTransition` unless the table has the move."""
     if not allowed(from_state, to_state):
         raise IllegalTransition(f"no transition {from_state} -> {to_state} in the table")
+
+
+__all__ = ["TABLE", "IllegalTransition", "Transition", "allowed", "edges", "require"]
 
 
 def edges() -> frozenset[tuple[UpgradeState, UpgradeState]]:

@@ -27,7 +27,7 @@ from gpuop.bus import (
     streams,
 )
 from gpuop.observability import tracing
-from tests.integration.bus.support import (
+from tests.support.buses import (
     HB_SUBJECT,
     Recorder,
     collect,

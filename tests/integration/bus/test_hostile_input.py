@@ -15,7 +15,7 @@ from gpuop.bus import Bus, ConsumerSpec, Delivery, InMemoryBus, NatsBus, NatsSer
 from gpuop.events import REGISTRY
 from gpuop.observability.metrics import BusMetrics
 from tests import hostile
-from tests.integration.bus.support import dead_letters, heartbeat, wait_until
+from tests.support.buses import dead_letters, heartbeat, wait_until
 
 NODES = ["n1", "n2", "gpu-3.example.com"]
 

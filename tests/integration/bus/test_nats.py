@@ -11,7 +11,7 @@ import pytest
 
 from gpuop.bus import Buckets, ConsumerSpec, Delivery, KeyExists, NatsBus, NatsServer, streams
 from gpuop.bus.errors import BusUnavailable, PublishTimeout
-from tests.integration.bus.support import (
+from tests.support.buses import (
     HB_SUBJECT,
     Recorder,
     collect,

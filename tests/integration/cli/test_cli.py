@@ -18,7 +18,7 @@ from gpuop.host.roots import HostRoot
 from gpuop.runtime import services
 from gpuop.runtime.settings import Role
 from gpuop_sim.cli import screens
-from tests.integration.bus.support import heartbeat
+from tests.support.buses import heartbeat
 from tests.support.processes import GPUOP, command_lines, descendants, free_port, gone, gpuop
 
 

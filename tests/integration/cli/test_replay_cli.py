@@ -11,8 +11,8 @@ import yaml
 from gpuop.bus import NatsBus, NatsServer
 from gpuop.saga import replaying
 from tests.support.processes import gpuop
-from tests.unit.saga.support import policy
-from tests.unit.upgrade_orchestrator.recording import NODES, record_rollout
+from tests.support.recording import NODES, record_rollout
+from tests.support.sagas import policy
 
 
 async def test_export_then_replay_exits_0_1_or_2(nats_server: NatsServer, tmp_path: Path) -> None:

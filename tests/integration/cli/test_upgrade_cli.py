@@ -30,7 +30,7 @@ from gpuop_sim import ApiServer
 from gpuop_sim.apiserver.kubeconfig import write_kubeconfig
 from tests.support.processes import free_port, gpuop
 from tests.support.rollouts import install_crd
-from tests.unit.saga.support import T0
+from tests.support.sagas import T0
 
 OLD, NEW = "580.159.04", "580.200.01"
 DRIVER = "nvidia.com/cuda.driver-version.full"

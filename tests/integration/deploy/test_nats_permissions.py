@@ -25,7 +25,7 @@ from tests.integration.deploy.ownership import (
     subject_of,
 )
 from tests.integration.deploy.shipped_nats import ShippedNats, shipped_users, stored
-from tests.unit.event_samples import SAMPLES
+from tests.support.event_samples import SAMPLES
 
 pytestmark = pytest.mark.nats
 

@@ -34,7 +34,7 @@ from tests.integration.deploy.shipped_nats import (
     stored,
     subject_matches,
 )
-from tests.unit.event_samples import SAMPLES
+from tests.support.event_samples import SAMPLES
 
 pytestmark = pytest.mark.nats
 

@@ -19,7 +19,8 @@ from gpuop.services.device_plugin.config import DevicePluginConfig
 from gpuop.services.device_plugin.serving import socket_name
 from gpuop_sim.host.simkernel import SimKernel
 from gpuop_sim.nvml import sim_gpus
-from tests.integration.device_plugin.support import (
+from tests.support.device_plugin import add_hca, config
+from tests.support.kubelet_plugin import (
     GPU,
     NODE,
     build_host,
@@ -28,7 +29,6 @@ from tests.integration.device_plugin.support import (
     sim_nvml,
     unhealthy,
 )
-from tests.unit.device_plugin.support import add_hca, config
 
 
 @pytest.fixture

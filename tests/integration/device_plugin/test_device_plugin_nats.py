@@ -17,7 +17,7 @@ from gpuop.host.roots import HostRoot
 from gpuop.runtime.services import ServiceContext
 from gpuop.services import device_plugin
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
-from tests.integration.device_plugin.support import (
+from tests.support.kubelet_plugin import (
     GPU,
     NODE,
     build_host,
@@ -25,7 +25,7 @@ from tests.integration.device_plugin.support import (
     running_node,
     unhealthy,
 )
-from tests.integration.services import connected, in_process
+from tests.support.services import connected, in_process
 
 pytestmark = pytest.mark.nats
 

@@ -16,7 +16,7 @@ from gpuop.kubelet.podresources.v1 import api_pb2 as podresources
 from gpuop.kubelet.podresources.v1 import api_pb2_grpc as podresources_grpc
 from gpuop.kubelet.sockets import UnixTarget
 from gpuop_sim.cluster.kubelet_grpc import KubeletError, KubeletGrpc
-from tests.integration.device_plugin.support import GPU, build_host, healthy, running_node
+from tests.support.kubelet_plugin import GPU, build_host, healthy, running_node
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from gpuop.services.discovery.labeler import HASH_ANNOTATION
 from gpuop_sim import ApiServer
 from gpuop_sim.cluster import hosts
 from gpuop_sim.host.simkernel import SimKernel
-from tests.integration.services import in_process
+from tests.support.services import in_process
 from tests.support.waiting import eventually
 
 NODE = "gpu-1.example.com"

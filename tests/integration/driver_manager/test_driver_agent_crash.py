@@ -23,7 +23,7 @@ from gpuop.events import new_command
 from gpuop.host import modules, packages
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import agent as agents
-from tests.unit.driver_manager.support import (
+from tests.support.driver_manager import (
     KERNEL,
     NEW,
     NODE,

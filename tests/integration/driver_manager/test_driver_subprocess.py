@@ -17,7 +17,7 @@ from gpuop.host.roots import HostRoot
 from gpuop.nvml import open_backend
 from gpuop.services.driver_manager.config import DriverManagerConfig, KernelMode
 from gpuop_sim.host import standins
-from tests.unit.driver_manager.support import (
+from tests.support.driver_manager import (
     BOOT_ID,
     NEW,
     OLD,

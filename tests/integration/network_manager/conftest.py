@@ -27,7 +27,7 @@ from gpuop.services.network_manager.addressing import Addresses
 from gpuop.services.network_manager.applying import NodeNetworks
 from gpuop.services.network_manager.config import NetworkManagerConfig
 from gpuop.services.network_manager.node_agent import NodeAgent
-from tests.unit.network_manager.support import (
+from tests.support.networks import (
     DATA_NIC,
     MANAGEMENT_NIC,
     SECOND_NIC,

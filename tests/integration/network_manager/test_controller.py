@@ -22,7 +22,7 @@ from gpuop.services.network_manager.config import NetworkManagerConfig
 from gpuop.services.network_manager.controller import NetworkController
 from gpuop_sim import ApiServer
 from gpuop_sim.apiserver.crds import network_attachment_definitions
-from tests.unit.network_manager.support import wire
+from tests.support.networks import wire
 
 NADS = customobjects.NETWORK_ATTACHMENT_DEFINITIONS
 POLICIES = customobjects.GPU_CLUSTER_POLICIES

@@ -15,8 +15,8 @@ import pytest
 from gpuop.bus import Buckets, BusError, Delivery, InMemoryBus, NatsBus, NatsServer, TemporaryError
 from gpuop.events import decode, driver, network, new_command, new_event
 from gpuop.services.network_manager.node_agent import NodeAgent
+from tests.support.networks import MANAGEMENT_NIC, spec, wire
 from tests.support.waiting import eventually
-from tests.unit.network_manager.support import MANAGEMENT_NIC, spec, wire
 
 from .conftest import SimNode, agent, network_events, publish_policy
 

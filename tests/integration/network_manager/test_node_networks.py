@@ -13,7 +13,7 @@ from gpuop.bus import KeyValue
 from gpuop.events.network import LinkMode, NetworkFailureReason
 from gpuop.services.network_manager import netlink
 from gpuop.services.network_manager.outcomes import Configured, Failed, Removed
-from tests.unit.network_manager.support import (
+from tests.support.networks import (
     DATA_NIC,
     MANAGEMENT_NIC,
     SECOND_NIC,

@@ -21,9 +21,9 @@ from gpuop.runtime.settings import Role
 from gpuop.services import network_manager
 from gpuop_sim import ApiServer
 from gpuop_sim.apiserver.crds import network_attachment_definitions
-from tests.integration.services import in_process
+from tests.support.networks import wire
+from tests.support.services import in_process
 from tests.support.waiting import eventually
-from tests.unit.network_manager.support import wire
 
 from .conftest import SimNode, addresses_of
 

@@ -11,7 +11,7 @@ import pytest
 
 from gpuop.bus import Buckets, NatsBus, NatsServer
 from gpuop.events import network
-from tests.unit.network_manager.support import spec, wire
+from tests.support.networks import spec, wire
 
 from .conftest import SimNode, addresses_of, agent, network_events, publish_policy
 

@@ -20,9 +20,9 @@ from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop_sim.nvml.modules import NVIDIA, InMemoryModules
 from gpuop_sim.nvml.simulated import SimNvml
-from tests.integration.services import connected, in_process
+from tests.support.services import connected, in_process
+from tests.support.telemetry import by_gpu, scraping
 from tests.support.waiting import eventually
-from tests.unit.telemetry.support import by_gpu, scraping
 
 NODE = "gpu-1.example.com"
 

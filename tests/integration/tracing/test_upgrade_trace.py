@@ -51,9 +51,9 @@ from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from gpuop_sim.cluster import hosts
 from gpuop_sim.host import seeding
-from tests.integration.device_plugin.support import NODE, running_node
-from tests.unit.span_recording import ancestry, named, one_tree, recorded_spans, untraced
-from tests.unit.upgrade_orchestrator.support import FakeKube
+from tests.support.kubelet_plugin import NODE, running_node
+from tests.support.orchestrator import FakeKube
+from tests.support.spans import ancestry, named, one_tree, recorded_spans, untraced
 
 GPUS = 2
 OLD = seeding.RECORDED_DRIVER_VERSION

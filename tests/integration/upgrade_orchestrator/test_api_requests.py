@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuop_sim import RequestKind
-from tests.integration.upgrade_orchestrator import fleets
+from tests.support import fleets
 
 NODES = 6
 STATES = 10

@@ -19,8 +19,8 @@ from gpuop.events.driver import Component
 from gpuop.events.upgrade import NodeUpgradeStateChanged, RolloutCompleted, UpgradeState
 from gpuop_sim.cli import rollout_view, screens
 from gpuop_sim.cli.rollout_view import Tracker
-from tests.integration.bus.support import heartbeat
-from tests.unit.saga.support import BOOT_A, inventory
+from tests.support.buses import heartbeat
+from tests.support.sagas import BOOT_A, inventory
 
 S = UpgradeState
 NODES = ["gpu-node-1", "gpu-node-2", "gpu-node-3"]

@@ -11,7 +11,7 @@ from gpuop.cli import planning
 from gpuop.cli.planning import Duration, PlanNode, StateChange
 from gpuop.events.upgrade import UpgradeState
 from gpuop.saga.admission import NodeStatus
-from tests.unit.saga.support import T0, policy
+from tests.support.sagas import T0, policy
 
 S = UpgradeState
 MINUTE = {state: Duration(60 / len(planning.PATH)) for state in planning.PATH}

@@ -8,7 +8,7 @@ from pathlib import Path
 from gpuop.host.roots import HostRoot
 from gpuop.services.device_plugin import cdi
 from gpuop.services.device_plugin.inventory import EMPTY
-from tests.unit.device_plugin.support import sim_inventory
+from tests.support.device_plugin import sim_inventory
 
 
 def test_the_spec_names_every_gpu_and_mig_device_by_uuid(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from gpuop.host.roots import HostRoot
 from gpuop.nvml import PcieLevel, RecordedNvml, opened
 from gpuop.services.device_plugin.inventory import NVLINK_SCORE, PCIE_SCORES, read_inventory
-from tests.unit.device_plugin.support import sim_inventory
+from tests.support.device_plugin import sim_inventory
 
 RECORDED_UUID = "GPU-20bce083-dbf9-2d4f-3c35-c858915accc5"
 RECORDED_GPU = "sys/bus/pci/devices/0000:00:06.0"

@@ -18,7 +18,7 @@ from gpuop.services.device_plugin.inventory import (
     Target,
 )
 from gpuop.services.device_plugin.resources import GpuResource, gpu_resources
-from tests.unit.device_plugin.support import config, sim_inventory
+from tests.support.device_plugin import config, sim_inventory
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from gpuop.services.device_plugin import hcas
 from gpuop.services.device_plugin.config import RdmaResourceConfig
 from gpuop.services.device_plugin.errors import AllocationError
 from gpuop.services.device_plugin.rdma import rdma_resources
-from tests.unit.device_plugin.support import add_hca, config
+from tests.support.device_plugin import add_hca, config
 
 
 @pytest.fixture

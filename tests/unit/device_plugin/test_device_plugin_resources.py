@@ -11,7 +11,7 @@ from gpuop.host.roots import HostRoot
 from gpuop.services.device_plugin import cdi
 from gpuop.services.device_plugin.errors import AllocationError
 from gpuop.services.device_plugin.resources import GpuResource, gpu_resources
-from tests.unit.device_plugin.support import config, sim_inventory, strategies
+from tests.support.device_plugin import config, sim_inventory, strategies
 
 
 def sliced(**options: bool) -> dict[str, object]:

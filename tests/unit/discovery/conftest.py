@@ -14,8 +14,8 @@ from gpuop.nvml import open_backend
 from gpuop.services.discovery.config import DiscoveryConfig
 from gpuop.services.discovery.node_agent import NodeAgent
 from gpuop_sim.cluster import hosts
+from tests.support.node_agents import NODE
 from tests.unit.discovery.support import BOOT_ID, QUIET, CountingNvml
-from tests.unit.node_agents import NODE
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Helpers for discovery's node agent tests: an NVML that counts sessions, and quiet
-intervals. Running the agent and reading the bus: `tests.unit.node_agents`."""
+intervals. Running the agent and reading the bus: `tests.support.node_agents`."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from gpuop.host.roots import HostRoot
 from gpuop.services.discovery.config import DiscoveryConfig
 from gpuop.services.discovery.node_agent import NodeAgent
 from gpuop_sim.host.simkernel import SimKernel
+from tests.support.node_agents import NODE, published, running, send_command, send_event, wait_for
 from tests.unit.discovery.support import BOOT_ID, QUIET, CountingNvml
-from tests.unit.node_agents import NODE, published, running, send_command, send_event, wait_for
 
 Agents = Callable[..., NodeAgent]
 Discovered = hardware.HardwareDiscovered

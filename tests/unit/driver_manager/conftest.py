@@ -11,8 +11,7 @@ import pytest
 from gpuop.bus import InMemoryBus
 from gpuop.host import packaging
 from gpuop.host.roots import HostRoot
-
-from .support import Harness, build_source, running_agent, seed
+from tests.support.driver_manager import Harness, build_source, running_agent, seed
 
 
 @pytest.fixture

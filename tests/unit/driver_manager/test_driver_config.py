@@ -20,8 +20,7 @@ from gpuop.services.driver_manager.config import KernelMode
 from gpuop.services.driver_manager.rebooting import HostRebooter
 from gpuop_sim.host.plugin import SimRebooter
 from gpuop_sim.host.simkernel import SimKernel
-
-from .support import settings_for
+from tests.support.driver_manager import settings_for
 
 
 def test_a_yaml_or_json_file_sets_the_knobs(tmp_path: Path) -> None:

@@ -21,8 +21,7 @@ from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop.services.driver_manager.installing import clean_staging
 from gpuop.services.driver_manager.state import StepContext
 from gpuop_sim.host.simkernel import SimKernel
-
-from .support import (
+from tests.support.driver_manager import (
     BOOT_ID,
     KERNEL,
     NEW,

@@ -13,8 +13,15 @@ from gpuop.bus import InMemoryBus
 from gpuop.events import driver as dm
 from gpuop.host import modules, packages
 from gpuop.host.roots import HostRoot
-
-from .support import KERNEL, OFED_NEW, OFED_OLD, Harness, running_agent, seed, source_of
+from tests.support.driver_manager import (
+    KERNEL,
+    OFED_NEW,
+    OFED_OLD,
+    Harness,
+    running_agent,
+    seed,
+    source_of,
+)
 
 CONNECTX = "0000:00:07.0"
 

@@ -17,8 +17,7 @@ from aiohttp import web
 from gpuop.events import driver as dm
 from gpuop.host import packages, packaging
 from gpuop.host.roots import HostRoot
-
-from .support import KERNEL, NEW, OLD, Harness, rewrite_index, source_of
+from tests.support.driver_manager import KERNEL, NEW, OLD, Harness, rewrite_index, source_of
 
 
 @pytest.fixture

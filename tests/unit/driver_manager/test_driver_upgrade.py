@@ -11,8 +11,7 @@ from gpuop.host import modules, nvidia, packages, packaging
 from gpuop.host.roots import HostRoot
 from gpuop.nvml import open_backend
 from gpuop_sim.host.simkernel import SimKernel
-
-from .support import KERNEL, NEW, OLD, SAGA, Harness, rewrite_index, source_of
+from tests.support.driver_manager import KERNEL, NEW, OLD, SAGA, Harness, rewrite_index, source_of
 
 
 def loaded(root: HostRoot) -> list[str]:

@@ -15,8 +15,7 @@ from gpuop.services.network_manager.addressing import (
     PoolExhausted,
     claim_key,
 )
-
-from .support import network
+from tests.support.networks import network
 
 SMALL = {"cidr": "10.10.0.0/24", "rangeStart": "10.10.0.10", "rangeEnd": "10.10.0.29"}
 

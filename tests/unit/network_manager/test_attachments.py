@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 from gpuop.services.network_manager import attachments
-
-from .support import network
+from tests.support.networks import network
 
 
 def test_pods_stack_on_gpuops_link_and_get_the_subnet_without_the_node_range() -> None:

@@ -9,8 +9,7 @@ from pathlib import Path
 from gpuop.host import components, netdevs
 from gpuop.host.roots import HostRoot
 from gpuop_sim.cluster import nics
-
-from .support import DATA_NIC, MANAGEMENT_NIC, connectx_host
+from tests.support.networks import DATA_NIC, MANAGEMENT_NIC, connectx_host
 
 OFED = components.modules_of(components.OFED)
 

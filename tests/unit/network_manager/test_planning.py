@@ -7,8 +7,7 @@ from gpuop.events.network import NetworkFailureReason
 from gpuop.host.netdevs import NetDevice
 from gpuop.services.network_manager import planning
 from gpuop.services.network_manager.netlink import Link, Snapshot
-
-from .support import network
+from tests.support.networks import network
 
 CONNECTX = {"vendor_id": "15b3", "device_id": "1021", "driver": "mlx5_core"}
 

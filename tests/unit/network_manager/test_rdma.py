@@ -9,8 +9,7 @@ from gpuop.events import network as events
 from gpuop.host.roots import HostRoot
 from gpuop.services.network_manager import rdma
 from gpuop_sim.cluster import nics
-
-from .support import DATA_NIC, MANAGEMENT_NIC, connectx_host
+from tests.support.networks import DATA_NIC, MANAGEMENT_NIC, connectx_host
 
 
 def test_each_connectx_port_is_listed_with_its_state_link_layer_and_netdev(tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
-"""Where the recorded H200 lives, and a clock the simulated GPUs can be driven by."""
+"""Where the recorded H200 lives, and the test clock the simulated GPUs are driven by."""
 
 from __future__ import annotations
 
 import pytest
 
 from gpuop_sim import recordings
+from tests.support.clocks import ManualClock
 
 FIXTURE_DIR = recordings.H200
 """The recorded H200 node, inside the project."""
@@ -12,19 +13,7 @@ NVML_JSON = recordings.H200_NVML
 """The recorded answers."""
 
 
-class FakeClock:
-    """Monotonic seconds that move only when told."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    """The simulated GPUs' pace: seconds that move only when the test advances them."""
+    return ManualClock()

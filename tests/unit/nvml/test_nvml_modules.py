@@ -9,12 +9,13 @@ import pytest
 from gpuop.nvml import errors
 from gpuop_sim.nvml.modules import HOLDERS_DIR, HostRootModules, InMemoryModules, ModuleState
 from gpuop_sim.nvml.simulated import SimNvml
+from tests.support.clocks import ManualClock
 from tests.support.hosts import write_host_root
 
-from .conftest import FIXTURE_DIR, NVML_JSON, FakeClock
+from .conftest import FIXTURE_DIR, NVML_JSON
 
 
-def sim(modules: ModuleState, clock: FakeClock, holder: str = "telemetry") -> SimNvml:
+def sim(modules: ModuleState, clock: ManualClock, holder: str = "telemetry") -> SimNvml:
     return SimNvml(
         2,
         node="gpu-node-1",
@@ -25,7 +26,7 @@ def sim(modules: ModuleState, clock: FakeClock, holder: str = "telemetry") -> Si
     )
 
 
-def test_init_fails_while_the_nvidia_module_is_not_loaded(clock: FakeClock) -> None:
+def test_init_fails_while_the_nvidia_module_is_not_loaded(clock: ManualClock) -> None:
     modules = InMemoryModules({"nvidia_uvm": "580.159.04"})
     nvml = sim(modules, clock)
     with pytest.raises(errors.DriverNotLoaded):
@@ -36,7 +37,7 @@ def test_init_fails_while_the_nvidia_module_is_not_loaded(clock: FakeClock) -> N
     assert nvml.driver_version() == "580.159.04"
 
 
-def test_an_open_session_holds_the_module_until_shutdown(clock: FakeClock) -> None:
+def test_an_open_session_holds_the_module_until_shutdown(clock: ManualClock) -> None:
     modules = InMemoryModules({"nvidia": "580.159.04"})
     telemetry, plugin = sim(modules, clock, "telemetry"), sim(modules, clock, "device-plugin")
     telemetry.init()
@@ -52,7 +53,7 @@ def test_an_open_session_holds_the_module_until_shutdown(clock: FakeClock) -> No
         telemetry.init()
 
 
-def test_the_driver_version_is_the_loaded_modules(clock: FakeClock) -> None:
+def test_the_driver_version_is_the_loaded_modules(clock: ManualClock) -> None:
     modules = InMemoryModules({"nvidia": "570.195.03"})
     nvml = sim(modules, clock)
     nvml.init()
@@ -60,7 +61,7 @@ def test_the_driver_version_is_the_loaded_modules(clock: FakeClock) -> None:
     assert nvml.nvml_version() == "12.570.195.03"
 
 
-def test_a_driver_reload_clears_volatile_counters_and_energy(clock: FakeClock) -> None:
+def test_a_driver_reload_clears_volatile_counters_and_energy(clock: ManualClock) -> None:
     modules = InMemoryModules({"nvidia": "570.195.03"})
     nvml = sim(modules, clock)
     nvml.init()
@@ -81,7 +82,7 @@ def test_a_driver_reload_clears_volatile_counters_and_energy(clock: FakeClock) -
     assert before.total_energy_mj and (after.total_energy_mj or 0) < before.total_energy_mj
 
 
-def test_reopening_on_the_same_driver_keeps_the_counters(clock: FakeClock) -> None:
+def test_reopening_on_the_same_driver_keeps_the_counters(clock: ManualClock) -> None:
     modules = InMemoryModules({"nvidia": "580.159.04"})
     nvml = sim(modules, clock)
     nvml.init()
@@ -92,7 +93,7 @@ def test_reopening_on_the_same_driver_keeps_the_counters(clock: FakeClock) -> No
 
 
 def test_a_host_root_session_leaves_a_holder_file_while_open(
-    tmp_path: Path, clock: FakeClock
+    tmp_path: Path, clock: ManualClock
 ) -> None:
     write_host_root(tmp_path)
     modules = HostRootModules(tmp_path)
@@ -108,7 +109,7 @@ def test_a_host_root_session_leaves_a_holder_file_while_open(
 
 
 def test_a_host_root_without_the_nvidia_module_means_no_driver(
-    tmp_path: Path, clock: FakeClock
+    tmp_path: Path, clock: ManualClock
 ) -> None:
     write_host_root(tmp_path, loaded=False)
     with pytest.raises(errors.DriverNotLoaded):

@@ -13,8 +13,9 @@ from gpuop.nvml.protocol import inventory, opened
 from gpuop.nvml.recordings import load_recording
 from gpuop.nvml.topology import NvLinkRemote, PcieLevel
 from gpuop_sim.nvml.simulated import SimNvml
+from tests.support.clocks import ManualClock
 
-from .conftest import NVML_JSON, FakeClock
+from .conftest import NVML_JSON
 
 GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 BUS_ID = re.compile(r"^00000000:[0-9A-F]{2}:00\.0$")
@@ -22,7 +23,7 @@ RECORDED = load_recording(NVML_JSON).devices[0]
 
 
 def sim(
-    clock: FakeClock,
+    clock: ManualClock,
     gpus: int = 8,
     *,
     node: str = "gpu-node-1",
@@ -44,7 +45,7 @@ def sim(
     return nvml
 
 
-def test_eight_gpus_have_distinct_identities(clock: FakeClock) -> None:
+def test_eight_gpus_have_distinct_identities(clock: ManualClock) -> None:
     gpus = inventory(sim(clock))
     assert len(gpus) == 8
     assert all(GPU_UUID.match(g.uuid) for g in gpus)
@@ -56,7 +57,7 @@ def test_eight_gpus_have_distinct_identities(clock: FakeClock) -> None:
     assert [g.numa_node for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
-def test_every_gpu_is_the_recorded_h200_otherwise(clock: FakeClock) -> None:
+def test_every_gpu_is_the_recorded_h200_otherwise(clock: ManualClock) -> None:
     for gpu in inventory(sim(clock)):
         assert (gpu.name, gpu.compute_capability, gpu.architecture) == (
             "NVIDIA H200",
@@ -68,7 +69,7 @@ def test_every_gpu_is_the_recorded_h200_otherwise(clock: FakeClock) -> None:
         assert gpu.vbios_version == RECORDED.info.vbios_version
 
 
-def test_identity_depends_on_node_and_index_only(clock: FakeClock) -> None:
+def test_identity_depends_on_node_and_index_only(clock: ManualClock) -> None:
     first = [g.uuid for g in inventory(sim(clock))]
     again = [g.uuid for g in inventory(sim(clock, seed=7))]
     other = [g.uuid for g in inventory(sim(clock, node="gpu-node-2"))]
@@ -76,7 +77,7 @@ def test_identity_depends_on_node_and_index_only(clock: FakeClock) -> None:
     assert not set(first) & set(other)
 
 
-def test_versions_are_the_recorded_drivers(clock: FakeClock) -> None:
+def test_versions_are_the_recorded_drivers(clock: ManualClock) -> None:
     nvml = sim(clock)
     assert (nvml.driver_version(), nvml.cuda_driver_version(), nvml.nvml_version()) == (
         "580.159.04",
@@ -85,7 +86,7 @@ def test_versions_are_the_recorded_drivers(clock: FakeClock) -> None:
     )
 
 
-def test_a_configured_driver_version_brings_its_cuda_version(clock: FakeClock) -> None:
+def test_a_configured_driver_version_brings_its_cuda_version(clock: ManualClock) -> None:
     nvml = sim(clock, driver_version="570.195.03")
     assert (nvml.driver_version(), nvml.cuda_driver_version()) == ("570.195.03", "12.8")
     nvml.shutdown()
@@ -94,7 +95,7 @@ def test_a_configured_driver_version_brings_its_cuda_version(clock: FakeClock) -
     assert nvml.cuda_driver_version() == "13.0"
 
 
-def test_readings_start_from_the_recording(clock: FakeClock) -> None:
+def test_readings_start_from_the_recording(clock: ManualClock) -> None:
     m = sim(clock).metrics(3)
     r = RECORDED.metrics
     assert (m.temperature_celsius, m.power_usage_mw, m.total_energy_mj) == (
@@ -106,7 +107,7 @@ def test_readings_start_from_the_recording(clock: FakeClock) -> None:
     assert (m.memory_used_bytes, m.memory_reserved_bytes) == (0, r.memory_used_bytes)
 
 
-def test_values_move_but_stay_in_bounds(clock: FakeClock) -> None:
+def test_values_move_but_stay_in_bounds(clock: ManualClock) -> None:
     nvml = sim(clock)
     limit = RECORDED.info.power_limit_mw
     assert limit is not None and RECORDED.metrics.power_usage_mw is not None
@@ -135,7 +136,7 @@ def test_values_move_but_stay_in_bounds(clock: FakeClock) -> None:
     assert busy and max(m.sm_clock_mhz or 0 for m in busy) == RECORDED.info.max_sm_clock_mhz
 
 
-def test_energy_accrues_at_the_current_draw(clock: FakeClock) -> None:
+def test_energy_accrues_at_the_current_draw(clock: ManualClock) -> None:
     nvml = sim(clock, gpus=1)
     before = nvml.metrics(0)
     clock.advance(1)
@@ -145,7 +146,7 @@ def test_energy_accrues_at_the_current_draw(clock: FakeClock) -> None:
 
 
 def test_readings_do_not_depend_on_how_often_they_are_taken() -> None:
-    sparse, dense = FakeClock(), FakeClock()
+    sparse, dense = ManualClock(), ManualClock()
     rare, often = sim(sparse), sim(dense)
     for _ in range(300):
         dense.advance(1)
@@ -154,13 +155,13 @@ def test_readings_do_not_depend_on_how_often_they_are_taken() -> None:
     assert rare.metrics(2) == often.metrics(2)
 
 
-def test_the_seed_changes_the_walk(clock: FakeClock) -> None:
+def test_the_seed_changes_the_walk(clock: ManualClock) -> None:
     one, two = sim(clock, seed=1), sim(clock, seed=2)
     clock.advance(600)
     assert [one.metrics(i) for i in range(8)] != [two.metrics(i) for i in range(8)]
 
 
-def test_processes_show_with_their_memory(clock: FakeClock) -> None:
+def test_processes_show_with_their_memory(clock: ManualClock) -> None:
     nvml = sim(clock, gpus=2)
     nvml.start_process(1, pid=4242, used_memory_bytes=8 << 30)
     m = nvml.metrics(1)
@@ -170,7 +171,7 @@ def test_processes_show_with_their_memory(clock: FakeClock) -> None:
     assert nvml.metrics(1).processes == ()
 
 
-def test_field_values_follow_the_state(clock: FakeClock) -> None:
+def test_field_values_follow_the_state(clock: ManualClock) -> None:
     nvml = sim(clock)
     clock.advance(120)
     m = nvml.metrics(0)
@@ -196,7 +197,7 @@ def test_field_values_follow_the_state(clock: FakeClock) -> None:
     assert single.field_values(0, [FieldId.NVLINK_THROUGHPUT_DATA_TX])[0].return_code == 3
 
 
-def test_slow_queries_can_cost_what_they_cost_on_the_h200(clock: FakeClock) -> None:
+def test_slow_queries_can_cost_what_they_cost_on_the_h200(clock: ManualClock) -> None:
     nvml = sim(clock, gpus=1, simulate_latency=True)
     started = time.perf_counter()
     throughput = nvml.pcie_throughput(0)
@@ -204,7 +205,7 @@ def test_slow_queries_can_cost_what_they_cost_on_the_h200(clock: FakeClock) -> N
     assert throughput.tx_kilobytes_per_second == 1540  # idle, as recorded
 
 
-def test_hgx_wiring_and_numa(clock: FakeClock) -> None:
+def test_hgx_wiring_and_numa(clock: ManualClock) -> None:
     nvml = sim(clock)
     links = nvml.nvlinks(5)
     assert len(links) == 18
@@ -216,19 +217,19 @@ def test_hgx_wiring_and_numa(clock: FakeClock) -> None:
     assert nvml.topology(2, 2).pcie_level is PcieLevel.INTERNAL
 
 
-def test_a_single_gpu_node_has_no_nvlink(clock: FakeClock) -> None:
+def test_a_single_gpu_node_has_no_nvlink(clock: ManualClock) -> None:
     nvml = sim(clock, gpus=1)
     assert nvml.nvlinks(0) == ()
     assert nvml.device_info(0).numa_node == 0
 
 
-def test_sixteen_gpus_form_two_nvlink_boards(clock: FakeClock) -> None:
+def test_sixteen_gpus_form_two_nvlink_boards(clock: ManualClock) -> None:
     nvml = sim(clock, gpus=16)
     assert len({g.pci_bus_id for g in inventory(nvml)}) == 16
     assert nvml.topology(0, 7).nvlink and not nvml.topology(7, 8).nvlink
 
 
-def test_session_rules(clock: FakeClock) -> None:
+def test_session_rules(clock: ManualClock) -> None:
     nvml = SimNvml(2, clock=clock, recording=NVML_JSON)
     with pytest.raises(errors.NotInitialized):
         nvml.metrics(0)

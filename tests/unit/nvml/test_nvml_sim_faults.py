@@ -10,14 +10,15 @@ import pytest
 from gpuop.nvml import errors
 from gpuop.nvml.watching import EccEvent, XidEvent
 from gpuop_sim.nvml.simulated import SimNvml
+from tests.support.clocks import ManualClock
 
-from .conftest import NVML_JSON, FakeClock
+from .conftest import NVML_JSON
 
 H200_PROFILES = ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]
 
 
 @pytest.fixture
-def nvml(clock: FakeClock):
+def nvml(clock: ManualClock):
     sim = SimNvml(8, node="gpu-node-1", clock=clock, recording=NVML_JSON)
     sim.init()
     yield sim
@@ -143,7 +144,7 @@ def test_a_whole_gpu_instance_is_instance_zero(nvml: SimNvml) -> None:
     assert (device.gpu_instance_id, device.multiprocessor_count) == (0, 132)
 
 
-def test_mig_uuids_are_stable(clock: FakeClock) -> None:
+def test_mig_uuids_are_stable(clock: ManualClock) -> None:
     one = SimNvml(8, node="gpu-node-1", clock=clock, recording=NVML_JSON)
     two = SimNvml(8, node="gpu-node-1", clock=clock, recording=NVML_JSON)
     for sim in (one, two):

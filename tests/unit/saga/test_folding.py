@@ -11,7 +11,7 @@ from gpuop.events.kube import NodeCordoned
 from gpuop.saga import folding
 from gpuop.saga.core import Admitted
 from gpuop.services.upgrade_orchestrator import intake
-from tests.unit.saga.support import BOOT_A, GPU_OLD, NODE, T0, inventory, policy, saga_for
+from tests.support.sagas import BOOT_A, GPU_OLD, NODE, T0, inventory, policy, saga_for
 
 SPEC = policy()
 

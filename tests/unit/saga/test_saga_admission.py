@@ -10,7 +10,7 @@ from gpuop.policy import ComponentSpec
 from gpuop.saga import admission, records
 from gpuop.saga.admission import NodeStatus
 from gpuop.saga.steps import Step, StepKind
-from tests.unit.saga.support import GPU_NEW, T0, S, policy, saga_for
+from tests.support.sagas import GPU_NEW, T0, S, policy, saga_for
 
 
 def cluster(count: int) -> dict[str, NodeStatus]:

@@ -11,9 +11,9 @@ from gpuop.events import driver as dm
 from gpuop.events import ids, kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.driver import Component
-from gpuop.saga import actions, core, effects, records
+from gpuop.saga import actions, core, effects, records, upgrade
 from gpuop.saga.steps import StepKind
-from tests.unit.saga.support import (
+from tests.support.sagas import (
     BOOT_A,
     BOOT_B,
     GPU_NEW,
@@ -164,7 +164,7 @@ def test_deciding_again_after_a_crash_issues_the_same_ids():
     (unload,) = once.commands
     assert unload.step == "unload-gpu"
     # the runtime re-issues a stored saga's pending step under the same ids
-    reissued = effects.pending(once.saga, run.policy)
+    reissued = upgrade.pending(once.saga, run.policy)
     assert reissued.commands == once.commands
     # and the public state change of the latest transition, in case it never went out
     entered = next(d for d in reversed(run.decisions) if d.transitions)
@@ -175,7 +175,7 @@ def test_deciding_again_after_a_crash_issues_the_same_ids():
 def test_pending_reissues_kube_actions_and_the_label():
     run = Run(policy())
     decision = run.admit()
-    reissued = effects.pending(run.saga, run.policy)
+    reissued = upgrade.pending(run.saga, run.policy)
     cordon = [a for a in decision.kube_actions if isinstance(a, actions.Cordon)]
     assert cordon and cordon[0] in reissued.kube_actions
     assert actions.SetStateLabel(id=effects.label_id(run.saga), value=S.CORDON_REQUIRED) in (

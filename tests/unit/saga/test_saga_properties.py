@@ -10,9 +10,9 @@ from gpuop.events import driver as dm
 from gpuop.events import ids, kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.driver import Component
-from gpuop.saga import actions, core, effects, records, transitions
+from gpuop.saga import actions, core, records, transitions, upgrade
 from gpuop.saga.steps import StepKind
-from tests.unit.saga.support import (
+from tests.support.sagas import (
     BOOT_A,
     BOOT_B,
     GPU_NEW,
@@ -140,7 +140,7 @@ def test_random_events_never_leave_the_table_or_reuse_ids(spec, cordoned, ofed_k
 
     id_of: dict[tuple[str, int], str] = {}
     key_of: dict[str, tuple[str, int, str]] = {}
-    reissued = [c for d in run.decisions for c in effects.pending(d.saga, spec).commands]
+    reissued = [c for d in run.decisions for c in upgrade.pending(d.saga, spec).commands]
     for command in [*run.commands(), *reissued]:
         assert command.id == ids.step(run.saga.saga_id, command.step, command.attempt)
         key = (command.step, command.attempt)

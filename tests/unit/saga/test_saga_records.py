@@ -11,7 +11,7 @@ import pytest
 from gpuop.events.driver import Component
 from gpuop.saga import records
 from gpuop.saga.steps import Step, StepKind
-from tests.unit.saga.support import GPU_NEW, GPU_OLD, OFED_NEW, OFED_OLD, T0, Run, S, policy
+from tests.support.sagas import GPU_NEW, GPU_OLD, OFED_NEW, OFED_OLD, T0, Run, S, policy
 
 
 def test_new_saga_targets_only_the_components_that_change():

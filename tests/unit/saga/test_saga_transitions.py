@@ -10,7 +10,7 @@ from gpuop.events import kube
 from gpuop.events.upgrade import UpgradeState
 from gpuop.saga import transitions
 from gpuop.saga.transitions import TABLE, IllegalTransition
-from tests.unit.saga.support import BOOT_B, GPU_NEW, Run, S, inventory, policy, saga_for
+from tests.support.sagas import BOOT_B, GPU_NEW, Run, S, inventory, policy, saga_for
 
 Edge = tuple[UpgradeState, UpgradeState]
 

@@ -14,8 +14,8 @@ from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.pods import PodResourcesSource
 from gpuop_sim.nvml.modules import NVIDIA, InMemoryModules
 from gpuop_sim.nvml.simulated import SimNvml
-from tests.unit.node_agents import NODE
-from tests.unit.telemetry.support import QUIET, CountingNvml
+from tests.support.node_agents import NODE
+from tests.support.telemetry import QUIET, CountingNvml
 
 
 @pytest.fixture

@@ -18,9 +18,8 @@ from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.pods import DeviceAssignment, InMemoryPodResources, Owner
 from gpuop_sim.nvml.modules import NVIDIA, InMemoryModules
 from gpuop_sim.nvml.simulated import SimNvml
-from tests.support.waiting import eventually
-from tests.unit.node_agents import running
-from tests.unit.telemetry.support import (
+from tests.support.node_agents import running
+from tests.support.telemetry import (
     QUIET,
     CountingNvml,
     SlowFields,
@@ -28,6 +27,7 @@ from tests.unit.telemetry.support import (
     scraping,
     series,
 )
+from tests.support.waiting import eventually
 
 Exporters = Callable[..., NodeExporter]
 TRAINER = Owner("ml", "trainer-0", "main")

@@ -14,8 +14,8 @@ from gpuop.services.telemetry.catalog import Reading
 from gpuop.services.telemetry.pods import Owner
 from gpuop_sim import recordings
 from gpuop_sim.nvml.simulated import SimNvml
-from tests.unit.node_agents import NODE
-from tests.unit.telemetry.support import by_gpu, series
+from tests.support.node_agents import NODE
+from tests.support.telemetry import by_gpu, series
 
 TRAINER = Owner(namespace="ml", pod="trainer-0", container="main")
 SHARER = Owner(namespace="ml", pod="notebook", container="lab")

@@ -14,9 +14,9 @@ from gpuop.events.device import DeviceHealthChanged, HealthReason
 from gpuop.nvml import GpuLost
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop_sim.nvml.simulated import SimNvml
+from tests.support.node_agents import NODE, published, running, send_command, wait_for
+from tests.support.telemetry import QUIET, CountingNvml, by_gpu, series, uuid_of
 from tests.support.waiting import eventually
-from tests.unit.node_agents import NODE, published, running, send_command, wait_for
-from tests.unit.telemetry.support import QUIET, CountingNvml, by_gpu, series, uuid_of
 
 Exporters = Callable[..., NodeExporter]
 

@@ -15,9 +15,9 @@ from gpuop.events import device, driver
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.sessions import SessionClosed
 from gpuop_sim.nvml.modules import NVIDIA, InMemoryModules
+from tests.support.node_agents import NODE, running, send_command, wait_for
+from tests.support.telemetry import QUIET, CountingNvml, SlowFields, by_gpu
 from tests.support.waiting import eventually
-from tests.unit.node_agents import NODE, running, send_command, wait_for
-from tests.unit.telemetry.support import QUIET, CountingNvml, SlowFields, by_gpu
 
 Exporters = Callable[..., NodeExporter]
 GPU_PAUSE = device.PauseOperands(components=(driver.Component.GPU,), reason="upgrade")

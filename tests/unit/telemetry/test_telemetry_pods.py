@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpuop.nvml import inventory
 from gpuop.services.telemetry.pods import DeviceAssignment, Owner, attribute, device_ids
 from gpuop_sim.nvml.simulated import SimNvml
-from tests.unit.node_agents import NODE
+from tests.support.node_agents import NODE
 
 A = Owner("ml", "trainer-0", "main")
 B = Owner("ml", "notebook", "lab")

@@ -20,8 +20,8 @@ from gpuop.saga import NodeStatus, actions
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.controller import Controller
 from gpuop.services.upgrade_orchestrator.rollouts import rollout_id_for
-from tests.unit.saga.support import BOOT_A, inventory, policy
-from tests.unit.upgrade_orchestrator.support import Stack, events, messages
+from tests.support.orchestrator import Stack, events, messages
+from tests.support.sagas import BOOT_A, inventory, policy
 
 S = UpgradeState
 POOLS = {"gpu-a": "train", "gpu-b": "train", "gpu-c": "infer", "gpu-d": "infer"}

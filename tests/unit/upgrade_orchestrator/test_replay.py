@@ -18,8 +18,8 @@ from gpuop.events import upgrade as up
 from gpuop.events.hardware import HardwareHeartbeat
 from gpuop.policy import Drain
 from gpuop.saga import replaying
-from tests.unit.saga.support import policy
-from tests.unit.upgrade_orchestrator.recording import NODES, record_rollout
+from tests.support.recording import NODES, record_rollout
+from tests.support.sagas import policy
 
 
 @pytest.fixture

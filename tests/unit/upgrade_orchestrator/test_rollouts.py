@@ -16,8 +16,8 @@ from gpuop.services.upgrade_orchestrator.rollouts import (
     current_rollout,
     rollout_id_for,
 )
-from tests.unit.saga.support import T0, policy, saga_for
-from tests.unit.upgrade_orchestrator.support import messages
+from tests.support.orchestrator import messages
+from tests.support.sagas import T0, policy, saga_for
 
 S = UpgradeState
 

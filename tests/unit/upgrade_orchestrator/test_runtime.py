@@ -19,8 +19,8 @@ from gpuop.saga.core import Admitted, decide
 from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.deadlines import deadline_event_id
 from gpuop.services.upgrade_orchestrator.store import SagaStore, StoredSaga
-from tests.unit.saga.support import BOOT_B, NODE, T0, Run, policy, saga_for
-from tests.unit.upgrade_orchestrator.support import Stack, events, messages
+from tests.support.orchestrator import Stack, events, messages
+from tests.support.sagas import BOOT_B, NODE, T0, Run, policy, saga_for
 
 S = UpgradeState
 

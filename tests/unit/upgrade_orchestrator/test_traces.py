@@ -17,9 +17,9 @@ from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import NodeAdmitted, UpgradeState
 from gpuop.saga import NodeSaga, NodeStatus
 from gpuop.services.upgrade_orchestrator import intake, traces
-from tests.unit.saga.support import NODE, T0, policy, saga_for
-from tests.unit.span_recording import ancestry, named, one_tree, recorded_spans, untraced
-from tests.unit.upgrade_orchestrator.support import Stack, answers, events, messages
+from tests.support.orchestrator import Stack, answers, events, messages
+from tests.support.sagas import NODE, T0, policy, saga_for
+from tests.support.spans import ancestry, named, one_tree, recorded_spans, untraced
 
 S = UpgradeState
 STEPS = [

@@ -118,7 +118,7 @@ class CrdController:
             if version.get("storage") and version["name"] not in stored:
                 stored.append(version["name"])
         previous = {c.get("type"): c for c in old.get("conditions") or []}
-        now = format_time(self.registry.clock())
+        now = format_time(self.registry.clock.now())
 
         def condition(kind: str, reason: str, message: str) -> Obj:
             since = previous.get(kind, {})

@@ -99,7 +99,7 @@ def _check_and_decrement(registry: Registry, budget: Obj, pod_name: str, *, dry_
         )
     if dry_run:
         return
-    now = format_time(registry.clock())
+    now = format_time(registry.clock.now())
 
     def decrement(obj: Obj) -> None:
         obj_status = obj.setdefault("status", {})
@@ -133,7 +133,7 @@ def _delete(registry: Registry, pod: Obj, options: DeleteOptions) -> Obj:
     wanted = options.precondition_resource_version
     if options.dry_run:
         return dict(SUCCESS)
-    now = format_time(registry.clock())
+    now = format_time(registry.clock.now())
 
     def mark(obj: Obj) -> None:
         conditions = obj.setdefault("status", {}).setdefault("conditions", [])

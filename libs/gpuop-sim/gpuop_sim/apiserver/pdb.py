@@ -114,7 +114,7 @@ class DisruptionController:
 
     def compute(self, budget: Obj) -> Obj:
         spec, old = budget.get("spec") or {}, budget.get("status") or {}
-        now = self.registry.clock()
+        now = self.registry.clock.now()
         pods = pods_selected(self.registry, budget)
         disrupted: dict[str, str] = {}
         for pod in pods:

@@ -21,12 +21,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop_sim.apiserver import deletion, errors, kinds, patching, updates, validation
 from gpuop_sim.apiserver.deletion import DeleteOptions, Deletion
 from gpuop_sim.apiserver.resources import Catalog, ResourceType
 from gpuop_sim.apiserver.selectors import FieldSelector, LabelSelector
 from gpuop_sim.apiserver.store import Store
-from gpuop_sim.apiserver.timestamps import Clock, format_time, utc_now
+from gpuop_sim.apiserver.timestamps import format_time
 
 Obj = dict[str, Any]
 
@@ -41,7 +42,7 @@ class Registry:
         store: Store,
         catalog: Catalog,
         *,
-        clock: Clock = utc_now,
+        clock: Clock = SYSTEM_CLOCK,
         kubelet_delay: float | None = 0.0,
     ) -> None:
         self.store = store
@@ -101,7 +102,7 @@ class Registry:
         for key in (*updates.SERVER_METADATA, "managedFields", "selfLink"):
             metadata.pop(key, None)
         metadata["uid"] = str(uuid.uuid4())
-        metadata["creationTimestamp"] = format_time(self.clock())
+        metadata["creationTimestamp"] = format_time(self.clock.now())
         metadata["generation"] = 1
         obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
         if resource.prepare_create is not None:
@@ -210,7 +211,7 @@ class Registry:
                 return Deletion(self._present(resource, old), removed=False)
             new = copy.deepcopy(old)
             new["metadata"]["deletionTimestamp"] = format_time(
-                self.clock() + timedelta(seconds=grace)
+                self.clock.now() + timedelta(seconds=grace)
             )
             new["metadata"]["deletionGracePeriodSeconds"] = grace
             if options.dry_run:
@@ -225,7 +226,7 @@ class Registry:
             ):
                 return Deletion(self._present(resource, old), removed=False)
             new = copy.deepcopy(old)
-            new["metadata"]["deletionTimestamp"] = format_time(self.clock())
+            new["metadata"]["deletionTimestamp"] = format_time(self.clock.now())
             new["metadata"]["deletionGracePeriodSeconds"] = 0
             if options.dry_run:
                 return Deletion(self._present(resource, new), removed=False)
@@ -260,7 +261,7 @@ class Registry:
         else:
             metadata.pop("namespace", None)
         metadata.setdefault("uid", str(uuid.uuid4()))
-        metadata.setdefault("creationTimestamp", format_time(self.clock()))
+        metadata.setdefault("creationTimestamp", format_time(self.clock.now()))
         metadata.setdefault("generation", 1)
         if resource.normalize is not None:
             resource.normalize(obj)
@@ -385,7 +386,7 @@ class Registry:
         if old["metadata"].get("deletionTimestamp") or options.dry_run:
             return Deletion(self._present(kinds.NAMESPACES, old), removed=False)
         new = copy.deepcopy(old)
-        new["metadata"]["deletionTimestamp"] = format_time(self.clock())
+        new["metadata"]["deletionTimestamp"] = format_time(self.clock.now())
         new["metadata"]["deletionGracePeriodSeconds"] = 0
         new.setdefault("status", {})["phase"] = "Terminating"
         stored = self.store.put(kinds.NAMESPACES.group_resource, new)

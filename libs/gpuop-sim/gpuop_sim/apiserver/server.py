@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop_sim.apiserver import errors, handlers, kinds
 from gpuop_sim.apiserver import kubeconfig as kubeconfigs
 from gpuop_sim.apiserver.accounting import RequestKind, classify
@@ -37,7 +38,6 @@ from gpuop_sim.apiserver.pdb import DisruptionController
 from gpuop_sim.apiserver.registry import Registry
 from gpuop_sim.apiserver.resources import Catalog
 from gpuop_sim.apiserver.store import Store
-from gpuop_sim.apiserver.timestamps import Clock, utc_now
 
 Obj = dict[str, Any]
 
@@ -72,7 +72,7 @@ class ApiServer:
         taint_unschedulable_nodes: bool = True,
         anonymous_auth: bool = False,
         faults: FaultPlan | None = None,
-        clock: Clock = utc_now,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``kubelet_delay``: seconds until a gracefully deleted pod bound to a node is
         confirmed gone (capped by its grace period); None leaves that to a simulated

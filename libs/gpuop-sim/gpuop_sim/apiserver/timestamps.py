@@ -4,23 +4,16 @@ A real API server decodes every write into typed structs, so ``metav1.Time`` fie
 back in whole seconds (``2026-01-01T00:00:00Z``) and ``metav1.MicroTime`` fields with
 microseconds (``2026-01-01T00:00:00.000000Z``), whatever the client sent; a value without a
 timezone is rejected. The registry applies the same normalisation to built-in kinds through
-:func:`normalize_times`, and stamps server-set times with a :data:`Clock` so tests can
-control it.
+:func:`normalize_times`, and stamps server-set times with the `now()` of the
+`gpuop.clocks.Clock` it is given, so tests can control it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuop_sim.apiserver import errors
-
-Clock = Callable[[], datetime]
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def format_time(moment: datetime) -> str:

@@ -24,13 +24,13 @@ from collections import Counter
 from pathlib import Path
 from types import TracebackType
 
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop_sim.apiserver import kinds
 from gpuop_sim.apiserver.accounting import RequestKind
 from gpuop_sim.apiserver.faults import FaultPlan
 from gpuop_sim.apiserver.pdb import is_healthy
 from gpuop_sim.apiserver.registry import Registry
 from gpuop_sim.apiserver.server import ApiServer
-from gpuop_sim.apiserver.timestamps import Clock, utc_now
 from gpuop_sim.cluster import machines, workload_kinds, workloads
 from gpuop_sim.cluster.daemons import DaemonSetController
 from gpuop_sim.cluster.jobs import JobController
@@ -63,7 +63,7 @@ class SimCluster:
         bookmark_interval: float = 5.0,
         anonymous_auth: bool = False,
         faults: FaultPlan | None = None,
-        clock: Clock = utc_now,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``start_delay``: seconds from admission to Running. ``termination_cap``: the
         most seconds a terminating pod lingers (its grace period, if shorter).

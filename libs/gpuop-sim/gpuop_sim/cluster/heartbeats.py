@@ -30,7 +30,7 @@ LEASE_SECONDS = 40
 
 def post_node_status(registry: Registry, machine: Machine, *, reachable: bool) -> None:
     """A kubelet's status report, or the lifecycle controller's verdict on a silent one."""
-    now = registry.clock()
+    now = registry.clock.now()
     fresh = machines.node_object(machine, now)["status"]
 
     def status(node: Obj) -> None:
@@ -58,7 +58,7 @@ def post_node_status(registry: Registry, machine: Machine, *, reachable: bool) -
 
 def renew_lease(registry: Registry, node: str) -> None:
     """Renew the node's Lease, creating it (owned by the Node) when there is none."""
-    renewed = format_micro_time(registry.clock())
+    renewed = format_micro_time(registry.clock.now())
     if registry.store.get(kinds.LEASES.group_resource, LEASE_NAMESPACE, node) is not None:
 
         def renew(lease: Obj) -> None:
@@ -84,7 +84,7 @@ def renew_lease(registry: Registry, node: str) -> None:
 
 def record_rebooted(registry: Registry, machine: Machine, rng: random.Random) -> None:
     """The kubelet's ``Rebooted`` warning, naming the new boot id."""
-    stamp = format_time(registry.clock())
+    stamp = format_time(registry.clock.now())
     node = machine.name
     event = {
         "metadata": {"name": f"{node}.{rng.getrandbits(64):016x}"},

@@ -54,7 +54,7 @@ class JobController(controllers.WorkloadController):
             elif phase == "Failed":
                 failed.add(pod["metadata"]["uid"])
         active = [pod for pod in pods if controllers.is_active(pod)]
-        now = format_time(self.registry.clock())
+        now = format_time(self.registry.clock.now())
         status: Obj = {"startTime": old.get("startTime", now), "uncountedTerminatedPods": {}}
         if len(succeeded) >= spec["completions"]:
             reached = "Reached expected number of succeeded pods"

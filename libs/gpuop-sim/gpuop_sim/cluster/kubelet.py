@@ -2,7 +2,8 @@
 
 While its machine is up, a :class:`Kubelet` registers the Node, posts a heartbeat (Node
 conditions and its Lease in ``kube-node-lease``) every ``heartbeat_interval`` seconds,
-and runs the pods bound to its node:
+and runs the pods bound to its node. Admission is code; the rest is the table of stages in
+``stages.py`` (KWOK's way), which the kubelet interprets on each pass:
 
 - admission: pods are admitted oldest first while their ``nvidia.com/gpu`` requests fit
   next to those already admitted; a pod bound directly to a full node is refused, Failed
@@ -34,6 +35,7 @@ from gpuop_sim.apiserver.store import Change
 from gpuop_sim.cluster import heartbeats, machines, podstatus
 from gpuop_sim.cluster.machines import GPU_RESOURCE, Machine
 from gpuop_sim.cluster.scheduling import allocatable, gpus_requested
+from gpuop_sim.cluster.stages import NODE_HEARTBEAT, Next, Timings, phase_of, stage_of
 from gpuop_sim.cluster.wakeups import Wakeup, unless_gone
 
 Obj = dict[str, Any]
@@ -55,18 +57,16 @@ class Kubelet:
         self.registry = registry
         self.machine = machine
         self.rng = rng
-        self.start_delay = start_delay
-        self.termination_cap = termination_cap
-        self.heartbeat_interval = heartbeat_interval
+        self.timings = Timings(start_delay, termination_cap, heartbeat_interval)
         self.up = False
         self.wakeup = Wakeup(f"kubelet on {machine.name}", self.sync)
         self._booted = False
         self._next_heartbeat = 0.0
-        self._starting: dict[str, float] = {}
-        """Admitted pods (by uid) and when their containers will be running."""
+        self._admitted: set[str] = set()
+        """Admitted pods (by uid) whose containers are not running yet."""
         self._restarting: set[str] = set()
-        self._finishing: dict[str, float] = {}
-        self._terminating: dict[str, float] = {}
+        self._due: dict[str, tuple[str, float]] = {}
+        """Pod uid -> the stage it is in and when that stage is due (loop time)."""
         self._pod_ips: dict[str, str] = {}
         registry.store.observe(self._on_change)
 
@@ -96,7 +96,7 @@ class Kubelet:
         if rebooted:
             self.machine.boot(self.rng)
         self._booted, self.up = True, True
-        now = self.registry.clock()
+        now = self.registry.clock.now()
         if self.registry.store.get(kinds.NODES.group_resource, "", self.name) is None:
             self.registry.create(kinds.NODES, "", machines.node_object(self.machine, now))
         else:
@@ -106,11 +106,11 @@ class Kubelet:
             heartbeats.record_rebooted(self.registry, self.machine, self.rng)
             for pod in self._pods():
                 uid = pod["metadata"]["uid"]
-                if _phase(pod) == "Running" and not _terminating(pod):
+                if phase_of(pod) == "Running" and not _terminating(pod):
                     self._write_status(pod, podstatus.not_ready(pod, now, restarting=True))
-                    self._starting[uid] = self.wakeup.now() + self.start_delay
+                    self._admitted.add(uid)
                     self._restarting.add(uid)
-        self._next_heartbeat = self.wakeup.now() + self.heartbeat_interval
+        self._next_heartbeat = self.wakeup.now() + self._heartbeat_seconds()
         self.wakeup.soon()
 
     def power_off(self) -> None:
@@ -118,56 +118,64 @@ class Kubelet:
         if not self.up:
             return
         self.up = False
-        for pending in (self._starting, self._finishing, self._terminating):
-            pending.clear()
+        self._due.clear()
+        self._admitted.clear()
         self._restarting.clear()
         heartbeats.post_node_status(self.registry, self.machine, reachable=False)
-        now = self.registry.clock()
+        now = self.registry.clock.now()
         for pod in self._pods():
-            if _phase(pod) == "Running":
+            if phase_of(pod) == "Running":
                 self._write_status(pod, podstatus.not_ready(pod, now))
 
     # The pass.
 
     def sync(self) -> None:
-        """Do what is due: admit, start, complete and confirm gone pods, post a heartbeat;
-        then ask to run again at the next deadline. ``now`` is loop time."""
+        """Do what is due: admit, then take every pod through its stage (`stages.py`), post a
+        heartbeat; then ask to run again at the next deadline. ``now`` is loop time."""
         if not self.up:
             return
         now = self.wakeup.now()
         pods = self._pods()
         self._forget({pod["metadata"]["uid"] for pod in pods})
-        self._admit(pods, now)
+        self._admit(pods)
         deadlines = [self._next_heartbeat]
         for pod in pods:
             uid = pod["metadata"]["uid"]
-            if _terminating(pod):
-                grace = float(pod["metadata"].get("deletionGracePeriodSeconds") or 0)
-                wait = min(grace, self.termination_cap)
-                deadline = min(self._terminating.get(uid, now + wait), now + wait)
-                self._terminating[uid] = deadline
-                if Wakeup.due(deadline, now):
-                    with unless_gone():
-                        self.registry.complete_pod_termination(*_key(pod))
-                else:
-                    deadlines.append(deadline)
-            elif uid in self._starting:
-                if Wakeup.due(self._starting[uid], now):
-                    self._start(pod, now)
-                else:
-                    deadlines.append(self._starting[uid])
-            elif uid in self._finishing:
-                if Wakeup.due(self._finishing[uid], now):
-                    del self._finishing[uid]
-                    self._write_status(pod, podstatus.succeeded(pod, self.registry.clock()))
-                else:
-                    deadlines.append(self._finishing[uid])
+            stage = stage_of(pod, uid in self._admitted)
+            if stage is None:
+                self._due.pop(uid, None)
+                continue
+            due = now + stage.delay.seconds(pod, self.timings)
+            known = self._due.get(uid)
+            if known is not None and known[0] == stage.name:
+                due = min(known[1], due)
+            self._due[uid] = (stage.name, due)
+            if Wakeup.due(due, now):
+                del self._due[uid]
+                self._next(stage.next, pod)
+            else:
+                deadlines.append(due)
         if Wakeup.due(self._next_heartbeat, now):
-            self._next_heartbeat = now + self.heartbeat_interval
-            heartbeats.post_node_status(self.registry, self.machine, reachable=True)
-            heartbeats.renew_lease(self.registry, self.name)
+            self._next_heartbeat = now + self._heartbeat_seconds()
+            self._next(NODE_HEARTBEAT.next, self._node())
             deadlines.append(self._next_heartbeat)
         self.wakeup.at(min(deadlines))
+
+    def _heartbeat_seconds(self) -> float:
+        return NODE_HEARTBEAT.delay.seconds({"metadata": {}}, self.timings)
+
+    def _next(self, step: Next, obj: Obj) -> None:
+        """Do a stage's `next` to `obj` (a pod, or the node for a heartbeat)."""
+        if step is Next.DELETE:
+            with unless_gone():
+                self.registry.complete_pod_termination(*_key(obj))
+        elif step is Next.RUN:
+            self._start(obj)
+        elif step is Next.SUCCEED:
+            self._write_status(obj, podstatus.succeeded(obj, self.registry.clock.now()))
+        else:
+            heartbeats.post_node_status(self.registry, self.machine, reachable=True)
+            heartbeats.renew_lease(self.registry, self.name)
 
     def _pods(self) -> list[Obj]:
         return [
@@ -177,30 +185,31 @@ class Kubelet:
         ]
 
     def _forget(self, present: set[str]) -> None:
-        for pending in (self._starting, self._finishing, self._terminating, self._pod_ips):
+        for pending in (self._due, self._pod_ips):
             for uid in [uid for uid in pending if uid not in present]:
                 del pending[uid]
+        self._admitted &= present
         self._restarting &= present
 
-    def _admit(self, pods: list[Obj], now: float) -> None:
+    def _admit(self, pods: list[Obj]) -> None:
         """Admit new pods oldest first while their GPUs fit; refuse the others."""
         capacity = allocatable(self._node(), GPU_RESOURCE)
         admitted = [
             pod
             for pod in pods
-            if _phase(pod) == "Running"
+            if phase_of(pod) == "Running"
             or (
-                _phase(pod) == "Pending"
-                and (pod["metadata"]["uid"] in self._starting or _terminating(pod))
+                phase_of(pod) == "Pending"
+                and (pod["metadata"]["uid"] in self._admitted or _terminating(pod))
             )
         ]
         used = sum(gpus_requested(pod) for pod in admitted)
         waiting = [
             pod
             for pod in pods
-            if _phase(pod) == "Pending"
+            if phase_of(pod) == "Pending"
             and not _terminating(pod)
-            and pod["metadata"]["uid"] not in self._starting
+            and pod["metadata"]["uid"] not in self._admitted
         ]
         for pod in sorted(waiting, key=lambda p: p["metadata"].get("creationTimestamp", "")):
             wanted = gpus_requested(pod)
@@ -210,15 +219,15 @@ class Kubelet:
                     f"requested: {wanted}, used: {used}, capacity: {capacity}"
                 )
                 reason = f"OutOf{GPU_RESOURCE}"
-                stamp = self.registry.clock()
+                stamp = self.registry.clock.now()
                 self._write_status(pod, podstatus.rejected(pod, reason, message, stamp))
                 continue
             used += wanted
-            self._starting[pod["metadata"]["uid"]] = now + self.start_delay
+            self._admitted.add(pod["metadata"]["uid"])
 
-    def _start(self, pod: Obj, now: float) -> None:
+    def _start(self, pod: Obj) -> None:
         uid = pod["metadata"]["uid"]
-        del self._starting[uid]
+        self._admitted.discard(uid)
         restarted = uid in self._restarting
         self._restarting.discard(uid)
         host_ip = self.machine.internal_ip
@@ -226,11 +235,9 @@ class Kubelet:
             pod_ip = host_ip
         else:
             pod_ip = self._pod_ips.get(uid) or self._allocate_ip(uid)
-        status = podstatus.running(pod, host_ip, pod_ip, self.registry.clock(), restarted=restarted)
+        started = self.registry.clock.now()
+        status = podstatus.running(pod, host_ip, pod_ip, started, restarted=restarted)
         self._write_status(pod, status)
-        seconds = (pod["metadata"].get("annotations") or {}).get(podstatus.RUN_SECONDS_ANNOTATION)
-        if seconds is not None:
-            self._finishing[uid] = now + float(seconds)
 
     def _allocate_ip(self, uid: str) -> str:
         taken = set(self._pod_ips.values())
@@ -251,10 +258,6 @@ class Kubelet:
             self.registry.mutate(
                 kinds.PODS, *_key(pod), write, subresource="status", validate=False
             )
-
-
-def _phase(pod: Obj) -> str:
-    return str((pod.get("status") or {}).get("phase") or "Pending")
 
 
 def _terminating(pod: Obj) -> bool:

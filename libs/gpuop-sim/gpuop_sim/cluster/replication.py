@@ -130,7 +130,7 @@ class DeploymentController(controllers.WorkloadController):
         else:
             tolerated = int(max_unavailable)
         available = total["availableReplicas"] >= desired - tolerated
-        stamp = format_time(self.registry.clock())
+        stamp = format_time(self.registry.clock.now())
         status: Obj = {"observedGeneration": deployment["metadata"].get("generation", 1)}
         status.update({key: value for key, value in total.items() if value})
         if desired > total["availableReplicas"]:

@@ -210,7 +210,7 @@ class Scheduler:
         def scheduled(obj: Obj) -> None:
             podstatus.set_condition(obj.setdefault("status", {}), "PodScheduled", "True", now)
 
-        now = self.registry.clock()
+        now = self.registry.clock.now()
         with unless_gone():
             self.registry.mutate(kinds.PODS, namespace, name, bind, validate=False)
             self.registry.mutate(
@@ -219,7 +219,7 @@ class Scheduler:
 
     def _refuse(self, pod: Obj, message: str) -> None:
         namespace, name = _key(pod)
-        now = self.registry.clock()
+        now = self.registry.clock.now()
 
         def unschedulable(obj: Obj) -> None:
             podstatus.set_condition(

@@ -22,9 +22,10 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.nvml.devices import DeviceInfo
 from gpuop.nvml.errors import DriverNotLoaded, GpuLost, InvalidArgument, NotInitialized
 from gpuop.nvml.metrics import DeviceMetrics, FieldValue, PcieThroughput
@@ -61,7 +62,7 @@ class SimNvml:
     """Simulated NVML for one node of `gpus` H200s.
 
     `node` fixes the GPUs' identities, `seed` (with `node`) their random walks, `clock`
-    (monotonic seconds) their pace. `module_state` couples the session to a kernel, holding
+    (its monotonic seconds) their pace. `module_state` couples the session to a kernel, holding
     `nvidia` as `holder_id`; `driver_version` is reported when no module state says.
     `recording` replaces the recorded H200's `nvml.json` (`gpuop_sim.recordings`);
     `simulate_latency` makes the two slow queries sleep as long as they take on a real H200.
@@ -76,7 +77,7 @@ class SimNvml:
         module_state: ModuleState | None = None,
         holder_id: str | None = None,
         driver_version: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         recording: Path | None = None,
         simulate_latency: bool = False,
     ) -> None:
@@ -91,7 +92,7 @@ class SimNvml:
         self._clock = clock
         self._latency = simulate_latency
         template = self._recording.devices[0]
-        now = clock()
+        now = clock.monotonic()
         self._gpus = [
             SimGpu(
                 identity(template.info, node, index, gpus),
@@ -172,13 +173,13 @@ class SimNvml:
     def metrics(self, index: int) -> DeviceMetrics:
         with self._lock:
             gpu = self._gpu(index)
-            gpu.advance(self._clock())
+            gpu.advance(self._clock.monotonic())
             return gpu.metrics()
 
     def pcie_throughput(self, index: int) -> PcieThroughput:
         with self._lock:
             gpu = self._gpu(index)
-            gpu.advance(self._clock())
+            gpu.advance(self._clock.monotonic())
             answer = pcie_throughput(gpu)
         self._slow("pcie")
         return answer
@@ -186,7 +187,7 @@ class SimNvml:
     def field_values(self, index: int, field_ids: Sequence[int]) -> tuple[FieldValue, ...]:
         with self._lock:
             gpu = self._gpu(index)
-            gpu.advance(self._clock())
+            gpu.advance(self._clock.monotonic())
             nvlink = sim_topology.has_nvlink(len(self._gpus))
             answer = tuple(field_value(gpu, int(f), nvlink=nvlink) for f in field_ids)
         self._slow("fields")
@@ -315,7 +316,7 @@ class SimNvml:
         return self._gpus[index]
 
     def _reload_driver(self) -> None:
-        now = self._clock()
+        now = self._clock.monotonic()
         for gpu in self._gpus:
             gpu.advance(now)
             gpu.driver_reloaded()

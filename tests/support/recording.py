@@ -19,8 +19,8 @@ from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeStatus
 from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.publishing import SOURCE
-from tests.unit.saga.support import BOOT_A, GPU_OLD, OFED_OLD, T0, saga_for
-from tests.unit.upgrade_orchestrator.support import Stack, answers
+from tests.support.orchestrator import Stack, answers
+from tests.support.sagas import BOOT_A, GPU_OLD, OFED_OLD, T0, saga_for
 
 NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
 

@@ -1,5 +1,5 @@
 """Helpers for telemetry's tests: an NVML that counts and fails on demand, and scraping and
-reading the exposition. Running the exporter and reading the bus: `tests.unit.node_agents`."""
+reading the exposition. Running the exporter and reading the bus: `tests.support.node_agents`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from gpuop.observability.http import HealthServer
 from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop_sim.nvml.sim_gpus import gpu_uuid
-from tests.unit.node_agents import NODE
+from tests.support.node_agents import NODE
 
 QUIET = TelemetryConfig(
     interval_seconds=3600,

@@ -8,7 +8,6 @@ command, for the fake agents of the tests and the benchmark.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 from gpuop.bus import Buckets, InMemoryBus
@@ -23,17 +22,8 @@ from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
-from tests.unit.saga.support import GPU_OLD, T0
-
-
-class ManualClock(VirtualClock):
-    """A virtual clock that moves only when the test advances it: sleepers wait for that."""
-
-    async def sleep(self, seconds: float) -> None:
-        until = self.monotonic() + max(seconds, 0.0)
-        await asyncio.sleep(0)
-        while self.monotonic() < until:
-            await asyncio.sleep(0.002)
+from tests.support.clocks import ManualClock
+from tests.support.sagas import GPU_OLD, T0
 
 
 @dataclass

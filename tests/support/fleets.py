@@ -33,10 +33,10 @@ from gpuop.services.upgrade_orchestrator import leading
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from gpuop_sim import RequestKind, RequestRecord, SimCluster
-from tests.unit.saga.support import inventory, policy
-from tests.unit.upgrade_orchestrator.support import answers
+from tests.support.orchestrator import answers
+from tests.support.sagas import inventory, policy
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 AGENT_SOURCE = "/gpuop/fake-node-agent"
 JOB_SELECTOR = "app=finetune"
 """The simulated cluster's training Job, which the policy waits for."""

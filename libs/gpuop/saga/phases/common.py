@@ -1,0 +1,84 @@
+"""What several upgrade phases do alike: a deadline that fails the step, a driver's answer.
+
+The driver states (driver-reload, rollback, validation) each run a plan of driver steps, one
+command at a time: `on_driver_result` matches the answer to the pending step (its command
+id), records its outcome and hands over to the phase's `next_step`; a failure goes to the
+phase's `failed` (compensation, unless the phase knows better).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpuop.events import driver as dm
+from gpuop.events.deadlines import DeadlineExpired
+from gpuop.saga import compensation
+from gpuop.saga.drafting import Draft
+from gpuop.saga.machine import Trigger
+from gpuop.saga.records import StepResult
+from gpuop.saga.steps import StepKind
+
+SUCCESS: dict[StepKind, type[dm.DriverResult]] = {
+    StepKind.INSTALL: dm.DriverInstalled,
+    StepKind.UNLOAD: dm.DriverUnloaded,
+    StepKind.LOAD: dm.DriverLoaded,
+    StepKind.VALIDATE: dm.DriverValidated,
+    StepKind.ROLLBACK: dm.DriverRolledBack,
+    StepKind.ROLLBACK_VALIDATE: dm.DriverValidated,
+}
+"""The answer that ends each driver step well."""
+FAILURE: dict[StepKind, type[dm.DriverFailure]] = {
+    StepKind.INSTALL: dm.DriverInstallFailed,
+    StepKind.UNLOAD: dm.DriverUnloadFailed,
+    StepKind.LOAD: dm.DriverLoadFailed,
+    StepKind.VALIDATE: dm.DriverValidationFailed,
+    StepKind.ROLLBACK: dm.DriverRollbackFailed,
+    StepKind.ROLLBACK_VALIDATE: dm.DriverValidationFailed,
+}
+"""The answer that fails it."""
+
+
+def overdue(draft: Draft) -> str:
+    """Why the pending step failed on its deadline, in words."""
+    saga = draft.saga
+    if saga.deadline is None:
+        raise ValueError(f"{saga.step.token} has no deadline to be overdue on")
+    seconds = (saga.deadline - saga.step_started).total_seconds()
+    return f"{saga.step.token} did not finish within {seconds:g} s"
+
+
+def fail_on_deadline(draft: Draft, expired: DeadlineExpired) -> None:
+    """Most steps' deadline: the step failed; compensate."""
+    compensation.fail(draft, overdue(draft), StepResult.EXPIRED)
+
+
+def fail_driver_step(draft: Draft, failure: dm.DriverFailure, detail: str) -> None:
+    """A driver step's executor reported `failure`: compensate."""
+    compensation.fail(draft, detail, StepResult.FAILED)
+
+
+def on_driver_result(
+    draft: Draft,
+    trigger: Trigger,
+    next_step: Callable[[Draft], None],
+    failed: Callable[[Draft, dm.DriverFailure, str], None] = fail_driver_step,
+) -> None:
+    """A driver-manager's answer to the pending driver step, or nothing for anything else."""
+    saga = draft.saga
+    step = saga.step
+    if not isinstance(trigger, dm.DriverResult) or step.kind not in SUCCESS:
+        return
+    if trigger.command_id != draft.step_id():
+        return  # an answer to an earlier step or attempt
+    if isinstance(trigger, FAILURE[step.kind]):
+        detail = f"{type(trigger).__name__} {trigger.component}: {trigger.message}"
+        failed(draft, trigger, detail.rstrip(": "))
+        return
+    if not isinstance(trigger, SUCCESS[step.kind]):
+        return
+    draft.outcome(StepResult.SUCCEEDED, f"{type(trigger).__name__} {trigger.component}")
+    if step.kind is StepKind.UNLOAD:
+        draft.touch(trigger.component)
+    if step.kind is StepKind.ROLLBACK:
+        draft.update(rolled_back=(*saga.rolled_back, trigger.component))
+    next_step(draft)

@@ -1,0 +1,55 @@
+"""drain-required: the node is drained as `kubectl drain` does, or passed through when
+drain is disabled."""
+
+from __future__ import annotations
+
+from gpuop.events import kube
+from gpuop.events.upgrade import UpgradeState as S
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import compensation
+from gpuop.saga.actions import Drain
+from gpuop.saga.drafting import Draft
+from gpuop.saga.effects import action_id, timeout
+from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.phases.common import fail_on_deadline
+from gpuop.saga.records import NodeSaga, StepResult
+from gpuop.saga.steps import Step, StepKind
+
+STATE = S.DRAIN_REQUIRED
+
+
+def enter(draft: Draft, retry: bool) -> None:
+    if draft.policy.drain.enable:
+        draft.start(Step(kind=StepKind.DRAIN))
+    else:
+        step = Step(kind=StepKind.DRAIN)
+        draft.skip(step, S.OPERANDS_PAUSE_REQUIRED, StepResult.SKIPPED, "drain disabled")
+
+
+def on_event(draft: Draft, trigger: Trigger) -> None:
+    if not isinstance(trigger, kube.DrainCompleted | kube.DrainFailed):
+        return
+    if trigger.action_id != draft.step_id():
+        return
+    if isinstance(trigger, kube.DrainCompleted):
+        draft.outcome(StepResult.SUCCEEDED, f"{trigger.evicted} pods evicted")
+        draft.move(S.OPERANDS_PAUSE_REQUIRED, "node drained")
+        return
+    blocking = f", blocked by {trigger.blocking_pdb}" if trigger.blocking_pdb else ""
+    detail = f"drain failed ({trigger.reason}{blocking}): {trigger.message}".rstrip(": ")
+    compensation.fail(draft, detail, StepResult.FAILED)
+
+
+on_deadline = fail_on_deadline
+
+
+def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
+    drain = spec.upgrade_policy.drain
+    action = Drain(
+        id=action_id(saga, saga.step.token),
+        force=drain.force,
+        pod_selector=drain.pod_selector,
+        timeout_seconds=timeout(saga, spec.upgrade_policy),
+        delete_empty_dir=drain.delete_empty_dir,
+    )
+    return (), (action,)

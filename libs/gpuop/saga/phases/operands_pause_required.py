@@ -1,0 +1,48 @@
+"""operands-pause-required: every operand on the node (device plugin, discovery, telemetry)
+is to release the devices and confirm it."""
+
+from __future__ import annotations
+
+from gpuop.events import device as dev
+from gpuop.events.upgrade import UpgradeState as S
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga.drafting import Draft
+from gpuop.saga.effects import issue
+from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.phases.common import fail_on_deadline
+from gpuop.saga.records import NodeSaga, StepResult
+from gpuop.saga.steps import Step, StepKind
+
+STATE = S.OPERANDS_PAUSE_REQUIRED
+
+
+def enter(draft: Draft, retry: bool) -> None:
+    if draft.saga.operands:
+        draft.update(paused=(), operands_paused=True)
+        draft.start(Step(kind=StepKind.OPERANDS_PAUSE))
+    else:
+        step = Step(kind=StepKind.OPERANDS_PAUSE)
+        draft.skip(step, S.DRIVER_RELOAD_REQUIRED, StepResult.SKIPPED, "no operands")
+
+
+def on_event(draft: Draft, trigger: Trigger) -> None:
+    saga = draft.saga
+    if not isinstance(trigger, dev.OperandPaused) or trigger.command_id != draft.step_id():
+        return
+    if trigger.service not in saga.operands or trigger.service in saga.paused:
+        return
+    paused = tuple(s for s in saga.operands if s in {*saga.paused, trigger.service})
+    draft.update(paused=paused)
+    if len(paused) == len(saga.operands):
+        draft.outcome(StepResult.SUCCEEDED, "every operand paused")
+        draft.move(S.DRIVER_RELOAD_REQUIRED, "operands released the devices")
+
+
+on_deadline = fail_on_deadline
+
+
+def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
+    pause = dev.PauseOperands(
+        components=saga.components, reason=f"driver upgrade of {saga.rollout_id}"
+    )
+    return (issue(saga, pause, saga.step.token),), ()

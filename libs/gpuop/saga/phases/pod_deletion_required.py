@@ -1,0 +1,60 @@
+"""pod-deletion-required: the node's GPU pods are to be gone; if some stay, drain instead
+(when drain is enabled) or fail."""
+
+from __future__ import annotations
+
+from gpuop.events import kube
+from gpuop.events.deadlines import DeadlineExpired
+from gpuop.events.upgrade import UpgradeState as S
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import compensation
+from gpuop.saga.actions import DeletePods
+from gpuop.saga.drafting import Draft
+from gpuop.saga.effects import action_id, timeout
+from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.phases.common import overdue
+from gpuop.saga.records import NodeSaga, StepResult
+from gpuop.saga.steps import Step, StepKind
+
+STATE = S.POD_DELETION_REQUIRED
+
+
+def enter(draft: Draft, retry: bool) -> None:
+    draft.start(Step(kind=StepKind.POD_DELETION))
+
+
+def on_event(draft: Draft, trigger: Trigger) -> None:
+    if not isinstance(trigger, kube.PodsDeleted | kube.PodDeletionFailed):
+        return
+    if trigger.action_id != draft.step_id():
+        return
+    if isinstance(trigger, kube.PodsDeleted):
+        draft.outcome(StepResult.SUCCEEDED, f"{trigger.deleted} GPU pods deleted")
+        draft.move(S.DRAIN_REQUIRED, "GPU pods deleted")
+        return
+    detail = f"GPU pods stayed ({trigger.reason}): {trigger.message}".rstrip(": ")
+    if draft.policy.drain.enable:
+        draft.outcome(StepResult.FAILED, detail)
+        draft.move(S.DRAIN_REQUIRED, f"{detail}; draining instead")
+    else:
+        compensation.fail(draft, detail, StepResult.FAILED)
+
+
+def on_deadline(draft: Draft, expired: DeadlineExpired) -> None:
+    detail = overdue(draft)
+    if draft.policy.drain.enable:
+        draft.outcome(StepResult.EXPIRED, detail)
+        draft.move(S.DRAIN_REQUIRED, f"{detail}; draining instead")
+    else:
+        compensation.fail(draft, detail, StepResult.EXPIRED)
+
+
+def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
+    deletion = spec.upgrade_policy.pod_deletion
+    pods = DeletePods(
+        id=action_id(saga, saga.step.token),
+        force=deletion.force,
+        timeout_seconds=timeout(saga, spec.upgrade_policy),
+        delete_empty_dir=deletion.delete_empty_dir,
+    )
+    return (), (pods,)

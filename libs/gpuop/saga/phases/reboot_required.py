@@ -1,0 +1,61 @@
+"""reboot-required: the node is rebooted to release a driver in use; only a new boot id
+confirms it, and the reload then runs again on the fresh boot (or validation, when the
+boot came up on the target drivers)."""
+
+from __future__ import annotations
+
+from gpuop.events import driver as dm
+from gpuop.events import hardware as hw
+from gpuop.events import kube
+from gpuop.events.driver import Component
+from gpuop.events.upgrade import UpgradeState as S
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga.drafting import Draft
+from gpuop.saga.effects import issue
+from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.phases.common import fail_on_deadline
+from gpuop.saga.records import NodeSaga, StepResult
+from gpuop.saga.steps import Step, StepKind
+
+STATE = S.REBOOT_REQUIRED
+
+
+def enter(draft: Draft, retry: bool) -> None:
+    draft.start(Step(kind=StepKind.REBOOT))
+
+
+def on_event(draft: Draft, trigger: Trigger) -> None:
+    saga = draft.saga
+    if not isinstance(trigger, kube.NodeObserved | hw.HardwareDiscovered) or not trigger.boot_id:
+        return
+    if trigger.boot_id == saga.boot_id_at_reboot:
+        return  # the boot the reboot was decided in: not rebooted yet, whatever the time
+    draft.update(boot_id=trigger.boot_id, reload_round=saga.reload_round + 1)
+    draft.outcome(StepResult.SUCCEEDED, f"new boot id {trigger.boot_id}")
+    if isinstance(trigger, hw.HardwareDiscovered) and _runs_targets(draft, trigger):
+        # the new drivers run but are not validated: they stay touched until they are
+        draft.move(S.VALIDATION_REQUIRED, "rebooted into the target drivers")
+    else:
+        # the boot loaded the previous drivers again (a load selects the active version,
+        # and no load ran before the unload failed): nothing of ours is left on the node
+        draft.update(touched=())
+        draft.move(S.DRIVER_RELOAD_REQUIRED, "rebooted: the driver is free to reload")
+
+
+def _runs_targets(draft: Draft, inventory: hw.HardwareDiscovered) -> bool:
+    running = {Component.GPU: inventory.driver_version, Component.OFED: inventory.ofed_version}
+    saga = draft.saga
+    return all(running[c] == saga.targets[c].version for c in saga.components)
+
+
+on_deadline = fail_on_deadline
+
+
+def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
+    if saga.boot_id_at_reboot is None:
+        raise ValueError("a reboot needs the boot id it was decided in")
+    reboot = dm.RebootNode(
+        boot_id=saga.boot_id_at_reboot,
+        reason=f"driver unload failed in use during {saga.rollout_id}",
+    )
+    return (issue(saga, reboot, saga.step.token),), ()

@@ -1,0 +1,63 @@
+"""uncordon-required: resume the operands and uncordon (never a node that was cordoned
+before the upgrade); the end of every attempt that cordoned, done or compensated."""
+
+from __future__ import annotations
+
+from gpuop.events import device as dev
+from gpuop.events import kube
+from gpuop.events.upgrade import UpgradeState as S
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga.actions import IssuedCommand, KubeAction, Uncordon
+from gpuop.saga.drafting import Draft
+from gpuop.saga.effects import RESUME_STEP, action_id, issue
+from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.phases.common import fail_on_deadline
+from gpuop.saga.records import NodeSaga, StepResult
+from gpuop.saga.steps import Step, StepKind
+
+STATE = S.UNCORDON_REQUIRED
+
+
+def enter(draft: Draft, retry: bool) -> None:
+    draft.start(Step(kind=StepKind.UNCORDON))
+    if draft.saga.initially_unschedulable:
+        # only the resume was issued: there is no uncordon to wait for
+        draft.outcome(StepResult.SKIPPED, "node was cordoned before the upgrade")
+        finish(draft, "left cordoned as it was found")
+
+
+def on_event(draft: Draft, trigger: Trigger) -> None:
+    uncordoned = isinstance(trigger, kube.NodeUncordoned) and trigger.action_id in (
+        None,
+        draft.step_id(),
+    )
+    if uncordoned or (isinstance(trigger, kube.NodeObserved) and not trigger.unschedulable):
+        draft.outcome(StepResult.SUCCEEDED, "node schedulable")
+        finish(draft, "node uncordoned")
+
+
+def finish(draft: Draft, reason: str) -> None:
+    """End the state: done, or failed when the attempt had failed."""
+    draft.update(operands_paused=False, cordoned=False, paused=())
+    failure = draft.saga.failure
+    if failure is None:
+        draft.move(S.UPGRADE_DONE, reason)
+    else:
+        draft.move(S.UPGRADE_FAILED, f"{failure.reason} (compensated: {reason})")
+
+
+on_deadline = fail_on_deadline
+"""compensation.fail ends the saga in upgrade-failed: the driver question is settled."""
+
+
+def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
+    """The resume of the operands paused (`RESUME_STEP`), and the uncordon unless the node
+    was cordoned before."""
+    commands: tuple[IssuedCommand, ...] = ()
+    if saga.operands_paused:
+        resume = dev.ResumeOperands(reason=f"driver upgrade of {saga.rollout_id} ended")
+        commands = (issue(saga, resume, RESUME_STEP),)
+    actions: tuple[KubeAction, ...] = ()
+    if not saga.initially_unschedulable:
+        actions = (Uncordon(id=action_id(saga, saga.step.token)),)
+    return commands, actions

@@ -1,0 +1,38 @@
+"""wait-for-jobs-required: selected jobs may finish; the deadline moves on, never fails."""
+
+from __future__ import annotations
+
+from gpuop.events import kube
+from gpuop.events.deadlines import DeadlineExpired
+from gpuop.events.upgrade import UpgradeState as S
+from gpuop.saga.drafting import Draft
+from gpuop.saga.machine import Trigger, no_effects
+from gpuop.saga.phases.common import overdue
+from gpuop.saga.records import StepResult
+from gpuop.saga.steps import Step, StepKind
+
+STATE = S.WAIT_FOR_JOBS_REQUIRED
+
+
+def enter(draft: Draft, retry: bool) -> None:
+    if draft.policy.wait_for_completion.pod_selector:
+        draft.start(Step(kind=StepKind.WAIT_FOR_JOBS))
+    else:
+        step = Step(kind=StepKind.WAIT_FOR_JOBS)
+        draft.skip(step, S.POD_DELETION_REQUIRED, StepResult.SKIPPED, "no jobs to wait for")
+
+
+def on_event(draft: Draft, trigger: Trigger) -> None:
+    if isinstance(trigger, kube.PodsObserved) and trigger.job_pods == 0:
+        draft.outcome(StepResult.SUCCEEDED, "no selected job left")
+        draft.move(S.POD_DELETION_REQUIRED, "no selected job runs on the node")
+
+
+def on_deadline(draft: Draft, expired: DeadlineExpired) -> None:
+    detail = overdue(draft)
+    draft.outcome(StepResult.EXPIRED, detail)
+    draft.move(S.POD_DELETION_REQUIRED, f"{detail}; going on with pod deletion")
+
+
+effects = no_effects
+"""Only a wait: nothing to issue."""
