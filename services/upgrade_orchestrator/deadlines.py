@@ -21,12 +21,13 @@ import asyncio
 import contextlib
 import logging
 from datetime import datetime
+from typing import Any
 
 from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import ids
 from gpuop.events.deadlines import DeadlineExpired
-from gpuop.saga import NodeSaga, deadline_event
+from gpuop.saga.machine import SagaRecord, deadline_event
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
@@ -52,8 +53,9 @@ class DeadlineScheduler:
         docstring); timers armed from here on wait for it."""
         self._held_until = moment
 
-    def schedule(self, saga: NodeSaga) -> None:
-        """Fire the saga's deadline when it passes; forget the node's earlier one."""
+    def schedule(self, saga: SagaRecord[Any]) -> None:
+        """Fire the saga's deadline when it passes (a saga of any kind); forget the node's
+        earlier one."""
         expired = deadline_event(saga)
         key = deadline_event_id(expired) if expired is not None else ""
         current = self._timers.get(saga.node)

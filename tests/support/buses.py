@@ -10,6 +10,7 @@ from gpuop.bus import Bus, Delivery
 from gpuop.bus.protocol import StoredMessage
 from gpuop.events import Envelope, new_event
 from gpuop.events.hardware import HardwareHeartbeat
+from tests.support.waiting import eventually
 
 BOOT_ID = "6f0e6b1c-3a52-4b8e-9a1d-0c5c2f3e4d5a"
 HASH = "a" * 64
@@ -66,9 +67,8 @@ async def collect(
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await predicate():
-            await asyncio.sleep(0.02)
+    """`eventually`, for a check that answers a bool."""
+    await eventually(predicate, timeout)
 
 
 async def dead_letters(bus: Bus) -> list[StoredMessage]:

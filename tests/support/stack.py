@@ -39,6 +39,7 @@ from gpuop_sim.cluster import hosts
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
 from gpuop_sim.host import seeding
 from tests.support.processes import start_service
+from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 OLD = seeding.RECORDED_DRIVER_VERSION
@@ -118,9 +119,7 @@ class Stack:
     ) -> None:
         """Poll `check` until it is true; on timeout fail with `report`."""
         try:
-            async with asyncio.timeout(timeout):
-                while not await check():
-                    await asyncio.sleep(0.25)
+            await eventually(check, timeout, interval=0.25)
         except TimeoutError:
             raise AssertionError(f"{what} did not happen\n{await self.report()}") from None
 

@@ -16,15 +16,21 @@ async def eventually(
     interval: float = 0.02,
 ) -> T:
     """Ask `check` (plain or async) every `interval` seconds until it answers something other
-    than None or False, and return that; `TimeoutError` once `timeout` seconds have passed."""
+    than None or False, and return that; `TimeoutError` once `timeout` seconds have passed,
+    also when an async `check` itself hangs past them."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    failure = f"{getattr(check, '__name__', check)} not true within {timeout} s"
     while True:
         answer = check()
         if inspect.isawaitable(answer):
-            answer = await answer
+            try:
+                async with asyncio.timeout_at(deadline):
+                    answer = await answer
+            except TimeoutError:
+                raise TimeoutError(f"{failure} (the check hung)") from None
         if answer is not None and answer is not False:
             return answer  # type: ignore[return-value]
         if loop.time() > deadline:
-            raise TimeoutError(f"{getattr(check, '__name__', check)} not true within {timeout} s")
+            raise TimeoutError(failure)
         await asyncio.sleep(interval)

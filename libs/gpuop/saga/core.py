@@ -30,13 +30,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from gpuop.events import ids
-from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import NodeUpgradeStateChanged
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine
 from gpuop.saga.actions import Decision
 from gpuop.saga.drafting import Draft
-from gpuop.saga.machine import Admitted, Trigger
+from gpuop.saga.machine import Admitted, Trigger, deadline_event
 from gpuop.saga.records import NodeSaga
 from gpuop.saga.transitions import Transition
 from gpuop.saga.upgrade import UPGRADE
@@ -54,20 +53,6 @@ __all__ = [
 def decide(saga: NodeSaga, event: Trigger, policy: GPUClusterPolicySpec, now: datetime) -> Decision:
     """The saga after `event` at `now`, with the commands, actions and moves it causes."""
     return machine.decide(Draft(UPGRADE, saga, policy, now), event).decision()
-
-
-def deadline_event(saga: NodeSaga) -> DeadlineExpired | None:
-    """The `DeadlineExpired` the runtime publishes when the saga's deadline passes; None when
-    the pending step has no deadline. Schedule it for `saga.deadline`."""
-    if saga.deadline is None:
-        return None
-    return DeadlineExpired(
-        saga_id=saga.saga_id,
-        state=saga.state,
-        step=saga.step.token,
-        attempt=saga.attempt,
-        deadline=saga.deadline,
-    )
 
 
 def state_changed(saga: NodeSaga, transition: Transition) -> NodeUpgradeStateChanged:

@@ -88,6 +88,8 @@ class SagaRecord(Protocol[State_co]):
     @property
     def saga_id(self) -> str: ...
     @property
+    def node(self) -> str: ...
+    @property
     def state(self) -> State_co: ...
     @property
     def attempt(self) -> int: ...
@@ -291,6 +293,20 @@ class Draft(Generic[Record, State]):
         self.update(step=step, step_started=self.now, deadline=None)
         self.outcome(result, reason)
         self.move(to_state, reason)
+
+
+def deadline_event(saga: SagaRecord[Any]) -> DeadlineExpired | None:
+    """The `DeadlineExpired` the runtime publishes when the saga's deadline passes, whatever
+    its kind; None when the pending step has no deadline. Schedule it for `saga.deadline`."""
+    if saga.deadline is None:
+        return None
+    return DeadlineExpired(
+        saga_id=saga.saga_id,
+        state=saga.state,
+        step=saga.step.token,
+        attempt=saga.attempt,
+        deadline=saga.deadline,
+    )
 
 
 def current(saga: SagaRecord[Any], expired: DeadlineExpired) -> bool:

@@ -35,6 +35,7 @@ from tests.support.driver_manager import (
     seed,
     source_of,
 )
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.nats
 
@@ -62,9 +63,7 @@ async def agent_process(
 async def wait_until(condition: object, what: str, timeout: float = 20.0) -> None:
     assert callable(condition)
     try:
-        async with asyncio.timeout(timeout):
-            while not condition():
-                await asyncio.sleep(0.02)
+        await eventually(condition, timeout)
     except TimeoutError:
         raise AssertionError(f"timed out waiting for {what}") from None
 

@@ -40,6 +40,7 @@ from tests.support.processes import (
     DRIVER_MANAGER_CONFIG,
     service,
 )
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 
@@ -72,9 +73,7 @@ def policy(source: Path) -> dict[str, Any]:
 
 async def wait_until(what: str, check: Any, logs: list[Path], timeout: float) -> None:
     try:
-        async with asyncio.timeout(timeout):
-            while not await check():
-                await asyncio.sleep(0.2)
+        await eventually(check, timeout, interval=0.2)
     except TimeoutError:
         tails = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs)
         raise AssertionError(f"{what} did not happen\n{tails}") from None

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuop.events import driver as dm
+from gpuop.events import kube
 from gpuop.events.deadlines import DeadlineExpired
+from gpuop.events.upgrade import UpgradeState
 from gpuop.saga import compensation
 from gpuop.saga.drafting import Draft
 from gpuop.saga.machine import Trigger
 from gpuop.saga.records import StepResult
-from gpuop.saga.steps import StepKind
+from gpuop.saga.steps import Step, StepKind
 
 SUCCESS: dict[StepKind, type[dm.DriverResult]] = {
     StepKind.INSTALL: dm.DriverInstalled,
@@ -36,6 +38,23 @@ FAILURE: dict[StepKind, type[dm.DriverFailure]] = {
     StepKind.ROLLBACK_VALIDATE: dm.DriverValidationFailed,
 }
 """The answer that fails it."""
+
+
+def start_or_pass(
+    draft: Draft, kind: StepKind, needed: bool, next_state: UpgradeState, reason: str
+) -> None:
+    """Start the state's one step of `kind`; when it is not `needed`, pass through to
+    `next_state` instead, the step recorded as skipped for `reason`."""
+    step = Step(kind=kind)
+    if needed:
+        draft.start(step)
+    else:
+        draft.skip(step, next_state, StepResult.SKIPPED, reason)
+
+
+def answers_step(draft: Draft, trigger: Trigger) -> bool:
+    """Whether `trigger` is the outcome of the Kubernetes action the pending step ordered."""
+    return isinstance(trigger, kube.KubeActionResult) and trigger.action_id == draft.step_id()
 
 
 def overdue(draft: Draft) -> str:

@@ -11,29 +11,26 @@ from gpuop.saga.actions import Drain
 from gpuop.saga.drafting import Draft
 from gpuop.saga.effects import action_id, timeout
 from gpuop.saga.machine import Effects, Trigger
-from gpuop.saga.phases.common import fail_on_deadline
+from gpuop.saga.phases.common import answers_step, fail_on_deadline, start_or_pass
 from gpuop.saga.records import NodeSaga, StepResult
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.steps import StepKind
 
 STATE = S.DRAIN_REQUIRED
 
 
 def enter(draft: Draft, retry: bool) -> None:
-    if draft.policy.drain.enable:
-        draft.start(Step(kind=StepKind.DRAIN))
-    else:
-        step = Step(kind=StepKind.DRAIN)
-        draft.skip(step, S.OPERANDS_PAUSE_REQUIRED, StepResult.SKIPPED, "drain disabled")
+    enabled = draft.policy.drain.enable
+    start_or_pass(draft, StepKind.DRAIN, enabled, S.OPERANDS_PAUSE_REQUIRED, "drain disabled")
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:
-    if not isinstance(trigger, kube.DrainCompleted | kube.DrainFailed):
-        return
-    if trigger.action_id != draft.step_id():
+    if not answers_step(draft, trigger):
         return
     if isinstance(trigger, kube.DrainCompleted):
         draft.outcome(StepResult.SUCCEEDED, f"{trigger.evicted} pods evicted")
         draft.move(S.OPERANDS_PAUSE_REQUIRED, "node drained")
+        return
+    if not isinstance(trigger, kube.DrainFailed):
         return
     blocking = f", blocked by {trigger.blocking_pdb}" if trigger.blocking_pdb else ""
     detail = f"drain failed ({trigger.reason}{blocking}): {trigger.message}".rstrip(": ")

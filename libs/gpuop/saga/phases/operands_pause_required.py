@@ -9,20 +9,19 @@ from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.drafting import Draft
 from gpuop.saga.effects import issue
 from gpuop.saga.machine import Effects, Trigger
-from gpuop.saga.phases.common import fail_on_deadline
+from gpuop.saga.phases.common import fail_on_deadline, start_or_pass
 from gpuop.saga.records import NodeSaga, StepResult
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.steps import StepKind
 
 STATE = S.OPERANDS_PAUSE_REQUIRED
 
 
 def enter(draft: Draft, retry: bool) -> None:
-    if draft.saga.operands:
+    operands = bool(draft.saga.operands)
+    if operands:
         draft.update(paused=(), operands_paused=True)
-        draft.start(Step(kind=StepKind.OPERANDS_PAUSE))
-    else:
-        step = Step(kind=StepKind.OPERANDS_PAUSE)
-        draft.skip(step, S.DRIVER_RELOAD_REQUIRED, StepResult.SKIPPED, "no operands")
+    next_state = S.DRIVER_RELOAD_REQUIRED
+    start_or_pass(draft, StepKind.OPERANDS_PAUSE, operands, next_state, "no operands")
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:

@@ -12,7 +12,7 @@ from gpuop.saga.actions import DeletePods
 from gpuop.saga.drafting import Draft
 from gpuop.saga.effects import action_id, timeout
 from gpuop.saga.machine import Effects, Trigger
-from gpuop.saga.phases.common import overdue
+from gpuop.saga.phases.common import answers_step, overdue
 from gpuop.saga.records import NodeSaga, StepResult
 from gpuop.saga.steps import Step, StepKind
 
@@ -24,13 +24,13 @@ def enter(draft: Draft, retry: bool) -> None:
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:
-    if not isinstance(trigger, kube.PodsDeleted | kube.PodDeletionFailed):
-        return
-    if trigger.action_id != draft.step_id():
+    if not answers_step(draft, trigger):
         return
     if isinstance(trigger, kube.PodsDeleted):
         draft.outcome(StepResult.SUCCEEDED, f"{trigger.deleted} GPU pods deleted")
         draft.move(S.DRAIN_REQUIRED, "GPU pods deleted")
+        return
+    if not isinstance(trigger, kube.PodDeletionFailed):
         return
     detail = f"GPU pods stayed ({trigger.reason}): {trigger.message}".rstrip(": ")
     if draft.policy.drain.enable:

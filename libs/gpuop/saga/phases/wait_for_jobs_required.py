@@ -7,19 +7,17 @@ from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.saga.drafting import Draft
 from gpuop.saga.machine import Trigger, no_effects
-from gpuop.saga.phases.common import overdue
+from gpuop.saga.phases.common import overdue, start_or_pass
 from gpuop.saga.records import StepResult
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.steps import StepKind
 
 STATE = S.WAIT_FOR_JOBS_REQUIRED
 
 
 def enter(draft: Draft, retry: bool) -> None:
-    if draft.policy.wait_for_completion.pod_selector:
-        draft.start(Step(kind=StepKind.WAIT_FOR_JOBS))
-    else:
-        step = Step(kind=StepKind.WAIT_FOR_JOBS)
-        draft.skip(step, S.POD_DELETION_REQUIRED, StepResult.SKIPPED, "no jobs to wait for")
+    selector = bool(draft.policy.wait_for_completion.pod_selector)
+    next_state = S.POD_DELETION_REQUIRED
+    start_or_pass(draft, StepKind.WAIT_FOR_JOBS, selector, next_state, "no jobs to wait for")
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:
