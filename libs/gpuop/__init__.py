@@ -2,7 +2,7 @@
 
 Packages, each importing only those below it (import-linter checks it, `make lint`):
 
-    cli            `gpuop`: run, events, replay, discover, upgrade (+ plugin commands)
+    cli            `gpuop`: run, events, replay, discover, upgrade, bus (+ plugin commands)
     services       the six services; none imports another
     runtime        `gpuop run`: settings, the service lifecycle
     inventory | operands | health | saga

@@ -34,7 +34,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from prometheus_client import CollectorRegistry
 
-from gpuop.bus import ConsumerSpec, Delivery, NatsBus, NatsServer
+from gpuop.bus import ConsumerSpec, Delivery, NatsBus, NatsCluster, NatsServer
 from gpuop.events import Envelope, bus_subject, decode, new_event
 from gpuop.events.hardware import HardwareHeartbeat
 from gpuop.observability.metrics import BusMetrics
@@ -124,7 +124,7 @@ async def timed(
 async def raw_run(url: str, envelopes: Sequence[Envelope], run: int) -> Run:
     """Plain nats-py: publish_async in chunks, pull fetch + decode + ack in one loop."""
     durable = f"bench-raw-{run}"
-    nc = await nats.connect(url)
+    nc = await nats.connect(url.split(","))
     try:
         js = nc.jetstream(publish_async_max_pending=MAX_PENDING_PUBLISHES)
         await js.add_consumer(
@@ -235,14 +235,21 @@ class Runs:
     gpuop: list[Run] = field(default_factory=list)
 
 
-async def measure(events: int, rounds: int, only: str | None = None) -> Runs:
-    """`rounds` alternations of raw then gpuop (or one side) against one fresh server."""
+async def measure(
+    events: int, rounds: int, only: str | None = None, *, cluster: bool = False
+) -> Runs:
+    """`rounds` alternations of raw then gpuop (or one side) against one fresh server, or a
+    fresh three-server cluster with every stream on all three (`cluster`)."""
     runs = Runs()
     with tempfile.TemporaryDirectory(prefix="gpuop-bench-") as store:
-        server = NatsServer(Path(store))
+        server: NatsServer | NatsCluster = (
+            NatsCluster(Path(store)) if cluster else NatsServer(Path(store))
+        )
         await server.start()
         try:
-            setup = NatsBus(server.url, metrics=BusMetrics(CollectorRegistry()))
+            setup = NatsBus(
+                server.url, metrics=BusMetrics(CollectorRegistry()), replicas=3 if cluster else 1
+            )
             await setup.start()  # creates the streams both sides publish to
             await setup.close()
             sides: list[tuple[str, Runner, list[Run]]] = [
@@ -266,17 +273,24 @@ async def measure(events: int, rounds: int, only: str | None = None) -> Runs:
     return runs
 
 
-def summary(runs: Runs, mode: str, events: int, rounds: int) -> dict[str, object]:
+def summary(
+    runs: Runs, mode: str, events: int, rounds: int, *, cluster: bool = False
+) -> dict[str, object]:
     """The figures of the best run of each side."""
     gpuop = max(runs.gpuop, key=lambda run: run.per_s)
     raw = max(runs.raw, key=lambda run: run.per_s)
     ratio = gpuop.per_s / raw.per_s
     return {
-        "benchmark": "bus",
+        "benchmark": "bus-cluster" if cluster else "bus",
         "about": (
             "Small events published, pull-consumed, decoded and acked end to end, through"
             " gpuop.bus and through raw nats-py doing the same work; best of each side's runs."
             " cpu_us_per_event is this client process's CPU time (the server's is not counted)."
+            + (
+                " On a three-server JetStream cluster, every stream with three replicas."
+                if cluster
+                else ""
+            )
         ),
         "mode": mode,
         "events": events,
@@ -301,6 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="raw+gpuop rounds; best counts")
     parser.add_argument("--only", choices=("raw", "gpuop"), help="run one side (for --profile)")
     parser.add_argument("--profile", type=Path, help="write a cProfile of the runs to this file")
+    parser.add_argument(
+        "--cluster", action="store_true", help="on three servers, every stream R3 (not one)"
+    )
     args = parser.parse_args(argv)
     mode = "quick" if args.quick else "full"
     events = args.events or (5_000 if args.quick else 20_000)
@@ -310,16 +327,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile is not None:
         profiler = cProfile.Profile()
         profiler.enable()
-        asyncio.run(measure(events, args.rounds, only=args.only))
+        asyncio.run(measure(events, args.rounds, only=args.only, cluster=args.cluster))
         profiler.disable()
         profiler.dump_stats(args.profile)
         print(f"profile written to {args.profile}", file=sys.stderr)
         return 0
 
-    runs = asyncio.run(measure(events, args.rounds, only=args.only))
+    runs = asyncio.run(measure(events, args.rounds, only=args.only, cluster=args.cluster))
     if not runs.gpuop or not runs.raw:
         return 0  # one side only: the per-run lines above are the result
-    print(json.dumps(summary(runs, mode, events, args.rounds)))
+    print(json.dumps(summary(runs, mode, events, args.rounds, cluster=args.cluster)))
     return 0
 
 

@@ -29,9 +29,11 @@ REPORT = ROOT / "BENCHMARKS.md"
 HELPERS = frozenset({"run_all.py", "__init__.py", "conftest.py", "support.py", "helpers.py"})
 TIMEOUT = {False: 900.0, True: 180.0}
 """Seconds one script may run, full and quick."""
-LONG_RUNNING = {"soak": 1500.0}
+LONG_RUNNING = {"soak": 1500.0, "cluster_rollout": 1200.0}
 """Full-mode limits of the scripts that run long by design: the soak runs ten minutes after
-a start-up of one or two."""
+a start-up of one or two; the cluster rollout runs two whole-stack rollouts."""
+QUICK_LONG_RUNNING = {"cluster_rollout": 600.0}
+"""Quick-mode limits of the same."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,8 @@ def run(script: Path, quick: bool) -> Outcome:
     command = shlex.join([shown(Path(sys.executable)), *argv[1:]])
     print(f"$ {command}", flush=True)
     lines: list[str] = []
-    limit = TIMEOUT[quick] if quick else LONG_RUNNING.get(script.stem, TIMEOUT[quick])
+    long_running = QUICK_LONG_RUNNING if quick else LONG_RUNNING
+    limit = long_running.get(script.stem, TIMEOUT[quick])
     with subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True, bufsize=1) as process:
         # reading the output blocks, so a hung script is killed from a timer
         watchdog = threading.Timer(limit, process.kill)
@@ -111,7 +114,8 @@ def cell(value: object) -> str:
 
 
 def section(outcome: Outcome) -> list[str]:
-    lines = [f"## {outcome.name}", "", "```", outcome.command, "```", ""]
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"## {outcome.name}", "", "```", outcome.command, "```", "", f"Run: {now}.", ""]
     if outcome.result is None:
         return [*lines, f"**Failed**: {outcome.error}.", ""]
     about = outcome.result.get("about")
@@ -155,12 +159,43 @@ def report(outcomes: list[Outcome], quick: bool) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def merged(previous: str, fresh: str, names: set[str]) -> str:
+    """`fresh` (a report of `names` only) folded into `previous`: its sections replace those
+    of the same name, in the order of the scripts; every other section is kept as it was."""
+
+    def sections(text: str) -> dict[str, str]:
+        parts = text.split("\n## ")
+        return {part.split("\n", 1)[0].strip(): "## " + part for part in parts[1:]}
+
+    kept, new = sections(previous), sections(fresh)
+    order = [script.stem for script in benchmarks()]
+    combined = {**kept, **new}
+    header = fresh.split("\n## ", 1)[0]
+    body = [combined[name].rstrip() + "\n" for name in order if name in combined]
+    return header.rstrip() + "\n\n" + "\n".join(body)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        help="run these benchmarks and replace their sections, keeping the others",
+    )
     args = parser.parse_args(argv)
-    outcomes = [run(script, args.quick) for script in benchmarks()]
-    REPORT.write_text(report(outcomes, args.quick))
+    scripts = benchmarks()
+    if args.only:
+        unknown = set(args.only) - {script.stem for script in scripts}
+        if unknown:
+            parser.error(f"no benchmark named {', '.join(sorted(unknown))}")
+        scripts = [script for script in scripts if script.stem in args.only]
+    outcomes = [run(script, args.quick) for script in scripts]
+    written = report(outcomes, args.quick)
+    if args.only and REPORT.is_file():
+        written = merged(REPORT.read_text(), written, set(args.only))
+    REPORT.write_text(written)
     print(f"wrote {shown(REPORT)}")
     failed = [outcome for outcome in outcomes if not outcome.ok]
     for outcome in failed:

@@ -84,7 +84,14 @@ class Stack:
     """Node agents and discovery's cluster role by name."""
     agent_arguments: dict[str, list[str]] = field(default_factory=dict)
     """How each agent was started, to start it again."""
+    nats_replicas: int = 1
+    """Replicas of the streams and buckets every service is told to keep."""
     _started: int = 0
+
+    @property
+    def nats_arguments(self) -> list[str]:
+        """The NATS flags of every service: the server list and the replica count."""
+        return ["--nats", self.nats_url, "--nats-replicas", str(self.nats_replicas)]
 
     @property
     def node_names(self) -> list[str]:
@@ -132,7 +139,7 @@ class Stack:
         name = f"orchestrator-{self._started}"
         log = self.work / f"{name}.log"
         self.logs.append(log)
-        arguments = ["upgrade-orchestrator", "--role", "cluster", "--nats", self.nats_url]
+        arguments = ["upgrade-orchestrator", "--role", "cluster", *self.nats_arguments]
         arguments += ["--kubeconfig", str(self.kubeconfig), "--config", str(self._orchestrator)]
         self.replicas[name] = await start_service(arguments, log)
         return name
@@ -242,6 +249,7 @@ async def stack(
     driver_manager: dict[int, str] | None = None,
     faults: FaultPlan | None = None,
     labeler_retry: float | None = None,
+    nats_replicas: int = 1,
 ) -> AsyncIterator[Stack]:
     """The stack with no orchestrator yet, once discovery has labelled every node;
     `kernels`: node index -> kernel release for nodes that run another kernel than the
@@ -251,7 +259,8 @@ async def stack(
     docstring; `driver_manager`: node index -> more YAML for that node's driver-manager
     config (fault injection); `faults`: what the API server gets wrong on purpose
     (`cluster.faults` changes it while the stack runs); `labeler_retry`: seconds between
-    discovery's cluster role's retries (its default otherwise, 5 s)."""
+    discovery's cluster role's retries (its default otherwise, 5 s); `nats_replicas`: replicas
+    of the streams and buckets (3 on a cluster: `nats_url` is then the server list)."""
     kernels = kernels or {}
     (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
     (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
@@ -263,7 +272,7 @@ async def stack(
             SimCluster(nodes=nodes_count, gpus=gpus, workloads=True, seed=seed, faults=faults)
         )
         kubeconfig = cluster.write_kubeconfig(work / "kubeconfig")
-        bus = NatsBus(nats_url, name="e2e-observer")
+        bus = NatsBus(nats_url, name="e2e-observer", replicas=nats_replicas)
         await bus.start()
         exits.push_async_callback(bus.close)
         kube = await exits.enter_async_context(await client.connect(kubeconfig))
@@ -287,10 +296,11 @@ async def stack(
             source, [(component, v, kernel) for kernel in releases for component, v in wanted]
         )
         running = Stack(cluster, kube, bus, nats_url, kubeconfig, work, source, roots)
+        running.nats_replicas = nats_replicas
         exits.push_async_callback(_stop_all, running)
         agents = []
         for index, (node, root) in enumerate(roots.items()):
-            on_node = ["--node", node, "--nats", nats_url, "--host-root", str(root.path)]
+            on_node = ["--node", node, *running.nats_arguments, "--host-root", str(root.path)]
             on_node += ["--nvml", f"sim:{gpus}"]
             config = work / "driver-manager.yaml"
             if index in (driver_manager or {}):
@@ -305,7 +315,7 @@ async def stack(
                 services.append(("telemetry", ["--config", str(work / "telemetry.yaml")]))
             for name, extra in services:
                 agents.append((f"{name}-{node}", [name, *on_node, *extra]))
-        cluster_role = ["discovery", "--role", "cluster", "--nats", nats_url]
+        cluster_role = ["discovery", "--role", "cluster", *running.nats_arguments]
         if labeler_retry is not None:
             labeler = work / "discovery-cluster.yaml"
             labeler.write_text(f"retry_interval_seconds: {labeler_retry}\n")

@@ -27,6 +27,14 @@ def test_flags_win_over_environment_which_wins_over_defaults() -> None:
     assert settings.role is Role.NODE
 
 
+def test_the_replica_count_comes_from_the_flag_or_the_environment() -> None:
+    assert load({"service": "discovery", "node": "n1"}, {}).nats_replicas == 1
+    environ = {"GPUOP_NATS_REPLICAS": "3"}
+    assert load({"service": "discovery", "node": "n1"}, environ).nats_replicas == 3
+    flags = {"service": "discovery", "node": "n1", "nats_replicas": 5}
+    assert load(flags, environ).nats_replicas == 5
+
+
 def test_node_role_requires_a_node_name() -> None:
     with pytest.raises(SettingsError, match="--node"):
         load({"service": "discovery"}, {})
@@ -40,6 +48,8 @@ def test_node_role_requires_a_node_name() -> None:
         ({"node": "n1", "metrics_listen": "nowhere"}, "--metrics-listen"),
         ({"node": "n1", "prefix": "a.b"}, "--prefix"),
         ({"node": "n1", "role": "edge"}, "--role"),
+        ({"node": "n1", "nats_replicas": "7"}, "--nats-replicas"),
+        ({"node": "n1", "nats_replicas": "0"}, "--nats-replicas"),
     ],
 )
 def test_invalid_values_name_the_flag(flags: dict[str, str], flag: str) -> None:

@@ -15,7 +15,7 @@ from gpuop.bus.errors import (
     TemporaryError,
 )
 from gpuop.bus.jetstream import NatsBus
-from gpuop.bus.launcher import NatsServer
+from gpuop.bus.launcher import NatsCluster, NatsServer
 from gpuop.bus.memory import InMemoryBus
 from gpuop.bus.protocol import (
     Buckets,
@@ -42,6 +42,7 @@ __all__ = [
     "KvEntry",
     "MessageTooLarge",
     "NatsBus",
+    "NatsCluster",
     "NatsServer",
     "PermanentError",
     "PublishAck",

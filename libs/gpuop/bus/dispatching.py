@@ -4,6 +4,9 @@ Both bus implementations feed their raw deliveries to a `Dispatcher`; it is the 
 where the error taxonomy becomes an outcome:
 
     decoded, handler returned          -> ack
+    the bus failing under the handler  -> the handler is called again in place, with a backoff,
+      (PublishTimeout, BusUnavailable)    for up to `BUS_PATIENCE`: an outage or a cluster
+                                          electing a leader spends no delivery attempt
     TemporaryError(delay)              -> nak after `delay`; dead letter once `max_deliver` is spent
     PermanentError, malformed message  -> dead letter with the reason, then terminate
     type from a newer producer         -> ack and count (never dead-lettered)
@@ -24,7 +27,13 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from gpuop.bus import publishing
-from gpuop.bus.errors import BusError, PermanentError, TemporaryError
+from gpuop.bus.errors import (
+    BusError,
+    BusUnavailable,
+    PermanentError,
+    PublishTimeout,
+    TemporaryError,
+)
 from gpuop.bus.protocol import ConsumerSpec, Delivery, Handler, PublishAck, UnknownErrors
 from gpuop.events import MalformedMessage, UnknownEventType, decode, subjects
 from gpuop.observability import logging as oblog
@@ -35,6 +44,11 @@ log = logging.getLogger(__name__)
 
 MAX_REASON = 1024
 """Dead-letter reasons are truncated: a hostile message must not make a huge header."""
+BUS_PATIENCE = 300.0
+"""Seconds a handler whose bus calls fail (the server gone, a stream between leaders, a
+server cut off) is called again in place before its message goes back to the server; the
+keep-alive holds the message meanwhile. A redelivery would spend one of `max_deliver`
+attempts on each try, and a 20-second partition would dead-letter the event."""
 
 
 class Inbound(Protocol):
@@ -167,15 +181,7 @@ class Dispatcher:
         delivery = Delivery(message.subject, envelope, payload, message.attempt, message.stream_seq)
         started = time.perf_counter()
         try:
-            if envelope.traceparent is None and envelope.correlationid is None:
-                # lanes run in the fetch loop's context, which has neither: nothing to set
-                await self._handler(delivery)
-            else:
-                with (
-                    tracing.attached(envelope.traceparent),
-                    oblog.correlation(envelope.correlationid),
-                ):
-                    await self._handler(delivery)
+            await self._patiently(delivery)
         except TemporaryError as exc:
             await self._retry(message, exc.delay, str(exc))
         except PermanentError as exc:
@@ -194,6 +200,36 @@ class Dispatcher:
             await _quietly(message.ack())
         finally:
             self._metrics.observe_handler(consumer, time.perf_counter() - started)
+
+    async def _patiently(self, delivery: Delivery) -> None:
+        """The handler, called again while the bus fails under it (see `BUS_PATIENCE`)."""
+        deadline = time.monotonic() + BUS_PATIENCE
+        delay = 0.25
+        while True:
+            try:
+                await self._call(delivery)
+                return
+            except (PublishTimeout, BusUnavailable) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning(
+                    "handler of %s on %s: the bus failed (%s); again in %.2g s",
+                    self._spec.durable,
+                    delivery.subject,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _call(self, delivery: Delivery) -> None:
+        envelope = delivery.envelope
+        if envelope.traceparent is None and envelope.correlationid is None:
+            # lanes run in the fetch loop's context, which has neither: nothing to set
+            await self._handler(delivery)
+            return
+        with tracing.attached(envelope.traceparent), oblog.correlation(envelope.correlationid):
+            await self._handler(delivery)
 
     async def _retry(self, message: Inbound, delay: float, reason: str) -> None:
         if message.attempt >= self._spec.max_deliver:

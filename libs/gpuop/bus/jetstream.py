@@ -9,6 +9,7 @@ server restarts because the client reconnects and the consumer lives on the serv
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -48,14 +49,24 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     nats.errors.OutboundBufferLimitError,
     nats.errors.StaleConnectionError,
     nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,
     asyncio.TimeoutError,
 )
-"""Failures that a reconnect or a moment's patience cures."""
+"""Failures that a reconnect or a moment's patience cures (on a cluster, also a stream whose
+leader is gone and whose next one is not elected yet: no response from the stream)."""
 
 ANY_NATS_ERROR: tuple[type[BaseException], ...] = (*TRANSIENT, nats.errors.Error)
 
 RECONNECT_WAIT = 0.25
 """Seconds between connection attempts to the same server."""
+RECONCILE_TIMEOUT = 2.0
+"""Seconds to wait for a stream's configuration or its update at start: a user the server
+does not allow either gets no answer at all."""
+PING_INTERVAL = 5.0
+MAX_OUTSTANDING_PINGS = 3
+"""A server that answers no ping for 15 s is given up and another of the list is tried: a
+partition drops packets without closing the connection, and nats-py's defaults (two minutes
+between pings) would leave a service talking to a cut-off server for four."""
 
 
 class NatsBus:
@@ -71,9 +82,16 @@ class NatsBus:
         events_max_age: float = streams.DEFAULT_EVENTS_MAX_AGE,
         publish_timeout: float = 5.0,
         retry_for: float = 30.0,
+        replicas: int = 1,
         metrics: BusMetrics | None = None,
     ) -> None:
-        self._servers = [servers] if isinstance(servers, str) else list(servers)
+        if isinstance(servers, str):
+            servers = [url.strip() for url in servers.split(",") if url.strip()]
+        self._servers = list(servers)
+        if not 1 <= replicas <= 5:
+            raise ValueError(f"replicas must be 1 to 5, not {replicas}")
+        self.replicas = replicas
+        """Replicas of every stream and bucket this bus creates (3 on a JetStream cluster)."""
         self._prefix = prefix
         self._name = name
         self._creds = creds
@@ -132,6 +150,8 @@ class NatsBus:
                 allow_reconnect=True,
                 max_reconnect_attempts=attempts,
                 reconnect_time_wait=RECONNECT_WAIT,
+                ping_interval=PING_INTERVAL,
+                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                 connect_timeout=2,
                 drain_timeout=2,
                 error_cb=_log_error,
@@ -149,17 +169,95 @@ class NatsBus:
             log.warning("disconnected from nats; reconnecting")
 
     async def _ensure_stream(self, layout: streams.StreamLayout) -> None:
+        """Create the stream, or check the existing one against what gpuop would create: a
+        drift is reported, then corrected where JetStream can (subjects, retention, dedupe
+        window, more replicas; never fewer), and stops the start where it cannot (storage)."""
         config = StreamConfig(
             name=layout.name,
             subjects=list(layout.subjects),
             storage=StorageType.FILE,
             max_age=layout.max_age,
             duplicate_window=streams.DUPLICATE_WINDOW,
+            num_replicas=self.replicas,
         )
         try:
-            await self.js.add_stream(config)
+            await self.js.add_stream(config)  # the same configuration: nothing changes
+            return
         except nats.js.errors.BadRequestError:
-            await self.js.update_stream(config)
+            pass  # it exists with another configuration
+        except nats.js.errors.APIError as exc:
+            raise BusError(f"cannot create stream {layout.name}: {exc}") from exc
+        try:
+            async with asyncio.timeout(RECONCILE_TIMEOUT):
+                info = await self.js.stream_info(layout.name)
+        except ANY_NATS_ERROR as exc:
+            # a least-privilege user may not read it (the orchestrator's user reconciles)
+            log.warning(
+                "stream %s exists with another configuration, which this user cannot read "
+                "(%r): leaving it to the orchestrator",
+                layout.name,
+                exc,
+            )
+            return
+        await self._reconcile(layout.name, info.config, config)
+
+    async def _reconcile(self, name: str, have: StreamConfig, want: StreamConfig) -> None:
+        keys = ("subjects", "storage", "max_age", "duplicate_window", "num_replicas")
+        differences = streams.drift(
+            {k: getattr(have, k) for k in keys}, {k: getattr(want, k) for k in keys}
+        )
+        if not differences:
+            return
+        shown = ", ".join(f"{k} {a!r} (gpuop wants {b!r})" for k, (a, b) in differences.items())
+        replicas = differences.get("num_replicas")
+        if replicas is not None and int(replicas[0] or 1) > self.replicas:
+            # never scale down: a service started with a lower count must not shed copies
+            want.num_replicas = int(replicas[0])
+            log.warning(
+                "stream %s keeps its %s replicas (this service asks for %d: check --nats-replicas)",
+                name,
+                replicas[0],
+                self.replicas,
+            )
+            del differences["num_replicas"]
+            if not differences:
+                return
+            shown = ", ".join(f"{k} {a!r} (gpuop wants {b!r})" for k, (a, b) in differences.items())
+        fixed = set(differences) - streams.DRIFT_UPDATABLE
+        if fixed:
+            raise BusError(
+                f"stream {name} exists with {shown}; {', '.join(sorted(fixed))} cannot be "
+                "changed in place: move its data out and delete the stream, or fix the setting"
+            )
+        log.warning("stream %s exists with %s; updating it", name, shown)
+        try:
+            async with asyncio.timeout(RECONCILE_TIMEOUT):
+                await self.js.update_stream(want)
+        except ANY_NATS_ERROR as exc:
+            log.warning("stream %s not updated (%r): leaving it to the orchestrator", name, exc)
+
+    async def stream_leader(self, stream: str) -> str:
+        """The server that leads `stream` (a bucket's stream is `KV_<bucket>`); empty on one
+        server without a cluster."""
+        try:
+            info = await self.js.stream_info(stream)
+        except nats.js.errors.APIError as exc:
+            raise BusError(f"cannot read stream {stream}: {exc}") from exc
+        return info.cluster.leader if info.cluster and info.cluster.leader else ""
+
+    async def step_down(self, stream: str) -> None:
+        """Ask `stream`'s leader to hand over to another replica (JetStream's leader
+        step-down), as an operator does before taking a server down."""
+        if self._nc is None:
+            raise BusUnavailable("bus not started")
+        subject = f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}"
+        try:
+            reply = await self._nc.request(subject, b"", timeout=self._publish_timeout)
+        except ANY_NATS_ERROR as exc:
+            raise BusError(f"step-down of {stream} failed: {exc!r}") from exc
+        answer = json.loads(reply.data or b"{}")
+        if answer.get("error"):
+            raise BusError(f"step-down of {stream} refused: {answer['error']}")
 
     async def close(self) -> None:
         self._closing = True
@@ -279,7 +377,7 @@ class NatsBus:
     async def kv(self, bucket: Buckets | str) -> NatsKeyValue:
         name = streams.bucket_name(self._prefix, bucket)
         if name not in self._buckets:
-            self._buckets[name] = await open_bucket(self.js, name)
+            self._buckets[name] = await open_bucket(self.js, name, replicas=self.replicas)
         return self._buckets[name]
 
     async def last(self, subject: str) -> StoredMessage | None:

@@ -6,7 +6,9 @@ raises `RevisionConflict`, and the caller re-reads and decides again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import re
 from collections.abc import AsyncIterator
 
@@ -19,6 +21,10 @@ from nats.js.kv import KeyValue as RawKeyValue
 from gpuop.bus.errors import BucketMissing, BusError, KeyExists, PublishTimeout, RevisionConflict
 from gpuop.bus.protocol import KvEntry
 
+log = logging.getLogger(__name__)
+
+RECONCILE_TIMEOUT = 2.0
+"""Seconds to wait for a bucket's update at start (an unauthorised one gets no answer)."""
 HISTORY = 16
 """Revisions kept per key: enough to audit a saga's last steps."""
 KEYS_CONSUMER_TTL = 2.0
@@ -37,18 +43,66 @@ def check_key(key: str) -> str:
     return key
 
 
-async def open_bucket(js: JetStreamContext, name: str) -> NatsKeyValue:
-    """Open bucket `name`, creating it with file storage when it does not exist."""
+async def open_bucket(js: JetStreamContext, name: str, *, replicas: int = 1) -> NatsKeyValue:
+    """Open bucket `name`, creating it with file storage and `replicas` when it does not
+    exist. An existing bucket with fewer replicas is reported and scaled up to `replicas`
+    (never down: a service started with a lower count must not shed copies of the sagas);
+    one on memory storage, or keeping less history, stops the start with the reason."""
     try:
         raw = await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
+        config = KeyValueConfig(
+            bucket=name, history=HISTORY, storage=StorageType.FILE, replicas=replicas
+        )
         try:
-            raw = await js.create_key_value(
-                KeyValueConfig(bucket=name, history=HISTORY, storage=StorageType.FILE)
-            )
+            raw = await js.create_key_value(config)
         except nats.js.errors.APIError as exc:
             raise BucketMissing(f"cannot create bucket {name}: {exc}") from exc
+    else:
+        await _reconcile(js, name, replicas)
     return NatsKeyValue(name, raw, js)
+
+
+async def _reconcile(js: JetStreamContext, name: str, replicas: int) -> None:
+    stream = f"KV_{name}"
+    try:
+        config = (await js.stream_info(stream)).config
+    except nats.js.errors.APIError as exc:
+        raise BucketMissing(f"cannot read bucket {name}: {exc}") from exc
+    if config.storage != StorageType.FILE or (config.max_msgs_per_subject or 0) < HISTORY:
+        raise BusError(
+            f"bucket {name} exists with storage {config.storage} and history "
+            f"{config.max_msgs_per_subject} (gpuop wants file, {HISTORY}): copy it out and "
+            "delete it, or fix the bucket"
+        )
+    have = config.num_replicas or 1
+    if have == replicas:
+        return
+    if have > replicas:
+        log.warning(
+            "bucket %s keeps its %d replicas (this service asks for %d: check --nats-replicas)",
+            name,
+            have,
+            replicas,
+        )
+        return
+    log.warning(
+        "bucket %s exists with %d replicas (gpuop wants %d); scaling it", name, have, replicas
+    )
+    config.num_replicas = replicas
+    try:
+        async with asyncio.timeout(RECONCILE_TIMEOUT):
+            await js.update_stream(config)
+    except (TimeoutError, nats.errors.Error) as exc:
+        # gpuop's users may not change a bucket's stream: an administrator scales it
+        log.warning(
+            "bucket %s not scaled (%r): scale it as an administrator "
+            "(nats stream edit KV_%s --replicas %d)",
+            name,
+            exc,
+            name,
+            replicas,
+        )
 
 
 class NatsKeyValue:
@@ -161,4 +215,10 @@ class NatsKeyValue:
 def _bus_error(op: str, key: str, exc: BaseException) -> BusError:
     if isinstance(exc, nats.errors.TimeoutError | TimeoutError):
         return PublishTimeout(f"kv {op} {key!r} timed out")
+    if isinstance(
+        exc, nats.js.errors.NoStreamResponseError | nats.js.errors.ServiceUnavailableError
+    ):
+        # a cluster between two leaders of the bucket's stream, or a server cut off from the
+        # others (JetStream temporarily unavailable): try again in a moment
+        return PublishTimeout(f"kv {op} {key!r}: no leader answered ({exc!r})")
     return BusError(f"kv {op} {key!r} failed: {exc}")

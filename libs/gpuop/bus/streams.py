@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpuop.bus.protocol import Buckets
 from gpuop.events import subjects
@@ -60,6 +62,31 @@ def layouts(
             events_max_age,
         ),
     )
+
+
+DRIFT_UPDATABLE = frozenset({"subjects", "max_age", "duplicate_window", "num_replicas"})
+"""Stream settings JetStream changes in place; a drift elsewhere (storage) stops the start."""
+
+
+def drift(have: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The settings of an existing stream (`have`, the server's config as a dict) that
+    differ from what gpuop creates (`want`): name -> (have, want). Durations compare in
+    seconds, subjects as sets."""
+
+    def norm(key: str, value: Any) -> Any:
+        if key == "subjects":
+            return sorted(value or ())
+        if key in ("max_age", "duplicate_window") and value is not None:
+            return round(float(value), 3)
+        if key == "num_replicas":
+            return int(value or 1)
+        return value
+
+    return {
+        key: (have.get(key), value)
+        for key, value in want.items()
+        if norm(key, have.get(key)) != norm(key, value)
+    }
 
 
 def stream_for(prefix: str, subject_filter: str) -> StreamLayout:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from gpuop import __version__, plugins
 from gpuop.bus.errors import BusError
-from gpuop.cli import discover, events, replay, run, upgrade
+from gpuop.cli import bus, discover, events, replay, run, upgrade
 from gpuop.cli.errors import CommandFailed
 from gpuop.kube.errors import KubeError
 from gpuop.runtime.services import UnknownService
@@ -39,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     replay.add_parser(verbs)
     discover.add_parser(verbs)
     upgrade.add_parser(verbs)
+    bus.add_parser(verbs)
     for add_parser in plugins.load_all("gpuop.commands").values():  # `demo`, `sim`
         add_parser(verbs)
     return top

@@ -26,6 +26,11 @@ def add_parser(verbs: Any) -> None:
     sub.add_argument("--nats", help="NATS URLs, comma separated")
     sub.add_argument("--nats-creds", help="NATS credentials file")
     sub.add_argument(
+        "--nats-replicas",
+        type=int,
+        help="replicas of streams and buckets (default 1; 3 on a cluster)",
+    )
+    sub.add_argument(
         "--nats-wait", type=float, help="seconds to keep trying NATS at start (default 30)"
     )
     sub.add_argument("--prefix", help="subject prefix (default gpuop)")

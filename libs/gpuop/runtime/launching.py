@@ -65,6 +65,7 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
         name=f"gpuop-{definition.name}-{settings.node or settings.role}",
         creds=str(settings.nats_creds) if settings.nats_creds else None,
         retry_for=settings.nats_wait,
+        replicas=settings.nats_replicas,
         metrics=BusMetrics(metrics),
     )
     context = ServiceContext(settings, bus, metrics)

@@ -54,6 +54,9 @@ class Settings(BaseModel):
     """NATS server URLs."""
     nats_creds: Path | None = None
     """NATS credentials file (production NATS uses per-service users)."""
+    nats_replicas: int = Field(default=1, ge=1, le=5)
+    """Replicas of every stream and KV bucket: 1 for one server, 3 on a JetStream cluster
+    (a saga, an inventory and the audit log then survive losing a server)."""
     nats_wait: float = Field(default=30.0, ge=0, le=3600)
     """Seconds to keep trying NATS at start before giving up with exit code 1."""
     prefix: str = subjects.DEFAULT_PREFIX

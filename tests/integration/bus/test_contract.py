@@ -24,8 +24,10 @@ from gpuop.bus import (
     PermanentError,
     RevisionConflict,
     TemporaryError,
+    dispatching,
     streams,
 )
+from gpuop.bus.errors import BusUnavailable, PublishTimeout
 from gpuop.observability import tracing
 from tests.support.buses import (
     HB_SUBJECT,
@@ -223,6 +225,40 @@ async def test_max_deliver_bounds_a_message_that_always_fails(bus: Bus) -> None:
     (letter,) = await dead_letters(bus)
     assert letter.headers[streams.DLQ_KIND] == "max_deliver"
     assert "still broken" in letter.headers[streams.DLQ_REASON]
+
+
+async def test_a_bus_failing_under_the_handler_spends_no_delivery_attempt(bus: Bus) -> None:
+    async def bus_down_twice(delivery: Delivery) -> None:
+        if len(recorder.seen) <= 2:
+            raise PublishTimeout("the stream's leader is being elected")
+
+    recorder = Recorder(bus_down_twice)
+    sub = await bus.consume(spec(max_deliver=2), recorder)
+    await bus.publish(heartbeat("n1", 1))
+    seen = await recorder.wait_for(3)
+    await asyncio.sleep(0.2)
+    await sub.stop()
+    # called again in place: the same delivery, attempt 1 each time, then acked
+    assert [d.attempt for d in seen] == [1, 1, 1]
+    assert await dead_letters(bus) == []
+
+
+async def test_a_bus_that_stays_down_hands_the_message_back_after_the_patience(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dispatching, "BUS_PATIENCE", 0.3)
+
+    async def never(delivery: Delivery) -> None:
+        raise BusUnavailable("no server answers")
+
+    recorder = Recorder(never)
+    sub = await bus.consume(spec(max_deliver=2, retry_delay=0.05), recorder)
+    await bus.publish(heartbeat("n1", 1))
+    await wait_until(lambda: _has_dead_letters(bus, 1), timeout=10)
+    await sub.stop()
+    assert {d.attempt for d in recorder.seen} == {1, 2}
+    (letter,) = await dead_letters(bus)
+    assert "no server answers" in letter.headers[streams.DLQ_REASON]
 
 
 async def test_unknown_exception_is_retried_by_default(bus: Bus) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gpuop.bus import NatsBus, NatsServer
+from gpuop.bus import NatsBus, NatsCluster, NatsServer
 from gpuop.host.roots import HostRoot
 from gpuop.runtime import services
 from gpuop.runtime.settings import Role
@@ -272,3 +272,36 @@ async def test_demo_headless_with_four_nodes_finishes_and_its_record_replays(tmp
 async def test_demo_rejects_a_bad_size() -> None:
     code, _, err = await gpuop("demo", "--nodes", "0")
     assert code == 2 and "--nodes" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--nats", " , "], "--nats"),
+        (["--nats", "nats://127.0.0.1:1", "--nats-replicas", "9"], "--nats-replicas"),
+    ],
+)
+async def test_demo_rejects_a_bad_nats(flags: list[str], named: str) -> None:
+    code, _, err = await gpuop("demo", *flags)
+    assert code == 2 and named in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+async def test_demo_on_a_three_server_cluster_it_did_not_start(tmp_path: Path) -> None:
+    async with NatsCluster(tmp_path / "nats") as cluster:
+        code, out, err = await gpuop(
+            "demo", "--headless", "--nodes", "2", "--gpus", "1", "--nats", cluster.url,
+            timeout=300,
+        )  # fmt: skip
+        assert code == 0, err + out
+        assert f"using NATS at {cluster.url} (3 replicas)" in out
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert (summary["nodes"], summary["done"], summary["failed"]) == (2, 2, 0)
+        bus = NatsBus(cluster.url)
+        await bus.connect()
+        try:
+            info = await bus.js.stream_info("KV_gpuop_sagas")
+            assert info.config.num_replicas == 3 and info.state.messages >= 2
+        finally:
+            await bus.close()

@@ -87,13 +87,40 @@ class Violation:
     subject: str
 
 
-def _rewrite(text: str, replacements: dict[str, str]) -> str:
+def rewrite(text: str, replacements: dict[str, str], *, name: str = f"deploy/nats/{CONFIG}") -> str:
+    """`text` of the file `name` with each of `replacements`, which must occur exactly once."""
     for old, new in replacements.items():
         count = text.count(old)
         if count != 1:
-            raise AssertionError(f"deploy/nats/{CONFIG} has {old!r} {count} times, expected once")
+            raise AssertionError(f"{name} has {old!r} {count} times, expected once")
         text = text.replace(old, new)
     return text
+
+
+def write_certificate(directory: Path) -> Path:
+    """tls.crt and tls.key for localhost and 127.0.0.1 from a throwaway CA, and the CA as
+    ca.crt, in `directory` (the keys of the chart's TLS Secret); the CA's path."""
+    authority = trustme.CA()
+    certificate = authority.issue_cert("localhost", "127.0.0.1")
+    certificate.cert_chain_pems[0].write_to_path(str(directory / "tls.crt"))
+    certificate.private_key_pem.write_to_path(str(directory / "tls.key"))
+    authority.cert_pem.write_to_path(str(directory / "ca.crt"))
+    return directory / "ca.crt"
+
+
+def loopback_config(text: str, *, store: Path, tls: Path) -> str:
+    """nats-server.conf on 127.0.0.1 (random client and monitoring ports), its JetStream store
+    in `store` and its TLS files from `tls`."""
+    return rewrite(
+        text,
+        {
+            "listen: 0.0.0.0:4222": "listen: 127.0.0.1:-1",
+            "http: 0.0.0.0:8222": "http: 127.0.0.1:-1",
+            '"/data/jetstream"': f'"{store}"',
+            '"/etc/nats/tls/tls.crt"': f'"{tls / "tls.crt"}"',
+            '"/etc/nats/tls/tls.key"': f'"{tls / "tls.key"}"',
+        },
+    )
 
 
 @dataclass
@@ -120,20 +147,11 @@ class ShippedNats:
 
     async def start(self, timeout: float = 10.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        authority = trustme.CA()
-        certificate = authority.issue_cert("localhost", "127.0.0.1")
-        certificate.cert_chain_pems[0].write_to_path(str(self.workdir / "tls.crt"))
-        certificate.private_key_pem.write_to_path(str(self.workdir / "tls.key"))
-        authority.cert_pem.write_to_path(str(self.ca_file))
-        config = _rewrite(
+        write_certificate(self.workdir)
+        config = loopback_config(
             (NATS_DIR / CONFIG).read_text(encoding="utf-8"),
-            {
-                "listen: 0.0.0.0:4222": "listen: 127.0.0.1:-1",
-                "http: 0.0.0.0:8222": "http: 127.0.0.1:-1",
-                '"/data/jetstream"': f'"{self.workdir / "jetstream"}"',
-                '"/etc/nats/tls/tls.crt"': f'"{self.workdir / "tls.crt"}"',
-                '"/etc/nats/tls/tls.key"': f'"{self.workdir / "tls.key"}"',
-            },
+            store=self.workdir / "jetstream",
+            tls=self.workdir,
         )
         (self.workdir / CONFIG).write_text(config, encoding="utf-8")
         (self.workdir / ACCOUNTS).write_bytes((NATS_DIR / ACCOUNTS).read_bytes())

@@ -1,9 +1,10 @@
-"""The Helm chart: Helm's lint and rendering with the default, all-features and external-NATS
-values, every manifest valid Kubernetes, and every setting agreeing with the code it deploys
-(settings, config models, metric names, the CRD, deploy/nats, the image's user)."""
+"""The Helm chart: Helm's lint and rendering with the default, all-features, external-NATS and
+NATS-cluster values, every manifest valid Kubernetes, and every setting agreeing with the code
+it deploys (settings, config models, metric names, the CRD, deploy/nats, the image's user)."""
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from prometheus_client import CollectorRegistry
 
 from gpuop.events.upgrade import UpgradeState
@@ -24,7 +27,7 @@ from gpuop.services.telemetry import catalog
 from gpuop.services.telemetry import config as telemetry_config
 from gpuop.services.telemetry.operator_metrics import OperatorMetrics
 from gpuop.services.upgrade_orchestrator import config as orchestrator_config
-from tests.unit.deploy.charts import (
+from tests.support.charts import (
     CHART,
     NAMESPACE,
     REPO,
@@ -331,12 +334,31 @@ def test_every_nats_client_trusts_the_ca_of_the_server_it_reaches_and_public_cas
         assert init["securityContext"]["runAsUser"] == image_user()
         if values == "external-nats":
             assert ca["secretName"] == "nats-ca"
-            assert environ["GPUOP_NATS"].endswith("@nats.messaging.svc:4222")
+            assert nats_addresses(environ) == ["nats.messaging.svc:4222"]
         else:
             server = rendering.get("StatefulSet", "gpuop-nats")["spec"]["template"]["spec"]
             tls = next(v for v in server["volumes"] if v["name"] == "tls")
             assert ca["secretName"] == tls["secret"]["secretName"]
-            assert environ["GPUOP_NATS"].endswith(f"@gpuop-nats.{NAMESPACE}.svc:4222")
+            if values == "nats-cluster":
+                servers = [f"{name}:4222" for name in server_names(rendering)]
+                assert nats_addresses(environ) == servers
+            else:
+                assert nats_addresses(environ) == [f"gpuop-nats.{NAMESPACE}.svc:4222"]
+
+
+def nats_addresses(environ: dict[str, str]) -> list[str]:
+    """host:port of each URL of GPUOP_NATS."""
+    return [url.rsplit("@", 1)[1] for url in environ["GPUOP_NATS"].split(",")]
+
+
+def server_names(rendering: Rendering) -> list[str]:
+    """The stable DNS name of every pod of the bundled NATS, through its StatefulSet's Service."""
+    statefulset = rendering.get("StatefulSet", "gpuop-nats")
+    name, service = statefulset["metadata"]["name"], statefulset["spec"]["serviceName"]
+    return [
+        f"{name}-{ordinal}.{service}.{NAMESPACE}.svc.cluster.local"
+        for ordinal in range(statefulset["spec"]["replicas"])
+    ]
 
 
 def test_a_helm_generated_certificate_names_the_nats_service() -> None:
@@ -344,6 +366,185 @@ def test_a_helm_generated_certificate_names_the_nats_service() -> None:
 
     assert secret["type"] == "kubernetes.io/tls"
     assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+
+
+def test_the_bundled_cluster_runs_three_servers_apart_behind_a_disruption_budget() -> None:
+    rendering = render("nats-cluster")
+    statefulset = rendering.get("StatefulSet", "gpuop-nats")
+    budget = rendering.get("PodDisruptionBudget", "gpuop-nats")
+    labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    pod = statefulset["spec"]["template"]["spec"]
+
+    assert statefulset["spec"]["replicas"] == 3
+    # a server is started only once it reaches a majority: the pods must start together
+    assert statefulset["spec"]["podManagementPolicy"] == "Parallel"
+    assert statefulset["spec"]["volumeClaimTemplates"][0]["spec"]["resources"] == {
+        "requests": {"storage": "20Gi"}
+    }
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert "minAvailable" not in budget["spec"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    anti = pod["affinity"]["podAntiAffinity"]
+    (required,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["topologyKey"] == "kubernetes.io/hostname"
+    assert required["labelSelector"]["matchLabels"].items() <= labels.items()
+
+    preferred = render_with({"nats": {"cluster": {"enabled": True, "antiAffinity": "preferred"}}})
+    pod = preferred.get("StatefulSet", "gpuop-nats")["spec"]["template"]["spec"]
+    anti = pod["affinity"]["podAntiAffinity"]
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
+
+
+def test_a_single_server_has_no_cluster_parts() -> None:
+    rendering = render("defaults")
+    statefulset = rendering.get("StatefulSet", "gpuop-nats")
+    headless = rendering.get("Service", "gpuop-nats-headless")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+
+    assert statefulset["spec"]["replicas"] == 1
+    assert "podManagementPolicy" not in statefulset["spec"]
+    assert "affinity" not in statefulset["spec"]["template"]["spec"]
+    assert rendering.all("PodDisruptionBudget") == [
+        rendering.get("PodDisruptionBudget", "gpuop-upgrade-orchestrator")
+    ]
+    assert container["args"] == ["-c", "/etc/nats/config/nats-server.conf"]
+    assert "env" not in container
+    assert {p["port"] for p in headless["spec"]["ports"]} == {4222, 8222}
+    config = rendering.get("ConfigMap", "gpuop-nats-config")["data"]
+    assert set(config) == {"nats-server.conf", "accounts.conf"}
+
+
+def test_the_servers_route_to_each_other_through_the_headless_service() -> None:
+    rendering = render("nats-cluster")
+    statefulset = rendering.get("StatefulSet", "gpuop-nats")
+    headless = rendering.get("Service", statefulset["spec"]["serviceName"])
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    routes = next(p for p in headless["spec"]["ports"] if p["port"] == 6222)
+
+    assert headless["spec"]["clusterIP"] == "None"
+    # a server's name resolves before it is ready, or no server could reach a majority
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert ports[routes["targetPort"]] == 6222
+    assert container["args"] == ["-c", "/etc/nats/config/nats-cluster.conf"]
+    # cluster.conf's server_name: $POD_NAME, one name per server
+    assert container["env"] == [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    ]
+
+
+def test_the_cluster_runs_deploy_nats_unchanged_with_a_route_to_every_server() -> None:
+    rendering = render("nats-cluster")
+    config = rendering.get("ConfigMap", "gpuop-nats-config")["data"]
+    cluster = config["cluster.conf"]
+    code = "\n".join(line.split("#", 1)[0] for line in cluster.splitlines())
+    block = re.search(r"^cluster \{$(?P<body>.*)^\}$", code, re.M | re.S)
+
+    for name in ("nats-server.conf", "accounts.conf", "cluster.conf"):
+        assert config[name] == (REPO / "deploy" / "nats" / name).read_text(), name
+    includes = re.findall(r'^include "([^"]+)"$', config["nats-cluster.conf"], re.M)
+    assert includes == ["nats-server.conf", "cluster.conf"]
+    assert re.search(r"^server_name: \$POD_NAME$", code, re.M)
+    assert block, "cluster.conf has no cluster block"
+    body = block["body"]
+    assert re.search(r"^\s+name: gpuop$", body, re.M)
+    assert re.search(r"^\s+listen: 0\.0\.0\.0:6222$", body, re.M)
+    assert re.search(r'^\s+include "routes.conf"$', body, re.M)
+    tls = re.search(r"^\s+tls \{(?P<tls>[^}]*)\}", body, re.M)
+    assert tls, "the routes have no TLS"
+    files = dict(re.findall(r'^\s*(\w+_file): "([^"]+)"$', tls["tls"], re.M))
+    assert files == {
+        "cert_file": "/etc/nats/tls/tls.crt",
+        "key_file": "/etc/nats/tls/tls.key",
+        "ca_file": "/etc/nats/tls/ca.crt",
+    }
+    assert "verify_cert_and_check_known_urls: true" in tls["tls"]
+    routes = re.findall(r'^\s+"nats://([^"]+)"$', config["routes.conf"], re.M)
+    assert routes == [f"{name}:6222" for name in server_names(rendering)]
+    assert len(routes) == 3
+
+
+def certificate_names(secret: Manifest) -> tuple[list[str], set[x509.ObjectIdentifier]]:
+    """The DNS names of a kubernetes.io/tls Secret's certificate, and its extended key usages."""
+    certificate = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    return names.get_values_for_type(x509.DNSName), set(usages)
+
+
+def test_the_certificate_names_every_server_and_serves_routes_both_ways() -> None:
+    rendering = render("nats-cluster")
+    servers = server_names(rendering)
+    wildcard = f"*.gpuop-nats-headless.{NAMESPACE}.svc.cluster.local"
+    names, usages = certificate_names(rendering.get("Secret", "gpuop-nats-tls"))
+
+    assert set(servers) | {wildcard, f"gpuop-nats.{NAMESPACE}.svc"} <= set(names)
+    # a route's TLS is mutual: each server presents the certificate as a client too
+    assert {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH} <= usages
+
+    managed = render_with({"nats": {"cluster": {"enabled": True}, "tls": {"mode": "certManager"}}})
+    spec = managed.get("Certificate", "gpuop-nats")["spec"]
+    assert set(servers) | {wildcard} <= set(spec["dnsNames"])
+    assert spec["usages"] == ["server auth", "client auth"]
+    single = render_with({"nats": {"tls": {"mode": "certManager"}}})
+    assert single.get("Certificate", "gpuop-nats")["spec"]["usages"] == ["server auth"]
+
+
+def test_every_service_knows_every_server_and_keeps_three_copies() -> None:
+    rendering = render("nats-cluster")
+    servers = [f"{name}:4222" for name in server_names(rendering)]
+    checked = 0
+    for _, container in gpuop_containers(rendering):
+        environ = environment(container, node="gpu-1.example.com")
+        loaded = settings.load({"service": container["args"][1]}, environ)
+
+        assert environ["GPUOP_NATS_REPLICAS"] == "3"
+        assert loaded.nats_replicas == 3
+        assert [url.rsplit("@", 1)[1] for url in loaded.nats] == servers
+        assert all(url.startswith("tls://") for url in loaded.nats)
+        checked += 1
+
+    assert checked == 9
+
+
+@pytest.mark.parametrize(
+    ("overrides", "servers", "replicas"),
+    [
+        ({}, 1, "1"),
+        ({"cluster": {"enabled": True, "replicas": 5}}, 5, "5"),
+        # JetStream keeps at most five copies, however many servers there are
+        ({"cluster": {"enabled": True, "replicas": 7}}, 7, "5"),
+        ({"enabled": False, "external": {"address": "nats.messaging.svc:4222"}}, 1, "1"),
+        (
+            {"enabled": False, "external": {"replicas": 3, "address": (
+                "nats-0.nats.messaging.svc:4222, nats-1.nats.messaging.svc:4222,"
+                "nats-2.nats.messaging.svc:4222")}},
+            3,
+            "3",
+        ),
+    ],
+)  # fmt: skip
+def test_the_services_keep_a_copy_per_server_up_to_five(
+    overrides: dict[str, Any], servers: int, replicas: str
+) -> None:
+    rendering = render_with({"nats": overrides})
+    for _, container in gpuop_containers(rendering):
+        environ = environment(container, node="n")
+
+        assert environ["GPUOP_NATS_REPLICAS"] == replicas
+        addresses = nats_addresses(environ)
+        assert len(addresses) == servers
+        assert all(" " not in address for address in addresses)
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_a_cluster_of_an_even_number_or_fewer_than_three_servers_fails(replicas: int) -> None:
+    message = f"nats.cluster.replicas must be an odd number of at least 3, not {replicas}"
+
+    with pytest.raises(helm.HelmError, match=re.escape(message)):
+        render_with({"nats": {"cluster": {"enabled": True, "replicas": replicas}}})
 
 
 def test_operator_objects_have_what_their_operators_read() -> None:
@@ -434,6 +635,14 @@ def test_the_bundled_nats_refuses_a_prefix_its_permissions_do_not_cover() -> Non
         ({"nats": {"tls": {"mode": "none"}}}, "nats.tls.mode must be auto, certManager"),
         ({"nats": {"tls": {"mode": "secret"}}}, "nats.tls.secretName is required"),
         ({"nats": {"enabled": False}}, "nats.external.address"),
+        (
+            {"nats": {"cluster": {"enabled": True, "antiAffinity": "soft"}}},
+            'nats.cluster.antiAffinity must be required or preferred, not "soft"',
+        ),
+        (
+            {"nats": {"enabled": False, "external": {"address": "n:4222", "replicas": 7}}},
+            "nats.external.replicas must be 1 to 5",
+        ),
     ],
 )
 def test_incomplete_nats_settings_fail_with_what_is_missing(

@@ -16,7 +16,7 @@ import dockerfile
 import pytest
 
 from gpuop_sim import recordings
-from tests.unit.deploy.charts import REPO
+from tests.support.charts import REPO
 
 BASE = "python:3.11-slim"
 

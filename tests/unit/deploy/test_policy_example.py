@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from gpuop.policy import PolicyInvalid, validate_spec
-from tests.unit.deploy.charts import REPO, crds
+from tests.support.charts import REPO, crds
 
 EXAMPLE = REPO / "deploy" / "examples" / "gpuclusterpolicy.yaml"
 Policy = dict[str, Any]

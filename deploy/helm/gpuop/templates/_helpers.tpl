@@ -60,13 +60,78 @@ an external NATS without TLS or with a publicly trusted certificate. */}}
 {{- end -}}
 {{- end -}}
 
-{{- define "gpuop.natsAddress" -}}
-{{- if .Values.nats.enabled -}}
-{{- printf "%s.%s.svc:4222" (include "gpuop.name" (dict "root" . "component" "nats")) .Release.Namespace -}}
+{{/* How many servers the bundled NATS runs: one, or nats.cluster.replicas, an odd number of
+at least 3 (JetStream works while a majority of its servers is up). */}}
+{{- define "gpuop.natsServers" -}}
+{{- if .Values.nats.cluster.enabled -}}
+{{- $replicas := int .Values.nats.cluster.replicas -}}
+{{- if or (lt $replicas 3) (eq (mod $replicas 2) 0) -}}
+{{- fail (printf "nats.cluster.replicas must be an odd number of at least 3, not %d: JetStream works while a majority of the servers is up, and an even number survives no more losses than one server fewer" $replicas) -}}
+{{- end -}}
+{{- $replicas -}}
 {{- else -}}
+1
+{{- end -}}
+{{- end -}}
+
+{{/* The stable DNS name of every server of the bundled cluster (its pods through the headless
+Service), space-separated: the routes, the services' URLs and the certificate's names. */}}
+{{- define "gpuop.natsPeers" -}}
+{{- $name := include "gpuop.name" (dict "root" . "component" "nats") -}}
+{{- $peers := list -}}
+{{- range $i := until (int (include "gpuop.natsServers" .)) -}}
+{{- $peers = append $peers (printf "%s-%d.%s-headless.%s.svc.%s" $name $i $name $.Release.Namespace $.Values.nats.tls.clusterDomain) -}}
+{{- end -}}
+{{- join " " $peers -}}
+{{- end -}}
+
+{{/* host:port of every NATS server the services know, comma-separated: the bundled NATS's
+Service, each server of the bundled cluster, or nats.external.address. */}}
+{{- define "gpuop.natsAddresses" -}}
+{{- if not .Values.nats.enabled -}}
 {{- required "nats.external.address (host:port) is required when nats.enabled is false" .Values.nats.external.address -}}
+{{- else if .Values.nats.cluster.enabled -}}
+{{- $addresses := list -}}
+{{- range splitList " " (include "gpuop.natsPeers" .) -}}
+{{- $addresses = append $addresses (printf "%s:4222" .) -}}
+{{- end -}}
+{{- join "," $addresses -}}
+{{- else -}}
+{{- printf "%s.%s.svc:4222" (include "gpuop.name" (dict "root" . "component" "nats")) .Release.Namespace -}}
 {{- end -}}
 {{- end -}}
+
+{{/* How many copies of each stream and bucket the services keep (GPUOP_NATS_REPLICAS): one
+per bundled server, up to JetStream's 5, or nats.external.replicas. */}}
+{{- define "gpuop.natsReplicas" -}}
+{{- if .Values.nats.enabled -}}
+{{- min 5 (int (include "gpuop.natsServers" .)) -}}
+{{- else -}}
+{{- $replicas := int .Values.nats.external.replicas -}}
+{{- if or (lt $replicas 1) (gt $replicas 5) -}}
+{{- fail (printf "nats.external.replicas must be 1 to 5 (JetStream keeps at most 5 copies), not %d" $replicas) -}}
+{{- end -}}
+{{- $replicas -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The configuration each server of the bundled cluster runs. */}}
+{{- define "gpuop.natsClusterConfig" -}}
+# One server of this release's cluster: deploy/nats/nats-server.conf, then cluster.conf.
+include "nats-server.conf"
+include "cluster.conf"
+{{ end -}}
+
+{{/* routes.conf of the bundled cluster, which deploy/nats/cluster.conf includes. */}}
+{{- define "gpuop.natsRoutes" -}}
+# Every server of this release's cluster (nats.cluster.replicas), by its name through the
+# headless Service; written by the chart for deploy/nats/cluster.conf.
+routes: [
+{{- range splitList " " (include "gpuop.natsPeers" .) }}
+  "nats://{{ . }}:6222"
+{{- end }}
+]
+{{ end -}}
 
 {{- define "gpuop.natsScheme" -}}
 {{- if or .Values.nats.enabled .Values.nats.external.tls -}}tls{{- else -}}nats{{- end -}}
@@ -127,8 +192,14 @@ env:
       secretKeyRef:
         name: {{ include "gpuop.natsUsersSecret" $root }}
         key: {{ include "gpuop.passwordKey" .user }}
+  {{- $urls := list }}
+  {{- range splitList "," (include "gpuop.natsAddresses" $root) }}
+  {{- $urls = append $urls (printf "%s://%s:$(NATS_PASSWORD)@%s" (include "gpuop.natsScheme" $root) $.user (trim .)) }}
+  {{- end }}
   - name: GPUOP_NATS
-    value: {{ printf "%s://%s:$(NATS_PASSWORD)@%s" (include "gpuop.natsScheme" $root) .user (include "gpuop.natsAddress" $root) | quote }}
+    value: {{ join "," $urls | quote }}
+  - name: GPUOP_NATS_REPLICAS
+    value: {{ include "gpuop.natsReplicas" $root | quote }}
   {{- if include "gpuop.natsCaSecret" $root }}
   # Python's default TLS context (which nats-py uses for tls:// URLs) trusts the CAs of this
   # file: the image's public CAs and the NATS server's (gpuop.trustInit writes it).

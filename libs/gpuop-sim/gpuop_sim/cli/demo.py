@@ -77,6 +77,17 @@ def add_parser(verbs: Any) -> None:
     demo.add_argument("--timeout", type=float, default=300, help="seconds for the rollout")
     demo.add_argument("--record", type=Path, help="write the event log here at the end")
     demo.add_argument("--hold", action="store_true", help="keep running until Ctrl-C")
+    demo.add_argument(
+        "--nats",
+        help="use this NATS (URLs, comma separated: a server or a JetStream cluster) instead "
+        "of starting one; it should hold no gpuop streams yet",
+    )
+    demo.add_argument(
+        "--nats-replicas",
+        type=int,
+        help="replicas of the streams and buckets (default 3 when --nats lists 3 or more "
+        "servers, else 1)",
+    )
     demo.set_defaults(handler=run_demo)
 
 
@@ -97,20 +108,25 @@ async def _run(args: argparse.Namespace, stop: Stop) -> int:
     with tempfile.TemporaryDirectory(prefix="gpuop-demo-") as workdir:
         work = Path(workdir)
         async with AsyncExitStack() as stack:
-            server = await stack.enter_async_context(NatsServer(work / "nats"))
+            if args.nats:
+                nats_url = args.nats
+                print(f"using NATS at {nats_url} ({args.nats_replicas} replicas)")
+            else:
+                server = await stack.enter_async_context(NatsServer(work / "nats"))
+                nats_url = server.url
+                print(f"nats-server (JetStream) listening on {nats_url}")
             cluster = await stack.enter_async_context(SimCluster(nodes=args.nodes, gpus=args.gpus))
             kubeconfig = cluster.write_kubeconfig(work / "kubeconfig")
             tracker = rollout_view.Tracker(cluster.node_names, started)
-            print(f"nats-server (JetStream) listening on {server.url}")
             print(f"simulated cluster: {args.nodes} nodes x {args.gpus} GPUs at {cluster.url}")
             processes: list[Process] = []
             stack.push_async_callback(stop_all, processes)
-            source = await _spawn_all(processes, stack, cluster, server.url, kubeconfig, args, work)
+            source = await _spawn_all(processes, stack, cluster, nats_url, kubeconfig, args, work)
             if not args.headless:
                 await stop.unless_stopped(show(processes))
             kube = await stack.enter_async_context(await kubeclient.connect(kubeconfig))
             await stop.unless_stopped(_wait_for_labels(kube, cluster.node_names, args.headless))
-            bus = NatsBus(server.url, name="gpuop-demo")
+            bus = NatsBus(nats_url, name="gpuop-demo", replicas=args.nats_replicas)
             await bus.start()
             stack.push_async_callback(bus.close)
             await _start_rollout(kube, source, args)
@@ -118,7 +134,7 @@ async def _run(args: argparse.Namespace, stop: Stop) -> int:
                 f"GPU driver {seeding.RECORDED_DRIVER_VERSION} -> {NEW_VERSION}, "
                 f"{args.nodes} nodes, {args.max_parallel or 'all'} at a time"
             )
-            footer = _footer(processes, server.url, kubeconfig)
+            footer = _footer(processes, nats_url, kubeconfig)
             if live:
                 async with screens.LiveScreen(tracker, title=title, footer=footer).showing():
                     await stop.unless_stopped(_follow(bus, tracker, args, print_lines=False))
@@ -179,6 +195,13 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--nodes {args.nodes}: expected 1 to 16")
     if args.max_parallel < 0:
         raise ValueError(f"--max-parallel {args.max_parallel}: expected 0 (no limit) or more")
+    servers = [url for url in (args.nats or "").split(",") if url.strip()]
+    if args.nats is not None and not servers:
+        raise ValueError("--nats: expected one or more URLs, comma separated")
+    if args.nats_replicas is None:
+        args.nats_replicas = 3 if len(servers) >= 3 else 1
+    if not 1 <= args.nats_replicas <= 5:
+        raise ValueError(f"--nats-replicas {args.nats_replicas}: expected 1 to 5")
 
 
 async def _spawn_all(
@@ -222,6 +245,7 @@ async def _spawn_all(
                 [("gpu", seeding.RECORDED_DRIVER_VERSION, kernel), ("gpu", NEW_VERSION, kernel)],
             )
         on_node = ["--node", node, "--nvml", f"sim:{args.gpus}", "--host-root", str(root.path)]
+        on_node += ["--nats-replicas", str(args.nats_replicas)]
         for definition in built:
             if Role.NODE in definition.roles:
                 extra = [*on_node, *_config(configs, definition.name)]
@@ -231,6 +255,7 @@ async def _spawn_all(
     for definition in built:
         if Role.CLUSTER in definition.roles:
             extra = ["--kubeconfig", str(kubeconfig), *_config(configs, definition.name)]
+            extra += ["--nats-replicas", str(args.nats_replicas)]
             processes.append(
                 await spawn(definition.name, Role.CLUSTER, None, nats_url, extra, work)
             )

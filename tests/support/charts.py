@@ -15,14 +15,16 @@ from typing import Any
 import helm_python as helm
 import yaml
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "gpuop"
 VALUES = {
     "defaults": None,
     "all-features": CHART / "ci" / "all-features-values.yaml",
     "external-nats": CHART / "ci" / "external-nats-values.yaml",
+    "nats-cluster": CHART / "ci" / "nats-cluster-values.yaml",
 }
-"""The values files every test renders with: none, every feature on, an existing NATS."""
+"""The values files every test renders with: none, every feature on, an existing NATS, the
+bundled NATS as a cluster of three servers."""
 RELEASE = "gpuop"
 NAMESPACE = "gpuop-system"
 

@@ -1,0 +1,245 @@
+"""The bus on a three-server JetStream cluster: replicated streams and buckets, a stream
+leader that moves, a server lost for good, and settings that drifted on the server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from nats.js.api import StorageType, StreamConfig
+
+from gpuop.bus import (
+    Buckets,
+    ConsumerSpec,
+    KeyExists,
+    NatsBus,
+    NatsCluster,
+    RevisionConflict,
+    streams,
+)
+from gpuop.bus.errors import BusError
+from gpuop.bus.kv import NatsKeyValue
+from tests.support import partitions
+from tests.support.buses import HB_SUBJECT, Recorder, heartbeat, seq_of
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.nats
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[NatsCluster]:
+    async with NatsCluster(tmp_path / "cluster") as running:
+        yield running
+
+
+@pytest.fixture
+async def bus(cluster: NatsCluster) -> AsyncIterator[NatsBus]:
+    started = NatsBus(cluster.url, replicas=3, retry_for=30.0, name="cluster-test")
+    await started.start()
+    try:
+        yield started
+    finally:
+        await started.close()
+
+
+async def _moved(bus: NatsBus, stream: str, before: str) -> str:
+    async def elected() -> str | None:
+        try:
+            leader = await bus.stream_leader(stream)
+        except BusError:
+            return None  # between leaders
+        return leader if leader and leader != before else None
+
+    return await eventually(elected, timeout=20)
+
+
+async def test_every_stream_and_bucket_has_three_replicas(bus: NatsBus) -> None:
+    names = [layout.name for layout in streams.layouts("gpuop")]
+    names += [f"KV_{streams.bucket_name('gpuop', b)}" for b in Buckets]
+    for name in names:
+        info = await bus.js.stream_info(name)
+        assert info.config.num_replicas == 3, name
+        assert info.cluster is not None and len(info.cluster.replicas or []) == 2, name
+
+
+async def test_a_comma_separated_setting_is_the_server_list(cluster: NatsCluster) -> None:
+    bus = NatsBus(cluster.url)
+    assert bus._servers == cluster.urls
+    with pytest.raises(ValueError, match="replicas must be 1 to 5"):
+        NatsBus(cluster.url, replicas=7)
+
+
+async def test_a_drifted_stream_is_reported_and_scaled_up_never_down(
+    cluster: NatsCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = NatsBus(cluster.url, replicas=1)
+    await first.start()
+    await first.close()
+    caplog.set_level(logging.WARNING, logger="gpuop.bus")
+    scaled = NatsBus(cluster.url, replicas=3)
+    await scaled.start()
+    try:
+        assert (await scaled.js.stream_info("GPUOP_EVENTS")).config.num_replicas == 3
+        assert (await scaled.js.stream_info("KV_gpuop_sagas")).config.num_replicas == 3
+    finally:
+        await scaled.close()
+    assert "GPUOP_EVENTS exists with num_replicas 1 (gpuop wants 3)" in caplog.text
+    assert "bucket gpuop_sagas exists with 1 replicas (gpuop wants 3)" in caplog.text
+    caplog.clear()
+    lower = NatsBus(cluster.url, replicas=1)
+    await lower.start()
+    try:
+        assert (await lower.js.stream_info("GPUOP_EVENTS")).config.num_replicas == 3
+    finally:
+        await lower.close()
+    assert "GPUOP_EVENTS keeps its 3 replicas (this service asks for 1" in caplog.text
+
+
+async def test_a_stream_on_the_wrong_storage_stops_the_start_with_the_reason(
+    cluster: NatsCluster,
+) -> None:
+    probe = NatsBus(cluster.url, replicas=3)
+    await probe.connect()
+    await probe.js.add_stream(
+        StreamConfig(name="GPUOP_DLQ", subjects=["gpuop.dlq.>"], storage=StorageType.MEMORY)
+    )
+    await probe.close()
+    refused = NatsBus(cluster.url, replicas=3)
+    refusal = r"GPUOP_DLQ exists with storage .*storage cannot be changed"
+    with pytest.raises(BusError, match=refusal):
+        await refused.start()
+    await refused.close()
+
+
+async def test_compare_and_set_keeps_its_meaning_across_a_leader_move(bus: NatsBus) -> None:
+    sagas = await bus.kv(Buckets.SAGAS)
+    revision = await sagas.create("gpu-node-1", b"v1")
+    stream = "KV_gpuop_sagas"
+    before = await bus.stream_leader(stream)
+    await bus.step_down(stream)
+    assert await _moved(bus, stream, before) != before
+
+    async def updated() -> int | None:
+        try:
+            return await sagas.update("gpu-node-1", b"v2", revision)
+        except BusError:
+            return None  # the new leader is still catching up: ask again
+
+    second = await eventually(updated, timeout=20)
+    assert second > revision
+    with pytest.raises(RevisionConflict):
+        await sagas.update("gpu-node-1", b"stale", revision)
+    entry = await sagas.get("gpu-node-1")
+    assert entry is not None and (entry.value, entry.revision) == (b"v2", second)
+
+
+async def test_a_consumer_rides_through_a_leader_move_and_loses_nothing(bus: NatsBus) -> None:
+    recorder = Recorder()
+    sub = await bus.consume(ConsumerSpec("moving", [HB_SUBJECT], ack_wait=2.0), recorder)
+    try:
+        await bus.publish_batch([heartbeat(f"node-{i % 4}", i) for i in range(100)])
+        await recorder.wait_for(50, timeout=20)
+        before = await bus.stream_leader("GPUOP_EVENTS")
+        await bus.step_down("GPUOP_EVENTS")
+        await _moved(bus, "GPUOP_EVENTS", before)
+        await bus.publish_batch([heartbeat(f"node-{i % 4}", i) for i in range(100, 200)])
+        await eventually(lambda: {seq_of(d) for d in recorder.seen} >= set(range(200)), 30)
+        await asyncio.sleep(0.5)
+    finally:
+        await sub.stop()
+    handled = [seq_of(d) for d in recorder.seen]
+    assert set(handled) == set(range(200))
+    # at-least-once: a redelivery carries the same event id, which every handler dedupes on
+    repeated = [d.envelope.id for d in recorder.seen]
+    assert len(set(repeated)) == 200
+
+
+async def test_losing_a_server_for_good_leaves_publishing_consuming_and_kv_working(
+    cluster: NatsCluster, bus: NatsBus
+) -> None:
+    recorder = Recorder()
+    sub = await bus.consume(ConsumerSpec("survivor", [HB_SUBJECT], ack_wait=2.0), recorder)
+    sagas = await bus.kv(Buckets.SAGAS)
+    revision = await sagas.create("gpu-node-2", b"v1")
+    try:
+        await bus.publish_batch([heartbeat("node-0", i) for i in range(50)])
+        leader = await bus.stream_leader("GPUOP_EVENTS")
+        lost = cluster.members[int(leader.rsplit("-", 1)[1])]  # members are gpuop-<index>
+        await lost.kill()  # SIGKILL, never started again
+        await bus.publish_batch([heartbeat("node-0", i) for i in range(50, 100)])
+        await eventually(lambda: {seq_of(d) for d in recorder.seen} >= set(range(100)), 30)
+
+        async def updated() -> int | None:
+            try:
+                return await sagas.update("gpu-node-2", b"v2", revision)
+            except BusError:
+                return None
+
+        assert await eventually(updated, timeout=30) > revision
+        assert await bus.stream_leader("GPUOP_EVENTS") != leader
+    finally:
+        await sub.stop()
+    assert {seq_of(d) for d in recorder.seen} == set(range(100))
+
+
+@pytest.mark.slow
+async def test_a_server_cut_off_by_a_partition_leaves_the_rest_going_and_catches_up(
+    tmp_path: Path,
+) -> None:
+    with partitions.link() as cut_off:
+        cluster = NatsCluster(
+            tmp_path / "cluster",
+            hosts=[cut_off.host_ip, cut_off.host_ip, cut_off.inner_ip],
+            prefixes=[(), (), cut_off.prefix],
+        )
+        async with cluster:
+            bus = NatsBus(cluster.url, replicas=3, name="partition-test")
+            await bus.start()
+            recorder = Recorder()
+            sub = await bus.consume(ConsumerSpec("parted", [HB_SUBJECT], ack_wait=2.0), recorder)
+            sagas = await bus.kv(Buckets.SAGAS)
+            try:
+                await bus.publish_batch([heartbeat("node-0", i) for i in range(50)])
+                cut_off.cut()
+                await bus.publish_batch([heartbeat("node-0", i) for i in range(50, 100)])
+                revision = await eventually(lambda: _created(sagas, "during"), timeout=40)
+                await asyncio.sleep(PARTITION - 5)
+                cut_off.heal()
+                await bus.publish_batch([heartbeat("node-0", i) for i in range(100, 150)])
+                await eventually(lambda: {seq_of(d) for d in recorder.seen} >= set(range(150)), 60)
+                entry = await sagas.get("during")
+                assert entry is not None and entry.revision == revision
+                # the cut-off server caught up: it holds every message again
+                caught_up = NatsBus(cluster.members[2].url, name="partition-probe")
+                await caught_up.connect()
+                try:
+
+                    async def current() -> bool:
+                        info = await caught_up.js.stream_info("GPUOP_EVENTS")
+                        return info.state.messages == 150
+
+                    await eventually(current, timeout=30)
+                finally:
+                    await caught_up.close()
+            finally:
+                await sub.stop()
+                await bus.close()
+    assert {seq_of(d) for d in recorder.seen} == set(range(150))
+
+
+PARTITION = 20.0
+"""Seconds the cut-off server stays cut off."""
+
+
+async def _created(sagas: object, key: str) -> int | None:
+    assert isinstance(sagas, NatsKeyValue)
+    try:
+        return await sagas.create(key, b"written while a server was cut off")
+    except KeyExists:
+        entry = await sagas.get(key)
+        return entry.revision if entry else None
+    except BusError:
+        return None

@@ -1,0 +1,173 @@
+"""The bundled cluster's NATS configuration, as the chart renders it with
+ci/nats-cluster-values.yaml, in three real nats-servers on loopback: they route to each other
+over TLS, elect a JetStream meta leader, and keep a stream on all three.
+
+As in shipped_nats, only what cannot be the same on a test machine is rewritten, each line
+checked to exist exactly once: the addresses (127.0.0.1, a route port per server), the stores,
+the TLS files (a throwaway CA, the certificate for localhost) and, in routes.conf, the servers'
+DNS names (localhost with each server's route port). POD_NAME and the passwords come from the
+environment as in the chart's pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import nats
+import pytest
+
+from gpuop.bus import launcher
+from gpuop.bus.errors import BusUnavailable
+from tests.integration.deploy.shipped_nats import (
+    loopback_config,
+    rewrite,
+    shipped_users,
+    write_certificate,
+)
+from tests.support.charts import NAMESPACE, render
+
+pytestmark = pytest.mark.nats
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports that nothing listens on now: each route names its peer's port,
+    so the ports are needed before the servers start."""
+    probes = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
+def cluster_files(
+    files: dict[str, str], workdir: Path, tls: Path, route_port: int, routes: dict[str, str]
+) -> dict[str, str]:
+    """The ConfigMap's files for one server whose routes listen on `route_port`, with the
+    servers' names in routes.conf replaced as `routes` says."""
+    return {
+        **files,
+        "nats-server.conf": loopback_config(
+            files["nats-server.conf"], store=workdir / "jetstream", tls=tls
+        ),
+        "cluster.conf": rewrite(
+            files["cluster.conf"],
+            {
+                "listen: 0.0.0.0:6222": f"listen: 127.0.0.1:{route_port}",
+                '"/etc/nats/tls/tls.crt"': f'"{tls / "tls.crt"}"',
+                '"/etc/nats/tls/tls.key"': f'"{tls / "tls.key"}"',
+                '"/etc/nats/tls/ca.crt"': f'"{tls / "ca.crt"}"',
+            },
+            name="deploy/nats/cluster.conf",
+        ),
+        "routes.conf": rewrite(files["routes.conf"], routes, name="the chart's routes.conf"),
+    }
+
+
+async def monitoring(session: aiohttp.ClientSession, url: str, endpoint: str) -> Any:
+    async with session.get(f"{url}/{endpoint}") as response:
+        response.raise_for_status()
+        return await response.json()
+
+
+async def formed(monitors: dict[str, str], timeout: float = 20.0) -> dict[str, Any]:
+    """Wait until every server routes to all the others and all agree on one JetStream meta
+    leader of a cluster of them all; each server's /jsz then."""
+    names = set(monitors)
+    jsz: dict[str, Any] = {}
+    async with aiohttp.ClientSession() as session:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            routed, jsz = {}, {}
+            for name, url in monitors.items():
+                routez = await monitoring(session, url, "routez")
+                routed[name] = {route["remote_name"] for route in routez["routes"]}
+                jsz[name] = await monitoring(session, url, "jsz")
+            leaders = {info.get("meta_cluster", {}).get("leader") for info in jsz.values()}
+            sizes = {info.get("meta_cluster", {}).get("cluster_size") for info in jsz.values()}
+            if (
+                all(routed[name] == names - {name} for name in names)
+                and len(leaders) == 1
+                and leaders <= names
+                and sizes == {len(names)}
+            ):
+                return jsz
+            if loop.time() > deadline:
+                raise AssertionError(f"no cluster within {timeout} s: routes {routed}, {jsz}")
+            await asyncio.sleep(0.1)
+
+
+async def test_the_rendered_cluster_routes_over_tls_elects_a_meta_leader_and_keeps_r3(
+    tmp_path: Path,
+) -> None:
+    rendering = render("nats-cluster")
+    files = rendering.get("ConfigMap", "gpuop-nats-config")["data"]
+    statefulset = rendering.get("StatefulSet", "gpuop-nats")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    entry = Path(container["args"][-1]).name
+    name, service = statefulset["metadata"]["name"], statefulset["spec"]["serviceName"]
+    pods = [f"{name}-{ordinal}" for ordinal in range(statefulset["spec"]["replicas"])]
+    route_ports = free_ports(len(pods))
+    routes = {
+        f"{pod}.{service}.{NAMESPACE}.svc.cluster.local:6222": f"localhost:{port}"
+        for pod, port in zip(pods, route_ports, strict=True)
+    }
+    write_certificate(tmp_path)
+    users = shipped_users()
+    passwords = {user.name: "p" + secrets.token_hex(16) for user in users.values()}
+    env = {users[user].password_variable: password for user, password in passwords.items()}
+
+    processes: list[asyncio.subprocess.Process] = []
+    monitors: dict[str, str] = {}
+    clients: list[str] = []
+    try:
+        for pod, port in zip(pods, route_ports, strict=True):
+            workdir = tmp_path / pod
+            (workdir / "ports").mkdir(parents=True)
+            for file, text in cluster_files(files, workdir, tmp_path, port, routes).items():
+                (workdir / file).write_text(text, encoding="utf-8")
+            log = workdir / "nats-server.log"
+            try:
+                process, listening = await launcher.run_server(
+                    workdir / entry, workdir / "ports", env={**env, "POD_NAME": pod}, log=log
+                )
+            except BusUnavailable as error:
+                raise AssertionError(f"{pod}: {error}\n{log.read_text()}") from None
+            processes.append(process)
+            monitors[pod] = listening["monitoring"][0]
+            clients.append(f"localhost:{listening['nats'][0].rsplit(':', 1)[1]}")
+
+        jsz = await formed(monitors)
+        assert {info["meta_cluster"]["name"] for info in jsz.values()} == {"gpuop"}
+
+        # every server has each stream: the cluster's point, and what GPUOP_NATS_REPLICAS=3 asks
+        nc = await nats.connect(
+            [f"tls://admin:{passwords['admin']}@{address}" for address in clients],
+            tls=ssl.create_default_context(cafile=str(tmp_path / "ca.crt")),
+            name="test-cluster-admin",
+            allow_reconnect=False,
+            connect_timeout=5,
+        )
+        try:
+            js = nc.jetstream(timeout=10.0)
+            await js.add_stream(name="TEST_R3", subjects=["test.r3"], num_replicas=3)
+            ack = await js.publish("test.r3", b"kept three times")
+            info = await js.stream_info("TEST_R3")
+        finally:
+            await nc.close()
+        assert ack.stream == "TEST_R3"
+        assert info.cluster is not None
+        placed = {info.cluster.leader} | {peer.name for peer in info.cluster.replicas or []}
+        assert placed == set(pods)
+    finally:
+        for process in processes:
+            await launcher.terminate(process)
