@@ -171,6 +171,14 @@ def merged(previous: str, fresh: str, names: set[str]) -> str:
     order = [script.stem for script in benchmarks()]
     combined = {**kept, **new}
     header = fresh.split("\n## ", 1)[0]
+    before = next((line for line in previous.splitlines() if line.startswith("- Date: ")), "")
+    if before:
+        again = ", ".join(sorted(names))
+        header = header.replace(
+            "- Date: ",
+            f"- Re-run alone: {again}; the other sections are from {before[8:]}\n- Date: ",
+            1,
+        )
     body = [combined[name].rstrip() + "\n" for name in order if name in combined]
     return header.rstrip() + "\n\n" + "\n".join(body)
 
