@@ -27,6 +27,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    Placement,
     StorageType,
     StreamConfig,
 )
@@ -59,6 +60,8 @@ ANY_NATS_ERROR: tuple[type[BaseException], ...] = (*TRANSIENT, nats.errors.Error
 
 RECONNECT_WAIT = 0.25
 """Seconds between connection attempts to the same server."""
+STREAM_NAME_IN_USE = 10058
+"""JetStream's error code for a stream that exists with another configuration."""
 RECONCILE_TIMEOUT = 2.0
 """Seconds to wait for a stream's configuration or its update at start: a user the server
 does not allow either gets no answer at all."""
@@ -83,6 +86,7 @@ class NatsBus:
         publish_timeout: float = 5.0,
         retry_for: float = 30.0,
         replicas: int = 1,
+        placement: Sequence[str] = (),
         metrics: BusMetrics | None = None,
     ) -> None:
         if isinstance(servers, str):
@@ -92,6 +96,8 @@ class NatsBus:
             raise ValueError(f"replicas must be 1 to 5, not {replicas}")
         self.replicas = replicas
         """Replicas of every stream and bucket this bus creates (3 on a JetStream cluster)."""
+        self.placement = Placement(tags=list(placement)) if placement else None
+        """Server tags every replica's server must have (`az:east`); None: any server."""
         self._prefix = prefix
         self._name = name
         self._creds = creds
@@ -179,17 +185,19 @@ class NatsBus:
             max_age=layout.max_age,
             duplicate_window=streams.DUPLICATE_WINDOW,
             num_replicas=self.replicas,
+            placement=self.placement,
         )
         try:
             await self.js.add_stream(config)  # the same configuration: nothing changes
             return
-        except nats.js.errors.BadRequestError:
-            pass  # it exists with another configuration
         except nats.js.errors.APIError as exc:
-            raise BusError(f"cannot create stream {layout.name}: {exc}") from exc
+            if exc.err_code != STREAM_NAME_IN_USE:  # no servers for the placement, say
+                raise BusError(f"cannot create stream {layout.name}: {exc.description}") from exc
         try:
             async with asyncio.timeout(RECONCILE_TIMEOUT):
                 info = await self.js.stream_info(layout.name)
+        except nats.js.errors.NotFoundError as exc:
+            raise BusError(f"stream {layout.name} vanished while it was checked") from exc
         except ANY_NATS_ERROR as exc:
             # a least-privilege user may not read it (the orchestrator's user reconciles)
             log.warning(
@@ -377,7 +385,9 @@ class NatsBus:
     async def kv(self, bucket: Buckets | str) -> NatsKeyValue:
         name = streams.bucket_name(self._prefix, bucket)
         if name not in self._buckets:
-            self._buckets[name] = await open_bucket(self.js, name, replicas=self.replicas)
+            self._buckets[name] = await open_bucket(
+                self.js, name, replicas=self.replicas, placement=self.placement
+            )
         return self._buckets[name]
 
     async def last(self, subject: str) -> StoredMessage | None:

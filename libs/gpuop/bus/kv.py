@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, KeyValueConfig, StorageType
+from nats.js.api import DeliverPolicy, KeyValueConfig, Placement, StorageType
 from nats.js.kv import KeyValue as RawKeyValue
 
 from gpuop.bus.errors import BucketMissing, BusError, KeyExists, PublishTimeout, RevisionConflict
@@ -43,7 +43,9 @@ def check_key(key: str) -> str:
     return key
 
 
-async def open_bucket(js: JetStreamContext, name: str, *, replicas: int = 1) -> NatsKeyValue:
+async def open_bucket(
+    js: JetStreamContext, name: str, *, replicas: int = 1, placement: Placement | None = None
+) -> NatsKeyValue:
     """Open bucket `name`, creating it with file storage and `replicas` when it does not
     exist. An existing bucket with fewer replicas is reported and scaled up to `replicas`
     (never down: a service started with a lower count must not shed copies of the sagas);
@@ -52,15 +54,32 @@ async def open_bucket(js: JetStreamContext, name: str, *, replicas: int = 1) -> 
         raw = await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
         config = KeyValueConfig(
-            bucket=name, history=HISTORY, storage=StorageType.FILE, replicas=replicas
+            bucket=name,
+            history=HISTORY,
+            storage=StorageType.FILE,
+            replicas=replicas,
+            placement=placement,
         )
         try:
             raw = await js.create_key_value(config)
+            if placement is not None:
+                await _place(js, name, placement)
         except nats.js.errors.APIError as exc:
             raise BucketMissing(f"cannot create bucket {name}: {exc}") from exc
     else:
         await _reconcile(js, name, replicas)
     return NatsKeyValue(name, raw, js)
+
+
+async def _place(js: JetStreamContext, name: str, placement: Placement) -> None:
+    """Put a new bucket's stream on the servers `placement` names. nats-py's
+    `create_key_value` leaves the placement out of the stream it creates, so the stream is
+    moved there right after (empty, it moves at once)."""
+    config = (await js.stream_info(f"KV_{name}")).config
+    if config.placement == placement:
+        return
+    config.placement = placement
+    await js.update_stream(config)
 
 
 async def _reconcile(js: JetStreamContext, name: str, replicas: int) -> None:

@@ -252,13 +252,15 @@ class NatsCluster:
         size: int = 3,
         hosts: Sequence[str] | None = None,
         prefixes: Sequence[Sequence[str]] | None = None,
+        tags: Sequence[Sequence[str]] | None = None,
     ) -> None:
         if size < 3 or size % 2 == 0:
             raise ValueError(f"a JetStream cluster has 3, 5 or more (odd) servers, not {size}")
         self.hosts = list(hosts or ["127.0.0.1"] * size)
         prefixes = list(prefixes or [()] * size)
-        if len(self.hosts) != size or len(prefixes) != size:
-            raise ValueError("one host and one prefix per server")
+        tags = list(tags or [()] * size)
+        if len(self.hosts) != size or len(prefixes) != size or len(tags) != size:
+            raise ValueError("one host, one prefix and one set of tags per server")
         self.route_ports = [free_port(host) for host in self.hosts]
         self.members: list[NatsServer] = []
         for index in range(size):
@@ -267,8 +269,10 @@ class NatsCluster:
                 for peer in range(size)
                 if peer != index
             )
+            listed = ", ".join(json.dumps(tag) for tag in tags[index])
             cluster = (
                 f"server_name: {CLUSTER_NAME}-{index}\n"
+                f"server_tags: [{listed}]\n"
                 "cluster {\n"
                 f"  name: {CLUSTER_NAME}\n"
                 f"  listen: {self.hosts[index]}:{self.route_ports[index]}\n"

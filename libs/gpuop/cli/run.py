@@ -31,6 +31,9 @@ def add_parser(verbs: Any) -> None:
         help="replicas of streams and buckets (default 1; 3 on a cluster)",
     )
     sub.add_argument(
+        "--nats-placement", help="server tags for gpuop's streams, comma separated (az:east)"
+    )
+    sub.add_argument(
         "--nats-wait", type=float, help="seconds to keep trying NATS at start (default 30)"
     )
     sub.add_argument("--prefix", help="subject prefix (default gpuop)")

@@ -66,6 +66,7 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
         creds=str(settings.nats_creds) if settings.nats_creds else None,
         retry_for=settings.nats_wait,
         replicas=settings.nats_replicas,
+        placement=settings.nats_placement,
         metrics=BusMetrics(metrics),
     )
     context = ServiceContext(settings, bus, metrics)

@@ -57,6 +57,9 @@ class Settings(BaseModel):
     nats_replicas: int = Field(default=1, ge=1, le=5)
     """Replicas of every stream and KV bucket: 1 for one server, 3 on a JetStream cluster
     (a saga, an inventory and the audit log then survive losing a server)."""
+    nats_placement: tuple[str, ...] = ()
+    """Server tags the servers holding gpuop's streams and buckets must have (JetStream
+    placement, such as `az:east`); empty: any server of the cluster."""
     nats_wait: float = Field(default=30.0, ge=0, le=3600)
     """Seconds to keep trying NATS at start before giving up with exit code 1."""
     prefix: str = subjects.DEFAULT_PREFIX
@@ -135,7 +138,7 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Settings:
             values[name] = env
         if flags.get(name) is not None:
             values[name] = flags[name]
-        if name == "nats" and isinstance(values.get(name), str):
+        if name in ("nats", "nats_placement") and isinstance(values.get(name), str):
             values[name] = tuple(u.strip() for u in values[name].split(",") if u.strip())
     try:
         settings = Settings.model_validate(values)

@@ -98,6 +98,26 @@ async def test_a_drifted_stream_is_reported_and_scaled_up_never_down(
     assert "GPUOP_EVENTS keeps its 3 replicas (this service asks for 1" in caplog.text
 
 
+async def test_placement_puts_the_streams_on_the_servers_with_the_tags(tmp_path: Path) -> None:
+    tags = [["az:a"], ["az:a"], ["az:b"]]
+    async with NatsCluster(tmp_path / "tagged", tags=tags) as tagged:
+        placed = NatsBus(tagged.url, replicas=1, placement=["az:b"])
+        await placed.start()
+        try:
+            for stream in ("GPUOP_EVENTS", "KV_gpuop_sagas"):
+
+                async def on_b(stream: str = stream) -> bool:
+                    return await placed.stream_leader(stream) == "gpuop-2"
+
+                await eventually(on_b, timeout=20)
+        finally:
+            await placed.close()
+        nowhere = NatsBus(tagged.url, replicas=1, placement=["az:c"], prefix="elsewhere")
+        with pytest.raises(BusError, match="ELSEWHERE_EVENTS"):
+            await nowhere.start()
+        await nowhere.close()
+
+
 async def test_a_stream_on_the_wrong_storage_stops_the_start_with_the_reason(
     cluster: NatsCluster,
 ) -> None:
