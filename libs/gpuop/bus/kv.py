@@ -15,7 +15,14 @@ from collections.abc import AsyncIterator
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, KeyValueConfig, Placement, StorageType
+from nats.js.api import (
+    DeliverPolicy,
+    DiscardPolicy,
+    KeyValueConfig,
+    Placement,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.kv import KeyValue as RawKeyValue
 
 from gpuop.bus.errors import BucketMissing, BusError, KeyExists, PublishTimeout, RevisionConflict
@@ -61,9 +68,11 @@ async def open_bucket(
             placement=placement,
         )
         try:
-            raw = await js.create_key_value(config)
             if placement is not None:
-                await _place(js, name, placement)
+                await js.add_stream(_placed_bucket(name, replicas, placement))
+                raw = await js.key_value(name)
+            else:
+                raw = await js.create_key_value(config)
         except nats.js.errors.APIError as exc:
             raise BucketMissing(f"cannot create bucket {name}: {exc}") from exc
     else:
@@ -71,15 +80,26 @@ async def open_bucket(
     return NatsKeyValue(name, raw, js)
 
 
-async def _place(js: JetStreamContext, name: str, placement: Placement) -> None:
-    """Put a new bucket's stream on the servers `placement` names. nats-py's
-    `create_key_value` leaves the placement out of the stream it creates, so the stream is
-    moved there right after (empty, it moves at once)."""
-    config = (await js.stream_info(f"KV_{name}")).config
-    if config.placement == placement:
-        return
-    config.placement = placement
-    await js.update_stream(config)
+def _placed_bucket(name: str, replicas: int, placement: Placement) -> StreamConfig:
+    """The stream of a bucket on the servers `placement` names. nats-py's `create_key_value`
+    leaves a placement out of the stream it makes, so a placed bucket's stream is created
+    here, as JetStream's KV layout defines it (ADR-8: one subject per key under `$KV.<bucket>.`,
+    rollups allowed, deletes denied, new writes refused when full), with the placement."""
+    return StreamConfig(
+        name=f"KV_{name}",
+        subjects=[f"$KV.{name}.>"],
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        placement=placement,
+        max_msgs_per_subject=HISTORY,
+        max_msgs=-1,
+        max_consumers=-1,
+        allow_rollup_hdrs=True,
+        deny_delete=True,
+        discard=DiscardPolicy.NEW,
+        duplicate_window=120.0,
+        allow_direct=False,
+    )
 
 
 async def _reconcile(js: JetStreamContext, name: str, replicas: int) -> None:
