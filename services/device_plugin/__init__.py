@@ -5,12 +5,18 @@ Serves the kubelet's device plugin API v1beta1 (gRPC over unix sockets in
 with time-slicing replicas, MIG strategies and the `envvar` and `cdi` device list
 strategies, and `rdma/<name>` shared devices. Health comes from telemetry's
 `device.health-changed` events and comes back when the driver-manager validates a driver;
-a pause command makes it advertise every device Unhealthy and let go of NVML.
+a pause command makes it advertise every device Unhealthy and let go of NVML. The
+`--config` file may hold named configs; each node runs the one its label
+`nvidia.com/device-plugin.config` names, switched at run time without a restart.
 
-    agent        the bus side: restore, consumers, pause/resume confirmations; `run`
+    agent        the bus side: restore, consumers, pause/resume confirmations, the config
+                 in force; `run`
     consumers    what it subscribes to
-    restoring    the health history from the log (the pause state: `gpuop.operands`)
-    plugins      the kubelet side: NVML session, resources, health, pause; `DevicePlugins`
+    restoring    the health history and the last config selection from the log (the pause
+                 state: `gpuop.operands`)
+    plugins      the kubelet side: NVML session, resources, health, pause, config switches;
+                 `DevicePlugins`
+    selecting    which named config the node's label selects, and what it shares
     registering  registration with the kubelet, and again after a kubelet restart
     serving      one DevicePlugin gRPC server per resource
     resources    which resources and device ids: MIG strategies, time-slicing
@@ -20,7 +26,7 @@ a pause command makes it advertise every device Unhealthy and let go of NVML.
     cdi          the CDI spec under <host root>/var/run/cdi
     health       which GPUs are unhealthy, from events
     rdma, hcas   RDMA shared devices and the host's HCAs they select
-    config       the --config file
+    config       the --config file: one config, or named ones
     metrics      /metrics instruments
     errors       the exception tree
 """
@@ -32,7 +38,7 @@ from gpuop.services.device_plugin import agent, config
 
 async def main(context: ServiceContext) -> None:
     """Run the node role until the service stops."""
-    await agent.run(context, config.load_config(context.settings.config))
+    await agent.run(context, config.load_configs(context.settings.config))
 
 
 SERVICE = ServiceDefinition(

@@ -1,17 +1,27 @@
-"""The device plugin on the bus: its node's health history and operand commands in, the
-pause and resume confirmations out.
+"""The device plugin on the bus: its node's health history, config selections and operand
+commands in, the pause and resume confirmations and the config in force out.
 
 `run` (the service's entry point, `gpuop run device-plugin --role node`) builds the NVML
 backend and `plugins.DevicePlugins` from the settings and the `--config` file, and a
 `NodeAgent` that drives them:
 
-    start               the pause state (`gpuop.operands`) and the health history
-                        (`restoring`) from the log;
+    start               the pause state (`gpuop.operands`), the health history and the
+                        last config selection (`restoring`) from the log, then
+                        `device.plugin-config-applied` for the config in force;
                         when NATS does not answer, read once it does
     device.health-changed   `DevicePlugins.device_health`
     driver.validated    `DevicePlugins.driver_validated`: health back, devices read anew
     PauseOperands       `DevicePlugins.pause`, then `OperandPaused`
     ResumeOperands      `DevicePlugins.resume`, then `OperandResumed`
+    device.plugin-config-selected   `DevicePlugins.select`, then
+                        `device.plugin-config-applied`: the config in force, and why
+
+How a node's label reaches the plugin: the plugin holds no Kubernetes credentials (a node
+role), so discovery's cluster role watches the Nodes and publishes
+`device.plugin-config-selected` on the node's subject whenever its
+`nvidia.com/device-plugin.config` label changes; the plugin switches (re-reading its
+`--config` file) and publishes `device.plugin-config-applied`, from which the labeler sets
+the node's `nvidia.com/gpu.replicas`, `gpu.sharing-strategy` and `gpu.product` labels.
 
 The kubelet side never waits for the bus. If NATS stops answering while the agent starts,
 the plugin serves from a clean state and subscribes once NATS answers again; when NATS goes
@@ -33,10 +43,10 @@ from gpuop.host.roots import HostRoot
 from gpuop.nvml import open_backend
 from gpuop.runtime import waiting
 from gpuop.runtime.services import ServiceContext
-from gpuop.services.device_plugin import consumers, restoring
-from gpuop.services.device_plugin.config import DevicePluginConfig
+from gpuop.services.device_plugin import config, consumers, restoring, selecting
+from gpuop.services.device_plugin.config import PluginConfigs
 from gpuop.services.device_plugin.metrics import PluginMetrics
-from gpuop.services.device_plugin.plugins import DevicePlugins
+from gpuop.services.device_plugin.plugins import DevicePlugins, Reload
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +57,8 @@ RETRY_DELAY = 2.0
 
 
 class NodeAgent:
-    """Feeds one node's device plugins from the bus and confirms their pauses."""
+    """Feeds one node's device plugins from the bus, confirms their pauses and reports the
+    config in force."""
 
     def __init__(
         self, bus: Bus, node: str, plugins: DevicePlugins, *, retry_delay: float = RETRY_DELAY
@@ -57,6 +68,11 @@ class NodeAgent:
         self._plugins = plugins
         self._retry_delay = retry_delay
         self._source = f"/gpuop/{consumers.SERVICE}/{node}"
+        self._selection_seq = 0
+        """Stream sequence of the last config selection taken in."""
+        self._selecting = asyncio.Lock()
+        """Held from the look at `_selection_seq` to its update: an older selection (read
+        from the log by a late restore) never overrides a newer one."""
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Restore, then serve the kubelet and follow the bus until `stopping` is set."""
@@ -66,6 +82,7 @@ class NodeAgent:
         wanted: list[tuple[ConsumerSpec, Handler]] = [
             (consumers.node_commands(prefix, self._node, retry_delay=retry), self.on_command),
             (consumers.node_health(prefix, self._node, retry_delay=retry), self.on_health),
+            (consumers.node_config(prefix, self._node, retry_delay=retry), self.on_config),
         ]
         try:
             async with asyncio.TaskGroup() as group:
@@ -79,17 +96,53 @@ class NodeAgent:
                 await subscription.stop()
 
     async def restore(self) -> bool:
-        """Take in the pause state and health history the log holds; whether it could."""
+        """Take in the pause state, health history and config selection the log holds,
+        and report the config in force; whether it could."""
         try:
             paused = await operands.from_log(self._bus, self._node)
             history = await restoring.health(self._bus, self._node)
+            last = await restoring.selection(self._bus, self._node)
         except BusError as error:
             log.warning("cannot read the node's history yet: %s", error)
             return False
+        answer = await self._select(last.requested, last.seq) or self._plugins.selection
         await self._plugins.restore(paused, history)
         if paused:
             log.info("the node's operands are paused (%s)", ", ".join(sorted(paused)))
+        try:
+            await self._bus.publish(self._envelope(applied(answer), cause=None))
+        except BusError as error:
+            log.warning("cannot report the config in force yet: %s", error)
+            return False
         return True
+
+    async def on_config(self, delivery: Delivery) -> None:
+        """A new value of the node's config label: switch, then report the config in
+        force. A selection read at start already, or older, is skipped."""
+        payload = delivery.payload
+        if not isinstance(payload, device.DevicePluginConfigSelected):
+            return
+        with spans.handling(__name__, delivery):
+            answer = await self._select(payload.config, delivery.stream_seq, newer=True)
+            if answer is None and delivery.attempt > 1 and self._taken(delivery.stream_seq):
+                answer = self._plugins.selection  # taken in, but its report failed
+            if answer is not None:
+                await self._publish(applied(answer), delivery.envelope)
+
+    def _taken(self, seq: int) -> bool:
+        return seq == self._selection_seq
+
+    async def _select(
+        self, requested: str | None, seq: int, *, newer: bool = False
+    ) -> selecting.Selection | None:
+        """Switch to the config of the selection at `seq`, unless a later one (or, with
+        `newer`, this one) was taken in already; None then."""
+        async with self._selecting:
+            if seq < self._selection_seq or (newer and seq == self._selection_seq):
+                return None
+            answer = await self._plugins.select(requested)
+            self._selection_seq = seq
+            return answer
 
     async def on_command(self, delivery: Delivery) -> None:
         """`PauseOperands` and `ResumeOperands` for this node's operands, each in its
@@ -121,8 +174,11 @@ class NodeAgent:
         elif isinstance(payload, driver.DriverValidated):
             await self._plugins.driver_validated(payload.component)
 
+    def _envelope(self, payload: Event, cause: Envelope | None) -> Envelope:
+        return new_event(payload, node=self._node, source=self._source, cause=cause)
+
     async def _publish(self, payload: Event, cause: Envelope) -> None:
-        envelope = new_event(payload, node=self._node, source=self._source, cause=cause)
+        envelope = self._envelope(payload, cause)
         try:
             await self._bus.publish(envelope)
         except BusError as error:
@@ -154,16 +210,33 @@ class NodeAgent:
                 await waiting.stopped_within(stopping, self._retry_delay)
 
 
-async def run(context: ServiceContext, config: DevicePluginConfig) -> None:
+def applied(answer: selecting.Selection) -> device.DevicePluginConfigApplied:
+    """The event that reports `answer`: the config in force and what it shares."""
+    shared = selecting.sharing(answer.config)
+    return device.DevicePluginConfigApplied(
+        config=answer.name,
+        requested=answer.requested,
+        outcome=answer.outcome,
+        replicas=shared.replicas,
+        sharing_strategy=shared.strategy,
+        renamed=shared.renamed,
+        message=(answer.problem or "")[:2048],
+    )
+
+
+async def run(context: ServiceContext, configs: PluginConfigs) -> None:
     """The node role's entry point: the device plugins of `--node`, until the service stops."""
     settings = context.settings
     node, host_root = settings.require_node(), settings.require_host_root()
     nvml = open_backend(settings.nvml, host_root=host_root, node=node, holder_id=NVML_HOLDER)
+    path = settings.config
+    reload: Reload | None = None if path is None else (lambda: config.load_configs(path))
     plugins = DevicePlugins(
         HostRoot(host_root),
         nvml,
-        config,
+        configs,
         PluginMetrics(context.registry),
+        reload=reload,
         readiness=context.set_readiness,
     )
     await NodeAgent(context.bus, node, plugins).run(context.stopping)

@@ -25,29 +25,56 @@ settings carry over; every key is optional:
           rdmaHcaMax: 64
           selectors: {vendors: ["15b3"], drivers: ["mlx5_core"], linkTypes: ["ether"]}
 
-Read once at start by `main`; a wrong key or value stops the service with a `SettingsError`
-that names the file and the key (`sharing.timeSlicing.resources.0.replicas: ...`).
+The file may instead hold several named configs, one of which each node runs: the one its
+label `nvidia.com/device-plugin.config` names (`selecting`), as upstream's per-node configs.
+Each is a config as above; names are DNS labels:
+
+    default: exclusive                 # the config of nodes without the label
+    configs:
+      exclusive: {}
+      shared:
+        sharing:
+          timeSlicing:
+            resources: [{name: nvidia.com/gpu, replicas: 4}]
+
+Without `default`, a config named `default` is the default, or the only one when there is
+one. A file without `configs` is a single config: it is what every node runs.
+
+Read at start by `main` (`load_configs`); a wrong key or value stops the service with a
+`SettingsError` that names the file and the key (`sharing.timeSlicing.resources.0.replicas:
+...`, `configs.shared.sharing.timeSlicing...` in a named file). The plugin reads the file
+again for every switch of config, so that a file changed under it (a ConfigMap mounted as a
+directory, as upstream mounts it) takes effect with the next label change; a file that no
+longer validates then refuses the switch. The Helm chart mounts the file with `subPath` and
+rolls the pods when the config changes, so there a new file arrives with a restart.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Literal, Self
 
+import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
 from gpuop.health import APPLICATION_XIDS
-from gpuop.runtime.settings import load_config_file
+from gpuop.runtime.settings import SettingsError, load_config_file
 
 GPU_RESOURCE = "nvidia.com/gpu"
 """The resource every physical GPU (or, under the single strategy, MIG device) is."""
@@ -55,9 +82,13 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 """Mixed-strategy MIG resources: `nvidia.com/mig-1g.18gb`."""
 DEFAULT_IGNORED_XIDS = APPLICATION_XIDS
 """XIDs that are application errors: the GPU stays healthy (upstream's list)."""
+DEFAULT_NAME = "default"
+"""The name of a single config, and of the default of named ones that name none (upstream's
+fallback name)."""
 
 _RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _PCI_ID = re.compile(r"^[0-9a-fA-F]{4}$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class MigStrategy(enum.StrEnum):
@@ -275,7 +306,100 @@ class DevicePluginConfig(_Section):
     """RDMA shared devices."""
 
 
+def _config_name(name: str) -> str:
+    if not _DNS_LABEL.match(name):
+        raise ValueError(
+            f"{name!r} is not a DNS label: lowercase letters, digits and '-', at most 63"
+        )
+    return name
+
+
+ConfigName = Annotated[str, AfterValidator(_config_name)]
+"""The name of one of several configs: what a node's label names."""
+
+
+class NamedConfigs(_Section):
+    """A `--config` file of several named configs."""
+
+    configs: dict[ConfigName, DevicePluginConfig] = Field(min_length=1)
+    """The configs, by name."""
+    default: ConfigName | None = Field(default=None, validate_default=True)
+    """The config of a node without the label (or with a label naming no config)."""
+
+    @field_validator("default")
+    @classmethod
+    def _one_of_the_configs(cls, default: str | None, info: ValidationInfo) -> str | None:
+        configs: dict[str, DevicePluginConfig] | None = info.data.get("configs")
+        if configs is None:  # wrong itself: that error is the one to tell
+            return default
+        names = ", ".join(sorted(configs))
+        if default is None:
+            if DEFAULT_NAME in configs or len(configs) == 1:
+                return default
+            raise ValueError(f"name the default config: one of {names}")
+        if default not in configs:
+            raise ValueError(f"{default!r} is not one of the configs ({names})")
+        return default
+
+    @property
+    def default_name(self) -> str:
+        if self.default is not None:
+            return self.default
+        return DEFAULT_NAME if DEFAULT_NAME in self.configs else next(iter(self.configs))
+
+
+@dataclass(frozen=True)
+class PluginConfigs:
+    """What the `--config` file holds, in either form: the configs by name and the default.
+    A single config is named `DEFAULT_NAME`."""
+
+    configs: Mapping[str, DevicePluginConfig]
+    default: str
+    named: bool = False
+    """The file holds named configs (rather than a single one)."""
+
+    def __post_init__(self) -> None:
+        if self.default not in self.configs:
+            raise ValueError(f"the default {self.default!r} is not one of the configs")
+        object.__setattr__(self, "configs", MappingProxyType(dict(self.configs)))
+
+    @classmethod
+    def single(cls, config: DevicePluginConfig) -> PluginConfigs:
+        """A file holding one config."""
+        return cls({DEFAULT_NAME: config}, DEFAULT_NAME)
+
+    @classmethod
+    def of(cls, named: NamedConfigs) -> PluginConfigs:
+        return cls(named.configs, named.default_name, named=True)
+
+    @property
+    def default_config(self) -> DevicePluginConfig:
+        return self.configs[self.default]
+
+
 def load_config(path: Path | None) -> DevicePluginConfig:
-    """The configuration in `path` (YAML or JSON); the defaults when `path` is None.
+    """The single configuration in `path` (YAML or JSON); the defaults when `path` is None.
     Raises `SettingsError` naming the file and the first wrong key."""
     return load_config_file(path, DevicePluginConfig)
+
+
+def load_configs(path: Path | None) -> PluginConfigs:
+    """The configuration in `path` in either form, a single config or named ones (a file
+    with `configs`); the defaults when `path` is None. Raises `SettingsError` naming the
+    file and the first wrong key (`configs.<name>.<key>` in a named file)."""
+    if path is None:
+        return PluginConfigs.single(DevicePluginConfig())
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise SettingsError(f"--config {path}: cannot read it: {error}") from None
+    if not isinstance(document, dict):
+        raise SettingsError(f"--config {path}: expected a mapping of settings")
+    try:
+        if "configs" in document:
+            return PluginConfigs.of(NamedConfigs.model_validate(document))
+        return PluginConfigs.single(DevicePluginConfig.model_validate(document))
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "settings"
+        raise SettingsError(f"--config {path}: {where}: {first['msg']}") from None

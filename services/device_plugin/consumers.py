@@ -1,6 +1,7 @@
-"""What the device plugin subscribes to: its node's operand commands, and its node's
-health history (telemetry's health events and the driver-manager's validations) in one
-consumer, so a validation and the XIDs around it are handled in the order they happened.
+"""What the device plugin subscribes to: its node's operand commands, its node's health
+history (telemetry's health events and the driver-manager's validations) in one consumer, so
+a validation and the XIDs around it are handled in the order they happened, and its node's
+config selections (discovery's cluster role, from the Node's label).
 """
 
 from __future__ import annotations
@@ -42,5 +43,21 @@ def node_health(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
     return ConsumerSpec(
         durable=streams.node_durable(SERVICE, node, "health"),
         subjects=health_subjects(prefix, node),
+        retry_delay=retry_delay,
+    )
+
+
+def config_subject(prefix: str, node: str) -> str:
+    """The node's `device.plugin-config-selected` events."""
+    selected = device.DevicePluginConfigSelected
+    return subjects.events_filter(selected.DOMAIN, node, selected.NAME, prefix=prefix)
+
+
+def node_config(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
+    """The config selections of `node`. From the start on first creation, like the health
+    history; the agent skips what it already read from the log at start."""
+    return ConsumerSpec(
+        durable=streams.node_durable(SERVICE, node, "config"),
+        subjects=(config_subject(prefix, node),),
         retry_delay=retry_delay,
     )

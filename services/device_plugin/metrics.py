@@ -3,8 +3,11 @@
     gpuop_device_plugin_devices{resource,health}          devices advertised, by health
     gpuop_device_plugin_allocations_total{resource,outcome}  Allocate calls: ok or refused
     gpuop_device_plugin_registrations_total{resource,outcome}  Register calls: ok or failed
+    gpuop_device_plugin_config{config}                     1 for the named config in force
+    gpuop_device_plugin_config_selections_total{outcome}   label changes answered: selected,
+                                                          default, unknown or refused
 
-Updated by `serving.PluginServer` and `registering.Registrar`.
+Updated by `serving.PluginServer`, `registering.Registrar` and `plugins.DevicePlugins`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,18 @@ class PluginMetrics:
             ["resource", "outcome"],
             registry=registry,
         )
+        self._config = Gauge(
+            "gpuop_device_plugin_config",
+            "1 for the named device plugin config in force on the node.",
+            ["config"],
+            registry=registry,
+        )
+        self._selections = Counter(
+            "gpuop_device_plugin_config_selections",
+            "Config selections answered, by outcome (selected, default, unknown, refused).",
+            ["outcome"],
+            registry=registry,
+        )
         self._registrations = Counter(
             "gpuop_device_plugin_registrations",
             "Registrations with the kubelet, by resource and outcome (ok, failed).",
@@ -55,3 +70,10 @@ class PluginMetrics:
 
     def registration(self, resource: str, *, ok: bool) -> None:
         self._registrations.labels(resource, "ok" if ok else "failed").inc()
+
+    def config_in_force(self, name: str) -> None:
+        self._config.clear()
+        self._config.labels(name).set(1)
+
+    def config_selection(self, outcome: str) -> None:
+        self._selections.labels(outcome).inc()

@@ -15,16 +15,28 @@ goes on serving the last known health.
     pause     the paused driver's devices advertised Unhealthy; for the GPU driver, NVML
               closed, so the `nvidia` module can be unloaded
     resume    NVML opened and read again, the devices advertised with their health
+    select    the named config the node's label selects (`selecting`): the file read again,
+              then, if the config in force changes, its resources planned anew from the
+              inventory last read and re-advertised (no restart, no NVML read)
 
-Every change of state holds one lock, so a pause waits for an inventory read to finish.
-NVML that cannot be opened (no driver yet) is retried every `retry_interval`.
+Every change of state holds one lock, so a pause waits for an inventory read to finish,
+and a switch of config for both. NVML that cannot be opened (no driver yet) is retried
+every `retry_interval`.
+
+A switch re-advertises through the servers already serving: a resource that stays
+(`nvidia.com/gpu` going from 1 to 4 replicas) keeps its socket and registration and sends
+its new device list down the open ListAndWatch stream; a resource that appears
+(`nvidia.com/gpu.shared` under `renameByDefault`) gets a server that the registrar then
+registers; one that goes is served empty. Allocate answers from the resource it finds when
+it is called, so a call the kubelet made before the switch answers with the old config and
+every later call with the new one; containers already allocated keep their devices.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from gpuop.events import device
 from gpuop.events.driver import Component, DriverValidated
@@ -35,8 +47,13 @@ from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2
 from gpuop.nvml import Nvml, NvmlError
 from gpuop.runtime import waiting
 from gpuop.runtime.services import Readiness
-from gpuop.services.device_plugin import cdi, inventory, rdma, registering
-from gpuop.services.device_plugin.config import DeviceListStrategy, DevicePluginConfig
+from gpuop.runtime.settings import SettingsError
+from gpuop.services.device_plugin import cdi, inventory, rdma, registering, selecting
+from gpuop.services.device_plugin.config import (
+    DeviceListStrategy,
+    DevicePluginConfig,
+    PluginConfigs,
+)
 from gpuop.services.device_plugin.health import HealthBook
 from gpuop.services.device_plugin.metrics import PluginMetrics
 from gpuop.services.device_plugin.resources import (
@@ -54,6 +71,8 @@ RETRY_INTERVAL = 5.0
 
 HealthRecord = device.DeviceHealthChanged | DriverValidated
 """What the node's health history is made of."""
+Reload = Callable[[], PluginConfigs]
+"""Reads the `--config` file again; raises `SettingsError` when it does not validate."""
 
 
 class DevicePlugins:
@@ -63,17 +82,22 @@ class DevicePlugins:
         self,
         root: HostRoot,
         nvml: Nvml,
-        config: DevicePluginConfig,
+        config: DevicePluginConfig | PluginConfigs,
         metrics: PluginMetrics,
         *,
+        reload: Reload | None = None,
         readiness: Readiness | None = None,
         retry_interval: float = RETRY_INTERVAL,
         register_timeout: float = registering.REGISTER_TIMEOUT,
         register_retry: float = registering.RETRY_INTERVAL,
     ) -> None:
         self.root = root
-        self.config = config
-        self.health = HealthBook(config.health.ignored_xids)
+        if not isinstance(config, PluginConfigs):
+            config = PluginConfigs.single(config)
+        self._configs = config
+        self._reload = reload
+        self._selection = selecting.select(self._configs, None)
+        self.health = HealthBook(self.config.health.ignored_xids)
         self.directory = root.join(constants.DEVICE_PLUGIN_DIR)
         self._nvml = nvml
         self._metrics = metrics
@@ -98,6 +122,17 @@ class DevicePlugins:
             timeout=register_timeout,
             retry_interval=register_retry,
         )
+        metrics.config_in_force(self._selection.name)
+
+    @property
+    def config(self) -> DevicePluginConfig:
+        """The config in force."""
+        return self._selection.config
+
+    @property
+    def selection(self) -> selecting.Selection:
+        """Which config is in force, and for which label value."""
+        return self._selection
 
     @property
     def paused(self) -> frozenset[Component]:
@@ -181,7 +216,50 @@ class DevicePlugins:
             await self._read_gpus()
             await self._advertise()
 
+    async def select(self, requested: str | None) -> selecting.Selection:
+        """Run the config the node's label `requested` selects (None: no label), reading
+        the `--config` file again first; re-advertise when the config in force changes.
+        Returns the answer: a `refused` one, with the config in force unchanged, when the
+        file no longer validates."""
+        async with self._lock:
+            configs = self._configs
+            if self._reload is not None:
+                try:
+                    configs = await asyncio.to_thread(self._reload)
+                except SettingsError as error:
+                    answer = selecting.refused(self._selection, requested, str(error))
+                    log.error(
+                        "refusing the switch to config %s, %s stays: %s",
+                        requested or "(default)",
+                        self._selection.name,
+                        error,
+                    )
+                    self._metrics.config_selection(answer.outcome)
+                    return answer
+            self._configs = configs
+            previous, answer = self._selection, selecting.select(configs, requested)
+            self._selection = answer
+            self._metrics.config_selection(answer.outcome)
+            self._metrics.config_in_force(answer.name)
+            if answer.problem:
+                log.warning("%s: running the default config %s", answer.problem, answer.name)
+            if answer.config == previous.config:
+                return answer
+            log.info("device plugin config %s -> %s", previous.name, answer.name)
+            await self._reconfigure(previous.config)
+            await self._advertise()
+            return answer
+
     # Internals; every one runs with the lock held.
+
+    async def _reconfigure(self, previous: DevicePluginConfig) -> None:
+        """Plan every resource anew for the config now in force."""
+        config = self.config
+        self.health.ignored_xids = frozenset(config.health.ignored_xids)
+        if config.rdma != previous.rdma:
+            await self._read_rdma()
+        if not self._stale:  # else the next read plans with the new config
+            await self._plan_gpus()
 
     async def _pause(self, components: Iterable[Component]) -> None:
         self._paused |= set(components)
@@ -200,6 +278,11 @@ class DevicePlugins:
             log.warning("%s; retrying in %.0f s", self._gpu_problem, self._retry_interval)
             return
         self._inventory, self._stale = found, False
+        await self._plan_gpus()
+
+    async def _plan_gpus(self) -> None:
+        """The GPU resources of the inventory last read, under the config in force."""
+        found = self._inventory
         self._gpus = gpu_resources(found, self.config)
         self._gpu_problem = self._gpus.problem
         if self._gpu_problem:
@@ -211,8 +294,9 @@ class DevicePlugins:
             except OSError as error:
                 log.error("cannot write the CDI spec: %s", error)
         log.info(
-            "read %d GPUs from NVML: %s",
+            "%d GPUs under config %s: %s",
             len(found.gpus),
+            self._selection.name,
             ", ".join(f"{r.name} ({len(r.devices)})" for r in self._gpus.resources) or "nothing",
         )
 

@@ -5,7 +5,8 @@ labels. Read from the `--config` YAML file (`GPUOP_CONFIG`); every key is option
     heartbeat_interval_seconds: 30   # hardware.heartbeat
     retry_interval_seconds: 5        # a failed scan, or Kubernetes not reachable yet
     mig_strategy: none               # none | single | mixed, as the device plugin runs
-    replicas: 1                      # time-slicing replicas per GPU (>1 adds -SHARED)
+    replicas: 1                      # time-slicing replicas per GPU (>1 adds -SHARED), for
+                                     # nodes whose device plugin has not reported its config
 
 Called once at start by both roles; tests build `DiscoveryConfig` directly.
 """
@@ -34,7 +35,9 @@ class DiscoveryConfig(BaseModel):
     mig_strategy: MigStrategy = MigStrategy.NONE
     """MIG strategy the device plugin runs with; it shapes the `nvidia.com/mig.*` labels."""
     replicas: int = Field(default=1, ge=1, le=1024)
-    """Time-slicing replicas per GPU; more than one marks the product `-SHARED`."""
+    """Time-slicing replicas per GPU; more than one marks the product `-SHARED`. A node whose
+    device plugin reports the config in force (`device.plugin-config-applied`) is labelled
+    from that instead."""
 
     def label_settings(self) -> LabelSettings:
         # no gfd.timestamp: a label that changes every pass would patch every node each time

@@ -2,7 +2,8 @@
 
 The node role (`node_agent`) consumes its node's commands (`RescanHardware`, and the
 operands group's `PauseOperands`/`ResumeOperands`) and its node's driver results; the
-cluster role (`labeler`) consumes every node's inventories and heartbeats.
+cluster role (`labeler`) consumes every node's inventories and heartbeats, and the device
+plugin config each node's plugin runs (`device.plugin-config-applied`).
 """
 
 from __future__ import annotations
@@ -40,14 +41,22 @@ def node_driver_results(prefix: str, node: str, *, retry_delay: float) -> Consum
     )
 
 
+def plugin_configs_filter(prefix: str) -> str:
+    """Every node's `device.plugin-config-applied`."""
+    applied = device.DevicePluginConfigApplied
+    return subjects.events_filter(applied.DOMAIN, name=applied.NAME, prefix=prefix)
+
+
 def labeler(prefix: str, *, retry_delay: float) -> ConsumerSpec:
-    """Every node's inventories and heartbeats, one node at a time."""
+    """Every node's inventories, heartbeats and device plugin configs in force, one node at
+    a time."""
     domain = hardware.HardwareDiscovered.DOMAIN
     return ConsumerSpec(
         durable=LABELER,
         subjects=(
             subjects.events_filter(domain, name=hardware.HardwareDiscovered.NAME, prefix=prefix),
             subjects.events_filter(domain, name=hardware.HardwareHeartbeat.NAME, prefix=prefix),
+            plugin_configs_filter(prefix),
         ),
         max_deliver=LABELER_MAX_DELIVER,
         retry_delay=retry_delay,

@@ -16,10 +16,20 @@ exist yet is retried later; every change of labels is recorded as a Kubernetes E
 A heartbeat whose inventory hash this role has not applied (an inventory missed or dead-
 lettered, say while its Node was not registered) makes it apply the node's inventory from
 the `gpuop_nodes` KV bucket, where the node agent keeps it.
+
+The sharing labels (`nvidia.com/gpu.replicas`, `gpu.sharing-strategy`, the product's
+`-SHARED`) follow the device plugin config in force on each node, which its plugin reports
+as `device.plugin-config-applied` (read from the log at start, then consumed with the
+inventories): each such report labels the node again from its stored inventory. A node whose
+plugin never reported one is labelled with the `replicas` of discovery's own config. `run`
+also runs `selections.Selections`, which tells each node's plugin which config its label
+`nvidia.com/device-plugin.config` selects.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,8 +37,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpuop.bus import Buckets, Delivery, KeyValue, PermanentError, TemporaryError
-from gpuop.events import hardware, subjects
+from gpuop.bus import Buckets, Bus, Delivery, KeyValue, PermanentError, TemporaryError
+from gpuop.events import MalformedMessage, UnknownEventType, decode, device, hardware, subjects
 from gpuop.inventory import labeling
 from gpuop.kube import client, errors, nodes
 from gpuop.kube.recording import EventRecorder
@@ -36,6 +46,7 @@ from gpuop.runtime import waiting
 from gpuop.runtime.services import ServiceContext
 from gpuop.services.discovery import consumers
 from gpuop.services.discovery.config import DiscoveryConfig
+from gpuop.services.discovery.selections import Selections
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +142,7 @@ class Labeler:
         *,
         recorder: EventRecorder | None = None,
         retry_delay: float = 5.0,
+        plugin_configs: Mapping[str, device.DevicePluginConfigApplied] | None = None,
     ) -> None:
         self._kube = kube
         self._inventories = inventories
@@ -139,22 +151,55 @@ class Labeler:
         self._retry_delay = retry_delay
         self._applied: dict[str, str] = {}
         """Node -> hash of the inventory its labels were last made from, by this process."""
+        self._plugin_configs: dict[str, device.DevicePluginConfigApplied] = dict(
+            plugin_configs or {}
+        )
+        """Node -> the device plugin config in force there, as its plugin last reported."""
+        self._labelled: dict[str, labeling.LabelSettings] = {}
+        """Node -> the settings its labels were last made with, by this process."""
+
+    def settings_for(self, node: str) -> labeling.LabelSettings:
+        """The label settings of `node`: its plugin's sharing over discovery's own."""
+        return labeling.with_plugin_config(self._settings, self._plugin_configs.get(node))
 
     async def handle(self, delivery: Delivery) -> None:
-        """The consumer's handler: inventories and heartbeats of every node."""
+        """The consumer's handler: inventories, heartbeats and device plugin configs of
+        every node."""
         node = delivery.envelope.node
         if isinstance(delivery.payload, hardware.HardwareDiscovered):
             await self.apply(node, delivery.payload)
         elif isinstance(delivery.payload, hardware.HardwareHeartbeat):
             await self.catch_up(node, delivery.payload.inventory_hash)
+        elif isinstance(delivery.payload, device.DevicePluginConfigApplied):
+            await self.plugin_config(node, delivery.payload)
+
+    async def plugin_config(self, node: str, applied: device.DevicePluginConfigApplied) -> None:
+        """The device plugin config now in force on `node`: label it again from its stored
+        inventory (or, without one yet, with its first inventory)."""
+        self._plugin_configs[node] = applied
+        if applied.outcome in (device.ConfigOutcome.UNKNOWN, device.ConfigOutcome.REFUSED):
+            log.warning(
+                "node %s runs device plugin config %s: %s",
+                node,
+                applied.config,
+                applied.message,
+                extra={"node": node},
+            )
+        if self._labelled.get(node) == self.settings_for(node):
+            return  # the same sharing as the node's labels have
+        inventory = await self._stored(node)
+        if inventory is not None:
+            await self.apply(node, inventory)
 
     async def apply(self, node: str, inventory: hardware.HardwareDiscovered) -> LabelChange:
         """Label `node` for `inventory`; `TemporaryError` while the Node does not exist."""
         change = LabelChange()
 
+        settings = self.settings_for(node)
+
         def decide(current: Obj) -> Obj | None:
             nonlocal change
-            body, change = plan(current, inventory, self._settings)
+            body, change = plan(current, inventory, settings)
             return body
 
         try:
@@ -169,6 +214,7 @@ class Labeler:
                 raise TemporaryError(f"labelling node {node}: {error}", delay=delay) from error
             raise PermanentError(f"labelling node {node}: {error}") from error
         self._applied[node] = inventory.inventory_hash
+        self._labelled[node] = settings
         if change:
             log.info("labels of node %s: %s", node, change.describe(), extra={"node": node})
             await self._record(node, change)
@@ -178,16 +224,20 @@ class Labeler:
         """Apply the node's stored inventory when a heartbeat names one not applied yet."""
         if self._applied.get(node) == inventory_hash:
             return
+        inventory = await self._stored(node)
+        if inventory is not None and inventory.inventory_hash == inventory_hash:
+            await self.apply(node, inventory)
+
+    async def _stored(self, node: str) -> hardware.HardwareDiscovered | None:
+        """The node's inventory in the `gpuop_nodes` bucket; None without a valid one."""
         entry = await self._inventories.get(subjects.encode_node(node))
         if entry is None:
-            return
+            return None
         try:
-            inventory = hardware.HardwareDiscovered.model_validate_json(entry.value)
+            return hardware.HardwareDiscovered.model_validate_json(entry.value)
         except ValidationError as error:
             log.warning("stored inventory of node %s is invalid: %s", node, error)
-            return
-        if inventory.inventory_hash == inventory_hash:
-            await self.apply(node, inventory)
+            return None
 
     async def _record(self, node: str, change: LabelChange) -> None:
         if self._recorder is None:
@@ -204,25 +254,45 @@ async def run(context: ServiceContext, config: DiscoveryConfig) -> None:
     kube = await _connect(context, config)
     if kube is None:
         return
+    retry = config.retry_interval_seconds
     try:
         labeler = Labeler(
             kube,
             await context.bus.kv(Buckets.NODES),
             config.label_settings(),
             recorder=EventRecorder(kube),
-            retry_delay=config.retry_interval_seconds,
+            retry_delay=retry,
+            plugin_configs=await plugin_configs(context.bus),
         )
+        selections = Selections(kube, context.bus, retry_delay=retry)
+        await selections.restore()
         subscription = await context.bus.consume(
-            consumers.labeler(context.bus.prefix, retry_delay=config.retry_interval_seconds),
-            labeler.handle,
+            consumers.labeler(context.bus.prefix, retry_delay=retry), labeler.handle
         )
+        following = asyncio.create_task(selections.run(), name="discovery-config-selections")
         context.ready, context.not_ready_reason = True, ""
         try:
             await context.stopping.wait()
         finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
             await subscription.stop()
     finally:
         await kube.close()
+
+
+async def plugin_configs(bus: Bus) -> dict[str, device.DevicePluginConfigApplied]:
+    """Each node's last `device.plugin-config-applied` in the log."""
+    found: dict[str, device.DevicePluginConfigApplied] = {}
+    async for message in bus.read(consumers.plugin_configs_filter(bus.prefix)):
+        try:
+            envelope, payload = decode(message.data)
+        except (MalformedMessage, UnknownEventType):
+            continue
+        if isinstance(payload, device.DevicePluginConfigApplied):
+            found[envelope.node] = payload
+    return found
 
 
 async def _connect(context: ServiceContext, config: DiscoveryConfig) -> client.Kube | None:

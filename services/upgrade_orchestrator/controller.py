@@ -18,7 +18,8 @@ Whenever something changed (a decision, a node, the policy) and at least every
    admits nothing while the policy is paused), which records admissions as events, and
    watches the pods of the nodes whose saga waits for jobs, deletes pods or drains (`jobs`,
    one informer per node, shared with the executor's drains: `nodepods`);
-3. publishes the rollout's events and writes the policy's status (conditions, counts).
+3. publishes the rollout's events and writes the policy's status (conditions, counts, and
+   how many nodes the admission pass leaves out: skip labels, `cordonedNodes: skip`).
 
 Cancelling `run` (leadership lost, service stopping) stops everything it started; the next
 leader continues from KV and the durable consumer.
@@ -196,7 +197,7 @@ class Controller:
             for node, status in self.nodes.statuses.items()
             if node in selected or node in under_way
         }
-        await runner.admit(managed, now)
+        planned = await runner.admit(managed, now)
         entries = await store.all()
         all_sagas = [e.saga for e in entries]
         self.pod_watches.follow(all_sagas, spec.upgrade_policy.wait_for_completion.pod_selector)
@@ -205,8 +206,10 @@ class Controller:
             for entry in entries
             if entry.saga.rollout_id == rollout_id and entry.saga.node in managed
         ]
-        await self._reporter.report(rollout_id, spec, sagas, now)
-        await self._write_status(sagas, spec, rollout, now)
+        skipped = frozenset(planned.skipped) if planned is not None else frozenset()
+        skipped &= {saga.node for saga in sagas if saga.state is UpgradeState.UPGRADE_REQUIRED}
+        await self._reporter.report(rollout_id, spec, sagas, now, skipped)
+        await self._write_status(sagas, spec, rollout, now, skipped)
 
     def _selected(self, spec: GPUClusterPolicySpec) -> list[str]:
         """The GPU nodes the policy's `nodeSelector` selects, by name."""
@@ -273,15 +276,29 @@ class Controller:
         spec: GPUClusterPolicySpec,
         rollout: RolloutRecord,
         now: datetime,
+        skipped: frozenset[str] = frozenset(),
     ) -> None:
         current = counts(sagas)
         done = current.get(UpgradeState.UPGRADE_DONE, 0)
         ended = all(saga.state in TERMINAL_STATES for saga in sagas)
+        waiting_on_skipped = bool(skipped) and all(
+            saga.state in TERMINAL_STATES or saga.node in skipped for saga in sagas
+        )
         generation = self.policies.generation
         upgraded = f"{done} of {len(sagas)} nodes upgraded"
+        if skipped:
+            upgraded += f", {len(skipped)} skipped"
         if ended:
             progressing = condition(
                 ConditionType.PROGRESSING, False, "RolloutEnded", upgraded,
+                now=now, observed_generation=generation,
+            )  # fmt: skip
+        elif waiting_on_skipped:
+            # nothing moves until a skip label goes or a node is uncordoned
+            progressing = condition(
+                ConditionType.PROGRESSING, False, "NodesSkipped",
+                f"{upgraded}: the skipped nodes wait for their skip label to be removed "
+                "(or, with cordonedNodes: skip, to be uncordoned)",
                 now=now, observed_generation=generation,
             )  # fmt: skip
         elif spec.upgrade_policy.paused:
@@ -306,4 +323,6 @@ class Controller:
             now=now,
             observed_generation=generation,
         )
-        await self.policies.write_status(progressing, ready, nodes=current, rollout=rollout)
+        await self.policies.write_status(
+            progressing, ready, nodes=current, rollout=rollout, skipped=len(skipped)
+        )

@@ -14,7 +14,10 @@ write returned it, and writes the decision's state label in the same PATCH when 
 folded it in (`Cordon.label`); a 409 says when that copy was not current, and only then is
 the node read. An Event takes the node's uid from the same copies. Pod deletion and drain
 read the node's pods from the informer the controller shares between the steps that need
-them (`nodepods`), and open a list-watch of their own only when there is none.
+them (`nodepods`), and open a list-watch of their own only when there is none. Pod deletion
+removes the pods holding a device of the window's components (`DeletePods.components`,
+`pods.holds`), reading the ResourceClaims of the pods that use any, one GET each: nothing
+more for a node whose pods use none.
 
 Executing an action twice is harmless: `nodes.cordon` records in an annotation whether the
 node was cordoned before the first execution, so a repeat reports the same
@@ -24,7 +27,7 @@ node was cordoned before the first execution, so a repeat reports the same
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from gpuop.events import kube as observed
@@ -170,7 +173,7 @@ class KubeExecutor:
             )
             return None
         if isinstance(action, actions.DeletePods):
-            return await self._delete_gpu_pods(node, action)
+            return await self._delete_window_pods(node, action)
         return await self._drain(node, action)
 
     async def _remove_pods(self, node: str, options: draining.DrainOptions) -> draining.DrainResult:
@@ -181,14 +184,21 @@ class KubeExecutor:
                 self._kube, node, _narrowed(options), node_pods=watched
             )
 
-    async def _delete_gpu_pods(
+    async def _delete_window_pods(
         self, node: str, action: actions.DeletePods
     ) -> observed.PodsDeleted | observed.PodDeletionFailed:
+        components = action.components
+
+        async def window(
+            listed: Sequence[Mapping[str, Any]],
+        ) -> Callable[[Mapping[str, Any]], bool]:
+            return await pods.window_filter(self._kube, components, listed)
+
         options = draining.DrainOptions(
             force=action.force,
             delete_emptydir=action.delete_empty_dir,
             timeout=float(max(action.timeout_seconds, 1)),
-            pod_filter=pods.uses_gpu,
+            pod_filter_from=window,
             retry_interval=1.0,
         )
         try:

@@ -1,12 +1,16 @@
 """Kubernetes node observations, recorded as events before the decision core sees them.
 
 `NodeWatcher` list-watches the GPU nodes (label `GPU_NODE_SELECTOR`) and, whenever what the
-saga cares about changes (Ready, `spec.unschedulable`, the kubelet's boot id), publishes
-`kube.NodeObserved`; a deleted node yields `kube.NodeRemoved`. Event ids derive from the
-node's uid and resourceVersion, so two replicas seeing the same change store it once. It
-also keeps each node's `NodeStatus` for the admission pass and its labels for the policy's
-`nodeSelector`, and calls `on_change` so the controller reconciles at once. The executor
-cordons and uncordons from the watch's copy of the node (`node`) instead of reading it.
+saga or admission cares about changes (Ready, `spec.unschedulable`, the kubelet's boot id,
+the node skip labels), publishes `kube.NodeObserved`; a deleted node yields
+`kube.NodeRemoved`. Event ids derive from the node's uid and resourceVersion, so two replicas
+seeing the same change store it once. It also keeps each node's `NodeStatus` for the
+admission pass (with the components its skip labels keep out, `admission.skipped_by`) and
+its labels for the policy's `nodeSelector`, and calls `on_change` so the controller
+reconciles at once. The skip labels reach the sagas only through admission, which records
+what it made of them in `NodeAdmitted`; the observation carries them so the log shows why a
+node waited. The executor cordons and uncordons from the watch's copy of the node (`node`)
+instead of reading it.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import ids
 from gpuop.events import kube as observed
+from gpuop.events.driver import Component
 from gpuop.kube import client, nodes
 from gpuop.kube.watching import ListWatch
-from gpuop.saga import NodeStatus
+from gpuop.saga import NodeStatus, admission
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 log = logging.getLogger(__name__)
@@ -57,8 +62,11 @@ def observation(node: Mapping[str, Any]) -> observed.NodeObserved:
     )
 
 
-def _facts(seen: observed.NodeObserved) -> tuple[bool, bool, str | None]:
-    return (seen.ready, seen.unschedulable, seen.boot_id)
+_Facts = tuple[bool, bool, str | None, frozenset[Component]]
+
+
+def _facts(seen: observed.NodeObserved, status: NodeStatus) -> _Facts:
+    return (seen.ready, seen.unschedulable, seen.boot_id, status.skip)
 
 
 class NodeWatcher:
@@ -76,7 +84,7 @@ class NodeWatcher:
         self._kube = kube
         self._on_change = on_change
         self._clock = clock
-        self._seen: dict[str, tuple[bool, bool, str | None]] = {}
+        self._seen: dict[str, _Facts] = {}
         self.statuses: dict[str, NodeStatus] = {}
         """Node name -> what admission needs of it."""
         self.labels: dict[str, dict[str, str]] = {}
@@ -109,11 +117,14 @@ class NodeWatcher:
 
     async def _observed(self, name: str, node: Mapping[str, Any]) -> None:
         seen = observation(node)
-        self.statuses[name] = NodeStatus(ready=seen.ready, unschedulable=seen.unschedulable)
-        self.labels[name] = nodes.labels_of(node)
-        if self._seen.get(name) == _facts(seen):
+        self.labels[name] = labels = nodes.labels_of(node)
+        self.statuses[name] = status = NodeStatus(
+            ready=seen.ready, unschedulable=seen.unschedulable, skip=admission.skipped_by(labels)
+        )
+        facts = _facts(seen, status)
+        if self._seen.get(name) == facts:
             return
-        self._seen[name] = _facts(seen)
+        self._seen[name] = facts
         metadata = node["metadata"]
         event_id = ids.node_observed(
             str(metadata.get("uid") or name), f"{metadata.get('resourceVersion')}"

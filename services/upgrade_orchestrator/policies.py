@@ -5,11 +5,11 @@ first by name (a cluster has one; more are reported in the log). Each version of
 goes through `validate_spec`; an invalid one starts no rollout and admits no node (sagas
 under way finish their current steps with the last valid spec) and sets the status
 condition `Valid=False` whose message names the wrong field. `write_status` merges
-conditions, per-state node counts and the current rollout (`rollout`, which the controller
-names) into the status subresource, only when they changed; a change of progress alone (the
-counts, the conditions' messages) at most every `PROGRESS_INTERVAL` seconds, since the
-controller reconciles after every decision and would otherwise write the status once per
-node and transition.
+conditions, per-state node counts, the count of skipped nodes and the current rollout
+(`rollout`, which the controller names) into the status subresource, only when they
+changed; a change of progress alone (the counts, the conditions' messages) at most every
+`PROGRESS_INTERVAL` seconds, since the controller reconciles after every decision and would
+otherwise write the status once per node and transition.
 """
 
 from __future__ import annotations
@@ -125,9 +125,10 @@ class PolicyWatcher:
         *conditions: Condition,
         nodes: Mapping[UpgradeState, int] | None = None,
         rollout: RolloutRecord | None = None,
+        skipped: int | None = None,
     ) -> None:
-        """Set `conditions` (and the node counts, the rollout) in the followed policy's
-        status."""
+        """Set `conditions` (and the node counts, the rollout, the count of nodes admission
+        leaves out) in the followed policy's status."""
         if self.name is None:
             return
         status = self._status.model_copy(update={"observed_generation": self.generation})
@@ -137,6 +138,8 @@ class PolicyWatcher:
             status = status.model_copy(update={"nodes": {str(k): v for k, v in nodes.items()}})
         if rollout is not None:
             status = status.model_copy(update={"rollout": rollout})
+        if skipped is not None:
+            status = status.model_copy(update={"skipped": skipped})
         self._status = status
         wire = status.to_wire()
         if wire == self._written:

@@ -8,7 +8,8 @@ server and the agents would drop its messages as duplicates). The controller rec
 in the policy's status (`RolloutRecord`), so every replica uses the same and a takeover
 continues the same rollout. The
 `RolloutReporter` publishes the public rollout events on `gpuop.evt.upgrade._cluster.*`:
-`RolloutStarted` once, `RolloutProgress` whenever the counts per state change,
+`RolloutStarted` once, `RolloutProgress` whenever the counts per state change (or the
+count of nodes admission leaves out, `skipped`, which stay in upgrade-required),
 `RolloutCompleted` when every node is done, `RolloutFailed` when every node ended and some
 failed with no retry left, or with reason `superseded` when the policy asked for other
 versions before it ended (`gpuop upgrade abort`, or a new `gpuop upgrade start`; told by the
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
 from gpuop.bus import Bus
@@ -80,6 +81,7 @@ class RolloutReporter:
     def __init__(self, bus: Bus) -> None:
         self._publisher = Publisher(bus)
         self._reported: dict[str, dict[UpgradeState, int]] = {}
+        self._skipped: dict[str, int] = {}
         self._started: dict[str, datetime] = {}
         self._announced: set[str] = set()
         """Rollouts whose `RolloutStarted` this reporter published: once each, since the
@@ -94,8 +96,10 @@ class RolloutReporter:
         policy: GPUClusterPolicySpec,
         sagas: Sequence[NodeSaga],
         now: datetime,
+        skipped: Collection[str] = (),
     ) -> None:
-        """Publish what changed since the last report of this rollout."""
+        """Publish what changed since the last report of this rollout; `skipped` names the
+        nodes of `sagas` that admission leaves out (`admission.Admission.skipped`)."""
         if self._current not in (None, rollout_id):
             await self._superseded(self._current, rollout_id, now)
             self._forget_all_but(rollout_id)
@@ -123,14 +127,21 @@ class RolloutReporter:
             )
             self._announced.add(rollout_id)
         current = counts(sagas)
-        if self._reported.get(rollout_id) == current:
+        left_out = sum(saga.node in skipped for saga in sagas)
+        if self._reported.get(rollout_id) == current and self._skipped.get(rollout_id) == left_out:
             return
         self._reported[rollout_id] = current
+        self._skipped[rollout_id] = left_out
         done = current.get(UpgradeState.UPGRADE_DONE, 0)
         failed = current.get(UpgradeState.UPGRADE_FAILED, 0)
         total = len(sagas)
         progress = up.RolloutProgress(
-            rollout_id=rollout_id, done=done, failed=failed, total=total, counts=current
+            rollout_id=rollout_id,
+            done=done,
+            failed=failed,
+            total=total,
+            counts=current,
+            skipped=left_out,
         )
         await self._publish(rollout_id, None, progress, now)  # a repeat is harmless
         if done == total:
@@ -158,6 +169,7 @@ class RolloutReporter:
         """Drop what is kept of every other rollout: rollout ids never come back, and a
         leader runs through one rollout after another for as long as it leads."""
         self._reported = {r: c for r, c in self._reported.items() if r == rollout_id}
+        self._skipped = {r: n for r, n in self._skipped.items() if r == rollout_id}
         self._started = {r: at for r, at in self._started.items() if r == rollout_id}
         self._announced &= {rollout_id}
         self._ended &= {rollout_id}

@@ -15,9 +15,13 @@ once (duplicates are dropped by the server and by the agents) and the deadlines 
 Admission is not an event of its own making: `admit` runs `admission.plan` over the stored
 sagas and records each admission as a `NodeAdmitted` event (deterministic id), which comes
 back through the intake like any event, so a replay of the log admits the same nodes at the
-same points. Likewise the policy: before deciding with a spec other than the last one it
-recorded, the runner publishes `PolicyApplied` naming the event about to be decided as its
-cause, so a replay decides that event and the later ones with it.
+same points, each with the components its window upgrades (fewer than its saga's when a
+node skip label left some out when it was admitted), so a replay narrows the same sagas.
+What admission read to decide (the nodes' readiness, cordons and skip labels) is not needed
+to replay it; the node watch records it as `NodeObserved` all the same. Likewise the
+policy: before deciding with a spec other than the last one it recorded, the runner
+publishes `PolicyApplied` naming the event about to be decided as its cause, so a replay
+decides that event and the later ones with it.
 """
 
 from __future__ import annotations
@@ -255,6 +259,7 @@ class Runner:
                 saga_id=saga.saga_id,
                 attempt=saga.attempt,
                 canary=canary,
+                components=result.components.get(node, ()),
             )
             await self._publish.event(
                 admitted,

@@ -165,6 +165,16 @@ SAMPLES: list[Payload] = [
     device.ResumeOperands(reason="validated"),
     device.OperandPaused(command_id=CMD, service=device.OperandService.DEVICE_PLUGIN),
     device.OperandResumed(command_id=CMD, service=device.OperandService.TELEMETRY),
+    device.DevicePluginConfigSelected(config="time-sliced"),
+    device.DevicePluginConfigApplied(
+        config="shared-4",
+        requested="Time_Sliced",
+        outcome=device.ConfigOutcome.UNKNOWN,
+        replicas=4,
+        sharing_strategy=device.SharingStrategy.TIME_SLICING,
+        renamed=True,
+        message="nvidia.com/device-plugin.config=Time_Sliced names no config",
+    ),
     # network
     network.NetworkConfigured(
         network="rdma-net",

@@ -30,9 +30,9 @@ from gpuop.kubelet import constants
 from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2
 from gpuop.nvml import Nvml
 from gpuop.services.device_plugin.agent import NVML_HOLDER, NodeAgent
-from gpuop.services.device_plugin.config import DevicePluginConfig
+from gpuop.services.device_plugin.config import DevicePluginConfig, PluginConfigs
 from gpuop.services.device_plugin.metrics import PluginMetrics
-from gpuop.services.device_plugin.plugins import DevicePlugins
+from gpuop.services.device_plugin.plugins import DevicePlugins, Reload
 from gpuop_sim.cluster import hosts
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
 from gpuop_sim.host.simkernel import SimKernel
@@ -135,10 +135,12 @@ async def running_node(
     root: HostRoot,
     *,
     gpus: int = 8,
-    config: DevicePluginConfig | None = None,
+    config: DevicePluginConfig | PluginConfigs | None = None,
+    reload: Reload | None = None,
     bus: Bus | None = None,
     nvml: Nvml | None = None,
     start_kubelet: bool = True,
+    registry: CollectorRegistry | None = None,
 ) -> AsyncIterator[Node]:
     """The plugin and the kubelet running on `root`; stopped and cleaned on the way out."""
     own_bus = bus is None
@@ -151,7 +153,8 @@ async def running_node(
         root,
         nvml or sim_nvml(root, gpus),
         config or DevicePluginConfig(),
-        PluginMetrics(CollectorRegistry()),
+        PluginMetrics(registry or CollectorRegistry()),
+        reload=reload,
         readiness=lambda ready, reason: readiness.append((ready, reason)),
         retry_interval=0.2,
         register_timeout=1.0,

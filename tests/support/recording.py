@@ -8,6 +8,7 @@ after the policy was recorded); the runner decides every event through the intak
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from gpuop.bus import ConsumerSpec, Delivery, InMemoryBus
 from gpuop.cli.events import export_lines
@@ -30,9 +31,11 @@ async def record_rollout(
     nodes: tuple[str, ...] = NODES,
     *,
     switch_to: GPUClusterPolicySpec | None = None,
+    statuses: Mapping[str, NodeStatus] | None = None,
 ) -> list[str]:
-    """Roll `spec` across `nodes` until every one is done (the policy in force becomes
-    `switch_to` once the first node is done); the export of the whole log."""
+    """Roll `spec` across `nodes` until every one is done or left out by admission (the
+    policy in force becomes `switch_to` once the first node is done; `statuses`: what
+    admission sees of some nodes, such as their skip labels); the export of the whole log."""
     bus = InMemoryBus()
     await bus.start()
     stack = Stack(bus, spec)
@@ -70,11 +73,15 @@ async def record_rollout(
         async with asyncio.timeout(10):
             while True:
                 sagas = [await stack.saga(node) for node in nodes]
-                if all(s.state is UpgradeState.UPGRADE_DONE for s in sagas):
-                    break
                 if switch_to is not None and sagas[0].state is UpgradeState.UPGRADE_DONE:
                     stack.policy = switch_to
-                await runner.admit({node: NodeStatus() for node in nodes}, stack.clock.now())
+                seen = {node: (statuses or {}).get(node, NodeStatus()) for node in nodes}
+                planned = await runner.admit(seen, stack.clock.now())
+                assert planned is not None
+                if all(
+                    s.state is UpgradeState.UPGRADE_DONE or s.node in planned.skipped for s in sagas
+                ):
+                    break
                 await asyncio.sleep(0.01)
         await stack.outbox.idle()
         return await export_lines(bus)

@@ -9,10 +9,11 @@ server restarts because the client reconnects and the consumer lives on the serv
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -57,6 +58,8 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 leader is gone and whose next one is not elected yet: no response from the stream)."""
 
 ANY_NATS_ERROR: tuple[type[BaseException], ...] = (*TRANSIENT, nats.errors.Error)
+START_RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT, PublishTimeout)
+"""What `start` tries again: the transient failures (a refusal stops it at once)."""
 
 RECONNECT_WAIT = 0.25
 """Seconds between connection attempts to the same server."""
@@ -129,11 +132,29 @@ class NatsBus:
         return self._js
 
     async def start(self) -> None:
+        """Connect, and create or check every stream and bucket. On a cluster a creation
+        forms a replica group, which a busy cluster (or one electing its meta leader) may not
+        answer within one request's timeout: transient failures are retried for `retry_for`."""
         await self.connect()
+        deadline = time.monotonic() + self._retry_for
         for layout in streams.layouts(self._prefix, events_max_age=self._events_max_age):
-            await self._ensure_stream(layout)
+            await self._patiently(functools.partial(self._ensure_stream, layout), deadline)
         for bucket in Buckets:
-            await self.kv(bucket)
+            await self._patiently(functools.partial(self.kv, bucket), deadline)
+
+    @staticmethod
+    async def _patiently(step: Callable[[], Awaitable[object]], deadline: float) -> None:
+        delay = 0.1
+        while True:
+            try:
+                await step()
+                return
+            except START_RETRIED as exc:
+                if time.monotonic() + delay > deadline:
+                    raise BusUnavailable(f"streams and buckets not ready: {exc!r}") from exc
+                log.info("streams and buckets not ready (%r); again in %.2g s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def connect(self) -> None:
         """Connect without creating anything: for read-only tools such as `events tail`."""

@@ -147,7 +147,8 @@ class Forecast:
     node_seconds: float
     """One node's upgrade, admission to done."""
     never_admitted: tuple[str, ...] = ()
-    """Nodes that need the upgrade but would not be admitted (NotReady)."""
+    """Nodes that need the upgrade but would not be admitted (NotReady, or skipped: a skip
+    label, `cordonedNodes: skip`)."""
     already_done: tuple[str, ...] = ()
     """Nodes that run the desired versions already."""
     under_way: tuple[str, ...] = ()

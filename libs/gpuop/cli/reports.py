@@ -6,6 +6,10 @@ the log), except that a node whose driver differs from the desired one shows as
 `upgrade-required` while its label still tells an earlier rollout's `upgrade-done` (the label
 changes at admission), and a node without a label that runs the desired driver shows as
 `upgrade-done`: upstream's reading of the label.
+
+A waiting node that admission leaves out shows as skipped, with why (`skipped`: its skip
+labels cover every driver it needs, or it is cordoned under `cordonedNodes: skip`), and the
+summary counts such nodes; the policy's `status.skipped` is the orchestrator's own count.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpuop.cli import planning
-from gpuop.cli.snapshots import NodeView, Snapshot
+from gpuop.cli.snapshots import NodeView, Snapshot, running_versions
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import admission
+from gpuop.saga.records import components_to_upgrade
 
 S = UpgradeState
 Obj = dict[str, Any]
@@ -34,6 +40,21 @@ def state_of(view: NodeView, spec: GPUClusterPolicySpec | None) -> UpgradeState 
         ofed is not None and view.ofed is not None and view.ofed != ofed.version
     )  # an OFED version no one reported does not count
     return S.UPGRADE_REQUIRED if outdated else S.UPGRADE_DONE
+
+
+def node_status(view: NodeView) -> admission.NodeStatus:
+    """What admission would read of the node."""
+    return admission.NodeStatus(ready=view.ready, unschedulable=view.unschedulable, skip=view.skip)
+
+
+def skipped(view: NodeView, spec: GPUClusterPolicySpec | None) -> str | None:
+    """Why admission leaves the waiting node out (`admission.skip_reason`), or None. The
+    drivers it needs are those whose reported version differs from the policy's (one not
+    reported counts, as its saga would upgrade it)."""
+    if spec is None or state_of(view, spec) is not S.UPGRADE_REQUIRED:
+        return None
+    needed = components_to_upgrade(spec, running_versions(view))
+    return admission.skip_reason(needed, node_status(view), spec.upgrade_policy)
 
 
 def managed(snapshot: Snapshot) -> list[NodeView]:
@@ -74,9 +95,11 @@ def status_document(snapshot: Snapshot) -> Obj:
                 "ready": view.ready,
                 "unschedulable": view.unschedulable,
                 "selected": view.selected,
+                "skipped": skipped(view, spec),
             }
         )
     counted = counts(snapshot)
+    left_out = sum(skipped(view, spec) is not None for view in managed(snapshot))
     document: Obj = {
         "sources": list(snapshot.sources),
         "policy": _policy_document(snapshot),
@@ -86,6 +109,7 @@ def status_document(snapshot: Snapshot) -> Obj:
             "nodes": sum(counted.values()),
             "done": counted.get(S.UPGRADE_DONE, 0),
             "failed": counted.get(S.UPGRADE_FAILED, 0),
+            "skipped": left_out,
             "counts": counted,
         },
     }
@@ -97,6 +121,7 @@ def status_document(snapshot: Snapshot) -> Obj:
             "done": rollout.done,
             "failed": rollout.failed,
             "total": rollout.total,
+            "skipped": rollout.skipped,
             "ended": rollout.ended or None,
         }
     return document
@@ -121,6 +146,7 @@ def _policy_document(snapshot: Snapshot) -> Obj | None:
         for c in policy.status.conditions
     ]
     document["counts"] = dict(policy.status.nodes)
+    document["skipped"] = policy.status.skipped
     document["rollout"] = policy.status.rollout.id if policy.status.rollout else None
     return document
 
@@ -152,7 +178,7 @@ def status_lines(snapshot: Snapshot) -> list[str]:
         ended = f", {rollout['ended']}" if rollout["ended"] else ""
         lines.append(
             f"rollout {rollout['id']}: {rollout['done']} of {rollout['total']} done, "
-            f"{rollout['failed']} failed{ended}"
+            f"{rollout['failed']} failed, {rollout['skipped']} skipped{ended}"
         )
     rows = [
         (
@@ -169,7 +195,8 @@ def status_lines(snapshot: Snapshot) -> list[str]:
     summary = document["summary"]
     per_state = ", ".join(f"{count} {state}" for state, count in summary["counts"].items())
     lines.append("")
-    lines.append(f"{summary['nodes']} nodes: {per_state or 'none'}")
+    left_out = f"; {summary['skipped']} skipped" if summary["skipped"] else ""
+    lines.append(f"{summary['nodes']} nodes: {per_state or 'none'}{left_out}")
     return lines
 
 
@@ -189,6 +216,8 @@ def _node_note(node: Obj) -> str:
     notes = [] if node["selected"] else ["not selected by nodeSelector"]
     if not node["ready"]:
         notes.append("NotReady")
+    if node["skipped"]:
+        notes.append(node["skipped"])
     if node["reason"]:
         notes.append(node["reason"])
     return "; ".join(notes)
@@ -280,7 +309,7 @@ def plan_lines(document: Obj) -> list[str]:
     elif not nodes["underWay"]:
         lines.append(f"nothing to upgrade: every selected node runs {versions}")
     if nodes["neverAdmitted"]:
-        lines.append(f"never admitted (NotReady): {', '.join(nodes['neverAdmitted'])}")
+        lines.append(f"never admitted (NotReady or skipped): {', '.join(nodes['neverAdmitted'])}")
     measured = sum(d["samples"] > 0 for d in document["durations"].values())
     steps = ", ".join(
         f"{state.removesuffix('-required')} {clock(d['seconds'])}"

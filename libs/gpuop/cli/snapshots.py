@@ -2,8 +2,8 @@
 
 Read-only. `read_kube` takes the GPUClusterPolicy the orchestrator follows (the first by
 name, or the one named), its status, and the GPU nodes with their
-`gpuop.io/driver-upgrade-state` label, driver version label and whether the policy's
-`nodeSelector` selects them. `read_events` takes the same from the public upgrade events
+`gpuop.io/driver-upgrade-state` label, driver version label, skip labels and whether the
+policy's `nodeSelector` selects them. `read_events` takes the same from the public upgrade events
 (each node's latest state change, the policy last applied, the rollout events) and the
 nodes' inventories, through ephemeral consumers, so the read-only `observer` user will do.
 `merge` keeps Kubernetes' view of the nodes and adds what only the log knows (attempt,
@@ -26,6 +26,7 @@ from gpuop.events.hardware import HardwareDiscovered
 from gpuop.kube import client, customobjects, errors, nodes
 from gpuop.policy import GPUClusterPolicySpec, PolicyInvalid, PolicyStatus, selectors
 from gpuop.policy import validation as policy_validation
+from gpuop.saga import admission
 from gpuop.saga.actions import STATE_LABEL
 
 GPU_NODES = "nvidia.com/gpu.present=true"
@@ -54,6 +55,8 @@ class NodeView:
     unschedulable: bool = False
     selected: bool = True
     """The policy's `nodeSelector` selects it."""
+    skip: frozenset[Component] = frozenset()
+    """Components its skip labels keep out of upgrades (`admission.skipped_by`)."""
 
 
 @dataclass
@@ -78,6 +81,8 @@ class RolloutView:
     done: int = 0
     failed: int = 0
     total: int = 0
+    skipped: int = 0
+    """Nodes admission leaves out, as the latest progress report counts them."""
     ended: str = ""
     """`completed`, `failed: <reason>`, or empty while it runs."""
 
@@ -149,6 +154,7 @@ async def read_kube(kube: client.Kube, policy_name: str | None = None) -> Snapsh
             ready=_is_ready(node),
             unschedulable=nodes.is_unschedulable(node),
             selected=selectors.matches(selector, labels),
+            skip=admission.skipped_by(labels),
         )
     return Snapshot(policy=policy, nodes=dict(sorted(found.items())), sources=("kubernetes",))
 
@@ -246,6 +252,8 @@ def _rollout(current: RolloutView | None, event: up.RolloutEvent) -> RolloutView
         current = RolloutView(event.rollout_id)
     if isinstance(event, up.RolloutCounts):
         current.done, current.failed, current.total = event.done, event.failed, event.total
+    if isinstance(event, up.RolloutProgress):
+        current.skipped = event.skipped
     if isinstance(event, up.RolloutCompleted):
         current.ended = "completed"
     elif isinstance(event, up.RolloutFailed):

@@ -32,7 +32,6 @@ from gpuop.kube import client as kubeclient
 from gpuop.kube import errors as kubeerrors
 from gpuop.policy import selectors
 from gpuop.policy.drivers import DriverSource, DriverVersion
-from gpuop.saga.admission import NodeStatus
 
 REQUEST_TIMEOUT = 10.0
 """Seconds one API request of the CLI may take."""
@@ -62,9 +61,10 @@ without rolling anything back, use `gpuop upgrade pause`. Fails (exit 1) when th
 versions were not set by `gpuop upgrade start`, or were aborted already."""
 STATUS_HELP = """\
 Show the rollout: the policy (versions, limits, paused, conditions) and one row per GPU
-node (state, driver, attempt, reason). Reads Kubernetes unless --nats is given without a
-kubeconfig (flag, GPUOP_KUBECONFIG or KUBECONFIG); with --nats it also reads the latest
-upgrade events (attempt and reason of each state, the rollout's progress)."""
+node (state, driver, attempt, reason; a node admission leaves out says why it is skipped).
+Reads Kubernetes unless --nats is given without a kubeconfig (flag, GPUOP_KUBECONFIG or
+KUBECONFIG); with --nats it also reads the latest upgrade events (attempt and reason of each
+state, the rollout's progress)."""
 PLAN_HELP = """\
 Dry run: predict the waves in which the nodes will be admitted and the makespan, from the
 policy (maxParallelUpgrades, maxUnavailable, canary, nodeSelector) and the nodes' states.
@@ -284,7 +284,7 @@ async def plan_rollout(args: argparse.Namespace, environ: Mapping[str, str]) -> 
     spent = planning.durations(spec, planning.measure(snapshot.changes))
     nodes = {
         view.name: planning.PlanNode(
-            status=NodeStatus(ready=view.ready, unschedulable=view.unschedulable),
+            status=reports.node_status(view),
             state=reports.state_of(view, spec),
             needs_upgrade=reports.state_of(view, spec) is not reports.S.UPGRADE_DONE,
         )

@@ -10,6 +10,14 @@ node (`gpuop.cmd.operands.<node>.pause`): every operand service there (device pl
 telemetry, discovery) consumes it, releases its device handles, and confirms with its own
 `OperandPaused`. `ResumeOperands` / `OperandResumed` undo it after validation or on
 compensation. The orchestrator waits until every operand the policy deploys has confirmed.
+
+The device plugin's named configs are selected per node by the Node label
+`nvidia.com/device-plugin.config`, as upstream's. Node agents hold no Kubernetes credentials,
+so discovery's cluster role, which watches the Nodes, publishes `DevicePluginConfigSelected`
+whenever a node's label changes; that node's device plugin switches to the config it names
+and answers with `DevicePluginConfigApplied`, the config now in force, from which the
+labeler derives the node's `nvidia.com/gpu.replicas`, `gpu.sharing-strategy` and
+`gpu.product` labels.
 """
 
 from __future__ import annotations
@@ -20,10 +28,20 @@ from pydantic import Field
 
 from gpuop.events.driver import Component
 from gpuop.events.envelope import Command, Event
-from gpuop.events.fields import Count, DocumentedEnum, GpuUuid, Message, MessageId
+from gpuop.events.fields import (
+    Count,
+    DocumentedEnum,
+    GpuUuid,
+    LabelValue,
+    Message,
+    MessageId,
+    Token,
+)
 
 OPERANDS = "operands"
 """Command group that every operand service on a node subscribes to."""
+PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+"""The Node label that names the device plugin config a node runs, as upstream's."""
 
 
 class OperandService(DocumentedEnum):
@@ -119,3 +137,58 @@ class OperandResumed(Event):
     """Envelope id of the `ResumeOperands` this confirms."""
     service: OperandService
     """The operand that confirmed."""
+
+
+class ConfigOutcome(DocumentedEnum):
+    """How the device plugin answered a node's config selection."""
+
+    SELECTED = "selected"
+    """The label names one of the configs: that one is in force."""
+    DEFAULT = "default"
+    """The node has no label: the default config is in force."""
+    UNKNOWN = "unknown"
+    """The label names no config of the file: the default config is in force."""
+    REFUSED = "refused"
+    """The `--config` file, read again for the switch, does not validate: nothing changed."""
+
+
+class SharingStrategy(DocumentedEnum):
+    """How the config in force shares each GPU, as GPU Feature Discovery labels it."""
+
+    NONE = "none"
+    """Every device id is a whole GPU (or MIG device)."""
+    TIME_SLICING = "time-slicing"
+    """Each GPU is advertised `replicas` times; containers take turns on it."""
+
+
+class DevicePluginConfigSelected(Event):
+    """The node's `nvidia.com/device-plugin.config` label changed (published by discovery's
+    cluster role, which watches the Nodes)."""
+
+    DOMAIN: ClassVar[str] = "device"
+    NAME: ClassVar[str] = "plugin-config-selected"
+
+    config: LabelValue | None = None
+    """The label's value; None when the node has no such label (the default config)."""
+
+
+class DevicePluginConfigApplied(Event):
+    """The device plugin config in force on the node after a selection, or at start."""
+
+    DOMAIN: ClassVar[str] = "device"
+    NAME: ClassVar[str] = "plugin-config-applied"
+
+    config: Token
+    """Name of the config in force (`default` for a file that holds a single config)."""
+    requested: LabelValue | None = None
+    """The label value it answers; None when the node has no label."""
+    outcome: ConfigOutcome
+    """Whether the label's config, the default, or the previous config is in force."""
+    replicas: Annotated[int, Field(ge=1, le=1024)] = 1
+    """Time-slicing replicas of each `nvidia.com/gpu` device under the config in force."""
+    sharing_strategy: SharingStrategy = SharingStrategy.NONE
+    """How the config in force shares `nvidia.com/gpu`."""
+    renamed: bool = False
+    """The shared GPUs are advertised as `nvidia.com/gpu.shared` (`renameByDefault`)."""
+    message: Message = ""
+    """Why the label's config is not the one in force, when it is not."""

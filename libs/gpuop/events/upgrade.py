@@ -125,6 +125,10 @@ class NodeAdmitted(Event):
     """The saga's attempt when admitted."""
     canary: bool = False
     """Admitted as one of the rollout's canary nodes."""
+    components: tuple[Component, ...] = Field(default=(), max_length=2)
+    """The components this maintenance window upgrades, when admission left some of the
+    saga's out (a node skip label, `nvidia.com/<component>-driver-upgrade.skip=true`);
+    empty: all of the saga's. Recorded so that a replay narrows the saga alike."""
 
 
 class SagaStarted(Event):
@@ -238,6 +242,9 @@ class RolloutProgress(RolloutCounts):
 
     counts: dict[UpgradeState, Count] = Field(max_length=len(UpgradeState))
     """Nodes per state; states without nodes are left out."""
+    skipped: Count = 0
+    """Of the nodes in upgrade-required, those admission leaves out: a node skip label
+    covers every driver they need, or they are cordoned and `cordonedNodes` is `skip`."""
 
 
 class RolloutCompleted(RolloutCounts):

@@ -9,14 +9,21 @@ Labels that come from NVML (product, memory, CUDA versions, ...) need a loaded d
 node's driver is unloaded during an upgrade, the inventory has NVIDIA PCI functions but no
 GPUs; `merge` then keeps the NVML-derived labels the node already had instead of removing
 them, so workloads' selectors do not flap for the length of a driver reload.
+
+The sharing labels follow the device plugin config in force on the node, as GFD's do:
+`nvidia.com/gpu.replicas` (1 when not shared), `nvidia.com/gpu.sharing-strategy` (`none`,
+`time-slicing`) and a `-SHARED` suffix on `nvidia.com/gpu.product` for a shared
+`nvidia.com/gpu` that is not renamed to `nvidia.com/gpu.shared`. `with_plugin_config` takes
+them from the node's `device.plugin-config-applied`.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from gpuop.events.device import DevicePluginConfigApplied, SharingStrategy
 from gpuop.events.hardware import Gpu, HardwareDiscovered, MigMode
 
 GFD = "nvidia.com/"
@@ -73,8 +80,30 @@ class LabelSettings:
     mig_strategy: MigStrategy = MigStrategy.NONE
     replicas: int = 1
     """Time-slicing replicas per GPU; 1 means unshared."""
+    sharing_strategy: SharingStrategy = SharingStrategy.TIME_SLICING
+    """How more than one replica shares a GPU."""
+    renamed: bool = False
+    """Shared GPUs are advertised as `nvidia.com/gpu.shared` (`renameByDefault`): the product
+    label then gets no `-SHARED`, as upstream's."""
     timestamp: int | None = None
     """Unix seconds for `nvidia.com/gfd.timestamp`; None leaves the label out."""
+
+
+def with_plugin_config(
+    settings: LabelSettings, applied: DevicePluginConfigApplied | None
+) -> LabelSettings:
+    """`settings` with the sharing of the device plugin config in force on the node;
+    unchanged when the node's plugin has not reported one."""
+    if applied is None:
+        return settings
+    if applied.replicas == 1 or applied.sharing_strategy is SharingStrategy.NONE:
+        return replace(settings, replicas=1, renamed=False)
+    return replace(
+        settings,
+        replicas=applied.replicas,
+        sharing_strategy=applied.sharing_strategy,
+        renamed=applied.renamed,
+    )
 
 
 def labels_for(
@@ -157,17 +186,18 @@ def _gfd(inventory: HardwareDiscovered, settings: LabelSettings) -> dict[str, st
         labels.update(_cuda_version(inventory.cuda_driver_version))
     product = _label_value(first.model_name.replace(" ", "-"))
     shared = settings.replicas > 1
+    suffix = "-SHARED" if shared and not settings.renamed else ""
     major, minor = first.compute_capability.split(".")
     labels.update(
         {
             f"{GFD}gpu.count": str(len(inventory.gpus)),
-            f"{GFD}gpu.product": f"{product}-SHARED" if shared else product,
+            f"{GFD}gpu.product": f"{product}{suffix}",
             f"{GFD}gpu.memory": str(first.memory_bytes // 2**20),
             f"{GFD}gpu.family": first.architecture or _FAMILIES.get(int(major), "unknown"),
             f"{GFD}gpu.compute.major": major,
             f"{GFD}gpu.compute.minor": minor,
             f"{GFD}gpu.replicas": str(settings.replicas),
-            f"{GFD}gpu.sharing-strategy": "time-slicing" if shared else "none",
+            f"{GFD}gpu.sharing-strategy": str(settings.sharing_strategy) if shared else "none",
             f"{GFD}gpu.mode": _gpu_mode(inventory, first),
             f"{GFD}mig.capable": str(first.mig_mode is not MigMode.UNSUPPORTED).lower(),
             f"{GFD}mps.capable": "false",

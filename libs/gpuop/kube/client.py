@@ -151,6 +151,7 @@ class Kube:
         self.coordination: Any = client.CoordinationV1Api(api_client)
         self.policy: Any = client.PolicyV1Api(api_client)
         self.custom_objects: Any = client.CustomObjectsApi(api_client)
+        self.resource: Any = client.ResourceV1Api(api_client)
 
     async def call(self, method: ApiMethod, *args: Any, **kwargs: Any) -> Obj:
         """Call an API method, e.g. `await kube.call(kube.core.read_node, "node-1")`, and

@@ -1,14 +1,18 @@
 """Drain a node the way `kubectl drain` does, with a deadline on every wait.
 
 Called by the upgrade orchestrator in `drain-required` (every pod but the skipped ones) and
-in `pod-deletion-required` (only GPU pods: `DrainOptions(pod_filter=pods.uses_gpu)`).
+in `pod-deletion-required` (only the pods holding the window's devices:
+`DrainOptions(pod_filter_from=...)` with `pods.window_filter`, which reads the pods'
+ResourceClaims first).
 
 1. List the node's pods, narrowed by `pod_selector`, with a list-watch (`pods.watch_on_node`)
    that later follows them: a drain costs one LIST and one WATCH whatever it waits for. A
    caller that follows the node's pods already passes its `informers.Informer` instead (of
    every pod on the node: narrow with `pod_filter`), and the drain costs neither.
 2. Sort them (`plan`, a pure function). Skipped: pods labelled with a drain skip label
-   (`nvidia.com/<drv>-driver-upgrade-drain.skip=true`), pods `pod_filter` rejects,
+   (`nvidia.com/<drv>-driver-upgrade-drain.skip=true`), pods `pod_filter` rejects (and
+   the filter `pod_filter_from` builds from the listed pods, for one that must read
+   something first),
    unfinished DaemonSet pods, and mirror pods (`kubernetes.io/config.mirror`; the kubelet
    owns them). Refused: unfinished pods with emptyDir volumes unless `delete_emptydir`,
    and unfinished pods without a controller unless `force`. Any refusal raises
@@ -29,8 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -72,6 +76,13 @@ class DrainOptions:
     """A label selector: only matching pods are considered at all."""
     pod_filter: Callable[[Mapping[str, Any]], bool] | None = None
     """Only pods it accepts are removed; the others are skipped as `FILTERED`."""
+    pod_filter_from: (
+        Callable[[Sequence[Mapping[str, Any]]], Awaitable[Callable[[Mapping[str, Any]], bool]]]
+        | None
+    ) = None
+    """Builds a further filter from the node's pods once they are listed (one that must
+    read other objects first, such as the ResourceClaims the pods use); only pods both
+    filters accept are removed."""
     skip_labels: tuple[str, ...] = DEFAULT_SKIP_LABELS
     """Pods carrying any of these labels with the value "true" are skipped."""
     grace_period_seconds: int | None = None
@@ -257,6 +268,22 @@ async def _wait_gone(
         await _next_change(changes, since, remaining, clock)
 
 
+async def _with_built_filter(options: DrainOptions, listed: Sequence[Obj]) -> DrainOptions:
+    """`options` with the filter `pod_filter_from` builds from the listed pods folded into
+    `pod_filter`."""
+    if options.pod_filter_from is None:
+        return options
+    built = await options.pod_filter_from(listed)
+    given = options.pod_filter
+    if given is None:
+        return replace(options, pod_filter=built, pod_filter_from=None)
+
+    def both(pod: Mapping[str, Any]) -> bool:
+        return given(pod) and built(pod)
+
+    return replace(options, pod_filter=both, pod_filter_from=None)
+
+
 async def drain_node(
     kube: Kube,
     node: str,
@@ -280,7 +307,9 @@ async def drain_node(
                 kube, node, label_selector=options.pod_selector, clock=clock
             )
             watch = await owned.enter_async_context(Informer(listing))
-        drain = plan(sorted((await watch.synced()).values(), key=PodRef.of), options)
+        listed = sorted((await watch.synced()).values(), key=PodRef.of)
+        options = await _with_built_filter(options, listed)
+        drain = plan(listed, options)
         if drain.refused:
             raise _refused_error(node, drain.refused)
         removals = await _remove_all(kube, drain.remove, options, deadline, clock)

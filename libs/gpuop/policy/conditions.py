@@ -135,6 +135,11 @@ class PolicyStatus(StatusRecord):
     nodes: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
     """How many managed nodes are in each upgrade state (`upgrade-done`, `cordon-required`,
     ...); states with no node are left out."""
+    skipped: Annotated[int, Field(ge=0)] = 0
+    """Of the managed nodes waiting in `upgrade-required`, how many admission leaves out: a
+    skip label (`nvidia.com/gpu-driver-upgrade.skip=true`,
+    `nvidia.com/ofed-driver-upgrade.skip=true`) covers every driver they need, or they are
+    cordoned and `upgradePolicy.cordonedNodes` is `skip`."""
     rollout: RolloutRecord | None = None
     """The rollout of the current driver versions. Kept here so that every replica names a
     rollout the same way, and a return to versions an earlier rollout installed (`gpuop

@@ -5,19 +5,21 @@ NVIDIA/k8s-operator-libs, with the GPU Operator's defaults: `autoUpgrade` true,
 `maxParallelUpgrades` 1, `maxUnavailable` 25%, pod deletion timeout 300 s, drain disabled
 with timeout 300 s), so a GPU Operator policy carries over. The rest are gpuop's: which
 nodes a rollout manages (`nodeSelector`), pausing it (`paused`, what `gpuop upgrade pause`
-sets), a reboot when the driver will not unload, rollback, whether failed nodes hold a slot,
-retries, deadlines for every wait (`gpuop.policy.deadlines`) and a canary.
+sets), what to do with nodes someone else cordoned (`cordonedNodes`), a reboot when the
+driver will not unload, rollback, whether failed nodes hold a slot, retries, deadlines for
+every wait (`gpuop.policy.deadlines`) and a canary.
 
 The orchestrator's controller reads `node_selector` when it picks the managed nodes. The
 decision core reads an `UpgradePolicy` for admission (`paused`, `max_unavailable_of`,
-`max_parallel_upgrades`, `failed_nodes_hold_slot`, `canary`), for the waits of each step
-(`wait_for_jobs_limit`, `pod_deletion_limit`, `drain_limit`, `deadlines`) and for retries
-(`backoff`, `retry.max_attempts`).
+`max_parallel_upgrades`, `failed_nodes_hold_slot`, `canary`, `cordoned_nodes`), for the
+waits of each step (`wait_for_jobs_limit`, `pod_deletion_limit`, `drain_limit`,
+`deadlines`) and for retries (`backoff`, `retry.max_attempts`).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
@@ -29,6 +31,9 @@ from gpuop.policy.selectors import LabelSelector
 PERCENT_PATTERN = r"^(100|[1-9][0-9]?)%$"
 """A percentage of nodes for `maxUnavailable`: `1%` to `100%`."""
 _PERCENT = re.compile(PERCENT_PATTERN)
+
+CordonedNodes = Literal["upgradeFirst", "skip"]
+"""What admission does with a node someone else cordoned (`cordonedNodes`)."""
 
 
 def _bounded(timeout_seconds: int, deadline_seconds: int) -> int:
@@ -115,6 +120,12 @@ class UpgradePolicy(Section):
     """How many nodes may be unavailable at once, as a number (at least 1) or a percentage
     of the managed nodes (`25%`, rounded up). NotReady and cordoned nodes count, whatever
     made them so: the rollout admits a node only while it stays within this."""
+    cordoned_nodes: CordonedNodes = "upgradeFirst"
+    """A node waiting for its upgrade that someone else cordoned (an administrator, another
+    controller). `upgradeFirst`, upstream's way: it is admitted before the others, even with
+    no slot left, since its capacity is lost already. `skip`: it is left out, counted as
+    skipped in the status, until it is uncordoned (a node cordoned for repair is not
+    upgraded meanwhile). Either way it counts against `maxUnavailable`."""
     wait_for_completion: WaitForCompletion = WaitForCompletion()
     """Waiting for running jobs before GPU pods are deleted."""
     pod_deletion: PodDeletion = PodDeletion()

@@ -22,7 +22,8 @@ namespaces:
     drafting      the upgrade's Draft (the helpers its phases share) and its announcements
     compensation  what a failure leads to: uncordon, rollback, upgrade-failed, retry
     core          decide(saga, event, policy, now) -> Decision: UPGRADE on the machinery
-    admission     plan / admit: maxParallelUpgrades, maxUnavailable, canary
+    admission     plan / admit: maxParallelUpgrades, maxUnavailable, canary, the nodes
+                  left out (skip labels, cordonedNodes: skip)
     folding       one fold from the log to decisions: the inbound set, triggers, a saga
                   from its SagaStarted, one step, a decision's outputs with their ids
     replaying     `gpuop replay`: an exported log folded through a fresh core, compared

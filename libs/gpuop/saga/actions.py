@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
 from gpuop.saga import machine
 from gpuop.saga.machine import IssuedCommand
@@ -47,10 +48,15 @@ class Uncordon:
 
 @dataclass(frozen=True)
 class DeletePods:
-    """Delete (evict) the node's GPU pods: those requesting `nvidia.com/gpu*`,
-    `nvidia.com/mig-*` or RDMA resources, Running or Pending."""
+    """Delete (evict) the node's pods, Running or Pending, that hold a device whose driver
+    the window reloads, as `gpuop.kube.pods.holds` selects them per component: for `gpu`,
+    those requesting `nvidia.com/gpu*` or `nvidia.com/mig-*` resources or holding a DRA
+    ResourceClaim allocated by NVIDIA's GPU DRA drivers; for `ofed`, those requesting RDMA
+    (`rdma/*`) or SR-IOV resources. A pod of another component's devices stays."""
 
     id: str
+    components: tuple[Component, ...]
+    """The components the saga's window upgrades (`NodeSaga.components`)."""
     force: bool
     """Also delete pods no controller manages."""
     timeout_seconds: int

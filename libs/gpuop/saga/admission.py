@@ -20,7 +20,16 @@ count as unavailable while cordoned), so one broken node never blocks the rest; 
 node is not admitted (it could not make progress), nor one another kind of saga holds
 (`NodeStatus.held_by`: a remediation or MIG reconfiguration, counted as unavailable: one
 budget for every kind); an upgrade-required node that is already cordoned is admitted even
-with no slot left, first, as upstream does.
+with no slot left, first, as upstream does (`cordonedNodes: upgradeFirst`, the default).
+
+Nodes left out (`Admission.skipped`, counted as skipped in the rollout's status), as upstream
+leaves a node labelled `nvidia.com/gpu-driver-upgrade.skip=true` in upgrade-required: a node
+whose skip labels (`SKIP_LABELS`, `NodeStatus.skip`) cover every component its saga upgrades,
+and, with `cordonedNodes: skip`, a node someone else cordoned (not its own saga, as a retry
+finds it) until it is uncordoned. A node whose labels skip only some of the components is
+admitted for the others (`Admission.components`, recorded in `NodeAdmitted` so that a replay
+narrows the saga alike), keeping those a failed attempt touched. The labels are read here,
+at admission, and nowhere else: a saga past upgrade-required goes on whatever labels appear.
 
 What the operator controls (`gpuop upgrade pause` and `start`, through the policy): while
 `upgradePolicy.paused` is set nothing is admitted, and sagas already admitted go on; an
@@ -36,16 +45,33 @@ and `Admission.canary_failed` names the failed ones so the runtime can report th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
-from gpuop.policy import GPUClusterPolicySpec
+from gpuop.policy import GPUClusterPolicySpec, UpgradePolicy
 from gpuop.saga.records import NodeSaga, desired_targets
 
 S = UpgradeState
+
+SKIP_LABELS: Mapping[Component, str] = MappingProxyType(
+    {
+        Component.GPU: "nvidia.com/gpu-driver-upgrade.skip",
+        Component.OFED: "nvidia.com/ofed-driver-upgrade.skip",
+    }
+)
+"""The node labels that, set to `true`, keep a component out of driver upgrades: upstream's
+`nvidia.com/<drv>-driver-upgrade.skip` (k8s-operator-libs' `UpgradeSkipNodeLabelKeyFmt`),
+with the GPU Operator's driver name `gpu` and the Network Operator's `ofed`, so a node
+labelled for either operator is left alone by gpuop too."""
+
+
+def skipped_by(labels: Mapping[str, str]) -> frozenset[Component]:
+    """The components a node's labels keep out of driver upgrades (`SKIP_LABELS`)."""
+    return frozenset(c for c, label in SKIP_LABELS.items() if labels.get(label) == "true")
 
 
 @dataclass(frozen=True)
@@ -62,6 +88,8 @@ class NodeStatus:
     """The kind of another saga that holds the node now (a GPU remediation, a MIG
     reconfiguration): the node counts as unavailable, and is not admitted until it is free.
     Every kind's sagas share the one `maxUnavailable` budget this way."""
+    skip: frozenset[Component] = frozenset()
+    """Components the node's skip labels keep out of upgrades (`skipped_by` its labels)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +118,12 @@ class Admission:
     """Canary nodes in upgrade-failed: nothing is admitted while there are any."""
     paused: bool = False
     """The policy pauses the rollout: nothing is admitted."""
+    skipped: Mapping[str, str] = field(default_factory=dict)
+    """Waiting nodes left out, each with why (a skip label, `cordonedNodes: skip`), whatever
+    else held the pass back."""
+    components: Mapping[str, tuple[Component, ...]] = field(default_factory=dict)
+    """Admitted nodes whose window is narrower than their saga (a skip label covers some of
+    its components): the components this window upgrades."""
 
 
 def _holds_slot(saga: NodeSaga, failed_hold: bool) -> bool:
@@ -102,6 +136,31 @@ def _wanted(saga: NodeSaga, versions: Mapping[Component, str]) -> bool:
     """The saga installs the versions the policy asks for now, not a superseded rollout's
     (a change of source alone supersedes nothing, as it names the same rollout)."""
     return all(versions.get(c) == target.version for c, target in saga.targets.items())
+
+
+def skip_reason(
+    components: Collection[Component],
+    status: NodeStatus,
+    policy: UpgradePolicy,
+    *,
+    cordoned_by_saga: bool = False,
+) -> str | None:
+    """Why admission leaves a waiting saga that upgrades `components` out, or None when it
+    may be admitted. `cordoned_by_saga`: the node is cordoned by the saga itself (a retry
+    after a failure that left it cordoned), which `cordonedNodes: skip` does not count."""
+    if components and set(components) <= status.skip:
+        labels = ", ".join(f"{SKIP_LABELS[c]}=true" for c in components)
+        return f"skipped: {labels}"
+    if policy.cordoned_nodes == "skip" and status.unschedulable and not cordoned_by_saga:
+        return "skipped: cordoned by someone else (cordonedNodes: skip)"
+    return None
+
+
+def window(saga: NodeSaga, status: NodeStatus) -> tuple[Component, ...]:
+    """The components an admission now lets the saga upgrade: its own, less those the
+    node's skip labels keep out, but never one a failed attempt touched (its driver must be
+    finished or rolled back)."""
+    return tuple(c for c in saga.components if c not in status.skip or c in saga.touched)
 
 
 def _slots(
@@ -143,11 +202,18 @@ def plan(
 
     unavailable = sum(not nodes[n].ready or cordoned(n) or held_elsewhere(n) for n in managed)
     required = [s for s in by_node.values() if s.state is S.UPGRADE_REQUIRED]
+    skipped: dict[str, str] = {}
+    for saga in sorted(required, key=lambda s: s.node):
+        why = skip_reason(
+            saga.components, nodes[saga.node], upgrade, cordoned_by_saga=saga.cordoned
+        )
+        if why is not None:
+            skipped[saga.node] = why
     max_unavailable = upgrade.max_unavailable_of(total)
     slots = _slots(
         total,
         in_progress,
-        len(required),
+        len(required) - len(skipped),
         unavailable,
         upgrade.max_parallel_upgrades,
         max_unavailable,
@@ -164,12 +230,16 @@ def plan(
         (
             s
             for s in required
-            if nodes[s.node].ready and not held_elsewhere(s.node) and _wanted(s, versions)
+            if nodes[s.node].ready
+            and not held_elsewhere(s.node)
+            and _wanted(s, versions)
+            and s.node not in skipped
         ),
         key=lambda s: (not cordoned(s.node), s.node),
     )
     admitted: list[str] = []
     admitted_canary: list[str] = []
+    components: dict[str, tuple[Component, ...]] = {}
     free = slots
     for saga in candidates if not (canary_failed or upgrade.paused) else ():
         as_canary = saga.canary or (open_canary > 0 and wanted > 0)
@@ -179,6 +249,9 @@ def plan(
             continue
         admitted.append(saga.node)
         free -= 1
+        narrowed = window(saga, nodes[saga.node])
+        if narrowed != saga.components:
+            components[saga.node] = narrowed
         if as_canary:
             admitted_canary.append(saga.node)
             if not saga.canary:
@@ -195,6 +268,8 @@ def plan(
         held_by_canary=held,
         canary_failed=canary_failed,
         paused=upgrade.paused,
+        skipped=skipped,
+        components=components,
     )
 
 

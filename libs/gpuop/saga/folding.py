@@ -4,7 +4,8 @@ event, written once, so that a replay equals the runtime by construction.
     inbound    which events the orchestrator's intake consumes (`INBOUND_DOMAINS`,
                `INBOUND_TYPES`; the intake builds its subject filters from them)
     trigger    what an inbound event means to a node's saga (`NodeAdmitted` becomes
-               `Admitted` for the saga and attempt it names, or nothing)
+               `Admitted` for the saga and attempt it names, with the components it lets
+               the window upgrade, or nothing)
     started    a saga built from its `SagaStarted`, and the `SagaStarted` of a new saga
     step       one decision, or None when the saga is left as it was
     outputs    a decision's state changes and commands, in publishing order, with their ids
@@ -56,7 +57,7 @@ def trigger(saga: NodeSaga, event: Event) -> Trigger | None:
         return event
     if (event.saga_id, event.attempt) != (saga.saga_id, saga.attempt):
         return None
-    return Admitted(canary=event.canary)
+    return Admitted(canary=event.canary, components=event.components)
 
 
 def started_saga(

@@ -47,6 +47,10 @@ class Admitted:
 
     canary: bool = False
     """Admitted as one of the rollout's canary nodes."""
+    components: tuple[str, ...] = ()
+    """The part of the saga's work this admission lets it do, when admission narrowed it, in
+    the kind's own terms (the driver upgrade: its components, less those a node skip label
+    keeps out); empty: all of it."""
 
 
 Trigger = Event | Admitted

@@ -365,3 +365,39 @@ async def test_a_start_amended_with_another_source_is_aborted_as_one(cluster: Cl
     code, _, err = await cluster.cli("upgrade", "abort")
     assert code == 0, err
     assert (await cluster.spec())["driver"]["gpu"] == {"version": OLD, "source": "/srv/drivers"}
+
+
+async def test_status_shows_the_skipped_nodes_and_counts_them(cluster: Cluster) -> None:
+    await customobjects.patch(
+        cluster.kube,
+        RESOURCE,
+        "default",
+        {"spec": {"driver": {"gpu": {"version": NEW}}, "upgradePolicy": {"cordonedNodes": "skip"}}},
+    )
+    await cluster.label("gpu-node-1", **{"nvidia.com/gpu-driver-upgrade.skip": "true"})
+    await cluster.label("gpu-node-2", **{"nvidia.com/ofed-driver-upgrade.skip": "true"})
+    await cluster.kube.call(
+        cluster.kube.core.patch_node, "gpu-node-3", {"spec": {"unschedulable": True}}
+    )
+    status = {"nodes": {"upgrade-required": 5}, "skipped": 2}  # as the orchestrator counts
+    await customobjects.patch_status(cluster.kube, RESOURCE, "default", status)
+
+    code, out, err = await cluster.cli("upgrade", "status", "--json")
+    assert code == 0, err
+    document = json.loads(out)
+    skipped = {n["node"]: n["skipped"] for n in document["nodes"]}
+    assert skipped == {
+        "gpu-node-1": "skipped: nvidia.com/gpu-driver-upgrade.skip=true",
+        "gpu-node-2": None,  # the policy leaves OFED alone: its GPU driver is upgraded
+        "gpu-node-3": "skipped: cordoned by someone else (cordonedNodes: skip)",
+        "gpu-node-4": None,
+        "gpu-node-5": None,
+    }
+    assert document["summary"]["skipped"] == 2
+    assert document["policy"]["skipped"] == 2
+
+    code, out, _ = await cluster.cli("upgrade", "status")
+    assert code == 0
+    assert "5 nodes: 5 upgrade-required; 2 skipped" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("gpu-node-1 ")]
+    assert "  skipped: nvidia.com/gpu-driver-upgrade.skip=true; runs 580.159.04" in row

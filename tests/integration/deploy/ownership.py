@@ -62,6 +62,10 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
     }
     if payload is device.DeviceHealthChanged:
         return user == "telemetry"
+    if payload is device.DevicePluginConfigSelected:
+        return user == "discovery-cluster"  # from the Node's label, which only it watches
+    if payload is device.DevicePluginConfigApplied:
+        return user == "device-plugin"
     return owners[payload.DOMAIN] == user
 
 

@@ -17,6 +17,7 @@ from gpuop.bus.protocol import Buckets
 from gpuop.events import Command, device, driver, new_event, subjects, upgrade
 from gpuop.services.device_plugin import consumers as device_plugin
 from gpuop.services.discovery import consumers as discovery
+from gpuop.services.discovery import selections as discovery_selections
 from gpuop.services.network_manager import consumers as network_manager
 from gpuop.services.telemetry import consumers as telemetry
 from gpuop.services.upgrade_orchestrator import intake
@@ -91,7 +92,13 @@ def flows() -> dict[str, Flow]:
             kv={Buckets.NODES: ("put", "get")},
         ),
         "discovery-cluster": Flow(
-            consumers=[discovery.labeler(PREFIX, retry_delay=RETRY)], kv={Buckets.NODES: ("get",)}
+            consumers=[discovery.labeler(PREFIX, retry_delay=RETRY)],
+            # at start: what it told each node's plugin, and what each plugin runs
+            reads=[
+                discovery_selections.selections_filter(PREFIX),
+                discovery.plugin_configs_filter(PREFIX),
+            ],
+            kv={Buckets.NODES: ("get",)},
         ),
         "driver-manager": Flow(
             # as driver_manager.agent.CommandAgent.consumer_spec builds it
@@ -108,10 +115,12 @@ def flows() -> dict[str, Flow]:
             consumers=[
                 device_plugin.node_commands(PREFIX, NODE, retry_delay=RETRY),
                 device_plugin.node_health(PREFIX, NODE, retry_delay=RETRY),
+                device_plugin.node_config(PREFIX, NODE, retry_delay=RETRY),
             ],
             reads=[
                 subjects.commands_filter(device.OPERANDS, NODE, prefix=PREFIX),
                 *device_plugin.health_subjects(PREFIX, NODE),
+                device_plugin.config_subject(PREFIX, NODE),
             ],
         ),
         "network-manager": Flow(

@@ -8,7 +8,7 @@ import pytest
 
 from gpuop.kube import client, errors, nodes
 from gpuop_sim import ApiServer
-from tests.integration.kube import support
+from tests.support import kube_objects as support
 
 
 async def test_connects_through_the_kubeconfig_and_reads_objects_as_wire_dicts(

@@ -8,11 +8,12 @@ import asyncio
 import pytest
 
 from gpuop.clocks import VirtualClock
+from gpuop.events.driver import Component
 from gpuop.kube import budgets, client, draining, errors, pods
 from gpuop.kube.draining import DrainOptions, SkipReason
 from gpuop.kube.pods import PodRef
 from gpuop_sim import ApiServer
-from tests.integration.kube import support
+from tests.support import kube_objects as support
 
 EMPTY_DIR = [{"name": "scratch", "emptyDir": {}}]
 
@@ -300,3 +301,29 @@ async def test_an_empty_node_drains_at_once(kube: client.Kube) -> None:
 def test_a_drain_without_a_deadline_is_refused() -> None:
     with pytest.raises(ValueError, match="deadline"):
         DrainOptions(timeout=0)
+
+
+async def test_a_filter_built_from_the_listed_pods_narrows_the_removal_too(
+    server: ApiServer, kube: client.Kube
+) -> None:
+    server.seed(support.pod("train", resources=support.gpus()))
+    server.seed(support.pod("rdma", resources=support.gpus(1, "rdma/rdma_shared_device_a")))
+    server.seed(support.pod("web"))
+    seen: list[list[str]] = []
+
+    async def gpu_window(listed):
+        seen.append([pod["metadata"]["name"] for pod in listed])
+        return await pods.window_filter(kube, [Component.GPU], listed)
+
+    options = DrainOptions(
+        pod_filter=lambda pod: pod["metadata"]["name"] != "web",
+        pod_filter_from=gpu_window,
+        use_eviction=False,
+        grace_period_seconds=0,
+    )
+    result = await draining.drain_node(kube, "node-1", options)
+
+    assert seen == [["rdma", "train", "web"]]  # every pod the drain listed, once
+    assert names(result.evicted) == ["train"]
+    assert sorted(s.pod.name for s in result.skipped) == ["rdma", "web"]
+    assert sorted(await remaining(kube)) == ["rdma", "web"]

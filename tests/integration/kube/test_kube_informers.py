@@ -11,7 +11,7 @@ from gpuop.kube import client, nodes
 from gpuop.kube.informers import Informer
 from gpuop.kube.watching import ListWatch
 from gpuop_sim import ApiServer
-from tests.integration.kube import support
+from tests.support import kube_objects as support
 
 
 def requests_to(server: ApiServer, path: str) -> list[str]:

@@ -153,7 +153,10 @@ async def test_of_two_candidates_racing_for_an_expired_lease_exactly_one_wins(
     clock.advance(15)  # "old" has not renewed for its whole lease duration
     outcomes = await asyncio.gather(a.try_acquire_or_renew(), b.try_acquire_or_renew())
 
-    assert sorted(outcomes) == [Attempt.CONFLICT, Attempt.LEADING]
+    # the loser either lost the compare-and-set (both read the expired lease) or, on a busy
+    # machine, read the lease only after the winner's write and found it held
+    assert outcomes.count(Attempt.LEADING) == 1
+    assert set(outcomes) - {Attempt.LEADING} <= {Attempt.CONFLICT, Attempt.HELD}
     winner = "a" if outcomes[0] is Attempt.LEADING else "b"
     assert (await read_lease(kube))["holderIdentity"] == winner
 
@@ -166,7 +169,8 @@ async def test_of_two_candidates_racing_to_create_the_lease_exactly_one_wins(
 
     outcomes = await asyncio.gather(a.try_acquire_or_renew(), b.try_acquire_or_renew())
 
-    assert sorted(outcomes) == [Attempt.CONFLICT, Attempt.LEADING]
+    assert outcomes.count(Attempt.LEADING) == 1  # the other lost the create, or found it made
+    assert set(outcomes) - {Attempt.LEADING} <= {Attempt.CONFLICT, Attempt.HELD}
 
 
 async def test_a_leader_that_cannot_renew_steps_down_by_its_renew_deadline(

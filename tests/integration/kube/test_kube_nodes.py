@@ -9,7 +9,7 @@ import pytest
 
 from gpuop.kube import client, errors, nodes
 from gpuop_sim import ApiServer
-from tests.integration.kube import support
+from tests.support import kube_objects as support
 
 RECORD = nodes.INITIAL_STATE_ANNOTATION
 

@@ -1,13 +1,15 @@
-"""GPU pod selection, pods on a node with pod selectors, and deleting one incarnation."""
+"""GPU pod selection, the pods a driver's window deletes (resources and DRA claims), pods on
+a node with pod selectors, and deleting one incarnation."""
 
 from __future__ import annotations
 
 import pytest
 
+from gpuop.events.driver import Component
 from gpuop.kube import client, pods
 from gpuop.kube.pods import PodRef
 from gpuop_sim import ApiServer
-from tests.integration.kube import support
+from tests.support import kube_objects as support
 
 
 @pytest.mark.parametrize(
@@ -112,3 +114,80 @@ async def test_delete_with_a_grace_period_leaves_the_pod_terminating(
     assert pod["metadata"]["deletionGracePeriodSeconds"] == 30
     server.complete_pod_termination("default", "p")
     assert await pods.on_node(kube, "node-1") == []
+
+
+GPU, OFED = Component.GPU, Component.OFED
+RDMA = support.gpus(1, "rdma/rdma_shared_device_a")
+
+
+@pytest.mark.parametrize(
+    ("resources", "gpu", "ofed"),
+    [
+        (support.gpus(), True, False),
+        (support.gpus(1, "nvidia.com/mig-1g.18gb"), True, False),
+        (RDMA, False, True),
+        (support.gpus(1, "openshift.io/mlxnics"), False, True),
+        (support.gpus(1, "intel.com/mlnx_sriov_rdma"), False, True),
+        (support.gpus(1, "nvidia.com/hostdev"), False, False),  # ambiguous: left to the drain
+        ({"requests": {"cpu": "2"}}, False, False),
+    ],
+    ids=["gpu", "mig", "rdma", "sriov-operator", "sriov-device-plugin", "nvidia-nic", "cpu"],
+)
+def test_which_pods_a_window_deletes_depends_on_its_components(
+    resources: dict[str, object], gpu: bool, ofed: bool
+) -> None:
+    pod = support.pod("p", resources=resources)
+    assert pods.holds(pod, [GPU]) is gpu
+    assert pods.holds(pod, [OFED]) is ofed
+    assert pods.holds(pod, [GPU, OFED]) is (gpu or ofed)
+    assert not pods.holds(support.pod("done", resources=resources, phase="Succeeded"), [GPU, OFED])
+
+
+def test_the_claims_a_pod_uses_are_named_or_made_from_a_template() -> None:
+    pod = support.with_claims(
+        support.pod("p"),
+        named={"shared": "team-gpus"},
+        made={"own": "p-own-x7k2q", "later": ""},  # "later": no claim made (yet)
+    )
+    assert pods.claims_of(pod) == (("default", "team-gpus"), ("default", "p-own-x7k2q"))
+    assert pods.claims_of(support.pod("plain")) == ()
+
+
+def test_a_claim_allocated_by_nvidias_dra_drivers_holds_gpus() -> None:
+    pod = support.with_claims(support.pod("p"), named={"gpu": "c"})
+    for driver, holds in (
+        ("gpu.nvidia.com", True),
+        ("compute-domain.nvidia.com", True),
+        ("dra.example.com", False),
+    ):
+        drivers = {("default", "c"): pods.allocated_drivers(support.claim("c", driver))}
+        assert pods.holds(pod, [GPU], drivers) is holds, driver
+        assert not pods.holds(pod, [OFED], drivers)
+    assert pods.allocated_drivers(support.claim("pending")) == frozenset()
+
+
+async def test_the_window_filter_reads_each_claim_once_and_only_when_pods_use_one(
+    server: ApiServer, kube: client.Kube
+) -> None:
+    server.seed(support.claim("gpus", "gpu.nvidia.com"))
+    server.seed(support.claim("nics", "dra.example.com"))
+    trainer = support.with_claims(support.pod("trainer"), named={"g": "gpus"})
+    also = support.with_claims(support.pod("also"), made={"g": "gpus"})
+    nic = support.with_claims(support.pod("nic"), named={"n": "nics"})
+    gone = support.with_claims(support.pod("gone"), named={"g": "deleted-claim"})
+    listed = [trainer, also, nic, gone, support.pod("web")]
+    before = len(server.request_log)
+
+    accept = await pods.window_filter(kube, [GPU], listed)
+
+    assert [p["metadata"]["name"] for p in listed if accept(p)] == ["trainer", "also"]
+    reads = [r.path for r in server.request_log[before:]]
+    assert sorted(reads) == [
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/deleted-claim",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/gpus",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/nics",
+    ]
+    before = len(server.request_log)
+    await pods.window_filter(kube, [OFED], listed)  # no DRA driver of the OFED's to look for
+    await pods.window_filter(kube, [GPU], [support.pod("web")])
+    assert server.request_log[before:] == []

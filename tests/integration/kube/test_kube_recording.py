@@ -6,7 +6,7 @@ from gpuop.clocks import VirtualClock
 from gpuop.kube import client, recording
 from gpuop.kube.recording import EventRecorder, EventType
 from gpuop_sim import ApiServer
-from tests.integration.kube import support
+from tests.support import kube_objects as support
 
 
 async def events_about(kube: client.Kube, node: str) -> list[dict[str, object]]:

@@ -10,7 +10,7 @@ import pytest
 from gpuop.clocks import VirtualClock
 from gpuop.kube import client, errors, nodes
 from gpuop_sim import ApiServer
-from tests.integration.kube import support
+from tests.support import kube_objects as support
 
 NAMESPACES = "/api/v1/namespaces"
 

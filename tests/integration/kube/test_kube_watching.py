@@ -14,7 +14,7 @@ from gpuop.kube import client, errors, nodes, watching
 from gpuop.kube.watching import ListWatch, WatchEvent
 from gpuop_sim import ApiServer
 from gpuop_sim.apiserver import kinds
-from tests.integration.kube import support
+from tests.support import kube_objects as support
 
 
 async def take(watch: ListWatch, count: int) -> list[WatchEvent]:

@@ -1,6 +1,8 @@
 """The orchestrator's Kubernetes actions on the simulated cluster, through the official
 client: each reports its outcome with the action's id, and a repeat reports the same; with
-a copy of the node and the node's shared pod informer they read nothing more."""
+a copy of the node and the node's shared pod informer they read nothing more; the pod
+deletion removes the pods holding the window's devices (GPU, RDMA, DRA claims) and no
+other."""
 
 from __future__ import annotations
 
@@ -11,13 +13,16 @@ from pathlib import Path
 import pytest
 
 from gpuop.events import kube as observed
+from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
 from gpuop.kube import client, nodes, pods
 from gpuop.kube.recording import EventRecorder
-from gpuop.saga import actions
+from gpuop.saga import actions, records
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
 from gpuop.services.upgrade_orchestrator.nodepods import NodePods
-from gpuop_sim import RequestKind, SimCluster
+from gpuop_sim import ApiServer, RequestKind, SimCluster
+from tests.support import kube_objects as kube_support
+from tests.support.sagas import BOOT_A, GPU_NEW, GPU_OLD, OFED_NEW, OFED_OLD, T0, Run, policy
 
 
 @pytest.fixture
@@ -71,8 +76,12 @@ async def test_deleting_gpu_pods_then_draining_empties_the_node(
     assert await pods.gpu_pods_on(kube, node), "the seeded cluster runs GPU pods on the node"
 
     deleted = await executor.execute(
-        node, actions.DeletePods(id="delete", force=True, timeout_seconds=30, delete_empty_dir=True)
-    )
+        node,
+        actions.DeletePods(
+            id="delete", components=(Component.GPU,), force=True, timeout_seconds=30,
+            delete_empty_dir=True,
+        ),
+    )  # fmt: skip
     drained = await executor.execute(
         node,
         actions.Drain(
@@ -125,8 +134,12 @@ async def test_pod_deletion_and_drain_share_one_list_and_watch_of_the_nodes_pods
     before = Counter(cluster.requests)
 
     deleted = await executor.execute(
-        node, actions.DeletePods(id="delete", force=True, timeout_seconds=30, delete_empty_dir=True)
-    )
+        node,
+        actions.DeletePods(
+            id="delete", components=(Component.GPU,), force=True, timeout_seconds=30,
+            delete_empty_dir=True,
+        ),
+    )  # fmt: skip
     # the selector is applied to the shared informer's pods, not by the server
     drained = await executor.execute(
         node,
@@ -145,3 +158,102 @@ async def test_pod_deletion_and_drain_share_one_list_and_watch_of_the_nodes_pods
     assert served[RequestKind("WATCH", "pods", "cluster")] == 1
     left = [pod["metadata"]["labels"].get("app") for pod in await pods.on_node(kube, node)]
     assert "metrics-gateway" not in left and "nvidia-driver-daemonset" in left
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[tuple[ApiServer, client.Kube]]:
+    """A bare API server with node-1 (deleted pods are gone at once) and a client."""
+    async with ApiServer(kubelet_delay=0.0) as server:
+        server.seed(kube_support.node("node-1"))
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        async with await client.connect(kubeconfig) as kube:
+            yield server, kube
+
+
+def window_of(*components: Component) -> Run:
+    """A saga whose window upgrades `components` (the node runs the others' versions)."""
+    spec = policy(ofed=True)
+    running: dict[Component, str | None] = {
+        Component.GPU: GPU_OLD if Component.GPU in components else GPU_NEW,
+        Component.OFED: OFED_OLD if Component.OFED in components else OFED_NEW,
+    }
+    saga = records.new_saga(
+        node="node-1", rollout_id="r", policy=spec, running=running, now=T0, boot_id=BOOT_A
+    )
+    return Run(spec, saga)
+
+
+async def delete_window_pods(kube: client.Kube, run: Run) -> observed.KubeEvent | None:
+    """Drive `run` to its pod deletion and execute it on the node."""
+    run.admit()
+    run.until(UpgradeState.POD_DELETION_REQUIRED)
+    (deletion,) = [a for a in run.kube_actions() if isinstance(a, actions.DeletePods)]
+    return await KubeExecutor(kube, EventRecorder(kube)).execute("node-1", deletion)
+
+
+async def left(kube: client.Kube) -> list[str]:
+    return sorted(pod["metadata"]["name"] for pod in await pods.on_node(kube, "node-1"))
+
+
+RDMA = kube_support.gpus(1, "rdma/rdma_shared_device_a")
+
+
+async def test_an_ofed_window_evicts_an_rdma_pod_before_the_ofed_unload(
+    api: tuple[ApiServer, client.Kube],
+) -> None:
+    server, kube = api
+    server.seed(kube_support.pod("roce-job", resources=RDMA))
+    server.seed(kube_support.pod("train", resources=kube_support.gpus()))
+    run = window_of(Component.OFED)
+
+    deleted = await delete_window_pods(kube, run)
+
+    assert isinstance(deleted, observed.PodsDeleted) and deleted.deleted == 1, deleted
+    assert await left(kube) == ["train"]  # the GPU driver stays: so does its pod
+    run.feed(deleted)
+    run.until(UpgradeState.VALIDATION_REQUIRED)
+    work = run.work()
+    assert work.index("deletepods") < work.index("unload:ofed")
+    assert "unload:gpu" not in work
+
+
+async def test_a_gpu_window_leaves_a_pod_holding_only_rdma_running(
+    api: tuple[ApiServer, client.Kube],
+) -> None:
+    server, kube = api
+    server.seed(kube_support.pod("roce-job", resources=RDMA))
+    server.seed(kube_support.pod("train", resources=kube_support.gpus()))
+
+    deleted = await delete_window_pods(kube, window_of(Component.GPU))
+
+    assert isinstance(deleted, observed.PodsDeleted) and deleted.deleted == 1, deleted
+    assert await left(kube) == ["roce-job"]
+
+
+async def test_a_window_of_both_drivers_deletes_the_pods_of_both(
+    api: tuple[ApiServer, client.Kube],
+) -> None:
+    server, kube = api
+    server.seed(kube_support.pod("roce-job", resources=RDMA))
+    server.seed(kube_support.pod("train", resources=kube_support.gpus()))
+    server.seed(kube_support.pod("web"))
+
+    deleted = await delete_window_pods(kube, window_of(Component.GPU, Component.OFED))
+
+    assert isinstance(deleted, observed.PodsDeleted) and deleted.deleted == 2, deleted
+    assert await left(kube) == ["web"]
+
+
+async def test_a_pod_with_a_dra_claim_on_nvidias_gpu_driver_is_deleted_in_a_gpu_window(
+    api: tuple[ApiServer, client.Kube],
+) -> None:
+    server, kube = api
+    server.seed(kube_support.claim("gpus", "gpu.nvidia.com"))
+    server.seed(kube_support.claim("nics", "dra.example.com"))
+    server.seed(kube_support.with_claims(kube_support.pod("dra-train"), made={"g": "gpus"}))
+    server.seed(kube_support.with_claims(kube_support.pod("dra-nic"), named={"n": "nics"}))
+
+    deleted = await delete_window_pods(kube, window_of(Component.GPU))
+
+    assert isinstance(deleted, observed.PodsDeleted) and deleted.deleted == 1, deleted
+    assert await left(kube) == ["dra-nic"]

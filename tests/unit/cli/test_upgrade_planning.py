@@ -9,6 +9,7 @@ import pytest
 
 from gpuop.cli import planning
 from gpuop.cli.planning import Duration, PlanNode, StateChange
+from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
 from gpuop.saga.admission import NodeStatus
 from tests.support.sagas import T0, policy
@@ -64,6 +65,17 @@ def test_done_notready_and_canary_nodes() -> None:
         (("n3",), ("n3",)),
         (("n4", "n5", "n6"), ()),
     ]
+
+
+def test_skipped_nodes_are_never_admitted_in_the_plan() -> None:
+    spec = policy(max_parallel_upgrades=0, max_unavailable="100%", cordoned_nodes="skip")
+    special = {
+        "n1": PlanNode(NodeStatus(skip=frozenset({Component.GPU}))),
+        "n2": PlanNode(NodeStatus(unschedulable=True)),
+    }
+    plan = planning.forecast(nodes(3, **special), spec, MINUTE)
+    assert plan.never_admitted == ("n1", "n2")
+    assert [w.nodes for w in plan.waves] == [("n3",)]
 
 
 def test_a_paused_policy_is_planned_as_if_resumed() -> None:

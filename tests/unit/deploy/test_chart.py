@@ -50,7 +50,7 @@ PRIVILEGED = {"driver-manager", "network-manager"}
 CONFIG_LOADERS = {
     "discovery": discovery_config.load_config,
     "driver-manager": driver_manager_config.load,
-    "device-plugin": device_plugin_config.load_config,
+    "device-plugin": device_plugin_config.load_configs,  # one config, or named ones
     "network-manager": network_manager_config.load_config,
     "telemetry": telemetry_config.load_config,
     "upgrade-orchestrator": orchestrator_config.load_config,
@@ -272,7 +272,7 @@ def test_rbac_grants_each_role_exactly_what_its_calls_need() -> None:
     assert rules_of(rendering, "gpuop-node-agent") == {}
     assert rules_of(rendering, "gpuop-telemetry-cluster") == {}
     assert rules_of(rendering, "gpuop-discovery-cluster") == {
-        ("*", "nodes"): {"get", "list", "patch"},
+        ("*", "nodes"): {"get", "list", "watch", "patch"},
         ("default", "events"): {"create"},
     }
     assert rules_of(rendering, "gpuop-network-manager-cluster") == {
@@ -286,6 +286,7 @@ def test_rbac_grants_each_role_exactly_what_its_calls_need() -> None:
         ("*", "pods"): {"get", "list", "watch", "delete"},
         ("*", "pods/eviction"): {"create"},
         ("*", "policy/poddisruptionbudgets"): {"list"},
+        ("*", "resource.k8s.io/resourceclaims"): {"get"},
         ("*", "gpuop.io/gpuclusterpolicies"): {"get", "list", "watch"},
         ("*", "gpuop.io/gpuclusterpolicies/status"): {"get", "patch"},
         (NAMESPACE, "coordination.k8s.io/leases"): {"create", *lease.split(",")},

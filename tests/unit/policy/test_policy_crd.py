@@ -90,6 +90,8 @@ def test_the_schema_carries_camel_case_names_bounds_and_required_fields() -> Non
     assert policy["maxUnavailable"]["default"] == "25%"
     assert policy["deadlines"]["properties"]["driverInstall"]["minimum"] == 1
     assert "waitForCompletion" in policy and "wait_for_completion" not in policy
+    assert policy["cordonedNodes"]["enum"] == ["upgradeFirst", "skip"]
+    assert policy["cordonedNodes"]["default"] == "upgradeFirst"
 
 
 def test_the_api_servers_defaults_are_the_models_defaults() -> None:
@@ -116,6 +118,10 @@ AGREEMENT = [
     {"deadlines": {"reboot": 604801}},
     {"canary": {"nodes": -1}},
     {"retry": {"maxAttempts": 0}},
+    {"cordonedNodes": "skip"},
+    {"cordonedNodes": "upgradeFirst"},
+    {"cordonedNodes": "never"},
+    {"cordonedNodes": 1},
 ]
 
 

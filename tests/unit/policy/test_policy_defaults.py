@@ -44,6 +44,7 @@ def test_gpuop_fields_default_to_safe_values() -> None:
     assert (policy.retry.max_attempts, policy.retry.backoff_seconds) == (3, 60)
     assert policy.retry.max_backoff_seconds == 900
     assert policy.canary.nodes == 0
+    assert policy.cordoned_nodes == "upgradeFirst"  # upstream's way with cordoned nodes
     assert policy.deadlines == Deadlines(
         cordon=120,
         wait_for_jobs=3600,

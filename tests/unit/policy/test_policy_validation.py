@@ -167,6 +167,21 @@ INVALID = [
         "spec.upgradePolicy.waitForCompletion: must be an object",
         id="section-as-list",
     ),
+    pytest.param(
+        spec_with(cordonedNodes="sometimes"),
+        "spec.upgradePolicy.cordonedNodes: Input should be 'upgradeFirst' or 'skip'",
+        id="cordoned-nodes-unknown",
+    ),
+    pytest.param(
+        spec_with(cordonedNodes="Skip"),
+        "spec.upgradePolicy.cordonedNodes: Input should be 'upgradeFirst' or 'skip'",
+        id="cordoned-nodes-wrong-case",
+    ),
+    pytest.param(
+        spec_with(cordonedNodes=True),
+        "spec.upgradePolicy.cordonedNodes: Input should be 'upgradeFirst' or 'skip'",
+        id="cordoned-nodes-boolean",
+    ),
     pytest.param(None, "spec: must be an object", id="no-spec"),
 ]
 
@@ -189,6 +204,11 @@ def test_every_wrong_field_is_reported_at_once() -> None:
         "spec.upgradePolicy.maxParallelUpgrades",
         "spec.upgradePolicy.canary.nodes",
     ]
+
+
+@pytest.mark.parametrize("value", ["upgradeFirst", "skip"])
+def test_cordoned_nodes_accepts_its_two_values(value: str) -> None:
+    assert validate_spec(spec_with(cordonedNodes=value)).upgrade_policy.cordoned_nodes == value
 
 
 @pytest.mark.parametrize("value", [1, 7, "1%", "25%", "99%", "100%"], ids=lambda value: repr(value))

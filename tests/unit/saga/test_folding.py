@@ -7,6 +7,7 @@ from __future__ import annotations
 from gpuop.bus import streams
 from gpuop.events import bus_subject, new_event, subjects
 from gpuop.events import upgrade as up
+from gpuop.events.driver import Component
 from gpuop.events.kube import NodeCordoned
 from gpuop.saga import folding
 from gpuop.saga.core import Admitted
@@ -37,6 +38,16 @@ def test_an_admission_counts_only_for_its_own_saga_and_attempt() -> None:
     assert folding.trigger(saga, own) == Admitted(canary=True)
     assert folding.trigger(saga, earlier) is None and folding.trigger(saga, other) is None
     assert folding.step(saga, other, SPEC, T0) is None
+
+
+def test_an_admission_carries_the_components_of_its_window() -> None:
+    saga = saga_for(policy(ofed=True))
+    narrowed = up.NodeAdmitted(
+        rollout_id="r", saga_id=saga.saga_id, attempt=1, components=(Component.OFED,)
+    )
+    assert folding.trigger(saga, narrowed) == Admitted(components=(Component.OFED,))
+    decision = folding.step(saga, narrowed, policy(ofed=True), T0)
+    assert decision is not None and decision.saga.components == (Component.OFED,)
 
 
 def test_an_event_that_changes_nothing_is_no_step() -> None:

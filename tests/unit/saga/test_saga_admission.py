@@ -1,4 +1,5 @@
-"""Admission: upstream's arithmetic, gpuop's differences, and the canary."""
+"""Admission: upstream's arithmetic, gpuop's differences, the canary, and the nodes left out
+(skip labels, `cordonedNodes: skip`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gpuop.events.driver import Component
 from gpuop.policy import ComponentSpec
 from gpuop.saga import admission, records
 from gpuop.saga.admission import NodeStatus
@@ -181,3 +183,78 @@ def test_a_saga_of_a_superseded_rollout_is_not_admitted():
         }
     )
     assert admission.admit(stale, nodes, moved_source, T0) == ["node-00", "node-01", "node-02"]
+
+
+GPU, OFED = Component.GPU, Component.OFED
+
+
+def test_the_skip_labels_are_upstreams_and_only_true_counts():
+    assert admission.SKIP_LABELS == {
+        GPU: "nvidia.com/gpu-driver-upgrade.skip",
+        OFED: "nvidia.com/ofed-driver-upgrade.skip",
+    }
+    labels = {
+        "nvidia.com/gpu-driver-upgrade.skip": "true",
+        "nvidia.com/ofed-driver-upgrade.skip": "false",
+    }
+    assert admission.skipped_by(labels) == {GPU}
+    assert admission.skipped_by({}) == frozenset()
+
+
+def test_a_node_skipped_for_every_component_is_never_admitted_and_reported():
+    spec = policy(max_parallel_upgrades=0, max_unavailable="100%")
+    nodes = cluster(3)
+    nodes["node-01"] = NodeStatus(skip=frozenset({GPU}))
+    nodes["node-02"] = NodeStatus(skip=frozenset({OFED}))  # the policy leaves OFED alone
+    result = admission.plan(sagas(nodes, spec), nodes, spec, T0)
+    assert result.nodes == ("node-00", "node-02")
+    assert result.skipped == {"node-01": "skipped: nvidia.com/gpu-driver-upgrade.skip=true"}
+    assert result.components == {}  # node-02's window is its whole saga
+
+
+def test_a_skipped_node_is_not_admitted_even_when_cordoned_or_as_a_canary():
+    spec = policy(max_parallel_upgrades=1, max_unavailable="100%", canary={"nodes": 1})
+    nodes = cluster(3)
+    nodes["node-00"] = NodeStatus(unschedulable=True, skip=frozenset({GPU}))
+    result = admission.plan(sagas(nodes, spec), nodes, spec, T0)
+    assert result.nodes == result.canary == ("node-01",)
+    assert list(result.skipped) == ["node-00"]
+    assert result.unavailable == 1  # still cordoned: it counts against maxUnavailable
+
+
+def test_a_node_skipped_for_one_component_is_admitted_for_the_other():
+    spec = policy(ofed=True, max_parallel_upgrades=0, max_unavailable="100%")
+    nodes = cluster(3)
+    nodes["node-00"] = NodeStatus(skip=frozenset({OFED}))
+    nodes["node-01"] = NodeStatus(skip=frozenset({GPU, OFED}))
+    touched = {"node_02": {"attempt": 2, "touched": (OFED,)}}  # a retry after an unload
+    nodes["node-02"] = NodeStatus(skip=frozenset({OFED}))
+    result = admission.plan(sagas(nodes, spec, **touched), nodes, spec, T0)
+    assert result.nodes == ("node-00", "node-02")
+    assert result.components == {"node-00": (GPU,)}  # node-02 must finish its OFED driver
+    assert list(result.skipped) == ["node-01"]
+
+
+def test_cordoned_nodes_skip_is_a_policy_choice():
+    first = policy(max_parallel_upgrades=1, max_unavailable="100%")
+    skipping = policy(max_parallel_upgrades=1, max_unavailable="100%", cordoned_nodes="skip")
+    nodes = cluster(3)
+    nodes["node-02"] = NodeStatus(unschedulable=True)  # cordoned by an administrator
+    assert first.upgrade_policy.cordoned_nodes == "upgradeFirst"
+    assert admission.admit(sagas(nodes, first, node_00=S.DRAIN_REQUIRED), nodes, first, T0) == [
+        "node-02"
+    ]  # upgradeFirst: beyond the slot the busy node holds
+    result = admission.plan(sagas(nodes, skipping), nodes, skipping, T0)
+    assert result.nodes == ("node-00",)
+    assert result.skipped == {"node-02": "skipped: cordoned by someone else (cordonedNodes: skip)"}
+    busy = sagas(nodes, skipping, node_00=S.DRAIN_REQUIRED)
+    assert admission.admit(busy, nodes, skipping, T0) == []
+
+
+def test_cordoned_nodes_skip_spares_a_node_its_own_saga_left_cordoned():
+    spec = policy(max_parallel_upgrades=1, max_unavailable="100%", cordoned_nodes="skip")
+    nodes = cluster(2)
+    nodes["node-01"] = NodeStatus(unschedulable=True)
+    retried = {"node_01": {"attempt": 2, "cordoned": True}}  # cordoned by gpuop, then failed
+    result = admission.plan(sagas(nodes, spec, **retried), nodes, spec, T0)
+    assert result.nodes == ("node-01",) and result.skipped == {}

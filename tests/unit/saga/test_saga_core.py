@@ -107,6 +107,7 @@ def test_kube_actions_carry_the_policy_options():
     assert deletes == [
         actions.DeletePods(
             id=ids.step(run.saga.saga_id, "pod-deletion", 1),
+            components=(Component.GPU,),
             force=True,
             timeout_seconds=90,
             delete_empty_dir=True,
@@ -773,3 +774,36 @@ def test_inventory_before_the_reload_refreshes_the_rollback_target():
     run.ok()
     run.feed(inventory(BOOT_A, gpu=None))
     assert run.saga.previous_versions[Component.GPU] == "575.9"
+
+
+def test_an_admission_that_leaves_ofed_out_upgrades_the_gpu_driver_alone():
+    run = Run(policy(ofed=True))
+    decision = run.feed(core.Admitted(components=(Component.GPU,)))
+    assert run.saga.components == (Component.GPU,)
+    assert set(run.saga.targets) == set(run.saga.previous_versions) == {Component.GPU}
+    (moved,) = decision.transitions
+    assert moved.reason == "admitted; ofed left out (nvidia.com/ofed-driver-upgrade.skip=true)"
+    assert core.state_changed(run.saga, moved).components == (Component.GPU,)
+    run.until(S.UPGRADE_DONE)
+    assert [w for w in run.work() if ":" in w] == [
+        "install:gpu", "unload:gpu", "load:gpu", "validate:gpu",
+    ]  # fmt: skip
+    (deletion,) = [a for a in run.kube_actions() if isinstance(a, actions.DeletePods)]
+    assert deletion.components == (Component.GPU,)
+
+
+def test_an_admission_keeps_a_component_a_failed_attempt_touched():
+    touched = saga_for(policy(ofed=True)).model_copy(
+        update={"attempt": 2, "touched": (Component.OFED,)}
+    )
+    run = Run(policy(ofed=True), touched)
+    run.feed(core.Admitted(components=(Component.GPU,)))
+    assert run.saga.components == (Component.GPU, Component.OFED)
+
+
+def test_the_pod_deletion_names_every_component_of_the_window():
+    run = Run(policy(ofed=True))
+    run.admit()
+    run.until(S.OPERANDS_PAUSE_REQUIRED)
+    (deletion,) = [a for a in run.kube_actions() if isinstance(a, actions.DeletePods)]
+    assert deletion.components == (Component.GPU, Component.OFED)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
 from gpuop.saga import actions
 from gpuop.services.upgrade_orchestrator.acting import node_writes
@@ -18,7 +19,9 @@ def event(name: str) -> actions.RecordEvent:
 
 
 def test_states_passed_through_write_only_the_last_label() -> None:
-    deletion = actions.DeletePods(id="d", force=False, timeout_seconds=1, delete_empty_dir=False)
+    deletion = actions.DeletePods(
+        id="d", components=(Component.GPU,), force=False, timeout_seconds=1, delete_empty_dir=False
+    )
     decided = (label(S.WAIT_FOR_JOBS_REQUIRED), label(S.POD_DELETION_REQUIRED), deletion)
 
     assert node_writes(decided) == (label(S.POD_DELETION_REQUIRED), deletion)

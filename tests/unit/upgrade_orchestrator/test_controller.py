@@ -1,6 +1,8 @@
 """The controller's reconcile under the operator's rollout controls: the policy's
 `nodeSelector` picks the nodes that get a saga, `paused` admits nothing (and says so in the
-`Progressing` condition), and a newer version replaces sagas that were never admitted."""
+`Progressing` condition), a newer version replaces sagas that were never admitted, and
+nodes with a skip label (or cordoned, with `cordonedNodes: skip`) are never admitted and
+are counted as skipped in the status and the rollout's progress."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ import pytest
 
 from gpuop.bus import Buckets, InMemoryBus
 from gpuop.events import hardware, subjects
-from gpuop.events.upgrade import NodeAdmitted, SagaStarted, UpgradeState
+from gpuop.events.driver import Component
+from gpuop.events.upgrade import NodeAdmitted, RolloutProgress, SagaStarted, UpgradeState
 from gpuop.kube import client
 from gpuop.policy import ComponentSpec, Condition, GPUClusterPolicySpec
 from gpuop.policy.conditions import RolloutRecord
-from gpuop.saga import NodeStatus, actions
+from gpuop.saga import NodeStatus, actions, admission
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.controller import Controller
 from gpuop.services.upgrade_orchestrator.rollouts import rollout_id_for
@@ -37,15 +40,20 @@ class Harness:
             bus, cast(client.Kube, None), OrchestratorConfig(), clock=stack.clock
         )
         self.conditions: list[Condition] = []
+        self.skipped: list[int | None] = []
         nodes = self.controller.nodes
         nodes.statuses = {name: NodeStatus() for name in POOLS}
         nodes.labels = {name: {"pool": pool} for name, pool in POOLS.items()}
         nodes.synced = True
 
         async def write_status(
-            *conditions: Condition, nodes: Any = None, rollout: RolloutRecord | None = None
+            *conditions: Condition,
+            nodes: Any = None,
+            rollout: RolloutRecord | None = None,
+            skipped: int | None = None,
         ) -> None:
             self.conditions.extend(conditions)
+            self.skipped.append(skipped)
             policies = self.controller.policies
             policies._status = policies._status.model_copy(update={"rollout": rollout})
 
@@ -87,7 +95,7 @@ async def harness() -> AsyncIterator[Harness]:
 
 
 def spec(**upgrade: Any) -> GPUClusterPolicySpec:
-    return policy(max_parallel_upgrades=0, max_unavailable="100%", **upgrade)
+    return policy(**{"max_parallel_upgrades": 0, "max_unavailable": "100%", **upgrade})
 
 
 async def test_the_node_selector_picks_the_nodes_a_rollout_manages(harness: Harness) -> None:
@@ -172,3 +180,84 @@ async def test_versions_that_come_back_are_a_new_rollout_with_ids_of_its_own(
         rollout_id_for(first, 3),
     }
     assert len(await harness.published(NodeAdmitted)) == 4
+
+
+def skip_labelled(harness: Harness, node: str, *components: Component) -> None:
+    """Label `node` with the skip labels of `components` (none: remove them), as the node
+    watch would then see it."""
+    nodes = harness.controller.nodes
+    labels = {
+        k: v for k, v in nodes.labels[node].items() if k not in admission.SKIP_LABELS.values()
+    }
+    labels |= {admission.SKIP_LABELS[c]: "true" for c in components}
+    nodes.labels[node] = labels
+    nodes.statuses[node] = NodeStatus(skip=admission.skipped_by(labels))
+
+
+async def test_a_node_with_the_skip_label_is_never_admitted_and_counted_skipped(
+    harness: Harness,
+) -> None:
+    skip_labelled(harness, "gpu-a", Component.GPU)
+    await harness.reconcile(spec())
+    await harness.reconcile(spec())  # again: still left out
+
+    assert len(await harness.published(SagaStarted)) == 4  # it waits in upgrade-required
+    admitted = sorted(node for node, _ in await harness.published(NodeAdmitted))
+    assert admitted == ["gpu-b", "gpu-c", "gpu-d"]
+    assert harness.skipped[-1] == 1
+    assert harness.progressing().message == "0 of 4 nodes upgraded, 1 skipped"
+    progress = [p for _, p in await harness.published(RolloutProgress)]
+    assert progress[-1].skipped == 1
+    assert progress[-1].counts == {S.UPGRADE_REQUIRED: 4}  # admissions not yet decided
+
+    skip_labelled(harness, "gpu-a")  # the label removed: admitted at the next pass
+    await harness.reconcile(spec())
+    admitted = sorted(node for node, _ in await harness.published(NodeAdmitted))
+    assert admitted == ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]
+    assert harness.skipped[-1] == 0
+
+
+async def test_only_skipped_nodes_left_stop_the_rollout_progressing(harness: Harness) -> None:
+    skip_labelled(harness, "gpu-a", Component.GPU)
+    await harness.reconcile(spec())
+    store = harness.stack.store
+    assert store is not None
+    for node in ("gpu-b", "gpu-c", "gpu-d"):
+        stored = await store.get(node)
+        assert stored is not None
+        await store.replace(
+            stored.saga.model_copy(update={"state": S.UPGRADE_DONE}), stored.revision
+        )
+
+    await harness.reconcile(spec())
+
+    progressing = harness.progressing()
+    assert (progressing.status, progressing.reason) == ("False", "NodesSkipped")
+    assert progressing.message.startswith("3 of 4 nodes upgraded, 1 skipped: ")
+
+
+async def test_cordoned_nodes_are_skipped_until_uncordoned_when_the_policy_says_so(
+    harness: Harness,
+) -> None:
+    statuses = harness.controller.nodes.statuses
+    statuses["gpu-a"] = NodeStatus(unschedulable=True)  # cordoned by an administrator
+    await harness.reconcile(spec(max_parallel_upgrades=1, cordoned_nodes="skip"))
+
+    admitted = [node for node, _ in await harness.published(NodeAdmitted)]
+    assert admitted == ["gpu-b"]  # not the cordoned node first, as upgradeFirst would
+    assert harness.skipped[-1] == 1
+
+    statuses["gpu-a"] = NodeStatus()
+    await harness.reconcile(spec(max_parallel_upgrades=0, cordoned_nodes="skip"))
+    admitted = sorted(node for node, _ in await harness.published(NodeAdmitted))
+    assert admitted == ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]
+    assert harness.skipped[-1] == 0
+
+
+async def test_a_cordoned_node_goes_first_by_default(harness: Harness) -> None:
+    harness.controller.nodes.statuses["gpu-d"] = NodeStatus(unschedulable=True)
+    await harness.reconcile(spec(max_parallel_upgrades=1))
+
+    admitted = [node for node, _ in await harness.published(NodeAdmitted)]
+    assert admitted == ["gpu-d"]  # the cordoned one first, in the one slot
+    assert harness.skipped[-1] == 0

@@ -1,5 +1,6 @@
 """`gpuop events export` and `gpuop replay`: a log recorded from the orchestrator's runtime
-replays identically; a changed policy diverges (exit 1); a malformed file exits 2."""
+replays identically (skip labels included: what admission made of them is in the log); a
+changed policy diverges (exit 1); a malformed file exits 2."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import yaml
 from gpuop.bus import InMemoryBus
 from gpuop.cli.events import export_lines, render
 from gpuop.cli.main import main
+from gpuop.events import driver as dm
 from gpuop.events import new_event
 from gpuop.events import upgrade as up
+from gpuop.events.driver import Component
 from gpuop.events.hardware import HardwareHeartbeat
 from gpuop.policy import Drain
-from gpuop.saga import replaying
+from gpuop.saga import NodeStatus, replaying
 from tests.support.recording import NODES, record_rollout
 from tests.support.sagas import policy
 
@@ -155,3 +158,33 @@ async def test_the_export_leaves_out_a_message_nested_too_deep_to_parse(
     assert "#1 is not JSON" in capsys.readouterr().err
     (stored,) = [m async for m in bus.read("gpuop.evt.driver.>")]
     assert json.loads(render(stored))["error"] == "not JSON"
+
+
+async def test_skip_labels_leave_nodes_out_narrow_windows_and_replay_identically() -> None:
+    gpu, ofed = Component.GPU, Component.OFED
+    statuses = {
+        "gpu-node-1": NodeStatus(skip=frozenset({gpu, ofed})),  # left alone entirely
+        "gpu-node-2": NodeStatus(skip=frozenset({ofed})),  # upgrades the GPU driver only
+    }
+    log = replaying.parse_log(await record_rollout(policy(ofed=True), statuses=statuses))
+
+    admitted = {r.envelope.node: r.payload for r in log if isinstance(r.payload, up.NodeAdmitted)}
+    assert sorted(admitted) == ["gpu-node-2", "gpu-node-3"]
+    assert admitted["gpu-node-2"].components == (gpu,)
+    assert admitted["gpu-node-3"].components == ()  # the whole saga
+    changes = [r for r in log if isinstance(r.payload, up.NodeUpgradeStateChanged)]
+    assert {r.envelope.node for r in changes} == {"gpu-node-2", "gpu-node-3"}
+    assert {r.payload.components for r in changes if r.envelope.node == "gpu-node-2"} == {(gpu,)}
+    installs = {
+        (r.envelope.node, r.payload.component)
+        for r in log
+        if isinstance(r.payload, dm.InstallDriver)
+    }
+    assert installs == {("gpu-node-2", gpu), ("gpu-node-3", gpu), ("gpu-node-3", ofed)}
+    commands = [r for r in log if r.stream == replaying.COMMANDS_STREAM]
+    assert not [r for r in commands if r.envelope.node == "gpu-node-1"]
+
+    expected = replaying.recorded_outputs(log)
+    comparison = replaying.compare(expected, replaying.replay(log).outputs)
+    assert comparison.identical, comparison.report()
+    assert "gpu-node-1" not in expected

@@ -151,3 +151,22 @@ async def test_a_reporter_keeps_nothing_of_the_rollouts_before_the_current_one()
     assert all(set(part) <= {"r5"} for part in kept)
     completed = [e for e in await rollout_events(bus) if isinstance(e, up.RolloutCompleted)]
     assert [e.rollout_id for e in completed] == ["r1", "r2", "r3", "r4", "r5"]
+
+
+async def test_progress_counts_the_skipped_nodes_and_a_skipped_node_keeps_it_open() -> None:
+    bus = InMemoryBus()
+    await bus.start()
+    spec = policy()
+    reporter = RolloutReporter(bus)
+    a, b = saga_for(spec, node="gpu-a"), saga_for(spec, node="gpu-b")
+
+    await reporter.report("r1", spec, [a, b], T0)
+    await reporter.report("r1", spec, [a, b], T0, skipped={"gpu-b"})  # the label set
+    done = [in_state(a, S.UPGRADE_DONE), b]
+    await reporter.report("r1", spec, done, T0, skipped={"gpu-b"})
+
+    events = await rollout_events(bus)
+    progress = [e for e in events if isinstance(e, up.RolloutProgress)]
+    assert [p.skipped for p in progress] == [0, 1, 1]
+    assert progress[-1].counts == {S.UPGRADE_REQUIRED: 1, S.UPGRADE_DONE: 1}
+    assert not [e for e in events if isinstance(e, up.RolloutCompleted | up.RolloutFailed)]

@@ -167,6 +167,14 @@ def _lease_validate(new: Obj, old: Obj | None) -> list[FieldError]:
     return found
 
 
+def _resourceclaim_validate(new: Obj, old: Obj | None) -> list[FieldError]:
+    # A claim's spec is immutable (only its status, through the subresource, changes: the
+    # scheduler writes the allocation there).
+    if old is not None and (new.get("spec") or {}) != (old.get("spec") or {}):
+        return [FieldError.invalid("spec", new.get("spec"), "field is immutable")]
+    return []
+
+
 def _crd_create(obj: Obj) -> None:
     obj.pop("status", None)
     # The CRD controller removes this finalizer once every custom object is gone.
@@ -311,6 +319,20 @@ DAEMONSETS = ResourceType(
     prepare_create=_clear_status,
     validate=_daemonset_validate,
 )
+RESOURCECLAIMS = ResourceType(
+    "resource.k8s.io",
+    "v1",
+    "ResourceClaim",
+    "resourceclaims",
+    "resourceclaim",
+    namespaced=True,
+    subresources=frozenset({"status"}),
+    prepare_create=_clear_status,
+    validate=_resourceclaim_validate,
+)
+"""Dynamic Resource Allocation's claims (GA in Kubernetes 1.34): a pod's devices, allocated
+by a DRA driver (`status.allocation.devices.results[].driver`). Tests seed them allocated,
+as the scheduler would leave them; nothing here allocates."""
 CUSTOMRESOURCEDEFINITIONS = ResourceType(
     "apiextensions.k8s.io",
     "v1",
@@ -334,6 +356,7 @@ BUILTIN = (
     PODDISRUPTIONBUDGETS,
     LEASES,
     DAEMONSETS,
+    RESOURCECLAIMS,
     CUSTOMRESOURCEDEFINITIONS,
 )
 """Every built-in type, in the order discovery lists them."""

@@ -1,5 +1,9 @@
-"""pod-deletion-required: the node's GPU pods are to be gone; if some stay, drain instead
-(when drain is enabled) or fail."""
+"""pod-deletion-required: the pods holding the window's devices are to be gone; if some stay,
+drain instead (when drain is enabled) or fail.
+
+Which pods those are depends on the components the window upgrades (`DeletePods.components`):
+a GPU-only window leaves a pod that holds only an RDMA device running, an OFED window
+deletes it before the NIC driver is unloaded under it."""
 
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
     deletion = spec.upgrade_policy.pod_deletion
     pods = DeletePods(
         id=action_id(saga, saga.step.token),
+        components=saga.components,
         force=deletion.force,
         timeout_seconds=timeout(saga, spec.upgrade_policy),
         delete_empty_dir=deletion.delete_empty_dir,

@@ -84,3 +84,39 @@ def pdb(
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"selector": {"matchLabels": selector}, "minAvailable": min_available},
     }
+
+
+def claim(name: str, *drivers: str, namespace: str = "default") -> Obj:
+    """A ResourceClaim as the scheduler leaves it: allocated one device per driver named
+    (none: not allocated yet)."""
+    obj: Obj = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "device"}]}},
+    }
+    if drivers:
+        results = [
+            {"request": "device", "driver": driver, "pool": "node-1", "device": f"dev-{i}"}
+            for i, driver in enumerate(drivers)
+        ]
+        obj["status"] = {"allocation": {"devices": {"results": results}}}
+    return obj
+
+
+def with_claims(
+    pod: Obj, *, named: dict[str, str] | None = None, made: dict[str, str] | None = None
+) -> Obj:
+    """`pod` using ResourceClaims: `named` maps the pod's claim entry to a claim it names
+    (`resourceClaimName`), `made` to the claim made for it from a template, as the pod's
+    status reports it."""
+    entries = [
+        {"name": entry, "resourceClaimName": claim} for entry, claim in (named or {}).items()
+    ]
+    entries += [{"name": entry, "resourceClaimTemplateName": "template"} for entry in made or {}]
+    pod["spec"]["resourceClaims"] = entries
+    if made:
+        pod["status"]["resourceClaimStatuses"] = [
+            {"name": entry, "resourceClaimName": claim} for entry, claim in made.items()
+        ]
+    return pod

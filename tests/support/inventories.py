@@ -1,0 +1,52 @@
+"""Inventories for labeling tests: one recorded H200 and its PCI functions, as discovery
+reports them."""
+
+from __future__ import annotations
+
+from gpuop.events.hardware import Gpu, HardwareDiscovered, MigMode, PciFunction
+
+H200 = Gpu(
+    uuid="GPU-20bce083-dbf9-2d4f-3c35-c858915accc5",
+    index=0,
+    minor_number=0,
+    pci_bus_id="00000000:00:06.0",
+    model_name="NVIDIA H200",
+    memory_bytes=150754820096,
+    mig_mode=MigMode.DISABLED,
+    compute_capability="9.0",
+    architecture="hopper",
+)
+GPU_FUNCTION = PciFunction(
+    address="0000:00:06.0",
+    vendor_id="10de",
+    device_id="2335",
+    class_id="030200",
+    subsystem_vendor_id="10de",
+    subsystem_device_id="18be",
+    driver="nvidia",
+)
+NIC_FUNCTION = PciFunction(
+    address="0000:00:05.0",
+    vendor_id="15b3",
+    device_id="101d",
+    class_id="020000",
+    subsystem_vendor_id="15b3",
+    subsystem_device_id="0001",
+)
+
+
+def inventory(gpus: tuple[Gpu, ...] = (H200,), **overrides: object) -> HardwareDiscovered:
+    values: dict[str, object] = {
+        "gpus": gpus,
+        "pci_functions": (GPU_FUNCTION, NIC_FUNCTION),
+        "kernel_release": "6.18.44-fc-v657-gpu",
+        "machine": "x86_64",
+        "os_id": "ubuntu",
+        "os_version_id": "24.04",
+        "boot_id": "6f0e6b1c-3a52-4b8e-9a1d-0c5c2f3e4d5a",
+        "driver_version": "580.159.04",
+        "cuda_driver_version": "13.0",
+        "inventory_hash": "0" * 64,
+    }
+    values.update(overrides)
+    return HardwareDiscovered.model_validate(values)
