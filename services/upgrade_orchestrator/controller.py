@@ -310,6 +310,14 @@ class Controller:
                 "upgrade, no other node is started until `gpuop upgrade resume`",
                 now=now, observed_generation=generation,
             )  # fmt: skip
+        elif not _in_a_window(spec, now):
+            finishing = sum(_under_way(saga) for saga in sagas)
+            progressing = condition(
+                ConditionType.PROGRESSING, "Unknown", "OutsideMaintenanceWindow",
+                f"no maintenance window is open (upgradePolicy.maintenanceWindows): {upgraded}, "
+                f"{finishing} finishing their upgrade, the others wait for the next window",
+                now=now, observed_generation=generation,
+            )  # fmt: skip
         else:
             progressing = condition(
                 ConditionType.PROGRESSING, True, "RolloutInProgress", upgraded,
@@ -326,3 +334,9 @@ class Controller:
         await self.policies.write_status(
             progressing, ready, nodes=current, rollout=rollout, skipped=len(skipped)
         )
+
+
+def _in_a_window(spec: GPUClusterPolicySpec, now: datetime) -> bool:
+    """Whether nodes may be admitted at `now` (no windows: always)."""
+    windows = spec.upgrade_policy.maintenance_windows
+    return not windows or any(window.contains(now) for window in windows)

@@ -119,7 +119,10 @@ class NodeWatcher:
         seen = observation(node)
         self.labels[name] = labels = nodes.labels_of(node)
         self.statuses[name] = status = NodeStatus(
-            ready=seen.ready, unschedulable=seen.unschedulable, skip=admission.skipped_by(labels)
+            ready=seen.ready,
+            unschedulable=seen.unschedulable,
+            skip=admission.skipped_by(labels),
+            labels=labels,
         )
         facts = _facts(seen, status)
         if self._seen.get(name) == facts:

@@ -8,7 +8,7 @@ after the policy was recorded); the runner decides every event through the intak
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gpuop.bus import ConsumerSpec, Delivery, InMemoryBus
 from gpuop.cli.events import export_lines
@@ -17,7 +17,7 @@ from gpuop.events import ids, new_event, subjects
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import SagaStarted, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import NodeStatus
+from gpuop.saga import NodeSaga, NodeStatus
 from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.publishing import SOURCE
 from tests.support.orchestrator import Stack, answers
@@ -32,10 +32,12 @@ async def record_rollout(
     *,
     switch_to: GPUClusterPolicySpec | None = None,
     statuses: Mapping[str, NodeStatus] | None = None,
+    between_passes: Callable[[list[NodeSaga], Stack], None] | None = None,
 ) -> list[str]:
     """Roll `spec` across `nodes` until every one is done or left out by admission (the
     policy in force becomes `switch_to` once the first node is done; `statuses`: what
-    admission sees of some nodes, such as their skip labels); the export of the whole log."""
+    admission sees of some nodes, such as their skip labels; `between_passes` sees the sagas
+    before each admission pass and may move the clock); the export of the whole log."""
     bus = InMemoryBus()
     await bus.start()
     stack = Stack(bus, spec)
@@ -75,6 +77,8 @@ async def record_rollout(
                 sagas = [await stack.saga(node) for node in nodes]
                 if switch_to is not None and sagas[0].state is UpgradeState.UPGRADE_DONE:
                     stack.policy = switch_to
+                if between_passes is not None:
+                    between_passes(sagas, stack)
                 seen = {node: (statuses or {}).get(node, NodeStatus()) for node in nodes}
                 planned = await runner.admit(seen, stack.clock.now())
                 assert planned is not None

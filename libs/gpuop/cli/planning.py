@@ -169,7 +169,9 @@ def forecast(
 ) -> Forecast:
     """Play the rollout forward from now (see the module docstring). A paused policy is
     played as if resumed: the plan says what `gpuop upgrade resume` would do."""
-    upgrade = policy.upgrade_policy.model_copy(update={"paused": False})
+    # maintenance windows are left out: the plan orders the admissions, the windows say when
+    # they may happen (the plan document lists them)
+    upgrade = policy.upgrade_policy.model_copy(update={"paused": False, "maintenance_windows": ()})
     resumed = policy.model_copy(update={"upgrade_policy": upgrade})
     per_node = sum(d.seconds for d in spent.values())
     statuses = {name: node.status for name, node in nodes.items()}

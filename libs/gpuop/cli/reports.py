@@ -44,7 +44,9 @@ def state_of(view: NodeView, spec: GPUClusterPolicySpec | None) -> UpgradeState 
 
 def node_status(view: NodeView) -> admission.NodeStatus:
     """What admission would read of the node."""
-    return admission.NodeStatus(ready=view.ready, unschedulable=view.unschedulable, skip=view.skip)
+    return admission.NodeStatus(
+        ready=view.ready, unschedulable=view.unschedulable, skip=view.skip, labels=view.labels
+    )
 
 
 def skipped(view: NodeView, spec: GPUClusterPolicySpec | None) -> str | None:
@@ -259,6 +261,11 @@ def plan_document(
         "maxUnavailable": upgrade.max_unavailable,
         "maxUnavailableNodes": upgrade.max_unavailable_of(total),
         "nodeSelector": upgrade.node_selector,
+        "wavesBy": upgrade.waves.topology_label or None,
+        "maintenanceWindows": [
+            f"{','.join(w.days)} {w.start}-{w.end} {w.time_zone}"
+            for w in upgrade.maintenance_windows
+        ],
         "nodes": {
             "selected": total,
             "alreadyDone": list(forecast.already_done),
@@ -295,6 +302,12 @@ def plan_lines(document: Obj) -> list[str]:
     ]
     if document["paused"]:
         lines.append("  the rollout is PAUSED: this is what `gpuop upgrade resume` would do")
+    if document["wavesBy"]:
+        lines.append(f"  one failure domain at a time, by the node label {document['wavesBy']}")
+    if document["maintenanceWindows"]:
+        windows = "; ".join(document["maintenanceWindows"])
+        lines.append(f"  admitted only in maintenance windows: {windows}")
+        lines.append("  (the times below leave the windows out: they count while admission runs)")
     rows = [
         (
             str(wave["wave"]),

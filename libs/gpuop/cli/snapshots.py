@@ -57,6 +57,8 @@ class NodeView:
     """The policy's `nodeSelector` selects it."""
     skip: frozenset[Component] = frozenset()
     """Components its skip labels keep out of upgrades (`admission.skipped_by`)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Its labels (the waves' topology label among them), when read from Kubernetes."""
 
 
 @dataclass
@@ -155,6 +157,7 @@ async def read_kube(kube: client.Kube, policy_name: str | None = None) -> Snapsh
             unschedulable=nodes.is_unschedulable(node),
             selected=selectors.matches(selector, labels),
             skip=admission.skipped_by(labels),
+            labels=dict(labels),
         )
     return Snapshot(policy=policy, nodes=dict(sorted(found.items())), sources=("kubernetes",))
 

@@ -11,7 +11,8 @@ every wait (`gpuop.policy.deadlines`) and a canary.
 
 The orchestrator's controller reads `node_selector` when it picks the managed nodes. The
 decision core reads an `UpgradePolicy` for admission (`paused`, `max_unavailable_of`,
-`max_parallel_upgrades`, `failed_nodes_hold_slot`, `canary`, `cordoned_nodes`), for the
+`max_parallel_upgrades`, `failed_nodes_hold_slot`, `canary`, `cordoned_nodes`, `waves`,
+`maintenance_windows`), for the
 waits of each step (`wait_for_jobs_limit`, `pod_deletion_limit`, `drain_limit`,
 `deadlines`) and for retries (`backoff`, `retry.max_attempts`).
 """
@@ -19,9 +20,11 @@ waits of each step (`wait_for_jobs_limit`, `pod_deletion_limit`, `drain_limit`,
 from __future__ import annotations
 
 import re
-from typing import Literal
+import zoneinfo
+from datetime import datetime
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from gpuop.policy.deadlines import Deadlines, Retry
@@ -91,6 +94,70 @@ class Canary(Section):
     on a retry. 0: no canary."""
 
 
+class Waves(Section):
+    """Upgrading one failure domain after another."""
+
+    topology_label: str = Field(default="", max_length=317, pattern=r"^([A-Za-z0-9./_-]*)$")
+    """Node label whose value names a node's failure domain (`topology.kubernetes.io/zone`, a
+    rack label, or `nvidia.com/gpu.clique` for an NVLink domain); empty: no waves. Nodes are
+    admitted one domain at a time, in the order of the values: no node of the next domain is
+    admitted while a node of an earlier one waits or is under way. Nodes without the label
+    come last. A node that failed does not hold its domain back (as it holds no slot)."""
+
+
+def _listed(value: object) -> object:
+    """A JSON list as the tuple the frozen, hashable policy keeps."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_CLOCK_TIME = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+
+
+class MaintenanceWindow(Section):
+    """A recurring time in which nodes may be admitted."""
+
+    days: Annotated[tuple[Weekday, ...], BeforeValidator(_listed)] = Field(
+        default=WEEKDAYS, min_length=1, max_length=7
+    )
+    """The days it opens on (the start's day, for a window that runs past midnight)."""
+    start: str = Field(pattern=_CLOCK_TIME)
+    """When it opens, `HH:MM` in `timeZone`."""
+    end: str = Field(pattern=_CLOCK_TIME)
+    """When it closes, `HH:MM`; at or before `start`: the next day."""
+    time_zone: str = "UTC"
+    """An IANA time zone (`Europe/Berlin`); the window follows its daylight saving."""
+
+    @field_validator("time_zone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(value)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise PydanticCustomError(
+                "time_zone", "{value} is not an IANA time zone", {"value": value}
+            ) from None
+        return value
+
+    def contains(self, moment: datetime) -> bool:
+        """Whether `moment` (aware) falls inside an opening of this window."""
+        local = moment.astimezone(zoneinfo.ZoneInfo(self.time_zone))
+        opens, closes = _minutes(self.start), _minutes(self.end)
+        now = local.hour * 60 + local.minute
+        today = WEEKDAYS[local.weekday()]
+        yesterday = WEEKDAYS[(local.weekday() - 1) % 7]
+        if opens < closes:
+            return today in self.days and opens <= now < closes
+        # runs past midnight: the evening of an opening day, or the morning after one
+        return (today in self.days and now >= opens) or (yesterday in self.days and now < closes)
+
+
+def _minutes(clock: str) -> int:
+    hours, minutes = clock.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
 class UpgradePolicy(Section):
     """How gpuop rolls a driver change across the nodes."""
 
@@ -126,6 +193,13 @@ class UpgradePolicy(Section):
     no slot left, since its capacity is lost already. `skip`: it is left out, counted as
     skipped in the status, until it is uncordoned (a node cordoned for repair is not
     upgraded meanwhile). Either way it counts against `maxUnavailable`."""
+    waves: Waves = Waves()
+    """Admitting one failure domain (zone, rack, NVLink clique) after another."""
+    maintenance_windows: Annotated[tuple[MaintenanceWindow, ...], BeforeValidator(_listed)] = Field(
+        default=(), max_length=32
+    )
+    """When nodes may be admitted; empty: at any time. Outside every window nothing is
+    admitted, and nodes already admitted finish their upgrade."""
     wait_for_completion: WaitForCompletion = WaitForCompletion()
     """Waiting for running jobs before GPU pods are deleted."""
     pod_deletion: PodDeletion = PodDeletion()

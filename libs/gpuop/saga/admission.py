@@ -90,6 +90,8 @@ class NodeStatus:
     Every kind's sagas share the one `maxUnavailable` budget this way."""
     skip: frozenset[Component] = frozenset()
     """Components the node's skip labels keep out of upgrades (`skipped_by` its labels)."""
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """The node's labels, for the waves' topology label."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,11 @@ class Admission:
     components: Mapping[str, tuple[Component, ...]] = field(default_factory=dict)
     """Admitted nodes whose window is narrower than their saga (a skip label covers some of
     its components): the components this window upgrades."""
+    outside_window: bool = False
+    """The policy has maintenance windows and none is open: nothing is admitted."""
+    wave: str | None = None
+    """With waves: the failure domain being upgraded now (its topology label's value; empty:
+    the nodes without the label); None: no waves, or nothing left to admit."""
 
 
 def _holds_slot(saga: NodeSaga, failed_hold: bool) -> bool:
@@ -237,11 +244,17 @@ def plan(
         ),
         key=lambda s: (not cordoned(s.node), s.node),
     )
+    wave = _current_wave(by_node.values(), nodes, upgrade.waves.topology_label, skipped)
+    if wave is not None:
+        label = upgrade.waves.topology_label
+        candidates = [s for s in candidates if _wave_of(nodes[s.node], label) == wave]
+    windows = upgrade.maintenance_windows
+    outside = bool(windows) and not any(w.contains(now) for w in windows)
     admitted: list[str] = []
     admitted_canary: list[str] = []
     components: dict[str, tuple[Component, ...]] = {}
     free = slots
-    for saga in candidates if not (canary_failed or upgrade.paused) else ():
+    for saga in candidates if not (canary_failed or upgrade.paused or outside) else ():
         as_canary = saga.canary or (open_canary > 0 and wanted > 0)
         if held and not as_canary:
             continue
@@ -270,7 +283,37 @@ def plan(
         paused=upgrade.paused,
         skipped=skipped,
         components=components,
+        outside_window=outside,
+        wave=None if wave is None else wave[1],
     )
+
+
+_UNLABELLED = (1, "")
+"""Where nodes without the topology label sort: after every labelled domain."""
+
+
+def _wave_of(status: NodeStatus, label: str) -> tuple[int, str]:
+    value = status.labels.get(label)
+    return (0, value) if value is not None else _UNLABELLED
+
+
+def _current_wave(
+    sagas: Iterable[NodeSaga],
+    nodes: Mapping[str, NodeStatus],
+    label: str,
+    skipped: Mapping[str, str],
+) -> tuple[int, str] | None:
+    """The first failure domain (in label order) with a node waiting or under way; None
+    without waves or when no node is left. Done and failed nodes are finished with, and
+    skipped nodes never hold a domain back."""
+    if not label:
+        return None
+    open_domains = [
+        _wave_of(nodes[s.node], label)
+        for s in sagas
+        if s.state not in (S.UPGRADE_DONE, S.UPGRADE_FAILED) and s.node not in skipped
+    ]
+    return min(open_domains) if open_domains else None
 
 
 def admit(

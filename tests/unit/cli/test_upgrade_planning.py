@@ -78,6 +78,23 @@ def test_skipped_nodes_are_never_admitted_in_the_plan() -> None:
     assert [w.nodes for w in plan.waves] == [("n3",)]
 
 
+def test_waves_go_one_failure_domain_at_a_time_and_windows_do_not_stop_the_plan() -> None:
+    zone = "topology.kubernetes.io/zone"
+    spec = policy(
+        max_parallel_upgrades=0,
+        max_unavailable="100%",
+        waves={"topology_label": zone},
+        maintenance_windows=[{"start": "01:00", "end": "02:00", "days": ["Sun"]}],
+    )
+    special = {
+        "n1": PlanNode(NodeStatus(labels={zone: "b"})),
+        "n2": PlanNode(NodeStatus(labels={zone: "a"})),
+        "n3": PlanNode(NodeStatus(labels={zone: "a"})),
+    }
+    plan = planning.forecast(nodes(3, **special), spec, MINUTE)
+    assert [w.nodes for w in plan.waves] == [("n2", "n3"), ("n1",)]
+
+
 def test_a_paused_policy_is_planned_as_if_resumed() -> None:
     spec = policy(max_parallel_upgrades=1, max_unavailable="100%", paused=True)
     assert len(planning.forecast(nodes(2), spec, MINUTE).waves) == 2
