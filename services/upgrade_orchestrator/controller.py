@@ -28,7 +28,6 @@ leader continues from KV and the durable consumer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from datetime import datetime, timedelta
 
@@ -56,6 +55,9 @@ from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 
 log = logging.getLogger(__name__)
+
+WATCHER_STOP_SECONDS = 5.0
+"""How long a leader that stops waits for its cancelled watches before it goes on."""
 
 COMPONENT = "gpuop-upgrade-orchestrator"
 """The reporting component of the Kubernetes Events it records."""
@@ -157,9 +159,15 @@ class Controller:
                 await subscription.stop()
             for task in watchers:
                 task.cancel()
-            for task in watchers:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # a watch blocked in a read may take long to see its cancellation; the next
+            # controller must not wait for it (a stuck one was seen to hold it five minutes)
+            _, stuck = await asyncio.wait(watchers, timeout=WATCHER_STOP_SECONDS)
+            for task in stuck:
+                log.warning(
+                    "%s did not stop within %.0f s; leaving it",
+                    task.get_name(),
+                    WATCHER_STOP_SECONDS,
+                )
             await self.pod_watches.close()
             await outbox.close()
             await deadlines.close()

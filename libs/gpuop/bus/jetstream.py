@@ -58,6 +58,7 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 leader is gone and whose next one is not elected yet: no response from the stream)."""
 
 ANY_NATS_ERROR: tuple[type[BaseException], ...] = (*TRANSIENT, nats.errors.Error)
+CONSUME_FAILURES: tuple[type[BaseException], ...] = (*ANY_NATS_ERROR, BusUnavailable)
 START_RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT, PublishTimeout)
 """What `start` tries again: the transient failures (a refusal stops it at once)."""
 
@@ -385,14 +386,19 @@ class NatsBus:
             filter_subjects=list(spec.subjects),
             metadata=dict(spec.metadata) or None,
         )
-        try:
+
+        async def create() -> None:
             try:
                 await self.js.add_consumer(layout.name, config)
             except nats.js.errors.BadRequestError as exc:
                 # an existing consumer with a setting that cannot change: keep its position
                 log.warning("consumer %s kept with its old config: %s", spec.durable, exc)
+
+        try:
+            # a cluster between two leaders answers "temporarily unavailable": wait for one
+            await self._patiently(create, time.monotonic() + self._retry_for)
             psub = await self.js.pull_subscribe_bind(durable=spec.durable, stream=layout.name)
-        except ANY_NATS_ERROR as exc:
+        except CONSUME_FAILURES as exc:
             raise BusUnavailable(f"cannot start consumer {spec.durable}: {exc!r}") from exc
         subscription = NatsSubscription(self, spec, handler, psub, self._metrics)
         subscription.start()
