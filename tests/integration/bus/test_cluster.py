@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import nats.errors
 import pytest
 from nats.js.api import StorageType, StreamConfig
 
@@ -123,10 +124,19 @@ async def test_a_stream_on_the_wrong_storage_stops_the_start_with_the_reason(
 ) -> None:
     probe = NatsBus(cluster.url, replicas=3)
     await probe.connect()
-    await probe.js.add_stream(
-        StreamConfig(name="GPUOP_DLQ", subjects=["gpuop.dlq.>"], storage=StorageType.MEMORY)
-    )
-    await probe.close()
+    memory = StreamConfig(name="GPUOP_DLQ", subjects=["gpuop.dlq.>"], storage=StorageType.MEMORY)
+
+    async def created() -> bool:
+        try:
+            await probe.js.add_stream(memory)  # the same config again changes nothing
+        except nats.errors.TimeoutError:
+            return False  # a loaded cluster forming the replica group: ask again
+        return True
+
+    try:
+        await eventually(created, timeout=30)
+    finally:
+        await probe.close()
     refused = NatsBus(cluster.url, replicas=3)
     refusal = r"GPUOP_DLQ exists with storage .*storage cannot be changed"
     with pytest.raises(BusError, match=refusal):
