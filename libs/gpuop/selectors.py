@@ -102,3 +102,46 @@ def from_label_selector(selector: Mapping[str, Any]) -> tuple[Requirement, ...]:
         values = tuple(str(v) for v in expression.get("values") or ())
         found.append(Requirement(expression.get("key", ""), operator, values))
     return tuple(found)
+
+
+def common_labels(
+    first: Iterable[Requirement], second: Iterable[Requirement]
+) -> dict[str, str] | None:
+    """Labels that both selectors select, or None when no node could match both. Each key
+    is decided on its own (the requirements on one key never constrain another): a key is
+    satisfiable when its absence, a value a requirement names, a value none names, or an
+    integer next to a `>`/`<` bound satisfies every requirement on it."""
+    by_key: dict[str, list[Requirement]] = {}
+    for requirement in (*first, *second):
+        by_key.setdefault(requirement.key, []).append(requirement)
+    found: dict[str, str] = {}
+    for key, requirements in sorted(by_key.items()):
+        witness = _witness(requirements)
+        if witness is None:
+            return None
+        if witness is not _ABSENT:
+            found[key] = str(witness)
+    return found
+
+
+_ABSENT = object()
+
+
+def _witness(requirements: list[Requirement]) -> object | None:
+    """A value (or `_ABSENT`) of one key that satisfies every requirement on it."""
+    named = {value for r in requirements for value in r.values}
+    bounds = [
+        int(value)
+        for r in requirements
+        if r.operator in (">", "<")
+        for value in r.values[:1]
+        if value.lstrip("-").isdigit()
+    ]
+    spread = len(named) + 1
+    numbers = {str(b + step) for b in bounds for step in range(-spread, spread + 1)}
+    unnamed = "x" * (max((len(v) for v in named), default=0) + 1)
+    for candidate in (_ABSENT, *sorted(named), *sorted(numbers), unnamed):
+        labels = {} if candidate is _ABSENT else {"key": str(candidate)}
+        if all(Requirement("key", r.operator, r.values).satisfied(labels) for r in requirements):
+            return candidate
+    return None

@@ -50,7 +50,12 @@ from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
 from gpuop.services.upgrade_orchestrator.observing import NodeWatcher
 from gpuop.services.upgrade_orchestrator.policies import PolicyWatcher
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
-from gpuop.services.upgrade_orchestrator.rollouts import RolloutReporter, counts, current_rollout
+from gpuop.services.upgrade_orchestrator.rollouts import (
+    RolloutReporter,
+    counts,
+    current_rollout,
+    pool_progress,
+)
 from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 
@@ -238,8 +243,14 @@ class Controller:
         now: datetime,
     ) -> NodeSaga | None:
         stored = await store.get(node)
-        if stored is not None and stored.saga.rollout_id == rollout_id:
-            return None
+        found = spec.driver.pool_for(self.nodes.labels.get(node, {}))
+        pool = found.name if found is not None else None
+        if (
+            stored is not None
+            and stored.saga.rollout_id == rollout_id
+            and (stored.saga.pool == pool or not _waiting_untouched(stored.saga))
+        ):
+            return None  # the same saga; or a node that moved pools finishes its window first
         if (
             stored is not None
             and stored.saga.state not in TERMINAL_STATES
@@ -251,7 +262,7 @@ class Controller:
             return None  # discovery has not reported the node yet
         inventory = hardware.HardwareDiscovered.model_validate_json(entry.value)
         running = {Component.GPU: inventory.driver_version, Component.OFED: inventory.ofed_version}
-        if not components_to_upgrade(spec, running):
+        if not components_to_upgrade(spec, running, pool):
             return None
         unschedulable = self.nodes.statuses[node].unschedulable
         saga = new_saga(
@@ -263,6 +274,7 @@ class Controller:
             boot_id=inventory.boot_id,
             unschedulable=unschedulable,
             operands=self._config.operands,
+            pool=pool,
         )
         try:
             if stored is None:
@@ -275,7 +287,8 @@ class Controller:
         await self._publish.event(
             started, node=node, id=ids.started(saga.saga_id), correlationid=rollout_id, now=now
         )
-        log.info("node %s joins %s", node, rollout_id, extra={"node": node})
+        joins = rollout_id if pool is None else f"{rollout_id} (driver pool {pool})"
+        log.info("node %s joins %s", node, joins, extra={"node": node})
         return saga
 
     async def _write_status(
@@ -340,7 +353,13 @@ class Controller:
             observed_generation=generation,
         )
         await self.policies.write_status(
-            progressing, ready, nodes=current, rollout=rollout, skipped=len(skipped)
+            progressing,
+            ready,
+            nodes=current,
+            rollout=rollout,
+            skipped=len(skipped),
+            pools=pool_progress(sagas, spec, skipped),
+            upgraded=f"{done}/{len(sagas)}",
         )
 
 

@@ -22,7 +22,7 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events.upgrade import UpgradeState
 from gpuop.kube import client, customobjects, errors
 from gpuop.policy import Condition, GPUClusterPolicySpec, PolicyStatus, validation
-from gpuop.policy.conditions import RolloutRecord
+from gpuop.policy.conditions import PoolProgress, RolloutRecord
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +126,12 @@ class PolicyWatcher:
         nodes: Mapping[UpgradeState, int] | None = None,
         rollout: RolloutRecord | None = None,
         skipped: int | None = None,
+        pools: tuple[PoolProgress, ...] | None = None,
+        upgraded: str | None = None,
     ) -> None:
         """Set `conditions` (and the node counts, the rollout, the count of nodes admission
-        leaves out) in the followed policy's status."""
+        leaves out, the progress per driver pool and in all) in the followed policy's
+        status."""
         if self.name is None:
             return
         status = self._status.model_copy(update={"observed_generation": self.generation})
@@ -140,6 +143,11 @@ class PolicyWatcher:
             status = status.model_copy(update={"rollout": rollout})
         if skipped is not None:
             status = status.model_copy(update={"skipped": skipped})
+        if pools is not None:
+            summary = ", ".join(f"{p.name} {p.done}/{p.total}" for p in pools)
+            status = status.model_copy(update={"pools": pools, "pool_summary": summary})
+        if upgraded is not None:
+            status = status.model_copy(update={"upgraded": upgraded})
         self._status = status
         wire = status.to_wire()
         if wire == self._written:

@@ -21,6 +21,7 @@ rollout only.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -31,7 +32,8 @@ from gpuop.events import ids, subjects
 from gpuop.events import upgrade as up
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.policy.conditions import RolloutRecord
+from gpuop.policy.conditions import PoolProgress, RolloutRecord
+from gpuop.policy.drivers import DEFAULT_POOL
 from gpuop.saga import NodeSaga
 from gpuop.saga.records import desired_targets
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
@@ -41,15 +43,26 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._:/-]")
 
 def rollout_id_for(policy: GPUClusterPolicySpec, generation: int | None = None) -> str:
     """The rollout that installs the policy's versions: `rollout-gpu-580.1[-ofed-25.04]`,
-    with `-g<generation>` when a generation is given."""
+    then, with driver pools, `-pools-<digest>` of every pool's versions (so that a change of
+    one pool's driver is a new rollout, and the id stays short), and `-g<generation>` when a
+    generation is given."""
     parts = [f"{c}-{t.version}" for c, t in desired_targets(policy).items()]
+    if policy.driver.pools:
+        pooled = sorted((k, v) for k, v in versions_of(policy).items() if "/" in k)
+        digest = hashlib.sha256(repr(pooled).encode()).hexdigest()[:10]
+        parts.append(f"pools-{digest}")
     suffix = f"-g{generation}" if generation is not None else ""
     return _UNSAFE.sub("_", "rollout-" + "-".join(parts) + suffix)
 
 
 def versions_of(policy: GPUClusterPolicySpec) -> dict[str, str]:
-    """The version the policy asks for, per component it manages."""
-    return {str(c): t.version for c, t in desired_targets(policy).items()}
+    """The version the policy asks for, per component it manages (`gpu`, `ofed`) and, per
+    driver pool, per component of the pool (`<pool>/gpu`, `<pool>/ofed`)."""
+    found = {str(c): t.version for c, t in desired_targets(policy).items()}
+    for pool in policy.driver.pools:
+        for c, t in desired_targets(policy, pool.name).items():
+            found[f"{pool.name}/{c}"] = t.version
+    return found
 
 
 def current_rollout(
@@ -68,6 +81,37 @@ def counts(sagas: Sequence[NodeSaga]) -> dict[UpgradeState, int]:
     """Nodes per state, states without nodes left out, in the enum's order."""
     counted = Counter(saga.state for saga in sagas)
     return {state: counted[state] for state in UpgradeState if counted[state]}
+
+
+def pool_progress(
+    sagas: Sequence[NodeSaga], policy: GPUClusterPolicySpec, skipped: Collection[str] = ()
+) -> tuple[PoolProgress, ...]:
+    """How far each driver pool's nodes got, the nodes of no pool as `default`; nothing
+    when the policy has no pools (and no saga follows one)."""
+    names = [pool.name for pool in policy.driver.pools]
+    names += sorted({s.pool for s in sagas if s.pool is not None} - set(names))
+    if not names:
+        return ()
+    found = []
+    for name in (None, *names):
+        members = [s for s in sagas if s.pool == name]
+        if name is not None and name not in {p.name for p in policy.driver.pools} and not members:
+            continue
+        try:
+            versions = {str(c): t.version for c, t in desired_targets(policy, name).items()}
+        except KeyError:
+            versions = {}  # a pool the policy dropped: its sagas under way finish
+        found.append(
+            PoolProgress(
+                name=name or DEFAULT_POOL,
+                total=len(members),
+                done=sum(s.state is UpgradeState.UPGRADE_DONE for s in members),
+                failed=sum(s.state is UpgradeState.UPGRADE_FAILED for s in members),
+                skipped=sum(s.node in skipped for s in members),
+                versions=versions,
+            )
+        )
+    return tuple(found)
 
 
 def finally_failed(saga: NodeSaga) -> bool:

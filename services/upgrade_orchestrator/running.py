@@ -202,7 +202,10 @@ class Runner:
         subject = subjects.event_subject(DOMAIN, saga.node, SagaStarted.NAME, prefix=prefix)
         if await self._stored_id(subject) == started_id:
             return
-        targets = desired_targets(policy)
+        try:
+            targets = desired_targets(policy, saga.pool)
+        except KeyError:
+            return  # its pool is gone: the next rollout replaces the untouched saga
         running = {
             component: saga.previous_versions.get(component)
             if component in saga.components

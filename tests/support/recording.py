@@ -33,11 +33,13 @@ async def record_rollout(
     switch_to: GPUClusterPolicySpec | None = None,
     statuses: Mapping[str, NodeStatus] | None = None,
     between_passes: Callable[[list[NodeSaga], Stack], None] | None = None,
+    pools: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Roll `spec` across `nodes` until every one is done or left out by admission (the
     policy in force becomes `switch_to` once the first node is done; `statuses`: what
     admission sees of some nodes, such as their skip labels; `between_passes` sees the sagas
-    before each admission pass and may move the clock); the export of the whole log."""
+    before each admission pass and may move the clock; `pools`: the driver pool of some
+    nodes); the export of the whole log."""
     bus = InMemoryBus()
     await bus.start()
     stack = Stack(bus, spec)
@@ -62,11 +64,11 @@ async def record_rollout(
         await runner.record_policy(spec)
         running: dict[Component, str | None] = {Component.GPU: GPU_OLD, Component.OFED: OFED_OLD}
         for node in nodes:
-            saga = saga_for(spec, node=node)
+            saga = saga_for(spec, node=node, pool=(pools or {}).get(node))
             await stack.store.create(saga)
             started = SagaStarted(
                 rollout_id=saga.rollout_id, saga_id=saga.saga_id, running_versions=running,
-                boot_id=BOOT_A, operands=saga.operands,
+                boot_id=BOOT_A, operands=saga.operands, pool=saga.pool,
             )  # fmt: skip
             await bus.publish(
                 new_event(started, node=node, source=SOURCE, now=T0,

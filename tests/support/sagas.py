@@ -52,6 +52,7 @@ def saga_for(
     unschedulable: bool = False,
     boot_id: str | None = BOOT_A,
     rollout: str = "rollout-1",
+    pool: str | None = None,
 ) -> records.NodeSaga:
     running: dict[Component, str | None] = {Component.GPU: GPU_OLD, Component.OFED: OFED_OLD}
     return records.new_saga(
@@ -62,6 +63,7 @@ def saga_for(
         now=T0,
         boot_id=boot_id,
         unschedulable=unschedulable,
+        pool=pool,
     )
 
 

@@ -114,10 +114,29 @@ async def run_server(
     ports_file = ports_dir / f"nats-server_{process.pid}.ports"
     while (ports := _read_ports(ports_file)) is None:
         if process.returncode is not None or loop.time() > deadline:
+            exited = process.returncode
             await terminate(process)
-            raise BusUnavailable(f"nats-server did not start (config {config})")
+            how = f"exited with {exited}" if exited is not None else f"no ports within {timeout} s"
+            said = _tail(log) if log else ""
+            raise BusUnavailable(
+                f"nats-server did not start (config {config}): {how}"
+                + (f"; it said: {said}" if said else "")
+            )
         await asyncio.sleep(0.01)
     return process, ports
+
+
+ADDRESS_IN_USE = "address already in use"
+"""What nats-server's log says when a port it was given is taken."""
+
+
+def _tail(log: Path, lines: int = 3) -> str:
+    """The last lines of a server's log, for an error message."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
 async def terminate(process: asyncio.subprocess.Process) -> None:
@@ -155,6 +174,8 @@ class NatsServer:
         """The address it listens on (loopback, or its network namespace's)."""
         self._prefix = tuple(prefix)
         self._process: asyncio.subprocess.Process | None = None
+        self._fixed = False
+        """The client port may not change any more: a restart keeps the first start's."""
         self.url = ""
         self.monitor_url = ""
 
@@ -172,7 +193,30 @@ class NatsServer:
         shutil.rmtree(ports_dir, ignore_errors=True)
         ports_dir.mkdir(parents=True)
         config = self.store_dir / "nats.conf"
-        config.write_text(
+        config.write_text(self._config())
+        log = self.store_dir / "nats.log"
+        for attempt in range(3):
+            try:
+                self._process, ports = await run_server(
+                    config, ports_dir, timeout=timeout, prefix=self._prefix, log=log
+                )
+                break
+            except BusUnavailable as error:
+                # a port picked free was taken before the server bound it (another process
+                # picked it meanwhile): pick again, unless a restart must keep its port
+                if ADDRESS_IN_USE not in str(error).lower() or self._fixed or attempt == 2:
+                    raise
+                self._port = free_port(self.host)
+                config.write_text(self._config())
+        self.url = ports["nats"][0]
+        self.monitor_url = (ports.get("monitoring") or [""])[0]
+        # a restart must come back on the same port, so clients reconnect to the same URL
+        self._port = int(self.url.rsplit(":", 1)[1])
+        self._fixed = True
+        return self.url
+
+    def _config(self) -> str:
+        return (
             f"listen: {self.host}:{self._port}\n"
             f"http: {self.host}:-1\n"
             "jetstream {\n"
@@ -181,14 +225,6 @@ class NatsServer:
             "  max_file_store: 4294967296\n"
             "}\n" + self._extra
         )
-        self._process, ports = await run_server(
-            config, ports_dir, timeout=timeout, prefix=self._prefix
-        )
-        self.url = ports["nats"][0]
-        self.monitor_url = (ports.get("monitoring") or [""])[0]
-        # a restart must come back on the same port, so clients reconnect to the same URL
-        self._port = int(self.url.rsplit(":", 1)[1])
-        return self.url
 
     async def stop(self) -> None:
         """SIGTERM, then SIGKILL if it does not exit promptly."""
@@ -302,7 +338,7 @@ class NatsCluster:
 
     async def start(self, timeout: float = 30.0) -> str:
         """Start every member and wait until JetStream has a meta leader."""
-        await asyncio.gather(*(member.start() for member in self.members))
+        await asyncio.gather(*(member.start(timeout) for member in self.members))
         await self.wait_for_leader(timeout)
         return self.url
 

@@ -11,6 +11,12 @@ records the policy it decides with as `PolicyApplied`).
             are rolled back to them, the others are left alone), paused is cleared, and the
             annotation removed, so a second abort has nothing to undo
 
+With a driver pool (`--pool`), each acts on that pool's entry of `spec.driver.pools`
+instead: its own version of the component, its `upgradePolicy.maxParallelUpgrades` and
+`paused`; the other pools and the defaults are left as they are. A merge patch replaces a
+list whole, so the patch carries every pool, and the resourceVersion guard below keeps an
+edit of another pool made meanwhile.
+
 The builders are pure (`start`, `pause`, `abort`); `apply` sends a patch with the
 resourceVersion it was computed from, so an edit made meanwhile by someone else is never
 overwritten: the patch is recomputed on a fresh read.
@@ -48,11 +54,13 @@ class Edit:
     """One line for people."""
 
 
-def components(spec: GPUClusterPolicySpec) -> dict[str, Obj | None]:
-    """Each component's `{version, source}` as the spec has it (None: not managed)."""
+def components(spec: GPUClusterPolicySpec, pool: str | None = None) -> dict[str, Obj | None]:
+    """Each component's `{version, source}` as the spec has it (None: not managed, or in a
+    pool: the default's)."""
     found: dict[str, Obj | None] = {}
+    owner: Any = spec.driver if pool is None else spec.driver.pool(pool)
     for component in Component:
-        wanted = getattr(spec.driver, str(component))
+        wanted = getattr(owner, str(component))
         found[str(component)] = (
             None
             if wanted is None
@@ -75,8 +83,11 @@ def start(
     source: str | None = None,
     max_parallel: int | None = None,
     selector: str | None = None,
+    pool: str | None = None,
 ) -> Edit:
     spec = _valid(policy)
+    if pool is not None:
+        return _start_pool(policy, spec, pool, component, version, source, max_parallel, selector)
     upgrade: Obj = {"paused": False}
     if max_parallel is not None:
         upgrade["maxParallelUpgrades"] = max_parallel
@@ -106,9 +117,80 @@ def start(
     return Edit("start", _unless_unchanged(policy, spec, patch), summary)
 
 
-def pause(policy: PolicyView, paused: bool) -> Edit:
+def _start_pool(
+    policy: PolicyView,
+    spec: GPUClusterPolicySpec,
+    pool: str,
+    component: Component,
+    version: str,
+    source: str | None,
+    max_parallel: int | None,
+    selector: str | None,
+) -> Edit:
+    """`start` for one driver pool: its own version of `component`, its parallelism, and
+    its pause cleared."""
+    if selector is not None:
+        raise ValueError(
+            "--selector with --pool: a pool's nodes are its nodeSelector; edit it in the policy"
+        )
+    _pool_named(policy, spec, pool)
+
+    def change(entry: Obj) -> Obj:
+        wanted: Obj = {"version": version}
+        if source is not None:
+            wanted["source"] = source
+        upgrade = {**entry.get("upgradePolicy", {}), "paused": False}
+        if max_parallel is not None:
+            upgrade["maxParallelUpgrades"] = max_parallel
+        return {**entry, str(component): wanted, "upgradePolicy": upgrade}
+
+    patch: Obj = {"spec": {"driver": {"pools": _pools_with(spec, pool, change)}}}
+    before = components(spec, pool)
+    after = components(_merged(policy, spec, patch), pool)
+    current = before[str(component)]
+    was = current["version"] if current else "(the default's)"
+    if before != after:
+        remembered = json.dumps({"from": before, "to": after, "pool": pool}, sort_keys=True)
+        patch["metadata"] = {"annotations": {LAST_START: remembered}}
+        summary = f"pool {pool}: {component} driver {was} -> {version}"
+    else:
+        summary = f"pool {pool}: {component} driver {version} already asked for"
+    return Edit("start", _unless_unchanged(policy, spec, patch), summary)
+
+
+def _pool_named(policy: PolicyView, spec: GPUClusterPolicySpec, pool: str) -> None:
+    names = [p.name for p in spec.driver.pools]
+    if pool not in names:
+        having = ", ".join(names) if names else "none"
+        raise ValueError(
+            f"--pool {pool}: GPUClusterPolicy {policy.name} has no such driver pool "
+            f"(its pools: {having})"
+        )
+
+
+def _pools_with(spec: GPUClusterPolicySpec, pool: str, change: Callable[[Obj], Obj]) -> list[Obj]:
+    """Every pool as the policy has it on the wire, `pool`'s changed by `change`."""
+    wire = spec.to_wire()["driver"].get("pools", [])
+    return [change(entry) if entry["name"] == pool else entry for entry in wire]
+
+
+def pause(policy: PolicyView, paused: bool, pool: str | None = None) -> Edit:
     spec = _valid(policy)
     action = "pause" if paused else "resume"
+    if pool is not None:
+        _pool_named(policy, spec, pool)
+        if _pool_paused(spec, pool) == paused:
+            return Edit(action, {}, f"pool {pool} already {'paused' if paused else 'running'}")
+
+        def change(entry: Obj) -> Obj:
+            return {**entry, "upgradePolicy": {**entry.get("upgradePolicy", {}), "paused": paused}}
+
+        pooled: Obj = {"spec": {"driver": {"pools": _pools_with(spec, pool, change)}}}
+        if paused:
+            summary = f"pool {pool} paused: none of its nodes is admitted; the other pools go on"
+        else:
+            summary = f"pool {pool} resumed: its nodes are admitted again"
+        return Edit(action, pooled, summary)
     if spec.upgrade_policy.paused == paused:
         return Edit(action, {}, f"already {'paused' if paused else 'running'}")
     patch = {"spec": {"upgradePolicy": {"paused": paused}}}
@@ -119,9 +201,21 @@ def pause(policy: PolicyView, paused: bool) -> Edit:
     return Edit(action, patch, summary)
 
 
-def abort(policy: PolicyView) -> Edit:
+def _pool_paused(spec: GPUClusterPolicySpec, pool: str) -> bool:
+    found = spec.driver.pool(pool)
+    return found is not None and found.upgrade_policy.paused
+
+
+def abort(policy: PolicyView, pool: str | None = None) -> Edit:
     spec = _valid(policy)
     last = _last_start(policy)
+    started_in = last.get("pool") if last is not None else None
+    if pool is not None and last is not None and started_in != pool:
+        where = f"pool {started_in}" if started_in else "the default drivers"
+        raise CommandFailed(f"nothing to abort in pool {pool}: the last start was for {where}")
+    if started_in is not None:
+        assert last is not None
+        return _abort_pool(policy, spec, started_in, last)
     if last is None or last["to"] != components(spec):
         raise CommandFailed(
             f"nothing to abort: GPUClusterPolicy {policy.name} asks for {versions(spec)}, not "
@@ -140,6 +234,40 @@ def abort(policy: PolicyView) -> Edit:
     }
     back = versions(_merged(policy, spec, patch))
     return Edit("abort", patch, f"back to {back}: upgraded nodes are rolled back, others left")
+
+
+def _abort_pool(
+    policy: PolicyView, spec: GPUClusterPolicySpec, pool: str, last: dict[str, Any]
+) -> Edit:
+    try:
+        now = components(spec, pool)
+    except KeyError:
+        now = None
+    if now is None or last["to"] != now:
+        raise CommandFailed(
+            f"nothing to abort: pool {pool} of GPUClusterPolicy {policy.name} was changed "
+            "since the last `gpuop upgrade start --pool` (or aborted already)"
+        )
+
+    def change(entry: Obj) -> Obj:
+        restored = {k: v for k, v in entry.items() if k not in {str(c) for c in Component}}
+        for component, wanted in last["from"].items():
+            if wanted is not None:
+                restored[component] = wanted
+        upgrade = {**entry.get("upgradePolicy", {}), "paused": False}
+        return {**restored, "upgradePolicy": upgrade}
+
+    patch: Obj = {
+        "metadata": {"annotations": {LAST_START: None}},
+        "spec": {"driver": {"pools": _pools_with(spec, pool, change)}},
+    }
+    merged = _merged(policy, spec, patch)
+    back = ", ".join(
+        f"{c} {t.version}"
+        for c, t in zip(("gpu", "ofed"), merged.driver.components_of(pool), strict=True)
+        if t is not None
+    )
+    return Edit("abort", patch, f"pool {pool} back to {back}: its upgraded nodes are rolled back")
 
 
 async def apply(

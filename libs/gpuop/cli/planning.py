@@ -180,12 +180,14 @@ def forecast(
     done, under_way = [], []
     for name, node in sorted(nodes.items()):
         if node.state not in _WAITING:
-            saga = _saga(name, resumed).model_copy(update={"state": node.state, "cordoned": True})
+            saga = _saga(name, resumed, node.status.labels).model_copy(
+                update={"state": node.state, "cordoned": True}
+            )
             statuses[name] = replace(node.status, unschedulable=False)  # its saga cordoned it
             heapq.heappush(running, (remaining(node.state, spent), name))
             under_way.append(name)
         elif node.needs_upgrade:
-            saga = _saga(name, resumed)
+            saga = _saga(name, resumed, node.status.labels)
         else:
             done.append(name)
             continue
@@ -224,8 +226,12 @@ def forecast(
     )
 
 
-def _saga(node: str, policy: GPUClusterPolicySpec) -> NodeSaga:
-    """An upgrade-required saga of `node` for the plan; versions unknown, so every desired
-    component counts as changing."""
-    unknown = dict.fromkeys(desired_targets(policy))
-    return new_saga(node=node, rollout_id="plan", policy=policy, running=unknown, now=_EPOCH)
+def _saga(node: str, policy: GPUClusterPolicySpec, labels: Mapping[str, str]) -> NodeSaga:
+    """An upgrade-required saga of `node` (in the driver pool its labels select) for the
+    plan; versions unknown, so every desired component counts as changing."""
+    found = policy.driver.pool_for(labels)
+    pool = found.name if found is not None else None
+    unknown = dict.fromkeys(desired_targets(policy, pool))
+    return new_saga(
+        node=node, rollout_id="plan", policy=policy, running=unknown, now=_EPOCH, pool=pool
+    )

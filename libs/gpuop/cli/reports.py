@@ -35,11 +35,17 @@ def state_of(view: NodeView, spec: GPUClusterPolicySpec | None) -> UpgradeState 
         return view.state
     if view.driver is None:
         return view.state
-    ofed = spec.driver.ofed
-    outdated = view.driver != spec.driver.gpu.version or (
+    gpu, ofed = spec.driver.components_of(pool_of(view, spec))
+    outdated = view.driver != gpu.version or (
         ofed is not None and view.ofed is not None and view.ofed != ofed.version
     )  # an OFED version no one reported does not count
     return S.UPGRADE_REQUIRED if outdated else S.UPGRADE_DONE
+
+
+def pool_of(view: NodeView, spec: GPUClusterPolicySpec | None) -> str | None:
+    """The driver pool whose selector matches the node's labels; None: the defaults."""
+    found = spec.driver.pool_for(view.labels) if spec is not None else None
+    return found.name if found is not None else None
 
 
 def node_status(view: NodeView) -> admission.NodeStatus:
@@ -55,7 +61,7 @@ def skipped(view: NodeView, spec: GPUClusterPolicySpec | None) -> str | None:
     reported counts, as its saga would upgrade it)."""
     if spec is None or state_of(view, spec) is not S.UPGRADE_REQUIRED:
         return None
-    needed = components_to_upgrade(spec, running_versions(view))
+    needed = components_to_upgrade(spec, running_versions(view), pool_of(view, spec))
     return admission.skip_reason(needed, node_status(view), spec.upgrade_policy)
 
 
@@ -86,10 +92,12 @@ def status_document(snapshot: Snapshot) -> Obj:
         state = state_of(view, spec)
         attempt, reason = view.attempt, view.reason
         if state != view.state and spec is not None:  # the label tells an earlier rollout
-            attempt, reason = None, f"runs {view.driver}, the policy asks for {_wanted(spec)}"
+            wanted = _wanted(spec, pool_of(view, spec))
+            attempt, reason = None, f"runs {view.driver}, the policy asks for {wanted}"
         nodes.append(
             {
                 "node": view.name,
+                "pool": pool_of(view, spec),
                 "state": str(state or "") or None,
                 "attempt": attempt,
                 "driver": view.driver,
@@ -142,6 +150,7 @@ def _policy_document(snapshot: Snapshot) -> Obj | None:
             maxParallelUpgrades=upgrade.max_parallel_upgrades,
             maxUnavailable=upgrade.max_unavailable,
             nodeSelector=upgrade.node_selector,
+            pools=_pools_document(policy.spec),
         )
     document["conditions"] = [
         {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message}
@@ -150,18 +159,35 @@ def _policy_document(snapshot: Snapshot) -> Obj | None:
     document["counts"] = dict(policy.status.nodes)
     document["skipped"] = policy.status.skipped
     document["rollout"] = policy.status.rollout.id if policy.status.rollout else None
+    document["poolProgress"] = [
+        p.model_dump(mode="json", by_alias=True) for p in policy.status.pools
+    ]
     return document
 
 
-def _wanted(spec: GPUClusterPolicySpec) -> str:
-    return ", ".join(f"{c} {v}" for c, v in _versions(spec).items())
+def _wanted(spec: GPUClusterPolicySpec, pool: str | None = None) -> str:
+    return ", ".join(f"{c} {v}" for c, v in _versions(spec, pool).items())
 
 
-def _versions(spec: GPUClusterPolicySpec) -> dict[str, str]:
-    found = {"gpu": spec.driver.gpu.version}
-    if spec.driver.ofed is not None:
-        found["ofed"] = spec.driver.ofed.version
+def _versions(spec: GPUClusterPolicySpec, pool: str | None = None) -> dict[str, str]:
+    gpu, ofed = spec.driver.components_of(pool)
+    found = {"gpu": gpu.version}
+    if ofed is not None:
+        found["ofed"] = ofed.version
     return found
+
+
+def _pools_document(spec: GPUClusterPolicySpec) -> list[Obj]:
+    return [
+        {
+            "name": pool.name,
+            "nodeSelector": pool.node_selector,
+            "versions": _versions(spec, pool.name),
+            "paused": pool.upgrade_policy.paused,
+            "maxParallelUpgrades": pool.upgrade_policy.max_parallel_upgrades,
+        }
+        for pool in spec.driver.pools
+    ]
 
 
 def status_lines(snapshot: Snapshot) -> list[str]:
@@ -170,6 +196,14 @@ def status_lines(snapshot: Snapshot) -> list[str]:
     policy = document["policy"]
     if policy is not None:
         lines.append(f"GPUClusterPolicy {policy['name']}: {_policy_line(policy)}")
+        for pool in policy.get("pools") or ():
+            versions = ", ".join(f"{c} {v}" for c, v in pool["versions"].items())
+            parallel = pool["maxParallelUpgrades"]
+            own = "" if parallel is None else f", maxParallelUpgrades {parallel}"
+            paused = "  PAUSED" if pool["paused"] else ""
+            lines.append(
+                f"  pool {pool['name']}: {versions}{own}, nodes: {pool['nodeSelector']}{paused}"
+            )
         for condition in policy["conditions"]:
             reason = f"{condition['status']} ({condition['reason']})"
             lines.append(f"  {condition['type']:<12} {reason:<30} {condition['message']}")
@@ -182,9 +216,11 @@ def status_lines(snapshot: Snapshot) -> list[str]:
             f"rollout {rollout['id']}: {rollout['done']} of {rollout['total']} done, "
             f"{rollout['failed']} failed, {rollout['skipped']} skipped{ended}"
         )
+    pooled = policy is not None and bool(policy.get("pools"))
     rows = [
         (
             n["node"],
+            *((n["pool"] or "default",) if pooled else ()),
             n["state"] or "-",
             n["driver"] or "-",
             "-" if n["attempt"] is None else str(n["attempt"]),
@@ -193,7 +229,8 @@ def status_lines(snapshot: Snapshot) -> list[str]:
         for n in document["nodes"]
     ]
     lines.append("")
-    lines.extend(table(("NODE", "STATE", "DRIVER", "ATTEMPT", "REASON"), rows))
+    header = ("NODE", *(("POOL",) if pooled else ()), "STATE", "DRIVER", "ATTEMPT", "REASON")
+    lines.extend(table(header, rows))
     summary = document["summary"]
     per_state = ", ".join(f"{count} {state}" for state, count in summary["counts"].items())
     lines.append("")

@@ -15,6 +15,7 @@ take `--nats`, `--nats-creds` and `--prefix` too. Exit codes are `gpuop.cli.erro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -31,7 +32,7 @@ from gpuop.events.driver import Component
 from gpuop.kube import client as kubeclient
 from gpuop.kube import errors as kubeerrors
 from gpuop.policy import selectors
-from gpuop.policy.drivers import DriverSource, DriverVersion
+from gpuop.policy.drivers import DEFAULT_POOL, DriverSource, DriverVersion
 
 REQUEST_TIMEOUT = 10.0
 """Seconds one API request of the CLI may take."""
@@ -90,6 +91,10 @@ def add_parser(verbs: Any) -> None:
         "--policy", help="GPUClusterPolicy name (default: the one gpuop follows, first by name)"
     )
     kube.add_argument("--json", action="store_true", help="print one JSON object")
+    kube.add_argument(
+        "--pool",
+        help="act on one driver pool (spec.driver.pools[].name); status and plan show its nodes",
+    )
     nats = argparse.ArgumentParser(add_help=False)
     nats.add_argument("--nats", help="NATS URLs, comma separated (GPUOP_NATS)")
     nats.add_argument("--nats-creds", help="NATS credentials file (GPUOP_NATS_CREDS)")
@@ -219,21 +224,22 @@ async def start_rollout(args: argparse.Namespace, environ: Mapping[str, str]) ->
             source=source,
             max_parallel=args.max_parallel,
             selector=args.selector,
+            pool=args.pool,
         )
 
     return await _edit(args, environ, build)
 
 
 async def pause_rollout(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    return await _edit(args, environ, lambda policy: controls.pause(policy, True))
+    return await _edit(args, environ, lambda policy: controls.pause(policy, True, args.pool))
 
 
 async def resume_rollout(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    return await _edit(args, environ, lambda policy: controls.pause(policy, False))
+    return await _edit(args, environ, lambda policy: controls.pause(policy, False, args.pool))
 
 
 async def abort_rollout(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    return await _edit(args, environ, controls.abort)
+    return await _edit(args, environ, lambda policy: controls.abort(policy, args.pool))
 
 
 def _checked(adapter: TypeAdapter[str], value: str, flag: str) -> str:
@@ -262,10 +268,26 @@ async def read(args: argparse.Namespace, environ: Mapping[str, str]) -> snapshot
         finally:
             await bus.close()
     if kube_view is not None and log_view is not None:
-        return snapshots.merge(kube_view, log_view)
+        return in_pool(snapshots.merge(kube_view, log_view), args.pool)
     found = kube_view or log_view
     assert found is not None
-    return found
+    return in_pool(found, args.pool)
+
+
+def in_pool(snapshot: snapshots.Snapshot, pool: str | None) -> snapshots.Snapshot:
+    """The snapshot narrowed to the nodes of `pool` (`default`: those of no pool); None:
+    every node. A pool the policy lacks is a usage error."""
+    if pool is None:
+        return snapshot
+    spec = snapshot.policy.spec if snapshot.policy else None
+    names = [p.name for p in spec.driver.pools] if spec is not None else []
+    if pool != DEFAULT_POOL and pool not in names:
+        raise ValueError(
+            f"--pool {pool}: no such driver pool (pools: {', '.join(names) or 'none'})"
+        )
+    wanted = None if pool == DEFAULT_POOL else pool
+    kept = {n: v for n, v in snapshot.nodes.items() if reports.pool_of(v, spec) == wanted}
+    return dataclasses.replace(snapshot, nodes=kept)
 
 
 async def show_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

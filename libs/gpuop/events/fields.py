@@ -67,6 +67,8 @@ MessageId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$"
 """The envelope id of a message, such as the command a result answers."""
 CorrelationId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:/-]{1,256}$")]
 """A saga or rollout id, as carried in the envelope's `correlationid`."""
+PoolName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")]
+"""A driver pool's name (`driver.pools[].name`): a DNS label of at most 32 characters."""
 Token = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
 """A short lowercase name: a saga step, a network mode."""
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]

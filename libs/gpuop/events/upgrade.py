@@ -30,6 +30,7 @@ from gpuop.events.fields import (
     DocumentedEnum,
     Message,
     NodeName,
+    PoolName,
     Seconds,
     Version,
 )
@@ -153,6 +154,8 @@ class SagaStarted(Event):
     """Operand services that must confirm a pause before the unload."""
     expected_devices: dict[Component, Count] = Field(default_factory=dict, max_length=2)
     """Devices validation must find per component; absent: any number passes."""
+    pool: PoolName | None = None
+    """The driver pool whose drivers the saga installs; absent: the default drivers."""
 
 
 class PolicyApplied(Event):

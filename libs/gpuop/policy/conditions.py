@@ -118,8 +118,28 @@ class RolloutRecord(StatusRecord):
 
     id: Annotated[str, Field(min_length=1, max_length=256)]
     """The rollout's id: the correlation id of its events and the stem of its saga ids."""
-    versions: dict[str, Annotated[str, Field(max_length=64)]] = Field(max_length=2)
-    """The driver version of each component it installs (`gpu`, `ofed`)."""
+    versions: dict[str, Annotated[str, Field(max_length=64)]] = Field(max_length=34)
+    """The driver version of each component it installs (`gpu`, `ofed`), and of each
+    driver pool's (`<pool>/gpu`, `<pool>/ofed`)."""
+
+
+class PoolProgress(StatusRecord):
+    """How far one driver pool's nodes got in the current rollout."""
+
+    name: Annotated[str, Field(min_length=1, max_length=32)]
+    """The pool (`default`: the nodes no pool selects)."""
+    total: Annotated[int, Field(ge=0)] = 0
+    """The pool's nodes in the rollout."""
+    done: Annotated[int, Field(ge=0)] = 0
+    """Of those, in `upgrade-done`."""
+    failed: Annotated[int, Field(ge=0)] = 0
+    """In `upgrade-failed`."""
+    skipped: Annotated[int, Field(ge=0)] = 0
+    """Left out by admission (skip labels, `cordonedNodes: skip`)."""
+    versions: dict[str, Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=dict, max_length=2
+    )
+    """The versions the pool's nodes should run (`gpu`, `ofed`)."""
 
 
 class PolicyStatus(StatusRecord):
@@ -140,6 +160,16 @@ class PolicyStatus(StatusRecord):
     skip label (`nvidia.com/gpu-driver-upgrade.skip=true`,
     `nvidia.com/ofed-driver-upgrade.skip=true`) covers every driver they need, or they are
     cordoned and `upgradePolicy.cordonedNodes` is `skip`."""
+    pools: tuple[PoolProgress, ...] = Field(
+        default=(),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """Progress per driver pool (`driver.pools`), the nodes of no pool as `default`; empty
+    when the policy has no pools."""
+    upgraded: Annotated[str, Field(max_length=64)] = ""
+    """`<done>/<total>` of the current rollout's nodes, for the printer column."""
+    pool_summary: Annotated[str, Field(max_length=1024)] = ""
+    """`<pool> <done>/<total>` per pool, for the printer column."""
     rollout: RolloutRecord | None = None
     """The rollout of the current driver versions. Kept here so that every replica names a
     rollout the same way, and a return to versions an earlier rollout installed (`gpuop

@@ -101,6 +101,19 @@ def build() -> Obj:
                         _condition_column(ConditionType.READY),
                         _condition_column(ConditionType.PROGRESSING),
                         {
+                            "name": "Upgraded",
+                            "type": "string",
+                            "description": "Nodes of the current rollout upgraded, of all.",
+                            "jsonPath": ".status.upgraded",
+                        },
+                        {
+                            "name": "Pools",
+                            "type": "string",
+                            "description": "Nodes upgraded per driver pool.",
+                            "jsonPath": ".status.poolSummary",
+                            "priority": 1,
+                        },
+                        {
                             "name": "Age",
                             "type": "date",
                             "jsonPath": ".metadata.creationTimestamp",

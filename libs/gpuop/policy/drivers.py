@@ -1,5 +1,14 @@
 """The `driver` section of the cluster policy: which driver versions the nodes should run.
 
+`gpu` and `ofed` are the default drivers; `pools` gives groups of nodes (a node selector
+each) drivers of their own, as upstream's NVIDIADriver custom resources do, with their own
+`maxParallelUpgrades`, canary and pause under the cluster's one `maxUnavailable`. A node
+runs the drivers of the pool whose selector matches its labels, or the defaults when none
+does. Pools never overlap: two selectors that some node's labels could both match are
+refused when the policy is read (`Valid=False` naming both pools and such labels), so a
+node's pool never depends on the order of the list. A pool leaves a component it does not
+set to the default (its version and source).
+
 A change of `driver.gpu.version` or `driver.ofed.version` is what starts a rollout (DESIGN.md
 section 4); the orchestrator puts the version and source into the driver-manager commands
 (`gpuop.events.driver.InstallDriver`), so the version syntax here is the one those commands
@@ -10,13 +19,24 @@ sources.py`): an absolute directory, a `file://` URL, or an http(s) URL holding 
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from gpuop import selectors as selecting
 from gpuop.policy.fields import Section
+from gpuop.policy.selectors import LabelSelector
+from gpuop.policy.upgrades import Canary
+
+DEFAULT_POOL = "default"
+"""How status and the CLI name the nodes no pool selects (a name no pool may take)."""
+MAX_POOLS = 16
+"""The most driver pools one policy may have."""
+POOL_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$"
+"""A pool's name: a DNS label of at most 32 characters (it appears in status and ids)."""
 
 VERSION_PATTERN = r"^[0-9A-Za-z][0-9A-Za-z.+_~-]*$"
 """The driver version syntax, the same as `gpuop.events.fields.Version`."""
@@ -94,11 +114,130 @@ class ComponentSpec(Section):
     source driver-manager was configured with."""
 
 
+class PoolUpgradePolicy(Section):
+    """How one pool's nodes are rolled; unset fields follow `upgradePolicy`."""
+
+    max_parallel_upgrades: int | None = Field(default=None, ge=0, le=100_000)
+    """How many of the pool's nodes may be upgraded at once (0: no limit); unset: the
+    cluster's `upgradePolicy.maxParallelUpgrades`, applied to the pool on its own. Every pool
+    also stays within the cluster's one `maxUnavailable`."""
+    canary: Canary | None = None
+    """The pool's canary: its first nodes are upgraded, and the pool's other nodes only once
+    those are done; a failed canary holds this pool back, not the others. Unset: the
+    cluster's `upgradePolicy.canary`, counted per pool (each pool's new driver proves itself
+    on nodes of its own)."""
+    paused: bool = False
+    """Admit none of the pool's nodes (what `gpuop upgrade pause --pool` sets); the pool's
+    sagas under way finish their windows, and the other pools go on."""
+
+
+class DriverPool(Section):
+    """A group of nodes with drivers of their own."""
+
+    name: Annotated[str, Field(min_length=1, max_length=32, pattern=POOL_NAME_PATTERN)]
+    """The pool's name: a DNS label (`h200-training`), unique among the pools."""
+    node_selector: Annotated[LabelSelector, Field(min_length=1)]
+    """The label selector of the pool's nodes (`nvidia.com/gpu.product=NVIDIA-H200`). It
+    must not overlap another pool's: no node's labels may match both."""
+    gpu: ComponentSpec | None = None
+    """The pool's GPU driver; unset: the default `driver.gpu`."""
+    ofed: ComponentSpec | None = None
+    """The pool's OFED driver; unset: the default `driver.ofed` (if any)."""
+    upgrade_policy: PoolUpgradePolicy = PoolUpgradePolicy()
+    """The pool's own parallelism, canary and pause."""
+
+
+def _listed(value: object) -> object:
+    """A JSON list as the tuple the frozen, hashable policy keeps."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """Leave the default out of the CRD, so the API server stores no `pools: []` in a policy
+    written without pools (and its wire form stays the same)."""
+    schema.pop("default", None)
+
+
 class DriverSpec(Section):
     """The drivers gpuop manages on the nodes."""
 
     gpu: ComponentSpec
-    """The NVIDIA GPU kernel driver."""
+    """The NVIDIA GPU kernel driver, on every node no pool selects."""
     ofed: ComponentSpec | None = None
     """The OFED (MLNX/DOCA) network driver; unset: gpuop leaves the OFED driver alone. A
     change of both versions is applied to a node in one maintenance window."""
+    pools: Annotated[
+        tuple[DriverPool, ...],
+        BeforeValidator(_listed),
+        Field(max_length=MAX_POOLS, json_schema_extra=_no_default),
+    ] = ()
+    """Groups of nodes with drivers of their own (at most 16): a node whose labels match a
+    pool's `nodeSelector` runs that pool's drivers, any other node the defaults above. All
+    pools roll at once, each within its own `maxParallelUpgrades` and canary, together within
+    the cluster's `maxUnavailable`."""
+
+    @field_validator("pools")
+    @classmethod
+    def _disjoint(cls, pools: tuple[DriverPool, ...]) -> tuple[DriverPool, ...]:
+        seen: dict[str, int] = {}
+        for index, pool in enumerate(pools):
+            if pool.name == DEFAULT_POOL:
+                raise PydanticCustomError(
+                    "driver_pool_name",
+                    "name 'default' is reserved for the nodes no pool selects",
+                    {"field": index},
+                )
+            if pool.name in seen:
+                raise PydanticCustomError(
+                    "driver_pool_name",
+                    "name '{name}' is used by pools[{first}] too: pool names must be unique",
+                    {"field": index, "name": pool.name, "first": seen[pool.name]},
+                )
+            seen[pool.name] = index
+        parsed = [selecting.parse(pool.node_selector) for pool in pools]
+        for index, pool in enumerate(pools):
+            for earlier in range(index):
+                both = selecting.common_labels(parsed[earlier], parsed[index])
+                if both is not None:
+                    other = pools[earlier]
+                    labels = ",".join(f"{k}={v}" for k, v in both.items()) or "any labels"
+                    raise PydanticCustomError(
+                        "driver_pool_overlap",
+                        "pools '{first}' and '{second}' overlap: a node labelled {labels} matches "
+                        "both nodeSelectors ('{first_selector}' and '{second_selector}'); make "
+                        "them exclusive",
+                        {
+                            "field": index,
+                            "first": other.name,
+                            "second": pool.name,
+                            "labels": labels,
+                            "first_selector": other.node_selector,
+                            "second_selector": pool.node_selector,
+                        },
+                    )
+        return pools
+
+    def pool_for(self, labels: Mapping[str, str]) -> DriverPool | None:
+        """The pool whose selector matches `labels` (at most one: pools never overlap)."""
+        return next(
+            (p for p in self.pools if selecting.matches(selecting.parse(p.node_selector), labels)),
+            None,
+        )
+
+    def pool(self, name: str | None) -> DriverPool | None:
+        """The pool called `name`; None for None (the defaults). `KeyError` for a name no
+        pool has."""
+        if name is None:
+            return None
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(f"no driver pool {name!r} (pools: {[p.name for p in self.pools]})")
+
+    def components_of(self, name: str | None) -> tuple[ComponentSpec, ComponentSpec | None]:
+        """The GPU and OFED drivers of the pool called `name` (None: the defaults), a
+        component the pool leaves unset being the default's."""
+        pool = self.pool(name)
+        if pool is None:
+            return self.gpu, self.ofed
+        return pool.gpu or self.gpu, pool.ofed or self.ofed

@@ -37,4 +37,7 @@ class GPUClusterPolicySpec(Section):
 
     def to_wire(self) -> dict[str, Any]:
         """The spec as it is written to the API server: camelCase, unset optionals left out."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        wire = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if not wire["driver"]["pools"]:
+            del wire["driver"]["pools"]  # as an operator writes a policy without pools
+        return wire

@@ -108,7 +108,7 @@ def _message(detail: ErrorDetails) -> str:
     context = detail.get("ctx") or {}
     if kind in _FIXED:
         return _FIXED[kind]
-    if kind == "string_too_short" and context.get("min_length") == 1:
+    if kind in ("string_too_short", "too_short") and context.get("min_length") == 1:
         return "must not be empty"
     if kind in _BOUNDS:
         return _BOUNDS[kind].format(**context)

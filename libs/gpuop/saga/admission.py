@@ -36,6 +36,15 @@ What the operator controls (`gpuop upgrade pause` and `start`, through the polic
 upgrade-required saga whose targets are not the versions the policy asks for now (one of an
 earlier rollout, superseded before it was admitted) is never admitted.
 
+Driver pools (`driver.pools`): a saga follows the pool it started in (`NodeSaga.pool`;
+None: the default drivers). Every pool is admitted in the same pass, each within its own
+`maxParallelUpgrades` (the pool's, else the cluster's, counted over the pool's sagas) and
+its own canary (likewise), and all of them within the one budget above: `maxUnavailable`
+and the nodes unavailable now are counted over the whole cluster, so two pools never take
+more nodes down together than one could alone. A paused pool, or one with a failed canary,
+admits nothing while the others go on; a saga of a pool the policy no longer has is never
+admitted.
+
 The canary (`canary.nodes` = N > 0): the first N nodes admitted are marked canary. Until all
 of them reached upgrade-done, no other node is admitted (a canary retried after a failure is
 re-admitted as a canary). While any canary is in upgrade-failed, nothing at all is admitted,
@@ -131,6 +140,8 @@ class Admission:
     wave: str | None = None
     """With waves: the failure domain being upgraded now (its topology label's value; empty:
     the nodes without the label); None: no waves, or nothing left to admit."""
+    held_pools: tuple[str, ...] = ()
+    """Driver pools whose other nodes wait for the pool's canary nodes."""
 
 
 def _holds_slot(saga: NodeSaga, failed_hold: bool) -> bool:
@@ -170,21 +181,42 @@ def window(saga: NodeSaga, status: NodeStatus) -> tuple[Component, ...]:
     return tuple(c for c in saga.components if c not in status.skip or c in saga.touched)
 
 
-def _slots(
-    total: int,
-    in_progress: int,
-    required: int,
-    unavailable: int,
-    max_parallel: int,
-    max_unavailable: int,
-) -> int:
-    avail = required if max_parallel == 0 else max_parallel - in_progress
-    avail = min(avail, max_unavailable)
+@dataclass(frozen=True)
+class _PoolRules:
+    """What admission applies to one driver pool's sagas."""
+
+    max_parallel: int
+    canary: int
+    paused: bool
+    versions: Mapping[Component, str] | None
+    """The versions the pool's nodes should run; None: the policy has no such pool now."""
+
+
+def _rules(policy: GPUClusterPolicySpec, pool: str | None) -> _PoolRules:
+    upgrade = policy.upgrade_policy
+    try:
+        found = policy.driver.pool(pool)
+        versions = {c: t.version for c, t in desired_targets(policy, pool).items()}
+    except KeyError:
+        return _PoolRules(upgrade.max_parallel_upgrades, 0, True, None)
+    own = found.upgrade_policy if found is not None else None
+    parallel = upgrade.max_parallel_upgrades
+    canary = upgrade.canary.nodes
+    if own is not None and own.max_parallel_upgrades is not None:
+        parallel = own.max_parallel_upgrades
+    if own is not None and own.canary is not None:
+        canary = own.canary.nodes
+    return _PoolRules(parallel, canary, own is not None and own.paused, versions)
+
+
+def _budget(total: int, unavailable: int, max_unavailable: int) -> int:
+    """How many more nodes may become unavailable: upstream's arithmetic, shared by every
+    pool (and every saga kind)."""
     if unavailable >= max_unavailable:
         return 0
-    if max_unavailable < total and unavailable + avail > max_unavailable:
+    if max_unavailable < total:
         return max_unavailable - unavailable
-    return avail
+    return max_unavailable
 
 
 def plan(
@@ -198,7 +230,8 @@ def plan(
     managed = sorted(name for name, status in nodes.items() if status.exists)
     by_node = {s.node: s for s in sagas if s.node in nodes and nodes[s.node].exists}
     total = len(managed)
-    in_progress = sum(_holds_slot(s, upgrade.failed_nodes_hold_slot) for s in by_node.values())
+    hold = upgrade.failed_nodes_hold_slot
+    in_progress = sum(_holds_slot(s, hold) for s in by_node.values())
 
     def cordoned(name: str) -> bool:
         saga = by_node.get(name)
@@ -217,29 +250,47 @@ def plan(
         if why is not None:
             skipped[saga.node] = why
     max_unavailable = upgrade.max_unavailable_of(total)
-    slots = _slots(
-        total,
-        in_progress,
-        len(required) - len(skipped),
-        unavailable,
-        upgrade.max_parallel_upgrades,
-        max_unavailable,
-    )
-    canaries = [s for s in by_node.values() if s.canary]
-    canary_failed = tuple(sorted(s.node for s in canaries if s.state is S.UPGRADE_FAILED))
-    wanted = upgrade.canary.nodes
-    open_canary = max(0, wanted - len(canaries)) if wanted else 0
-    canary_done = all(s.state is S.UPGRADE_DONE for s in canaries)
-    held = wanted > 0 and (open_canary > 0 or not canary_done)
+    budget = _budget(total, unavailable, max_unavailable)
+    pools = sorted({s.pool for s in by_node.values()}, key=lambda p: (p is not None, p or ""))
+    rules = {pool: _rules(policy, pool) for pool in pools}
+    members = {pool: [s for s in by_node.values() if s.pool == pool] for pool in pools}
+    free: dict[str | None, int] = {}
+    for pool in pools:
+        waiting = sum(
+            s.state is S.UPGRADE_REQUIRED and s.node not in skipped for s in members[pool]
+        )
+        busy = sum(_holds_slot(s, hold) for s in members[pool])
+        parallel = rules[pool].max_parallel
+        free[pool] = min(waiting if parallel == 0 else parallel - busy, budget)
+    slots = min(sum(free.values()), budget) if pools else min(upgrade.max_parallel_upgrades, budget)
+    canaries = {pool: [s for s in members[pool] if s.canary] for pool in pools}
+    failed_canaries = {
+        pool: tuple(sorted(s.node for s in canaries[pool] if s.state is S.UPGRADE_FAILED))
+        for pool in pools
+    }
+    canary_failed = tuple(sorted(n for nodes_ in failed_canaries.values() for n in nodes_))
+    open_canary = {
+        pool: max(0, rules[pool].canary - len(canaries[pool])) if rules[pool].canary else 0
+        for pool in pools
+    }
+    held_pools = {
+        pool
+        for pool in pools
+        if rules[pool].canary > 0
+        and (open_canary[pool] > 0 or not all(s.state is S.UPGRADE_DONE for s in canaries[pool]))
+    }
 
-    versions = {c: target.version for c, target in desired_targets(policy).items()}
+    def wanted(saga: NodeSaga) -> bool:
+        versions = rules[saga.pool].versions
+        return versions is not None and _wanted(saga, versions)
+
     candidates = sorted(
         (
             s
             for s in required
             if nodes[s.node].ready
             and not held_elsewhere(s.node)
-            and _wanted(s, versions)
+            and wanted(s)
             and s.node not in skipped
         ),
         key=lambda s: (not cordoned(s.node), s.node),
@@ -253,22 +304,25 @@ def plan(
     admitted: list[str] = []
     admitted_canary: list[str] = []
     components: dict[str, tuple[Component, ...]] = {}
-    free = slots
-    for saga in candidates if not (canary_failed or upgrade.paused or outside) else ():
-        as_canary = saga.canary or (open_canary > 0 and wanted > 0)
-        if held and not as_canary:
+    for saga in candidates if not (upgrade.paused or outside) else ():
+        pool = saga.pool
+        if failed_canaries[pool] or rules[pool].paused:
+            continue  # a failed canary, or a pause, holds its own pool back
+        as_canary = saga.canary or open_canary[pool] > 0
+        if pool in held_pools and not as_canary:
             continue
-        if free <= 0 and not cordoned(saga.node):
+        if (free[pool] <= 0 or budget <= 0) and not cordoned(saga.node):
             continue
         admitted.append(saga.node)
-        free -= 1
+        free[pool] -= 1
+        budget -= 1
         narrowed = window(saga, nodes[saga.node])
         if narrowed != saga.components:
             components[saga.node] = narrowed
         if as_canary:
             admitted_canary.append(saga.node)
             if not saga.canary:
-                open_canary -= 1
+                open_canary[pool] -= 1
     return Admission(
         at=now,
         nodes=tuple(admitted),
@@ -278,13 +332,14 @@ def plan(
         max_unavailable=max_unavailable,
         unavailable=unavailable,
         slots=slots,
-        held_by_canary=held,
+        held_by_canary=bool(held_pools),
         canary_failed=canary_failed,
         paused=upgrade.paused,
         skipped=skipped,
         components=components,
         outside_window=outside,
         wave=None if wave is None else wave[1],
+        held_pools=tuple(sorted(p for p in held_pools if p is not None)),
     )
 
 

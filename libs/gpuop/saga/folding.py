@@ -75,6 +75,7 @@ def started_saga(
         unschedulable=started.unschedulable,
         operands=started.operands,
         expected_devices=started.expected_devices,
+        pool=started.pool,
     )
 
 
@@ -89,6 +90,7 @@ def start_of(saga: NodeSaga, running: Mapping[Component, str | None]) -> SagaSta
         unschedulable=saga.initially_unschedulable,
         operands=saga.operands,
         expected_devices=saga.expected_devices,
+        pool=saga.pool,
     )
 
 

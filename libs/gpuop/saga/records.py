@@ -28,6 +28,7 @@ from gpuop.events.fields import (
     DocumentedEnum,
     Message,
     NodeName,
+    PoolName,
     Record,
     Token,
     Version,
@@ -112,6 +113,9 @@ class NodeSaga(Record):
     """The node being upgraded."""
     rollout_id: CorrelationId
     """The rollout this saga belongs to."""
+    pool: PoolName | None = None
+    """The driver pool the node was in when the saga started (`driver.pools[].name`), whose
+    drivers, parallelism and canary it follows; None: the default drivers."""
     state: UpgradeState = UpgradeState.UPGRADE_REQUIRED
     """Current state: the action still pending."""
     attempt: Attempt = 1
@@ -203,22 +207,25 @@ def ordered(components: Iterable[Component]) -> tuple[Component, ...]:
     return tuple(c for c in COMPONENT_ORDER if c in wanted)
 
 
-def desired_targets(policy: GPUClusterPolicySpec) -> dict[Component, Target]:
-    """The driver the policy wants on every node, per component it manages."""
-    targets = {
-        Component.GPU: Target(version=policy.driver.gpu.version, source=policy.driver.gpu.source)
-    }
-    if policy.driver.ofed is not None:
-        ofed = policy.driver.ofed
+def desired_targets(
+    policy: GPUClusterPolicySpec, pool: str | None = None
+) -> dict[Component, Target]:
+    """The driver the policy wants on the nodes of `pool` (None: the nodes no pool
+    selects), per component it manages; `KeyError` for a pool the policy lacks."""
+    gpu, ofed = policy.driver.components_of(pool)
+    targets = {Component.GPU: Target(version=gpu.version, source=gpu.source)}
+    if ofed is not None:
         targets[Component.OFED] = Target(version=ofed.version, source=ofed.source)
     return targets
 
 
 def components_to_upgrade(
-    policy: GPUClusterPolicySpec, running: Mapping[Component, str | None]
+    policy: GPUClusterPolicySpec,
+    running: Mapping[Component, str | None],
+    pool: str | None = None,
 ) -> tuple[Component, ...]:
     """Components whose desired version differs from what the node runs (unknown counts)."""
-    targets = desired_targets(policy)
+    targets = desired_targets(policy, pool)
     return ordered(c for c, target in targets.items() if running.get(c) != target.version)
 
 
@@ -238,6 +245,7 @@ def new_saga(
     unschedulable: bool = False,
     operands: Iterable[OperandService] = tuple(OperandService),
     expected_devices: Mapping[Component, int] | None = None,
+    pool: str | None = None,
 ) -> NodeSaga:
     """The first record of `node`'s saga in `rollout_id`, in upgrade-required.
 
@@ -245,11 +253,12 @@ def new_saga(
     rollback target; `unschedulable` says whether the node is cordoned already, so gpuop
     will leave it cordoned. Raises `ValueError` when the node already runs every target.
     """
-    components = components_to_upgrade(policy, running)
+    components = components_to_upgrade(policy, running, pool)
     if not components:
         raise ValueError(f"{node} already runs the desired drivers: nothing to upgrade")
-    targets = desired_targets(policy)
+    targets = desired_targets(policy, pool)
     return NodeSaga(
+        pool=pool,
         saga_id=saga_id_for(rollout_id, node),
         node=node,
         rollout_id=rollout_id,

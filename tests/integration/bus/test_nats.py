@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from pathlib import Path
 
@@ -238,3 +239,25 @@ async def test_a_consumer_dead_letters_a_message_stored_under_a_very_long_subjec
     assert streams.subject_matches("gpuop.dlq.gpuop.evt.hardware.*.heartbeat", letter.subject)
     assert letter.headers[streams.DLQ_KIND] == "malformed"
     assert letter.data == b"{not json"
+
+
+async def test_a_port_taken_before_the_first_start_is_picked_again_and_then_kept(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = NatsServer(tmp_path / "nats", port=port)
+        try:
+            url = await server.start()
+            assert not url.endswith(f":{port}")  # another process held it: a new one
+            assert await server.restart() == url  # a restart keeps it, for the clients
+        finally:
+            await server.stop()
+
+
+async def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
+    server = NatsServer(tmp_path / "nats", extra_config="no_such_setting {\n")
+    with pytest.raises(BusUnavailable, match=r"did not start .*exited with 1; it said: .+"):
+        await server.start()

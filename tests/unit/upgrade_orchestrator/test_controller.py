@@ -18,13 +18,14 @@ from gpuop.events.driver import Component
 from gpuop.events.upgrade import NodeAdmitted, RolloutProgress, SagaStarted, UpgradeState
 from gpuop.kube import client
 from gpuop.policy import ComponentSpec, Condition, GPUClusterPolicySpec
-from gpuop.policy.conditions import RolloutRecord
+from gpuop.policy.conditions import PoolProgress, RolloutRecord
+from gpuop.policy.drivers import DriverPool, PoolUpgradePolicy
 from gpuop.saga import NodeStatus, actions, admission
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.controller import Controller
 from gpuop.services.upgrade_orchestrator.rollouts import rollout_id_for
 from tests.support.orchestrator import Stack, events, messages
-from tests.support.sagas import BOOT_A, inventory, policy
+from tests.support.sagas import BOOT_A, GPU_NEW, SOURCE, inventory, policy
 
 S = UpgradeState
 POOLS = {"gpu-a": "train", "gpu-b": "train", "gpu-c": "infer", "gpu-d": "infer"}
@@ -41,6 +42,7 @@ class Harness:
         )
         self.conditions: list[Condition] = []
         self.skipped: list[int | None] = []
+        self.pools: list[tuple[PoolProgress, ...]] = []
         nodes = self.controller.nodes
         nodes.statuses = {name: NodeStatus() for name in POOLS}
         nodes.labels = {name: {"pool": pool} for name, pool in POOLS.items()}
@@ -51,9 +53,12 @@ class Harness:
             nodes: Any = None,
             rollout: RolloutRecord | None = None,
             skipped: int | None = None,
+            pools: tuple[PoolProgress, ...] | None = None,
+            upgraded: str | None = None,
         ) -> None:
             self.conditions.extend(conditions)
             self.skipped.append(skipped)
+            self.pools.append(pools or ())
             policies = self.controller.policies
             policies._status = policies._status.model_copy(update={"rollout": rollout})
 
@@ -261,3 +266,73 @@ async def test_a_cordoned_node_goes_first_by_default(harness: Harness) -> None:
     admitted = [node for node, _ in await harness.published(NodeAdmitted)]
     assert admitted == ["gpu-d"]  # the cordoned one first, in the one slot
     assert harness.skipped[-1] == 0
+
+
+def pooled(**upgrade: Any) -> GPUClusterPolicySpec:
+    """The train nodes in a pool of their own with an older driver; the others default."""
+    base = spec(**upgrade)
+    train = DriverPool(
+        name="train",
+        node_selector="pool=train",
+        gpu=ComponentSpec(version="575.9", source=SOURCE),
+        upgrade_policy=PoolUpgradePolicy(max_parallel_upgrades=1),
+    )
+    return base.model_copy(update={"driver": base.driver.model_copy(update={"pools": (train,)})})
+
+
+async def test_a_pools_nodes_start_sagas_for_its_drivers_and_status_counts_per_pool(
+    harness: Harness,
+) -> None:
+    wanted = pooled()
+    await harness.reconcile(wanted)
+
+    started = dict(await harness.published(SagaStarted))
+    assert {node: s.pool for node, s in started.items()} == {
+        "gpu-a": "train", "gpu-b": "train", "gpu-c": None, "gpu-d": None,
+    }  # fmt: skip
+    store = harness.stack.store
+    assert store is not None
+    sagas = {entry.saga.node: entry.saga for entry in await store.all()}
+    assert sagas["gpu-a"].targets[Component.GPU].version == "575.9"
+    assert sagas["gpu-c"].targets[Component.GPU].version == GPU_NEW
+    admitted = sorted(node for node, _ in await harness.published(NodeAdmitted))
+    assert admitted == ["gpu-a", "gpu-c", "gpu-d"]  # the train pool one at a time
+    progress = {p.name: (p.done, p.total, p.versions) for p in harness.pools[-1]}
+    assert progress == {
+        "default": (0, 2, {"gpu": GPU_NEW}),
+        "train": (0, 2, {"gpu": "575.9"}),
+    }
+    assert rollout_id_for(wanted).startswith(f"rollout-gpu-{GPU_NEW}-pools-")
+
+
+async def test_a_change_of_one_pools_driver_is_a_new_rollout(harness: Harness) -> None:
+    first = pooled(paused=True)
+    await harness.reconcile(first)
+    (train,) = first.driver.pools
+    newer_pool = train.model_copy(update={"gpu": ComponentSpec(version="576.1")})
+    newer = first.model_copy(
+        update={"driver": first.driver.model_copy(update={"pools": (newer_pool,)})}
+    )
+    assert rollout_id_for(newer) != rollout_id_for(first)
+    await harness.reconcile(newer)
+
+    store = harness.stack.store
+    assert store is not None
+    sagas = {entry.saga.node: entry.saga for entry in await store.all()}
+    assert sagas["gpu-a"].targets[Component.GPU].version == "576.1"
+    assert sagas["gpu-a"].rollout_id == rollout_id_for(newer, 2)
+
+
+async def test_a_waiting_node_that_moves_to_another_pool_gets_that_pools_saga(
+    harness: Harness,
+) -> None:
+    wanted = pooled(paused=True)
+    await harness.reconcile(wanted)
+    harness.controller.nodes.labels["gpu-c"] = {"pool": "train"}
+    await harness.reconcile(wanted)
+
+    store = harness.stack.store
+    assert store is not None
+    moved = await store.get("gpu-c")
+    assert moved is not None and moved.saga.pool == "train"
+    assert moved.saga.targets[Component.GPU].version == "575.9"
