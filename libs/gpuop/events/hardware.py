@@ -83,6 +83,8 @@ class Gpu(Record):
     """CUDA compute capability, `major.minor`: `9.0`."""
     architecture: Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]{1,32}$")] | None = None
     """GPU architecture family in lowercase (`hopper`), when NVML names it."""
+    clique: Annotated[str, StringConstraints(pattern=r"^[0-9a-f-]{36}\.[0-9]{1,10}$")] | None = None
+    """Its multi-node NVLink domain, `<clusterUuid>.<cliqueId>`; absent when it has none."""
 
 
 class PciFunction(Record):

@@ -142,6 +142,7 @@ def gpu_record(info: DeviceInfo, sysfs_numa_node: int | None = None) -> Gpu:
         mig_mode=mig_mode,
         compute_capability=info.compute_capability,
         architecture=info.architecture,
+        clique=info.fabric_clique,
     )
 
 

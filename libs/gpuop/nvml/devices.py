@@ -132,6 +132,11 @@ class DeviceInfo:
     """Power management limit in milliwatts."""
     max_sm_clock_mhz: int | None
     """Highest SM clock the GPU can run at."""
+    fabric_clique: str | None = None
+    """The multi-node NVLink domain the GPU's fabric manager put it in, as
+    `<clusterUuid>.<cliqueId>` (what GPU Feature Discovery labels `nvidia.com/gpu.clique`);
+    `None` where the GPU has no such fabric (an HGX H200: its NVLink stays in the chassis), or
+    its registration has not completed."""
 
     @property
     def compute_capability(self) -> str:

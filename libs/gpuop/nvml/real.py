@@ -11,14 +11,22 @@ clock reasons through `nvmlDeviceGetCurrentClocksEventReasons`, memory through t
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from gpuop.nvml import real_mig, real_topology
 from gpuop.nvml.binding import Binding, load_pynvml, text
 from gpuop.nvml.devices import ARCHITECTURES, BRANDS, COMPUTE_MODES, DeviceInfo, cuda_version
-from gpuop.nvml.errors import InvalidArgument, NotInitialized, NotSupported, NvmlError
+from gpuop.nvml.errors import (
+    FunctionNotFound,
+    InvalidArgument,
+    NotInitialized,
+    NotSupported,
+    NvmlError,
+)
 from gpuop.nvml.metrics import (
     ClockEventReason,
     DeviceMetrics,
@@ -126,6 +134,7 @@ class PynvmlBackend:
             max_sm_clock_mhz=_int_or_none(
                 nvml.optional("nvmlDeviceGetMaxClockInfo", h, nvml.constant("NVML_CLOCK_SM"))
             ),
+            fabric_clique=fabric_clique(nvml, h),
         )
 
     def metrics(self, index: int) -> DeviceMetrics:
@@ -293,3 +302,25 @@ def _int_or_none(value: Any) -> int | None:
 
 def _text_or_none(value: Any) -> str | None:
     return None if value is None else text(value) or None
+
+
+FABRIC_COMPLETED = 3
+"""`NVML_GPU_FABRIC_STATE_COMPLETED`: the fabric manager registered the GPU."""
+
+
+def fabric_clique(nvml: Binding, handle: Any) -> str | None:
+    """The GPU's NVLink clique, `<clusterUuid>.<cliqueId>`, from `nvmlDeviceGetGpuFabricInfo`;
+    None where the GPU has no fabric (NotSupported, or a binding without the call) or its
+    registration is not completed or failed."""
+    make = getattr(nvml.lib, "c_nvmlGpuFabricInfo_t", None)
+    if make is None:
+        return None
+    info = make()
+    try:
+        answered = nvml.optional("nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info))
+    except FunctionNotFound:
+        return None
+    if answered is None or int(info.state) != FABRIC_COMPLETED or int(info.status) != 0:
+        return None
+    cluster = uuid.UUID(bytes=bytes(bytearray(info.clusterUuid)))
+    return f"{cluster}.{int(info.cliqueId)}"
