@@ -2,11 +2,12 @@
 
 Serves the kubelet's device plugin API v1beta1 (gRPC over unix sockets in
 `<host root>/var/lib/kubelet/device-plugins/`), one server per resource: `nvidia.com/gpu`
-with time-slicing replicas, MIG strategies and the `envvar` and `cdi` device list
-strategies, and `rdma/<name>` shared devices. Health comes from telemetry's
-`device.health-changed` events and comes back when the driver-manager validates a driver;
-a pause command makes it advertise every device Unhealthy and let go of NVML. The
-`--config` file may hold named configs; each node runs the one its label
+with time-slicing or MPS replicas (and the node's MPS control daemons), MIG strategies and
+the `envvar` and `cdi` device list strategies, and `rdma/<name>` shared devices. Health
+comes from telemetry's `device.health-changed` events and comes back when the
+driver-manager validates a driver; a pause command makes it advertise every device
+Unhealthy, quit its MPS daemons and let go of NVML. The `--config` file may hold named
+configs; each node runs the one its label
 `nvidia.com/device-plugin.config` names, switched at run time without a restart.
 
     agent        the bus side: restore, consumers, pause/resume confirmations, the config
@@ -19,9 +20,13 @@ a pause command makes it advertise every device Unhealthy and let go of NVML. Th
     selecting    which named config the node's label selects, and what it shares
     registering  registration with the kubelet, and again after a kubelet restart
     serving      one DevicePlugin gRPC server per resource
-    resources    which resources and device ids: MIG strategies, time-slicing
+    resources    which resources and device ids: MIG strategies, time-slicing, MPS
+    mps          MPS sharing: the control daemons a plan needs, their limits, and what a
+                 container of an MPS replica gets
+    mpscontrol   runs and supervises nvidia-cuda-mps-control: limits, restarts, pauses
     inventory    the GPUs and MIG devices from NVML, NUMA nodes, link scores
-    allocating   Allocate's answer for GPUs: NVIDIA_VISIBLE_DEVICES, CDI names, device nodes
+    allocating   Allocate's answer for GPUs: NVIDIA_VISIBLE_DEVICES, CDI names, device
+                 nodes, the MPS pipe and client limits
     preferring   GetPreferredAllocation: one NUMA node, best linked, deterministic
     cdi          the CDI spec under <host root>/var/run/cdi
     health       which GPUs are unhealthy, from events

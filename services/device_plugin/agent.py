@@ -15,6 +15,8 @@ backend and `plugins.DevicePlugins` from the settings and the `--config` file, a
     ResumeOperands      `DevicePlugins.resume`, then `OperandResumed`
     device.plugin-config-selected   `DevicePlugins.select`, then
                         `device.plugin-config-applied`: the config in force, and why
+    (MPS daemons)       every start, stop and failure of an MPS control daemon
+                        (`mpscontrol`) as `device.mps-daemon-changed`, in order
 
 How a node's label reaches the plugin: the plugin holds no Kubernetes credentials (a node
 role), so discovery's cluster role watches the Nodes and publishes
@@ -46,6 +48,7 @@ from gpuop.runtime.services import ServiceContext
 from gpuop.services.device_plugin import config, consumers, restoring, selecting
 from gpuop.services.device_plugin.config import PluginConfigs
 from gpuop.services.device_plugin.metrics import PluginMetrics
+from gpuop.services.device_plugin.mpscontrol import MpsControl, MpsSupervisor
 from gpuop.services.device_plugin.plugins import DevicePlugins, Reload
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,8 @@ class NodeAgent:
         self._source = f"/gpuop/{consumers.SERVICE}/{node}"
         self._selection_seq = 0
         """Stream sequence of the last config selection taken in."""
+        self._reporting = asyncio.Lock()
+        """Held while MPS daemon changes are published, so each goes out once, in order."""
         self._selecting = asyncio.Lock()
         """Held from the look at `_selection_seq` to its update: an older selection (read
         from the log by a late restore) never overrides a newer one."""
@@ -91,9 +96,43 @@ class NodeAgent:
                     self._follow(wanted, subscriptions, stopping, restored=restored),
                     name="device-plugin-follow",
                 )
+                group.create_task(self._report_mps(stopping), name="device-plugin-mps-report")
+            await self._drain_mps()
         finally:
             for subscription in subscriptions:
                 await subscription.stop()
+
+    async def _report_mps(self, stopping: asyncio.Event) -> None:
+        """Publish the MPS daemons' changes as they come, until `stopping` is set; while the
+        bus does not take them, try again."""
+        changed = self._plugins.mps.changed
+        while not stopping.is_set():
+            await waiting.idle(None, wake=changed, stopping=stopping)
+            while not stopping.is_set():
+                try:
+                    await self._flush_mps()
+                    break
+                except BusError as error:
+                    log.warning("cannot report the MPS daemons yet: %s", error)
+                    await waiting.stopped_within(stopping, self._retry_delay)
+
+    async def _flush_mps(self) -> None:
+        """Publish every MPS daemon change not yet published, oldest first; raises `BusError`
+        leaving the rest for the next time. Before a pause or resume is confirmed, and
+        before a config is reported, so the node's events come in the order things were
+        done."""
+        changes = self._plugins.mps.changes
+        async with self._reporting:
+            while changes:
+                await self._bus.publish(self._envelope(changes[0], cause=None))
+                changes.popleft()
+
+    async def _drain_mps(self) -> None:
+        """Publish, once, what the MPS daemons did while the plugin stopped (their quit)."""
+        try:
+            await self._flush_mps()
+        except BusError as error:
+            log.warning("cannot report the MPS daemons: %s", error)
 
     async def restore(self) -> bool:
         """Take in the pause state, health history and config selection the log holds,
@@ -127,7 +166,7 @@ class NodeAgent:
             if answer is None and delivery.attempt > 1 and self._taken(delivery.stream_seq):
                 answer = self._plugins.selection  # taken in, but its report failed
             if answer is not None:
-                await self._publish(applied(answer), delivery.envelope)
+                await self._publish_after_mps(applied(answer), delivery.envelope)
 
     def _taken(self, seq: int) -> bool:
         return seq == self._selection_seq
@@ -164,7 +203,7 @@ class NodeAgent:
         await self._plugins.resume()
 
     async def confirm(self, confirmation: Event, cause: Envelope) -> None:
-        await self._publish(confirmation, cause)
+        await self._publish_after_mps(confirmation, cause)
 
     async def on_health(self, delivery: Delivery) -> None:
         """Telemetry's health events and the driver-manager's validations of this node."""
@@ -173,6 +212,17 @@ class NodeAgent:
             await self._plugins.device_health(payload)
         elif isinstance(payload, driver.DriverValidated):
             await self._plugins.driver_validated(payload.component)
+
+    async def _publish_after_mps(self, payload: Event, cause: Envelope) -> None:
+        """`_publish`, after what the MPS daemons did in the meantime."""
+        try:
+            await self._flush_mps()
+        except BusError as error:
+            raise TemporaryError(
+                f"cannot report the MPS daemons before answering {cause.type}: {error}",
+                delay=self._retry_delay,
+            ) from error
+        await self._publish(payload, cause)
 
     def _envelope(self, payload: Event, cause: Envelope | None) -> Envelope:
         return new_event(payload, node=self._node, source=self._source, cause=cause)
@@ -231,12 +281,16 @@ async def run(context: ServiceContext, configs: PluginConfigs) -> None:
     nvml = open_backend(settings.nvml, host_root=host_root, node=node, holder_id=NVML_HOLDER)
     path = settings.config
     reload: Reload | None = None if path is None else (lambda: config.load_configs(path))
+    root = HostRoot(host_root)
+    # a simulated node's stand-in runs as it is; a real node's program chrooted into its host
+    mps = MpsSupervisor(MpsControl(root, chroot=not settings.nvml.startswith("sim:")))
     plugins = DevicePlugins(
-        HostRoot(host_root),
+        root,
         nvml,
         configs,
         PluginMetrics(context.registry),
         reload=reload,
         readiness=context.set_readiness,
+        mps=mps,
     )
     await NodeAgent(context.bus, node, plugins).run(context.stopping)

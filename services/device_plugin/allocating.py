@@ -9,8 +9,11 @@ By the configured device list strategies it answers with:
                       the spec `cdi.write_spec` keeps under <host root>/var/run/cdi
     passDeviceSpecs   also the device nodes: each target's, and the control nodes present
 
-With only `cdi`, no environment variable is set, as upstream does. Nothing here does I/O:
-Allocate has to be fast.
+With only `cdi`, no environment variable is set, as upstream does. For a replica of an
+MPS-shared GPU (`mps.MpsDaemon`) the answer also carries the daemon's pipe directory
+(`CUDA_MPS_PIPE_DIRECTORY`, mounted with the MPS `shm` directory) and the client limits
+`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, whatever the
+device list strategy. Nothing here does I/O: Allocate has to be fast.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2
 from gpuop.services.device_plugin import cdi
 from gpuop.services.device_plugin.config import DeviceListStrategy, PluginFlags
 from gpuop.services.device_plugin.inventory import Target
+from gpuop.services.device_plugin.mps import MpsDaemon
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 """What the NVIDIA container runtime reads to choose a container's GPUs."""
@@ -37,8 +41,11 @@ class GpuAnswers:
     control_nodes: tuple[str, ...]
     """The control device nodes the host has, for `passDeviceSpecs`."""
 
-    def container_response(self, targets: Sequence[Target]) -> api_pb2.ContainerAllocateResponse:
-        """One container's answer for its distinct targets, in allocation order."""
+    def container_response(
+        self, targets: Sequence[Target], mps: MpsDaemon | None = None
+    ) -> api_pb2.ContainerAllocateResponse:
+        """One container's answer for its distinct targets, in allocation order; `mps`: the
+        daemon whose clients they make the container."""
         response = api_pb2.ContainerAllocateResponse()
         strategies = self.flags.device_list_strategy
         if DeviceListStrategy.ENVVAR in strategies:
@@ -57,5 +64,11 @@ class GpuAnswers:
                     container_path=node, host_path=node, permissions=DEVICE_PERMISSIONS
                 )
                 for node in nodes
+            )
+        if mps is not None:
+            response.envs.update(mps.client_environment(targets))
+            response.mounts.extend(
+                api_pb2.Mount(container_path=inside, host_path=outside)
+                for inside, outside in mps.client_mounts().items()
             )
         return response

@@ -10,6 +10,7 @@ settings carry over; every key is optional:
       plugin:
         deviceListStrategy: [envvar]   # envvar and/or cdi (also "envvar,cdi")
         passDeviceSpecs: false         # also hand out /dev/nvidia* device nodes
+      mpsRoot: /run/nvidia/mps         # the host directory of the MPS daemons' pipes
     sharing:
       timeSlicing:
         renameByDefault: false         # advertise nvidia.com/gpu.shared instead
@@ -24,6 +25,23 @@ settings carry over; every key is optional:
         - resourceName: roce_shared    # advertised as rdma/roce_shared
           rdmaHcaMax: 64
           selectors: {vendors: ["15b3"], drivers: ["mlx5_core"], linkTypes: ["ether"]}
+
+Instead of `timeSlicing`, `sharing.mps` shares each GPU with CUDA MPS, as upstream's
+`sharing.mps` (the two are exclusive):
+
+    sharing:
+      mps:
+        renameByDefault: false
+        resources:
+          - name: nvidia.com/gpu       # whole GPUs only: MPS does not share MIG devices
+            replicas: 4                # 2 to 48 (an MPS server's client limit)
+
+The GPUs are advertised as time-sliced ones are (`<uuid>::<n>`), the plugin runs one MPS
+control daemon per resource (`mpscontrol`), and a container gets the daemon's pipe
+directory with its share of the GPU: `100/replicas` percent of its threads and
+`memory/replicas` of its memory. A request for more than one replica fails unless
+`failRequestsGreaterThanOne: false` says otherwise (upstream's default for MPS); `devices`
+may only be `all` (upstream ignores any other value with a warning; here it is refused).
 
 The file may instead hold several named configs, one of which each node runs: the one its
 label `nvidia.com/device-plugin.config` names (`selecting`), as upstream's per-node configs.
@@ -82,6 +100,12 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 """Mixed-strategy MIG resources: `nvidia.com/mig-1g.18gb`."""
 DEFAULT_IGNORED_XIDS = APPLICATION_XIDS
 """XIDs that are application errors: the GPU stays healthy (upstream's list)."""
+MPS_MIN_REPLICAS = 2
+"""MPS shares a GPU among 2 or more clients; 1 replica shares nothing."""
+MPS_MAX_REPLICAS = 48
+"""Clients one MPS server takes on Volta and later GPUs (upstream's limit; 16 before Volta)."""
+DEFAULT_MPS_ROOT = "/run/nvidia/mps"
+"""Where on the host the MPS daemons keep their pipes and logs (upstream's default)."""
 DEFAULT_NAME = "default"
 """The name of a single config, and of the default of named ones that name none (upstream's
 fallback name)."""
@@ -153,6 +177,16 @@ class Flags(_Section):
     """How MIG devices are advertised."""
     plugin: PluginFlags = PluginFlags()
     """Allocate's answer."""
+    mps_root: str = DEFAULT_MPS_ROOT
+    """The host directory under which each MPS daemon gets `<resource>/pipe` and
+    `<resource>/log`, and the containers their `shm`."""
+
+    @field_validator("mps_root")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or ".." in value.split("/"):
+            raise ValueError("expected an absolute host path without '..'")
+        return value.rstrip("/") or "/"
 
 
 class ReplicatedResource(_Section):
@@ -195,11 +229,118 @@ class TimeSlicing(_Section):
         return next((r.replicas for r in self.resources if r.name == resource), 1)
 
 
+class MpsResource(_Section):
+    """One entry of `sharing.mps.resources`."""
+
+    name: str
+    """`nvidia.com/gpu`: whole GPUs (MPS does not share MIG devices)."""
+    replicas: int
+    """How many containers share each GPU, each with its part of the threads and memory."""
+    devices: str | int | tuple[str | int, ...] = "all"
+    """Which GPUs are shared: only `all`."""
+
+    @field_validator("name")
+    @classmethod
+    def _whole_gpus(cls, name: str) -> str:
+        if name.startswith(MIG_RESOURCE_PREFIX):
+            raise ValueError(
+                f"{name}: MPS does not share MIG devices (NVIDIA's device plugin refuses them"
+                " too); share MIG devices with sharing.timeSlicing"
+            )
+        if name != GPU_RESOURCE:
+            raise ValueError(f"expected {GPU_RESOURCE}")
+        return name
+
+    @field_validator("replicas")
+    @classmethod
+    def _clients(cls, replicas: int) -> int:
+        if replicas < MPS_MIN_REPLICAS:
+            raise ValueError(
+                f"MPS needs at least {MPS_MIN_REPLICAS} replicas ({replicas} shares nothing)"
+            )
+        if replicas > MPS_MAX_REPLICAS:
+            raise ValueError(
+                f"an MPS server takes at most {MPS_MAX_REPLICAS} clients, not {replicas}"
+            )
+        return replicas
+
+    @field_validator("devices")
+    @classmethod
+    def _all(cls, devices: object) -> str:
+        if devices != "all":
+            raise ValueError(
+                f"only 'all' is supported, not {devices!r} (NVIDIA's device plugin ignores"
+                " any other value)"
+            )
+        return "all"
+
+
+class Mps(_Section):
+    """`sharing.mps`."""
+
+    rename_by_default: bool = False
+    """Advertise `<name>.shared` instead of `<name>` for every shared resource."""
+    fail_requests_greater_than_one: bool | None = None
+    """Refuse a container that asks for more than one replica; unset means yes, upstream's
+    default for MPS (a container is one MPS client)."""
+    resources: tuple[MpsResource, ...] = ()
+    """The resources to share."""
+
+    @field_validator("resources")
+    @classmethod
+    def _distinct(cls, value: tuple[MpsResource, ...]) -> tuple[MpsResource, ...]:
+        names = [resource.name for resource in value]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} listed more than once")
+        return value
+
+    def replicas(self, resource: str) -> int:
+        """Replicas of `resource` (1: not shared)."""
+        return next((r.replicas for r in self.resources if r.name == resource), 1)
+
+
 class Sharing(_Section):
-    """`sharing`."""
+    """`sharing`: `timeSlicing` or `mps`, not both."""
 
     time_slicing: TimeSlicing = TimeSlicing()
     """Time-slicing: several containers take turns on one GPU."""
+    mps: Mps | None = None
+    """CUDA MPS: several containers run on one GPU at once, each with its share of it."""
+
+    @model_validator(mode="after")
+    def _one_strategy(self) -> Self:
+        if self.mps is not None and "time_slicing" in self.model_fields_set:
+            raise ValueError(
+                "sharing.timeSlicing and sharing.mps are exclusive: give one of them"
+                " (a GPU is either time-sliced or shared with MPS)"
+            )
+        return self
+
+    @property
+    def uses_mps(self) -> bool:
+        """Whether some resource is shared with MPS."""
+        return self.mps is not None and any(r.replicas > 1 for r in self.mps.resources)
+
+    def replicas(self, resource: str) -> int:
+        """Replicas of `resource` under the strategy in force (1: not shared)."""
+        if self.mps is not None:
+            return self.mps.replicas(resource)
+        return self.time_slicing.replicas(resource)
+
+    @property
+    def rename_by_default(self) -> bool:
+        """Whether shared resources are advertised as `<name>.shared`."""
+        if self.mps is not None:
+            return self.mps.rename_by_default
+        return self.time_slicing.rename_by_default
+
+    @property
+    def fail_requests_greater_than_one(self) -> bool:
+        """Whether a request for more than one replica fails (for MPS unless said not to)."""
+        if self.mps is not None:
+            return self.mps.fail_requests_greater_than_one is not False
+        return self.time_slicing.fail_requests_greater_than_one
 
 
 class Health(_Section):
@@ -304,6 +445,15 @@ class DevicePluginConfig(_Section):
     """Which device events make a GPU unhealthy."""
     rdma: Rdma = Rdma()
     """RDMA shared devices."""
+
+    @model_validator(mode="after")
+    def _mps_on_whole_gpus(self) -> Self:
+        if self.sharing.uses_mps and self.flags.mig_strategy is MigStrategy.SINGLE:
+            raise ValueError(
+                "sharing.mps with flags.migStrategy single: nvidia.com/gpu is MIG devices"
+                " then, and MPS does not share MIG devices"
+            )
+        return self
 
 
 def _config_name(name: str) -> str:

@@ -64,6 +64,9 @@ class Target:
     """MIG profile (`1g.18gb`); None for a whole GPU."""
     full_compute: bool = True
     """For a MIG device: its compute instance spans its whole GPU instance."""
+    memory_bytes: int = 0
+    """Framebuffer memory of a whole GPU (MPS divides it among its clients); 0 for a MIG
+    device."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,9 @@ def read_inventory(nvml: Nvml, root: HostRoot) -> GpuInventory:
 def _gpu(nvml: Nvml, root: HostRoot, info: DeviceInfo) -> Gpu:
     numa = info.numa_node if info.numa_node is not None else _sysfs_numa(root, info)
     node = f"/dev/nvidia{info.minor_number}"
-    whole = Target(info.uuid, info.uuid, info.index, numa, (node,))
+    whole = Target(
+        info.uuid, info.uuid, info.index, numa, (node,), memory_bytes=info.memory_total_bytes
+    )
     enabled = bool(info.mig_mode_current)
     migs = nvml.mig_devices(info.index) if enabled else ()
     return Gpu(whole, enabled, tuple(_mig(root, whole, info.minor_number, m) for m in migs))

@@ -18,6 +18,11 @@ goes on serving the last known health.
     select    the named config the node's label selects (`selecting`): the file read again,
               then, if the config in force changes, its resources planned anew from the
               inventory last read and re-advertised (no restart, no NVML read)
+    mps       with every plan, the MPS control daemons it needs (`mpscontrol`): started,
+              quit when no longer needed, checked every `check_interval` and started again
+              when they fail; quit before NVML is closed for a pause of the GPU driver, and
+              started again on resume. An MPS-shared resource's devices are Unhealthy
+              while its daemon does not run.
 
 Every change of state holds one lock, so a pause waits for an inventory read to finish,
 and a switch of config for both. NVML that cannot be opened (no driver yet) is retried
@@ -56,11 +61,13 @@ from gpuop.services.device_plugin.config import (
 )
 from gpuop.services.device_plugin.health import HealthBook
 from gpuop.services.device_plugin.metrics import PluginMetrics
+from gpuop.services.device_plugin.mpscontrol import MpsControl, MpsSupervisor
 from gpuop.services.device_plugin.resources import (
     GpuPlan,
     Resource,
     VacantResource,
     gpu_resources,
+    mps_daemons,
 )
 from gpuop.services.device_plugin.serving import PluginServer
 
@@ -90,8 +97,11 @@ class DevicePlugins:
         retry_interval: float = RETRY_INTERVAL,
         register_timeout: float = registering.REGISTER_TIMEOUT,
         register_retry: float = registering.RETRY_INTERVAL,
+        mps: MpsSupervisor | None = None,
     ) -> None:
         self.root = root
+        self.mps = mps or MpsSupervisor(MpsControl(root))
+        """The MPS control daemons of the config in force."""
         if not isinstance(config, PluginConfigs):
             config = PluginConfigs.single(config)
         self._configs = config
@@ -170,13 +180,16 @@ class DevicePlugins:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._registrar.run(stopping), name="device-plugin-registrar")
                 group.create_task(self._retry_loop(stopping), name="device-plugin-nvml-retry")
+                group.create_task(self._mps_loop(stopping), name="device-plugin-mps")
         finally:
             await self.close()
 
     async def close(self) -> None:
-        """Stop serving (removing the sockets) and close NVML."""
+        """Stop serving (removing the sockets), quit the MPS daemons and close NVML."""
         for server in self._servers.values():
             await server.stop()
+        async with self._lock:
+            await self.mps.apply((), "the device plugin stops")
         if self._session:
             await asyncio.to_thread(self._close_session)
 
@@ -265,6 +278,7 @@ class DevicePlugins:
         self._paused |= set(components)
         if Component.GPU in self._paused:
             self._stale = True
+            await self.mps.apply((), "the GPU driver is paused for a reload")
             if self._session:
                 await asyncio.to_thread(self._close_session)
 
@@ -285,6 +299,9 @@ class DevicePlugins:
         found = self._inventory
         self._gpus = gpu_resources(found, self.config)
         self._gpu_problem = self._gpus.problem
+        if Component.GPU not in self._paused:
+            reason = f"the GPUs or their sharing changed (config {self._selection.name})"
+            await self.mps.apply(mps_daemons(self._gpus), reason)
         if self._gpu_problem:
             log.error("%s: advertising no MIG device", self._gpu_problem)
         if DeviceListStrategy.CDI in self.config.flags.plugin.device_list_strategy:
@@ -341,7 +358,7 @@ class DevicePlugins:
         self._report()
 
     def _device_list(self, resource: Resource) -> tuple[api_pb2.Device, ...]:
-        paused = resource.component in self._paused
+        paused = resource.component in self._paused or self._mps_down(resource.name)
         return tuple(
             api_pb2.Device(
                 ID=d.id,
@@ -354,6 +371,20 @@ class DevicePlugins:
             )
             for d in resource.devices
         )
+
+    def _mps_down(self, name: str) -> bool:
+        """Whether `name` is MPS-shared and its daemon does not run."""
+        return any(
+            r.name == name and r.mps is not None and not self.mps.running(name)
+            for r in self._gpus.resources
+        )
+
+    async def _mps_loop(self, stopping: asyncio.Event) -> None:
+        """Check the MPS daemons; re-advertise when one fails or runs again."""
+        while not await waiting.stopped_within(stopping, self.mps.check_interval):
+            async with self._lock:
+                if await self.mps.check():
+                    await self._advertise()
 
     async def _retry_loop(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -370,5 +401,5 @@ class DevicePlugins:
     def _report(self) -> None:
         problem = self._registration_problem
         if problem is None and Component.GPU not in self._paused:
-            problem = self._gpu_problem
+            problem = self._gpu_problem or self.mps.problem
         self._readiness(problem is None, problem or "")

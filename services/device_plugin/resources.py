@@ -11,8 +11,11 @@ GetPreferredAllocation.
     mixed   MIG devices as nvidia.com/mig-<profile> (`+` becomes `.`; devices whose compute
             instance is part of a GPU instance are left out), other GPUs as nvidia.com/gpu
 
-Time-slicing then gives each device of a replicated resource `replicas` ids
-`<uuid>::<n>`, and `renameByDefault` advertises such a resource as `<name>.shared`.
+Time-slicing, or MPS, then gives each device of a replicated resource `replicas` ids
+`<uuid>::<n>`, and `renameByDefault` advertises such a resource as `<name>.shared`. An
+MPS-shared resource also names its control daemon (`mps.MpsDaemon`): Allocate hands its
+pipe and limits out, `plugins` has `mpscontrol` run it, and its devices are Unhealthy while
+it does not run.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from gpuop.services.device_plugin.config import (
 )
 from gpuop.services.device_plugin.errors import AllocationError
 from gpuop.services.device_plugin.inventory import GpuInventory, Target
+from gpuop.services.device_plugin.mps import MpsDaemon, daemon_for
 
 REPLICA_SEPARATOR = "::"
 """Between a device's UUID and its replica number: `GPU-...::3`."""
@@ -101,6 +105,8 @@ class GpuResource:
     answers: allocating.GpuAnswers
     replicas: int = 1
     fail_requests_greater_than_one: bool = False
+    mps: MpsDaemon | None = None
+    """The MPS control daemon whose clients its replicas are; None unless shared with MPS."""
     component: Component = Component.GPU
     preferred_allocation_available: bool = True
     _by_id: dict[str, GpuDevice] = field(init=False, repr=False, compare=False)
@@ -116,7 +122,7 @@ class GpuResource:
                 f" {', '.join(device_ids)})"
             )
         targets = list(dict.fromkeys(device.target for device in devices))
-        return self.answers.container_response(targets)
+        return self.answers.container_response(targets, self.mps)
 
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
@@ -168,22 +174,32 @@ def gpu_resources(inventory: GpuInventory, config: DevicePluginConfig) -> GpuPla
     """The GPU resources the inventory gives under `config`."""
     groups, problem = _by_strategy(inventory, config.flags.mig_strategy)
     answers = allocating.GpuAnswers(config.flags.plugin, inventory.control_nodes)
-    slicing = config.sharing.time_slicing
+    sharing = config.sharing
     resources = []
     for name, targets in groups.items():
-        replicas = slicing.replicas(name)
+        replicas = sharing.replicas(name)
         shared = replicas > 1
+        advertised = f"{name}{SHARED_SUFFIX}" if shared and sharing.rename_by_default else name
+        daemon = None
+        if shared and sharing.uses_mps and targets:
+            daemon = daemon_for(advertised, targets, replicas, config.flags.mps_root)
         resources.append(
             GpuResource(
-                name=f"{name}{SHARED_SUFFIX}" if shared and slicing.rename_by_default else name,
+                name=advertised,
                 devices=tuple(_devices(targets, replicas)),
                 inventory=inventory,
                 answers=answers,
                 replicas=replicas,
-                fail_requests_greater_than_one=shared and slicing.fail_requests_greater_than_one,
+                fail_requests_greater_than_one=shared and sharing.fail_requests_greater_than_one,
+                mps=daemon,
             )
         )
     return GpuPlan(tuple(resources), problem)
+
+
+def mps_daemons(plan: GpuPlan) -> tuple[MpsDaemon, ...]:
+    """The MPS control daemons `plan` needs, one per MPS-shared resource."""
+    return tuple(resource.mps for resource in plan.resources if resource.mps is not None)
 
 
 def mig_resource(profile: str) -> str:

@@ -17,8 +17,9 @@ with no config at all, and `device.plugin-config-applied` (outcome `unknown`) te
 cluster. A file holding a single config is one named `default`.
 
 `sharing` is what the config in force implies for GPU Feature Discovery's labels:
-`nvidia.com/gpu.replicas`, `nvidia.com/gpu.sharing-strategy`, and whether the product label
-gets `-SHARED` (upstream: a shared `nvidia.com/gpu` that is not renamed).
+`nvidia.com/gpu.replicas`, `nvidia.com/gpu.sharing-strategy` (`time-slicing` or `mps`, and
+with `mps` `nvidia.com/mps.capable=true`), and whether the product label gets `-SHARED`
+(upstream: a shared `nvidia.com/gpu` that is not renamed).
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ def refused(current: Selection, requested: str | None, why: str) -> Selection:
 
 
 def sharing(config: DevicePluginConfig) -> Sharing:
-    """How `config` shares `nvidia.com/gpu`."""
-    slicing = config.sharing.time_slicing
-    replicas = slicing.replicas(GPU_RESOURCE)
+    """How `config` shares `nvidia.com/gpu`: time-sliced, with MPS, or not at all."""
+    shared = config.sharing
+    replicas = shared.replicas(GPU_RESOURCE)
     if replicas == 1:
         return Sharing()
-    return Sharing(replicas, SharingStrategy.TIME_SLICING, renamed=slicing.rename_by_default)
+    strategy = SharingStrategy.MPS if shared.uses_mps else SharingStrategy.TIME_SLICING
+    return Sharing(replicas, strategy, renamed=shared.rename_by_default)

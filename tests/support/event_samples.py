@@ -175,6 +175,14 @@ SAMPLES: list[Payload] = [
         renamed=True,
         message="nvidia.com/device-plugin.config=Time_Sliced names no config",
     ),
+    device.MpsDaemonChanged(
+        resource="nvidia.com/gpu",
+        state=device.MpsDaemonState.FAILED,
+        replicas=4,
+        gpus=8,
+        restarts=1,
+        message="it stopped answering on its control pipe (killed or crashed)",
+    ),
     # network
     network.NetworkConfigured(
         network="rdma-net",

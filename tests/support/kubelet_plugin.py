@@ -32,6 +32,7 @@ from gpuop.nvml import Nvml
 from gpuop.services.device_plugin.agent import NVML_HOLDER, NodeAgent
 from gpuop.services.device_plugin.config import DevicePluginConfig, PluginConfigs
 from gpuop.services.device_plugin.metrics import PluginMetrics
+from gpuop.services.device_plugin.mpscontrol import MpsControl, MpsSupervisor
 from gpuop.services.device_plugin.plugins import DevicePlugins, Reload
 from gpuop_sim.cluster import hosts
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
@@ -125,6 +126,14 @@ def build_host(path: Path, gpus: int) -> HostRoot:
     return hosts.build_host_root(path, NODE, gpus)
 
 
+def sim_mps(root: HostRoot) -> MpsSupervisor:
+    """The node's MPS daemons as `--nvml sim:<gpus>` runs them: the host root's stand-in
+    `nvidia-cuda-mps-control`, run without chroot; checked and restarted quickly."""
+    return MpsSupervisor(
+        MpsControl(root, chroot=False), check_interval=0.1, backoff_initial=0.1, backoff_max=0.4
+    )
+
+
 def sim_nvml(root: HostRoot, gpus: int) -> SimNvml:
     """The node's NVML, as `--nvml sim:<gpus>` makes it: its driver the simulated kernel's."""
     return SimNvml(gpus, node=NODE, module_state=HostRootModules(root.path), holder_id=NVML_HOLDER)
@@ -141,6 +150,7 @@ async def running_node(
     nvml: Nvml | None = None,
     start_kubelet: bool = True,
     registry: CollectorRegistry | None = None,
+    mps: MpsSupervisor | None = None,
 ) -> AsyncIterator[Node]:
     """The plugin and the kubelet running on `root`; stopped and cleaned on the way out."""
     own_bus = bus is None
@@ -159,6 +169,7 @@ async def running_node(
         retry_interval=0.2,
         register_timeout=1.0,
         register_retry=0.2,
+        mps=mps or sim_mps(root),
     )
     node = Node(root, SimKernel(root), kubelet, bus, plugins, readiness)
     stopping = asyncio.Event()

@@ -59,11 +59,7 @@ leader is gone and whose next one is not elected yet: no response from the strea
 
 ANY_NATS_ERROR: tuple[type[BaseException], ...] = (*TRANSIENT, nats.errors.Error)
 CONSUME_FAILURES: tuple[type[BaseException], ...] = (*ANY_NATS_ERROR, BusUnavailable)
-class NoLeaderYet(Exception):
-    """A stream's replica group has not elected its leader yet."""
-
-
-START_RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT, PublishTimeout, NoLeaderYet)
+START_RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT, PublishTimeout)
 """What `start` tries again: the transient failures (a refusal stops it at once)."""
 
 RECONNECT_WAIT = 0.25
@@ -142,23 +138,10 @@ class NatsBus:
         answer within one request's timeout: transient failures are retried for `retry_for`."""
         await self.connect()
         deadline = time.monotonic() + self._retry_for
-        names = []
         for layout in streams.layouts(self._prefix, events_max_age=self._events_max_age):
             await self._patiently(functools.partial(self._ensure_stream, layout), deadline)
-            names.append(layout.name)
         for bucket in Buckets:
             await self._patiently(functools.partial(self.kv, bucket), deadline)
-            names.append(f"KV_{streams.bucket_name(self._prefix, bucket)}")
-        for name in names:
-            # a replica group just formed may not have elected its leader yet, and the first
-            # write would find no one to answer it: return once every one can be written
-            await self._patiently(functools.partial(self._led, name), deadline)
-
-    async def _led(self, stream: str) -> None:
-        """Returns once `stream` has a leader; `NoLeaderYet` (retried by `start`) before."""
-        info = await self.js.stream_info(stream)
-        if info.cluster is not None and not info.cluster.leader:
-            raise NoLeaderYet(f"{stream} has no leader yet")
 
     @staticmethod
     async def _patiently(step: Callable[[], Awaitable[object]], deadline: float) -> None:

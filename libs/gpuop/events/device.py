@@ -16,8 +16,9 @@ The device plugin's named configs are selected per node by the Node label
 so discovery's cluster role, which watches the Nodes, publishes `DevicePluginConfigSelected`
 whenever a node's label changes; that node's device plugin switches to the config it names
 and answers with `DevicePluginConfigApplied`, the config now in force, from which the
-labeler derives the node's `nvidia.com/gpu.replicas`, `gpu.sharing-strategy` and
-`gpu.product` labels.
+labeler derives the node's `nvidia.com/gpu.replicas`, `gpu.sharing-strategy`,
+`mps.capable` and `gpu.product` labels. Under MPS sharing the plugin also runs the node's MPS
+control daemons and reports each one's start, stop and failure with `MpsDaemonChanged`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gpuop.events.fields import (
     Count,
     DocumentedEnum,
     GpuUuid,
+    LabelKey,
     LabelValue,
     Message,
     MessageId,
@@ -159,6 +161,8 @@ class SharingStrategy(DocumentedEnum):
     """Every device id is a whole GPU (or MIG device)."""
     TIME_SLICING = "time-slicing"
     """Each GPU is advertised `replicas` times; containers take turns on it."""
+    MPS = "mps"
+    """Each GPU is advertised `replicas` times; containers run on it at once through MPS."""
 
 
 class DevicePluginConfigSelected(Event):
@@ -185,10 +189,44 @@ class DevicePluginConfigApplied(Event):
     outcome: ConfigOutcome
     """Whether the label's config, the default, or the previous config is in force."""
     replicas: Annotated[int, Field(ge=1, le=1024)] = 1
-    """Time-slicing replicas of each `nvidia.com/gpu` device under the config in force."""
+    """Replicas of each `nvidia.com/gpu` device (time-sliced or MPS) under the config in
+    force."""
     sharing_strategy: SharingStrategy = SharingStrategy.NONE
     """How the config in force shares `nvidia.com/gpu`."""
     renamed: bool = False
     """The shared GPUs are advertised as `nvidia.com/gpu.shared` (`renameByDefault`)."""
     message: Message = ""
     """Why the label's config is not the one in force, when it is not."""
+
+
+class MpsDaemonState(DocumentedEnum):
+    """Where an MPS control daemon the device plugin runs stands."""
+
+    RUNNING = "running"
+    """Started, its client limits set, answering on its control pipe."""
+    STOPPED = "stopped"
+    """Quit: its GPUs are paused for a reload, no longer shared with MPS, or the plugin stops."""
+    FAILED = "failed"
+    """Not started, or stopped answering: started again with backoff, its replicas Unhealthy."""
+
+
+class MpsDaemonChanged(Event):
+    """An MPS control daemon of the node's device plugin started, stopped or failed.
+
+    The daemon is `nvidia-cuda-mps-control`, one per MPS-shared resource."""
+
+    DOMAIN: ClassVar[str] = "device"
+    NAME: ClassVar[str] = "mps-daemon-changed"
+
+    resource: LabelKey
+    """The resource whose replicas are its clients: `nvidia.com/gpu`."""
+    state: MpsDaemonState
+    """Where it stands now."""
+    replicas: Annotated[int, Field(ge=2, le=1024)]
+    """Clients per GPU."""
+    gpus: Count = 0
+    """GPUs it shares."""
+    restarts: Count = 0
+    """Starts after a failure since the plugin started."""
+    message: Message = ""
+    """Why it stopped or failed (for a missing program: what to install)."""

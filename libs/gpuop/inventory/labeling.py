@@ -12,9 +12,16 @@ them, so workloads' selectors do not flap for the length of a driver reload.
 
 The sharing labels follow the device plugin config in force on the node, as GFD's do:
 `nvidia.com/gpu.replicas` (1 when not shared), `nvidia.com/gpu.sharing-strategy` (`none`,
-`time-slicing`) and a `-SHARED` suffix on `nvidia.com/gpu.product` for a shared
-`nvidia.com/gpu` that is not renamed to `nvidia.com/gpu.shared`. `with_plugin_config` takes
-them from the node's `device.plugin-config-applied`.
+`time-slicing`, `mps`), `nvidia.com/mps.capable` (`true` when the config shares the GPUs
+with MPS: GFD reads it from the config, not from the daemon) and a `-SHARED` suffix on
+`nvidia.com/gpu.product` for a shared `nvidia.com/gpu` that is not renamed to
+`nvidia.com/gpu.shared`. `with_plugin_config` takes them from the node's
+`device.plugin-config-applied`.
+
+`nvidia.com/gpu.clique` names the node's multi-node NVLink domain (`<clusterUuid>.<cliqueId>`,
+from NVML's fabric info) when every GPU of the node is registered in the same one; a node
+whose GPUs have no such fabric (an HGX H200) gets no such label. Waves can order a rollout by
+it (`upgradePolicy.waves.topologyLabel`).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ NVML_DERIVED = (
     f"{GFD}gpu.sharing-strategy",
     f"{GFD}gpu.mode",
     f"{GFD}gpu.machine",
+    f"{GFD}gpu.clique",
     f"{GFD}mig.",
     f"{GFD}mps.capable",
     f"{GFD}vgpu.present",
@@ -200,12 +208,17 @@ def _gfd(inventory: HardwareDiscovered, settings: LabelSettings) -> dict[str, st
             f"{GFD}gpu.sharing-strategy": str(settings.sharing_strategy) if shared else "none",
             f"{GFD}gpu.mode": _gpu_mode(inventory, first),
             f"{GFD}mig.capable": str(first.mig_mode is not MigMode.UNSUPPORTED).lower(),
-            f"{GFD}mps.capable": "false",
+            f"{GFD}mps.capable": str(
+                shared and settings.sharing_strategy is SharingStrategy.MPS
+            ).lower(),
             f"{GFD}vgpu.present": "false",
         }
     )
     if first.mig_mode is not MigMode.UNSUPPORTED:
         labels[f"{GFD}mig.strategy"] = settings.mig_strategy
+    cliques = {gpu.clique for gpu in inventory.gpus}
+    if len(cliques) == 1 and (clique := cliques.pop()) is not None:
+        labels[f"{GFD}gpu.clique"] = clique  # only when every GPU is in the one domain
     if inventory.product_name:
         labels[f"{GFD}gpu.machine"] = _label_value(inventory.product_name.replace(" ", "-"))
     if settings.timestamp is not None:

@@ -46,6 +46,22 @@ async def bus(cluster: NatsCluster) -> AsyncIterator[NatsBus]:
         await started.close()
 
 
+async def _first_write(kv: NatsKeyValue, key: str, value: bytes) -> int:
+    """Create `key`, asking again while the bucket's new replica group elects its first
+    leader (a loaded cluster may take seconds); its revision."""
+
+    async def create() -> int | None:
+        try:
+            return await kv.create(key, value)
+        except KeyExists:  # an earlier try was stored, its answer lost
+            entry = await kv.get(key)
+            return entry.revision if entry is not None and entry.value == value else None
+        except BusError:
+            return None
+
+    return await eventually(create, timeout=30)
+
+
 async def _moved(bus: NatsBus, stream: str, before: str) -> str:
     async def elected() -> str | None:
         try:
@@ -146,7 +162,7 @@ async def test_a_stream_on_the_wrong_storage_stops_the_start_with_the_reason(
 
 async def test_compare_and_set_keeps_its_meaning_across_a_leader_move(bus: NatsBus) -> None:
     sagas = await bus.kv(Buckets.SAGAS)
-    revision = await sagas.create("gpu-node-1", b"v1")
+    revision = await _first_write(sagas, "gpu-node-1", b"v1")
     stream = "KV_gpuop_sagas"
     before = await bus.stream_leader(stream)
     await bus.step_down(stream)
@@ -193,7 +209,7 @@ async def test_losing_a_server_for_good_leaves_publishing_consuming_and_kv_worki
     recorder = Recorder()
     sub = await bus.consume(ConsumerSpec("survivor", [HB_SUBJECT], ack_wait=2.0), recorder)
     sagas = await bus.kv(Buckets.SAGAS)
-    revision = await sagas.create("gpu-node-2", b"v1")
+    revision = await _first_write(sagas, "gpu-node-2", b"v1")
     try:
         await bus.publish_batch([heartbeat("node-0", i) for i in range(50)])
         leader = await bus.stream_leader("GPUOP_EVENTS")

@@ -64,7 +64,7 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         return user == "telemetry"
     if payload is device.DevicePluginConfigSelected:
         return user == "discovery-cluster"  # from the Node's label, which only it watches
-    if payload is device.DevicePluginConfigApplied:
+    if payload in (device.DevicePluginConfigApplied, device.MpsDaemonChanged):
         return user == "device-plugin"
     return owners[payload.DOMAIN] == user
 

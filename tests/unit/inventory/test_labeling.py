@@ -96,3 +96,18 @@ def test_driver_unloaded_keeps_nvml_labels_but_a_removed_gpu_loses_them() -> Non
     assert kept["nvidia.com/cuda.driver-version.full"] == "580.159.04"
     gone = inventory((), driver_version=None, pci_functions=(NIC_FUNCTION,))
     assert "nvidia.com/gpu.product" not in merge(current, labels_for(gone), gone)
+
+
+CLIQUE = "6f1c2a9e-0b7d-4c35-9a8e-2f4b1d0c7e55.32766"
+
+
+def test_the_clique_label_names_the_nvlink_domain_every_gpu_is_in() -> None:
+    in_clique = tuple(
+        H200.model_copy(update={"index": i, "minor_number": i, "clique": CLIQUE}) for i in range(4)
+    )
+    assert labels_for(inventory(in_clique))["nvidia.com/gpu.clique"] == CLIQUE
+    assert "nvidia.com/gpu.clique" not in labels_for(inventory())  # an H200 has none
+    split = (*in_clique[:2], *(g.model_copy(update={"clique": None}) for g in in_clique[2:]))
+    assert "nvidia.com/gpu.clique" not in labels_for(inventory(split))  # not one domain
+    other = in_clique[3].model_copy(update={"clique": CLIQUE.replace("32766", "1")})
+    assert "nvidia.com/gpu.clique" not in labels_for(inventory((*in_clique[:3], other)))

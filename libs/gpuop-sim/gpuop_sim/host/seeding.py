@@ -17,6 +17,7 @@ from pathlib import Path
 from gpuop.host import components, modules, packages, system
 from gpuop.host.files import write_atomic
 from gpuop.host.roots import HostRoot
+from gpuop_sim.host import mpscontrol
 from gpuop_sim.host.simkernel import SimKernel
 
 RECORDED_DRIVER_VERSION = "580.159.04"
@@ -33,7 +34,8 @@ def seed_host_root(
     kernel_release: str | None = None,
 ) -> HostRoot:
     """Copy the host root `recorded` into `destination` and boot a simulated kernel on it:
-    `gpu_version` (None: no GPU driver) installed and `nvidia`, `nvidia_uvm` loaded;
+    `gpu_version` (None: no GPU driver) installed and `nvidia`, `nvidia_uvm` loaded, with
+    the driver's `nvidia-cuda-mps-control` (the stand-in of `mpscontrol`);
     `ofed_version`, when given, installed and `mlx5_core`, `ib_core`, `mlx5_ib` loaded;
     `kernel_release`, when given, the release the host runs instead of the recording's (a
     node on another kernel build needs its own driver packages). The recorded files are
@@ -49,6 +51,7 @@ def seed_host_root(
     to_load: list[str] = []
     if gpu_version is not None:
         _install(root, components.GPU, gpu_version, kernel_release)
+        mpscontrol.install(root.path)  # the driver's user-space tools bring it
         to_load += ["nvidia", "nvidia_uvm"]
     if ofed_version is not None:
         for module in components.modules_of(components.OFED):
