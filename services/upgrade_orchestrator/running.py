@@ -49,6 +49,10 @@ from gpuop.services.upgrade_orchestrator.store import SagaStore
 
 log = logging.getLogger(__name__)
 
+ANNOUNCED_FOR = 60.0
+"""Seconds an admission may stay undecided before the next pass admits the node again (one
+was seen never to reach the intake while the event stream's leader moved, and the node
+waited, holding its slot, until the end of the rollout)."""
 CONFLICT_RETRIES = 8
 """Re-reads after a lost compare-and-set before the delivery is retried later."""
 
@@ -80,8 +84,9 @@ class Runner:
         self._policy = policy
         self._clock = clock
         self._on_change = on_change
-        self._announced: dict[str, tuple[int, bool]] = {}
-        """Saga id -> (attempt, canary) of admissions published and not yet decided."""
+        self._announced: dict[str, tuple[int, bool, float]] = {}
+        """Saga id -> (attempt, canary, `clock.monotonic()` of the publish) of admissions
+        published and not yet decided."""
         self._recorded: GPUClusterPolicySpec | None = None
         """The policy last recorded as `PolicyApplied` by this process."""
         self._locks: dict[str, asyncio.Lock] = {}
@@ -256,7 +261,7 @@ class Runner:
         for node in result.nodes:
             saga = by_node[node]
             canary = node in result.canary
-            self._announced[saga.saga_id] = (saga.attempt, canary)
+            self._announced[saga.saga_id] = (saga.attempt, canary, self._clock.monotonic())
             admitted = NodeAdmitted(
                 rollout_id=saga.rollout_id,
                 saga_id=saga.saga_id,
@@ -279,8 +284,20 @@ class Runner:
         announced = self._announced.get(saga.saga_id)
         if saga.state is not UpgradeState.UPGRADE_REQUIRED or announced is None:
             return saga
-        attempt, canary = announced
+        attempt, canary, at = announced
         if attempt != saga.attempt:
+            return saga
+        if self._clock.monotonic() - at > ANNOUNCED_FOR:
+            # never decided: the admission is published again (the same id, so a copy the
+            # log does hold is dropped as a duplicate, or decided once and then ignored)
+            # rather than the node holding its slot, and waiting, for ever
+            log.warning(
+                "the admission of %s was not decided within %.0f s; admitting it again",
+                saga.saga_id,
+                ANNOUNCED_FOR,
+                extra={"node": saga.node},
+            )
+            del self._announced[saga.saga_id]
             return saga
         return saga.model_copy(
             update={"state": UpgradeState.CORDON_REQUIRED, "canary": canary or saga.canary}

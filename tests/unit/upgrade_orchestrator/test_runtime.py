@@ -16,7 +16,7 @@ from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, SagaStarted, UpgradeState
 from gpuop.saga import NodeSaga, NodeStatus, actions, folding, pending
 from gpuop.saga.core import Admitted, decide
-from gpuop.services.upgrade_orchestrator import intake
+from gpuop.services.upgrade_orchestrator import intake, running
 from gpuop.services.upgrade_orchestrator.deadlines import deadline_event_id
 from gpuop.services.upgrade_orchestrator.store import SagaStore, StoredSaga
 from tests.support.orchestrator import Stack, events, messages
@@ -377,3 +377,24 @@ async def test_a_takeover_racing_a_decision_leaves_the_node_labelled_as_its_saga
     ]
     assert final.state is UpgradeState.UPGRADE_DONE
     assert written[-1] is UpgradeState.UPGRADE_DONE, written
+
+
+async def test_an_admission_never_decided_is_published_again_instead_of_holding_a_slot(
+    stack: Stack,
+) -> None:
+    assert stack.runner is not None and stack.store is not None
+    await stack.store.create(saga_for(stack.policy))
+    first = await stack.runner.admit({NODE: NodeStatus()}, T0)
+    assert first is not None and first.nodes == (NODE,)
+    # the intake never sees it (lost with a stream leader, in the cluster test): the saga
+    # stays in upgrade-required, and holds its slot while the admission may still come
+    again = await stack.runner.admit({NODE: NodeStatus()}, T0)
+    assert again is not None and again.nodes == () and again.in_progress == 1
+    stack.clock.advance(running.ANNOUNCED_FOR + 1)
+    late = await stack.runner.admit({NODE: NodeStatus()}, T0)
+    assert late is not None and late.nodes == (NODE,)
+    admitted = await messages(stack.bus, events(stack.bus.prefix, "upgrade", NODE, "admitted"))
+    assert len(admitted) == 1  # the same id again: the copy the log holds is kept once
+    [(envelope, payload)] = admitted
+    await stack.runner.apply(NODE, payload, envelope.time)
+    assert (await stack.saga(NODE)).state is S.CORDON_REQUIRED
