@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -205,6 +205,18 @@ class ReplicatedResource(_Section):
         return name
 
 
+def _check_listed_once(names: Sequence[str]) -> None:
+    """Refuse shared resources (time-slicing's or MPS's) that name one more than once."""
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} listed more than once")
+
+
+def _replicas_of(resources: Sequence[ReplicatedResource | MpsResource], name: str) -> int:
+    """Replicas of the resource called `name` among `resources` (1: not shared)."""
+    return next((r.replicas for r in resources if r.name == name), 1)
+
+
 class TimeSlicing(_Section):
     """`sharing.timeSlicing`."""
 
@@ -218,15 +230,12 @@ class TimeSlicing(_Section):
     @field_validator("resources")
     @classmethod
     def _distinct(cls, value: tuple[ReplicatedResource, ...]) -> tuple[ReplicatedResource, ...]:
-        names = [resource.name for resource in value]
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise ValueError(f"{', '.join(repeated)} listed more than once")
+        _check_listed_once([resource.name for resource in value])
         return value
 
     def replicas(self, resource: str) -> int:
         """Replicas of `resource` (1: not shared)."""
-        return next((r.replicas for r in self.resources if r.name == resource), 1)
+        return _replicas_of(self.resources, resource)
 
 
 class MpsResource(_Section):
@@ -289,15 +298,12 @@ class Mps(_Section):
     @field_validator("resources")
     @classmethod
     def _distinct(cls, value: tuple[MpsResource, ...]) -> tuple[MpsResource, ...]:
-        names = [resource.name for resource in value]
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise ValueError(f"{', '.join(repeated)} listed more than once")
+        _check_listed_once([resource.name for resource in value])
         return value
 
     def replicas(self, resource: str) -> int:
         """Replicas of `resource` (1: not shared)."""
-        return next((r.replicas for r in self.resources if r.name == resource), 1)
+        return _replicas_of(self.resources, resource)
 
 
 class Sharing(_Section):

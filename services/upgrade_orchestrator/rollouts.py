@@ -95,8 +95,6 @@ def pool_progress(
     found = []
     for name in (None, *names):
         members = [s for s in sagas if s.pool == name]
-        if name is not None and name not in {p.name for p in policy.driver.pools} and not members:
-            continue
         try:
             versions = {str(c): t.version for c, t in desired_targets(policy, name).items()}
         except KeyError:

@@ -165,3 +165,13 @@ def test_a_named_mps_config_names_its_config_in_the_error(tmp_path: Path) -> Non
     path = write(tmp_path, text)
     with pytest.raises(SettingsError, match=r"configs\.mps-4\.sharing\.mps\.resources\.0"):
         load_configs(path)
+
+
+@pytest.mark.parametrize("strategy", ["mps", "timeSlicing"])
+def test_a_resource_listed_twice_is_refused_under_either_sharing(
+    tmp_path: Path, strategy: str
+) -> None:
+    twice = "[{name: nvidia.com/gpu, replicas: 2}, {name: nvidia.com/gpu, replicas: 4}]"
+    message = refusal(tmp_path, f"sharing:\n  {strategy}:\n    resources: {twice}\n")
+    assert f"sharing.{strategy}.resources" in message
+    assert "nvidia.com/gpu listed more than once" in message
