@@ -28,6 +28,8 @@ async def eventually(
                 async with asyncio.timeout_at(deadline):
                     answer = await answer
             except TimeoutError:
+                if loop.time() < deadline:
+                    raise  # the check's own timeout, not the wait's: its error is the story
                 raise TimeoutError(f"{failure} (the check hung)") from None
         if answer is not None and answer is not False:
             return answer  # type: ignore[return-value]

@@ -271,8 +271,8 @@ class NatsBus:
         server without a cluster."""
         try:
             info = await self.js.stream_info(stream)
-        except nats.js.errors.APIError as exc:
-            raise BusError(f"cannot read stream {stream}: {exc}") from exc
+        except ANY_NATS_ERROR as exc:  # an API error, or no answer while it has no leader
+            raise BusError(f"cannot read stream {stream}: {exc!r}") from exc
         return info.cluster.leader if info.cluster and info.cluster.leader else ""
 
     async def step_down(self, stream: str) -> None:
