@@ -13,15 +13,20 @@ what each role subscribes to, `gpuop.operands` decides when the node role may to
 
 from gpuop.runtime.services import ServiceContext, ServiceDefinition
 from gpuop.runtime.settings import Role
-from gpuop.services.discovery import config, labeler, node_agent
+from gpuop.services.discovery import config
 
 
 async def main(context: ServiceContext) -> None:
-    """Run the role `--role` names until the service stops."""
+    """Run the role `--role` names until the service stops; only that role's modules are
+    imported (a node agent carries no Kubernetes client)."""
     settings = config.load_config(context.settings.config)
     if context.settings.role is Role.NODE:
+        from gpuop.services.discovery import node_agent
+
         await node_agent.run(context, settings)
     else:
+        from gpuop.services.discovery import labeler
+
         await labeler.run(context, settings)
 
 

@@ -8,7 +8,9 @@ the archive into its staging directory while hashing it.
 
 A directory is named by an absolute path or a `file://` URL, as the agent's own filesystem
 sees it (in a pod, mount the mirror; `/host/srv/drivers` is the host's `/srv/drivers`).
-URLs are fetched with aiohttp under the configured connect and read timeouts.
+URLs are fetched with aiohttp under the configured connect and read timeouts; aiohttp is
+imported on the first fetch from a URL, not with the agent (most sources are directories,
+and the import is a fifth of the agent's memory).
 
 Failures are `SourceError`s whose `reason` is the install failure reason to report:
 `source-unreachable` (retryable: the network, a server error, a missing mount) or
@@ -25,7 +27,6 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Protocol
 from urllib.parse import unquote, urljoin, urlsplit
 
-import aiohttp
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from gpuop.events.driver import InstallFailureReason
@@ -196,7 +197,7 @@ class HttpSource:
 
     def __init__(self, url: str, connect: float, read: float, max_bytes: int) -> None:
         self.url = url if url.endswith("/") else url + "/"
-        self.timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=read)
+        self.connect, self.read = connect, read
         self.max_bytes = max_bytes
 
     @property
@@ -223,10 +224,13 @@ class HttpSource:
 
     async def _get(self, url: str, sink: _Sink, limit: int) -> int:
         """Stream `url`'s body into `sink`; its size."""
+        import aiohttp
+
         unreachable = InstallFailureReason.SOURCE_UNREACHABLE
+        timeout = aiohttp.ClientTimeout(sock_connect=self.connect, sock_read=self.read)
         try:
             async with (
-                aiohttp.ClientSession(timeout=self.timeout) as session,
+                aiohttp.ClientSession(timeout=timeout) as session,
                 session.get(url) as response,
             ):
                 if response.status == 404:

@@ -22,15 +22,20 @@ policy allows it, and publishes what came of each network and the node's RDMA de
 
 from gpuop.runtime.services import ServiceContext, ServiceDefinition
 from gpuop.runtime.settings import Role
-from gpuop.services.network_manager import config, controller, node_agent
+from gpuop.services.network_manager import config
 
 
 async def main(context: ServiceContext) -> None:
-    """Run the role `--role` names until the service stops."""
+    """Run the role `--role` names until the service stops; only that role's modules are
+    imported (netlink on a node, the Kubernetes client in the cluster)."""
     settings = config.load_config(context.settings.config)
     if context.settings.role is Role.NODE:
+        from gpuop.services.network_manager import node_agent
+
         await node_agent.run(context, settings)
     else:
+        from gpuop.services.network_manager import controller
+
         await controller.run(context, settings)
 
 

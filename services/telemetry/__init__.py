@@ -13,15 +13,20 @@ what the node role subscribes to.
 
 from gpuop.runtime.services import ServiceContext, ServiceDefinition
 from gpuop.runtime.settings import Role
-from gpuop.services.telemetry import cluster_exporter, config, node_exporter
+from gpuop.services.telemetry import config
 
 
 async def main(context: ServiceContext) -> None:
-    """Run the role `--role` names until the service stops."""
+    """Run the role `--role` names until the service stops; only that role's modules are
+    imported (the node exporter carries no Kubernetes client)."""
     settings = config.load_config(context.settings.config)
     if context.settings.role is Role.NODE:
+        from gpuop.services.telemetry import node_exporter
+
         await node_exporter.run(context, settings)
     else:
+        from gpuop.services.telemetry import cluster_exporter
+
         await cluster_exporter.run(context, settings)
 
 

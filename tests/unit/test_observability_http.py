@@ -137,3 +137,79 @@ async def test_start_on_a_taken_port_raises_and_leaves_nothing_running():
         with pytest.raises(OSError):
             await second.start()
         assert second.address is None
+
+
+async def _exchange(server: HealthServer, raw: bytes) -> bytes:
+    """Send `raw` on a fresh connection and read until the server closes it."""
+    assert server.address is not None
+    reader, writer = await asyncio.open_connection(*server.address)
+    writer.write(raw)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), timeout=5)
+    writer.close()
+    return answer
+
+
+async def test_a_kept_alive_connection_answers_several_requests_in_turn(client):
+    async with HealthServer(CollectorRegistry()) as server:
+        for _ in range(3):  # aiohttp's session reuses its one connection
+            async with client.get(url(server, "/healthz")) as response:
+                assert response.headers["Connection"] == "keep-alive"
+        raw = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        raw += b"GET /readyz HTTP/1.1\r\nConnection: close\r\n\r\n"
+        answer = await _exchange(server, raw)
+    assert answer.count(b"HTTP/1.1 200 OK") == 2
+    assert answer.endswith(b'{"ready": true}')
+
+
+async def test_unknown_paths_other_methods_and_head_get_what_http_says(client):
+    async with HealthServer(CollectorRegistry()) as server:
+        async with client.get(url(server, "/nothing")) as missing:
+            assert missing.status == 404
+            assert "/healthz" in await missing.text()
+        async with client.post(url(server, "/healthz")) as posted:
+            assert posted.status == 405
+        head = await _exchange(server, b"HEAD /healthz HTTP/1.0\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and head.endswith(b"\r\n\r\n")
+    assert b"Content-Length: 16" in head and b"Connection: close" in head
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"GARBAGE\r\n\r\n", b"400"),
+        (b"GET /healthz SPDY/3\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody", b"400"),
+        (b"GET /healthz HTTP/1.1\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n", b"431"),
+        (b"GET /healthz HTT", b"400"),  # the client gave up half way
+    ],
+)
+async def test_a_malformed_request_gets_a_clear_error_and_the_connection_closed(raw, status):
+    async with HealthServer(CollectorRegistry()) as server:
+        writer_closed = await _exchange_half_closed(server, raw)
+        assert writer_closed.startswith(b"HTTP/1.1 " + status), writer_closed[:80]
+        assert b"Connection: close" in writer_closed
+        assert await _exchange(server, b"GET /healthz HTTP/1.0\r\n\r\n")  # still serving
+
+
+async def _exchange_half_closed(server: HealthServer, raw: bytes) -> bytes:
+    """Send `raw`, then end the sending side (a client that stops mid-request), and read."""
+    assert server.address is not None
+    reader, writer = await asyncio.open_connection(*server.address)
+    writer.write(raw)
+    writer.write_eof()
+    answer = await asyncio.wait_for(reader.read(), timeout=5)
+    writer.close()
+    return answer
+
+
+async def test_stop_closes_an_idle_kept_alive_connection():
+    server = HealthServer(CollectorRegistry())
+    host, port = await server.start()
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"GET /healthz HTTP/1.1\r\n\r\n")
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+    await asyncio.wait_for(server.stop(), timeout=5)  # does not wait for the client
+    await reader.readexactly(16)  # the body; then the server's close
+    assert await asyncio.wait_for(reader.read(), timeout=5) == b""
+    writer.close()

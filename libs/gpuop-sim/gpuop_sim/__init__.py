@@ -18,11 +18,29 @@ and reboot, and the `gpuop demo` and `gpuop sim` commands. The image installs on
 Layers, bottom up: recordings -> host, nvml -> apiserver -> cluster -> cli.
 """
 
-from gpuop_sim.apiserver.accounting import RequestKind
-from gpuop_sim.apiserver.faults import FaultPlan
-from gpuop_sim.apiserver.server import ApiServer, RequestRecord
-from gpuop_sim.apiserver.threaded import ThreadedApiServer
-from gpuop_sim.cluster.cluster import SimCluster
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuop_sim.apiserver.accounting import RequestKind
+    from gpuop_sim.apiserver.faults import FaultPlan
+    from gpuop_sim.apiserver.server import ApiServer, RequestRecord
+    from gpuop_sim.apiserver.threaded import ThreadedApiServer
+    from gpuop_sim.cluster.cluster import SimCluster
+
+_EXPORTED = {
+    "ApiServer": "gpuop_sim.apiserver.server",
+    "FaultPlan": "gpuop_sim.apiserver.faults",
+    "RequestKind": "gpuop_sim.apiserver.accounting",
+    "RequestRecord": "gpuop_sim.apiserver.server",
+    "SimCluster": "gpuop_sim.cluster.cluster",
+    "ThreadedApiServer": "gpuop_sim.apiserver.threaded",
+}
+"""Imported when first asked for: a node agent that loads only the `sim:<gpus>` NVML backend
+or the simulated kernel must not carry the API server and the cluster (attrs, TLS, a
+twentieth of its memory)."""
 
 __all__ = [
     "ApiServer",
@@ -32,3 +50,12 @@ __all__ = [
     "SimCluster",
     "ThreadedApiServer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpuop_sim' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -5,6 +5,7 @@ tests. Import the pieces you need as namespaces:
 `from gpuop.bus import errors, protocol`.
 """
 
+from gpuop.bus import _transport  # noqa: F401  # first: nats-py without aiohttp (see there)
 from gpuop.bus.errors import (
     BusError,
     KeyExists,

@@ -59,6 +59,11 @@ leader is gone and whose next one is not elected yet: no response from the strea
 
 ANY_NATS_ERROR: tuple[type[BaseException], ...] = (*TRANSIENT, nats.errors.Error)
 CONSUME_FAILURES: tuple[type[BaseException], ...] = (*ANY_NATS_ERROR, BusUnavailable)
+IDLE_FETCH_SECONDS = 5.0
+"""How long one pull request waits on an idle consumer. A message is handed over the moment
+it arrives whatever this is; it bounds only how soon a pull lost with a connection is asked
+again, and each expiry costs a round trip: at 1 s, the fetch loops of an idle node agent's
+consumers were half of its CPU."""
 START_RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT, PublishTimeout)
 """What `start` tries again: the transient failures (a refusal stops it at once)."""
 
@@ -497,7 +502,8 @@ class NatsSubscription(PumpedSubscription):
             if self._dispatcher.free_slots == 0:
                 await self._dispatcher.wait_for_slot()
             try:
-                batch = await self._psub.fetch(min(self._dispatcher.free_slots, 64), timeout=1.0)
+                wanted = min(self._dispatcher.free_slots, 64)
+                batch = await self._psub.fetch(wanted, timeout=IDLE_FETCH_SECONDS)
             except nats.errors.TimeoutError:
                 continue
             except ANY_NATS_ERROR as exc:

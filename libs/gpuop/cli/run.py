@@ -14,7 +14,7 @@ EXIT_GRACE = 20.0
 
 
 def add_parser(verbs: Any) -> None:
-    names = ", ".join(services.installed())
+    names = ", ".join(services.names())  # not imported: a service's process imports only its own
     sub: argparse.ArgumentParser = verbs.add_parser(
         "run",
         help="run one service",

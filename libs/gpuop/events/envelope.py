@@ -39,7 +39,9 @@ class UnknownEventType(LookupError):
 class Payload(BaseModel):
     """Base of every event and command payload: frozen, tolerant of unknown fields."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="ignore", frozen=True, use_attribute_docstrings=True, defer_build=True
+    )
 
     TYPE: ClassVar[str] = ""
     """CloudEvents `type`, set for each concrete subclass from its class variables."""
@@ -122,7 +124,9 @@ class Command(Payload):
 class Envelope(BaseModel):
     """CloudEvents 1.0 attributes plus gpuop's extensions around one payload."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="ignore", frozen=True, use_attribute_docstrings=True, defer_build=True
+    )
 
     specversion: Literal["1.0"] = SPEC_VERSION
     """CloudEvents specification version."""

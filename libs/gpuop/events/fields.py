@@ -96,7 +96,9 @@ Attempt = Annotated[int, Field(ge=1, le=10_000)]
 class Record(BaseModel):
     """Base of the nested records inside payloads: frozen, tolerant of unknown fields."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="ignore", frozen=True, use_attribute_docstrings=True, defer_build=True
+    )
 
 
 class NamespacedName(Record):

@@ -11,18 +11,26 @@ Kubernetes API, and the readiness probe reports what it is still waiting for.
   that keeps its own pre-rendered Prometheus text (telemetry's GPU metrics, rendered once per
   collection with dcgm-exporter's exact names) passes it as `exposition`; the response is
   then Prometheus text, the registry's followed by those bytes as they are.
+
+It is HTTP/1.1 on asyncio's streams, not a web framework: three GET routes need a request line
+and a few headers, and every node agent runs one, where aiohttp's import alone was a tenth
+of its resident memory. Connections are kept alive (Prometheus reuses its connection), a
+request head is bounded in size and time, and anything but GET or HEAD of the three paths
+gets a plain 404 or 405.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 
@@ -34,6 +42,27 @@ ReadinessCheck = Callable[[], Readiness | Awaitable[Readiness]]
 """Answers whether the service can do its job now; may be a plain or an async function."""
 Exposition = Callable[[], bytes | None]
 """Pre-rendered Prometheus text (format 0.0.4) to serve after the registry's; None: nothing."""
+
+MAX_HEAD_BYTES = 16 * 1024
+"""A request line and headers longer than this are refused (431) and the connection closed."""
+IDLE_SECONDS = 60.0
+"""A kept-alive connection with no new request for this long is closed; also the bound on
+reading one request head, so a slow client cannot hold a connection open for ever."""
+_JSON = "application/json; charset=utf-8"
+_TEXT = "text/plain; charset=utf-8"
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 400: "Bad Request",
+            431: "Request Header Fields Too Large", 503: "Service Unavailable"}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Response:
+    status: int
+    body: bytes
+    content_type: str
+
+    @classmethod
+    def json(cls, document: object, status: int = 200) -> _Response:
+        return cls(status, json.dumps(document).encode(), _JSON)
 
 
 class HealthServer:
@@ -56,7 +85,8 @@ class HealthServer:
         self._port = port
         # Below the kubelet's probe timeout, so a hung check reads as "not ready", not "dead".
         self._readiness_timeout = readiness_timeout
-        self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
         self._address: tuple[str, int] | None = None
 
     @property
@@ -66,31 +96,27 @@ class HealthServer:
 
     async def start(self) -> tuple[str, int]:
         """Bind and serve; returns the bound (host, port), so port 0 picks a free one."""
-        if self._runner is not None:
+        if self._server is not None:
             raise RuntimeError("HealthServer is already started")
-        app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/metrics", self._metrics)
-        # Probes every few seconds would drown the service's own log lines.
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, self._host, self._port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        sockname = runner.addresses[0]
-        self._runner = runner
+        server = await asyncio.start_server(
+            self._serve, self._host, self._port, limit=MAX_HEAD_BYTES
+        )
+        sockname = server.sockets[0].getsockname()
+        self._server = server
         self._address = (str(sockname[0]), int(sockname[1]))
         _log.info("serving /healthz, /readyz and /metrics on %s:%d", *self._address)
         return self._address
 
     async def stop(self) -> None:
-        """Stop serving; safe to call when not started."""
-        runner, self._runner, self._address = self._runner, None, None
-        if runner is not None:
-            await runner.cleanup()
+        """Stop serving and close every open connection; safe to call when not started."""
+        server, self._server, self._address = self._server, None, None
+        if server is None:
+            return
+        server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await server.wait_closed()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -104,28 +130,95 @@ class HealthServer:
     ) -> None:
         await self.stop()
 
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            while await self._answer_one(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass  # the client went away or went quiet: nothing to answer
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+                await writer.wait_closed()
 
-    async def _readyz(self, request: web.Request) -> web.Response:
+    async def _answer_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Read one request and answer it; whether the connection stays open for another."""
+        try:
+            async with asyncio.timeout(IDLE_SECONDS):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as short:
+            if short.partial.strip():
+                await self._send(writer, _Response(400, b"incomplete request\n", _TEXT), False)
+            return False
+        except asyncio.LimitOverrunError:
+            await self._send(writer, _Response(431, b"request head too large\n", _TEXT), False)
+            return False
+        request_line, *header_lines = head.decode("latin-1").split("\r\n")
+        parts = request_line.split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            await self._send(writer, _Response(400, b"malformed request line\n", _TEXT), False)
+            return False
+        method, target, version = parts
+        headers = {}
+        for line in header_lines:
+            name, colon, value = line.partition(":")
+            if colon:
+                headers[name.strip().lower()] = value.strip()
+        if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
+            # the routes take no body; one left unread would be parsed as the next request
+            await self._send(writer, _Response(400, b"no request body expected\n", _TEXT), False)
+            return False
+        connection = headers.get("connection", "").lower()
+        keep_alive = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
+        response = await self._route(method, target.split("?", 1)[0], headers)
+        await self._send(writer, response, keep_alive, head_only=method == "HEAD")
+        return keep_alive
+
+    async def _route(self, method: str, path: str, headers: dict[str, str]) -> _Response:
+        routes = {"/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics}
+        route = routes.get(path)
+        if route is None:
+            return _Response(404, b"not found: try /healthz, /readyz or /metrics\n", _TEXT)
+        if method not in ("GET", "HEAD"):
+            return _Response(405, f"{method} not allowed: GET only\n".encode(), _TEXT)
+        return await route(headers)
+
+    @staticmethod
+    async def _send(
+        writer: asyncio.StreamWriter, response: _Response, keep_alive: bool, head_only: bool = False
+    ) -> None:
+        lines = [
+            f"HTTP/1.1 {response.status} {_REASONS.get(response.status, '')}",
+            f"Content-Type: {response.content_type}",
+            f"Content-Length: {len(response.body)}",
+            f"Connection: {'keep-alive' if keep_alive else 'close'}",
+        ]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        if not head_only:
+            writer.write(response.body)
+        await writer.drain()
+
+    async def _healthz(self, headers: dict[str, str]) -> _Response:
+        return _Response.json({"status": "ok"})
+
+    async def _readyz(self, headers: dict[str, str]) -> _Response:
         ready, reason = await self._check_readiness()
         if ready:
-            return web.json_response({"ready": True})
-        return web.json_response({"ready": False, "reason": reason}, status=503)
+            return _Response.json({"ready": True})
+        return _Response.json({"ready": False, "reason": reason}, status=503)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    async def _metrics(self, headers: dict[str, str]) -> _Response:
         rendered = self._exposition() if self._exposition is not None else None
         if rendered is not None:
             # dcgm-exporter's counters have no `_total`, which OpenMetrics would require
             body = generate_latest(self._registry) + rendered
-            response = web.Response(body=body)
-            response.headers["Content-Type"] = CONTENT_TYPE_PLAIN_0_0_4
-            return response
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        response = web.Response(body=encoder(self._registry))
-        # aiohttp's content_type argument refuses parameters such as charset and version.
-        response.headers["Content-Type"] = content_type
-        return response
+            return _Response(200, body, CONTENT_TYPE_PLAIN_0_0_4)
+        encoder, content_type = choose_encoder(headers.get("accept", ""))
+        return _Response(200, encoder(self._registry), content_type)
 
     async def _check_readiness(self) -> tuple[bool, str]:
         if self._readiness is None:

@@ -71,13 +71,17 @@ def installed() -> dict[str, ServiceDefinition]:
     return dict(sorted(found.items()))
 
 
+def names() -> list[str]:
+    """The installed services' names, read from the entry points without importing any."""
+    return sorted(entry.name for entry in entry_points(group=ENTRY_POINT_GROUP))
+
+
 def lookup(name: str) -> ServiceDefinition:
     """The service `name`, importing only its own package: a process runs one service and
     should not carry the others' imports (gRPC, netlink) to its exit."""
     for entry in entry_points(group=ENTRY_POINT_GROUP, name=name):
         return _load(entry)
-    names = sorted(entry.name for entry in entry_points(group=ENTRY_POINT_GROUP))
-    raise UnknownService(f"unknown service {name!r}; installed: {', '.join(names)}")
+    raise UnknownService(f"unknown service {name!r}; installed: {', '.join(names())}")
 
 
 def _load(entry: EntryPoint) -> ServiceDefinition:
