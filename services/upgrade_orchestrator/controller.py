@@ -1,9 +1,10 @@
 """The leader's work: start rollouts, admit nodes, report progress, keep the sagas moving.
 
 `Controller.run` runs while this replica holds the Lease. It watches the GPUClusterPolicy
-(`policies`) and the GPU nodes (`observing`), starts consuming the event log (`intake`)
-into the runner, and rebuilds from KV, re-issuing every saga's pending step
-(`Runner.resume`).
+(`policies`), the GPU nodes (`observing`) and the sagas' bucket (the store's index, rebuilt
+from KV first: `indexing`), starts consuming the event log (`intake`) into the runner, and
+rebuilds from KV, re-issuing every saga's pending step (`Runner.resume`). The reconcile
+reads the sagas from the index, never by listing KV.
 Whenever something changed (a decision, a node, the policy) and at least every
 `resync_seconds`, `reconcile`:
 
@@ -118,6 +119,8 @@ class Controller:
     async def run(self) -> None:
         """Lead until cancelled."""
         store = await SagaStore.open(self._bus)
+        # the index admission reads, rebuilt from KV: the last leader's writes are in KV only
+        log.info("indexed %d sagas from KV", await store.load())
         inventories = await self._bus.kv(Buckets.NODES)
         recorder = EventRecorder(
             self._kube, component=COMPONENT, namespace=self._config.event_namespace,
@@ -136,6 +139,7 @@ class Controller:
         watchers = [
             asyncio.create_task(self.policies.run(), name="policy-watch"),
             asyncio.create_task(self.nodes.run(), name="node-watch"),
+            asyncio.create_task(store.follow(clock=self._clock), name="saga-watch"),
         ]
         subscription = None
         try:
@@ -199,7 +203,7 @@ class Controller:
         now = self._clock.now()
         selected = self._selected(spec)
         # a node's saga under way keeps its slot even when the selector no longer picks it
-        under_way = {e.saga.node for e in await store.all() if _under_way(e.saga)}
+        under_way = {e.saga.node for e in store.index.live() if _under_way(e.saga)}
         for node in selected:
             started = await self._start_saga(node, spec, rollout_id, store, inventories, now)
             if started is not None:
@@ -211,7 +215,7 @@ class Controller:
             if node in selected or node in under_way
         }
         planned = await runner.admit(managed, now)
-        entries = await store.all()
+        entries = store.sagas()
         all_sagas = [e.saga for e in entries]
         self.pod_watches.follow(all_sagas, spec.upgrade_policy.wait_for_completion.pod_selector)
         sagas = [
@@ -242,7 +246,7 @@ class Controller:
         inventories: KeyValue,
         now: datetime,
     ) -> NodeSaga | None:
-        stored = await store.get(node)
+        stored = store.cached(node)  # stale at worst: the write below then conflicts
         found = spec.driver.pool_for(self.nodes.labels.get(node, {}))
         pool = found.name if found is not None else None
         if (
@@ -282,7 +286,7 @@ class Controller:
             else:
                 await store.replace(saga, stored.revision)
         except (KeyExists, RevisionConflict):
-            return None  # written meanwhile; the next pass looks again
+            return None  # written meanwhile (the store read it again); the next pass looks again
         started = folding.start_of(saga, running)
         await self._publish.event(
             started, node=node, id=ids.started(saga.saga_id), correlationid=rollout_id, now=now

@@ -13,8 +13,9 @@ commands and actions with their original ids, so whatever the crash interrupted 
 once (duplicates are dropped by the server and by the agents) and the deadlines run again.
 
 Admission is not an event of its own making: `admit` runs `admission.plan` over the stored
-sagas and records each admission as a `NodeAdmitted` event (deterministic id), which comes
-back through the intake like any event, so a replay of the log admits the same nodes at the
+sagas (as the store's index holds them, the done ones only counted: `indexing`) and records
+each admission as a `NodeAdmitted` event (deterministic id), which comes back through the
+intake like any event, so a replay of the log admits the same nodes at the
 same points, each with the components its window upgrades (fewer than its saga's when a
 node skip label left some out when it was admitted), so a replay narrows the same sagas.
 What admission read to decide (the nodes' readiness, cordons and skip labels) is not needed
@@ -254,9 +255,13 @@ class Runner:
         if policy is None:
             return None
         now = now or self._clock.now()
-        sagas = [entry.saga for entry in await self._store.all()]
+        # the index, not a listing of KV: the sagas still in play are weighed, the done
+        # ones counted, so a pass costs no more as nodes finish (issue 24). It holds this
+        # leader's writes as they return, the only writer's; an admission of a saga that
+        # moved on meanwhile is ignored when decided on the saga read from KV
+        sagas = [entry.saga for entry in self._store.index.live()]
         planned = [self._as_planned(saga) for saga in sagas]
-        result = admission.plan(planned, nodes, policy, now)
+        result = admission.plan(planned, nodes, policy, now, done=self._store.index.done)
         by_node = {saga.node: saga for saga in sagas}
         for node in result.nodes:
             saga = by_node[node]

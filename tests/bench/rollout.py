@@ -8,7 +8,7 @@ consumer) runs on `gpuop.bus.InMemoryBus`, with a fake Kubernetes that succeeds 
 at once (as in tests/unit/upgrade_orchestrator) and fake node agents that answer every
 command, at once or after a fixed simulated duration. Admission runs the way the
 controller runs it: after every decision that changed a saga (and at least every
-`RESYNC` seconds). Three figures:
+`RESYNC` seconds). Four figures:
 
 (a) throughput: 1,000 nodes, instant steps, maxParallelUpgrades 100; wall seconds until
     every saga is upgrade-done, and node upgrades per second;
@@ -17,7 +17,12 @@ controller runs it: after every decision that changed a saga (and at least every
     and what each step of a wave cost beyond its simulated time is `b_overhead_ms_per_step`;
 (c) reaction latency: wall time from publishing a step-completed event (`DriverLoaded`,
     `DriverUnloaded`, `DriverInstalled`) to the publish of the next command for that node,
-    p50 and p99, measured during (b).
+    p50 and p99, measured during (b);
+(d) admission cost: a store of 1,000 and of 5,000 sagas, nearly all upgrade-done (a slot's
+    worth under way, as many waiting), and `ADMISSION_PASSES` passes timed in CPU per
+    pass: `Runner.admit` on the store's index, and, for comparison, the full read that
+    admission made before the index (list and read every saga from KV, plan over all of
+    them). The index's pass should cost about the same at both sizes.
 
 The deadlines are armed as in the service but on a clock that never reaches them, so no
 step times out. The last line printed is one JSON object.
@@ -44,7 +49,7 @@ from gpuop.events import driver as dm
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import SagaStarted, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import Decision, NodeStatus
+from gpuop.saga import Decision, NodeStatus, admission
 from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
@@ -68,6 +73,12 @@ reported in absolute terms as `b_overhead_ms_per_step`."""
 TARGET_SECONDS = 60.0
 TARGET_RATIO = 1.10
 TARGET_P99_MS = 100.0
+ADMISSION_SIZES = (1_000, 5_000)
+"""(d): sagas in the store."""
+ADMISSION_PASSES = 200
+"""(d): passes timed per size and path (fewer with `--quick`)."""
+ADMISSION_PARALLEL = 100
+"""(d): maxParallelUpgrades; as many sagas are under way, and as many wait."""
 COMPLETIONS = (dm.DriverLoaded, dm.DriverUnloaded, dm.DriverInstalled)
 """Agent answers after which the core's next step is another agent command."""
 
@@ -165,6 +176,7 @@ async def rollout(nodes: int, max_parallel: int, step_seconds: float) -> Result:
         agent,
     )
     consumer = await intake.start(bus, runner)
+    following = asyncio.create_task(store.follow(), name="saga-watch")  # as the controller
     statuses = {name: NodeStatus() for name in names}
     running: dict[Component, str | None] = {Component.GPU: GPU_OLD, Component.OFED: OFED_OLD}
     try:
@@ -199,6 +211,8 @@ async def rollout(nodes: int, max_parallel: int, step_seconds: float) -> Result:
         seconds = time.perf_counter() - began
         cpu_seconds = time.process_time() - cpu_began
     finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
         await consumer.stop()
         await agents.stop()
         for task in tasks:
@@ -210,6 +224,62 @@ async def rollout(nodes: int, max_parallel: int, step_seconds: float) -> Result:
     return Result(
         nodes, max_parallel, step_seconds, seconds, per_node, cpu_seconds, passes, latencies
     )
+
+
+@dataclass
+class AdmissionCost:
+    sagas: int
+    passes: int
+    index_cpu_seconds: float
+    full_read_cpu_seconds: float
+
+    @property
+    def index_ms_per_pass(self) -> float:
+        return self.index_cpu_seconds / self.passes * 1e3
+
+    @property
+    def full_read_ms_per_pass(self) -> float:
+        return self.full_read_cpu_seconds / self.passes * 1e3
+
+
+async def admission_cost(sagas: int, passes: int) -> AdmissionCost:
+    """Time admission passes over a store of `sagas` sagas, nearly all done (figure (d))."""
+    bus = InMemoryBus()
+    await bus.start()
+    spec = policy(max_parallel_upgrades=ADMISSION_PARALLEL, max_unavailable="100%")
+    clock = StillClock(T0)
+    store = SagaStore(await bus.kv(Buckets.SAGAS))
+    outbox = Outbox(bus, FakeKube(), clock=clock)
+    deadlines = DeadlineScheduler(bus, clock=clock)
+    runner = Runner(bus, store, outbox, deadlines, lambda: spec, clock=clock)
+    names = [f"bench-node-{n:04d}" for n in range(sagas)]
+    try:
+        for n, name in enumerate(names):
+            saga = saga_for(spec, node=name)
+            if n < ADMISSION_PARALLEL:  # under way: every slot taken, so nothing is admitted
+                saga = saga.model_copy(update={"state": UpgradeState.DRAIN_REQUIRED,
+                                               "cordoned": True})  # fmt: skip
+            elif n >= 2 * ADMISSION_PARALLEL:
+                saga = saga.model_copy(update={"state": UpgradeState.UPGRADE_DONE})
+            await store.create(saga)
+        statuses = {name: NodeStatus() for name in names}
+        gc.collect()
+        began = time.process_time()
+        for _ in range(passes):
+            planned = await runner.admit(statuses, T0)
+            assert planned is not None and not planned.nodes, "(d) admits nothing"
+        index_cpu = time.process_time() - began
+        began = time.process_time()
+        for _ in range(passes):  # admission as it was: list and read every saga from KV
+            every = [entry.saga for entry in await store.all()]
+            full = admission.plan(every, statuses, spec, T0)
+            assert full == planned, "(d) both paths admit alike"
+        full_cpu = time.process_time() - began
+    finally:
+        await outbox.close()
+        await deadlines.close()
+        await bus.close()
+    return AdmissionCost(sagas, passes, index_cpu, full_cpu)
 
 
 def _is_command(envelope: Envelope) -> bool:
@@ -249,7 +319,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     p50 = percentile(timed.latencies, 0.50) * 1e3
     p99 = percentile(timed.latencies, 0.99) * 1e3
     print(f"(c) {len(timed.latencies)} reactions: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+    passes = ADMISSION_PASSES // 4 if args.quick else ADMISSION_PASSES
+    costs = [asyncio.run(admission_cost(size, passes)) for size in ADMISSION_SIZES]
+    for cost in costs:
+        print(f"(d) {cost.sagas} sagas, {cost.passes} passes: index "
+              f"{cost.index_ms_per_pass:.3f} ms/pass, full read "
+              f"{cost.full_read_ms_per_pass:.3f} ms/pass")  # fmt: skip
+    small, large = costs[0], costs[-1]
     met = fast.seconds <= TARGET_SECONDS and ratio <= TARGET_RATIO and p99 <= TARGET_P99_MS
+    admission_figures: dict[str, float | int] = {"d_passes": passes}
+    for cost in costs:
+        admission_figures[f"d_{cost.sagas}_index_cpu_ms_per_pass"] = round(
+            cost.index_ms_per_pass, 3
+        )
+        admission_figures[f"d_{cost.sagas}_full_read_cpu_ms_per_pass"] = round(
+            cost.full_read_ms_per_pass, 3
+        )
+    admission_figures["d_index_growth"] = round(
+        large.index_ms_per_pass / small.index_ms_per_pass, 2
+    )
+    admission_figures["d_full_read_growth"] = round(
+        large.full_read_ms_per_pass / small.full_read_ms_per_pass, 2
+    )
     print(
         json.dumps(
             {
@@ -259,7 +350,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     " in-memory bus with fake node agents and a fake Kubernetes: (a) a rollout"
                     " with instant steps, (b) fixed step durations against the ideal makespan"
                     " (waves x per-node duration), (c) wall time from a step-completed event"
-                    " to the node's next command, during (b)."
+                    " to the node's next command, during (b), (d) CPU per admission pass over"
+                    " stores of 1,000 and 5,000 sagas, nearly all done: on the store's index,"
+                    " and by the full read of KV admission made before it (growth: the"
+                    " 5,000-saga pass over the 1,000-saga pass)."
                 ),
                 "mode": mode,
                 "target": (
@@ -287,6 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "c_reactions": len(timed.latencies),
                 "c_p50_ms": round(p50, 2),
                 "c_p99_ms": round(p99, 2),
+                **admission_figures,
             }
         )
     )

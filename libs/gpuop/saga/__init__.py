@@ -24,6 +24,7 @@ namespaces:
     core          decide(saga, event, policy, now) -> Decision: UPGRADE on the machinery
     admission     plan / admit: maxParallelUpgrades, maxUnavailable, canary, the nodes
                   left out (skip labels, cordonedNodes: skip)
+    tallies       DoneSagas: the done sagas admission counts instead of reading them
     folding       one fold from the log to decisions: the inbound set, triggers, a saga
                   from its SagaStarted, one step, a decision's outputs with their ids
     replaying     `gpuop replay`: an exported log folded through a fresh core, compared
@@ -42,6 +43,7 @@ from gpuop.saga import (
     records,
     replaying,
     steps,
+    tallies,
     transitions,
     upgrade,
 )
@@ -82,6 +84,7 @@ __all__ = [
     "replaying",
     "state_changed",
     "steps",
+    "tallies",
     "transitions",
     "upgrade",
 ]

@@ -1,9 +1,10 @@
 """Admission: which upgrade-required nodes may start now, under the policy's limits.
 
-Pure. The orchestrator's runtime calls `plan` (or `admit`) with every saga of the rollout and
+Pure. The orchestrator's runtime calls `plan` (or `admit`) with the sagas of the rollout and
 the managed nodes whenever a saga or a node changes, then feeds each admitted node's saga
-`core.Admitted(canary=...)`. The arithmetic is upstream's `GetUpgradesAvailable`
-(reference/upgrade-state-machine.md section 5):
+`core.Admitted(canary=...)`; the done sagas it counts instead of passing them
+(`tallies.DoneSagas`), so a pass costs no more as nodes finish. The arithmetic is upstream's
+`GetUpgradesAvailable` (reference/upgrade-state-machine.md section 5):
 
     total        managed nodes (that exist)
     in_progress  sagas past upgrade-required and not done (upgrade-failed only when
@@ -63,6 +64,7 @@ from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec, UpgradePolicy
 from gpuop.saga.records import NodeSaga, desired_targets
+from gpuop.saga.tallies import DoneSagas
 
 S = UpgradeState
 
@@ -224,12 +226,22 @@ def plan(
     nodes: Mapping[str, NodeStatus],
     policy: GPUClusterPolicySpec,
     now: datetime,
+    *,
+    done: DoneSagas | None = None,
 ) -> Admission:
-    """Which upgrade-required nodes to admit now, and why (see the module docstring)."""
+    """Which upgrade-required nodes to admit now, and why (see the module docstring).
+
+    `done`: settled sagas counted instead of passed in `sagas` (`tallies`), the result the
+    same as with every saga passed; a node in both is taken from `sagas`."""
     upgrade = policy.upgrade_policy
-    managed = sorted(name for name, status in nodes.items() if status.exists)
+    existing = [status for status in nodes.values() if status.exists]
     by_node = {s.node: s for s in sagas if s.node in nodes and nodes[s.node].exists}
-    total = len(managed)
+
+    def counted_done(name: str) -> bool:
+        return name in nodes and nodes[name].exists and name not in by_node
+
+    done_pools = done.pools_where(counted_done) if done is not None else set()
+    total = len(existing)
     hold = upgrade.failed_nodes_hold_slot
     in_progress = sum(_holds_slot(s, hold) for s in by_node.values())
 
@@ -240,7 +252,14 @@ def plan(
     def held_elsewhere(name: str) -> bool:
         return nodes[name].held_by is not None
 
-    unavailable = sum(not nodes[n].ready or cordoned(n) or held_elsewhere(n) for n in managed)
+    def down(status: NodeStatus) -> bool:
+        """Unavailable whatever its saga: NotReady, cordoned by someone else, held."""
+        return not status.ready or status.unschedulable or status.held_by is not None
+
+    # one cheap look per node, its saga only when it has one in play (issue 24)
+    unavailable = sum(map(down, existing)) + sum(
+        s.cordoned and not down(nodes[s.node]) for s in by_node.values()
+    )
     required = [s for s in by_node.values() if s.state is S.UPGRADE_REQUIRED]
     skipped: dict[str, str] = {}
     for saga in sorted(required, key=lambda s: s.node):
@@ -251,7 +270,9 @@ def plan(
             skipped[saga.node] = why
     max_unavailable = upgrade.max_unavailable_of(total)
     budget = _budget(total, unavailable, max_unavailable)
-    pools = sorted({s.pool for s in by_node.values()}, key=lambda p: (p is not None, p or ""))
+    pools = sorted(
+        {s.pool for s in by_node.values()} | done_pools, key=lambda p: (p is not None, p or "")
+    )
     rules = {pool: _rules(policy, pool) for pool in pools}
     members = {pool: [s for s in by_node.values() if s.pool == pool] for pool in pools}
     free: dict[str | None, int] = {}
@@ -264,13 +285,18 @@ def plan(
         free[pool] = min(waiting if parallel == 0 else parallel - busy, budget)
     slots = min(sum(free.values()), budget) if pools else min(upgrade.max_parallel_upgrades, budget)
     canaries = {pool: [s for s in members[pool] if s.canary] for pool in pools}
+    done_canaries = {
+        pool: done.canaries_where(pool, counted_done) if done is not None else 0 for pool in pools
+    }
     failed_canaries = {
         pool: tuple(sorted(s.node for s in canaries[pool] if s.state is S.UPGRADE_FAILED))
         for pool in pools
     }
     canary_failed = tuple(sorted(n for nodes_ in failed_canaries.values() for n in nodes_))
     open_canary = {
-        pool: max(0, rules[pool].canary - len(canaries[pool])) if rules[pool].canary else 0
+        pool: max(0, rules[pool].canary - len(canaries[pool]) - done_canaries[pool])
+        if rules[pool].canary
+        else 0
         for pool in pools
     }
     held_pools = {
@@ -376,6 +402,8 @@ def admit(
     nodes: Mapping[str, NodeStatus],
     policy: GPUClusterPolicySpec,
     now: datetime,
+    *,
+    done: DoneSagas | None = None,
 ) -> list[str]:
     """The nodes `plan` admits now."""
-    return list(plan(sagas, nodes, policy, now).nodes)
+    return list(plan(sagas, nodes, policy, now, done=done).nodes)
