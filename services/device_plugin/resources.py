@@ -77,7 +77,9 @@ class Resource(Protocol):
         """Whether GetPreferredAllocation has anything to say."""
 
     def allocate(self, device_ids: Sequence[str]) -> api_pb2.ContainerAllocateResponse:
-        """One container's answer; raises `AllocationError`."""
+        """One container's answer; raises `AllocationError`. It must follow from the
+        resource alone, with no I/O: the plugin server keeps it for as long as it serves
+        this resource object."""
 
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int

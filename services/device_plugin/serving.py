@@ -9,7 +9,8 @@ named after the resource (`nvidia-gpu.sock`, `nvidia-mig-1g.18gb.sock`,
     GetDevicePluginOptions   no PreStartContainer; GetPreferredAllocation where it helps
     ListAndWatch             the full device list at once, then again after every change
     Allocate                 every container's answer, or INVALID_ARGUMENT naming what is
-                             wrong (an unknown id, a shared request over one): all or nothing
+                             wrong (an unknown id, a shared request over one): all or nothing;
+                             an answer given once is kept for the same request
     GetPreferredAllocation   the resource's choice, from memory
     PreStartContainer        nothing to do
 """
@@ -36,6 +37,11 @@ log = logging.getLogger(__name__)
 
 SocketIdentity = tuple[int, int, int]
 """Device, inode and change time of a socket file: a re-created file differs."""
+AllocationKey = tuple[tuple[str, ...], ...]
+"""An AllocateRequest as a dict key: each container's device ids, in the order asked."""
+KEPT_ANSWERS = 256
+"""Distinct requests a server keeps the answer to: every id of a node with replicas and the
+multi-GPU requests it sees, not every subset of its devices."""
 
 
 def socket_name(resource: str) -> str:
@@ -71,6 +77,9 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         self._version = 1
         self._changed = asyncio.Condition()
         self._metrics = metrics
+        self._answers: dict[AllocationKey, api_pb2.AllocateResponse] = {}
+        self._answers_from = resource
+        """The resource `_answers` were built from; another one means they are stale."""
         self._server: grpc.aio.Server | None = None
         self._target: UnixTarget | None = None
         self._identity: SocketIdentity | None = None
@@ -166,15 +175,28 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.AllocateResponse:
+        """The answer is kept per request: it depends on the resource alone, a frozen object
+        that `advertise` replaces whenever its devices, sharing, device list strategies, CDI
+        or MPS settings change, and never on health (the kubelet allocates only healthy
+        devices). So answers are dropped with the resource they came from, and a repeated
+        request skips building the same messages again. Refusals are not kept."""
         resource = self.resource
-        try:
-            responses = [resource.allocate(c.devices_ids) for c in request.container_requests]
-        except AllocationError as error:
-            self._metrics.allocation(self.name, ok=False)
-            log.warning("refused an allocation of %s: %s", self.name, error)
-            await statuses.abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        if resource is not self._answers_from:
+            self._answers, self._answers_from = {}, resource
+        key = tuple(tuple(c.devices_ids) for c in request.container_requests)
+        answer = self._answers.get(key)
+        if answer is None:
+            try:
+                responses = [resource.allocate(ids) for ids in key]
+            except AllocationError as error:
+                self._metrics.allocation(self.name, ok=False)
+                log.warning("refused an allocation of %s: %s", self.name, error)
+                await statuses.abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            answer = api_pb2.AllocateResponse(container_responses=responses)
+            if len(self._answers) < KEPT_ANSWERS:
+                self._answers[key] = answer
         self._metrics.allocation(self.name, ok=True)
-        return api_pb2.AllocateResponse(container_responses=responses)
+        return answer
 
     async def GetPreferredAllocation(
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext
