@@ -4,14 +4,20 @@ Called by `make bench` (full size) or `.venv/bin/python -m tests.bench.run_all -
 A benchmark is any `tests/bench/*.py` other than this file, `__init__.py` and helper modules
 (names starting with `_`, or listed in `HELPERS`). Each script accepts `--quick` and prints
 one JSON object as its last line of output; the figures of that object become a table.
-Optional keys: `about` (a sentence on what is measured), `target` (the goal) and `target_met`
-(whether this run reached it).
+Optional keys: `about` (a sentence on what is measured), `target` (the goal), `target_met`
+(whether this run reached it) and `targets` (a target per figure, `{"figure": "<= 2"}`: the
+table then shows each such figure's target and whether this run met it).
+
+Every section also says the load average during its run (sampled every few seconds, beside
+the machine's CPUs) and the load it started on: a run that began while other work kept at
+least half the CPUs busy is marked as run on a loaded machine, whatever it measured.
 Exits non-zero when any script fails, after writing the sections of those that succeeded.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -34,6 +40,70 @@ LONG_RUNNING = {"soak": 1500.0, "cluster_rollout": 1200.0}
 a start-up of one or two; the cluster rollout runs two whole-stack rollouts."""
 QUICK_LONG_RUNNING = {"cluster_rollout": 600.0}
 """Quick-mode limits of the same."""
+LOAD_SAMPLE_SECONDS = 5.0
+LOADED_SHARE = 0.5
+"""A run starting on a 1-minute load average of at least this share of the CPUs is said to
+be on a loaded machine: something else was using them."""
+COMPARISONS = {"<=": float.__le__, ">=": float.__ge__, "<": float.__lt__, ">": float.__gt__}
+
+
+@dataclass(frozen=True)
+class Load:
+    """The 1-minute load average around one script's run."""
+
+    at_start: float
+    mean: float
+    peak: float
+    cpus: int
+
+    @property
+    def loaded(self) -> bool:
+        return self.at_start >= LOADED_SHARE * self.cpus
+
+    def sentence(self) -> str:
+        said = (
+            f"Load average during the run: mean {self.mean:.2f}, peak {self.peak:.2f}, "
+            f"{self.at_start:.2f} at its start, on {self.cpus} CPUs"
+        )
+        if self.loaded:
+            return said + "; **a loaded machine**: other work was running, so the figures are low."
+        return said + "."
+
+
+class LoadWatch:
+    """Samples the 1-minute load average on a thread while a script runs."""
+
+    def __init__(self) -> None:
+        self.at_start = os.getloadavg()[0]
+        self._samples = [self.at_start]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(LOAD_SAMPLE_SECONDS):
+            self._samples.append(os.getloadavg()[0])
+
+    def stop(self) -> Load:
+        self._stop.set()
+        self._thread.join()
+        self._samples.append(os.getloadavg()[0])
+        mean = sum(self._samples) / len(self._samples)
+        cpus = len(os.sched_getaffinity(0))
+        return Load(self.at_start, mean, max(self._samples), cpus)
+
+
+def judged(target: str, value: object) -> bool | None:
+    """Whether `value` meets `target` ("<= 200", ">= 0.8"); None when either does not read
+    as a comparison of numbers."""
+    operator, _, bound = target.strip().partition(" ")
+    compare = COMPARISONS.get(operator)
+    if compare is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return bool(compare(float(value), float(bound)))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -45,6 +115,7 @@ class Outcome:
     returncode: int
     result: dict[str, object] | None
     error: str | None
+    load: Load | None = None
 
     @property
     def ok(self) -> bool:
@@ -74,6 +145,15 @@ def run(script: Path, quick: bool) -> Outcome:
     command = shlex.join([shown(Path(sys.executable)), *argv[1:]])
     print(f"$ {command}", flush=True)
     lines: list[str] = []
+    watch = LoadWatch()
+    try:
+        outcome = _run(script, argv, command, lines, quick)
+    finally:
+        load = watch.stop()
+    return dataclasses.replace(outcome, load=load)
+
+
+def _run(script: Path, argv: list[str], command: str, lines: list[str], quick: bool) -> Outcome:
     long_running = QUICK_LONG_RUNNING if quick else LONG_RUNNING
     limit = long_running.get(script.stem, TIMEOUT[quick])
     with subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True, bufsize=1) as process:
@@ -116,6 +196,8 @@ def cell(value: object) -> str:
 def section(outcome: Outcome) -> list[str]:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## {outcome.name}", "", "```", outcome.command, "```", "", f"Run: {now}.", ""]
+    if outcome.load is not None:
+        lines += [outcome.load.sentence(), ""]
     if outcome.result is None:
         return [*lines, f"**Failed**: {outcome.error}.", ""]
     about = outcome.result.get("about")
@@ -126,12 +208,26 @@ def section(outcome: Outcome) -> list[str]:
         met = outcome.result.get("target_met")
         verdict = "" if met is None else (" (met)" if met else " (**not met**)")
         lines += [f"Target: {target}{verdict}.", ""]
-    lines += ["| figure | value |", "|---|---|"]
-    lines += [
-        f"| {key} | {cell(value)} |"
+    targets = outcome.result.get("targets")
+    if not isinstance(targets, dict):
+        targets = {}
+    figures = [
+        (key, value)
         for key, value in outcome.result.items()
-        if key not in ("about", "target", "target_met")
+        if key not in ("about", "target", "target_met", "targets")
     ]
+    if not targets:
+        lines += ["| figure | value |", "|---|---|"]
+        lines += [f"| {key} | {cell(value)} |" for key, value in figures]
+        return [*lines, ""]
+    lines += ["| figure | value | target | met |", "|---|---|---|---|"]
+    for key, value in figures:
+        target = targets.get(key)
+        met = None if target is None else judged(str(target), value)
+        shown_target = "" if target is None else cell(str(target))
+        lines.append(
+            f"| {key} | {cell(value)} | {shown_target} | {'' if met is None else cell(met)} |"
+        )
     return [*lines, ""]
 
 

@@ -4,9 +4,13 @@ Starts a real nats-server, a simulated Kubernetes cluster (by default 8 GPU node
 with kubelets and GPU workloads under PodDisruptionBudgets), a simulated host root per node
 (made from the recorded H200 host) with the kubelet's gRPC side on it (device plugin
 registration, PodResources), and every built service as its own process (node roles once per
-node, cluster roles once). Once discovery has labelled the nodes, it installs the
-GPUClusterPolicy CRD, builds a driver source with a newer driver, and creates a policy asking
-for it: the orchestrator rolls the upgrade across the nodes.
+node, cluster roles once). The GPUClusterPolicy CRD is installed first, as Helm installs a
+chart's CRDs before its workloads. The processes start in two waves, as a cluster comes up:
+what labelling the nodes and admitting the first ones needs (the orchestrator, discovery's
+labeler, each node's discovery), then, once every node is labelled, the rest (the other node
+agents and cluster roles): 44 Python processes starting at once on two cores would all be
+slow together. Then it creates a policy asking for a newer driver (from a driver source it
+built): the orchestrator rolls the upgrade across the nodes.
 
 On a terminal the rollout is shown live (`gpuop_sim.cli.screens`): the nodes' states, a progress
 bar, the latest events, and where the metrics are and how to tail the events. Otherwise, or
@@ -121,11 +125,15 @@ async def _run(args: argparse.Namespace, stop: Stop) -> int:
             print(f"simulated cluster: {args.nodes} nodes x {args.gpus} GPUs at {cluster.url}")
             processes: list[Process] = []
             stack.push_async_callback(stop_all, processes)
-            source = await _spawn_all(processes, stack, cluster, nats_url, kubeconfig, args, work)
+            kube = await stack.enter_async_context(await kubeclient.connect(kubeconfig))
+            await _install_crd(kube)
+            start = Start(processes, cluster, nats_url, kubeconfig, args, work)
+            source = await start.hosts(stack)
+            await start.wave(first=True)
+            await stop.unless_stopped(_wait_for_labels(kube, cluster.node_names, args.headless))
+            await start.wave(first=False)
             if not args.headless:
                 await stop.unless_stopped(show(processes))
-            kube = await stack.enter_async_context(await kubeclient.connect(kubeconfig))
-            await stop.unless_stopped(_wait_for_labels(kube, cluster.node_names, args.headless))
             bus = NatsBus(nats_url, name="gpuop-demo", replicas=args.nats_replicas)
             await bus.start()
             stack.push_async_callback(bus.close)
@@ -204,62 +212,93 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--nats-replicas {args.nats_replicas}: expected 1 to 5")
 
 
-async def _spawn_all(
-    processes: list[Process],
-    stack: AsyncExitStack,
-    cluster: SimCluster,
-    nats_url: str,
-    kubeconfig: Path,
-    args: argparse.Namespace,
-    work: Path,
-) -> Path:
-    """Host roots with their kubelets, the driver source and every built service; returns
-    the source."""
-    built = list(services.installed().values())
-    operands = [d.name for d in built if d.name in set(OperandService)]
-    (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
-    (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
-    (work / "orchestrator.yaml").write_text(
-        ORCHESTRATOR_CONFIG.format(operands=", ".join(operands))
-    )
-    configs = {
-        "discovery": work / "discovery.yaml",
-        "driver-manager": work / "driver-manager.yaml",
-        "upgrade-orchestrator": work / "orchestrator.yaml",
-    }
-    source = work / "driver-source"
-    for node in cluster.node_names:
-        machine = cluster.machine(node)
-        root = build_host_root(
-            work / "hosts" / node,
-            node,
-            args.gpus,
-            boot_id=machine.boot_id,
-            product_name=machine.type.name,
+FIRST_WAVE = {(Role.CLUSTER, "upgrade-orchestrator"), (Role.CLUSTER, "discovery"),
+              (Role.NODE, "discovery")}  # fmt: skip
+"""What labelling the nodes and admitting the first of them needs, started before the rest."""
+
+
+class Start:
+    """Host roots with their kubelets, the driver source, then every built service in two
+    waves (`FIRST_WAVE`, then the others)."""
+
+    def __init__(
+        self,
+        processes: list[Process],
+        cluster: SimCluster,
+        nats_url: str,
+        kubeconfig: Path,
+        args: argparse.Namespace,
+        work: Path,
+    ) -> None:
+        self.processes = processes
+        self.cluster = cluster
+        self.nats_url = nats_url
+        self.kubeconfig = kubeconfig
+        self.args = args
+        self.work = work
+        self.built = list(services.installed().values())
+        self.roots: dict[str, Path] = {}
+        operands = [d.name for d in self.built if d.name in set(OperandService)]
+        (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
+        (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
+        (work / "orchestrator.yaml").write_text(
+            ORCHESTRATOR_CONFIG.format(operands=", ".join(operands))
         )
-        await stack.enter_async_context(KubeletGrpc.under(root.path))
-        if not source.exists():
-            kernel = system.kernel_release(root) or ""
-            packaging.build_driver_source(
-                source,
-                [("gpu", seeding.RECORDED_DRIVER_VERSION, kernel), ("gpu", NEW_VERSION, kernel)],
+        self.configs = {
+            "discovery": work / "discovery.yaml",
+            "driver-manager": work / "driver-manager.yaml",
+            "upgrade-orchestrator": work / "orchestrator.yaml",
+        }
+
+    async def hosts(self, stack: AsyncExitStack) -> Path:
+        """Every node's host root with its kubelet's gRPC side, and the driver source with
+        both versions; returns the source."""
+        source = self.work / "driver-source"
+        for node in self.cluster.node_names:
+            machine = self.cluster.machine(node)
+            root = build_host_root(
+                self.work / "hosts" / node,
+                node,
+                self.args.gpus,
+                boot_id=machine.boot_id,
+                product_name=machine.type.name,
             )
-        on_node = ["--node", node, "--nvml", f"sim:{args.gpus}", "--host-root", str(root.path)]
-        on_node += ["--nats-replicas", str(args.nats_replicas)]
-        for definition in built:
-            if Role.NODE in definition.roles:
-                extra = [*on_node, *_config(configs, definition.name)]
-                processes.append(
-                    await spawn(definition.name, Role.NODE, node, nats_url, extra, work)
-                )
-    for definition in built:
-        if Role.CLUSTER in definition.roles:
-            extra = ["--kubeconfig", str(kubeconfig), *_config(configs, definition.name)]
-            extra += ["--nats-replicas", str(args.nats_replicas)]
-            processes.append(
-                await spawn(definition.name, Role.CLUSTER, None, nats_url, extra, work)
-            )
-    return source
+            self.roots[node] = root.path
+            await stack.enter_async_context(KubeletGrpc.under(root.path))
+            if not source.exists():
+                kernel = system.kernel_release(root) or ""
+                versions = (seeding.RECORDED_DRIVER_VERSION, NEW_VERSION)
+                packaging.build_driver_source(source, [("gpu", v, kernel) for v in versions])
+        return source
+
+    async def wave(self, *, first: bool) -> None:
+        """Start the services of the first wave, or of the second."""
+        for role in (Role.CLUSTER, Role.NODE):
+            for definition in self.built:
+                if role not in definition.roles:
+                    continue
+                if ((role, definition.name) in FIRST_WAVE) != first:
+                    continue
+                if role is Role.CLUSTER:
+                    await self._cluster_role(definition.name)
+                else:
+                    for node in self.cluster.node_names:
+                        await self._node_role(definition.name, node)
+
+    async def _cluster_role(self, service: str) -> None:
+        extra = ["--kubeconfig", str(self.kubeconfig), *_config(self.configs, service)]
+        extra += ["--nats-replicas", str(self.args.nats_replicas)]
+        self.processes.append(
+            await spawn(service, Role.CLUSTER, None, self.nats_url, extra, self.work)
+        )
+
+    async def _node_role(self, service: str, node: str) -> None:
+        extra = ["--node", node, "--nvml", f"sim:{self.args.gpus}"]
+        extra += ["--host-root", str(self.roots[node])]
+        extra += ["--nats-replicas", str(self.args.nats_replicas), *_config(self.configs, service)]
+        self.processes.append(
+            await spawn(service, Role.NODE, node, self.nats_url, extra, self.work)
+        )
 
 
 def _config(configs: dict[str, Path], service: str) -> list[str]:
@@ -283,10 +322,15 @@ async def _wait_for_labels(kube: kubeclient.Kube, node_names: list[str], quiet: 
     print(flush=True)
 
 
-async def _start_rollout(kube: kubeclient.Kube, source: Path, args: argparse.Namespace) -> None:
-    """Install the CRD and create a GPUClusterPolicy asking for the new driver."""
+async def _install_crd(kube: kubeclient.Kube) -> None:
+    """The GPUClusterPolicy CRD, before any service starts (the orchestrator would otherwise
+    find it missing and look again only seconds later)."""
     extensions = k8s.ApiextensionsV1Api(kube.api_client)
     await kube.call(extensions.create_custom_resource_definition, crd.build())
+
+
+async def _start_rollout(kube: kubeclient.Kube, source: Path, args: argparse.Namespace) -> None:
+    """Create a GPUClusterPolicy asking for the new driver."""
     policy = {
         "apiVersion": specs.API_VERSION,
         "kind": specs.KIND,

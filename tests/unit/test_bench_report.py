@@ -1,0 +1,48 @@
+"""BENCHMARKS.md's sections: a target per figure judged, and the load each run was on."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bench.run_all import Load, Outcome, judged, section
+
+
+@pytest.mark.parametrize(
+    ("target", "value", "met"),
+    [
+        ("<= 200", 199.9, True),
+        ("<= 200", 200, True),
+        ("<= 200", 200.1, False),
+        (">= 0.8", 0.79, False),
+        ("< 2", 2, False),
+        ("> 1", 1.5, True),
+        ("<= 200", None, None),  # not measured: neither met nor missed
+        ("<= 200", True, None),
+        ("about 200", 150, None),
+        ("<= lots", 150, None),
+    ],
+)
+def test_a_figure_is_judged_against_its_target(target: str, value: object, met: bool | None):
+    assert judged(target, value) is met
+
+
+def test_a_section_tables_each_figure_with_its_target_and_says_the_load() -> None:
+    result = {"about": "x", "target": "t", "target_met": False,
+              "targets": {"rss_mb": "<= 200", "cpu": "<= 0.5"},
+              "rss_mb": 250.0, "cpu": 0.2, "mode": "full"}  # fmt: skip
+    quiet = Outcome("footprint", "cmd", 0, result, None, Load(0.3, 1.1, 1.9, 2))
+    lines = section(quiet)
+    assert "| rss_mb | 250 | <= 200 | **no** |" in lines
+    assert "| cpu | 0.2 | <= 0.5 | yes |" in lines
+    assert "| mode | full |  |  |" in lines
+    said = next(line for line in lines if line.startswith("Load average"))
+    assert said.split(": ", 1)[1] == "mean 1.10, peak 1.90, 0.30 at its start, on 2 CPUs."
+    busy = Outcome("footprint", "cmd", 0, result, None, Load(1.4, 2.5, 3.0, 2))
+    assert any("a loaded machine" in line for line in section(busy))
+
+
+def test_a_failed_run_still_says_its_load() -> None:
+    failed = Outcome("soak", "cmd", 1, None, "exit status 1", Load(0.0, 0.5, 0.5, 2))
+    lines = section(failed)
+    assert "**Failed**: exit status 1." in lines
+    assert any(line.startswith("Load average") for line in lines)
