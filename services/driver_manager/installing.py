@@ -218,14 +218,30 @@ def _pin_active(root: HostRoot, kernel_release: str, component: str) -> None:
         packages.select_version(root, kernel_release, component, current)
 
 
+MAX_MEMBERS = 10_000
+"""Files one package may hold: a driver has hundreds; an archive of millions of empty files
+would exhaust the host's inodes long before its byte limit."""
+SPACE_RESERVE_BYTES = 256 << 20
+"""Left free on the host's filesystem after unpacking, for everything else on the node."""
+
+
 def _unpack(archive: Path, destination: Path, limit: int) -> None:
     """Extract the flat archive into `destination` (created here); `InstallError` for an
-    unreadable archive or a member that is not a plain file with a plain name."""
+    unreadable archive, a member that is not a plain file with a plain name, more than
+    `MAX_MEMBERS` files, more than `limit` bytes, or more than the filesystem can hold
+    keeping `SPACE_RESERVE_BYTES` free (checked before each member is written, from the
+    sizes the archive declares, so a bomb is refused before it fills the disk)."""
     destination.mkdir(parents=True)
+    room = shutil.disk_usage(destination).free - SPACE_RESERVE_BYTES
     total = 0
     try:
         with tarfile.open(archive, mode="r:*") as tar:
-            for member in tar:
+            for count, member in enumerate(tar, start=1):
+                if count > MAX_MEMBERS:
+                    raise InstallError(
+                        InstallFailureReason.OTHER,
+                        f"refusing {archive.name}: it holds more than {MAX_MEMBERS} files",
+                    )
                 path = PurePosixPath(member.name)
                 if len(path.parts) != 1 or path.name in ("", ".", "..") or path.is_absolute():
                     raise InstallError(
@@ -243,6 +259,13 @@ def _unpack(archive: Path, destination: Path, limit: int) -> None:
                     raise InstallError(
                         InstallFailureReason.OTHER,
                         f"refusing {archive.name}: it unpacks to more than {limit} bytes",
+                    )
+                if total > room:
+                    raise InstallError(
+                        InstallFailureReason.NO_SPACE,
+                        f"refusing {archive.name}: unpacking it would leave less than "
+                        f"{SPACE_RESERVE_BYTES >> 20} MiB free on the host",
+                        retryable=True,
                     )
                 tar.extract(member, destination, filter="data")
     except (tarfile.TarError, EOFError, OSError) as exc:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Protocol
@@ -37,10 +38,21 @@ CHUNK = 1 << 20
 MAX_INDEX_BYTES = 16 << 20
 
 
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def redacted(text: str) -> str:
+    """`text` with the credentials of every URL in it (`https://user:token@host/`) replaced
+    by `***`: a source's URL travels into failure events, logs and the policy's status."""
+    return _USERINFO.sub("***@", text)
+
+
 class SourceError(Exception):
-    """The source could not give what was asked; `reason` says how to report it."""
+    """The source could not give what was asked; `reason` says how to report it. Its message
+    never carries a URL's credentials (`redacted`), whoever built it."""
 
     def __init__(self, reason: InstallFailureReason, message: str) -> None:
+        message = redacted(message)
         super().__init__(message)
         self.reason = reason
         self.message = message

@@ -1,9 +1,10 @@
 """Runs every benchmark script in tests/bench and rewrites BENCHMARKS.md from their results.
 
 Called by `make bench` (full size) or `.venv/bin/python -m tests.bench.run_all --quick`.
-A benchmark is any `tests/bench/*.py` other than this file, `__init__.py` and helper modules
-(names starting with `_`, or listed in `HELPERS`). Each script accepts `--quick` and prints
-one JSON object as its last line of output; the figures of that object become a table.
+A benchmark is any `tests/bench/*.py` other than this file, `__init__.py`, helper modules
+(names starting with `_`, or listed in `HELPERS`) and the tests of this file (`test_*.py`).
+Each script accepts `--quick` and prints one JSON object as its last line of output; the
+figures of that object become a table.
 Optional keys: `about` (a sentence on what is measured), `target` (the goal), `target_met`
 (whether this run reached it) and `targets` (a target per figure, `{"figure": "<= 2"}`: the
 table then shows each such figure's target and whether this run met it).
@@ -126,7 +127,7 @@ def benchmarks() -> list[Path]:
     return sorted(
         path
         for path in BENCH_DIR.glob("*.py")
-        if path.name not in HELPERS and not path.name.startswith("_")
+        if path.name not in HELPERS and not path.name.startswith(("_", "test_"))
     )
 
 

@@ -172,3 +172,22 @@ def test_text_mode_puts_the_traceback_below_the_line():
     first, *rest = out.getvalue().splitlines()
     assert first.endswith("gpuop.test: rmmod failed")
     assert rest[-1] == "RuntimeError: module in use"
+
+
+def test_text_mode_escapes_what_would_forge_a_line_or_a_field():
+    out = io.StringIO()
+    oblog.configure_logging("discovery", stream=out, json=False)
+    forged = "gpu-1\n2026-12-02T00:00:00.000Z INFO     gpuop.x: all good"
+    log.warning("node %s is gone", forged, extra={"reason": "x node=gpu-9", "tty": "\x1b[2J"})
+    [line] = out.getvalue().splitlines()
+    assert "node gpu-1\\n2026-12-02T00:00:00.000Z INFO" in line
+    assert 'reason="x node=gpu-9"' in line  # one field, not two
+    assert 'tty="\\u001b[2J"' in line and "\x1b" not in line
+
+
+def test_json_mode_keeps_one_record_on_one_line():
+    out = io.StringIO()
+    oblog.configure_logging("discovery", stream=out)
+    log.warning("a\nb", extra={"reason": "c\nd"})
+    [record] = lines(out)
+    assert (record["message"], record["reason"]) == ("a\nb", "c\nd")

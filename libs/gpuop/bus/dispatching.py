@@ -35,7 +35,15 @@ from gpuop.bus.errors import (
     TemporaryError,
 )
 from gpuop.bus.protocol import ConsumerSpec, Delivery, Handler, PublishAck, UnknownErrors
-from gpuop.events import MalformedMessage, UnknownEventType, decode, subjects
+from gpuop.events import (
+    Envelope,
+    MalformedMessage,
+    Payload,
+    UnknownEventType,
+    decode,
+    subject_of,
+    subjects,
+)
 from gpuop.observability import logging as oblog
 from gpuop.observability import tracing
 from gpuop.observability.metrics import BusMetrics, DeadLetterReason
@@ -168,7 +176,7 @@ class Dispatcher:
             self._metrics.redelivered(consumer)
         try:
             envelope, payload = decode(message.data)
-            _check_node(message.subject, envelope.subject)
+            _check_subject(message.subject, envelope, payload)
         except MalformedMessage as exc:
             await self._give_up(message, "malformed", str(exc))
             return
@@ -320,17 +328,22 @@ class PumpedSubscription(abc.ABC):
         await self._publisher.publish_raw(out.subject, out.data, out.headers)
 
 
-def _check_node(subject: str, node: str) -> None:
-    """A message on one node's subject must be about that node: a mismatch is forged or
-    corrupt, and handling it would act on the wrong node."""
-    token = subjects.node_key(subject)
-    if token == subject:
-        return
+def _check_subject(subject: str, envelope: Envelope, payload: Payload) -> None:
+    """A message must travel on the subject its type and node declare (`x-gpuop-subject`).
+    NATS permissions say who may publish on which subjects, so the subject is what ties a
+    type to its publisher: a `NodeAdmitted` that a node agent put on its own hardware
+    subject, or a message about one node on another's, is forged or corrupt, and acting on
+    it would let any credential steer the fleet."""
+    parts = subject.split(".")
+    if len(parts) != 5 or parts[1] not in (subjects.Kind.EVENT, subjects.Kind.COMMAND):
+        return  # not a gpuop event or command subject (a test's own): nothing declares it
     try:
-        if subjects.encode_node(node) != token:
-            raise MalformedMessage(f"envelope subject {node!r} does not match subject {subject}")
+        expected = subject_of(envelope, payload, prefix=parts[0])
     except subjects.InvalidSubject as exc:
         raise MalformedMessage(str(exc)) from None
+    if subject != expected:
+        raise MalformedMessage(f"a {envelope.type} about {envelope.subject!r} travels on "
+                               f"{expected}, not {subject}")  # fmt: skip
 
 
 async def _quietly(action: Awaitable[None]) -> None:

@@ -31,6 +31,7 @@ from gpuop.events.envelope import (
     new_event,
     parse_as,
     strict_validate,
+    subject_of,
 )
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "new_event",
     "parse_as",
     "strict_validate",
+    "subject_of",
     "subjects",
     "upgrade",
 ]

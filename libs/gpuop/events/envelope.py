@@ -262,6 +262,17 @@ def bus_subject(envelope: Envelope, *, prefix: str = subjects.DEFAULT_PREFIX) ->
     return subjects.event_subject(cls.DOMAIN, envelope.subject, token, prefix=prefix)
 
 
+def subject_of(envelope: Envelope, payload: Payload, *, prefix: str) -> str:
+    """The one subject a decoded message of its type about its node may travel on, as its
+    schema declares it (`x-gpuop-subject`): `bus_subject` without decoding the data again."""
+    cls = type(payload)
+    token = payload.subject_token()
+    if issubclass(cls, Command):
+        return subjects.command_subject(cls.SERVICE, envelope.subject, token, prefix=prefix)
+    assert issubclass(cls, Event)
+    return subjects.event_subject(cls.DOMAIN, envelope.subject, token, prefix=prefix)
+
+
 def decode(raw: bytes) -> tuple[Envelope, Payload]:
     """Bytes -> envelope and typed payload.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json as jsonlib
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -116,14 +117,33 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = _fields(record, self, self._service, self._node)
         head = f"{fields.pop('time')} {fields.pop('level'):<8} {fields.pop('logger')}: "
-        head += str(fields.pop("message"))
+        head += _escaped(str(fields.pop("message")))
         fields.pop("service")
         exception = fields.pop("exception", None)
         stack = fields.pop("stack", None)
-        tail = " ".join(f"{key}={value}" for key, value in fields.items())
+        tail = " ".join(f"{_escaped(str(key))}={_value(value)}" for key, value in fields.items())
         lines = [f"{head}  {tail}" if tail else head]
         lines.extend(str(block) for block in (exception, stack) if block)
         return "\n".join(lines)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escaped(text: str) -> str:
+    """`text` on one line: a newline, a carriage return or a terminal escape in a message or
+    a field (a node name, a reason another process sent) would otherwise forge log lines or
+    rewrite the terminal; each becomes its backslash escape."""
+    return _CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode(), text)
+
+
+def _value(value: object) -> str:
+    """A field's value for `key=value`: quoted (JSON) when it holds a space, a quote or an
+    `=`, so one field cannot pass for several."""
+    text = str(value)
+    if text and not any(c in text for c in ' "=') and not _CONTROL.search(text):
+        return text
+    return jsonlib.dumps(text, ensure_ascii=False)
 
 
 def _fields(

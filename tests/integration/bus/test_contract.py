@@ -28,6 +28,8 @@ from gpuop.bus import (
     streams,
 )
 from gpuop.bus.errors import BusUnavailable, PublishTimeout
+from gpuop.events import new_event
+from gpuop.events import upgrade as up
 from gpuop.observability import tracing
 from tests.support.buses import (
     HB_SUBJECT,
@@ -194,8 +196,28 @@ async def test_envelope_about_another_node_is_dead_lettered(bus: Bus) -> None:
     await wait_until(lambda: _has_dead_letters(bus, 1))
     await sub.stop()
     (letter,) = await dead_letters(bus)
-    assert "does not match" in letter.headers[streams.DLQ_REASON]
+    reason = letter.headers[streams.DLQ_REASON]
+    assert "travels on gpuop.evt.hardware.victim.heartbeat, not" in reason
     assert recorder.seen == []
+
+
+async def test_an_event_on_another_types_subject_is_dead_lettered(bus: Bus) -> None:
+    """A credential that may publish heartbeats cannot pass off another type on that subject
+    (a forged admission would skip maxUnavailable)."""
+    recorder = Recorder()
+    sub = await bus.consume(spec(), recorder)
+    admitted = up.NodeAdmitted(rollout_id="r-1", saga_id="s-1")
+    forged = new_event(admitted, node="n1", source="/gpuop/upgrade-orchestrator")
+    await publish_raw(bus, "gpuop.evt.hardware.n1.heartbeat", forged.to_bytes())
+    await bus.publish(heartbeat("n1", 2))
+    await recorder.wait_for(1)
+    await wait_until(lambda: _has_dead_letters(bus, 1))
+    await sub.stop()
+    (letter,) = await dead_letters(bus)
+    assert letter.headers[streams.DLQ_KIND] == "malformed"
+    reason = letter.headers[streams.DLQ_REASON]
+    assert "io.gpuop.upgrade.admitted.v1" in reason and "gpuop.evt.upgrade.n1.admitted" in reason
+    assert [seq_of(d) for d in recorder.seen] == [2]  # only the real heartbeat was handled
 
 
 async def test_unknown_newer_type_is_acked_not_dead_lettered(bus: Bus) -> None:

@@ -10,7 +10,7 @@ import asyncio
 import nats.errors
 import pytest
 
-from gpuop.bus import BusError, NatsBus
+from gpuop.bus import BusError, ConsumerSpec, Delivery, NatsBus, streams
 from gpuop.events import Command, Envelope, device, driver, hardware, upgrade
 from gpuop.events.deadlines import DeadlineExpired
 from tests.integration.deploy.ownership import (
@@ -25,6 +25,7 @@ from tests.integration.deploy.ownership import (
     subject_of,
 )
 from tests.integration.deploy.shipped_nats import ShippedNats, shipped_users, stored
+from tests.support.buses import dead_letters, wait_until
 from tests.support.event_samples import SAMPLES
 
 pytestmark = pytest.mark.nats
@@ -195,3 +196,63 @@ def test_the_samples_cover_every_owner() -> None:
     assert hardware.HardwareDiscovered in owned["discovery"]
     assert DeadlineExpired in owned["upgrade-orchestrator"]
     assert owned["observer"] == [] and owned["telemetry-cluster"] == []
+
+
+# --- forged types ------------------------------------------------------------------------
+
+
+PUBLISHERS = [u for u in SERVICE_USERS if any(may_publish(u, type(p)) for p in SAMPLES)]
+"""The users that may publish some event or command (the rest may publish none: see above)."""
+
+
+def test_every_publisher_is_tried_for_forged_types() -> None:
+    assert {"discovery", "driver-manager", "upgrade-orchestrator"} <= set(PUBLISHERS)
+
+
+@pytest.mark.parametrize("user", PUBLISHERS)
+async def test_no_user_passes_off_a_type_it_may_not_send_on_a_subject_it_may(
+    server: ShippedNats, user: str
+) -> None:
+    """Every type `user` may not send, wrapped in an envelope and published (and stored) on a
+    subject it may publish: every consumer dead-letters each as malformed, none reaches a
+    handler. Printed: the attempts and what came of them."""
+    own = [p for p in SAMPLES if may_publish(user, type(p))]
+    foreign = [p for p in SAMPLES if not may_publish(user, type(p))]
+    assert own and foreign, user
+    carrier = subject_of(own[0])
+    admin = server.bus("admin")
+    await admin.start()
+    handled: list[str] = []
+
+    async def record(delivery: Delivery) -> None:
+        handled.append(delivery.envelope.type)
+
+    kind = "cmd" if isinstance(own[0], Command) else "evt"
+    spec = ConsumerSpec(f"forged-{user}", [f"{PREFIX}.{kind}.>"], max_deliver=1)
+    try:
+        async with server.client(user) as client:
+            js = client.nc.jetstream()
+            for payload in foreign:
+                await js.publish(carrier, envelope_of(payload).to_bytes(), timeout=5.0)
+        subscription = await admin.consume(spec, record)
+        try:
+            await wait_until(lambda: _dead_letters(admin, len(foreign)), timeout=30)
+        finally:
+            await subscription.stop()
+        letters = await dead_letters(admin)
+    finally:
+        await admin.close()
+
+    outcome = {t: "HANDLED" for t in handled}
+    for letter in letters:
+        kind, reason = letter.headers[streams.DLQ_KIND], letter.headers[streams.DLQ_REASON]
+        forged = Envelope.model_validate_json(letter.data).type
+        outcome[forged] = f"dead-lettered, {kind}" if "travels on" in reason else reason
+    rows = [f"{user:<22} {type(p).TYPE:<46} on {carrier}: {outcome.get(type(p).TYPE)}"
+            for p in foreign]  # fmt: skip
+    print("\n" + "\n".join(rows))
+    assert {outcome.get(type(p).TYPE) for p in foreign} == {"dead-lettered, malformed"}
+
+
+async def _dead_letters(bus: NatsBus, count: int) -> bool:
+    return len(await dead_letters(bus)) >= count

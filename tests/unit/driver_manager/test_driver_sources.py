@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import shutil
 import socket
 import tarfile
 from collections.abc import AsyncIterator
@@ -17,6 +18,8 @@ from aiohttp import web
 from gpuop.events import driver as dm
 from gpuop.host import packages, packaging
 from gpuop.host.roots import HostRoot
+from gpuop.services.driver_manager import installing
+from gpuop.services.driver_manager.sources import redacted
 from tests.support.driver_manager import KERNEL, NEW, OLD, Harness, rewrite_index, source_of
 
 
@@ -76,6 +79,31 @@ async def test_an_http_source_without_the_package_or_the_index(
     )
     assert isinstance(no_index, dm.DriverInstallFailed)
     assert no_index.reason is dm.InstallFailureReason.NOT_FOUND
+
+
+async def test_a_source_urls_credentials_never_reach_the_result_or_the_log(
+    harness: Harness, http_source: str, source: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    (source / packaging.archive_name("gpu", NEW, KERNEL)).unlink()
+    with_credentials = http_source.replace("http://", "http://fetcher:s3cret-token@")
+    unreachable = f"https://fetcher:s3cret-token@127.0.0.1:{free_port()}/drivers/"
+    for uri in (with_credentials, unreachable):
+        failed = await harness.send(
+            dm.InstallDriver(
+                component=dm.Component.GPU, version=NEW, source=dm.DriverSource(uri=uri)
+            )
+        )
+        assert isinstance(failed, dm.DriverInstallFailed)
+        assert "s3cret" not in failed.message and "fetcher" not in failed.message
+        assert "://***@127.0.0.1:" in failed.message or "Cannot connect" in failed.message
+    assert "s3cret" not in caplog.text
+
+
+def test_redaction_covers_every_url_in_a_message() -> None:
+    said = redacted("a https://u:p@h1/x failed, then http://token@h2:8080/y; /plain/path stays")
+    assert said == "a https://***@h1/x failed, then http://***@h2:8080/y; /plain/path stays"
+    assert redacted("no url here: user@host") == "no url here: user@host"
 
 
 async def test_an_unreachable_source_is_retryable(harness: Harness, host: HostRoot) -> None:
@@ -183,3 +211,39 @@ async def test_an_index_entry_pointing_outside_the_source_is_refused(
     )
     assert isinstance(failed, dm.DriverInstallFailed)
     assert "points outside the source" in failed.message
+
+
+async def test_an_archive_of_too_many_files_is_refused_before_it_exhausts_the_inodes(
+    harness: Harness, host: HostRoot, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(installing, "MAX_MEMBERS", 3)
+    archive = source / packaging.archive_name("gpu", NEW, KERNEL)
+    standin = packages.standins_for("gpu", NEW, KERNEL)[0]
+    many = [("nvidia.ko", standin.encode())] + [(f"empty-{i}", b"") for i in range(5)]
+    rewrite_index(source, {archive.name: {"sha256": evil_archive(archive, many)}})
+    failed = await harness.send(
+        dm.InstallDriver(component=dm.Component.GPU, version=NEW, source=source_of(source))
+    )
+    assert isinstance(failed, dm.DriverInstallFailed)
+    assert "holds more than 3 files" in failed.message
+    assert not list(packages.component_dir(host, KERNEL, "gpu").glob(".staging-*"))
+    assert packages.installed_versions(host, KERNEL, "gpu") == (OLD,)
+
+
+async def test_a_package_larger_than_the_free_space_is_refused_before_it_is_written(
+    harness: Harness, host: HostRoot, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = shutil.disk_usage
+
+    def nearly_full(path: object) -> object:
+        usage = real(path)  # type: ignore[arg-type]
+        return usage._replace(free=installing.SPACE_RESERVE_BYTES + 10)
+
+    monkeypatch.setattr(shutil, "disk_usage", nearly_full)
+    failed = await harness.send(
+        dm.InstallDriver(component=dm.Component.GPU, version=NEW, source=source_of(source))
+    )
+    assert isinstance(failed, dm.DriverInstallFailed)
+    assert failed.reason is dm.InstallFailureReason.NO_SPACE and failed.retryable
+    assert "less than 256 MiB free" in failed.message
+    assert packages.installed_versions(host, KERNEL, "gpu") == (OLD,)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench.run_all import Load, Outcome, judged, section
+from tests.bench.run_all import Load, Outcome, benchmarks, judged, section
 
 
 @pytest.mark.parametrize(
@@ -46,3 +46,9 @@ def test_a_failed_run_still_says_its_load() -> None:
     lines = section(failed)
     assert "**Failed**: exit status 1." in lines
     assert any(line.startswith("Load average") for line in lines)
+
+
+def test_the_report_tests_are_no_benchmark() -> None:
+    names = {script.stem for script in benchmarks()}
+    assert "test_report" not in names
+    assert {"footprint", "rollout", "device_plugin"} <= names
