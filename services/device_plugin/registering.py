@@ -1,7 +1,7 @@
 """Keeps every plugin server registered with the kubelet, across kubelet restarts.
 
-`Registrar.run` looks at the device-plugin directory every `poll_interval` (0.2 s: a
-restarted kubelet sees the plugins again well within 2 s) and acts on what it finds:
+`Registrar.run` looks at the device-plugin directory whenever an inotify watch on it
+(`gpuop.host.inotify`) tells of a change, and acts on what it finds:
 
     no kubelet.sock                 the kubelet is gone: wait; keep serving, keep the
                                     devices' last known health
@@ -10,9 +10,17 @@ restarted kubelet sees the plugins again well within 2 s) and acts on what it fi
                                     socket, then register it
     a server not registered yet     register it (serve first, then register, always)
 
+A new server needs no wake-up of its own: it binds its socket in the same directory. The
+watch is what upstream's plugin uses too (issue 24: looking five times a second was most of
+an idle device plugin's CPU); with it an idle node costs one look every `safety_interval`
+(10 s), a net for whatever the watch might not tell. Where no watch can be set (inotify
+refused, the directory not there yet, the watched directory deleted) the registrar looks
+every `poll_interval` (0.2 s: a restarted kubelet sees the plugins again well within 2 s)
+and tries to set the watch at each look; it also polls while a registration waits for its
+retry, so `retry_interval` holds.
+
 A registration the kubelet refuses or does not answer within `timeout` is retried after
 `retry_interval`, never fatal: unlike upstream, the process stays up and keeps serving.
-Polling the directory is what upstream's inotify watch amounts to, without a dependency.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from pathlib import Path
 
 import grpc
 
+from gpuop.host import inotify
 from gpuop.kubelet import constants
 from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpuop.kubelet.sockets import UnixTarget
@@ -35,7 +44,10 @@ from gpuop.services.device_plugin.serving import PluginServer, SocketIdentity, i
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL = 0.2
-"""Seconds between looks at the device-plugin directory."""
+"""Seconds between looks at the device-plugin directory while no watch tells of changes,
+and while a registration waits for its retry."""
+SAFETY_INTERVAL = 10.0
+"""Seconds between looks at the watched directory when nothing changed there."""
 REGISTER_TIMEOUT = 5.0
 """Seconds a registration may take, as upstream dials."""
 RETRY_INTERVAL = 2.0
@@ -79,6 +91,7 @@ class Registrar:
         *,
         status: Status | None = None,
         poll_interval: float = POLL_INTERVAL,
+        safety_interval: float = SAFETY_INTERVAL,
         timeout: float = REGISTER_TIMEOUT,
         retry_interval: float = RETRY_INTERVAL,
     ) -> None:
@@ -86,18 +99,36 @@ class Registrar:
         self._servers = servers
         self._metrics = metrics
         self._status = status or (lambda problem: None)
+        self._directory = directory
         self._poll_interval = poll_interval
+        self._safety_interval = safety_interval
         self._timeout = timeout
         self._retry_interval = retry_interval
         self._kubelet: SocketIdentity | None = None
         self._registered: set[str] = set()
         self._retry_at: dict[str, float] = {}
+        self._unwatched: str | None = None
+        """Why the directory is not watched, as last logged; None while it is."""
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Keep the servers registered until `stopping` is set."""
-        while not stopping.is_set():
-            await self.sync()
-            await waiting.stopped_within(stopping, self._poll_interval)
+        watch: inotify.DirectoryWatch | None = None
+        try:
+            while not stopping.is_set():
+                watch = self._watching(watch)
+                await self.sync()
+                if watch is None:
+                    await waiting.stopped_within(stopping, self._poll_interval)
+                    continue
+                retry_pending = self._kubelet is not None and bool(self._retry_at)
+                await waiting.idle(
+                    self._poll_interval if retry_pending else self._safety_interval,
+                    wake=watch.changed,
+                    stopping=stopping,
+                )
+        finally:
+            if watch is not None:
+                watch.close()
 
     async def sync(self) -> None:
         """One look at the directory, and whatever it calls for."""
@@ -117,6 +148,25 @@ class Registrar:
             self._retry_at.clear()
         problems = [problem for server in self._servers() if (problem := await self._keep(server))]
         self._status(problems[0] if problems else None)
+
+    def _watching(self, watch: inotify.DirectoryWatch | None) -> inotify.DirectoryWatch | None:
+        """The watch on the directory: `watch` while it holds, else a new one if it can be
+        set now. Set before the look that follows, so no change falls in between."""
+        if watch is not None and not watch.gone:
+            return watch
+        if watch is not None:
+            watch.close()
+        try:
+            watch = inotify.DirectoryWatch(self._directory)
+        except inotify.WatchUnavailable as error:
+            if self._unwatched != str(error):
+                log.info("looking every %.1f s: %s", self._poll_interval, error)
+                self._unwatched = str(error)
+            return None
+        if self._unwatched is not None:
+            log.info("watching %s", self._directory)
+            self._unwatched = None
+        return watch
 
     async def _keep(self, server: PluginServer) -> str | None:
         """Make sure `server` serves and is registered; what failed, if anything."""

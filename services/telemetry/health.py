@@ -1,9 +1,10 @@
 """GPU health: NVML's XID and ECC events, and GPUs that stop answering, as
 `device.health-changed` events for the device plugin.
 
-`watch` waits for the events of each NVML session in a thread and hands them to the node
-exporter, which passes them, and the outcome of every fast collection, to `HealthTracker`;
-the tracker decides what changed:
+`watch` waits for the events of each NVML session on a thread of that session's own, which
+wakes the event loop only for a real event, and hands them to the node exporter, which
+passes them, and the outcome of every fast collection, to `HealthTracker`; the tracker
+decides what changed:
 
 - a critical XID makes the GPU unhealthy (reason `xid`); the XIDs an application causes
   (`ignored_xids`, by default the NVIDIA device plugin's list) only show in the metrics;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
@@ -30,7 +32,15 @@ from dataclasses import dataclass
 from gpuop.bus import Bus, BusError
 from gpuop.events import Envelope, new_event
 from gpuop.events.device import DeviceHealthChanged, HealthReason
-from gpuop.nvml import DeviceEvent, DeviceMetrics, EccEvent, NotInitialized, NvmlError, XidEvent
+from gpuop.nvml import (
+    DeviceEvent,
+    DeviceMetrics,
+    EccEvent,
+    EventWatcher,
+    NotInitialized,
+    NvmlError,
+    XidEvent,
+)
 from gpuop.services.telemetry.collecting import FastRound, XidSnapshot
 from gpuop.services.telemetry.instruments import ExporterMetrics
 from gpuop.services.telemetry.sessions import Inventory, NvmlSession
@@ -38,7 +48,8 @@ from gpuop.services.telemetry.sessions import Inventory, NvmlSession
 log = logging.getLogger(__name__)
 
 EVENT_WAIT_MS = 250
-"""How long one wait for an NVML event blocks its thread; a closed session ends it sooner."""
+"""How long one wait for an NVML event blocks its thread: a cancelled watch has its thread
+end within it. A closed session ends the wait sooner (`close()` waits for it)."""
 XID_WINDOW_SECONDS = 300.0
 """dcgm-exporter's window for `DCGM_EXP_XID_ERRORS_COUNT`."""
 MAX_XIDS_KEPT = 1024
@@ -60,19 +71,77 @@ async def watch(
     seen: Inventory | None = None
     while True:
         seen = await session.opened(other_than=seen)
-        watcher = session.watcher
-        while watcher is not None:
+        if session.watcher is not None:
+            await _watch_session(session.watcher, seen, handle, metrics, retry_seconds)
+
+
+Arrival = DeviceEvent | Exception | None
+"""What the waiting thread hands the loop: an event, a failed wait, or None when it ended
+(the session closed)."""
+
+
+async def _watch_session(
+    watcher: EventWatcher,
+    session: Inventory,
+    handle: Handle,
+    metrics: ExporterMetrics,
+    retry_seconds: float,
+) -> None:
+    """Hand the events of one session's `watcher` to `handle` until the session closes."""
+    # One thread for the session's whole life rather than a thread handoff per wait: an
+    # idle node then wakes the loop for no timed-out wait at all (issue 24).
+    loop = asyncio.get_running_loop()
+    arrivals: asyncio.Queue[Arrival] = asyncio.Queue()
+    stop = threading.Event()
+
+    def deliver(arrival: Arrival) -> None:
+        if not stop.is_set():
             try:
-                event = await asyncio.to_thread(watcher.wait, EVENT_WAIT_MS)
-            except NotInitialized:
-                break  # the session closed
-            except NvmlError as error:
+                loop.call_soon_threadsafe(arrivals.put_nowait, arrival)
+            except RuntimeError:  # the loop closed under a cancelled watch
+                stop.set()
+
+    threading.Thread(
+        target=_wait_for_events,
+        args=(watcher, deliver, stop, retry_seconds),
+        name="nvml-events",
+        daemon=True,  # a wait blocks in C; it must never hold the process up on its way out
+    ).start()
+    try:
+        while (arrival := await arrivals.get()) is not None:
+            if isinstance(arrival, NvmlError):
                 metrics.nvml_failed("events")
-                log.warning("waiting for NVML events failed: %s", error)
-                await asyncio.sleep(retry_seconds)
-                continue
-            if event is not None:
-                await handle(event, seen)
+                log.warning("waiting for NVML events failed: %s", arrival)
+            elif isinstance(arrival, Exception):
+                raise arrival
+            else:
+                await handle(arrival, session)
+    finally:
+        stop.set()
+
+
+def _wait_for_events(
+    watcher: EventWatcher,
+    deliver: Callable[[Arrival], None],
+    stop: threading.Event,
+    retry_seconds: float,
+) -> None:
+    """The waiting thread: every event to `deliver`, until the session closes or `stop`."""
+    while not stop.is_set():
+        try:
+            event = watcher.wait(EVENT_WAIT_MS)
+        except NotInitialized:
+            break  # the session closed
+        except NvmlError as error:
+            deliver(error)
+            stop.wait(retry_seconds)
+            continue
+        except Exception as error:
+            deliver(error)  # raised in the watch, as it would have been without the thread
+            return
+        if event is not None:
+            deliver(event)
+    deliver(None)
 
 
 class XidHistory:
