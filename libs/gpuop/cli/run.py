@@ -41,6 +41,10 @@ def add_parser(verbs: Any) -> None:
     sub.add_argument("--host-root", help="host root filesystem (default /host)")
     sub.add_argument("--nvml", help="real, sim:<gpus> or recorded:<file>")
     sub.add_argument("--metrics-listen", help="HOST:PORT for /healthz, /readyz, /metrics")
+    sub.add_argument(
+        "--metrics-web-config",
+        help="Prometheus web-config file: TLS for the endpoints, basic auth for /metrics",
+    )
     sub.add_argument("--config", help="service configuration file")
     sub.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub.add_argument("--log-format", choices=["json", "text"])

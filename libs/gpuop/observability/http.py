@@ -26,6 +26,7 @@ import contextlib
 import inspect
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -33,6 +34,8 @@ from typing import Self
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
+
+from gpuop.observability.webconfig import BasicAuth, WebConfig
 
 _log = logging.getLogger(__name__)
 
@@ -50,8 +53,9 @@ IDLE_SECONDS = 60.0
 reading one request head, so a slow client cannot hold a connection open for ever."""
 _JSON = "application/json; charset=utf-8"
 _TEXT = "text/plain; charset=utf-8"
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 400: "Bad Request",
-            431: "Request Header Fields Too Large", 503: "Service Unavailable"}  # fmt: skip
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+            405: "Method Not Allowed", 431: "Request Header Fields Too Large",
+            503: "Service Unavailable"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,7 @@ class _Response:
     status: int
     body: bytes
     content_type: str
+    headers: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def json(cls, document: object, status: int = 200) -> _Response:
@@ -77,6 +82,7 @@ class HealthServer:
         port: int = 0,
         readiness_timeout: float = 2.0,
         exposition: Exposition | None = None,
+        web_config: WebConfig | None = None,
     ) -> None:
         self._registry = registry
         self._readiness = readiness
@@ -85,6 +91,8 @@ class HealthServer:
         self._port = port
         # Below the kubelet's probe timeout, so a hung check reads as "not ready", not "dead".
         self._readiness_timeout = readiness_timeout
+        self._web_config = web_config or WebConfig()
+        self._auth = BasicAuth(self._web_config.basic_auth_users)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._address: tuple[str, int] | None = None
@@ -98,13 +106,17 @@ class HealthServer:
         """Bind and serve; returns the bound (host, port), so port 0 picks a free one."""
         if self._server is not None:
             raise RuntimeError("HealthServer is already started")
+        tls = self._web_config.ssl_context()
         server = await asyncio.start_server(
-            self._serve, self._host, self._port, limit=MAX_HEAD_BYTES
+            self._serve, self._host, self._port, limit=MAX_HEAD_BYTES, ssl=tls
         )
         sockname = server.sockets[0].getsockname()
         self._server = server
         self._address = (str(sockname[0]), int(sockname[1]))
-        _log.info("serving /healthz, /readyz and /metrics on %s:%d", *self._address)
+        scheme = "https" if tls is not None else "http"
+        auth = ", /metrics behind basic auth" if self._auth.required else ""
+        _log.info("serving /healthz, /readyz and /metrics on %s://%s:%d%s", scheme,
+                  *self._address, auth)  # fmt: skip
         return self._address
 
     async def stop(self) -> None:
@@ -137,8 +149,8 @@ class HealthServer:
         try:
             while await self._answer_one(reader, writer):
                 pass
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
-            pass  # the client went away or went quiet: nothing to answer
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError):
+            pass  # the client went away, went quiet or failed the TLS handshake
         finally:
             self._connections.discard(task)
             writer.close()
@@ -185,6 +197,9 @@ class HealthServer:
             return _Response(404, b"not found: try /healthz, /readyz or /metrics\n", _TEXT)
         if method not in ("GET", "HEAD"):
             return _Response(405, f"{method} not allowed: GET only\n".encode(), _TEXT)
+        if path == "/metrics" and not self._auth.allows(headers.get("authorization", "")):
+            challenge = (("WWW-Authenticate", 'Basic realm="gpuop metrics"'),)
+            return _Response(401, b"credentials required for /metrics\n", _TEXT, challenge)
         return await route(headers)
 
     @staticmethod
@@ -196,6 +211,7 @@ class HealthServer:
             f"Content-Type: {response.content_type}",
             f"Content-Length: {len(response.body)}",
             f"Connection: {'keep-alive' if keep_alive else 'close'}",
+            *(f"{name}: {value}" for name, value in response.headers),
         ]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         if not head_only:

@@ -15,7 +15,9 @@ import faulthandler
 import io
 import logging
 import signal
+import ssl
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 from gpuop.bus import NatsBus
@@ -23,8 +25,9 @@ from gpuop.observability import logging as oblog
 from gpuop.observability import tracing
 from gpuop.observability.http import HealthServer
 from gpuop.observability.metrics import BusMetrics, registry
+from gpuop.observability.webconfig import WebConfig
 from gpuop.runtime.services import ServiceContext, ServiceDefinition
-from gpuop.runtime.settings import Settings, SettingsError
+from gpuop.runtime.settings import Settings, SettingsError, load_config_file
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +74,14 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
     )
     context = ServiceContext(settings, bus, metrics)
     host, port = settings.listen_address
+    web_config = load_web_config(settings.metrics_web_config)
     health = HealthServer(
         metrics,
         readiness=lambda: (context.ready, context.not_ready_reason),
         host=host,
         port=port,
         exposition=lambda: context.exposition() if context.exposition is not None else None,
+        web_config=web_config,
     )
     loop = asyncio.get_running_loop()
 
@@ -137,3 +142,17 @@ def dump_tasks() -> None:
         task.print_stack(limit=12, file=stack)
         log.warning("task dump (SIGUSR1): %s", stack.getvalue().rstrip())
     log.warning("task dump (SIGUSR1): %d tasks", len(tasks))
+
+
+def load_web_config(path: Path | None) -> WebConfig | None:
+    """`--metrics-web-config`, read and its TLS files loaded once now, so that a wrong file
+    stops the start with exit code 2 and the flag named, not the first scrape."""
+    if path is None:
+        return None
+    flag = "--metrics-web-config"
+    config = load_config_file(path, WebConfig, flag=flag).resolved(path.parent)
+    try:
+        config.ssl_context()
+    except (OSError, ssl.SSLError) as error:
+        raise SettingsError(f"{flag} {path}: its TLS files do not load: {error}") from None
+    return config

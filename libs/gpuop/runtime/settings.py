@@ -72,6 +72,8 @@ class Settings(BaseModel):
     """NVML backend: `real`, `sim:<gpus>` or `recorded:<file>`."""
     metrics_listen: str = "127.0.0.1:0"
     """HOST:PORT for /healthz, /readyz and /metrics (port 0 picks a free one)."""
+    metrics_web_config: Path | None = None
+    """A Prometheus web-config file: TLS for those endpoints, basic auth for /metrics."""
     config: Path | None = None
     """Optional service configuration file."""
     log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
@@ -155,20 +157,21 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Settings:
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 
-def load_config_file(path: Path | None, model: type[ConfigT]) -> ConfigT:
-    """A service's `--config` file (YAML, which includes JSON) as `model`; the defaults
-    without one. Raises `SettingsError` naming the file and the first wrong key."""
+def load_config_file(path: Path | None, model: type[ConfigT], flag: str = "--config") -> ConfigT:
+    """A service's `--config` file (or the file of another `flag`; YAML, which includes
+    JSON) as `model`; the defaults without one. Raises `SettingsError` naming the flag, the
+    file and the first wrong key."""
     if path is None:
         return model()
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise SettingsError(f"--config {path}: cannot read it: {error}") from None
+        raise SettingsError(f"{flag} {path}: cannot read it: {error}") from None
     if not isinstance(document, dict):
-        raise SettingsError(f"--config {path}: expected a mapping of settings")
+        raise SettingsError(f"{flag} {path}: expected a mapping of settings")
     try:
         return model.model_validate(document)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "settings"
-        raise SettingsError(f"--config {path}: {where}: {first['msg']}") from None
+        raise SettingsError(f"{flag} {path}: {where}: {first['msg']}") from None
