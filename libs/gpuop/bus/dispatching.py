@@ -98,6 +98,9 @@ class Dispatcher:
         self._slots = asyncio.Semaphore(spec.max_in_flight)
         self._held = 0
         self._lanes: dict[str, collections.deque[Inbound]] = {}
+        self._holding = asyncio.Event()
+        """Set while any message is held: the keep-alive sleeps otherwise (an idle agent's
+        consumers would each wake every `ack_wait / 3` for nothing)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -124,6 +127,7 @@ class Dispatcher:
             lane.append(message)
             return
         lane = self._lanes[key] = collections.deque([message])
+        self._holding.set()
         task = asyncio.create_task(self._run_lane(key, lane), name=f"bus-lane-{key}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -159,12 +163,15 @@ class Dispatcher:
                     self._slots.release()
         finally:
             del self._lanes[key]
+            if not self._lanes:
+                self._holding.clear()
 
     async def _keep_alive(self) -> None:
         """Extend the ack deadline of everything held, so a message queued behind a slow
         handler of its node is not redelivered while it waits."""
         interval = max(self._spec.ack_wait / 3, 0.05)
         while True:
+            await self._holding.wait()
             await asyncio.sleep(interval)
             for lane in list(self._lanes.values()):
                 for message in list(lane):
