@@ -36,14 +36,19 @@ class TelemetryConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    interval_seconds: float = Field(default=5.0, ge=0.05, le=3600)
+    interval_seconds: float = Field(default=30.0, ge=0.05, le=3600)
     """Seconds between two collections of the fast NVML queries, each followed by one render
-    of the GPU metrics that every scrape until the next one serves."""
+    of the GPU metrics that every scrape until the next one serves. dcgm-exporter's default
+    (`--collect-interval` 30000 ms), and the chart's scrape interval: collecting more often
+    than Prometheus scrapes renders series nobody reads (it was 5 s, a third of an idle GPU
+    node's agent CPU). XID and ECC events do not wait for it: they arrive as NVML events."""
     slow_interval_seconds: float = Field(default=30.0, ge=0.05, le=3600)
     """Seconds between two rounds of the slow queries (PCIe throughput blocks about 21 ms per
     GPU, batched field values about 3.4 ms), on their own loop so they never delay the fast."""
-    pods_interval_seconds: float = Field(default=5.0, ge=0.05, le=3600)
-    """Seconds between two PodResources `List` calls; labels change only when the answer does."""
+    pods_interval_seconds: float = Field(default=30.0, ge=0.05, le=3600)
+    """Seconds between two PodResources `List` calls; labels change only when the answer does.
+    With the collection's default, a new pod's series carry its name from the next scrape or
+    the one after."""
     retry_interval_seconds: float = Field(default=5.0, gt=0, le=3600)
     """Seconds before NVML is opened again after it failed, or a health event is republished."""
     labels: tuple[str, ...] = catalog.LABELS
