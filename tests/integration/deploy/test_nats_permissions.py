@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import nats.errors
+import nats.js.errors
 import pytest
 
 from gpuop.bus import BusError, ConsumerSpec, Delivery, NatsBus, streams
@@ -157,6 +158,27 @@ async def test_the_observer_follows_upgrade_events_live_and_nothing_else(
 
 
 # --- connecting --------------------------------------------------------------------------
+
+
+async def test_the_account_holds_at_most_sixteen_streams_even_for_admin(
+    server: ShippedNats,
+) -> None:
+    admin = server.bus("admin")
+    await admin.start()  # gpuop's own 3 streams and 4 buckets
+    made, refusal = 7, ""
+    try:
+        for n in range(20):
+            try:
+                await admin.js.add_stream(name=f"FLOOD_{n}", subjects=[f"flood.{n}"])
+            except nats.js.errors.APIError as error:
+                refusal = str(error.description)
+                break
+            made += 1
+        info = await admin.js.account_info()
+    finally:
+        await admin.close()
+    assert made == 16 and "maximum number of streams reached" in refusal
+    assert info.limits.max_streams == 16 and info.limits.max_storage == 10 << 30
 
 
 async def test_a_wrong_password_is_refused(server: ShippedNats) -> None:
