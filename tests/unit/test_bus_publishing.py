@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpuop.bus import MessageTooLarge, publishing, streams
+from tests.support.buses import heartbeat
 
 
 def letter(data: bytes, max_payload: int) -> publishing.Outgoing:
@@ -69,3 +70,21 @@ def test_a_subject_of_too_many_tokens_is_cut_short() -> None:
     )
     assert len(out.subject) <= publishing.MAX_SUBJECT and not out.subject.endswith(".")
     assert f"gpuop.dlq.{original}".startswith(out.subject)
+
+
+def test_message_ids_are_keyed_by_the_publishers_credential() -> None:
+    envelope = heartbeat("gpu-1", 1)
+    plain = publishing.prepare(envelope, "gpuop")
+    assert plain.headers["Nats-Msg-Id"] == envelope.id  # no credential: the id itself
+    driver = publishing.id_key(["tls://driver-manager:s3cret@nats:4222"])
+    again = publishing.id_key(["tls://driver-manager:s3cret@other:4222", "tls://x"])
+    squatter = publishing.id_key(["tls://discovery:other@nats:4222"])
+    assert driver == again and driver != squatter and len(driver) == 32
+    keyed = publishing.prepare(envelope, "gpuop", driver).headers["Nats-Msg-Id"]
+    assert keyed == publishing.prepare(envelope, "gpuop", driver).headers["Nats-Msg-Id"]
+    assert keyed not in (
+        envelope.id,
+        publishing.prepare(envelope, "gpuop", squatter).headers["Nats-Msg-Id"],
+    )
+    assert publishing.id_key(["nats://127.0.0.1:4222"]) == b""
+    assert publishing.id_key([], b"-----BEGIN NATS USER JWT-----") != b""

@@ -101,6 +101,7 @@ class NatsBus:
         if isinstance(servers, str):
             servers = [url.strip() for url in servers.split(",") if url.strip()]
         self._servers = list(servers)
+        self._id_key = publishing.id_key(self._servers, _read_creds(creds))
         if not 1 <= replicas <= 5:
             raise ValueError(f"replicas must be 1 to 5, not {replicas}")
         self.replicas = replicas
@@ -315,7 +316,7 @@ class NatsBus:
         self._nc = self._js = None
 
     async def publish(self, envelope: Envelope) -> PublishAck:
-        out = publishing.prepare(envelope, self._prefix)
+        out = publishing.prepare(envelope, self._prefix, self._id_key)
         ack = await self._publish_outgoing(out)
         self._metrics.published(out.kind)
         return ack
@@ -342,7 +343,7 @@ class NatsBus:
 
     async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[PublishAck]:
         outs = [
-            publishing.fitting(publishing.prepare(e, self._prefix), self.max_payload)
+            publishing.fitting(publishing.prepare(e, self._prefix, self._id_key), self.max_payload)
             for e in envelopes
         ]
         futures = []
@@ -585,3 +586,15 @@ def redacted(server: str) -> str:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def _read_creds(creds: str | None) -> bytes | None:
+    """The credentials file's bytes, for the message-id key; None without one or when it
+    cannot be read (the connect then says why)."""
+    if not creds:
+        return None
+    try:
+        with open(creds, "rb") as file:
+            return file.read()
+    except OSError:
+        return None

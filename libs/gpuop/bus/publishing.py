@@ -1,7 +1,8 @@
 """What every publish carries, computed once for both bus implementations.
 
 The subject comes from the payload type and node, the event id becomes `Nats-Msg-Id` (so a
-retried publish is dropped by the server), and the current trace context is written into
+retried publish is dropped by the server; keyed by the publisher's credential, `message_id`),
+and the current trace context is written into
 the envelope and the `traceparent` header so consumers continue the producer's trace.
 
 Nothing goes out larger than the server accepts (`fitting`): nats-server closes the
@@ -14,7 +15,10 @@ headers, under a subject shortened to `MAX_SUBJECT`.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 from gpuop.bus import streams
 from gpuop.bus.errors import MessageTooLarge
@@ -62,14 +66,42 @@ def fitting(out: Outgoing, max_payload: int) -> Outgoing:
     return out
 
 
-def prepare(envelope: Envelope, prefix: str) -> Outgoing:
-    """Subject, bytes and headers for `envelope`."""
+def id_key(servers: list[str], creds: bytes | None = None) -> bytes:
+    """The key a publisher's message ids are made with: from its credential (the password in
+    its NATS URL, or its credentials file), so every process of one NATS user (a service's
+    agents on every node, both orchestrator replicas) makes the same ids and no other user
+    can; empty without a credential (no auth: nothing to squat against)."""
+    secrets = [creds] if creds else []
+    for server in servers:
+        parts = urlsplit(server)
+        if parts.password:
+            secrets.append(f"{unquote(parts.username or '')}:{unquote(parts.password)}".encode())
+            break
+    if not secrets:
+        return b""
+    return hashlib.sha256(b"gpuop message ids\0" + b"\0".join(secrets)).digest()
+
+
+def message_id(key: bytes, subject: str, id: str) -> str:
+    """The `Nats-Msg-Id` of message `id` on `subject`. JetStream drops a repeated id whatever
+    its subject or publisher, and gpuop's ids follow from public facts (`gpuop.events.ids`):
+    taken as they are, any user could store a driver result's id first, on a subject of its
+    own, and the real result would be dropped as a duplicate. Keyed by the publisher's
+    credential the id is the same for every try of that publisher and unknown to the others.
+    Without a key it is the envelope id."""
+    if not key:
+        return id
+    return hmac.new(key, f"{subject}:{id}".encode(), hashlib.sha256).hexdigest()[:40]
+
+
+def prepare(envelope: Envelope, prefix: str, key: bytes = b"") -> Outgoing:
+    """Subject, bytes and headers for `envelope`; its message id made with `key`."""
     if envelope.traceparent is None:
         current = tracing.current_traceparent()
         if current is not None:
             envelope = envelope.model_copy(update={"traceparent": current})
     subject = bus_subject(envelope, prefix=prefix)
-    headers = {streams.MSG_ID: envelope.id}
+    headers = {streams.MSG_ID: message_id(key, subject, envelope.id)}
     if envelope.traceparent:
         headers[streams.TRACEPARENT] = envelope.traceparent
     kind = subjects.Kind(subject.split(".")[1])

@@ -131,7 +131,8 @@ class Envelope(BaseModel):
     specversion: Literal["1.0"] = SPEC_VERSION
     """CloudEvents specification version."""
     id: str = Field(min_length=1, max_length=128)
-    """Unique id; also the `Nats-Msg-Id`, so a retried publish is dropped as a duplicate."""
+    """Unique id; the `Nats-Msg-Id` is made from it (keyed by the publisher's credential, so
+    no other publisher can take it first), so a retried publish is dropped as a duplicate."""
     source: str = Field(min_length=1, max_length=512)
     """Producer, as a URI reference: `/gpuop/<service>/<node>`."""
     type: str = Field(min_length=1, max_length=256)

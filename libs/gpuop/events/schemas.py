@@ -39,9 +39,11 @@ Events and commands of gpuop, the GPU and RDMA-network node operator, on NATS Je
 Every message is one JSON document: a CloudEvents 1.0 envelope (`specversion`, `id`, `source`,
 `type`, `subject`, `time`) plus the extensions `correlationid` (the saga or rollout),
 `causationid` (the message that caused this one) and `traceparent`, with the payload in
-`data`. The envelope `id` is also the `Nats-Msg-Id` header, so a retried publish is dropped by
-the server. Readers must ignore fields they do not know; a breaking change is published as a
-new `type` version.
+`data`. The `Nats-Msg-Id` header is made from the envelope `id` (an HMAC of subject and id
+under the publisher's credential where NATS has users, the id itself where it has none), so
+a retried publish is dropped by the server and no other publisher can take its id first.
+Readers must ignore fields they do not know; a breaking change is published as a new `type`
+version.
 
 Events (facts, past tense) travel on `gpuop.evt.<domain>.<node>.<name>`, commands (orders to
 one node agent) on `gpuop.cmd.<service>.<node>.<verb>`, messages that could not be processed
@@ -143,7 +145,8 @@ def _message(cls: type[Payload]) -> dict[str, Any]:
             "properties": {
                 "Nats-Msg-Id": {
                     "type": "string",
-                    "description": "Equals the envelope `id`; the server drops duplicates.",
+                    "description": "Made from the envelope `id` (keyed by the publisher's "
+                    "credential); the server drops duplicates.",
                 }
             },
         },

@@ -12,6 +12,7 @@ import nats.js.errors
 import pytest
 
 from gpuop.bus import BusError, ConsumerSpec, Delivery, NatsBus, streams
+from gpuop.bus.publishing import id_key, message_id
 from gpuop.events import Command, Envelope, device, driver, hardware, upgrade
 from gpuop.events.deadlines import DeadlineExpired
 from tests.integration.deploy.ownership import (
@@ -278,3 +279,33 @@ async def test_no_user_passes_off_a_type_it_may_not_send_on_a_subject_it_may(
 
 async def _dead_letters(bus: NatsBus, count: int) -> bool:
     return len(await dead_letters(bus)) >= count
+
+
+async def test_no_user_takes_the_message_id_of_another_first(server: ShippedNats) -> None:
+    """A driver result's id follows from its command's (`gpuop.events.ids`). Discovery
+    stores, on its own subject, that id as it is and as discovery's key would make it; the
+    driver-manager's result is stored all the same, and its retry is still dropped."""
+    loaded = next(p for p in SAMPLES if isinstance(p, driver.DriverLoaded))
+    result = envelope_of(loaded)
+    carrier = subject_of(next(p for p in SAMPLES if isinstance(p, hardware.HardwareHeartbeat)))
+    squats = [
+        result.id,
+        message_id(id_key([server.url("discovery")]), subject_of(loaded), result.id),
+    ]
+    admin = server.bus("admin")
+    await admin.start()  # the streams
+    await admin.close()
+    manager = server.bus("driver-manager")
+    await manager.connect()
+    try:
+        async with server.client("discovery") as squatter:
+            js = squatter.nc.jetstream()
+            for squat in squats:
+                ack = await js.publish(carrier, b"{}", headers={"Nats-Msg-Id": squat}, timeout=5.0)
+                assert not ack.duplicate
+        first = await manager.publish(result)
+        retry = await manager.publish(result)
+    finally:
+        await manager.close()
+    assert not first.duplicate, "the driver result was dropped as a duplicate of a squat"
+    assert retry.duplicate and retry.seq == first.seq
