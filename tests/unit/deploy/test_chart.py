@@ -46,7 +46,7 @@ OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"}
 """Kinds of the Prometheus and cert-manager operators: kubernetes-validate has no schema for
 them, so `test_operator_objects_have_what_their_operators_read` checks them."""
 NODE_AGENTS = ("discovery", "driver-manager", "device-plugin", "network-manager", "telemetry")
-PRIVILEGED = {"driver-manager", "network-manager"}
+PRIVILEGED = {"driver-manager"}
 CONFIG_LOADERS = {
     "discovery": discovery_config.load_config,
     "driver-manager": driver_manager_config.load,
@@ -138,7 +138,7 @@ def test_every_service_starts_with_valid_settings_and_its_own_nats_user(values: 
         user = workload["metadata"]["name"].removeprefix("gpuop-")
         assert all(url.startswith(("tls://", "nats://")) for url in loaded.nats)
         assert {url.split("://")[1].split(":")[0] for url in loaded.nats} == {user}
-        assert loaded.listen_address == ("0.0.0.0", container["ports"][0]["containerPort"])
+        assert loaded.listen_address == (POD_IP, container["ports"][0]["containerPort"])
         assert str(loaded.config) == "/etc/gpuop/config.yaml"
         if loaded.role is settings.Role.NODE:
             assert (loaded.node, str(loaded.host_root)) == ("gpu-1.example.com", "/host")
@@ -148,9 +148,15 @@ def test_every_service_starts_with_valid_settings_and_its_own_nats_user(values: 
     assert ("upgrade-orchestrator", settings.Role.CLUSTER) in started
 
 
+POD_IP = "10.1.2.3"
+"""The stand-in pod IP of `environment`."""
+
+
 def environment(container: dict[str, Any], *, node: str) -> dict[str, str]:
-    """The container's environment as the kubelet makes it: downward API, Secrets (a stand-in
-    password), and `$(VAR)` references to variables defined before."""
+    """The container's environment as the kubelet makes it: downward API (`node`, and
+    `POD_IP` for the pod's address), Secrets (a stand-in password), and `$(VAR)` references
+    to variables defined before."""
+    fields = {"spec.nodeName": node, "status.podIP": POD_IP}
     environ: dict[str, str] = {}
     for variable in container["env"]:
         if "value" in variable:
@@ -158,8 +164,7 @@ def environment(container: dict[str, Any], *, node: str) -> dict[str, str]:
                 r"\$\((\w+)\)", lambda m: environ.get(m[1], m[0]), str(variable["value"])
             )
         elif "fieldRef" in variable["valueFrom"]:
-            assert variable["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-            value = node
+            value = fields[variable["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
             value = "p4ssw0rd"
         environ[variable["name"]] = value
@@ -202,7 +207,9 @@ def test_the_orchestrator_leads_in_the_release_namespace_and_waits_for_deployed_
 
 
 @pytest.mark.parametrize("values", VALUES)
-def test_node_agents_have_no_kubernetes_token_and_only_two_are_privileged(values: str) -> None:
+def test_node_agents_have_no_kubernetes_token_and_only_the_driver_manager_is_privileged(
+    values: str,
+) -> None:
     rendering = render(values)
     daemonsets = {
         d["metadata"]["name"].removeprefix("gpuop-"): d for d in rendering.all("DaemonSet")
@@ -217,7 +224,7 @@ def test_node_agents_have_no_kubernetes_token_and_only_two_are_privileged(values
         assert security.get("privileged", False) is (service in PRIVILEGED), service
         if service not in PRIVILEGED:
             assert security["allowPrivilegeEscalation"] is False, service
-            assert security["capabilities"] == {"drop": ["ALL"]}, service
+            assert security["capabilities"]["drop"] == ["ALL"], service
             assert security["readOnlyRootFilesystem"] is True, service
         writable = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
         assert ("/host" in writable) is (service == "driver-manager"), service

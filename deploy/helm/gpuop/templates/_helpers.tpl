@@ -173,14 +173,24 @@ env:
       fieldRef:
         fieldPath: spec.nodeName
   - name: GPUOP_HOST_ROOT
-    value: /host
+    value: {{ include "gpuop.hostRoot" $root }}
   - name: GPUOP_NVML
     value: real
   {{- end }}
   - name: GPUOP_PREFIX
     value: {{ $root.Values.prefix | quote }}
+  # /healthz, /readyz and /metrics on the pod's own address only (the node's for a
+  # hostNetwork pod), not on every address of the node or the pod.
+  - name: POD_IP
+    valueFrom:
+      fieldRef:
+        fieldPath: status.podIP
   - name: GPUOP_METRICS_LISTEN
-    value: {{ printf "0.0.0.0:%d" (int .port) | quote }}
+    value: {{ include "gpuop.metricsListen" (dict "root" $root "port" .port) | quote }}
+  {{- if $root.Values.metrics.webConfig }}
+  - name: GPUOP_METRICS_WEB_CONFIG
+    value: {{ include "gpuop.webConfigFile" $root }}
+  {{- end }}
   - name: GPUOP_CONFIG
     value: /etc/gpuop/config.yaml
   - name: GPUOP_LOG_LEVEL
@@ -218,16 +228,16 @@ ports:
     containerPort: {{ .port }}
     protocol: TCP
 startupProbe:
-  httpGet: {path: /healthz, port: {{ .portName }}}
+  httpGet: {path: /healthz, port: {{ .portName }}, scheme: {{ include "gpuop.probeScheme" $root }}}
   periodSeconds: 5
   failureThreshold: 60
 livenessProbe:
-  httpGet: {path: /healthz, port: {{ .portName }}}
+  httpGet: {path: /healthz, port: {{ .portName }}, scheme: {{ include "gpuop.probeScheme" $root }}}
   periodSeconds: 20
   timeoutSeconds: 5
   failureThreshold: 3
 readinessProbe:
-  httpGet: {path: /readyz, port: {{ .portName }}}
+  httpGet: {path: /readyz, port: {{ .portName }}, scheme: {{ include "gpuop.probeScheme" $root }}}
   periodSeconds: 10
   timeoutSeconds: 5
 resources:
@@ -243,6 +253,11 @@ resources:
 {{- if include "gpuop.natsCaSecret" .root }}
 - name: trust
   mountPath: /etc/gpuop/trust
+  readOnly: true
+{{- end }}
+{{- if .root.Values.metrics.webConfig }}
+- name: web-config
+  mountPath: {{ include "gpuop.webConfigDir" . }}
   readOnly: true
 {{- end }}
 - name: tmp
@@ -264,6 +279,14 @@ resources:
   emptyDir:
     medium: Memory
     sizeLimit: 4Mi
+{{- end }}
+{{- with .root.Values.metrics.webConfig }}
+- name: web-config
+  secret:
+    secretName: {{ . }}
+    items:
+      - key: web-config.yml
+        path: web-config.yml
 {{- end }}
 - name: tmp
   emptyDir:
@@ -388,5 +411,107 @@ initContainers:
         readOnly: true
       - name: trust
         mountPath: /etc/gpuop/trust
+{{- end }}
+{{- end -}}
+
+{{/* Where a node agent sees the host's paths (GPUOP_HOST_ROOT): each host path it reads is
+mounted at <hostRoot><path>, the place the services look for it (libs/gpuop/host/roots.py). */}}
+{{- define "gpuop.hostRoot" -}}/host{{- end -}}
+
+{{/* GPUOP_METRICS_LISTEN: the pod's IP (metrics.listen podIP, or podIPv6 in brackets), or
+every address (all). Call with (dict "root" $ "port" 9401). */}}
+{{- define "gpuop.metricsListen" -}}
+{{- $listen := .root.Values.metrics.listen -}}
+{{- if eq $listen "podIP" -}}
+{{- printf "$(POD_IP):%d" (int .port) -}}
+{{- else if eq $listen "podIPv6" -}}
+{{- printf "[$(POD_IP)]:%d" (int .port) -}}
+{{- else if eq $listen "all" -}}
+{{- printf "0.0.0.0:%d" (int .port) -}}
+{{- else -}}
+{{- fail (printf "metrics.listen must be podIP, podIPv6 or all, not %q" $listen) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the Prometheus web-config Secret (metrics.webConfig) is mounted, and its file. */}}
+{{- define "gpuop.webConfigDir" -}}/etc/gpuop/web-config{{- end -}}
+{{- define "gpuop.webConfigFile" -}}/etc/gpuop/web-config/web-config.yml{{- end -}}
+
+{{/* HTTPS when the web-config serves TLS (metrics.scheme https). The kubelet does not verify
+a probe's certificate, and basic auth guards /metrics only, so the probes need nothing else. */}}
+{{- define "gpuop.probeScheme" -}}
+{{- $scheme := .Values.metrics.scheme -}}
+{{- if not (has $scheme (list "http" "https")) -}}
+{{- fail (printf "metrics.scheme must be http or https, not %q" $scheme) -}}
+{{- end -}}
+{{- if and (eq $scheme "https") (not .Values.metrics.webConfig) -}}
+{{- fail "metrics.scheme https needs metrics.webConfig: the Secret whose web-config.yml has tls_server_config" -}}
+{{- end -}}
+{{- upper $scheme -}}
+{{- end -}}
+
+{{/*
+The host paths a node agent reads (or writes), each mounted at <hostRoot><path>: volume
+mounts and volumes from one list, so the two never disagree. Each entry is a dict:
+  path   the host path
+  type   its hostPath type (Directory, File, DirectoryOrCreate)
+  write  true for the few it writes; read-only otherwise
+Call with (dict "root" $ "paths" (list ...)).
+*/}}
+{{- define "gpuop.hostPathName" -}}
+{{- printf "host%s" (. | replace "/" "-" | replace "." "-" | replace "_" "-") | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuop.hostPathMounts" -}}
+{{- $root := .root -}}
+{{- range .paths }}
+- name: {{ include "gpuop.hostPathName" .path }}
+  mountPath: {{ printf "%s%s" (include "gpuop.hostRoot" $root) .path }}
+  readOnly: {{ not .write }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuop.hostPathVolumes" -}}
+{{- range .paths }}
+- name: {{ include "gpuop.hostPathName" .path }}
+  hostPath:
+    path: {{ .path }}
+    type: {{ .type }}
+{{- end }}
+{{- end -}}
+
+{{/* The host's sysfs without its other filesystems (debugfs, securityfs, bpffs, cgroupfs,
+efivarfs under /sys/kernel, /sys/fs and /sys/firmware): the PCI functions, device classes
+(net, infiniband, dmi) and the devices their links lead to. */}}
+{{- define "gpuop.sysfsPaths" -}}
+{{- toJson (list
+  (dict "path" "/sys/bus" "type" "Directory")
+  (dict "path" "/sys/class" "type" "Directory")
+  (dict "path" "/sys/devices" "type" "Directory")) -}}
+{{- end -}}
+
+{{/* The cluster roles' node affinity: off the nodes clusterRoles.avoidNodes matches (GPU
+nodes by default), which the orchestrator drains and reboots. */}}
+{{- define "gpuop.clusterNodeAffinity" -}}
+{{- with .Values.clusterRoles.avoidNodes -}}
+nodeAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    nodeSelectorTerms:
+      - matchExpressions:
+          {{- toYaml . | nindent 10 }}
+{{- end -}}
+{{- end -}}
+
+{{/* How Prometheus talks to a service that runs with metrics.webConfig: its scheme, the
+TLS settings that verify it, and the basic auth it asks for. */}}
+{{- define "gpuop.scrapeAuth" -}}
+scheme: {{ include "gpuop.probeScheme" . | lower }}
+{{- with .Values.metrics.tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.metrics.basicAuth }}
+basicAuth:
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
