@@ -94,6 +94,7 @@ class Outbox:
         that dies midway leaves them in the saga's `last_transitions` for its successor's
         `resume`, not overwritten by a later decision."""
         saga = decision.saga
+        traced = traces.recording()
         for out in folding.outputs(decision):
             if isinstance(out, folding.StateChange):
                 await self._publish.event(
@@ -105,17 +106,20 @@ class Outbox:
                 node=saga.node,
                 id=out.id,
                 correlationid=saga.saga_id,
-                traceparent=traces.step_traceparent(saga.saga_id, out.attempt, out.step),
+                traceparent=traces.step_traceparent(saga.saga_id, out.attempt, out.step)
+                if traced
+                else None,
             )
         for action in node_writes(decision.kube_actions):
-            self._queue(saga, action)
+            self._queue(saga, action, traced=traced)
 
-    def _queue(self, saga: NodeSaga, action: KubeAction) -> None:
+    def _queue(self, saga: NodeSaga, action: KubeAction, *, traced: bool) -> None:
         if action.id in self._in_flight:
             return
         self._in_flight.add(action.id)
         queue = self._queues.setdefault(saga.node, asyncio.Queue())
-        queue.put_nowait((saga.saga_id, action, traces.current_step_traceparent(saga)))
+        traceparent = traces.current_step_traceparent(saga) if traced else None
+        queue.put_nowait((saga.saga_id, action, traceparent))
         if saga.node not in self._workers or self._workers[saga.node].done():
             self._workers[saga.node] = asyncio.create_task(
                 self._work(saga.node, queue), name=f"kube-actions-{saga.node}"

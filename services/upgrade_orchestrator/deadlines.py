@@ -34,6 +34,18 @@ from gpuop.services.upgrade_orchestrator.publishing import Publisher
 log = logging.getLogger(__name__)
 
 
+_Step = tuple[str, str, str, int]
+"""What names a deadline (`deadline_event_id`): saga id, state, step token, attempt."""
+
+
+def _pending_step(saga: SagaRecord[Any]) -> _Step | None:
+    """The saga's pending step, if it has a deadline: what its `DeadlineExpired` is named
+    after, found without building it."""
+    if saga.deadline is None:
+        return None
+    return (saga.saga_id, f"{saga.state}", saga.step.token, saga.attempt)
+
+
 def deadline_event_id(expired: DeadlineExpired) -> str:
     """The one id of this deadline's expiry, whoever publishes it."""
     return ids.deadline(expired.saga_id, f"{expired.state}", expired.step, expired.attempt)
@@ -45,7 +57,8 @@ class DeadlineScheduler:
     def __init__(self, bus: Bus, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._publish = Publisher(bus, clock)
         self._clock = clock
-        self._timers: dict[str, tuple[str, asyncio.Task[None]]] = {}
+        self._timers: dict[str, tuple[_Step, asyncio.Task[None], SagaRecord[Any]]] = {}
+        """Node -> (the pending step whose deadline is armed, its timer, the saga)."""
         self._held_until: datetime | None = None
 
     def hold_until(self, moment: datetime) -> None:
@@ -55,17 +68,18 @@ class DeadlineScheduler:
 
     def schedule(self, saga: SagaRecord[Any]) -> None:
         """Fire the saga's deadline when it passes (a saga of any kind); forget the node's
-        earlier one."""
-        expired = deadline_event(saga)
-        key = deadline_event_id(expired) if expired is not None else ""
+        earlier one. Called with every decision, so the `DeadlineExpired` and its id are
+        only made when the timer fires: the pending step names the deadline well enough to
+        tell a new one from the one armed."""
+        key = _pending_step(saga)
         current = self._timers.get(saga.node)
         if current is not None and current[0] == key and not current[1].done():
             return
         self.cancel(saga.node)
-        if expired is None:
+        if key is None:
             return
-        task = asyncio.create_task(self._fire(saga.node, expired), name=f"deadline-{saga.node}")
-        self._timers[saga.node] = (key, task)
+        task = asyncio.create_task(self._fire(saga), name=f"deadline-{saga.node}")
+        self._timers[saga.node] = (key, task, saga)
 
     def cancel(self, node: str) -> None:
         """Drop the node's timer."""
@@ -73,13 +87,19 @@ class DeadlineScheduler:
         if current is not None:
             current[1].cancel()
 
-    async def _fire(self, node: str, expired: DeadlineExpired) -> None:
-        due = expired.deadline
+    async def _fire(self, saga: SagaRecord[Any]) -> None:
+        due = saga.deadline
+        if due is None:
+            return
         if self._held_until is not None and self._held_until > due:
             due = self._held_until
         delay = (due - self._clock.now()).total_seconds()
         if delay > 0:
             await self._clock.sleep(delay)
+        expired = deadline_event(saga)  # made only now: nearly every timer is replaced first
+        if expired is None:
+            return
+        node = saga.node
         log.info("deadline of %s (%s) passed on node %s", expired.step, expired.state, node)
         await self._publish.event(
             expired,
@@ -91,11 +111,15 @@ class DeadlineScheduler:
 
     def pending(self) -> dict[str, str]:
         """Node -> id of the deadline it waits for (for tests and status)."""
-        return {node: key for node, (key, task) in self._timers.items() if not task.done()}
+        return {
+            node: deadline_event_id(expired)
+            for node, (_, task, saga) in self._timers.items()
+            if not task.done() and (expired := deadline_event(saga)) is not None
+        }
 
     async def close(self) -> None:
         """Cancel every timer."""
-        timers = [task for _, task in self._timers.values()]
+        timers = [task for _, task, _ in self._timers.values()]
         self._timers.clear()
         for task in timers:
             task.cancel()

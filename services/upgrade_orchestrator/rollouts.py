@@ -149,9 +149,10 @@ class RolloutReporter:
         self._ended.discard(rollout_id)
         if not sagas:
             return
-        started = self._started.setdefault(
-            rollout_id, min((s.history[0].at if s.history else s.step_started) for s in sagas)
-        )
+        started = self._started.get(rollout_id)
+        if started is None:  # looked for once: every reconcile reports, over every saga
+            started = min((s.history[0].at if s.history else s.step_started) for s in sagas)
+            self._started[rollout_id] = started
         if rollout_id not in self._announced:
             upgrade = policy.upgrade_policy
             await self._publish(

@@ -102,7 +102,7 @@ class Runner:
         """Publish `PolicyApplied` when `policy` differs from the one last recorded, before
         deciding with it (`cause`: the event about to be decided), so a replay of the log
         decides with the same policy."""
-        if policy == self._recorded:
+        if policy is self._recorded or policy == self._recorded:  # the same object, mostly
             return
         await self._publish.event(
             PolicyApplied(spec=policy.to_wire()), node=subjects.CLUSTER, causationid=cause
@@ -260,9 +260,14 @@ class Runner:
         # leader's writes as they return, the only writer's; an admission of a saga that
         # moved on meanwhile is ignored when decided on the saga read from KV
         sagas = [entry.saga for entry in self._store.index.live()]
-        planned = [self._as_planned(saga) for saga in sagas]
+        announced = self._announced
+        planned = (
+            [self._as_planned(s) if s.saga_id in announced else s for s in sagas]
+            if announced
+            else sagas
+        )
         result = admission.plan(planned, nodes, policy, now, done=self._store.index.done)
-        by_node = {saga.node: saga for saga in sagas}
+        by_node = {saga.node: saga for saga in sagas} if result.nodes else {}
         for node in result.nodes:
             saga = by_node[node]
             canary = node in result.canary

@@ -52,8 +52,17 @@ def step_span_id(saga_id: str, attempt: int, token: str) -> int:
     return tracing.derived_span_id(saga_id, str(attempt), token)
 
 
+def recording() -> bool:
+    """Whether this process records spans. Without an SDK provider the answer costs an
+    environment lookup, so the outbox asks once per decision, not once per message."""
+    return tracing.recording()
+
+
 def step_context(saga_id: str, attempt: int, token: str) -> otel_context.Context | None:
-    """The context whose parent is the step's span; None when tracing is off."""
+    """The context whose parent is the step's span; None when tracing is off (asked first:
+    deriving the two ids costs more than the rest, on every command and action issued)."""
+    if not tracing.recording():
+        return None
     return tracing.context_of(trace_id(saga_id, attempt), step_span_id(saga_id, attempt, token))
 
 

@@ -55,6 +55,7 @@ and `Admission.canary_failed` names the failed ones so the runtime can report th
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -243,48 +244,65 @@ def plan(
     done_pools = done.pools_where(counted_done) if done is not None else set()
     total = len(existing)
     hold = upgrade.failed_nodes_hold_slot
-    in_progress = sum(_holds_slot(s, hold) for s in by_node.values())
-
-    def cordoned(name: str) -> bool:
-        saga = by_node.get(name)
-        return nodes[name].unschedulable or (saga is not None and saga.cordoned)
-
-    def held_elsewhere(name: str) -> bool:
-        return nodes[name].held_by is not None
 
     def down(status: NodeStatus) -> bool:
         """Unavailable whatever its saga: NotReady, cordoned by someone else, held."""
         return not status.ready or status.unschedulable or status.held_by is not None
 
-    # one cheap look per node, its saga only when it has one in play (issue 24)
-    unavailable = sum(map(down, existing)) + sum(
-        s.cordoned and not down(nodes[s.node]) for s in by_node.values()
-    )
-    required = [s for s in by_node.values() if s.state is S.UPGRADE_REQUIRED]
+    # one cheap look per node, and one pass over the sagas in play (issue 24): a pass early
+    # in a rollout weighs nearly every node's saga, most of them waiting
+    unavailable = sum(map(down, existing))
+    in_progress = 0
+    required: list[NodeSaga] = []
+    cordoned_waiting: list[NodeSaga] = []  # admitted first: they need no slot
+    in_play: set[str | None] = set()
+    required_in: Counter[str | None] = Counter()
+    busy: Counter[str | None] = Counter()
+    canaries_in: dict[str | None, list[NodeSaga]] = {}
+    for s in by_node.values():
+        pool = s.pool
+        in_play.add(pool)
+        if s.state is S.UPGRADE_REQUIRED:
+            required.append(s)
+            required_in[pool] += 1
+            if s.cordoned or nodes[s.node].unschedulable:
+                cordoned_waiting.append(s)
+        elif _holds_slot(s, hold):
+            in_progress += 1
+            busy[pool] += 1
+        if s.cordoned and not down(nodes[s.node]):
+            unavailable += 1
+        if s.canary:
+            canaries_in.setdefault(pool, []).append(s)
+    skip_by_cordon = upgrade.cordoned_nodes == "skip"
     skipped: dict[str, str] = {}
-    for saga in sorted(required, key=lambda s: s.node):
+    skipped_in: Counter[str | None] = Counter()
+    # only a node with a skip label, or cordoned by someone else, can be left out
+    for saga in sorted(
+        (
+            s
+            for s in required
+            if nodes[s.node].skip or (skip_by_cordon and nodes[s.node].unschedulable)
+        ),
+        key=lambda s: s.node,
+    ):
         why = skip_reason(
             saga.components, nodes[saga.node], upgrade, cordoned_by_saga=saga.cordoned
         )
         if why is not None:
             skipped[saga.node] = why
+            skipped_in[saga.pool] += 1
     max_unavailable = upgrade.max_unavailable_of(total)
     budget = _budget(total, unavailable, max_unavailable)
-    pools = sorted(
-        {s.pool for s in by_node.values()} | done_pools, key=lambda p: (p is not None, p or "")
-    )
+    pools = sorted(in_play | done_pools, key=lambda p: (p is not None, p or ""))
     rules = {pool: _rules(policy, pool) for pool in pools}
-    members = {pool: [s for s in by_node.values() if s.pool == pool] for pool in pools}
     free: dict[str | None, int] = {}
     for pool in pools:
-        waiting = sum(
-            s.state is S.UPGRADE_REQUIRED and s.node not in skipped for s in members[pool]
-        )
-        busy = sum(_holds_slot(s, hold) for s in members[pool])
+        waiting = required_in[pool] - skipped_in[pool]
         parallel = rules[pool].max_parallel
-        free[pool] = min(waiting if parallel == 0 else parallel - busy, budget)
+        free[pool] = min(waiting if parallel == 0 else parallel - busy[pool], budget)
     slots = min(sum(free.values()), budget) if pools else min(upgrade.max_parallel_upgrades, budget)
-    canaries = {pool: [s for s in members[pool] if s.canary] for pool in pools}
+    canaries = {pool: canaries_in.get(pool, []) for pool in pools}
     done_canaries = {
         pool: done.canaries_where(pool, counted_done) if done is not None else 0 for pool in pools
     }
@@ -305,40 +323,45 @@ def plan(
         if rules[pool].canary > 0
         and (open_canary[pool] > 0 or not all(s.state is S.UPGRADE_DONE for s in canaries[pool]))
     }
-
-    def wanted(saga: NodeSaga) -> bool:
-        versions = rules[saga.pool].versions
-        return versions is not None and _wanted(saga, versions)
-
-    candidates = sorted(
-        (
-            s
-            for s in required
-            if nodes[s.node].ready
-            and not held_elsewhere(s.node)
-            and wanted(s)
-            and s.node not in skipped
-        ),
-        key=lambda s: (not cordoned(s.node), s.node),
-    )
     wave = _current_wave(by_node.values(), nodes, upgrade.waves.topology_label, skipped)
-    if wave is not None:
-        label = upgrade.waves.topology_label
-        candidates = [s for s in candidates if _wave_of(nodes[s.node], label) == wave]
+    label = upgrade.waves.topology_label
+
+    def candidate(saga: NodeSaga) -> bool:
+        """May be admitted now, slots aside."""
+        status = nodes[saga.node]
+        versions = rules[saga.pool].versions
+        return (
+            status.ready
+            and status.held_by is None
+            and versions is not None
+            and _wanted(saga, versions)
+            and saga.node not in skipped
+            and (wave is None or _wave_of(status, label) == wave)
+        )
+
+    def no_slot_left() -> bool:
+        return budget <= 0 or max(free.values(), default=0) <= 0
+
+    # admitted in order, the cordoned nodes first (they need no slot), then by name; free
+    # slots and the budget only shrink, so once neither is left no uncordoned node is even
+    # looked at, let alone sorted: the waiting nodes of a full rollout cost nothing here
+    cordoned_first = sorted(cordoned_waiting, key=lambda s: s.node)
     windows = upgrade.maintenance_windows
     outside = bool(windows) and not any(w.contains(now) for w in windows)
     admitted: list[str] = []
     admitted_canary: list[str] = []
     components: dict[str, tuple[Component, ...]] = {}
-    for saga in candidates if not (upgrade.paused or outside) else ():
+
+    def try_admit(saga: NodeSaga, *, is_cordoned: bool) -> None:
+        nonlocal budget
         pool = saga.pool
         if failed_canaries[pool] or rules[pool].paused:
-            continue  # a failed canary, or a pause, holds its own pool back
+            return  # a failed canary, or a pause, holds its own pool back
         as_canary = saga.canary or open_canary[pool] > 0
         if pool in held_pools and not as_canary:
-            continue
-        if (free[pool] <= 0 or budget <= 0) and not cordoned(saga.node):
-            continue
+            return
+        if (free[pool] <= 0 or budget <= 0) and not is_cordoned:
+            return
         admitted.append(saga.node)
         free[pool] -= 1
         budget -= 1
@@ -349,6 +372,19 @@ def plan(
             admitted_canary.append(saga.node)
             if not saga.canary:
                 open_canary[pool] -= 1
+
+    if not (upgrade.paused or outside):
+        for saga in cordoned_first:
+            if candidate(saga):
+                try_admit(saga, is_cordoned=True)
+        if not no_slot_left():
+            first = {s.node for s in cordoned_waiting}
+            others = sorted((s for s in required if s.node not in first), key=lambda s: s.node)
+            for saga in others:
+                if no_slot_left():
+                    break
+                if candidate(saga):
+                    try_admit(saga, is_cordoned=False)
     return Admission(
         at=now,
         nodes=tuple(admitted),

@@ -16,6 +16,7 @@ from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, SagaStarted, UpgradeState
 from gpuop.saga import NodeSaga, NodeStatus, actions, folding, pending
 from gpuop.saga.core import Admitted, decide
+from gpuop.saga.machine import deadline_event
 from gpuop.services.upgrade_orchestrator import intake, running
 from gpuop.services.upgrade_orchestrator.deadlines import deadline_event_id
 from gpuop.services.upgrade_orchestrator.store import SagaStore, StoredSaga
@@ -218,6 +219,29 @@ async def test_a_deadline_fires_as_an_event_once(stack: Stack) -> None:
     assert isinstance(expired, DeadlineExpired)
     assert (expired.state, expired.step) == (S.CORDON_REQUIRED, saga.step.token)
     assert envelope.id == deadline_event_id(expired)
+
+
+async def test_a_deadline_timer_is_replaced_only_when_the_pending_step_changes(
+    stack: Stack,
+) -> None:
+    """The timer is keyed by the step its deadline guards, the expiry made when it fires."""
+    await admit_and_decide(stack)
+    saga = await stack.saga(NODE)
+    timers = stack.deadlines
+    assert saga.deadline is not None and timers is not None
+    expired = deadline_event(saga)
+    assert expired is not None
+    assert timers.pending() == {NODE: deadline_event_id(expired)}
+    later = saga.model_copy(update={"deadline": saga.deadline + timedelta(seconds=60)})
+    timers.schedule(later)  # the same step: the armed timer stays, its deadline with it
+    assert timers.pending() == {NODE: deadline_event_id(expired)}
+    retried = saga.model_copy(update={"attempt": saga.attempt + 1})
+    timers.schedule(retried)
+    renewed = deadline_event(retried)
+    assert renewed is not None and renewed.attempt == saga.attempt + 1
+    assert timers.pending() == {NODE: deadline_event_id(renewed)}
+    timers.schedule(retried.model_copy(update={"deadline": None}))  # a step without one
+    assert timers.pending() == {}
 
 
 async def test_a_successor_holds_an_overdue_deadline_until_held_results_are_due(
