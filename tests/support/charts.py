@@ -8,6 +8,7 @@ rendering is done once per values file and shared by the tests that read it.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,3 +91,47 @@ def crd_texts() -> dict[str, str]:
 def lint(name: str) -> dict[str, Any]:
     helm.disable_logging()
     return helm.lint(CHART, values(name), strict=True, namespace=NAMESPACE)
+
+
+NODE_AGENTS = ("discovery", "driver-manager", "device-plugin", "network-manager", "telemetry")
+
+
+def containers(rendering: Rendering) -> list[tuple[Manifest, dict[str, Any]]]:
+    return [
+        (workload, container)
+        for workload in rendering.workloads()
+        for container in workload["spec"]["template"]["spec"]["containers"]
+    ]
+
+
+def gpuop_containers(rendering: Rendering) -> list[tuple[Manifest, dict[str, Any]]]:
+    return [(w, c) for w, c in containers(rendering) if c.get("args", [""])[0] == "run"]
+
+
+POD_IP = "10.1.2.3"
+"""The stand-in pod IP of `environment`."""
+
+
+def environment(container: dict[str, Any], *, node: str) -> dict[str, str]:
+    """The container's environment as the kubelet makes it: downward API (`node`, and
+    `POD_IP` for the pod's address), Secrets (a stand-in password), and `$(VAR)` references
+    to variables defined before."""
+    fields = {"spec.nodeName": node, "status.podIP": POD_IP}
+    environ: dict[str, str] = {}
+    for variable in container["env"]:
+        if "value" in variable:
+            value = re.sub(
+                r"\$\((\w+)\)", lambda m: environ.get(m[1], m[0]), str(variable["value"])
+            )
+        elif "fieldRef" in variable["valueFrom"]:
+            value = fields[variable["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            value = "p4ssw0rd"
+        environ[variable["name"]] = value
+    return environ
+
+
+def image_user() -> int:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    (user,) = re.findall(r"^USER (\d+)", dockerfile, re.M)
+    return int(user)

@@ -30,11 +30,16 @@ from gpuop.services.upgrade_orchestrator import config as orchestrator_config
 from tests.support.charts import (
     CHART,
     NAMESPACE,
+    NODE_AGENTS,
+    POD_IP,
     REPO,
     VALUES,
     Manifest,
     Rendering,
     crd_texts,
+    environment,
+    gpuop_containers,
+    image_user,
     lint,
     render,
     render_with,
@@ -45,7 +50,6 @@ KUBERNETES = ("1.27", kubernetes_validate.latest_version())
 OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"}
 """Kinds of the Prometheus and cert-manager operators: kubernetes-validate has no schema for
 them, so `test_operator_objects_have_what_their_operators_read` checks them."""
-NODE_AGENTS = ("discovery", "driver-manager", "device-plugin", "network-manager", "telemetry")
 PRIVILEGED = {"driver-manager"}
 CONFIG_LOADERS = {
     "discovery": discovery_config.load_config,
@@ -55,18 +59,6 @@ CONFIG_LOADERS = {
     "telemetry": telemetry_config.load_config,
     "upgrade-orchestrator": orchestrator_config.load_config,
 }
-
-
-def containers(rendering: Rendering) -> list[tuple[Manifest, dict[str, Any]]]:
-    return [
-        (workload, container)
-        for workload in rendering.workloads()
-        for container in workload["spec"]["template"]["spec"]["containers"]
-    ]
-
-
-def gpuop_containers(rendering: Rendering) -> list[tuple[Manifest, dict[str, Any]]]:
-    return [(w, c) for w, c in containers(rendering) if c.get("args", [""])[0] == "run"]
 
 
 @pytest.mark.parametrize("values", VALUES)
@@ -148,29 +140,6 @@ def test_every_service_starts_with_valid_settings_and_its_own_nats_user(values: 
     assert ("upgrade-orchestrator", settings.Role.CLUSTER) in started
 
 
-POD_IP = "10.1.2.3"
-"""The stand-in pod IP of `environment`."""
-
-
-def environment(container: dict[str, Any], *, node: str) -> dict[str, str]:
-    """The container's environment as the kubelet makes it: downward API (`node`, and
-    `POD_IP` for the pod's address), Secrets (a stand-in password), and `$(VAR)` references
-    to variables defined before."""
-    fields = {"spec.nodeName": node, "status.podIP": POD_IP}
-    environ: dict[str, str] = {}
-    for variable in container["env"]:
-        if "value" in variable:
-            value = re.sub(
-                r"\$\((\w+)\)", lambda m: environ.get(m[1], m[0]), str(variable["value"])
-            )
-        elif "fieldRef" in variable["valueFrom"]:
-            value = fields[variable["valueFrom"]["fieldRef"]["fieldPath"]]
-        else:
-            value = "p4ssw0rd"
-        environ[variable["name"]] = value
-    return environ
-
-
 @pytest.mark.parametrize("values", VALUES)
 def test_every_config_file_passes_its_services_config_model(values: str, tmp_path: Path) -> None:
     rendering = render(values)
@@ -245,12 +214,6 @@ def test_cluster_roles_run_unprivileged_as_the_images_user(values: str) -> None:
         assert security["runAsUser"] == user
         assert security["capabilities"] == {"drop": ["ALL"]}
         assert "privileged" not in security
-
-
-def image_user() -> int:
-    dockerfile = (REPO / "Dockerfile").read_text()
-    (user,) = re.findall(r"^USER (\d+)", dockerfile, re.M)
-    return int(user)
 
 
 def rules_of(rendering: Rendering, account: str) -> dict[tuple[str, str], set[str]]:

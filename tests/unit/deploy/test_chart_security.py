@@ -24,20 +24,18 @@ from gpuop.services.telemetry import config as telemetry_config
 from tests.support.charts import (
     CHART,
     NAMESPACE,
+    NODE_AGENTS,
+    POD_IP,
     VALUES,
     Manifest,
     Rendering,
+    environment,
+    gpuop_containers,
+    image_user,
     render,
     render_with,
 )
 from tests.support.charts import values as values_of
-from tests.unit.deploy.test_chart import (
-    NODE_AGENTS,
-    POD_IP,
-    environment,
-    gpuop_containers,
-    image_user,
-)
 
 HOST_ROOT = "/host"
 SYSFS = {"/sys/bus": "Directory", "/sys/class": "Directory", "/sys/devices": "Directory"}
