@@ -27,6 +27,7 @@ import shlex
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,39 +43,73 @@ a start-up of one or two; the cluster rollout runs two whole-stack rollouts."""
 QUICK_LONG_RUNNING = {"cluster_rollout": 600.0}
 """Quick-mode limits of the same."""
 LOAD_SAMPLE_SECONDS = 5.0
-LOADED_SHARE = 0.5
-"""A run starting on a 1-minute load average of at least this share of the CPUs is said to
-be on a loaded machine: something else was using them."""
+LOADED_SHARE = 0.25
+"""A run is said to be on a loaded machine when, just before it starts, other work keeps at
+least this share of the CPUs busy (from /proc/stat over `QUIET_SAMPLE_SECONDS`: the 1-minute
+load average still remembers the script before, so it cannot tell)."""
+QUIET_SAMPLE_SECONDS = 3.0
+QUIET_WAIT_SECONDS = 30.0
+"""How long a script waits for the machine to go quiet before it starts anyway."""
 COMPARISONS = {"<=": float.__le__, ">=": float.__ge__, "<": float.__lt__, ">": float.__gt__}
 
 
 @dataclass(frozen=True)
 class Load:
-    """The 1-minute load average around one script's run."""
+    """The 1-minute load average around one script's run, and how busy the CPUs were just
+    before it."""
 
     at_start: float
     mean: float
     peak: float
     cpus: int
+    busy_before: float = 0.0
+    """Share of all CPUs busy in the seconds before the script started."""
 
     @property
     def loaded(self) -> bool:
-        return self.at_start >= LOADED_SHARE * self.cpus
+        return self.busy_before >= LOADED_SHARE
 
     def sentence(self) -> str:
         said = (
             f"Load average during the run: mean {self.mean:.2f}, peak {self.peak:.2f}, "
-            f"{self.at_start:.2f} at its start, on {self.cpus} CPUs"
+            f"{self.at_start:.2f} at its start, on {self.cpus} CPUs; "
+            f"{self.busy_before:.0%} of the CPUs busy just before it"
         )
         if self.loaded:
             return said + "; **a loaded machine**: other work was running, so the figures are low."
         return said + "."
 
 
+def cpu_busy(seconds: float) -> float:
+    """Share of all CPUs busy over the next `seconds` (/proc/stat: all but idle and iowait)."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return sum(fields) - idle, sum(fields)
+
+    busy_before, total_before = sample()
+    time.sleep(seconds)
+    busy_after, total_after = sample()
+    total = total_after - total_before
+    return (busy_after - busy_before) / total if total > 0 else 0.0
+
+
+def wait_for_quiet() -> float:
+    """Wait (up to `QUIET_WAIT_SECONDS`) until other work leaves the CPUs mostly idle; how
+    busy they were at the last look."""
+    deadline = time.monotonic() + QUIET_WAIT_SECONDS
+    while True:
+        busy = cpu_busy(QUIET_SAMPLE_SECONDS)
+        if busy < LOADED_SHARE or time.monotonic() >= deadline:
+            return busy
+
+
 class LoadWatch:
     """Samples the 1-minute load average on a thread while a script runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, busy_before: float = 0.0) -> None:
+        self.busy_before = busy_before
         self.at_start = os.getloadavg()[0]
         self._samples = [self.at_start]
         self._stop = threading.Event()
@@ -91,7 +126,7 @@ class LoadWatch:
         self._samples.append(os.getloadavg()[0])
         mean = sum(self._samples) / len(self._samples)
         cpus = len(os.sched_getaffinity(0))
-        return Load(self.at_start, mean, max(self._samples), cpus)
+        return Load(self.at_start, mean, max(self._samples), cpus, self.busy_before)
 
 
 def judged(target: str, value: object) -> bool | None:
@@ -146,7 +181,7 @@ def run(script: Path, quick: bool) -> Outcome:
     command = shlex.join([shown(Path(sys.executable)), *argv[1:]])
     print(f"$ {command}", flush=True)
     lines: list[str] = []
-    watch = LoadWatch()
+    watch = LoadWatch(wait_for_quiet())
     try:
         outcome = _run(script, argv, command, lines, quick)
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench.run_all import Load, Outcome, benchmarks, judged, section
+from tests.bench.run_all import Load, Outcome, benchmarks, cpu_busy, judged, section
 
 
 @pytest.mark.parametrize(
@@ -30,14 +30,16 @@ def test_a_section_tables_each_figure_with_its_target_and_says_the_load() -> Non
     result = {"about": "x", "target": "t", "target_met": False,
               "targets": {"rss_mb": "<= 200", "cpu": "<= 0.5"},
               "rss_mb": 250.0, "cpu": 0.2, "mode": "full"}  # fmt: skip
-    quiet = Outcome("footprint", "cmd", 0, result, None, Load(0.3, 1.1, 1.9, 2))
+    quiet = Outcome("footprint", "cmd", 0, result, None, Load(0.3, 1.1, 1.9, 2, 0.05))
     lines = section(quiet)
     assert "| rss_mb | 250 | <= 200 | **no** |" in lines
     assert "| cpu | 0.2 | <= 0.5 | yes |" in lines
     assert "| mode | full |  |  |" in lines
     said = next(line for line in lines if line.startswith("Load average"))
-    assert said.split(": ", 1)[1] == "mean 1.10, peak 1.90, 0.30 at its start, on 2 CPUs."
-    busy = Outcome("footprint", "cmd", 0, result, None, Load(1.4, 2.5, 3.0, 2))
+    assert said.split(": ", 1)[1] == (
+        "mean 1.10, peak 1.90, 0.30 at its start, on 2 CPUs; 5% of the CPUs busy just before it."
+    )
+    busy = Outcome("footprint", "cmd", 0, result, None, Load(0.2, 2.5, 3.0, 2, 0.6))
     assert any("a loaded machine" in line for line in section(busy))
 
 
@@ -52,3 +54,7 @@ def test_the_report_tests_are_no_benchmark() -> None:
     names = {script.stem for script in benchmarks()}
     assert "test_report" not in names
     assert {"footprint", "rollout", "device_plugin"} <= names
+
+
+def test_how_busy_the_cpus_are_is_a_share_between_none_and_all() -> None:
+    assert 0.0 <= cpu_busy(0.2) <= 1.0
