@@ -303,14 +303,16 @@ def merged(previous: str, fresh: str, names: set[str]) -> str:
     order = [script.stem for script in benchmarks()]
     combined = {**kept, **new}
     header = fresh.split("\n## ", 1)[0]
-    before = next((line for line in previous.splitlines() if line.startswith("- Date: ")), "")
+    lines = previous.splitlines()
+    marker = "; the other sections are from "
+    earlier = next((line for line in lines if line.startswith("- Re-run alone: ")), "")
+    if marker in earlier:  # a report already merged: its other sections keep their date
+        before = earlier.split(marker, 1)[1]
+    else:
+        before = next((line[8:] for line in lines if line.startswith("- Date: ")), "")
     if before:
         again = ", ".join(sorted(names))
-        header = header.replace(
-            "- Date: ",
-            f"- Re-run alone: {again}; the other sections are from {before[8:]}\n- Date: ",
-            1,
-        )
+        header = header.replace("- Date: ", f"- Re-run alone: {again}{marker}{before}\n- Date: ", 1)
     body = [combined[name].rstrip() + "\n" for name in order if name in combined]
     return header.rstrip() + "\n\n" + "\n".join(body)
 

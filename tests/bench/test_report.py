@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench.run_all import Load, Outcome, benchmarks, cpu_busy, judged, section
+from tests.bench.run_all import Load, Outcome, benchmarks, cpu_busy, judged, merged, section
 
 
 @pytest.mark.parametrize(
@@ -58,3 +58,13 @@ def test_the_report_tests_are_no_benchmark() -> None:
 
 def test_how_busy_the_cpus_are_is_a_share_between_none_and_all() -> None:
     assert 0.0 <= cpu_busy(0.2) <= 1.0
+
+
+def test_a_second_partial_run_keeps_the_date_of_the_sections_it_did_not_run() -> None:
+    original = "# B\n\n- Date: 2026-11-30 04:02 UTC\n\n## bus\n\nold bus\n\n## rollout\n\nold\n"
+    fresh = "# B\n\n- Date: 2026-12-02 02:45 UTC\n\n## rollout\n\nnew\n"
+    once = merged(original, fresh, {"rollout"})
+    assert "the other sections are from 2026-11-30 04:02 UTC" in once
+    again = merged(once, fresh.replace("02:45", "02:53"), {"rollout"})
+    assert "the other sections are from 2026-11-30 04:02 UTC" in again
+    assert "old bus" in again and "\nnew\n" in again
