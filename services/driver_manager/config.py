@@ -6,7 +6,8 @@ default on a production node.
 
     components: [gpu, ofed]        driver stacks this agent manages
     kernel: auto                   how modules are changed (see `KernelMode`)
-    driver_source: null            source for a rollback whose command names none
+    driver_source: null            source for a rollback whose command names none: a URI,
+                                   or {uri, public_keys, allow_unsigned, ca_bundle}
     connect_timeout_seconds: 10    driver source: connecting
     read_timeout_seconds: 60       driver source: silence while reading
     max_package_bytes: 4294967296  larger packages are refused
@@ -24,9 +25,9 @@ import enum
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from gpuop.events.driver import Component
+from gpuop.events.driver import Component, DriverSource
 from gpuop.runtime.settings import load_config_file
 
 
@@ -53,6 +54,10 @@ DEFAULT_LOAD_MODULES: dict[Component, tuple[str, ...]] = {
 }
 
 
+def _uri_alone(value: object) -> object:
+    return {"uri": value} if isinstance(value, str) else value
+
+
 class DriverManagerConfig(BaseModel):
     """Everything in the `--config` file; the defaults suit a real node."""
 
@@ -62,9 +67,11 @@ class DriverManagerConfig(BaseModel):
     """Driver stacks this agent manages; a command for another one fails without acting."""
     kernel: KernelMode = KernelMode.AUTO
     """How kernel modules are changed and how the node reboots."""
-    driver_source: str | None = None
+    driver_source: Annotated[DriverSource | None, BeforeValidator(_uri_alone)] = None
     """Driver source (directory or http(s) URL holding `index.json`) for a rollback to a
-    version that is no longer installed when the command names no source."""
+    version that is no longer installed when the command names no source, with the keys its
+    index is signed with (`public_keys`, or `allow_unsigned: true`), as a command's source
+    carries them; a plain URI is a source with no trusted keys."""
     connect_timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 10.0
     """How long connecting to an http(s) driver source may take."""
     read_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 60.0

@@ -193,7 +193,7 @@ class Executor:
         try:
             async with asyncio.timeout(command.timeout_seconds):
                 installed = await self.installer.install(
-                    command.component, command.version, command.source.uri, command.source.sha256
+                    command.component, command.version, command.source
                 )
         except InstallError as exc:
             return Outcome(
@@ -255,15 +255,13 @@ class Executor:
 
         kernel_release = running_kernel(self.root)
         if version not in packages.installed_versions(self.root, kernel_release, component):
-            source = command.source
-            if source is None and self.config.driver_source:
-                source = dm.DriverSource(uri=self.config.driver_source)
+            source = command.source or self.config.driver_source
             if source is None:
                 message = f"{component} {version} is not installed and no driver source is known"
                 return failed(dm.DriverStep.INSTALL, message, False)
             try:
                 async with asyncio.timeout(command.timeout_seconds):
-                    await self.installer.install(component, version, source.uri, source.sha256)
+                    await self.installer.install(component, version, source)
             except InstallError as exc:
                 return failed(dm.DriverStep.INSTALL, exc.message, exc.retryable)
             except TimeoutError:

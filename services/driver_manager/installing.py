@@ -7,9 +7,12 @@ longer installed):
     1. pin the active version: a component without an `active` file gets one naming the
        version that is active now, so the new directory does not become "the newest
        installed" that depmod would index (`gpuop.host.packages`)
-    2. read the source's index, pick the build for (component, version, running kernel)
+    2. read the source's index and check its minisign signature against the command's
+       trusted keys (`verifying`; an unsigned index only under `allow_unsigned`), pick the
+       build for (component, version, running kernel); the command's digest, when it names
+       one, must be the signed index's too
     3. download into `<host root>/var/lib/gpuop/staging/<id>/`, hashing as it writes, and
-       compare with the index (and with the command's digest, when it names one)
+       compare with the index
     4. unpack into `.staging-<version>-<id>/` next to the final directory, refusing anything
        but plain files with plain names, and check the package's manifest
     5. rename it to `lib/modules/<kernel>/updates/gpuop/<component>/<version>/` (atomic: the
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from gpuop.clocks import Clock
+from gpuop.events import driver as dm
 from gpuop.events.driver import InstallFailureReason
 from gpuop.host import packages, packaging, system
 from gpuop.host.errors import HostReadError, KernelError
@@ -97,9 +101,10 @@ class Installer:
         log.info("removed %s %s for %s", component, version, kernel_release)
         return True
 
-    async def install(
-        self, component: str, version: str, source_uri: str, expected_sha256: str | None
-    ) -> Installed:
+    async def install(self, component: str, version: str, where: dm.DriverSource) -> Installed:
+        """Install `version` of `component` from `where`, believing its index only once its
+        signature verifies with `where`'s keys, and refusing a package whose digest differs
+        from the index's entry or from `where.sha256`."""
         kernel_release = running_kernel(self.root)
         _pin_active(self.root, kernel_release, component)
         final = packages.package_dir(self.root, kernel_release, component, version)
@@ -109,7 +114,7 @@ class Installer:
             return Installed(version, None, fresh=False)
         try:
             source = sources.open_source(
-                source_uri,
+                where,
                 connect_timeout=self.config.connect_timeout_seconds,
                 read_timeout=self.config.read_timeout_seconds,
                 max_bytes=self.config.max_package_bytes,
@@ -119,11 +124,11 @@ class Installer:
             )
         except sources.SourceError as exc:
             raise InstallError(exc.reason, exc.message, retryable=exc.retryable) from None
-        if expected_sha256 is not None and expected_sha256 != entry.sha256:
+        if where.sha256 is not None and where.sha256 != entry.sha256:
             raise InstallError(
                 InstallFailureReason.VERIFICATION_FAILED,
                 f"the source lists {entry.file} with sha256 {entry.sha256}, "
-                f"the command expects {expected_sha256}",
+                f"the command expects {where.sha256}",
             )
         token = uuid.uuid4().hex[:12]
         download = self.root.join(f"{STAGING}/{component}-{version}-{token}")

@@ -1,20 +1,25 @@
 """Driver sources: where packages come from, read the same way whether local or remote.
 
-A driver source is a directory or an http(s) URL holding `index.json` and the archives it
-lists (the format `gpuop.host.packaging` writes), so an air-gapped cluster mirrors one with
-any file copy or web server. `installing.install` asks `open_source(uri)` for the index,
-picks the entry for (component, version, running kernel) with `select`, and has `fetch` copy
-the archive into its staging directory while hashing it.
+A driver source is a directory or an http(s) URL holding `index.json`, its minisign signature
+`index.json.minisig` and the archives it lists (the format `gpuop.host.packaging` writes), so
+an air-gapped cluster mirrors one with any file copy or web server. `installing.install` asks
+`open_source(source)` for the index, which is believed only once `verifying.check_index` has
+checked its signature against the command's trusted keys; picks the entry for (component,
+version, running kernel) with `select`, and has `fetch` copy the archive into its staging
+directory while hashing it.
 
 A directory is named by an absolute path or a `file://` URL, as the agent's own filesystem
 sees it (in a pod, mount the mirror; `/host/srv/drivers` is the host's `/srv/drivers`).
 URLs are fetched with aiohttp under the configured connect and read timeouts; aiohttp is
 imported on the first fetch from a URL, not with the agent (most sources are directories,
-and the import is a fifth of the agent's memory).
+and the import is a fifth of the agent's memory). The session honours `HTTPS_PROXY`,
+`HTTP_PROXY` and `NO_PROXY` (`trust_env`); an https source with a `ca_bundle` trusts that
+bundle alone, not the node's store; a redirect from https to anything else is refused.
 
 Failures are `SourceError`s whose `reason` is the install failure reason to report:
-`source-unreachable` (retryable: the network, a server error, a missing mount) or
-`not-found` (the source answered and has no such package).
+`source-unreachable` (retryable: the network, a server error, a missing mount),
+`not-found` (the source answered and has no such package) or `verification-failed` (an
+index that is unsigned, badly signed, or a redirect off https).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import asyncio
 import hashlib
 import json
 import re
+import ssl
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Protocol
@@ -30,9 +36,11 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
+from gpuop.events import driver as dm
 from gpuop.events.driver import InstallFailureReason
 from gpuop.events.fields import Sha256, Version
 from gpuop.host import packaging
+from gpuop.services.driver_manager import verifying
 
 CHUNK = 1 << 20
 MAX_INDEX_BYTES = 16 << 20
@@ -99,7 +107,7 @@ class DriverSource(Protocol):
     def uri(self) -> str: ...
 
     async def index(self) -> SourceIndex:
-        """The parsed `index.json`."""
+        """The parsed `index.json`, once its signature is checked (`verifying`)."""
         ...
 
     async def fetch(self, entry: IndexEntry, destination: Path) -> Fetched:
@@ -108,16 +116,18 @@ class DriverSource(Protocol):
 
 
 def open_source(
-    uri: str, *, connect_timeout: float, read_timeout: float, max_bytes: int
+    source: dm.DriverSource, *, connect_timeout: float, read_timeout: float, max_bytes: int
 ) -> DriverSource:
-    """The source `uri` names; `SourceError(not-found)` when it names no kind we read."""
+    """The source `source.uri` names, checking its index with `source`'s keys;
+    `SourceError(not-found)` when it names no kind we read."""
+    uri = source.uri
     scheme = urlsplit(uri).scheme.lower()
     if scheme in ("http", "https"):
-        return HttpSource(uri, connect_timeout, read_timeout, max_bytes)
+        return HttpSource(uri, source, connect_timeout, read_timeout, max_bytes)
     if scheme == "file":
-        return DirectorySource(Path(unquote(urlsplit(uri).path)), max_bytes)
+        return DirectorySource(Path(unquote(urlsplit(uri).path)), source, max_bytes)
     if scheme == "" and uri.startswith("/"):
-        return DirectorySource(Path(uri), max_bytes)
+        return DirectorySource(Path(uri), source, max_bytes)
     raise SourceError(
         InstallFailureReason.NOT_FOUND,
         f"driver source {uri!r} is neither an absolute directory path nor an http(s) URL",
@@ -145,7 +155,14 @@ def select(
     )
 
 
-def _parse_index(data: bytes, uri: str) -> SourceIndex:
+def _parse_index(
+    data: bytes, signature: bytes | None, uri: str, trust: dm.DriverSource, plain_http: bool
+) -> SourceIndex:
+    """The index `data`, once `verifying` found its `signature` good under `trust`."""
+    try:
+        verifying.check_index(data, signature, redacted(uri), trust, plain_http=plain_http)
+    except verifying.UntrustedIndex as exc:
+        raise SourceError(InstallFailureReason.VERIFICATION_FAILED, str(exc)) from None
     try:
         return SourceIndex.model_validate(json.loads(data))
     except (UnicodeDecodeError, json.JSONDecodeError, ValidationError) as exc:
@@ -167,8 +184,9 @@ def _relative_file(entry: IndexEntry, uri: str) -> PurePosixPath:
 class DirectorySource:
     """A driver source directory on the agent's filesystem."""
 
-    def __init__(self, directory: Path, max_bytes: int) -> None:
+    def __init__(self, directory: Path, trust: dm.DriverSource, max_bytes: int) -> None:
         self.directory = directory
+        self.trust = trust
         self.max_bytes = max_bytes
 
     @property
@@ -192,7 +210,19 @@ class DirectorySource:
             raise SourceError(
                 InstallFailureReason.SOURCE_UNREACHABLE, f"cannot read {path}: {exc}"
             ) from None
-        return _parse_index(data, self.uri)
+        signature_path = self.directory / verifying.SIGNATURE
+        signature: bytes | None
+        try:
+            signature = await asyncio.to_thread(
+                _read_limited, signature_path, verifying.MAX_SIGNATURE_BYTES
+            )
+        except FileNotFoundError:
+            signature = None
+        except OSError as exc:
+            raise SourceError(
+                InstallFailureReason.SOURCE_UNREACHABLE, f"cannot read {signature_path}: {exc}"
+            ) from None
+        return _parse_index(data, signature, self.uri, self.trust, plain_http=False)
 
     async def fetch(self, entry: IndexEntry, destination: Path) -> Fetched:
         path = self.directory / _relative_file(entry, self.uri)
@@ -207,10 +237,15 @@ class DirectorySource:
 class HttpSource:
     """A driver source served over http(s)."""
 
-    def __init__(self, url: str, connect: float, read: float, max_bytes: int) -> None:
+    def __init__(
+        self, url: str, trust: dm.DriverSource, connect: float, read: float, max_bytes: int
+    ) -> None:
         self.url = url if url.endswith("/") else url + "/"
+        self.trust = trust
         self.connect, self.read = connect, read
         self.max_bytes = max_bytes
+        self.secure = urlsplit(url).scheme.lower() == "https"
+        self._context: ssl.SSLContext | None = None
 
     @property
     def uri(self) -> str:
@@ -219,8 +254,22 @@ class HttpSource:
     async def index(self) -> SourceIndex:
         url = urljoin(self.url, packaging.INDEX)
         chunks: list[bytes] = []
-        await self._get(url, lambda chunk: chunks.append(chunk), MAX_INDEX_BYTES)
-        return _parse_index(b"".join(chunks), url)
+        await self._get(url, chunks.append, MAX_INDEX_BYTES)
+        signature_chunks: list[bytes] = []
+        signature: bytes | None = None
+        try:
+            await self._get(
+                urljoin(self.url, verifying.SIGNATURE),
+                signature_chunks.append,
+                verifying.MAX_SIGNATURE_BYTES,
+            )
+            signature = b"".join(signature_chunks)
+        except SourceError as exc:
+            if exc.reason is not InstallFailureReason.NOT_FOUND:
+                raise
+        # a redirect off https is refused in `_get`, so only the source's own scheme counts
+        plain = not self.secure
+        return _parse_index(b"".join(chunks), signature, url, self.trust, plain_http=plain)
 
     async def fetch(self, entry: IndexEntry, destination: Path) -> Fetched:
         url = urljoin(self.url, _relative_file(entry, self.uri).as_posix())
@@ -240,11 +289,19 @@ class HttpSource:
 
         unreachable = InstallFailureReason.SOURCE_UNREACHABLE
         timeout = aiohttp.ClientTimeout(sock_connect=self.connect, sock_read=self.read)
+        context = await self._ssl_context()
         try:
             async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
-                session.get(url) as response,
+                aiohttp.ClientSession(timeout=timeout, trust_env=True) as session,
+                session.get(url, ssl=context if context is not None else True) as response,
             ):
+                hops = [hop.url for hop in (*response.history, response)]
+                if self.secure and any(hop.scheme != "https" for hop in hops):
+                    insecure = next(hop for hop in hops if hop.scheme != "https")
+                    raise SourceError(
+                        InstallFailureReason.VERIFICATION_FAILED,
+                        f"{url}: redirected from https to {insecure}; refusing to leave https",
+                    )
                 if response.status == 404:
                     raise SourceError(InstallFailureReason.NOT_FOUND, f"{url}: 404 Not Found")
                 if response.status != 200:
@@ -260,6 +317,34 @@ class HttpSource:
                 return size
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise SourceError(unreachable, f"{url}: {type(exc).__name__}: {exc}") from None
+
+    async def _ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of a source with its own CA bundle (built once); None: aiohttp's
+        default, the node's trust store."""
+        bundle = self.trust.ca_bundle
+        if bundle is None or not self.secure:
+            return None
+        if self._context is None:
+            self._context = await asyncio.to_thread(_context_trusting, bundle, self.url)
+        return self._context
+
+
+def _context_trusting(bundle: str, uri: str) -> ssl.SSLContext:
+    """A verifying TLS client context that trusts the certificates of `bundle` (PEM text, or
+    a path to a PEM file) and nothing else."""
+    try:
+        if bundle.lstrip().startswith("-----BEGIN "):
+            return ssl.create_default_context(cadata=bundle)
+        return ssl.create_default_context(cafile=bundle)
+    except FileNotFoundError:
+        raise SourceError(
+            InstallFailureReason.SOURCE_UNREACHABLE,
+            f"{uri}: the CA bundle {bundle} does not exist on the node (not mounted?)",
+        ) from None
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise SourceError(
+            InstallFailureReason.OTHER, f"{uri}: the source's CA bundle is unusable: {exc}"
+        ) from None
 
 
 class _Sink(Protocol):

@@ -83,7 +83,7 @@ from gpuop.policy import crd, specs
 from gpuop_sim import SimCluster
 from gpuop_sim.cluster import hosts
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
-from gpuop_sim.host import seeding
+from gpuop_sim.host import keys, seeding
 from tests.bench._fleet import FleetConfig, FleetNode
 from tests.bench._processes import (
     Tracked,
@@ -164,7 +164,13 @@ class Rollouts:
             "kind": specs.KIND,
             "metadata": {"name": POLICY},
             "spec": {
-                "driver": {"gpu": {"version": self.version, "source": str(source)}},
+                "driver": {
+                    "gpu": {
+                        "version": self.version,
+                        "source": str(source),
+                        "publicKeys": [keys.PUBLIC_KEY],
+                    }
+                },
                 "upgradePolicy": {
                     "maxParallelUpgrades": max_parallel,
                     "maxUnavailable": "25%",
@@ -382,7 +388,9 @@ async def prepare_sample_nodes(
     source = work / "driver-source"
     releases = sorted({system.kernel_release(root) or "" for root in roots.values()})
     packaging.build_driver_source(
-        source, [("gpu", version, kernel) for kernel in releases for version in (OLD, NEW)]
+        source,
+        [("gpu", version, kernel) for kernel in releases for version in (OLD, NEW)],
+        signing_key=keys.SIGNING_KEY,
     )
     return roots, source
 

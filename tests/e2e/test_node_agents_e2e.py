@@ -25,7 +25,7 @@ from gpuop.kube import client, nodes
 from gpuop.kube.watching import ListWatch
 from gpuop_sim import SimCluster
 from gpuop_sim.cluster import hosts
-from gpuop_sim.host import seeding
+from gpuop_sim.host import keys, seeding
 from tests.support.processes import DISCOVERY_CONFIG, DRIVER_LABEL, DRIVER_MANAGER_CONFIG, service
 
 pytestmark = pytest.mark.nats
@@ -199,7 +199,9 @@ async def agents(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Agent
         kernel = system.kernel_release(root)
         assert kernel is not None
         source = work / "driver-source"
-        packaging.build_driver_source(source, [("gpu", OLD, kernel), ("gpu", NEW, kernel)])
+        packaging.build_driver_source(
+            source, [("gpu", OLD, kernel), ("gpu", NEW, kernel)], signing_key=keys.SIGNING_KEY
+        )
         (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
         (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
         nats = ["--nats", nats_server.url]
@@ -247,7 +249,7 @@ async def test_a_new_driver_is_unloaded_installed_loaded_and_validated_through_e
     labels = await agents.wait_for_labels({DRIVER_LABEL: OLD, COUNT_LABEL: str(GPUS)})
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-H200"
     gpu = dm.Component.GPU
-    where = dm.DriverSource(uri=str(agents.source))
+    where = dm.DriverSource(uri=str(agents.source), public_keys=(keys.PUBLIC_KEY,))
 
     unloaded = await agents.send(dm.UnloadDriver(component=gpu, timeout_seconds=15), "unload")
     assert isinstance(unloaded, dm.DriverUnloaded), unloaded
@@ -294,7 +296,7 @@ async def test_installing_a_version_the_source_lacks_fails_and_keeps_the_old_dri
     agents: Agents,
 ) -> None:
     await agents.wait_for_labels({DRIVER_LABEL: OLD, COUNT_LABEL: str(GPUS)})
-    where = dm.DriverSource(uri=str(agents.source))
+    where = dm.DriverSource(uri=str(agents.source), public_keys=(keys.PUBLIC_KEY,))
 
     failed = await agents.send(
         dm.InstallDriver(component=dm.Component.GPU, version=ABSENT, source=where), "install"

@@ -24,7 +24,7 @@ from gpuop.services.driver_manager import agent as agents
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop.services.driver_manager.state import StateStore
 from gpuop_sim import recordings
-from gpuop_sim.host import seeding
+from gpuop_sim.host import keys, seeding
 
 NODE = "n1"
 KERNEL = "6.18.44-fc-v657-gpu"
@@ -50,6 +50,8 @@ def seed(directory: Path, *, ofed: bool = False) -> HostRoot:
 
 
 def build_source(directory: Path) -> tuple[packaging.BuiltPackage, ...]:
+    """The test source: both GPU and both OFED versions, signed with the simulation's key
+    (which `source_of` trusts)."""
     return packaging.build_driver_source(
         directory,
         [
@@ -58,16 +60,20 @@ def build_source(directory: Path) -> tuple[packaging.BuiltPackage, ...]:
             ("ofed", OFED_OLD, KERNEL),
             ("ofed", OFED_NEW, KERNEL),
         ],
+        signing_key=keys.SIGNING_KEY,
     )
 
 
-def rewrite_index(directory: Path, change: dict[str, dict[str, str]]) -> None:
-    """Change fields of index entries, keyed by archive file name."""
+def rewrite_index(directory: Path, change: dict[str, dict[str, str]], *, sign: bool = True) -> None:
+    """Change fields of index entries, keyed by archive file name, and sign the new index
+    (as its publisher would); `sign=False` leaves the old signature, as a tamperer would."""
     path = directory / packaging.INDEX
     index = json.loads(path.read_text())
     for entry in index["packages"]:
         entry.update(change.get(entry["file"], {}))
     path.write_text(json.dumps(index))
+    if sign:
+        packaging.sign_driver_source(directory, keys.SIGNING_KEY)
 
 
 def command_id() -> str:
@@ -175,5 +181,6 @@ async def running_agent(
         await subscription.stop()
 
 
-def source_of(directory: Path, sha256: str | None = None) -> dm.DriverSource:
-    return dm.DriverSource(uri=str(directory), sha256=sha256)
+def source_of(directory: Path | str, sha256: str | None = None) -> dm.DriverSource:
+    """`directory` (or a URL) as a command names it, trusting the simulation's key."""
+    return dm.DriverSource(uri=str(directory), sha256=sha256, public_keys=(keys.PUBLIC_KEY,))

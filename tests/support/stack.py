@@ -37,7 +37,7 @@ from gpuop_sim import SimCluster
 from gpuop_sim.apiserver.faults import FaultPlan
 from gpuop_sim.cluster import hosts
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
-from gpuop_sim.host import seeding
+from gpuop_sim.host import keys, seeding
 from tests.support.processes import start_service
 from tests.support.waiting import eventually
 
@@ -197,9 +197,10 @@ class Stack:
         definition = yaml.safe_load((REPO / crd.COMMITTED).read_text(encoding="utf-8"))
         extensions = k8s.ApiextensionsV1Api(self.kube.api_client)
         await self.kube.call(extensions.create_custom_resource_definition, definition)
-        driver = {"gpu": {"version": NEW, "source": str(self.source)}}
+        signed = {"source": str(self.source), "publicKeys": [keys.PUBLIC_KEY]}
+        driver: dict[str, Any] = {"gpu": {"version": NEW, **signed}}
         if ofed is not None:
-            driver["ofed"] = {"version": ofed, "source": str(self.source)}
+            driver["ofed"] = {"version": ofed, **signed}
         policy = {
             "apiVersion": specs.API_VERSION,
             "kind": specs.KIND,
@@ -231,6 +232,7 @@ def set_package(
     entries = [e for e in index["packages"] if e["file"] != built.path.name]
     index["packages"] = [*entries, built.index_entry()]
     index_path.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    packaging.sign_driver_source(source, keys.SIGNING_KEY)
     return built
 
 
@@ -293,7 +295,9 @@ async def stack(
         wanted = [("gpu", version) for version in (OLD, NEW)]
         wanted += [("ofed", version) for version in (OFED_OLD, OFED_NEW) if ofed]
         packaging.build_driver_source(
-            source, [(component, v, kernel) for kernel in releases for component, v in wanted]
+            source,
+            [(component, v, kernel) for kernel in releases for component, v in wanted],
+            signing_key=keys.SIGNING_KEY,
         )
         running = Stack(cluster, kube, bus, nats_url, kubeconfig, work, source, roots)
         running.nats_replicas = nats_replicas

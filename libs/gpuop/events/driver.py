@@ -108,13 +108,38 @@ class LoadFailureReason(DocumentedEnum):
     """Anything else; see the message."""
 
 
+MINISIGN_PUBLIC_KEY_PATTERN = r"^RW[Q-T][A-Za-z0-9+/]{53}$"
+"""A minisign public key as `minisign -G` prints it: base64 of 42 bytes, `RW...`."""
+MAX_PUBLIC_KEYS = 8
+"""Trusted keys per driver source: enough to rotate keys without a gap."""
+CA_BUNDLE_MAX_LENGTH = 32768
+"""A PEM bundle of a few CA certificates, or a path."""
+
+MinisignPublicKey = Annotated[str, StringConstraints(pattern=MINISIGN_PUBLIC_KEY_PATTERN)]
+"""A minisign Ed25519 public key, `RWQf6LRCGA9i53mlYecO4IzT51TGPpvWucNSCh1CBM0QTaLn73Y7GFO3`."""
+CaBundle = Annotated[str, StringConstraints(min_length=1, max_length=CA_BUNDLE_MAX_LENGTH)]
+"""PEM certificates (text starting `-----BEGIN CERTIFICATE-----`) or an absolute path to a
+PEM file on the node."""
+
+
 class DriverSource(Record):
     """Where a driver package comes from, and how to check it."""
 
     uri: Annotated[str, StringConstraints(min_length=1, max_length=2048)]
     """Package or repository location: an `https://` URL, an OCI image reference, a host path."""
     sha256: Sha256 | None = None
-    """Expected digest of the package; the agent refuses a package that does not match."""
+    """Expected digest of the package; the agent refuses a package that does not match, and
+    one whose signed index lists another digest."""
+    public_keys: tuple[MinisignPublicKey, ...] = Field(default=(), max_length=MAX_PUBLIC_KEYS)
+    """minisign public keys the source's `index.json.minisig` must be signed with (any one
+    of them); the agent believes no digest of an index none of them signed."""
+    allow_unsigned: bool = False
+    """Accept an index without a signature (a warning is logged each install); an index
+    signed but not by a trusted key is still refused, and so is any unsigned index over
+    plain `http://`."""
+    ca_bundle: CaBundle | None = None
+    """The CA certificates an `https://` source's certificate must chain to, instead of the
+    node's trust store: PEM text, or an absolute path to a PEM file on the node."""
 
 
 class Process(Record):

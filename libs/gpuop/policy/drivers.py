@@ -27,7 +27,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from gpuop import selectors as selecting
-from gpuop.policy.fields import Section
+from gpuop.events import driver
+from gpuop.policy.fields import Section, matching
 from gpuop.policy.selectors import LabelSelector
 from gpuop.policy.upgrades import Canary
 
@@ -100,6 +101,49 @@ DriverSource = Annotated[
 ]
 """Where driver packages come from: an absolute directory, `file://` or http(s) URL."""
 
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+PUBLIC_KEY_PATTERN = driver.MINISIGN_PUBLIC_KEY_PATTERN
+"""A minisign public key: base64 of "Ed", the key id and the Ed25519 key (42 bytes); "Ed"
+fixes its first characters."""
+
+
+def _check_ca_bundle(bundle: str) -> str:
+    if not (bundle.lstrip().startswith("-----BEGIN ") or bundle.startswith("/")):
+        raise PydanticCustomError(
+            "driver_ca_bundle",
+            "must be PEM certificates (-----BEGIN CERTIFICATE-----...) or an absolute path",
+        )
+    return bundle
+
+
+PublicKey = Annotated[
+    str,
+    Field(json_schema_extra={"pattern": PUBLIC_KEY_PATTERN}),
+    matching(
+        PUBLIC_KEY_PATTERN,
+        'must be a minisign public key ("RW" and 54 more base64 characters, as '
+        "`minisign -G` prints it)",
+    ),
+]
+"""A minisign public key, `RWQf6LRCGA9i53mlYecO4IzT51TGPpvWucNSCh1CBM0QTaLn73Y7GFO3`."""
+CaBundle = Annotated[
+    str,
+    Field(min_length=1, max_length=driver.CA_BUNDLE_MAX_LENGTH),
+    AfterValidator(_check_ca_bundle),
+]
+"""PEM CA certificates, or an absolute path to a PEM file on the node."""
+
+
+def _listed(value: object) -> object:
+    """A JSON list as the tuple the frozen, hashable policy keeps."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """Leave the default out of the CRD, so the API server stores no `pools: []` in a policy
+    written without pools (and its wire form stays the same)."""
+    schema.pop("default", None)
+
 
 class ComponentSpec(Section):
     """The desired driver of one component (the GPU driver or the OFED driver)."""
@@ -112,6 +156,30 @@ class ComponentSpec(Section):
     """Where driver-manager fetches the packages: a directory holding `index.json` (an
     absolute path as the agent sees it, or a `file://` URL) or an http(s) URL. Unset: the
     source driver-manager was configured with."""
+    public_keys: (
+        Annotated[
+            tuple[PublicKey, ...],
+            Field(max_length=driver.MAX_PUBLIC_KEYS),
+            BeforeValidator(_listed),
+        ]
+        | None
+    ) = None
+    """minisign public keys (`RW...`, as `minisign -G` prints them) trusted to sign the
+    source's `index.json` (its `index.json.minisig`); an index signed by none of them is
+    refused, and so is an unsigned one unless `allowUnsigned`. List the new key beside the old
+    one while rotating. Unset: no key is trusted."""
+    allow_unsigned: bool | None = None
+    """True: install from an index without a signature, trusting the source and its
+    transport alone (a warning is logged on every install). Never lifts the signature check
+    over plain `http://`, nor accepts an index signed by an untrusted key. Unset: false."""
+    ca_bundle: CaBundle | None = None
+    """The CA certificates an https source's server certificate must chain to, in place of
+    the node's trust store: PEM text, or an absolute path to a PEM file as the agent sees it.
+    Unset: the node's trust store."""
+    sha256: Annotated[str, Field(pattern=SHA256_PATTERN)] | None = None
+    """The expected SHA-256 of the package (64 lower-case hex digits); the agent refuses a
+    package, or a signed index entry, with another digest. A package is built per kernel, so
+    set it only where every node the spec applies to runs the same kernel."""
 
 
 class PoolUpgradePolicy(Section):
@@ -145,17 +213,6 @@ class DriverPool(Section):
     """The pool's OFED driver; unset: the default `driver.ofed` (if any)."""
     upgrade_policy: PoolUpgradePolicy = PoolUpgradePolicy()
     """The pool's own parallelism, canary and pause."""
-
-
-def _listed(value: object) -> object:
-    """A JSON list as the tuple the frozen, hashable policy keeps."""
-    return tuple(value) if isinstance(value, list) else value
-
-
-def _no_default(schema: dict[str, Any]) -> None:
-    """Leave the default out of the CRD, so the API server stores no `pools: []` in a policy
-    written without pools (and its wire form stays the same)."""
-    schema.pop("default", None)
 
 
 class DriverSpec(Section):

@@ -73,7 +73,13 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: 
         return dm.InstallDriver(
             component=component,
             version=target.version,
-            source=dm.DriverSource(uri=target.source),
+            source=dm.DriverSource(
+                uri=target.source,
+                sha256=target.sha256,
+                public_keys=target.public_keys,
+                allow_unsigned=target.allow_unsigned,
+                ca_bundle=target.ca_bundle,
+            ),
             timeout_seconds=timeout,
         )
     if step.kind is StepKind.UNLOAD:

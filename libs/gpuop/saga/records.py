@@ -19,7 +19,7 @@ from pydantic import AwareDatetime, ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
 from gpuop.events.device import OperandService
-from gpuop.events.driver import Component
+from gpuop.events.driver import MAX_PUBLIC_KEYS, CaBundle, Component, MinisignPublicKey
 from gpuop.events.fields import (
     Attempt,
     BootId,
@@ -30,11 +30,13 @@ from gpuop.events.fields import (
     NodeName,
     PoolName,
     Record,
+    Sha256,
     Token,
     Version,
 )
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
+from gpuop.policy.drivers import ComponentSpec
 from gpuop.saga.steps import Step, StepKind
 from gpuop.saga.transitions import Transition
 
@@ -64,6 +66,27 @@ class Target(Record):
     """Version to install and load."""
     source: str | None = Field(default=None, max_length=2048)
     """Where driver-manager fetches it; None: the package must already be on the host."""
+    sha256: Sha256 | None = None
+    """The package's expected digest, when the policy names one."""
+    public_keys: tuple[MinisignPublicKey, ...] = Field(default=(), max_length=MAX_PUBLIC_KEYS)
+    """Keys trusted to sign the source's index, as the policy lists them."""
+    allow_unsigned: bool = False
+    """The policy accepts the source's index unsigned."""
+    ca_bundle: CaBundle | None = None
+    """The CA certificates the https source's certificate must chain to."""
+
+    @classmethod
+    def of(cls, spec: ComponentSpec) -> Target:
+        """The target a component's policy spec names: its version, source and how to trust
+        the source, kept together so the install uses the keys of the source it fetches."""
+        return cls(
+            version=spec.version,
+            source=spec.source,
+            sha256=spec.sha256,
+            public_keys=spec.public_keys or (),
+            allow_unsigned=bool(spec.allow_unsigned),
+            ca_bundle=spec.ca_bundle,
+        )
 
 
 @dataclass(
@@ -213,9 +236,9 @@ def desired_targets(
     """The driver the policy wants on the nodes of `pool` (None: the nodes no pool
     selects), per component it manages; `KeyError` for a pool the policy lacks."""
     gpu, ofed = policy.driver.components_of(pool)
-    targets = {Component.GPU: Target(version=gpu.version, source=gpu.source)}
+    targets = {Component.GPU: Target.of(gpu)}
     if ofed is not None:
-        targets[Component.OFED] = Target(version=ofed.version, source=ofed.source)
+        targets[Component.OFED] = Target.of(ofed)
     return targets
 
 

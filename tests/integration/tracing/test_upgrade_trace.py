@@ -50,7 +50,7 @@ from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from gpuop_sim.cluster import hosts
-from gpuop_sim.host import seeding
+from gpuop_sim.host import keys, seeding
 from tests.support.kubelet_plugin import NODE, running_node
 from tests.support.orchestrator import FakeKube
 from tests.support.spans import ancestry, named, one_tree, recorded_spans, untraced
@@ -115,7 +115,9 @@ def host(tmp_path: Path) -> HostRoot:
 def source(tmp_path: Path, host: HostRoot) -> Path:
     kernel = system.kernel_release(host)
     assert kernel is not None
-    packaging.build_driver_source(tmp_path / "source", [("gpu", NEW, kernel)])
+    packaging.build_driver_source(
+        tmp_path / "source", [("gpu", NEW, kernel)], signing_key=keys.SIGNING_KEY
+    )
     return tmp_path / "source"
 
 
@@ -123,7 +125,9 @@ def source(tmp_path: Path, host: HostRoot) -> Path:
 async def cluster(bus: InMemoryBus, host: HostRoot, source: Path) -> AsyncIterator[Cluster]:
     """Every service of the upgrade running until the block ends."""
     spec = GPUClusterPolicySpec(
-        driver=DriverSpec(gpu=ComponentSpec(version=NEW, source=str(source)))
+        driver=DriverSpec(
+            gpu=ComponentSpec(version=NEW, source=str(source), public_keys=(keys.PUBLIC_KEY,))
+        )
     )
     nvml = f"sim:{GPUS}"
     async with AsyncExitStack() as running:

@@ -33,7 +33,7 @@ from gpuop.services.upgrade_orchestrator import leading
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop_sim import SimCluster
 from gpuop_sim.cluster import hosts
-from gpuop_sim.host import seeding
+from gpuop_sim.host import keys, seeding
 from tests.support.processes import (
     DISCOVERY_CONFIG,
     DRIVER_LABEL,
@@ -50,6 +50,8 @@ OLD = seeding.RECORDED_DRIVER_VERSION
 NEW = "580.200.01"
 ROLLOUT_TIMEOUT = 50.0
 CONFIG = OrchestratorConfig(lease_duration_seconds=3, resync_seconds=0.5)
+SIGNED = {"publicKeys": [keys.PUBLIC_KEY]}
+"""The built source is signed with the simulation's key."""
 
 
 def policy(source: Path) -> dict[str, Any]:
@@ -58,7 +60,7 @@ def policy(source: Path) -> dict[str, Any]:
         "kind": specs.KIND,
         "metadata": {"name": "default"},
         "spec": {
-            "driver": {"gpu": {"version": NEW, "source": str(source)}},
+            "driver": {"gpu": {"version": NEW, "source": str(source), **SIGNED}},
             "upgradePolicy": {
                 "maxParallelUpgrades": 1,
                 "maxUnavailable": 1,
@@ -118,7 +120,9 @@ async def test_a_new_gpu_driver_in_the_policy_rolls_across_every_node(
                     kernel = system.kernel_release(root)
                     assert kernel is not None
                     packaging.build_driver_source(
-                        source, [("gpu", OLD, kernel), ("gpu", NEW, kernel)]
+                        source,
+                        [("gpu", OLD, kernel), ("gpu", NEW, kernel)],
+                        signing_key=keys.SIGNING_KEY,
                     )
                 on_node = ["--node", node, *nats, "--host-root", str(root.path)]
                 on_node += ["--nvml", f"sim:{GPUS}"]
@@ -224,7 +228,10 @@ async def test_a_new_gpu_driver_in_the_policy_rolls_across_every_node(
     assert comparison.identical, comparison.report()
     assert replayed.nodes == set(cluster.node_names) and comparison.transitions >= 9 * NODES
     changed = specs.GPUClusterPolicySpec.model_validate(
-        {**policy(source)["spec"], "driver": {"gpu": {"version": "590.1", "source": str(source)}}}
+        {
+            **policy(source)["spec"],
+            "driver": {"gpu": {"version": "590.1", "source": str(source), **SIGNED}},
+        }
     )
     assert not replaying.compare(
         replaying.recorded_outputs(log), replaying.replay(log, changed).outputs

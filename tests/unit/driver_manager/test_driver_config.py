@@ -101,3 +101,13 @@ async def test_a_second_agent_on_the_same_host_waits_for_the_first(host: HostRoo
         first.stopping.set()
         second.stopping.set()
         await asyncio.gather(*tasks)
+
+
+def test_the_rollback_source_is_a_uri_or_a_source_with_its_keys(tmp_path: Path) -> None:
+    path = tmp_path / "dm.yaml"
+    path.write_text("driver_source: /srv/drivers\n")
+    assert configuration.load(path).driver_source == dm.DriverSource(uri="/srv/drivers")
+    key = "RWTXHd9h4gYoMCRTPSqpijdt0H8fptOCa9TyZUmzp1nua3F3NCk+Av3O"
+    path.write_text(f"driver_source: {{uri: 'https://mirror/', public_keys: ['{key}']}}\n")
+    loaded = configuration.load(path).driver_source
+    assert loaded == dm.DriverSource(uri="https://mirror/", public_keys=(key,))

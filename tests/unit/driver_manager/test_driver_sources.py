@@ -49,9 +49,7 @@ async def test_install_from_an_http_source(
     harness: Harness, host: HostRoot, http_source: str, source: Path
 ) -> None:
     answer = await harness.send(
-        dm.InstallDriver(
-            component=dm.Component.GPU, version=NEW, source=dm.DriverSource(uri=http_source)
-        )
+        dm.InstallDriver(component=dm.Component.GPU, version=NEW, source=source_of(http_source))
     )
     assert isinstance(answer, dm.DriverInstalled)
     assert answer.sha256 == packaging.sha256_of(source / packaging.archive_name("gpu", NEW, KERNEL))
@@ -63,9 +61,7 @@ async def test_an_http_source_without_the_package_or_the_index(
 ) -> None:
     (source / packaging.archive_name("gpu", NEW, KERNEL)).unlink()
     missing = await harness.send(
-        dm.InstallDriver(
-            component=dm.Component.GPU, version=NEW, source=dm.DriverSource(uri=http_source)
-        )
+        dm.InstallDriver(component=dm.Component.GPU, version=NEW, source=source_of(http_source))
     )
     assert isinstance(missing, dm.DriverInstallFailed)
     assert missing.reason is dm.InstallFailureReason.NOT_FOUND
@@ -74,7 +70,7 @@ async def test_an_http_source_without_the_package_or_the_index(
         dm.InstallDriver(
             component=dm.Component.GPU,
             version=NEW,
-            source=dm.DriverSource(uri=http_source + "/nowhere/"),
+            source=source_of(http_source + "/nowhere/"),
         )
     )
     assert isinstance(no_index, dm.DriverInstallFailed)
@@ -90,9 +86,7 @@ async def test_a_source_urls_credentials_never_reach_the_result_or_the_log(
     unreachable = f"https://fetcher:s3cret-token@127.0.0.1:{free_port()}/drivers/"
     for uri in (with_credentials, unreachable):
         failed = await harness.send(
-            dm.InstallDriver(
-                component=dm.Component.GPU, version=NEW, source=dm.DriverSource(uri=uri)
-            )
+            dm.InstallDriver(component=dm.Component.GPU, version=NEW, source=source_of(uri))
         )
         assert isinstance(failed, dm.DriverInstallFailed)
         assert "s3cret" not in failed.message and "fetcher" not in failed.message
@@ -111,7 +105,7 @@ async def test_an_unreachable_source_is_retryable(harness: Harness, host: HostRo
         dm.InstallDriver(
             component=dm.Component.GPU,
             version=NEW,
-            source=dm.DriverSource(uri=f"http://127.0.0.1:{free_port()}/drivers/"),
+            source=source_of(f"http://127.0.0.1:{free_port()}/drivers/"),
         )
     )
     assert isinstance(failed, dm.DriverInstallFailed)
@@ -131,15 +125,11 @@ async def test_a_file_url_names_a_directory_and_a_relative_path_names_nothing(
     harness: Harness, source: Path
 ) -> None:
     answer = await harness.send(
-        dm.InstallDriver(
-            component=dm.Component.GPU, version=NEW, source=dm.DriverSource(uri=source.as_uri())
-        )
+        dm.InstallDriver(component=dm.Component.GPU, version=NEW, source=source_of(source.as_uri()))
     )
     assert isinstance(answer, dm.DriverInstalled)
     relative = await harness.send(
-        dm.InstallDriver(
-            component=dm.Component.GPU, version="590.1", source=dm.DriverSource(uri="drivers")
-        )
+        dm.InstallDriver(component=dm.Component.GPU, version="590.1", source=source_of("drivers"))
     )
     assert isinstance(relative, dm.DriverInstallFailed)
     assert "neither an absolute directory path nor an http(s) URL" in relative.message

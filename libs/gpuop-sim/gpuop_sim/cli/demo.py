@@ -51,7 +51,7 @@ from gpuop_sim.cli.processes import Process, Stop, Stopped, show, spawn, stop_al
 from gpuop_sim.cluster.cluster import SimCluster
 from gpuop_sim.cluster.hosts import build_host_root
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
-from gpuop_sim.host import seeding
+from gpuop_sim.host import keys, seeding
 
 NEW_VERSION = "580.200.01"
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
@@ -268,7 +268,9 @@ class Start:
             if not source.exists():
                 kernel = system.kernel_release(root) or ""
                 versions = (seeding.RECORDED_DRIVER_VERSION, NEW_VERSION)
-                packaging.build_driver_source(source, [("gpu", v, kernel) for v in versions])
+                packaging.build_driver_source(
+                    source, [("gpu", v, kernel) for v in versions], signing_key=keys.SIGNING_KEY
+                )
         return source
 
     async def wave(self, *, first: bool) -> None:
@@ -336,7 +338,15 @@ async def _start_rollout(kube: kubeclient.Kube, source: Path, args: argparse.Nam
         "kind": specs.KIND,
         "metadata": {"name": "default"},
         "spec": {
-            "driver": {"gpu": {"version": NEW_VERSION, "source": str(source)}},
+            # the source is signed with the simulation's (public, worthless) key, so the
+            # nodes verify its index as they would a real mirror's
+            "driver": {
+                "gpu": {
+                    "version": NEW_VERSION,
+                    "source": str(source),
+                    "publicKeys": [keys.PUBLIC_KEY],
+                }
+            },
             "upgradePolicy": {
                 "maxParallelUpgrades": args.max_parallel,
                 "maxUnavailable": "50%",
