@@ -225,8 +225,8 @@ class DriverSpec(Section):
     change of both versions is applied to a node in one maintenance window."""
     pools: Annotated[
         tuple[DriverPool, ...],
-        BeforeValidator(_listed),
         Field(max_length=MAX_POOLS, json_schema_extra=_no_default),
+        BeforeValidator(_listed),  # after Field, so the CRD says maxItems (not maxLength)
     ] = ()
     """Groups of nodes with drivers of their own (at most 16): a node whose labels match a
     pool's `nodeSelector` runs that pool's drivers, any other node the defaults above. All

@@ -181,3 +181,20 @@ async def test_a_wrong_network_type_is_refused_with_422_naming_the_field(
     assert [cause["field"] for cause in status["details"]["causes"]] == [
         "spec.network.networks[0].mtu"
     ]
+
+
+async def test_more_than_sixteen_pools_are_refused_by_the_api_server(
+    custom: client.CustomObjectsApi,
+) -> None:
+    pools = [
+        {"name": f"pool-{n}", "nodeSelector": f"pool={n}", "gpu": {"version": "580"}}
+        for n in range(17)
+    ]
+    spec = {"driver": {"gpu": {"version": "580"}, "pools": pools}}
+
+    with pytest.raises(client.ApiException) as refused:
+        await create(custom, policy(spec))
+
+    status = json.loads(refused.value.body or "{}")
+    assert refused.value.status == 422
+    assert [cause["field"] for cause in status["details"]["causes"]] == ["spec.driver.pools"]
