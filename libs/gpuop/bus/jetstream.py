@@ -9,6 +9,7 @@ server restarts because the client reconnects and the consumer lives on the serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -100,6 +101,8 @@ class NatsBus:
     ) -> None:
         if isinstance(servers, str):
             servers = [url.strip() for url in servers.split(",") if url.strip()]
+        self.reconnected = asyncio.Event()
+        """Set (and replaced by a new one) each time the connection comes back."""
         self._servers = list(servers)
         self._id_key = publishing.id_key(self._servers, _read_creds(creds))
         if not 1 <= replicas <= 5:
@@ -190,7 +193,7 @@ class NatsBus:
                 drain_timeout=2,
                 error_cb=_log_error,
                 disconnected_cb=self._on_disconnect,
-                reconnected_cb=_log_reconnect,
+                reconnected_cb=self._on_reconnect,
             )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             shown = ", ".join(redacted(server) for server in self._servers)
@@ -201,6 +204,13 @@ class NatsBus:
     async def _on_disconnect(self) -> None:
         if not self._closing:
             log.warning("disconnected from nats; reconnecting")
+
+    async def _on_reconnect(self) -> None:
+        await _log_reconnect()
+        # pull requests die with the connection: every consumer asks again now, instead of
+        # waiting out the fetch it sent before (`IDLE_FETCH_SECONDS`)
+        reconnected, self.reconnected = self.reconnected, asyncio.Event()
+        reconnected.set()
 
     async def _ensure_stream(self, layout: streams.StreamLayout) -> None:
         """Create the stream, or check the existing one against what gpuop would create: a
@@ -498,13 +508,32 @@ class NatsSubscription(PumpedSubscription):
         await _unsubscribe(self._psub)
         self._bus._forget(self)
 
+    async def _fetch_unless_reconnected(self, wanted: int) -> list[Msg]:
+        """A fetch of up to `wanted` messages, given up (as a timeout) when the connection
+        comes back while it waits: its pull request was lost with the old connection."""
+        reconnected = asyncio.create_task(self._bus.reconnected.wait())
+        fetch = asyncio.create_task(self._psub.fetch(wanted, timeout=IDLE_FETCH_SECONDS))
+        try:
+            await asyncio.wait({fetch, reconnected}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the consumer stops: nothing may outlive it
+            fetch.cancel()
+            raise
+        finally:
+            reconnected.cancel()
+        if not fetch.done():
+            fetch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, *ANY_NATS_ERROR):
+                await fetch
+            raise nats.errors.TimeoutError
+        return fetch.result()
+
     async def _pump(self) -> None:
         while True:
             if self._dispatcher.free_slots == 0:
                 await self._dispatcher.wait_for_slot()
             try:
                 wanted = min(self._dispatcher.free_slots, 64)
-                batch = await self._psub.fetch(wanted, timeout=IDLE_FETCH_SECONDS)
+                batch = await self._fetch_unless_reconnected(wanted)
             except nats.errors.TimeoutError:
                 continue
             except ANY_NATS_ERROR as exc:

@@ -10,7 +10,16 @@ from pathlib import Path
 import nats
 import pytest
 
-from gpuop.bus import Buckets, ConsumerSpec, Delivery, KeyExists, NatsBus, NatsServer, streams
+from gpuop.bus import (
+    Buckets,
+    ConsumerSpec,
+    Delivery,
+    KeyExists,
+    NatsBus,
+    NatsServer,
+    jetstream,
+    streams,
+)
 from gpuop.bus.errors import BusUnavailable, PublishTimeout
 from tests.support.buses import (
     HB_SUBJECT,
@@ -261,3 +270,32 @@ async def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
     server = NatsServer(tmp_path / "nats", extra_config="no_such_setting {\n")
     with pytest.raises(BusUnavailable, match=r"did not start .*exited with 1; it said: .+"):
         await server.start()
+
+
+async def test_an_idle_consumer_asks_again_as_soon_as_the_connection_is_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its pull request died with the old connection: waiting out that pull (made 60 s long
+    here) would deliver nothing for a minute after every NATS restart."""
+    monkeypatch.setattr(jetstream, "IDLE_FETCH_SECONDS", 60.0)
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    bus = NatsBus(server.url, retry_for=20.0)
+    await bus.start()
+    recorder = Recorder()
+    sub = await bus.consume(ConsumerSpec("idle", [HB_SUBJECT]), recorder)
+    try:
+        await bus.publish(heartbeat("node-0", 1))
+        await recorder.wait_for(1)
+        await asyncio.sleep(0.5)  # the consumer's next pull is out, waiting
+        back = bus.reconnected
+        await server.stop()
+        await server.start()
+        await asyncio.wait_for(back.wait(), timeout=20)
+        await bus.publish(heartbeat("node-0", 2))
+        await recorder.wait_for(2, timeout=20)
+    finally:
+        await sub.stop()
+        await bus.close()
+        await server.stop()
+    assert [seq_of(d) for d in recorder.seen] == [1, 2]
