@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import re
 import ssl
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -40,24 +39,16 @@ from gpuop.events import driver as dm
 from gpuop.events.driver import InstallFailureReason
 from gpuop.events.fields import Sha256, Version
 from gpuop.host import packaging
+from gpuop.observability.redaction import redacted
 from gpuop.services.driver_manager import verifying
 
 CHUNK = 1 << 20
 MAX_INDEX_BYTES = 16 << 20
 
 
-_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
-
-
-def redacted(text: str) -> str:
-    """`text` with the credentials of every URL in it (`https://user:token@host/`) replaced
-    by `***`: a source's URL travels into failure events, logs and the policy's status."""
-    return _USERINFO.sub("***@", text)
-
-
 class SourceError(Exception):
     """The source could not give what was asked; `reason` says how to report it. Its message
-    never carries a URL's credentials (`redacted`), whoever built it."""
+    never carries a URL's password (`redacted`), whoever built it."""
 
     def __init__(self, reason: InstallFailureReason, message: str) -> None:
         message = redacted(message)

@@ -52,8 +52,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 import gpuop
 from gpuop.bus import streams
 from gpuop.bus.errors import BusError, BusUnavailable
-from gpuop.bus.jetstream import redacted
 from gpuop.bus.protocol import Buckets
+from gpuop.observability.redaction import redacted
 
 MANIFEST = "manifest.json"
 FORMAT = 1

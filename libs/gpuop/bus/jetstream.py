@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import nats
 import nats.errors
@@ -41,6 +40,7 @@ from gpuop.bus.kv import NatsKeyValue, open_bucket
 from gpuop.bus.protocol import Buckets, ConsumerSpec, Handler, PublishAck, StoredMessage
 from gpuop.events import Envelope
 from gpuop.observability.metrics import BusMetrics, registry
+from gpuop.observability.redaction import redacted
 
 log = logging.getLogger(__name__)
 
@@ -604,17 +604,6 @@ async def _log_error(exc: Exception) -> None:
 
 async def _log_reconnect() -> None:
     log.info("reconnected to nats")
-
-
-def redacted(server: str) -> str:
-    """`server` as it may be logged: a password in its URL replaced by `***`."""
-    parts = urlsplit(server)
-    if parts.password is None:
-        return server
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def _read_creds(creds: str | None) -> bytes | None:

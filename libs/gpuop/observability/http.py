@@ -91,8 +91,8 @@ class HealthServer:
         self._port = port
         # Below the kubelet's probe timeout, so a hung check reads as "not ready", not "dead".
         self._readiness_timeout = readiness_timeout
-        self._web_config = web_config or WebConfig()
-        self._auth = BasicAuth(self._web_config.basic_auth_users)
+        self._web_config = web_config  # None: plain HTTP, no auth (and no model built)
+        self._auth = BasicAuth(web_config.basic_auth_users if web_config else {})
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._address: tuple[str, int] | None = None
@@ -106,7 +106,7 @@ class HealthServer:
         """Bind and serve; returns the bound (host, port), so port 0 picks a free one."""
         if self._server is not None:
             raise RuntimeError("HealthServer is already started")
-        tls = self._web_config.ssl_context()
+        tls = self._web_config.ssl_context() if self._web_config is not None else None
         server = await asyncio.start_server(
             self._serve, self._host, self._port, limit=MAX_HEAD_BYTES, ssl=tls
         )
