@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-slow test-all demo lint schemas bench proto clean
+.PHONY: setup test test-slow test-all test-cluster cluster-tools cluster demo lint schemas bench proto clean
 
 setup: $(STAMP)
 
@@ -21,14 +21,29 @@ $(STAMP): pyproject.toml libs/gpuop-sim/pyproject.toml
 	@touch $(STAMP)
 
 # `test` is everything but the suites marked slow (end to end with real processes, faults,
-# chaos); CI runs both (.ci/run), `test-all` too.
+# chaos) and those marked real_cluster (the real Kubernetes control plane, built from its Go
+# modules by `cluster-tools`); CI runs all three (.ci/run), `test-all` too. `test` needs no Go.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not real_cluster"
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow --durations=15
+	$(BIN)/python -m pytest -q -m "slow and not real_cluster" --durations=15
 
-test-all: test test-slow
+test-cluster: $(STAMP) cluster-tools
+	$(BIN)/python -m pytest -q -m real_cluster --durations=15
+
+test-all: test test-slow test-cluster
+
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, KWOK and Helm, from
+# the Go modules pinned under tests/cluster/ (versions in tests/cluster/versions.env), into
+# .cache/cluster-tools/bin; a second run builds nothing.
+cluster-tools:
+	tests/cluster/build-tools.sh
+
+# The real control plane with KWOK GPU nodes in the foreground, for a person: it prints the
+# admin kubeconfig; Ctrl-C stops it. NODES=3 GPUS=8 by default.
+cluster: $(STAMP) cluster-tools
+	$(BIN)/python -m tests.support.control_plane --nodes $(or $(NODES),3) --gpus $(or $(GPUS),8)
 
 demo: $(STAMP)
 	$(BIN)/gpuop demo

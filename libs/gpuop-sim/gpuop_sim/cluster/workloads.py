@@ -29,6 +29,7 @@ from typing import Any
 
 from gpuop_sim.apiserver import kinds
 from gpuop_sim.apiserver.registry import Registry
+from gpuop_sim.apiserver.resources import ResourceType
 from gpuop_sim.cluster import podstatus
 from gpuop_sim.cluster.machines import GPU_RESOURCE
 from gpuop_sim.cluster.workload_kinds import DEPLOYMENTS, JOBS
@@ -43,6 +44,8 @@ DRIVER_DAEMONSET = "nvidia-driver-daemonset"
 MONITORING_DAEMONSET = "node-exporter"
 DRIVER_DEPLOY_LABEL = "nvidia.com/gpu.deploy.driver"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+GPU_NODE_LABELS = {GPU_PRESENT_LABEL: "true", DRIVER_DEPLOY_LABEL: "true"}
+"""What the GPU Operator's labels say on every GPU node."""
 
 
 @dataclass(frozen=True)
@@ -163,8 +166,7 @@ def _daemonset(name: str, template: Obj) -> Obj:
 
 
 def _label_gpu_node(node: Obj) -> None:
-    labels = node["metadata"].setdefault("labels", {})
-    labels.update({GPU_PRESENT_LABEL: "true", DRIVER_DEPLOY_LABEL: "true"})
+    node["metadata"].setdefault("labels", {}).update(GPU_NODE_LABELS)
 
 
 def _deployment(name: str, replicas: int, template: Obj) -> Obj:
@@ -178,16 +180,18 @@ def _deployment(name: str, replicas: int, template: Obj) -> Obj:
     }
 
 
-def install(registry: Registry, nodes: list[str], gpus: int, *, job_seconds: float) -> None:
-    """Label the GPU nodes and create the namespaces, DaemonSets, workloads and budgets."""
-    for name in nodes if gpus else []:
-        registry.mutate(kinds.NODES, "", name, _label_gpu_node)
+def manifests(nodes: int, gpus: int, *, job_seconds: float) -> list[tuple[ResourceType, str, Obj]]:
+    """The namespaces, DaemonSets, workloads and budgets of a cluster of ``nodes`` machines
+    with ``gpus`` GPUs each, in create order: (resource type, namespace, object). What
+    :func:`install` creates in the registry, and a real cluster's test fleet through its
+    API server."""
+    found: list[tuple[ResourceType, str, Obj]] = []
     namespaces = (OPERATOR_NAMESPACE, MONITORING_NAMESPACE, SERVING_NAMESPACE, TRAINING_NAMESPACE)
     for namespace in namespaces:
-        registry.create(kinds.NAMESPACES, "", {"metadata": {"name": namespace}})
+        found.append((kinds.NAMESPACES, "", {"metadata": {"name": namespace}}))
     for namespace, daemonset in _daemonsets():
-        registry.create(kinds.DAEMONSETS, namespace, daemonset)
-    for workload in plan(len(nodes), gpus):
+        found.append((kinds.DAEMONSETS, namespace, daemonset))
+    for workload in plan(nodes, gpus):
         template = _gpu_template(workload, job_seconds)
         if workload.kind == "Job":
             job = {
@@ -198,21 +202,30 @@ def install(registry: Registry, nodes: list[str], gpus: int, *, job_seconds: flo
                     "template": template,
                 },
             }
-            registry.create(JOBS, workload.namespace, job)
+            found.append((JOBS, workload.namespace, job))
             continue
         deployment = _deployment(workload.name, workload.replicas, template)
-        registry.create(DEPLOYMENTS, workload.namespace, deployment)
+        found.append((DEPLOYMENTS, workload.namespace, deployment))
         if workload.budget is not None:
             field, value = workload.budget
             budget = {
                 "metadata": {"name": workload.name},
                 "spec": {"selector": deployment["spec"]["selector"], field: value},
             }
-            registry.create(kinds.PODDISRUPTIONBUDGETS, workload.namespace, budget)
+            found.append((kinds.PODDISRUPTIONBUDGETS, workload.namespace, budget))
     gateway = {
         "name": "gateway",
         "image": "registry.example/metrics-gateway:2.3.1",
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
     }
     template = _template({"app": "metrics-gateway"}, gateway)
-    registry.create(DEPLOYMENTS, SERVING_NAMESPACE, _deployment("metrics-gateway", 2, template))
+    found.append((DEPLOYMENTS, SERVING_NAMESPACE, _deployment("metrics-gateway", 2, template)))
+    return found
+
+
+def install(registry: Registry, nodes: list[str], gpus: int, *, job_seconds: float) -> None:
+    """Label the GPU nodes and create the namespaces, DaemonSets, workloads and budgets."""
+    for name in nodes if gpus else []:
+        registry.mutate(kinds.NODES, "", name, _label_gpu_node)
+    for resource, namespace, obj in manifests(len(nodes), gpus, job_seconds=job_seconds):
+        registry.create(resource, namespace, obj)

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Builds the real control plane's test tools from their pinned Go modules into one ignored
+# cache directory: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
+# (k8s.io/kubernetes), etcd, kwok and kwokctl, and helm. Go is a test tool here; the product
+# stays Python.
+#
+# Each module directory beside this script pins one tool set with its own go.mod and go.sum
+# (their dependency graphs do not mix: KWOK and Helm are built against other k8s.io releases
+# than the control plane). A module is rebuilt only when its go.mod, go.sum or this script
+# changed; a second run prints "up to date" and does nothing. Go's own build and module caches
+# (GOCACHE, GOMODCACHE) are shared by every run on the machine.
+#
+# Versions live in versions.env, one line each; `tests/cluster/pin.sh` rewrites the modules
+# after a bump.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+out=${GPUOP_CLUSTER_TOOLS:-$repo/.cache/cluster-tools}
+# shellcheck source=versions.env
+. "$here/versions.env"
+
+command -v go >/dev/null || {
+    echo "build-tools: no go on PATH: install Go 1.26 (see DEVELOPERS.md)" >&2
+    exit 1
+}
+mkdir -p "$out/bin" "$out/stamps"
+export CGO_ENABLED=0 GOFLAGS=-mod=readonly
+
+# stamp MODULE BINARY...: the hash of what the build depends on, compared with the last one.
+stamp_of() {
+    cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/versions.env" "$0" | sha256sum | cut -c1-16
+}
+up_to_date() {
+    local module=$1 binary
+    shift
+    [ "$(cat "$out/stamps/$module" 2>/dev/null)" = "$(stamp_of "$module")" ] || return 1
+    for binary in "$@"; do [ -x "$out/bin/$binary" ] || return 1; done
+}
+build() {
+    local module=$1 binaries=$2 start=$SECONDS
+    shift 2
+    # shellcheck disable=SC2086
+    if up_to_date "$module" $binaries; then
+        echo "build-tools: $module up to date ($binaries)"
+        return 0
+    fi
+    echo "build-tools: building $module: $binaries"
+    (cd "$here/$module" && "$@")
+    stamp_of "$module" >"$out/stamps/$module"
+    echo "build-tools: $module built in $((SECONDS - start)) s"
+}
+
+version_pkg=k8s.io/component-base/version
+k8s_flags="-s -w -X $version_pkg.gitVersion=v$KUBERNETES -X $version_pkg.gitMajor=${KUBERNETES%%.*}"
+k8s_minor=${KUBERNETES#*.}
+k8s_flags="$k8s_flags -X $version_pkg.gitMinor=${k8s_minor%%.*} -X $version_pkg.gitTreeState=clean"
+k8s_flags="$k8s_flags -X k8s.io/client-go/pkg/version.gitVersion=v$KUBERNETES"
+
+build kubernetes "kube-apiserver kube-controller-manager kube-scheduler kubectl" \
+    go build -trimpath -tags selinux,notest -ldflags "$k8s_flags" -o "$out/bin/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+# A package path ending in /v3 would be named "server": name the binary.
+build etcd etcd go build -trimpath -ldflags "-s -w" -o "$out/bin/etcd" go.etcd.io/etcd/server/v3
+build kwok "kwok kwokctl" \
+    go build -trimpath -ldflags "-s -w" -o "$out/bin/" sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
+# KWOK's own default stages, from the module just built (never committed here): nodes kept
+# Ready with a lease, pods made Running and Ready, deleted pods removed. Its pod-complete
+# stage is left out, so Job pods keep running as a long training job does.
+stages=$out/kwok-stages
+if [ ! -f "$stages/.stamp" ] || [ "$(cat "$stages/.stamp")" != "$(stamp_of kwok)" ]; then
+    kwok_dir=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+    rm -rf "$stages" && mkdir -p "$stages"
+    for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
+        pod/fast/pod-ready pod/fast/pod-delete; do
+        cp "$kwok_dir/kustomize/stage/$stage.yaml" "$stages/"
+    done
+    chmod u+w "$stages"/*.yaml
+    stamp_of kwok >"$stages/.stamp"
+    echo "build-tools: KWOK stages in $stages"
+fi
+build helm helm \
+    go build -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v$HELM" \
+    -o "$out/bin/helm" helm.sh/helm/v4/cmd/helm
+echo "build-tools: tools in $out/bin"
