@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import random
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 from gpuop_sim.apiserver.resources import ResourceType
 from gpuop_sim.cluster import machines, workloads
 from gpuop_sim.cluster.machines import Machine
-from tests.support.control_plane import ControlPlane, ControlPlaneError
+from tests.support.control_plane import ControlPlane, ControlPlaneError, binary
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 SETTLE_TIMEOUT = 180.0
@@ -164,3 +165,89 @@ class KwokCluster:
         install_workloads(plane, nodes, gpus)
         settle(plane)
         return KwokCluster(plane, fleet, gpus)
+
+
+# The chart, installed for real.
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "gpuop"
+RELEASE, RELEASE_NAMESPACE = "gpuop", "gpuop-system"
+
+
+def helm(plane: ControlPlane, *arguments: str, timeout: float = 180) -> str:
+    """Run the real Helm against `plane` as its admin; its output, or an error with it."""
+    command = [str(binary("helm")), *arguments, "--kubeconfig", str(plane.admin_kubeconfig)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise ControlPlaneError(
+            f"helm {' '.join(arguments)} exited {done.returncode}:\n{done.stderr}"
+        )
+    return done.stdout
+
+
+def kubectl(
+    plane: ControlPlane, *arguments: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real kubectl against `plane` as its admin (its result, whatever the exit code)."""
+    command = [str(binary("kubectl")), "--kubeconfig", str(plane.admin_kubeconfig), *arguments]
+    return subprocess.run(
+        command, input=stdin, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def install_chart(plane: ControlPlane, *values: str) -> str:
+    """`helm install` the chart into `RELEASE_NAMESPACE` (`values`: --set style
+    assignments); the manifest Helm applied."""
+    settings = [argument for value in values for argument in ("--set", value)]
+    helm(
+        plane, "install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
+        "--create-namespace", *settings,
+    )  # fmt: skip
+    return helm(plane, "get", "manifest", RELEASE, "--namespace", RELEASE_NAMESPACE)
+
+
+def service_account(role: str) -> str:
+    """The chart's ServiceAccount of `role` (e.g. "upgrade-orchestrator")."""
+    return f"{RELEASE}-{role}"
+
+
+def service_account_kubeconfig(plane: ControlPlane, role: str, path: Path) -> Path:
+    """A kubeconfig that acts as the chart's ServiceAccount of `role`, with a token from the
+    TokenRequest API (an hour long, the apiserver's audience), as a pod would mount it."""
+    name = service_account(role)
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600},
+    }
+    answer = plane.call(
+        "POST", f"/api/v1/namespaces/{RELEASE_NAMESPACE}/serviceaccounts/{name}/token", request
+    )
+    user = f"system:serviceaccount:{RELEASE_NAMESPACE}:{name}"
+    return plane.write_token_kubeconfig(path, user, answer["status"]["token"])
+
+
+def allowed(
+    plane: ControlPlane, role: str, verb: str, resource: str, namespace: str = "", name: str = ""
+) -> bool:
+    """What the real authorizer answers for the chart's ServiceAccount of `role` doing `verb`
+    on `resource` ("pods", "pods/eviction", "leases.coordination.k8s.io"), through a
+    SubjectAccessReview."""
+    plural, _, group = resource.partition(".")
+    plural, _, subresource = plural.partition("/")
+    attributes = {"verb": verb, "resource": plural, "group": group, "subresource": subresource}
+    attributes.update({"namespace": namespace, "name": name})
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": f"system:serviceaccount:{RELEASE_NAMESPACE}:{service_account(role)}",
+            "groups": [
+                "system:serviceaccounts",
+                f"system:serviceaccounts:{RELEASE_NAMESPACE}",
+                "system:authenticated",
+            ],
+            "resourceAttributes": attributes,
+        },
+    }
+    answer = plane.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+    return bool(answer["status"].get("allowed"))

@@ -1,0 +1,100 @@
+"""The chart installed by the real Helm into the real control plane, every object accepted,
+then each ServiceAccount's permissions asked of the real RBAC authorizer (SubjectAccessReview):
+what each role's code calls must be allowed, and a set nobody needs must not be."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support import fleet
+from tests.support.control_plane import ControlPlane
+
+pytestmark = [pytest.mark.real_cluster]
+
+NS = fleet.RELEASE_NAMESPACE
+MUST = {
+    "upgrade-orchestrator": [
+        ("get", "nodes", ""), ("list", "nodes", ""), ("watch", "nodes", ""),
+        ("patch", "nodes", ""), ("list", "pods", ""), ("watch", "pods", ""),
+        ("delete", "pods", "ml-serving"), ("create", "pods/eviction", "ml-serving"),
+        ("list", "poddisruptionbudgets.policy", ""),
+        ("get", "resourceclaims.resource.k8s.io", "ml-serving"),
+        ("watch", "gpuclusterpolicies.gpuop.io", ""),
+        ("patch", "gpuclusterpolicies/status.gpuop.io", ""),
+        ("create", "leases.coordination.k8s.io", NS), ("create", "events", "default"),
+    ],
+    "discovery-cluster": [
+        ("list", "nodes", ""), ("watch", "nodes", ""), ("patch", "nodes", ""),
+        ("create", "events", "default"),
+    ],
+    "network-manager-cluster": [
+        ("watch", "gpuclusterpolicies.gpuop.io", ""),
+        ("create", "network-attachment-definitions.k8s.cni.cncf.io", "ml-serving"),
+        ("delete", "network-attachment-definitions.k8s.cni.cncf.io", "ml-serving"),
+    ],
+    "telemetry-cluster": [],
+    "node-agent": [],
+}  # fmt: skip
+"""Role -> (verb, resource, namespace) its code calls."""
+NEVER = [
+    ("get", "secrets", NS), ("list", "secrets", ""), ("create", "pods/exec", "ml-serving"),
+    ("delete", "nodes", ""), ("update", "nodes", ""), ("create", "pods", "kube-system"),
+    ("deletecollection", "pods", ""), ("patch", "leases.coordination.k8s.io", "kube-node-lease"),
+    ("update", "gpuclusterpolicies.gpuop.io", ""),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io", ""),
+    ("get", "configmaps", "kube-system"), ("create", "serviceaccounts/token", NS),
+]  # fmt: skip
+"""What no ServiceAccount of the chart may do."""
+
+
+@pytest.fixture(scope="module")
+def installed(plane: ControlPlane) -> Iterator[str]:
+    manifest = fleet.install_chart(plane)
+    yield manifest
+    fleet.helm(plane, "uninstall", fleet.RELEASE, "--namespace", NS)
+
+
+def test_every_object_of_the_chart_is_accepted_by_the_real_apiserver(
+    plane: ControlPlane, installed: str
+) -> None:
+    found = fleet.kubectl(plane, "get", "-f", "-", "-o", "json", stdin=installed)
+    assert found.returncode == 0, found.stderr
+    kinds = sorted({item["kind"] for item in json.loads(found.stdout)["items"]})
+    count = installed.count("\nkind: ") + installed.startswith("kind: ")
+    assert len(json.loads(found.stdout)["items"]) == count, kinds
+    for kind in ("ClusterRole", "DaemonSet", "Deployment", "NetworkPolicy", "ServiceAccount"):
+        assert kind in kinds, kinds
+
+
+def test_each_service_account_has_what_it_calls_and_nothing_it_must_not(
+    plane: ControlPlane, installed: str
+) -> None:
+    rows, wrong = [], []
+    for role, needed in MUST.items():
+        for verb, resource, namespace in needed:
+            answer = fleet.allowed(plane, role, verb, resource, namespace)
+            rows.append((role, verb, resource, namespace or "*", "must", answer))
+            if not answer:
+                wrong.append(f"{role} may not {verb} {resource} in {namespace or 'any namespace'}")
+        for verb, resource, namespace in NEVER:
+            answer = fleet.allowed(plane, role, verb, resource, namespace)
+            rows.append((role, verb, resource, namespace or "*", "never", answer))
+            if answer:
+                wrong.append(f"{role} may {verb} {resource} in {namespace or 'any namespace'}")
+    print("\nrole | verb | resource | namespace | expected | allowed")
+    for row in rows:
+        print(" | ".join(str(cell) for cell in row))
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_lease_is_the_orchestrators_only_by_name(plane: ControlPlane, installed: str) -> None:
+    lease = "leases.coordination.k8s.io"
+    role = "upgrade-orchestrator"
+    assert fleet.allowed(plane, role, "patch", lease, NS, "gpuop-upgrade-orchestrator")
+    assert not fleet.allowed(plane, role, "patch", lease, NS, "someone-elses-lease")
+    assert not fleet.allowed(
+        plane, "discovery-cluster", "patch", lease, NS, "gpuop-upgrade-orchestrator"
+    )
