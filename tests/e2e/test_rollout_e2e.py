@@ -33,6 +33,7 @@ from gpuop.saga import replaying
 from gpuop.saga.actions import STATE_LABEL
 from gpuop_sim.host.simkernel import SimKernel
 from tests.support import invariants
+from tests.support.control_plane import ControlPlane
 from tests.support.rollouts import (
     ALLOWED_UNAVAILABLE,
     ROLLOUT_TIMEOUT,
@@ -55,9 +56,17 @@ S = UpgradeState
 async def test_sixteen_nodes_roll_with_a_reboot_and_a_failed_validation_retried(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
+    await roll_sixteen_nodes(nats_server, tmp_path)
+
+
+async def roll_sixteen_nodes(
+    nats_server: NatsServer, tmp_path: Path, plane: ControlPlane | None = None
+) -> None:
+    """The sixteen-node rollout and its checks, on the simulated cluster or on `plane`, the
+    real control plane (tests/e2e/test_rollout_real_cluster_e2e.py)."""
     async with stack(
         tmp_path, nats_server.url, nodes_count=NODES, gpus=GPUS,
-        kernels={DEFECTIVE: OTHER_KERNEL}, seed=16,
+        kernels={DEFECTIVE: OTHER_KERNEL}, seed=16, plane=plane,
     ) as running:  # fmt: skip
         in_use, defective = running.node_names[IN_USE], running.node_names[DEFECTIVE]
         assert system.kernel_release(running.roots[defective]) == OTHER_KERNEL
@@ -137,12 +146,20 @@ takeovers (each waits out the dead leader's Lease) come well before the rollout 
 async def test_the_rollout_survives_twenty_sigkills_of_the_orchestrator(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
+    await roll_through_leader_kills(nats_server, tmp_path)
+
+
+async def roll_through_leader_kills(
+    nats_server: NatsServer, tmp_path: Path, plane: ControlPlane | None = None
+) -> None:
+    """The chaos rollout and its checks, on the simulated cluster or on `plane`."""
     seed = random.randrange(1 << 30)
     chance = random.Random(seed)
     slower = dict.fromkeys(range(NODES), CHAOS_INSTALL)
     async with stack(
-        tmp_path, nats_server.url, nodes_count=NODES, gpus=GPUS, seed=20, driver_manager=slower
-    ) as running:
+        tmp_path, nats_server.url, nodes_count=NODES, gpus=GPUS, seed=20,
+        driver_manager=slower, plane=plane,
+    ) as running:  # fmt: skip
         await running.start_replica()
         await running.start_replica()
         await running.start_rollout(upgrade_policy(CHAOS_PARALLEL))

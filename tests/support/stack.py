@@ -31,6 +31,7 @@ from gpuop.cli.events import export_lines
 from gpuop.host import packaging, system
 from gpuop.host.roots import HostRoot
 from gpuop.kube import client, nodes
+from gpuop.kube import errors as kube_errors
 from gpuop.policy import crd, specs
 from gpuop.saga.actions import STATE_LABEL
 from gpuop_sim import SimCluster
@@ -38,6 +39,9 @@ from gpuop_sim.apiserver.faults import FaultPlan
 from gpuop_sim.cluster import hosts
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
 from gpuop_sim.host import keys, seeding
+from tests.support import fleet
+from tests.support.control_plane import ControlPlane
+from tests.support.fleet import KwokCluster
 from tests.support.processes import start_service
 from tests.support.waiting import eventually
 
@@ -68,7 +72,7 @@ exits 1 after `gpuop.runtime.launching.STOP_GRACE` (60 s), before this SIGKILL."
 class Stack:
     """A running stack; build it with `stack(...)`."""
 
-    cluster: SimCluster
+    cluster: SimCluster | KwokCluster
     kube: client.Kube
     bus: NatsBus
     nats_url: str
@@ -86,6 +90,10 @@ class Stack:
     """How each agent was started, to start it again."""
     nats_replicas: int = 1
     """Replicas of the streams and buckets every service is told to keep."""
+    role_kubeconfigs: dict[str, Path] = field(default_factory=dict)
+    """The cluster roles' own kubeconfigs by role ("upgrade-orchestrator",
+    "discovery-cluster"): on a real cluster their chart ServiceAccount's token, so a missing
+    permission fails the test; the admin's (`kubeconfig`) where a role has none."""
     _started: int = 0
 
     @property
@@ -140,7 +148,8 @@ class Stack:
         log = self.work / f"{name}.log"
         self.logs.append(log)
         arguments = ["upgrade-orchestrator", "--role", "cluster", *self.nats_arguments]
-        arguments += ["--kubeconfig", str(self.kubeconfig), "--config", str(self._orchestrator)]
+        kubeconfig = self.role_kubeconfigs.get("upgrade-orchestrator", self.kubeconfig)
+        arguments += ["--kubeconfig", str(kubeconfig), "--config", str(self._orchestrator)]
         self.replicas[name] = await start_service(arguments, log)
         return name
 
@@ -196,7 +205,10 @@ class Stack:
         """Install the CRD and create the policy asking for driver `NEW` (and OFED `ofed`)."""
         definition = yaml.safe_load((REPO / crd.COMMITTED).read_text(encoding="utf-8"))
         extensions = k8s.ApiextensionsV1Api(self.kube.api_client)
-        await self.kube.call(extensions.create_custom_resource_definition, definition)
+        # On a real cluster Helm installed it with the chart.
+        with contextlib.suppress(kube_errors.AlreadyExists):
+            await self.kube.call(extensions.create_custom_resource_definition, definition)
+        await self._established(extensions, definition["metadata"]["name"])
         signed = {"source": str(self.source), "publicKeys": [keys.PUBLIC_KEY]}
         driver: dict[str, Any] = {"gpu": {"version": NEW, **signed}}
         if ofed is not None:
@@ -211,6 +223,16 @@ class Stack:
             self.kube.custom_objects.create_cluster_custom_object,
             specs.GROUP, specs.VERSION, specs.PLURAL, policy,
         )  # fmt: skip
+
+    async def _established(self, extensions: Any, name: str) -> None:
+        """Until the CRD serves: the real apiserver establishes one a moment after create."""
+
+        async def established() -> bool:
+            found = await self.kube.call(extensions.read_custom_resource_definition, name)
+            conditions = (found.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        await self.wait_until(f"CRD {name} established", established, 30)
 
     async def export(self) -> list[str]:
         """The event and command log, as `gpuop events export` writes it."""
@@ -252,6 +274,7 @@ async def stack(
     faults: FaultPlan | None = None,
     labeler_retry: float | None = None,
     nats_replicas: int = 1,
+    plane: ControlPlane | None = None,
 ) -> AsyncIterator[Stack]:
     """The stack with no orchestrator yet, once discovery has labelled every node;
     `kernels`: node index -> kernel release for nodes that run another kernel than the
@@ -262,17 +285,32 @@ async def stack(
     config (fault injection); `faults`: what the API server gets wrong on purpose
     (`cluster.faults` changes it while the stack runs); `labeler_retry`: seconds between
     discovery's cluster role's retries (its default otherwise, 5 s); `nats_replicas`: replicas
-    of the streams and buckets (3 on a cluster: `nats_url` is then the server list)."""
+    of the streams and buckets (3 on a cluster: `nats_url` is then the server list);
+    `plane`: a running real control plane to use instead of the simulated cluster: KWOK GPU
+    nodes, the same workloads placed by the real scheduler, the chart installed by the real
+    Helm, and the cluster roles acting as their chart ServiceAccounts (`faults` needs the
+    simulated cluster)."""
     kernels = kernels or {}
     (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
     (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
     (work / "telemetry.yaml").write_text(TELEMETRY_CONFIG)
     paused = f"operands: [{', '.join(OPERANDS)}]\n" if operands else ""
-    (work / "orchestrator.yaml").write_text(ORCHESTRATOR_CONFIG + paused)
+    lease = f"lease_namespace: {fleet.RELEASE_NAMESPACE}\n" if plane is not None else ""
+    (work / "orchestrator.yaml").write_text(ORCHESTRATOR_CONFIG + paused + lease)
+    if plane is not None and faults is not None:
+        raise ValueError("faults are the simulated API server's: not with a real plane")
     async with AsyncExitStack() as exits:
-        cluster = await exits.enter_async_context(
-            SimCluster(nodes=nodes_count, gpus=gpus, workloads=True, seed=seed, faults=faults)
-        )
+        role_kubeconfigs: dict[str, Path] = {}
+        cluster: SimCluster | KwokCluster
+        if plane is None:
+            cluster = await exits.enter_async_context(
+                SimCluster(nodes=nodes_count, gpus=gpus, workloads=True, seed=seed, faults=faults)
+            )
+        else:
+            cluster = await asyncio.to_thread(
+                KwokCluster.start, plane, nodes_count, gpus, seed=seed
+            )
+            role_kubeconfigs = await asyncio.to_thread(_chart_roles, plane, work)
         kubeconfig = cluster.write_kubeconfig(work / "kubeconfig")
         bus = NatsBus(nats_url, name="e2e-observer", replicas=nats_replicas)
         await bus.start()
@@ -301,6 +339,7 @@ async def stack(
         )
         running = Stack(cluster, kube, bus, nats_url, kubeconfig, work, source, roots)
         running.nats_replicas = nats_replicas
+        running.role_kubeconfigs = role_kubeconfigs
         exits.push_async_callback(_stop_all, running)
         agents = []
         for index, (node, root) in enumerate(roots.items()):
@@ -324,7 +363,10 @@ async def stack(
             labeler = work / "discovery-cluster.yaml"
             labeler.write_text(f"retry_interval_seconds: {labeler_retry}\n")
             cluster_role += ["--config", str(labeler)]
-        agents.append(("discovery-cluster", [*cluster_role, "--kubeconfig", str(kubeconfig)]))
+        labeler_kubeconfig = role_kubeconfigs.get("discovery-cluster", kubeconfig)
+        agents.append(
+            ("discovery-cluster", [*cluster_role, "--kubeconfig", str(labeler_kubeconfig)])
+        )
         for name, arguments in agents:
             log = work / f"{name}.log"
             running.logs.append(log)
@@ -337,6 +379,17 @@ async def stack(
 
         await running.wait_until("discovery labelling every node", labelled, STARTUP)
         yield running
+
+
+def _chart_roles(plane: ControlPlane, work: Path) -> dict[str, Path]:
+    """Install the chart (its ServiceAccounts and RBAC, with everything else it makes; KWOK
+    plays its pods) and write each cluster role's kubeconfig with its ServiceAccount's
+    token."""
+    fleet.install_chart(plane)
+    return {
+        role: fleet.service_account_kubeconfig(plane, role, work / f"{role}.kubeconfig")
+        for role in ("upgrade-orchestrator", "discovery-cluster")
+    }
 
 
 async def _stop_all(running: Stack) -> None:
