@@ -232,14 +232,15 @@ class Component:
 class ControlPlane:
     """The control plane in `work`; start it with `with ControlPlane(work) as plane`.
 
-    `kwok`: run KWOK for the nodes (`Fleet` creates them); `controllers`: run
-    kube-controller-manager and kube-scheduler (a suite of API semantics alone needs
-    neither, and a suite of PDB status needs the first).
+    `kwok`: run KWOK for the nodes (`tests.support.fleet` creates them); `controllers`:
+    run kube-controller-manager (PDB status, garbage collection, namespaces, service
+    accounts); `scheduler`: run kube-scheduler (with the controllers only).
     """
 
     work: Path
     kwok: bool = True
     controllers: bool = True
+    scheduler: bool = True
     components: list[Component] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
     token: str = field(default_factory=lambda: os.urandom(16).hex())
@@ -393,6 +394,8 @@ class ControlPlane:
                 "--concurrent-gc-syncs=10",
             ],
         )
+        if not self.scheduler:
+            return
         self._spawn(
             "kube-scheduler",
             [
