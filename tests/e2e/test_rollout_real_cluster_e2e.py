@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from gpuop.bus import NatsServer
-from tests.e2e.test_rollout_e2e import roll_sixteen_nodes, roll_through_leader_kills
 from tests.support import fleet
 from tests.support.control_plane import ControlPlane
+from tests.support.rollout_scenarios import roll_sixteen_nodes, roll_through_leader_kills
 
 pytestmark = [pytest.mark.nats, pytest.mark.real_cluster]
 

@@ -38,10 +38,10 @@ from gpuop_sim import SimCluster
 from gpuop_sim.apiserver.faults import FaultPlan
 from gpuop_sim.cluster import hosts
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
+from gpuop_sim.cluster.kwok import KwokFleet
 from gpuop_sim.host import keys, seeding
 from tests.support import fleet
 from tests.support.control_plane import ControlPlane
-from tests.support.fleet import KwokCluster
 from tests.support.processes import start_service
 from tests.support.waiting import eventually
 
@@ -72,7 +72,7 @@ exits 1 after `gpuop.runtime.launching.STOP_GRACE` (60 s), before this SIGKILL."
 class Stack:
     """A running stack; build it with `stack(...)`."""
 
-    cluster: SimCluster | KwokCluster
+    cluster: SimCluster | KwokFleet
     kube: client.Kube
     bus: NatsBus
     nats_url: str
@@ -301,17 +301,18 @@ async def stack(
         raise ValueError("faults are the simulated API server's: not with a real plane")
     async with AsyncExitStack() as exits:
         role_kubeconfigs: dict[str, Path] = {}
-        cluster: SimCluster | KwokCluster
+        cluster: SimCluster | KwokFleet
         if plane is None:
             cluster = await exits.enter_async_context(
                 SimCluster(nodes=nodes_count, gpus=gpus, workloads=True, seed=seed, faults=faults)
             )
+            kubeconfig = cluster.write_kubeconfig(work / "kubeconfig")
         else:
-            cluster = await asyncio.to_thread(
-                KwokCluster.start, plane, nodes_count, gpus, seed=seed
-            )
+            kubeconfig = plane.write_kubeconfig(work / "kubeconfig")
+            admin = await exits.enter_async_context(await client.connect(kubeconfig))
+            cluster = KwokFleet(admin, nodes_count, gpus, prefix="gpu-node-", seed=seed)
+            await cluster.create()  # the nodes go with the plane
             role_kubeconfigs = await asyncio.to_thread(_chart_roles, plane, work)
-        kubeconfig = cluster.write_kubeconfig(work / "kubeconfig")
         bus = NatsBus(nats_url, name="e2e-observer", replicas=nats_replicas)
         await bus.start()
         exits.push_async_callback(bus.close)

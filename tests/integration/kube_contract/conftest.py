@@ -125,6 +125,26 @@ class Api:
         return events
 
 
+def config_map(name: str = "cm", **data: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
+
+
+def configmaps(api: Api) -> str:
+    return f"/api/v1/namespaces/{api.namespace}/configmaps"
+
+
+def pod(name: str, labels: dict[str, str] | None = None, node: str = "node-1") -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "main", "image": "registry.example/app:1.0"}],
+        },
+    }
+
+
 def _collection(obj: Obj) -> str:
     group_version = obj["apiVersion"]
     base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.kube_contract.conftest import Api
-from tests.integration.kube_contract.test_contract_objects import pod
+from tests.integration.kube_contract.conftest import Api, pod
 from tests.support.waiting import eventually
 
 BLOCKED = "Cannot evict pod as it would violate the pod's disruption budget."

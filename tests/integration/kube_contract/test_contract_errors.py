@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from tests.integration.kube_contract.conftest import Api
+from tests.integration.kube_contract.conftest import Api, config_map, configmaps
 
 CONFLICT = (
     'Operation cannot be fulfilled on configmaps "cm": the object has been modified; '
     "please apply your changes to the latest version and try again"
 )
-
-
-def config_map(name: str = "cm", **data: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
-
-
-def configmaps(api: Api) -> str:
-    return f"/api/v1/namespaces/{api.namespace}/configmaps"
 
 
 async def test_creating_an_existing_name_is_409_already_exists(api: Api) -> None:
@@ -99,6 +89,26 @@ async def test_a_delete_whose_preconditions_do_not_match_is_409(api: Api) -> Non
         'Operation cannot be fulfilled on ConfigMap "cm": the UID in the precondition '
         f"(not-it) does not match the UID in record ({uid}). The object might have been "
         "deleted and then recreated"
+    )
+
+
+async def test_a_delete_whose_resource_version_precondition_is_stale_is_409(api: Api) -> None:
+    _, made = await api.request("POST", configmaps(api), config_map(k="1"))
+    await api.request("PUT", configmaps(api) + "/cm", {**made, "data": {"k": "2"}})
+    old = made["metadata"]["resourceVersion"]
+    options = {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "preconditions": {"resourceVersion": old},
+    }
+    status, answer = await api.request("DELETE", configmaps(api) + "/cm", options)
+    current = (await api.request("GET", configmaps(api) + "/cm"))[1]["metadata"]["resourceVersion"]
+
+    assert (status, answer["reason"]) == (409, "Conflict")
+    assert answer["message"] == (
+        f'Operation cannot be fulfilled on ConfigMap "cm": the ResourceVersion in the '
+        f"precondition ({old}) does not match the ResourceVersion in record ({current}). "
+        "The object might have been modified"
     )
 
 

@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from tests.integration.kube_contract.conftest import Api
-from tests.integration.kube_contract.test_contract_errors import config_map, configmaps
+from tests.integration.kube_contract.conftest import Api, config_map, configmaps, pod
 
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 APPLY = "application/apply-patch+yaml"
-
-
-def pod(name: str, labels: dict[str, str] | None = None, node: str = "node-1") -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}},
-        "spec": {
-            "nodeName": node,
-            "containers": [{"name": "main", "image": "registry.example/app:1.0"}],
-        },
-    }
 
 
 async def test_a_merge_patch_replaces_lists_and_null_deletes(api: Api) -> None:

@@ -79,7 +79,7 @@ async def test_the_scheduler_places_gpu_pods_and_refuses_what_fits_nowhere(
         return any(a.metadata.name == "default" for a in accounts.items)
 
     await eventually(service_account, 60)
-    await core.create_namespaced_pod(namespace, gpu_pod("fits", 8))
+    await core.create_namespaced_pod(namespace, gpu_pod("fits", 1))
     await core.create_namespaced_pod(namespace, gpu_pod("too-big", 9))
 
     async def running() -> bool:

@@ -20,6 +20,13 @@ exports the event log first, for `gpuop replay`. Ctrl-C, SIGTERM, SIGHUP (or the
 every process it started (`processes.watching`: a signal ends the wait in progress, then the
 cleanup runs as after the end), each with its process group (`gpuop_sim.cli.processes`); those
 processes end too if the demo is killed outright.
+
+`--kubeconfig FILE` runs the same demo on an existing cluster instead of the simulated one:
+its nodes are KWOK nodes the demo registers (`gpuop_sim.cluster.kwok`; the cluster needs KWOK
+and a controller manager, as kind with KWOK or `make cluster` has), its workloads run under
+the real scheduler, drains go through the real eviction API. Its own NATS, host roots and
+node agents run here as before. It refuses a cluster that already has a GPUClusterPolicy,
+and deletes its nodes, workload namespaces and policy when it ends.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +58,7 @@ from gpuop_sim.cli.processes import Process, Stop, Stopped, show, spawn, stop_al
 from gpuop_sim.cluster.cluster import SimCluster
 from gpuop_sim.cluster.hosts import build_host_root
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
+from gpuop_sim.cluster.kwok import KwokFleet
 from gpuop_sim.host import keys, seeding
 
 NEW_VERSION = "580.200.01"
@@ -79,6 +87,11 @@ def add_parser(verbs: Any) -> None:
         "seconds); exit 0 only when every node is done",
     )
     demo.add_argument("--timeout", type=float, default=300, help="seconds for the rollout")
+    demo.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="run on this existing cluster, with KWOK nodes the demo registers (needs KWOK)",
+    )
     demo.add_argument("--record", type=Path, help="write the event log here at the end")
     demo.add_argument("--hold", action="store_true", help="keep running until Ctrl-C")
     demo.add_argument(
@@ -119,13 +132,23 @@ async def _run(args: argparse.Namespace, stop: Stop) -> int:
                 server = await stack.enter_async_context(NatsServer(work / "nats"))
                 nats_url = server.url
                 print(f"nats-server (JetStream) listening on {nats_url}")
-            cluster = await stack.enter_async_context(SimCluster(nodes=args.nodes, gpus=args.gpus))
-            kubeconfig = cluster.write_kubeconfig(work / "kubeconfig")
+            cluster: SimCluster | KwokFleet
+            if args.kubeconfig is None:
+                cluster = await stack.enter_async_context(
+                    SimCluster(nodes=args.nodes, gpus=args.gpus)
+                )
+                kubeconfig = cluster.write_kubeconfig(work / "kubeconfig")
+                kube = await stack.enter_async_context(await kubeclient.connect(kubeconfig))
+                print(f"simulated cluster: {args.nodes} nodes x {args.gpus} GPUs at {cluster.url}")
+            else:
+                kubeconfig = args.kubeconfig
+                kube = await stack.enter_async_context(await kubeclient.connect(kubeconfig))
+                await _no_policy_yet(kube)
+                cluster = await stack.enter_async_context(KwokFleet(kube, args.nodes, args.gpus))
+                print(f"cluster of {kubeconfig}: {args.nodes} KWOK nodes x {args.gpus} GPUs")
             tracker = rollout_view.Tracker(cluster.node_names, started)
-            print(f"simulated cluster: {args.nodes} nodes x {args.gpus} GPUs at {cluster.url}")
             processes: list[Process] = []
             stack.push_async_callback(stop_all, processes)
-            kube = await stack.enter_async_context(await kubeclient.connect(kubeconfig))
             await _install_crd(kube)
             start = Start(processes, cluster, nats_url, kubeconfig, args, work)
             source = await start.hosts(stack)
@@ -138,6 +161,8 @@ async def _run(args: argparse.Namespace, stop: Stop) -> int:
             await bus.start()
             stack.push_async_callback(bus.close)
             await _start_rollout(kube, source, args)
+            if args.kubeconfig is not None:
+                stack.push_async_callback(_delete_policy, kube)
             title = (
                 f"GPU driver {seeding.RECORDED_DRIVER_VERSION} -> {NEW_VERSION}, "
                 f"{args.nodes} nodes, {args.max_parallel or 'all'} at a time"
@@ -224,7 +249,7 @@ class Start:
     def __init__(
         self,
         processes: list[Process],
-        cluster: SimCluster,
+        cluster: SimCluster | KwokFleet,
         nats_url: str,
         kubeconfig: Path,
         args: argparse.Namespace,
@@ -328,7 +353,35 @@ async def _install_crd(kube: kubeclient.Kube) -> None:
     """The GPUClusterPolicy CRD, before any service starts (the orchestrator would otherwise
     find it missing and look again only seconds later)."""
     extensions = k8s.ApiextensionsV1Api(kube.api_client)
-    await kube.call(extensions.create_custom_resource_definition, crd.build())
+    with suppress(kubeerrors.AlreadyExists):  # an existing cluster may have it from the chart
+        await kube.call(extensions.create_custom_resource_definition, crd.build())
+
+
+async def _no_policy_yet(kube: kubeclient.Kube) -> None:
+    """Refuse a cluster whose orchestrator already has a policy to follow."""
+    try:
+        found = await kube.call(
+            kube.custom_objects.list_cluster_custom_object, specs.GROUP, specs.VERSION, specs.PLURAL
+        )
+    except kubeerrors.NotFound:
+        return  # no CRD yet
+    names = [item["metadata"]["name"] for item in found.get("items") or []]
+    if names:
+        raise ValueError(
+            f"--kubeconfig: the cluster already has GPUClusterPolicy {', '.join(names)}; the "
+            "demo makes its own and would fight over its nodes"
+        )
+
+
+async def _delete_policy(kube: kubeclient.Kube) -> None:
+    with suppress(kubeerrors.NotFound):
+        await kube.call(
+            kube.custom_objects.delete_cluster_custom_object,
+            specs.GROUP,
+            specs.VERSION,
+            specs.PLURAL,
+            "default",
+        )
 
 
 async def _start_rollout(kube: kubeclient.Kube, source: Path, args: argparse.Namespace) -> None:
