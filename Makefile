@@ -61,7 +61,7 @@ schemas: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m gpuop.kubelet.codegen
 
-bench: $(STAMP)
+bench: $(STAMP) cluster-tools
 	$(BIN)/python -m tests.bench.run_all
 
 clean:

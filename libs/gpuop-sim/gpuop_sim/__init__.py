@@ -4,7 +4,7 @@ through entry points (`gpuop.plugins`): the `sim:<gpus>` NVML backend, the simul
 and reboot, and the `gpuop demo` and `gpuop sim` commands. The image installs only `gpuop`.
 
     apiserver   a Kubernetes API server written from the apiserver's semantics, served over
-                HTTP to the official client; it imports none of gpuop's Kubernetes client
+                HTTPS to the official client; it imports none of gpuop's Kubernetes client
                 code, so it cannot share a bug with the client it tests
     cluster     the cluster around it (`SimCluster`): machines, kubelets and their gRPC side,
                 the scheduler, workload controllers, generated GPU workloads, host roots

@@ -1,6 +1,6 @@
 """Fixtures for the simulated API server suite: one server per test, reached through the
 official ``kubernetes.aio`` client loaded from the kubeconfig the server writes, plus a raw
-HTTP session for what the client hides (headers, in-stream errors, bookmarks)."""
+HTTPS session for what the client hides (headers, in-stream errors, bookmarks)."""
 
 from __future__ import annotations
 
@@ -54,5 +54,5 @@ def core(api: client.ApiClient) -> client.CoreV1Api:
 
 @pytest.fixture
 async def raw(server: ApiServer) -> AsyncIterator[RawApi]:
-    async with RawApi(server.url, server.token) as session:
+    async with RawApi(server.url, server.token, server.ssl_context()) as session:
         yield session

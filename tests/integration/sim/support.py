@@ -1,9 +1,10 @@
-"""Helpers for the simulated API server suite: object builders and a raw HTTP client."""
+"""Helpers for the simulated API server suite: object builders and a raw HTTPS client."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from types import TracebackType
 from typing import Any
 
@@ -69,12 +70,13 @@ async def watch_opened(server: ApiServer, resource: GroupResource) -> None:
 
 
 class RawApi:
-    """Plain HTTP against the server, for what the official client hides."""
+    """Raw HTTPS against the server, for what the official client hides; ``ssl_context``
+    (``server.ssl_context()``) trusts the server's CA."""
 
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(self, url: str, token: str, ssl_context: ssl.SSLContext) -> None:
         self.url = url
         self.token = token
-        self.session = aiohttp.ClientSession()
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context))
 
     async def __aenter__(self) -> RawApi:
         return self

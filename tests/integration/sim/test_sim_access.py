@@ -32,7 +32,7 @@ async def test_requests_without_the_bearer_token_get_401_status(raw: RawApi) -> 
 
 
 async def test_a_wrong_token_is_refused(server: ApiServer) -> None:
-    async with RawApi(server.url, "not-the-token") as wrong:
+    async with RawApi(server.url, "not-the-token", server.ssl_context()) as wrong:
         status, _, _ = await wrong.request("GET", "/api/v1/namespaces")
     assert status == 401
 
@@ -48,7 +48,7 @@ async def test_kubeconfig_names_server_token_and_context(server: ApiServer, kube
     assert written["current-context"] == "gpuop-sim"
     assert written["clusters"][0]["cluster"]["server"] == server.url
     assert written["users"][0]["user"]["token"] == server.token
-    assert server.url.startswith("http://127.0.0.1:")
+    assert server.url.startswith("https://127.0.0.1:")
 
 
 async def test_sync_client_loads_the_kubeconfig(server: ApiServer, kubeconfig: Path) -> None:

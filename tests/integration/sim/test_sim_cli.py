@@ -14,6 +14,7 @@ import aiohttp
 from kubernetes.aio import client, watch
 from kubernetes.aio.client.exceptions import ApiException
 
+from gpuop_sim.apiserver import kubeconfig as kubeconfigs
 from tests.integration.sim.clusters import controller_kind, official_client
 from tests.support.waiting import eventually
 
@@ -43,6 +44,12 @@ async def wait_for_kubeconfig(process: asyncio.subprocess.Process) -> str:
         assert line, f"gpuop sim apiserver exited early: {printed}"
         printed += line.decode()
     return printed
+
+
+def trusting(kubeconfig: Path) -> aiohttp.ClientSession:
+    """A raw HTTPS session trusting the CA the kubeconfig carries."""
+    connector = aiohttp.TCPConnector(ssl=kubeconfigs.ssl_context(kubeconfig))
+    return aiohttp.ClientSession(connector=connector)
 
 
 async def stop(process: asyncio.subprocess.Process, signum: int) -> tuple[int, str]:
@@ -137,7 +144,7 @@ async def test_without_workloads_it_serves_clients_without_a_token_and_stops_on_
             node = await core.read_node("gpu-node-1")
             pods = (await core.list_pod_for_all_namespaces()).items
             host = api.configuration.host
-        async with aiohttp.ClientSession() as session:
+        async with trusting(kubeconfig) as session:
             async with session.get(f"{host}/api/v1/nodes") as anonymous:
                 anonymous_status = anonymous.status
             wrong = {"Authorization": "Bearer wrong"}
@@ -170,7 +177,7 @@ async def test_fault_flags_make_the_api_fail_on_purpose_but_never_its_health_che
         announced = await wait_for_kubeconfig(process)
         async with official_client(kubeconfig) as api:
             host = api.configuration.host
-        async with aiohttp.ClientSession() as session:
+        async with trusting(kubeconfig) as session:
             async with session.get(f"{host}/api/v1/nodes") as faulted:
                 status, body = faulted.status, await faulted.json()
             async with session.get(f"{host}/readyz") as ready:

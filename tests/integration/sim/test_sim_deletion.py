@@ -154,8 +154,8 @@ async def test_delete_preconditions_that_do_not_match_are_409(
     )
 
     assert stale_version == 409
-    assert body["message"].startswith(
-        'Operation cannot be fulfilled on nodes "node-1": Precondition failed: ResourceVersion'
+    assert body["message"].startswith(  # as kube-apiserver words it (the contract suite)
+        'Operation cannot be fulfilled on Node "node-1": the ResourceVersion in the precondition'
     )
     assert wrong_uid[0] == 409
     assert matching == 200

@@ -8,6 +8,7 @@ import pytest
 from kubernetes.aio import client
 
 from gpuop_sim import ApiServer
+from gpuop_sim.cluster import workload_kinds
 from tests.integration.sim.support import RawApi, pdb, pod, running
 
 BLOCKED = "Cannot evict pod as it would violate the pod's disruption budget."
@@ -48,7 +49,12 @@ async def test_budget_status_follows_pods_and_budget(
     desired: int,
     allowed: int,
 ) -> None:
-    seed_pods(server, 3)
+    """Over the three pods of a ReplicaSet of three: a percentage or maxUnavailable counts
+    from the controller's scale, an integer minAvailable from the pods selected."""
+    workload_kinds.register(server.catalog)
+    server.seed(replica_set("gpu", 3))
+    for index in range(3):
+        server.seed(owned(running(pod(f"gpu-{index}", labels=APP)), "gpu"))
     server.seed(running(pod("other", labels={"app": "net"})))
 
     await client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
@@ -61,6 +67,46 @@ async def test_budget_status_follows_pods_and_budget(
     assert status.desired_healthy == desired
     assert status.disruptions_allowed == allowed
     assert status.observed_generation == 1
+
+
+@pytest.mark.parametrize("budget", [{"maxUnavailable": 1}, {"minAvailable": "50%"}])
+async def test_a_scaled_budget_over_bare_pods_expects_none_and_allows_nothing(
+    server: ApiServer, api: client.ApiClient, budget: dict[str, int | str]
+) -> None:
+    """As kube-controller-manager's disruption controller (the contract suite checks it
+    there): bare pods have no scale to count from."""
+    seed_pods(server, 3)
+    await client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
+        "default", pdb("budget", APP, **budget)
+    )
+    status = await budget_status(api)
+
+    assert (status.expected_pods, status.desired_healthy, status.disruptions_allowed) == (0, 0, 0)
+    assert status.conditions[0].reason == "InsufficientPods"
+
+
+def replica_set(name: str, replicas: int) -> dict[str, object]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": APP}},
+    }
+
+
+def owned(obj: dict[str, object], owner: str) -> dict[str, object]:
+    metadata = obj["metadata"]
+    assert isinstance(metadata, dict)
+    metadata["ownerReferences"] = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": owner,
+            "uid": f"uid-{owner}",
+            "controller": True,
+        }
+    ]
+    return obj
 
 
 async def test_not_ready_and_terminating_pods_are_not_healthy(

@@ -83,7 +83,10 @@ async def test_a_dropped_watch_ends_cleanly_and_resuming_misses_nothing(
 async def test_the_server_takes_its_fault_plan_at_construction() -> None:
     plan = FaultPlan(error_rate=1.0)
 
-    async with ApiServer(faults=plan) as server, RawApi(server.url, server.token) as raw:
+    async with (
+        ApiServer(faults=plan) as server,
+        RawApi(server.url, server.token, server.ssl_context()) as raw,
+    ):
         status, _, _ = await raw.request("GET", "/api/v1/nodes")
 
     assert server.faults is plan
@@ -117,7 +120,7 @@ async def test_a_bookmark_never_claims_a_change_still_to_be_sent() -> None:
     the stream makes that moment certain."""
     async with (
         ApiServer(bookmark_interval=0.0) as server,
-        RawApi(server.url, server.token) as raw,
+        RawApi(server.url, server.token, server.ssl_context()) as raw,
     ):
         headers = {"Authorization": f"Bearer {server.token}"}
         params = {"watch": "1", "allowWatchBookmarks": "true"}

@@ -20,8 +20,10 @@ def lease(holder: str) -> dict[str, object]:
         "spec": {
             "holderIdentity": holder,
             "leaseDurationSeconds": 15,
-            "acquireTime": datetime(2026, 1, 1, tzinfo=UTC).isoformat(),
-            "renewTime": "2026-01-01T00:00:01.5+00:00",
+            # a nonzero microsecond: the official client writes a datetime back with
+            # isoformat(), which drops a zero fraction, and kube-apiserver then refuses it
+            "acquireTime": datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=UTC).isoformat(),
+            "renewTime": "2026-01-01T00:00:01.500000+00:00",
             "leaseTransitions": 0,
         },
     }
@@ -51,10 +53,15 @@ async def test_only_one_candidate_wins_a_contested_lease(api: client.ApiClient) 
 
 
 async def test_lease_times_come_back_as_micro_time(raw: RawApi) -> None:
+    sloppy = lease("me")
+    sloppy["spec"]["renewTime"] = "2026-01-01T00:00:01.5+00:00"  # type: ignore[index]
+    refused, answer, _ = await raw.request("POST", LEASES, sloppy)
     status, created, _ = await raw.request("POST", LEASES, lease("me"))
 
+    assert refused == 400  # kube-apiserver wants exactly six digits (the contract suite)
+    assert 'cannot parse ".5+00:00" as ".000000"' in answer["message"]
     assert status == 201
-    assert created["spec"]["acquireTime"] == "2026-01-01T00:00:00.000000Z"
+    assert created["spec"]["acquireTime"] == "2026-01-01T00:00:00.000001Z"
     assert created["spec"]["renewTime"] == "2026-01-01T00:00:01.500000Z"
 
 

@@ -268,7 +268,7 @@ async def test_watch_abandoned_by_its_client_is_unregistered(
 
 
 async def test_server_shutdown_ends_open_watches() -> None:
-    async with ApiServer() as server, RawApi(server.url, server.token) as raw:
+    async with ApiServer() as server, RawApi(server.url, server.token, server.ssl_context()) as raw:
         stream = asyncio.create_task(raw.watch(PODS, {"watch": "1"}))
         while server.store.watch_count(kinds.PODS.group_resource) == 0:
             await asyncio.sleep(0.01)

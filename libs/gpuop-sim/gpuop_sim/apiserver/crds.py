@@ -66,6 +66,8 @@ def resource_types(crd: Obj) -> list[tuple[ResourceType, bool]]:
             prepare_create=_drop_status if has_status else None,
             normalize=normalize,
             validate=validate,
+            description=str(schema.get("description") or ""),
+            schema=schema,
         )
         served.append((resource, bool(version.get("storage"))))
     return served

@@ -61,19 +61,23 @@ def check_preconditions(resource: ResourceType, obj: Obj, options: DeleteOptions
     metadata = obj["metadata"]
     name = metadata["name"]
     if options.precondition_uid and options.precondition_uid != metadata["uid"]:
-        raise errors.conflict(
+        raise errors.precondition_failed(
             resource.group_resource,
+            resource.kind,
             name,
-            f"Precondition failed: UID in precondition: {options.precondition_uid}, "
-            f"UID in object meta: {metadata['uid']}",
+            f"the UID in the precondition ({options.precondition_uid}) does not match the UID "
+            f"in record ({metadata['uid']}). The object might have been deleted and then "
+            "recreated",
         )
     wanted = options.precondition_resource_version
     if wanted and wanted != metadata["resourceVersion"]:
-        raise errors.conflict(
+        raise errors.precondition_failed(
             resource.group_resource,
+            resource.kind,
             name,
-            f"Precondition failed: ResourceVersion in precondition: {wanted}, "
-            f"ResourceVersion in object meta: {metadata['resourceVersion']}",
+            f"the ResourceVersion in the precondition ({wanted}) does not match the "
+            f"ResourceVersion in record ({metadata['resourceVersion']}). The object might "
+            "have been modified",
         )
 
 

@@ -15,14 +15,26 @@ from gpuop_sim.apiserver.resources import Catalog, ResourceType
 
 Obj = dict[str, Any]
 
-KUBERNETES_VERSION = {
-    "major": "1",
-    "minor": "31",
-    "gitVersion": "v1.31.0-gpuop-sim",
-    "gitCommit": "0000000000000000000000000000000000000000",
+KUBERNETES_VERSION = "v1.37.2"
+"""The Kubernetes release the simulated server answers as: ``/version``, the OpenAPI
+documents and the simulated kubelets' ``nodeInfo.kubeletVersion`` all read it from here."""
+
+_MAJOR, _MINOR, _ = KUBERNETES_VERSION.removeprefix("v").split(".")
+_VERSION_INFO = {
+    # The shape of apimachinery's version.Info as kube-apiserver 1.37 fills it in. kubectl
+    # parses only gitVersion (for its skew warning) and major/minor; gitCommit, a 40-digit
+    # hash on a real server, says which server this is.
+    "major": _MAJOR,
+    "minor": _MINOR,
+    "emulationMajor": _MAJOR,
+    "emulationMinor": _MINOR,
+    "minCompatibilityMajor": _MAJOR,
+    "minCompatibilityMinor": str(int(_MINOR) - 1),
+    "gitVersion": KUBERNETES_VERSION,
+    "gitCommit": "gpuop-sim",
     "gitTreeState": "clean",
-    "buildDate": "2024-08-13T00:00:00Z",
-    "goVersion": "go1.22.5",
+    "buildDate": "2026-10-27T12:01:04Z",
+    "goVersion": "go1.26.10",
     "compiler": "gc",
     "platform": "linux/amd64",
 }
@@ -35,7 +47,7 @@ _SUBRESOURCES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
 
 
 def version() -> Obj:
-    return dict(KUBERNETES_VERSION)
+    return dict(_VERSION_INFO)
 
 
 def core_versions(server_address: str) -> Obj:

@@ -183,6 +183,18 @@ def conflict(resource: GroupResource, name: str, why: str) -> ApiError:
     )
 
 
+def precondition_failed(resource: GroupResource, kind: str, name: str, why: str) -> ApiError:
+    """The 409 a delete whose preconditions do not match gets: kube-apiserver names the
+    kind there (``ConfigMap``, ``Lease.coordination.k8s.io``), not the resource."""
+    qualified_kind = f"{kind}.{resource.group}" if resource.group else kind
+    return ApiError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {qualified_kind} "{name}": {why}',
+        details=_details(resource, name),
+    )
+
+
 STALE_OBJECT = (
     "the object has been modified; please apply your changes to the latest version and try again"
 )
@@ -217,12 +229,13 @@ def unauthorized() -> ApiError:
 
 
 def forbidden(resource: GroupResource, name: str, why: str) -> ApiError:
-    return ApiError(
-        403,
-        "Forbidden",
-        f'{qualified(resource)} "{name}" is forbidden: {why}',
-        details=_details(resource, name),
-    )
+    """403 ``Forbidden``: ``<resource> "<name>" is forbidden: <why>``, without the name
+    when there is none (a list, a create)."""
+    subject = f'{qualified(resource)} "{name}"' if name else qualified(resource)
+    details = _details(resource, name)
+    if not name:
+        del details["name"]
+    return ApiError(403, "Forbidden", f"{subject} is forbidden: {why}", details=details)
 
 
 def path_not_found() -> ApiError:

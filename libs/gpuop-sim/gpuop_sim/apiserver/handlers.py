@@ -4,8 +4,10 @@ Resolves a request path the way the API server's RequestInfo does (``/api/v1/...
 ``/apis/{group}/{version}/...``, ``namespaces/{ns}/{plural}/{name}/{subresource}``,
 cluster-wide collections of namespaced resources, ``namespaces/{ns}/status`` as the
 namespace's own subresource), picks the verb, decodes the body and query, and calls the
-registry, ``listing``, ``watching``, ``eviction`` or ``discovery``. Every response is JSON
-with exactly ``Content-Type: application/json``. Called by ``server.py``'s single route.
+registry, ``listing``, ``watching``, ``eviction``, ``reviews`` (the access reviews, for the
+user ``server.py`` authenticated) or ``discovery``; ``/openapi/...`` goes to ``openapi``.
+Every response is JSON with exactly ``Content-Type: application/json``, but for the bodies
+``/openapi`` leaves empty. Called by ``server.py``'s single route.
 """
 
 from __future__ import annotations
@@ -18,7 +20,17 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from gpuop_sim.apiserver import discovery, errors, eviction, listing, watching
+from gpuop_sim.apiserver import (
+    discovery,
+    errors,
+    eviction,
+    listing,
+    openapi,
+    protobufs,
+    reviews,
+    watching,
+)
+from gpuop_sim.apiserver.authorizing import Authorizer, User
 from gpuop_sim.apiserver.deletion import DeleteOptions
 from gpuop_sim.apiserver.listing import ListOptions, flag, integer
 from gpuop_sim.apiserver.registry import Registry
@@ -30,6 +42,8 @@ JSON = "application/json"
 _BODY_TYPES = (JSON, "application/yaml")
 # aiohttp reports a missing Content-Type as octet-stream; clients that omit it send JSON.
 _JSON_LIKE = frozenset({JSON, "application/octet-stream", "*/*", ""})
+USER = web.RequestKey("user", User)
+"""Where ``server.py`` leaves the request's authenticated :class:`User`."""
 
 
 def json_response(
@@ -65,12 +79,14 @@ class Handlers:
     def __init__(
         self,
         registry: Registry,
+        authorizer: Authorizer,
         *,
         bookmark_interval: float,
         server_address: Callable[[], str],
         watch_opened: watching.WatchOpened | None = None,
     ) -> None:
         self.registry = registry
+        self.authorizer = authorizer
         self.bookmark_interval = bookmark_interval
         self.server_address = server_address
         self.watch_opened = watch_opened
@@ -84,6 +100,8 @@ class Handlers:
         parts = [part for part in path.split("/") if part]
         if path in ("/version", "/version/"):
             return json_response(discovery.version())
+        if path == "/openapi" or path.startswith("/openapi/"):
+            return openapi.serve(request, self.registry.catalog)
         if parts == ["api"]:
             return json_response(discovery.core_versions(self.server_address()))
         if parts == ["apis"]:
@@ -105,6 +123,8 @@ class Handlers:
                 raise errors.path_not_found()
             return json_response(listed)
         target = self._resolve(group, version, rest)
+        if target.resource.virtual:
+            return await self._review(request, target)
         if target.name is None:
             return await self._collection(request, target)
         if target.subresource == "eviction":
@@ -115,6 +135,17 @@ class Handlers:
                 eviction.evict(self.registry, target.namespace or "", target.name, body), 201
             )
         return await self._object(request, target, target.name)
+
+    async def _review(self, request: web.Request, target: Target) -> web.StreamResponse:
+        """Create an access review: the only verb its resource has."""
+        if target.name is not None:
+            raise errors.path_not_found()
+        if request.method != "POST":
+            raise errors.method_not_allowed()
+        user = request[USER]
+        body = await _read_body(request)
+        answer = reviews.review(self.authorizer, user, target.resource, target.namespace, body)
+        return json_response(answer, 201)
 
     def _resolve(self, group: str, version: str, rest: list[str]) -> Target:
         namespace: str | None = None
@@ -232,6 +263,8 @@ def _dry_run(query: dict[str, str]) -> bool:
 async def _read_body(request: web.Request) -> Obj:
     raw = await request.read()
     content_type = request.content_type
+    if content_type == protobufs.MEDIA_TYPE:
+        return protobufs.decode(raw)
     if content_type not in _JSON_LIKE and content_type not in _BODY_TYPES:
         raise errors.unsupported_media_type(_BODY_TYPES)
     try:

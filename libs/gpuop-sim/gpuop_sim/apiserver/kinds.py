@@ -216,6 +216,7 @@ NAMESPACES = ResourceType(
     "namespaces",
     "namespace",
     namespaced=False,
+    description="Namespace provides a scope for Names. Use of multiple namespaces is optional.",
     short_names=("ns",),
     subresources=frozenset({"status"}),
     prepare_create=_namespace_create,
@@ -228,6 +229,10 @@ NODES = ResourceType(
     "nodes",
     "node",
     namespaced=False,
+    description=(
+        "Node is a worker node in Kubernetes. Each node will have a unique identifier in the "
+        "cache (i.e. in etcd)."
+    ),
     short_names=("no",),
     subresources=frozenset({"status"}),
     normalize=_node_normalize,
@@ -241,6 +246,10 @@ PODS = ResourceType(
     "pods",
     "pod",
     namespaced=True,
+    description=(
+        "Pod is a collection of containers that can run on a host. This resource is created by "
+        "clients and scheduled onto hosts."
+    ),
     short_names=("po",),
     categories=("all",),
     subresources=frozenset({"status", "eviction"}),
@@ -265,6 +274,7 @@ EVENTS = ResourceType(
     "events",
     "event",
     namespaced=True,
+    description="Event is a report of an event somewhere in the cluster.",
     short_names=("ev",),
     normalize=_event_normalize,
     field_labels=(
@@ -282,7 +292,14 @@ EVENTS = ResourceType(
     ),
 )
 CONFIGMAPS = ResourceType(
-    "", "v1", "ConfigMap", "configmaps", "configmap", namespaced=True, short_names=("cm",)
+    "",
+    "v1",
+    "ConfigMap",
+    "configmaps",
+    "configmap",
+    namespaced=True,
+    short_names=("cm",),
+    description="ConfigMap holds configuration data for pods to consume.",
 )
 PODDISRUPTIONBUDGETS = ResourceType(
     "policy",
@@ -291,6 +308,10 @@ PODDISRUPTIONBUDGETS = ResourceType(
     "poddisruptionbudgets",
     "poddisruptionbudget",
     namespaced=True,
+    description=(
+        "PodDisruptionBudget is an object to define the max disruption that can be caused to "
+        "a collection of pods"
+    ),
     short_names=("pdb",),
     subresources=frozenset({"status"}),
     prepare_create=_clear_status,
@@ -303,6 +324,7 @@ LEASES = ResourceType(
     "leases",
     "lease",
     namespaced=True,
+    description="Lease defines a lease concept.",
     normalize=_lease_normalize,
     validate=_lease_validate,
 )
@@ -313,6 +335,7 @@ DAEMONSETS = ResourceType(
     "daemonsets",
     "daemonset",
     namespaced=True,
+    description="DaemonSet represents the configuration of a daemon set.",
     short_names=("ds",),
     categories=("all",),
     subresources=frozenset({"status"}),
@@ -326,6 +349,10 @@ RESOURCECLAIMS = ResourceType(
     "resourceclaims",
     "resourceclaim",
     namespaced=True,
+    description=(
+        "ResourceClaim describes a request for access to resources in the cluster, for use by "
+        "workloads."
+    ),
     subresources=frozenset({"status"}),
     prepare_create=_clear_status,
     validate=_resourceclaim_validate,
@@ -340,11 +367,72 @@ CUSTOMRESOURCEDEFINITIONS = ResourceType(
     "customresourcedefinitions",
     "customresourcedefinition",
     namespaced=False,
+    description=(
+        "CustomResourceDefinition represents a resource that should be exposed on the API "
+        "server. Its name MUST be in the format <.spec.name>.<.spec.group>."
+    ),
     short_names=("crd", "crds"),
     categories=("api-extensions",),
     subresources=frozenset({"status"}),
     prepare_create=_crd_create,
     validate=schemas.validate_crd,
+)
+
+
+def _review(
+    kind: str,
+    *,
+    group: str = "authorization.k8s.io",
+    namespaced: bool = False,
+    description: str,
+) -> ResourceType:
+    """A review: created, answered, never stored (``reviews.py``)."""
+    return ResourceType(
+        group,
+        "v1",
+        kind,
+        f"{kind.lower()}s",
+        kind.lower(),
+        namespaced=namespaced,
+        strategic_merge=False,
+        verbs=("create",),
+        description=description,
+        virtual=True,
+    )
+
+
+SELFSUBJECTACCESSREVIEWS = _review(
+    "SelfSubjectAccessReview",
+    description="SelfSubjectAccessReview checks whether the current user can perform an "
+    'action. An empty spec.resourceAttributes.namespace means "in all namespaces".',
+)
+SUBJECTACCESSREVIEWS = _review(
+    "SubjectAccessReview",
+    description="SubjectAccessReview checks whether or not a user or group can perform an action.",
+)
+LOCALSUBJECTACCESSREVIEWS = _review(
+    "LocalSubjectAccessReview",
+    namespaced=True,
+    description="LocalSubjectAccessReview checks whether or not a user or group can perform an "
+    "action in a given namespace.",
+)
+SELFSUBJECTRULESREVIEWS = _review(
+    "SelfSubjectRulesReview",
+    description="SelfSubjectRulesReview enumerates the set of actions the current user can "
+    "perform within a namespace.",
+)
+SELFSUBJECTREVIEWS = _review(
+    "SelfSubjectReview",
+    group="authentication.k8s.io",
+    description="SelfSubjectReview contains the user information that the kube-apiserver has "
+    "about the user making this request.",
+)
+REVIEWS = (
+    SELFSUBJECTREVIEWS,
+    LOCALSUBJECTACCESSREVIEWS,
+    SELFSUBJECTACCESSREVIEWS,
+    SELFSUBJECTRULESREVIEWS,
+    SUBJECTACCESSREVIEWS,
 )
 
 BUILTIN = (
@@ -358,5 +446,6 @@ BUILTIN = (
     DAEMONSETS,
     RESOURCECLAIMS,
     CUSTOMRESOURCEDEFINITIONS,
+    *REVIEWS,
 )
 """Every built-in type, in the order discovery lists them."""

@@ -3,7 +3,10 @@
 Mirrors kubernetes ``pkg/controller/disruption/disruption.go`` closely enough for eviction
 to behave as on a real cluster. It observes the store and recomputes the budgets of a
 namespace after every pod or budget write: ``expectedPods`` (pods the selector matches; a
-nil or empty selector matches none), ``currentHealthy`` (Running and Ready, not terminating,
+nil or empty selector matches none; with ``maxUnavailable`` or a percentage
+``minAvailable``, the sum of the replicas their controllers ask for instead, pods with no
+controller left out, so a budget over bare pods expects none and allows nothing, as
+upstream's does), ``currentHealthy`` (Running and Ready, not terminating,
 not recently evicted), ``desiredHealthy`` (``minAvailable``, or ``expectedPods -
 maxUnavailable``, percentages of ``expectedPods`` rounded up), ``disruptionsAllowed`` and
 ``observedGeneration``. Evicted pods stay in ``disruptedPods`` until they terminate or two
@@ -19,6 +22,7 @@ from typing import Any
 
 from gpuop_sim.apiserver import kinds
 from gpuop_sim.apiserver.registry import Registry
+from gpuop_sim.apiserver.resources import GroupResource
 from gpuop_sim.apiserver.selectors import LabelSelector
 from gpuop_sim.apiserver.store import Change
 from gpuop_sim.apiserver.timestamps import format_time, parse_time
@@ -36,6 +40,17 @@ def is_ready(pod: Obj) -> bool:
 
 def is_healthy(pod: Obj) -> bool:
     return (pod.get("status") or {}).get("phase") == "Running" and is_ready(pod)
+
+
+_SCALED = {"Deployment": "deployments", "ReplicaSet": "replicasets", "StatefulSet": "statefulsets"}
+"""Controllers whose scale a budget counts from, by kind: their apps/v1 resource."""
+
+
+def controller_of(obj: Obj) -> Obj | None:
+    for reference in obj["metadata"].get("ownerReferences") or []:
+        if reference.get("controller"):
+            return dict(reference)
+    return None
 
 
 def scaled(value: int | str, total: int) -> int:
@@ -125,7 +140,7 @@ class DisruptionController:
             if expires > now:
                 disrupted[pod["metadata"]["name"]] = when
                 self._recheck_at((expires - now).total_seconds())
-        expected = len(pods)
+        expected = self._expected(spec, pods)
         healthy = sum(
             1
             for pod in pods
@@ -139,7 +154,7 @@ class DisruptionController:
             desired = max(expected - scaled(spec["maxUnavailable"], expected), 0)
         else:
             desired = 0
-        allowed = max(healthy - desired, 0)
+        allowed = max(healthy - desired, 0) if expected > 0 else 0
         generation = budget["metadata"].get("generation", 1)
         condition = {
             "type": "DisruptionAllowed",
@@ -168,6 +183,36 @@ class DisruptionController:
         if disrupted:
             status["disruptedPods"] = disrupted
         return status
+
+    def _expected(self, spec: Obj, pods: list[Obj]) -> int:
+        """The pods a budget counts from: those selected for an integer ``minAvailable``,
+        else the scale of their controllers (upstream's ``getExpectedPodCount``)."""
+        if "maxUnavailable" not in spec and not isinstance(spec.get("minAvailable"), str):
+            return len(pods)
+        scales: dict[tuple[str, str], int] = {}
+        for pod in pods:
+            owner = controller_of(pod)
+            if owner is None:
+                continue  # unmanaged: upstream warns (UnmanagedPods) and leaves it out
+            found = self._scale_of(pod["metadata"]["namespace"], owner)
+            if found is not None:
+                scales[found[0]] = found[1]
+        return sum(scales.values())
+
+    def _scale_of(self, namespace: str, owner: Obj) -> tuple[tuple[str, str], int] | None:
+        """(controller kind and name, its spec.replicas); a ReplicaSet that a Deployment
+        owns answers with the Deployment's."""
+        plural = _SCALED.get(owner.get("kind", ""))
+        if plural is None:
+            return None
+        obj = self.registry.store.get(GroupResource("apps", plural), namespace, owner["name"])
+        if obj is None:
+            return None
+        parent = controller_of(obj)
+        if owner["kind"] == "ReplicaSet" and parent is not None and parent["kind"] == "Deployment":
+            return self._scale_of(namespace, parent)
+        replicas = (obj.get("spec") or {}).get("replicas", 1)
+        return (owner["kind"], owner["name"]), int(replicas)
 
     def _recheck_at(self, delay: float) -> None:
         """Recompute when an evicted pod's grace to start terminating runs out."""

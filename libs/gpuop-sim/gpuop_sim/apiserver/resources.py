@@ -59,6 +59,13 @@ class ResourceType:
     verbs: tuple[str, ...] = field(
         default=("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
     )
+    description: str = ""
+    """What the kind is, as its OpenAPI schema (and ``kubectl explain``) says."""
+    schema: Obj | None = None
+    """A custom resource's ``openAPIV3Schema``; None for built-in kinds, which the OpenAPI
+    documents describe only by their type and object metadata (``openapi.py``)."""
+    virtual: bool = False
+    """Answered by a handler of its own and never stored, as the access reviews are."""
 
     @property
     def group_resource(self) -> GroupResource:

@@ -9,6 +9,7 @@ marshalled onto the server's loop, because the store is only ever touched from t
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -79,6 +80,13 @@ class ThreadedApiServer:
     @property
     def token(self) -> str:
         return self.server.token
+
+    @property
+    def ca_pem(self) -> bytes:
+        return self.server.ca_pem
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return self.server.ssl_context()
 
     def write_kubeconfig(self, path: Path) -> Path:
         return self.server.write_kubeconfig(path)

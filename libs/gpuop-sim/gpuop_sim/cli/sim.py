@@ -96,8 +96,8 @@ def add_parser(verbs: Any) -> None:
         "--anonymous-auth",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="serve requests without a token, since kubectl sends none over plain HTTP "
-        "(default: yes; the kubeconfig carries a token for clients that do send one)",
+        help="also serve requests without a token, as system:anonymous allowed everything "
+        "(default: yes; kubectl and clients given the kubeconfig send its token)",
     )
     apiserver.add_argument(
         "--manifest",

@@ -80,7 +80,8 @@ async def run_cluster(
 ) -> None:
     """Serve a simulated cluster until cancelled; ``on_ready`` is called once the
     kubeconfig is written. The delays default to what a person can watch happen, and
-    requests without credentials are served by default, so that kubectl works."""
+    requests without credentials are served by default, for tools given no kubeconfig
+    (kubectl and the clients given the kubeconfig send its bearer token over TLS)."""
     objects = load_manifests(manifests)
     async with SimCluster(
         nodes,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 from collections import Counter
 from pathlib import Path
 from types import TracebackType
@@ -117,6 +118,10 @@ class SimCluster:
     @property
     def url(self) -> str:
         return self.server.url
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client TLS context trusting the API server (see :meth:`ApiServer.ssl_context`)."""
+        return self.server.ssl_context()
 
     @property
     def faults(self) -> FaultPlan:

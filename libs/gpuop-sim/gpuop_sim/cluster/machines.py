@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from gpuop_sim.apiserver.discovery import KUBERNETES_VERSION
 from gpuop_sim.apiserver.timestamps import format_time
 
 Obj = dict[str, Any]
 
 GPU_RESOURCE = "nvidia.com/gpu"
-KUBELET_VERSION = "v1.31.0"
+KUBELET_VERSION = KUBERNETES_VERSION
+"""Kubelets run the control plane's release, as on a freshly installed cluster."""
 KERNEL_VERSION = "6.8.0-49-generic"
 OS_IMAGE = "Ubuntu 24.04.1 LTS"
 CONTAINER_RUNTIME = "containerd://1.7.22"

@@ -131,6 +131,7 @@ DEPLOYMENTS = ResourceType(
     "deployments",
     "deployment",
     namespaced=True,
+    description="Deployment enables declarative updates for Pods and ReplicaSets.",
     short_names=("deploy",),
     categories=("all",),
     subresources=frozenset({"status"}),
@@ -145,6 +146,9 @@ REPLICASETS = ResourceType(
     "replicasets",
     "replicaset",
     namespaced=True,
+    description=(
+        "ReplicaSet ensures that a specified number of pod replicas are running at any given time."
+    ),
     short_names=("rs",),
     categories=("all",),
     subresources=frozenset({"status"}),
@@ -159,6 +163,7 @@ JOBS = ResourceType(
     "jobs",
     "job",
     namespaced=True,
+    description="Job represents the configuration of a single job.",
     categories=("all",),
     subresources=frozenset({"status"}),
     prepare_create=_job_create,
