@@ -18,8 +18,6 @@ once their grace ends). Job pods keep running, as a long training job does.
 from __future__ import annotations
 
 import base64
-import datetime
-import ipaddress
 import json
 import os
 import shutil
@@ -37,11 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gpuop_sim.apiserver import certificates
 from tests.support.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,28 +83,10 @@ def missing_tools() -> list[str]:
 # PKI.
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.TraditionalOpenSSL,
-        serialization.NoEncryption(),
-    )
-
-
-def _name(common: str, organisation: str | None = None) -> x509.Name:
-    parts = [x509.NameAttribute(NameOID.COMMON_NAME, common)]
-    if organisation:
-        parts.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organisation))
-    return x509.Name(parts)
-
-
 @dataclass(frozen=True)
 class Pki:
-    """The files the components are given: PEM certificates and keys under `directory`."""
+    """The files the components are given: PEM certificates and keys under `directory`,
+    from a throwaway CA (`gpuop_sim.apiserver.certificates`, the sim's own)."""
 
     directory: Path
 
@@ -125,64 +104,18 @@ class Pki:
     def create(directory: Path) -> Pki:
         directory.mkdir(parents=True, exist_ok=True)
         pki = Pki(directory)
-        now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
-        ca_key = _key()
-        ca_name = _name("gpuop-test-ca")
-        ca = (
-            x509.CertificateBuilder()
-            .subject_name(ca_name)
-            .issuer_name(ca_name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now)
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(ca_key, hashes.SHA256())
-        )
-        pki.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-        sans: list[x509.GeneralName] = [
-            x509.DNSName("localhost"),
-            x509.DNSName("kubernetes.default.svc"),
-            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-            x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
-        ]
+        authority = certificates.Authority.create("gpuop-test-ca")
+        pki.ca.write_bytes(authority.pem)
+        hosts = ("localhost", "kubernetes.default.svc", "127.0.0.1", "10.96.0.1")
         issued = {
-            "apiserver": (_name("kube-apiserver"), sans, ExtendedKeyUsageOID.SERVER_AUTH),
-            "admin": (_name(ADMIN, "system:masters"), [], ExtendedKeyUsageOID.CLIENT_AUTH),
+            "apiserver": authority.sign("kube-apiserver", hosts=hosts),
+            "admin": authority.sign(ADMIN, client=True, organisation="system:masters"),
         }
-        for name, (subject, names, usage) in issued.items():
-            key = _key()
-            builder = (
-                x509.CertificateBuilder()
-                .subject_name(subject)
-                .issuer_name(ca_name)
-                .public_key(key.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(now)
-                .not_valid_after(now + datetime.timedelta(days=2))
-                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            )
-            if names:
-                builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-            certificate = builder.sign(ca_key, hashes.SHA256())
-            pki.cert(name).write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-            pki.key(name).write_bytes(_pem_key(key))
-        signer = _key()
-        pki.key("service-accounts").write_bytes(_pem_key(signer))
+        for name, (certificate, key) in issued.items():
+            pki.cert(name).write_bytes(certificate)
+            pki.key(name).write_bytes(key)
+        signer = ec.generate_private_key(ec.SECP256R1())
+        pki.key("service-accounts").write_bytes(certificates.pem_key(signer))
         public = signer.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )

@@ -46,10 +46,10 @@ class ServingCertificates:
     key_pem: bytes
 
 
-def _name(common_name: str) -> x509.Name:
+def _name(common_name: str, organisation: str = "gpuop-sim") -> x509.Name:
     return x509.Name(
         [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "gpuop-sim"),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, organisation),
             x509.NameAttribute(NameOID.COMMON_NAME, common_name),
         ]
     )
@@ -65,81 +65,109 @@ def _subject_alternative_names(hosts: tuple[str, ...]) -> x509.SubjectAlternativ
     return x509.SubjectAlternativeName(names)
 
 
+def _usage(*, signs: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs,
+        crl_sign=signs,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """A private key as PKCS#8 PEM, unencrypted."""
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+@dataclass(frozen=True)
+class Authority:
+    """A throwaway CA: its key and its self-signed certificate."""
+
+    key: ec.EllipticCurvePrivateKey
+    certificate: x509.Certificate
+
+    @property
+    def pem(self) -> bytes:
+        return self.certificate.public_bytes(serialization.Encoding.PEM)
+
+    @staticmethod
+    def create(common_name: str) -> Authority:
+        now = datetime.datetime.now(datetime.UTC)
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = _name(common_name)
+        certificate = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _BACKDATE)
+            .not_valid_after(now + VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(_usage(signs=True), critical=True)
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
+            .sign(key, hashes.SHA256())
+        )
+        return Authority(key, certificate)
+
+    def sign(
+        self,
+        common_name: str,
+        *,
+        hosts: tuple[str, ...] = (),
+        client: bool = False,
+        organisation: str = "gpuop-sim",
+    ) -> tuple[bytes, bytes]:
+        """A new key and the certificate this CA issues for it (PEM): a server's for
+        `hosts`, or with `client` a client's, whose organisation Kubernetes reads as its
+        group (``system:masters``)."""
+        now = datetime.datetime.now(datetime.UTC)
+        key = ec.generate_private_key(ec.SECP256R1())
+        usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+        authority_id = self.certificate.extensions.get_extension_for_class(
+            x509.SubjectKeyIdentifier
+        ).value
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(common_name, organisation))
+            .issuer_name(self.certificate.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _BACKDATE)
+            .not_valid_after(now + VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_usage(signs=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(authority_id),
+                critical=False,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
+        )
+        if hosts:
+            builder = builder.add_extension(_subject_alternative_names(hosts), critical=False)
+        certificate = builder.sign(self.key, hashes.SHA256())
+        return certificate.public_bytes(serialization.Encoding.PEM), pem_key(key)
+
+
 def issue(bind_host: str = "127.0.0.1") -> ServingCertificates:
     """A new CA and a serving certificate for loopback and ``bind_host``."""
     now = datetime.datetime.now(datetime.UTC)
-    not_before, not_after = now - _BACKDATE, now + VALIDITY
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name(f"gpuop-sim-ca@{int(now.timestamp())}")
-    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(ca_ski, critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
+    authority = Authority.create(f"gpuop-sim-ca@{int(now.timestamp())}")
     hosts = LOOPBACK_NAMES if bind_host in LOOPBACK_NAMES else (*LOOPBACK_NAMES, bind_host)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(_name("gpuop-sim-apiserver"))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(_subject_alternative_names(hosts), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    return ServingCertificates(
-        ca_pem=ca.public_bytes(serialization.Encoding.PEM),
-        certificate_pem=certificate.public_bytes(serialization.Encoding.PEM),
-        key_pem=key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-    )
+    certificate, key = authority.sign("gpuop-sim-apiserver", hosts=hosts)
+    return ServingCertificates(ca_pem=authority.pem, certificate_pem=certificate, key_pem=key)
 
 
 def server_context(certificates: ServingCertificates) -> ssl.SSLContext:
