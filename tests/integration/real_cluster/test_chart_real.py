@@ -5,12 +5,15 @@ what each role's code calls must be allowed, and a set nobody needs must not be.
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.support import fleet
-from tests.support.control_plane import ControlPlane
+from tests.support.control_plane import ControlPlane, binary
 
 pytestmark = [pytest.mark.real_cluster]
 
@@ -88,6 +91,76 @@ def test_each_service_account_has_what_it_calls_and_nothing_it_must_not(
     for row in rows:
         print(" | ".join(str(cell) for cell in row))
     assert not wrong, "\n".join(wrong)
+
+
+WRITES = [
+    ("discovery-cluster", {"metadata": {"labels": {"nvidia.com/gpu.count": "8"}}}, None),
+    ("discovery-cluster", {"metadata": {"annotations": {"gpuop.io/discovery-labels": "x"}}}, None),
+    (
+        "discovery-cluster",
+        {"metadata": {"labels": {"kubernetes.io/hostname": "elsewhere"}}},
+        "discovery-cluster may change node labels under nvidia.com/, "
+        "feature.node.kubernetes.io/ only, not kubernetes.io/hostname",
+    ),
+    (
+        "discovery-cluster",
+        {"spec": {"unschedulable": True}},
+        "discovery-cluster may not change a node's spec",
+    ),
+    ("upgrade-orchestrator", {"spec": {"unschedulable": True}}, None),
+    ("upgrade-orchestrator", {"spec": {"unschedulable": None}}, None),
+    ("upgrade-orchestrator", {"metadata": {"labels": {"gpuop.io/upgrade-state": "x"}}}, None),
+    (
+        "upgrade-orchestrator",
+        {"spec": {"taints": [{"key": "x", "value": "y", "effect": "NoSchedule"}]}},
+        "upgrade-orchestrator may change spec.unschedulable (cordon) of a node, nothing else",
+    ),
+    (
+        "upgrade-orchestrator",
+        {"metadata": {"labels": {"topology.kubernetes.io/zone": "other"}}},
+        "not topology.kubernetes.io/zone",
+    ),
+    (
+        "upgrade-orchestrator",
+        {"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "5"}}},
+        "may change node annotations under gpuop.io/, nvidia.com/ only",
+    ),
+]
+"""(role, merge patch of a node, None where allowed, else part of the refusal)."""
+
+
+@pytest.mark.parametrize(("role", "patch", "refusal"), WRITES)
+def test_admission_policies_keep_each_node_writer_to_its_own_fields(
+    plane: ControlPlane,
+    installed: str,
+    tmp_path: Path,
+    role: str,
+    patch: dict[str, object],
+    refusal: str | None,
+) -> None:
+    """RBAC's `patch nodes` allows any field; the chart's ValidatingAdmissionPolicies narrow
+    it to what each role's code writes, and the real apiserver enforces them."""
+    kubeconfig = fleet.service_account_kubeconfig(plane, role, tmp_path / f"{role}.kubeconfig")
+    command = ["patch", "node", "gpu-node-1", "--type=merge", "-p", json.dumps(patch)]
+
+    def attempt() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(binary("kubectl")), "--kubeconfig", str(kubeconfig), *command],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    done = attempt()
+    for _ in range(20):  # the apiserver loads a new policy a moment after its creation
+        if refusal is None or done.returncode != 0:
+            break
+        time.sleep(0.5)
+        done = attempt()
+    if refusal is None:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode != 0, done.stdout
+        assert "ValidatingAdmissionPolicy" in done.stderr, done.stderr
+        assert refusal in done.stderr, done.stderr
 
 
 def test_the_lease_is_the_orchestrators_only_by_name(plane: ControlPlane, installed: str) -> None:
