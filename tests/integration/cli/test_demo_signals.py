@@ -16,7 +16,8 @@ from tests.support.processes import GPUOP, command_lines, descendants, gpuop
 
 OWN_LINES = [
     r"nats-server \(JetStream\) listening on nats://127\.0\.0\.1:\d+",
-    r"simulated cluster: \d+ nodes x \d+ GPUs at http://127\.0\.0\.1:\d+",
+    r"simulated cluster: \d+ nodes x \d+ GPUs at https://127\.0\.0\.1:\d+",
+    r"cluster of \S+: \d+ KWOK nodes x \d+ GPUs",  # with --kubeconfig
     r"rolling GPU driver \S+ -> \S+, \d+ nodes, \S+ at a time",
     r"\[ *\d+\.\ds\] gpu-node-\d+ +\S+ -> \S+  \(.*\)",
     r"(metrics|events|rollout|cluster|) +\S.*",  # the footer
