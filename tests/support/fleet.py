@@ -6,6 +6,7 @@ and the real authorizer's answers for them."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import subprocess
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from tests.support.control_plane import ControlPlane, ControlPlaneError, binary
 
 def create_nodes(plane: ControlPlane, count: int, gpus: int, *, seed: int = 0) -> list[str]:
     """Register `count` KWOK GPU nodes named gpu-node-<n> with the simulated cluster's
-    workloads (`gpuop_sim.cluster.kwok.KwokFleet`), from outside any event loop; they stay
-    until the plane stops."""
+    workloads (`gpuop_sim.cluster.kwok.KwokFleet`), blocking: in a thread of its own, so a
+    fixture may call it from inside a running event loop too. They stay until the plane
+    stops."""
 
     async def create() -> list[str]:
         async with await kubeclient.connect(plane.admin_kubeconfig) as kube:
@@ -25,7 +27,8 @@ def create_nodes(plane: ControlPlane, count: int, gpus: int, *, seed: int = 0) -
             await made.create()
             return made.node_names
 
-    return asyncio.run(create())
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, create()).result()
 
 
 # The chart, installed for real.

@@ -73,6 +73,52 @@ async def test_server_side_apply_owns_fields_and_conflicts_across_managers(api: 
     assert "bob" in [entry["manager"] for entry in taken["metadata"]["managedFields"]]
 
 
+def _applied(name: str, **data: str) -> str:
+    lines = [f'  {k}: "{v}"' for k, v in data.items()]
+    return f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n" + "\n".join(lines)
+
+
+async def test_apply_conflicts_group_by_manager_and_name_update_managers(api: Api) -> None:
+    path = configmaps(api) + "/owned"
+    await api.request(
+        "PATCH", path, _applied("owned", a="1", b="2"), content_type=APPLY,
+        params={"fieldManager": "alice"},
+    )  # fmt: skip
+    await api.request(
+        "PATCH", path, {"data": {"c": "3"}}, content_type=MERGE, params={"fieldManager": "dave"}
+    )
+    plural, many = await api.request(
+        "PATCH", path, _applied("owned", a="9", b="9"), content_type=APPLY,
+        params={"fieldManager": "carol"},
+    )  # fmt: skip
+    single, one = await api.request(
+        "PATCH", path, _applied("owned", c="9"), content_type=APPLY,
+        params={"fieldManager": "carol"},
+    )  # fmt: skip
+    dropped, kept = await api.request(
+        "PATCH", path, _applied("owned", a="1"), content_type=APPLY,
+        params={"fieldManager": "alice"},
+    )  # fmt: skip
+    unnamed, invalid = await api.request(
+        "PATCH", path, _applied("owned", a="1"), content_type=APPLY
+    )
+
+    assert plural == 409
+    assert many["message"] == (
+        'Apply failed with 2 conflicts: conflicts with "alice":\n- .data.a\n- .data.b'
+    )
+    assert sorted(c["field"] for c in many["details"]["causes"]) == [".data.a", ".data.b"]
+    assert single == 409
+    assert one["message"] == 'Apply failed with 1 conflict: conflict with "dave" using v1: .data.c'
+    assert dropped == 200
+    assert kept["data"] == {"a": "1", "c": "3"}
+    assert (unnamed, invalid["reason"]) == (422, "Invalid")
+    assert invalid["message"] == (
+        'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+        "is required for apply patch"
+    )
+
+
 async def test_a_finalizer_holds_a_deleted_object_until_it_is_removed(api: Api) -> None:
     held = config_map()
     held["metadata"]["finalizers"] = ["example.com/hold"]

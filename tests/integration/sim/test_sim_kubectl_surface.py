@@ -340,10 +340,13 @@ async def test_patches_take_field_validation_so_kubectl_leaves_it_to_the_server(
     for patch in (pod_patch, crd_patch):
         assert "fieldValidation" in {p["name"] for p in patch["parameters"]}
         # No strategic merge on offer: kubectl then patches built-ins with its own schemas.
+        # Server-side apply is, with its force parameter.
         assert set(patch["requestBody"]["content"]) == {
             "application/json-patch+json",
             "application/merge-patch+json",
+            "application/apply-patch+yaml",
         }
+        assert "force" in {p["name"] for p in patch["parameters"]}
     assert {p["name"] for p in namespaced["parameters"]} == {"name", "namespace"}
     assert namespaced["get"]["operationId"] == "readCoreV1NamespacedPod"
     assert "/api/v1/pods" in core["paths"]  # every namespace's pods, for explain's lookup

@@ -103,14 +103,16 @@ async def test_json_patch_applies_and_failed_test_is_422(
     assert (status, body["reason"]) == (422, "Invalid")
 
 
-async def test_apply_patch_is_415(core: client.CoreV1Api, raw: RawApi) -> None:
+async def test_apply_patch_without_field_manager_is_422(
+    core: client.CoreV1Api, raw: RawApi
+) -> None:
     await core.create_node(node("node-1"))
 
     status, body, headers = await raw.request(
         "PATCH", NODE, {"spec": {}}, content_type="application/apply-patch+yaml"
     )
 
-    assert (status, body["reason"]) == (415, "UnsupportedMediaType")
+    assert (status, body["reason"]) == (422, "Invalid")
     assert headers["Content-Type"] == "application/json"
 
 

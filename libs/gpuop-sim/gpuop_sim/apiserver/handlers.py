@@ -21,11 +21,13 @@ import yaml
 from aiohttp import web
 
 from gpuop_sim.apiserver import (
+    applying,
     discovery,
     errors,
     eviction,
     listing,
     openapi,
+    patching,
     protobufs,
     reviews,
     watching,
@@ -183,7 +185,13 @@ class Handlers:
             if resource.namespaced and namespace is None:
                 raise errors.method_not_allowed()
             body = await _read_body(request)
-            created = self.registry.create(resource, namespace or "", body, dry_run=_dry_run(query))
+            created = self.registry.create(
+                resource,
+                namespace or "",
+                body,
+                dry_run=_dry_run(query),
+                manager=_manager(request, query),
+            )
             return json_response(created, 201)
         if request.method == "DELETE":
             options = ListOptions.from_query(query, resource, namespace)
@@ -219,8 +227,11 @@ class Handlers:
                 body,
                 subresource=target.subresource,
                 dry_run=_dry_run(query),
+                manager=_manager(request, query),
             )
             return json_response(updated)
+        if method == "PATCH" and request.content_type == patching.APPLY_PATCH:
+            return await self._apply(request, target, name, query)
         if method == "PATCH":
             raw = await request.read()
             try:
@@ -235,6 +246,7 @@ class Handlers:
                 patch,
                 subresource=target.subresource,
                 dry_run=_dry_run(query),
+                manager=_manager(request, query),
             )
             return json_response(patched)
         if method == "DELETE" and target.subresource is None:
@@ -254,6 +266,49 @@ class Handlers:
                 )
             return json_response(outcome.object)
         raise errors.method_not_allowed()
+
+    async def _apply(
+        self, request: web.Request, target: Target, name: str, query: dict[str, str]
+    ) -> web.StreamResponse:
+        """Server-side apply: a YAML (or JSON) configuration, by the query's fieldManager."""
+        manager = query.get("fieldManager")
+        if not manager:
+            raise applying.manager_required()
+        raw = await request.read()
+        try:
+            body = yaml.safe_load(raw)
+        except yaml.YAMLError as error:
+            raise errors.bad_request(f"error encoding patch: {_yaml_problem(error)}") from None
+        applied, created = self.registry.apply(
+            target.resource,
+            target.namespace or "",
+            name,
+            body,
+            manager=manager,
+            force=_force(query),
+            subresource=target.subresource,
+            dry_run=_dry_run(query),
+        )
+        return json_response(applied, 201 if created else 200)
+
+
+def _force(query: dict[str, str]) -> bool:
+    """``force`` as Go's query decoding reads a bool: anything but 0 and false is true."""
+    value = query.get("force", "")
+    return value != "" and value != "0" and value.lower() != "false"
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error in the words of Go's yaml package: ``yaml: line 2: <problem>``."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    return f"yaml: line {mark.line + 1}: {problem}" if mark is not None else f"yaml: {problem}"
+
+
+def _manager(request: web.Request, query: dict[str, str]) -> str:
+    """The manager of an Update: the query's fieldManager, else, as upstream, the
+    User-Agent up to its first '/'."""
+    return query.get("fieldManager") or request.headers.get("User-Agent", "").split("/")[0]
 
 
 def _dry_run(query: dict[str, str]) -> bool:

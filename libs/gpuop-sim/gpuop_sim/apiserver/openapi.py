@@ -24,7 +24,8 @@ Where the simulated server differs on purpose: PATCH operations offer JSON patch
 patch only. A built-in kind's PATCH does accept strategic merge, but advertising it would
 make ``kubectl apply`` compute its patches from these schemas, which lack the merge keys of
 the real ones; without it kubectl uses the ones compiled into it, as for a server that
-publishes no v3 document. Server-side apply is not offered (the server answers it 415).
+publishes no v3 document. Server-side apply (``application/apply-patch+yaml``, with the
+``force`` parameter) is offered, as ``applying.py`` serves it.
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ V3 = "/openapi/v3"
 JSON = "application/json"
 EVICTION = "io.k8s.api.policy.v1.Eviction"
 _V2_REFERENCE = "#/definitions/"
-_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json")
+_PATCH_TYPES = (
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/apply-patch+yaml",
+)
 _SECURITY = {
     "BearerToken": {
         "description": "Bearer Token authentication",
@@ -82,6 +87,14 @@ _WRITE: tuple[Parameter, ...] = (
         "fieldValidation",
         "string",
         "What to do with unknown or duplicate fields: Ignore, Warn or Strict.",
+    ),
+)
+_PATCH: tuple[Parameter, ...] = (
+    *_WRITE,
+    (
+        "force",
+        "boolean",
+        "Takes the fields of conflicting managers (apply patches only).",
     ),
 )
 _DELETE: tuple[Parameter, ...] = (
@@ -261,7 +274,7 @@ def _paths(resource: ResourceType) -> dict[str, dict[str, _Operation]]:
                 "patch",
                 f"partially update{sub} the specified {kind}",
                 suffix=suffix,
-                parameters=_WRITE,
+                parameters=_PATCH,
                 request=definitions.PATCH,
             )
     if "delete" in verbs:

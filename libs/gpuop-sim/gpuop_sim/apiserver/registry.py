@@ -18,11 +18,20 @@ import copy
 import random
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop_sim.apiserver import deletion, errors, kinds, patching, updates, validation
+from gpuop_sim.apiserver import (
+    applying,
+    deletion,
+    errors,
+    kinds,
+    patching,
+    updates,
+    validation,
+)
 from gpuop_sim.apiserver.deletion import DeleteOptions, Deletion
 from gpuop_sim.apiserver.resources import Catalog, ResourceType
 from gpuop_sim.apiserver.selectors import FieldSelector, LabelSelector
@@ -32,6 +41,16 @@ from gpuop_sim.apiserver.timestamps import format_time
 Obj = dict[str, Any]
 
 _GENERATED_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+@dataclass(frozen=True)
+class _Updated:
+    """Who made an Update, for its managedFields entry."""
+
+    manager: str
+    subresource: str | None
+    sent: list[Obj] | None
+    """Valid managedFields the client sent, which replace the stored ones."""
 
 
 class Registry:
@@ -86,8 +105,17 @@ class Registry:
     # Writes.
 
     def create(
-        self, resource: ResourceType, namespace: str, body: Obj, *, dry_run: bool = False
+        self,
+        resource: ResourceType,
+        namespace: str,
+        body: Obj,
+        *,
+        dry_run: bool = False,
+        manager: str = applying.IN_PROCESS_MANAGER,
+        applied: bool = False,
     ) -> Obj:
+        """Create ``body``; with ``applied``, its managedFields are an apply's, kept as
+        given, else the creator gets an Update entry for every field."""
         obj = copy.deepcopy(body)
         metadata = updates.metadata_of(obj)
         self._place(resource, metadata, namespace)
@@ -99,6 +127,7 @@ class Registry:
         name = metadata.get("name", "")
         if resource.namespaced:
             self._check_namespace_open(resource, namespace, name)
+        managed = metadata.get("managedFields") if applied else None
         for key in (*updates.SERVER_METADATA, "managedFields", "selfLink"):
             metadata.pop(key, None)
         metadata["uid"] = str(uuid.uuid4())
@@ -109,6 +138,17 @@ class Registry:
             resource.prepare_create(obj)
         if resource.normalize is not None:
             resource.normalize(obj)
+        if managed is None:
+            managed = applying.record_update(
+                resource,
+                None,
+                obj,
+                manager=manager,
+                subresource=None,
+                now=self._now(),
+                managed=None,
+            )
+        metadata["managedFields"] = managed
         updates.tidy_metadata(obj)
         self._validate(resource, obj, None)
         if self.store.get(resource.group_resource, namespace if resource.namespaced else "", name):
@@ -127,6 +167,7 @@ class Registry:
         subresource: str | None = None,
         dry_run: bool = False,
         validate: bool = True,
+        manager: str = applying.IN_PROCESS_MANAGER,
     ) -> Obj:
         obj = copy.deepcopy(body)
         metadata = updates.metadata_of(obj)
@@ -134,8 +175,16 @@ class Registry:
         self._place(resource, metadata, namespace)
         old = self._existing(resource, namespace, name)
         updates.check_preconditions(resource, old, metadata)
+        sent = applying.sent_entries(metadata.get("managedFields"))
         new = updates.merge(resource, old, obj, subresource)
-        return self._commit_update(resource, old, new, dry_run=dry_run, validate=validate)
+        return self._commit_update(
+            resource,
+            old,
+            new,
+            dry_run=dry_run,
+            validate=validate,
+            ownership=_Updated(manager, subresource, sent),
+        )
 
     def patch(
         self,
@@ -147,6 +196,7 @@ class Registry:
         *,
         subresource: str | None = None,
         dry_run: bool = False,
+        manager: str = applying.IN_PROCESS_MANAGER,
     ) -> Obj:
         accepted = (patching.JSON_PATCH, patching.MERGE_PATCH) + (
             (patching.STRATEGIC_MERGE_PATCH,) if resource.strategic_merge else ()
@@ -161,8 +211,65 @@ class Registry:
         metadata = updates.metadata_of(patched)
         updates.check_name(metadata, name)
         updates.check_preconditions(resource, old, metadata)
+        sent = applying.sent_entries(metadata.get("managedFields"))
         new = updates.merge(resource, old, patched, subresource)
-        return self._commit_update(resource, old, new, dry_run=dry_run, validate=True)
+        return self._commit_update(
+            resource,
+            old,
+            new,
+            dry_run=dry_run,
+            validate=True,
+            ownership=_Updated(manager, subresource, sent),
+        )
+
+    def apply(
+        self,
+        resource: ResourceType,
+        namespace: str,
+        name: str,
+        body: Any,
+        *,
+        manager: str,
+        force: bool = False,
+        subresource: str | None = None,
+        dry_run: bool = False,
+    ) -> tuple[Obj, bool]:
+        """Server-side apply of the configuration ``body`` by ``manager``: the object and
+        whether it was created."""
+        applied = applying.check_applied(resource, body, name)
+        metadata = updates.metadata_of(applied)
+        self._place(resource, metadata, namespace)
+        old = self.store.get(
+            resource.group_resource, namespace if resource.namespaced else "", name
+        )
+        if old is None:
+            if subresource is not None:
+                raise errors.not_found(resource.group_resource, name)
+            made = applying.apply(
+                resource,
+                None,
+                applied,
+                manager=manager,
+                subresource=None,
+                force=force,
+                now=self._now(),
+            )
+            return self.create(resource, namespace, made, dry_run=dry_run, applied=True), True
+        updates.check_preconditions(resource, old, metadata)
+        merged = applying.apply(
+            resource,
+            self._present(resource, old),
+            applied,
+            manager=manager,
+            subresource=subresource,
+            force=force,
+            now=self._now(),
+        )
+        managed = merged["metadata"].pop("managedFields")
+        new = updates.merge(resource, old, merged, subresource)
+        new["metadata"]["managedFields"] = managed
+        updated = self._commit_update(resource, old, new, dry_run=dry_run, validate=True)
+        return updated, False
 
     def mutate(
         self,
@@ -312,11 +419,36 @@ class Registry:
                 "terminated",
             )
 
+    def _now(self) -> str:
+        return format_time(self.clock.now())
+
     def _commit_update(
-        self, resource: ResourceType, old: Obj, new: Obj, *, dry_run: bool, validate: bool
+        self,
+        resource: ResourceType,
+        old: Obj,
+        new: Obj,
+        *,
+        dry_run: bool,
+        validate: bool,
+        ownership: _Updated | None = None,
     ) -> Obj:
+        """Store ``new`` over ``old``; ``ownership`` credits an Update's manager (None: the
+        caller, an apply, has set the managedFields)."""
         if resource.normalize is not None:
             resource.normalize(new)
+        if ownership is not None:
+            start = (
+                old["metadata"].get("managedFields") if ownership.sent is None else ownership.sent
+            )
+            new["metadata"]["managedFields"] = applying.record_update(
+                resource,
+                old,
+                new,
+                manager=ownership.manager,
+                subresource=ownership.subresource,
+                now=self._now(),
+                managed=start,
+            )
         updates.tidy_metadata(new)
         old_metadata, metadata = old["metadata"], new["metadata"]
         if old_metadata.get("deletionTimestamp"):

@@ -102,10 +102,17 @@ def tidy_metadata(obj: Obj) -> None:
 
 
 def comparable(obj: Obj) -> Obj:
-    """The object without the fields a no-op write may differ in."""
+    """The object without the fields a no-op write may differ in: its resourceVersion and
+    the times of its managedFields entries (ownership itself counts: an apply that only
+    shares a field is a write)."""
     metadata = {
         k: v
         for k, v in obj.get("metadata", {}).items()
         if k not in ("resourceVersion", "managedFields")
     }
+    metadata["managedFields"] = [
+        {k: v for k, v in entry.items() if k != "time"}
+        for entry in obj.get("metadata", {}).get("managedFields") or []
+        if isinstance(entry, dict)
+    ]
     return {**{k: v for k, v in obj.items() if k != "apiVersion"}, "metadata": metadata}
