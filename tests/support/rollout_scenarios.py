@@ -111,6 +111,8 @@ CHAOS_PARALLEL = 1
 CHAOS_INSTALL = "install_pause_seconds: 3\n"
 """One node at a time, each install 3 s longer: every kill costs a lease expiry (3 s) and a
 takeover, and twenty of them must come before the rollout ends, with room on a fast machine."""
+REAL_DRAIN_SECONDS = 240
+"""The chaos rollout's drain deadline on the real control plane (see its use)."""
 LEADERSHIP = (0.0, 0.3)
 """Seconds a leader lives before its SIGKILL, drawn uniformly: short enough that twenty
 takeovers (each waits out the dead leader's Lease) come well before the rollout could end."""
@@ -129,7 +131,16 @@ async def roll_through_leader_kills(
     ) as running:  # fmt: skip
         await running.start_replica()
         await running.start_replica()
-        await running.start_rollout(upgrade_policy(CHAOS_PARALLEL))
+        policy = upgrade_policy(CHAOS_PARALLEL)
+        if plane is not None:
+            # Twenty takeovers leave the fleet leaderless for about 70 s in all (each waits
+            # out a 3 s Lease), and on a real cluster a drain needs leader time across
+            # several PDB rounds (evict, 429, the replacement scheduled and Ready, the
+            # disruption controller's recount): all of that gap may fall in one node's drain.
+            # The durable 60 s drain deadline then fails a node that nothing is wrong with.
+            for step in ("drain", "podDeletion"):
+                policy[step]["timeoutSeconds"] = REAL_DRAIN_SECONDS
+        await running.start_rollout(policy)
 
         async def someone_leads() -> bool:
             return running.leader() is not None
