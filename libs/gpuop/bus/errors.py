@@ -33,6 +33,16 @@ class BusUnavailable(BusError):
     """No connection to the server."""
 
 
+class PlacementPending(BusUnavailable):
+    """JetStream found too few servers for a stream's replicas (its error 10005, "no
+    suitable peers for placement"): on a cluster that has just started, its meta leader may
+    not yet see every member online; `start` asks again until its deadline."""
+
+
+PLACEMENT_ERROR = 10005
+"""JetStream's error code for "no suitable peers for placement"."""
+
+
 class MessageTooLarge(BusError):
     """A message whose data and headers exceed the server's `max_payload`, or whose subject
     is longer than `publishing.MAX_SUBJECT`; never sent, since nats-server answers one by

@@ -35,7 +35,13 @@ from nats.js.api import (
 
 from gpuop.bus import publishing, streams
 from gpuop.bus.dispatching import PumpedSubscription
-from gpuop.bus.errors import BusError, BusUnavailable, PublishTimeout
+from gpuop.bus.errors import (
+    PLACEMENT_ERROR,
+    BusError,
+    BusUnavailable,
+    PlacementPending,
+    PublishTimeout,
+)
 from gpuop.bus.kv import NatsKeyValue, open_bucket
 from gpuop.bus.protocol import Buckets, ConsumerSpec, Handler, PublishAck, StoredMessage
 from gpuop.events import Envelope
@@ -65,8 +71,9 @@ IDLE_FETCH_SECONDS = 5.0
 it arrives whatever this is; it bounds only how soon a pull lost with a connection is asked
 again, and each expiry costs a round trip: at 1 s, the fetch loops of an idle node agent's
 consumers were half of its CPU."""
-START_RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT, PublishTimeout)
-"""What `start` tries again: the transient failures (a refusal stops it at once)."""
+START_RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT, PublishTimeout, PlacementPending)
+"""What `start` tries again: the transient failures, and a cluster whose members are not
+all seen online yet (a refusal stops it at once)."""
 
 RECONNECT_WAIT = 0.25
 """Seconds between connection attempts to the same server."""
@@ -229,7 +236,11 @@ class NatsBus:
             await self.js.add_stream(config)  # the same configuration: nothing changes
             return
         except nats.js.errors.APIError as exc:
-            if exc.err_code != STREAM_NAME_IN_USE:  # no servers for the placement, say
+            if exc.err_code == PLACEMENT_ERROR:  # a member not seen online yet, or too few
+                raise PlacementPending(
+                    f"cannot place stream {layout.name} yet: {exc.description}"
+                ) from exc
+            if exc.err_code != STREAM_NAME_IN_USE:
                 raise BusError(f"cannot create stream {layout.name}: {exc.description}") from exc
         try:
             async with asyncio.timeout(RECONCILE_TIMEOUT):

@@ -25,7 +25,15 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue as RawKeyValue
 
-from gpuop.bus.errors import BucketMissing, BusError, KeyExists, PublishTimeout, RevisionConflict
+from gpuop.bus.errors import (
+    PLACEMENT_ERROR,
+    BucketMissing,
+    BusError,
+    KeyExists,
+    PlacementPending,
+    PublishTimeout,
+    RevisionConflict,
+)
 from gpuop.bus.protocol import KvEntry
 
 log = logging.getLogger(__name__)
@@ -74,6 +82,8 @@ async def open_bucket(
             else:
                 raw = await js.create_key_value(config)
         except nats.js.errors.APIError as exc:
+            if exc.err_code == PLACEMENT_ERROR:
+                raise PlacementPending(f"cannot place bucket {name} yet: {exc}") from exc
             raise BucketMissing(f"cannot create bucket {name}: {exc}") from exc
     else:
         await _reconcile(js, name, replicas)
