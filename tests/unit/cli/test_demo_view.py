@@ -15,7 +15,7 @@ from gpuop.bus import Bus
 from gpuop.bus.errors import BusUnavailable
 from gpuop.bus.protocol import StoredMessage
 from gpuop.events import Envelope, decode, new_event
-from gpuop.events.driver import Component
+from gpuop.events.driver import Component, DriverLoaded
 from gpuop.events.upgrade import NodeUpgradeStateChanged, RolloutCompleted, UpgradeState
 from gpuop_sim.cli import rollout_view, screens
 from gpuop_sim.cli.rollout_view import Tracker
@@ -147,3 +147,13 @@ async def test_following_takes_a_broken_read_up_again_after_the_last_event() -> 
     outcome = await rollout_view.follow(cast(Bus, bus), Tracker(NODES[:2]), print_lines=False)
     assert (outcome.done, outcome.failed) == (1, 1)
     assert bus.reads == [None, envelopes[1].time]
+
+
+def test_a_loaded_gpu_driver_shows_before_discovery_scans_again(tracker: Tracker) -> None:
+    loaded = DriverLoaded(command_id="c1", component=Component.GPU, version="580.2")
+    ofed = DriverLoaded(command_id="c2", component=Component.OFED, version="25.01-0.6.0.0")
+
+    feed(tracker, new_event(loaded, node="gpu-node-1", source="test"))
+    feed(tracker, new_event(ofed, node="gpu-node-1", source="test"))
+
+    assert tracker.rows["gpu-node-1"].driver == "580.2"  # the GPU's, not the NIC driver's

@@ -29,6 +29,7 @@ from gpuop.events import (
     decode,
     subjects,
 )
+from gpuop.events.driver import Component, DriverLoaded
 from gpuop.events.hardware import HardwareDiscovered, HardwareHeartbeat
 from gpuop.events.kube import NodeObserved
 from gpuop.events.upgrade import (
@@ -145,6 +146,14 @@ class Tracker:
             )
         elif isinstance(payload, HardwareDiscovered) and row is not None:
             row.driver = payload.driver_version
+        elif (
+            isinstance(payload, DriverLoaded)
+            and payload.component is Component.GPU
+            and row is not None
+        ):
+            # the driver-manager's word, seconds before discovery's next scan says it too: a
+            # rollout that ends right after a load shows the version it loaded
+            row.driver = payload.version
         elif isinstance(payload, RolloutStarted):
             self.rollout = payload.rollout_id
             self.target_versions = {str(c): v for c, v in payload.target_versions.items()}
