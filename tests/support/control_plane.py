@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -450,12 +450,6 @@ class ControlPlane:
 def _signal(process: subprocess.Popen[bytes], number: int) -> None:
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, number)
-
-
-@contextmanager
-def running(work: Path, **options: Any) -> Iterator[ControlPlane]:
-    with ControlPlane(work, **options) as plane:
-        yield plane
 
 
 def main() -> int:
