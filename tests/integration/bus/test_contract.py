@@ -188,6 +188,7 @@ async def test_a_malformed_message_at_the_payload_limit_is_dead_lettered_cut_to_
     assert [seq_of(d) for d in recorder.seen] == [2]
 
 
+@pytest.mark.security
 async def test_envelope_about_another_node_is_dead_lettered(bus: Bus) -> None:
     recorder = Recorder()
     sub = await bus.consume(spec(), recorder)
@@ -201,6 +202,7 @@ async def test_envelope_about_another_node_is_dead_lettered(bus: Bus) -> None:
     assert recorder.seen == []
 
 
+@pytest.mark.security
 async def test_an_event_on_another_types_subject_is_dead_lettered(bus: Bus) -> None:
     """A credential that may publish heartbeats cannot pass off another type on that subject
     (a forged admission would skip maxUnavailable)."""

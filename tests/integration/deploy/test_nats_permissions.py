@@ -30,7 +30,7 @@ from tests.integration.deploy.shipped_nats import ShippedNats, shipped_users, st
 from tests.support.buses import dead_letters, wait_until
 from tests.support.event_samples import SAMPLES
 
-pytestmark = pytest.mark.nats
+pytestmark = [pytest.mark.nats, pytest.mark.security]
 
 
 @pytest.mark.parametrize("user", ALL_USERS)

@@ -129,6 +129,7 @@ WRITES = [
 """(role, merge patch of a node, None where allowed, else part of the refusal)."""
 
 
+@pytest.mark.security
 @pytest.mark.parametrize(("role", "patch", "refusal"), WRITES)
 def test_admission_policies_keep_each_node_writer_to_its_own_fields(
     plane: ControlPlane,

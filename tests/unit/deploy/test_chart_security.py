@@ -37,6 +37,8 @@ from tests.support.charts import (
 )
 from tests.support.charts import values as values_of
 
+pytestmark = pytest.mark.security
+
 HOST_ROOT = "/host"
 SYSFS = {"/sys/bus": "Directory", "/sys/class": "Directory", "/sys/devices": "Directory"}
 HOST_PATHS: dict[str, dict[str, tuple[str, bool]]] = {

@@ -20,6 +20,8 @@ from gpuop.host.roots import HostRoot
 from gpuop_sim.host import keys
 from tests.support.driver_manager import KERNEL, NEW, OLD, Harness, rewrite_index, source_of
 
+pytestmark = pytest.mark.security
+
 SIGNATURE = packaging.INDEX + signing.SUFFIX
 NEW_ARCHIVE = packaging.archive_name("gpu", NEW, KERNEL)
 
