@@ -1,12 +1,15 @@
 """What the device plugin subscribes to: its node's operand commands, its node's health
 history (telemetry's health events and the driver-manager's validations) in one consumer, so
 a validation and the XIDs around it are handled in the order they happened, and its node's
-config selections (discovery's cluster role, from the Node's label).
+config selections (discovery's cluster role, from the Node's label). The consumers are
+`gpuop.bus.grants`' table: a node agent's consumer has one filter, which its NATS permissions
+bind, so the health consumer takes every event of its node (`gpuop.evt.*.<node>.*`) and the
+agent ignores all but the two types.
 """
 
 from __future__ import annotations
 
-from gpuop.bus import ConsumerSpec, streams
+from gpuop.bus import ConsumerSpec, grants
 from gpuop.events import device, driver, subjects
 
 SERVICE = str(device.OperandService.DEVICE_PLUGIN)
@@ -24,27 +27,29 @@ def health_subjects(prefix: str, node: str) -> tuple[str, str]:
     )
 
 
-def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
-    """Pause and resume commands to the operands of `node`."""
+def _node_consumer(prefix: str, node: str, purpose: str, retry_delay: float) -> ConsumerSpec:
+    found = grants.consumer(grants.Identity(SERVICE, node), purpose, prefix=prefix)
     return ConsumerSpec(
-        durable=streams.node_durable(SERVICE, node, "commands"),
-        subjects=(subjects.commands_filter(device.OPERANDS, node, prefix=prefix),),
+        durable=found.durable,
+        subjects=found.filters,
         retry_delay=retry_delay,
-        # from the start on first creation: a pause sent before this node's first plugin
-        # ran must still be confirmed; later runs resume after the last acked command
+        deliver_new_only=found.deliver_new_only,
     )
+
+
+def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
+    """Pause and resume commands to the operands of `node`. From the start on first
+    creation: a pause sent before this node's first plugin ran must still be confirmed;
+    later runs resume after the last acked command."""
+    return _node_consumer(prefix, node, "commands", retry_delay)
 
 
 def node_health(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
-    """The health history of `node`. From the start on first creation, so that nothing
-    published while the log was read at start is missed; later runs resume after the last
-    acked event, and read what came before from the log. Applying an event twice is
-    harmless."""
-    return ConsumerSpec(
-        durable=streams.node_durable(SERVICE, node, "health"),
-        subjects=health_subjects(prefix, node),
-        retry_delay=retry_delay,
-    )
+    """The health history of `node` (within every event of the node). From the start on
+    first creation, so that nothing published while the log was read at start is missed;
+    later runs resume after the last acked event, and read what came before from the log.
+    Applying an event twice is harmless."""
+    return _node_consumer(prefix, node, "health", retry_delay)
 
 
 def config_subject(prefix: str, node: str) -> str:
@@ -56,8 +61,4 @@ def config_subject(prefix: str, node: str) -> str:
 def node_config(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
     """The config selections of `node`. From the start on first creation, like the health
     history; the agent skips what it already read from the log at start."""
-    return ConsumerSpec(
-        durable=streams.node_durable(SERVICE, node, "config"),
-        subjects=(config_subject(prefix, node),),
-        retry_delay=retry_delay,
-    )
+    return _node_consumer(prefix, node, "config", retry_delay)

@@ -1,15 +1,17 @@
 """What discovery subscribes to: the durable consumers of both roles, in one place.
 
 The node role (`node_agent`) consumes its node's commands (`RescanHardware`, and the
-operands group's `PauseOperands`/`ResumeOperands`) and its node's driver results; the
-cluster role (`labeler`) consumes every node's inventories and heartbeats, and the device
-plugin config each node's plugin runs (`device.plugin-config-applied`).
+operands group's `PauseOperands`/`ResumeOperands`, each with a consumer of its own: a node
+agent's consumer has one filter, which its NATS permissions bind) and its node's driver
+results, as `gpuop.bus.grants` lists them; the cluster role (`labeler`) consumes every
+node's inventories and heartbeats, and the device plugin config each node's plugin runs
+(`device.plugin-config-applied`).
 """
 
 from __future__ import annotations
 
-from gpuop.bus import ConsumerSpec, streams
-from gpuop.events import device, driver, hardware, subjects
+from gpuop.bus import ConsumerSpec, grants
+from gpuop.events import device, hardware, subjects
 
 SERVICE = hardware.RescanHardware.SERVICE
 LABELER = "discovery-labeler"
@@ -17,28 +19,34 @@ LABELER_MAX_DELIVER = 60
 """With the retry interval, how long an inventory waits for its Node to be registered."""
 
 
-def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
-    """Commands to discovery on `node`, and to every operand there."""
+def _node_consumer(prefix: str, node: str, purpose: str, retry_delay: float) -> ConsumerSpec:
+    found = grants.consumer(grants.Identity(SERVICE, node), purpose, prefix=prefix)
     return ConsumerSpec(
-        durable=streams.node_durable(SERVICE, node, "commands"),
-        subjects=(
-            subjects.commands_filter(SERVICE, node, prefix=prefix),
-            subjects.commands_filter(device.OPERANDS, node, prefix=prefix),
-        ),
+        durable=found.durable,
+        subjects=found.filters,
         retry_delay=retry_delay,
-        # from the start on first creation: a pause sent before this node's first agent
-        # ran must still be confirmed; later runs resume after the last acked command
+        deliver_new_only=found.deliver_new_only,
     )
+
+
+def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
+    """Commands to every operand on `node` (the durable `discovery-<node>-commands`, which
+    took discovery's own commands too before each got a consumer of its own). From the start
+    on first creation: a pause sent before this node's first agent ran must still be
+    confirmed; later runs resume after the last acked command."""
+    return _node_consumer(prefix, node, "commands", retry_delay)
+
+
+def node_rescans(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
+    """Commands to discovery on `node` (`RescanHardware`). New ones only on first creation:
+    the agent scans at start anyway."""
+    return _node_consumer(prefix, node, "rescan", retry_delay)
 
 
 def node_driver_results(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
-    """The driver-manager's results on `node`."""
-    return ConsumerSpec(
-        durable=streams.node_durable(SERVICE, node, "driver-events"),
-        subjects=(subjects.events_filter(driver.DriverResult.DOMAIN, node, prefix=prefix),),
-        retry_delay=retry_delay,
-        deliver_new_only=True,  # the scan at start sees what earlier results changed
-    )
+    """The driver-manager's results on `node`; new ones only on first creation: the scan at
+    start sees what earlier results changed."""
+    return _node_consumer(prefix, node, "driver-events", retry_delay)
 
 
 def plugin_configs_filter(prefix: str) -> str:

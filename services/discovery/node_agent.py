@@ -103,6 +103,10 @@ class NodeAgent:
                 self.on_command,
             ),
             await self._bus.consume(
+                consumers.node_rescans(self._bus.prefix, self._node, retry_delay=retry),
+                self.on_command,
+            ),
+            await self._bus.consume(
                 consumers.node_driver_results(self._bus.prefix, self._node, retry_delay=retry),
                 self.on_driver_event,
             ),

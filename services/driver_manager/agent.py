@@ -28,10 +28,19 @@ from functools import partial
 from prometheus_client import CollectorRegistry, Counter
 
 from gpuop import plugins
-from gpuop.bus import Bus, BusError, ConsumerSpec, Delivery, PermanentError, TemporaryError, spans
+from gpuop.bus import (
+    Bus,
+    BusError,
+    ConsumerSpec,
+    Delivery,
+    PermanentError,
+    TemporaryError,
+    grants,
+    spans,
+)
 from gpuop.bus.protocol import UnknownErrors
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import Command, Envelope, ids, new_event, subjects
+from gpuop.events import Command, Envelope, ids, new_event
 from gpuop.events import driver as dm
 from gpuop.host.protocol import KernelOps, Rebooter, SimulatedHost
 from gpuop.host.roots import HostRoot
@@ -95,9 +104,10 @@ class CommandAgent:
         )
 
     def consumer_spec(self, config: DriverManagerConfig) -> ConsumerSpec:
+        (found,) = grants.consumers(grants.Identity(dm.SERVICE, self.node), prefix=self.bus.prefix)
         return ConsumerSpec(
-            durable=f"{dm.SERVICE}-{subjects.encode_node(self.node)}",
-            subjects=[subjects.commands_filter(dm.SERVICE, self.node, prefix=self.bus.prefix)],
+            durable=found.durable,
+            subjects=found.filters,
             max_deliver=config.max_deliver,
             ack_wait=config.ack_wait_seconds,
             max_in_flight=1,

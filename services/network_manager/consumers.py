@@ -5,26 +5,28 @@ them). The cluster role consumes nothing: it reads Kubernetes and writes KV.
 
 from __future__ import annotations
 
-from gpuop.bus import ConsumerSpec, streams
-from gpuop.events import driver, network, subjects
+from gpuop.bus import ConsumerSpec, grants
+from gpuop.events import network
 
 SERVICE = network.ApplyNetwork.SERVICE
 
 
+def _node_consumer(prefix: str, node: str, purpose: str, retry_delay: float) -> ConsumerSpec:
+    found = grants.consumer(grants.Identity(SERVICE, node), purpose, prefix=prefix)
+    return ConsumerSpec(
+        durable=found.durable,
+        subjects=found.filters,
+        retry_delay=retry_delay,
+        deliver_new_only=found.deliver_new_only,
+    )
+
+
 def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
     """Commands to network-manager on `node`."""
-    return ConsumerSpec(
-        durable=streams.node_durable(SERVICE, node, "commands"),
-        subjects=(subjects.commands_filter(SERVICE, node, prefix=prefix),),
-        retry_delay=retry_delay,
-    )
+    return _node_consumer(prefix, node, "commands", retry_delay)
 
 
 def node_driver_results(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
-    """The driver-manager's results on `node`."""
-    return ConsumerSpec(
-        durable=streams.node_durable(SERVICE, node, "driver-events"),
-        subjects=(subjects.events_filter(driver.DriverResult.DOMAIN, node, prefix=prefix),),
-        retry_delay=retry_delay,
-        deliver_new_only=True,  # the pass at start sees what earlier reloads did
-    )
+    """The driver-manager's results on `node`; new ones only on first creation: the pass at
+    start sees what earlier reloads did."""
+    return _node_consumer(prefix, node, "driver-events", retry_delay)

@@ -8,18 +8,15 @@ from when it started), since its gauges are rebuilt from the log on every start.
 
 from __future__ import annotations
 
-from gpuop.bus import ConsumerSpec, streams
-from gpuop.events import device, subjects
+from gpuop.bus import ConsumerSpec, grants
+from gpuop.events import device
 
 SERVICE = device.OperandService.TELEMETRY.value
 
 
 def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
-    """Commands to every operand on `node`."""
-    return ConsumerSpec(
-        durable=streams.node_durable(SERVICE, node, "commands"),
-        subjects=(subjects.commands_filter(device.OPERANDS, node, prefix=prefix),),
-        retry_delay=retry_delay,
-        # from the start on first creation: a pause sent before this node's first exporter
-        # ran must still be confirmed; later runs resume after the last acked command
-    )
+    """Commands to every operand on `node` (`gpuop.bus.grants` names it). From the start on
+    first creation: a pause sent before this node's first exporter ran must still be
+    confirmed; later runs resume after the last acked command."""
+    found = grants.consumer(grants.Identity(SERVICE, node), "commands", prefix=prefix)
+    return ConsumerSpec(durable=found.durable, subjects=found.filters, retry_delay=retry_delay)

@@ -1,0 +1,163 @@
+"""`gpuop.bus.grants`: the exact permissions of one identity, checked against the consumers
+the services really create, so a consumer that drifts from the table fails here."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuop.bus import ConsumerSpec, InMemoryBus, grants, streams
+from gpuop.bus.grants import Identity
+from gpuop.services.device_plugin import consumers as device_plugin
+from gpuop.services.discovery import consumers as discovery
+from gpuop.services.driver_manager.agent import CommandAgent
+from gpuop.services.driver_manager.config import DriverManagerConfig
+from gpuop.services.network_manager import consumers as network_manager
+from gpuop.services.telemetry import consumers as telemetry
+from gpuop.services.upgrade_orchestrator import intake
+
+NODE = "gpu-1.example.com"
+PREFIX = "gpuop"
+
+
+def _driver_manager_spec(node: str) -> ConsumerSpec:
+    agent = CommandAgent.__new__(CommandAgent)
+    agent.bus = InMemoryBus(prefix=PREFIX)
+    agent.node = node
+    return agent.consumer_spec(DriverManagerConfig())
+
+
+def service_specs(role: str, node: str) -> list[ConsumerSpec]:
+    """Every durable consumer the service of `role` creates on `node`, as the service
+    builds it."""
+    kw = {"retry_delay": 1.0}
+    built: dict[str, list[ConsumerSpec]] = {
+        "discovery": [
+            discovery.node_commands(PREFIX, node, **kw),
+            discovery.node_rescans(PREFIX, node, **kw),
+            discovery.node_driver_results(PREFIX, node, **kw),
+        ],
+        "driver-manager": [_driver_manager_spec(node)],
+        "device-plugin": [
+            device_plugin.node_commands(PREFIX, node, **kw),
+            device_plugin.node_health(PREFIX, node, **kw),
+            device_plugin.node_config(PREFIX, node, **kw),
+        ],
+        "network-manager": [
+            network_manager.node_commands(PREFIX, node, **kw),
+            network_manager.node_driver_results(PREFIX, node, **kw),
+        ],
+        "telemetry": [telemetry.node_commands(PREFIX, node, **kw)],
+    }
+    return built[role]
+
+
+def matches(pattern: str, subject: str) -> bool:
+    return streams.subject_matches(pattern, subject)
+
+
+def allowed(granted: tuple[str, ...], subject: str) -> bool:
+    return any(matches(pattern, subject) for pattern in granted)
+
+
+@pytest.mark.parametrize("role", sorted(grants.NODE_ROLES))
+def test_grants_allow_exactly_the_consumers_each_node_agent_creates(role: str) -> None:
+    identity = Identity(role, NODE)
+    granted = grants.for_identity(identity, prefix=PREFIX)
+    creates = {p for p in granted.publish if p.startswith("$JS.API.CONSUMER.CREATE.GPUOP_")}
+    wanted = set()
+    for spec in service_specs(role, NODE):
+        assert len(spec.subjects) == 1, f"{spec.durable} has several filters: {spec.subjects}"
+        (only,) = spec.subjects
+        stream = streams.stream_for(PREFIX, only).name
+        subject = f"$JS.API.CONSUMER.CREATE.{stream}.{spec.durable}.{only}"
+        wanted.add(subject)
+        assert allowed(granted.publish, f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{spec.durable}")
+        assert allowed(granted.publish, f"$JS.ACK.{stream}.{spec.durable}.1.2.3.4.5")
+        assert allowed(granted.publish, subjects_dlq(only))
+    reads = {c for c in creates if "-read-" in c}
+    assert creates - reads == wanted
+
+
+def subjects_dlq(subject_filter: str) -> str:
+    return f"{PREFIX}.dlq.{subject_filter}"
+
+
+def test_cluster_consumers_are_pinned_by_name_as_the_services_name_them() -> None:
+    orchestrator = grants.for_identity(Identity("upgrade-orchestrator", None))
+    spec = intake.consumer_spec(PREFIX)
+    assert f"$JS.API.CONSUMER.CREATE.GPUOP_EVENTS.{spec.durable}" in orchestrator.publish
+    labeler = grants.for_identity(Identity("discovery-cluster", None))
+    spec = discovery.labeler(PREFIX, retry_delay=1.0)
+    assert f"$JS.API.CONSUMER.CREATE.GPUOP_EVENTS.{spec.durable}" in labeler.publish
+    for granted in (orchestrator, labeler):
+        assert not any(p.endswith(".>") and "CONSUMER.CREATE" in p for p in granted.publish)
+
+
+@pytest.mark.parametrize("role", sorted(grants.NODE_ROLES))
+def test_a_node_agent_may_not_act_for_another_node(role: str) -> None:
+    mine = grants.for_identity(Identity(role, "gpu-1"))
+    theirs = grants.for_identity(Identity(role, "gpu-2"))
+    shared = set(mine.publish) & set(theirs.publish)
+    for subject in shared:
+        assert "gpu-1" not in subject and "gpu-2" not in subject
+        assert not subject.startswith("gpuop.evt."), subject
+        assert "CONSUMER.CREATE.GPUOP" not in subject, subject
+    for subject in theirs.publish:
+        if "gpu-2" in subject:
+            assert not allowed(mine.publish, subject), subject
+    assert mine.subscribe == (f"_INBOX_{role}.gpu-1.>",)
+    assert not allowed(mine.subscribe, f"_INBOX_{role}.gpu-2.abc")
+
+
+def test_node_names_with_dots_are_encoded_and_cannot_reach_a_longer_name() -> None:
+    granted = grants.for_identity(Identity("driver-manager", "a.b"))
+    assert "gpuop.evt.driver.a_b.*" in granted.publish
+    assert not allowed(granted.publish, "gpuop.evt.driver.a_b_c.installed")
+    assert granted.inbox_prefix == "_INBOX_driver-manager.a_b"
+
+
+def test_no_node_agent_may_read_commands_or_events_wholesale() -> None:
+    for role in grants.NODE_ROLES:
+        granted = grants.for_identity(Identity(role, NODE))
+        for attempt in (
+            "$JS.API.CONSUMER.CREATE.GPUOP_COMMANDS",
+            "$JS.API.CONSUMER.CREATE.GPUOP_COMMANDS.x.gpuop.cmd.>",
+            "$JS.API.CONSUMER.CREATE.GPUOP_EVENTS.upgrade-orchestrator.gpuop.evt.>",
+            "$JS.API.CONSUMER.DURABLE.CREATE.GPUOP_COMMANDS.x",
+            "$JS.API.CONSUMER.MSG.NEXT.GPUOP_COMMANDS.upgrade-orchestrator",
+            "$JS.API.STREAM.MSG.GET.KV_gpuop_nodes",
+            "$JS.API.DIRECT.GET.KV_gpuop_nodes",
+            "$JS.API.STREAM.DELETE.GPUOP_EVENTS",
+        ):
+            assert not allowed(granted.publish, attempt), (role, attempt)
+        assert not allowed(granted.subscribe, "_INBOX.abc")
+
+
+def test_the_kv_grants_are_key_scoped_for_node_agents() -> None:
+    granted = grants.for_identity(Identity("discovery", "gpu-1"))
+    assert allowed(granted.publish, "$KV.gpuop_nodes.gpu-1")
+    assert allowed(granted.publish, "$JS.API.DIRECT.GET.KV_gpuop_nodes.$KV.gpuop_nodes.gpu-1")
+    assert not allowed(granted.publish, "$KV.gpuop_nodes.gpu-2")
+    assert not allowed(granted.publish, "$JS.API.DIRECT.GET.KV_gpuop_nodes.$KV.gpuop_nodes.gpu-2")
+
+
+@pytest.mark.parametrize(
+    ("role", "node", "wrong"),
+    [
+        ("spy", None, "unknown NATS role 'spy'"),
+        ("driver-manager", None, "runs on a node"),
+        ("upgrade-orchestrator", "gpu-1", "is a cluster role"),
+        ("telemetry", "Not_A_Node", "Not_A_Node"),
+    ],
+)
+def test_a_wrong_identity_is_refused_naming_what_is_wrong(
+    role: str, node: str | None, wrong: str
+) -> None:
+    with pytest.raises(ValueError, match=wrong):
+        Identity(role, node)
+
+
+def test_prefixes_other_than_gpuop_rename_everything() -> None:
+    granted = grants.for_identity(Identity("telemetry", "gpu-1"), prefix="lab")
+    assert all("gpuop" not in subject for subject in granted.publish)
+    assert "$JS.API.STREAM.CREATE.LAB_EVENTS" in granted.publish
