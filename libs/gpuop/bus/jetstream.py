@@ -28,6 +28,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    DiscardPolicy,
     Placement,
     StorageType,
     StreamConfig,
@@ -104,6 +105,7 @@ class NatsBus:
         retry_for: float = 30.0,
         replicas: int = 1,
         placement: Sequence[str] = (),
+        limits: streams.StoreLimits = streams.DEFAULT_LIMITS,
         metrics: BusMetrics | None = None,
     ) -> None:
         if isinstance(servers, str):
@@ -122,6 +124,8 @@ class NatsBus:
         self._name = name
         self._creds = creds
         self._events_max_age = events_max_age
+        self.limits = limits
+        """What each stream and bucket this bus creates may hold."""
         self._publish_timeout = publish_timeout
         self._retry_for = retry_for
         self._metrics = metrics or BusMetrics(registry())
@@ -154,7 +158,9 @@ class NatsBus:
         answer within one request's timeout: transient failures are retried for `retry_for`."""
         await self.connect()
         deadline = time.monotonic() + self._retry_for
-        for layout in streams.layouts(self._prefix, events_max_age=self._events_max_age):
+        for layout in streams.layouts(
+            self._prefix, events_max_age=self._events_max_age, limits=self.limits
+        ):
             await self._patiently(functools.partial(self._ensure_stream, layout), deadline)
         for bucket in Buckets:
             await self._patiently(functools.partial(self.kv, bucket), deadline)
@@ -221,13 +227,17 @@ class NatsBus:
 
     async def _ensure_stream(self, layout: streams.StreamLayout) -> None:
         """Create the stream, or check the existing one against what gpuop would create: a
-        drift is reported, then corrected where JetStream can (subjects, retention, dedupe
-        window, more replicas; never fewer), and stops the start where it cannot (storage)."""
+        drift is reported, then corrected where JetStream can (subjects, retention, limits,
+        dedupe window, more replicas; never fewer), and stops the start where it cannot
+        (storage)."""
         config = StreamConfig(
             name=layout.name,
             subjects=list(layout.subjects),
             storage=StorageType.FILE,
             max_age=layout.max_age,
+            max_bytes=streams.replica_bytes(layout.share, self.replicas),
+            max_msgs_per_subject=layout.max_msgs_per_subject,
+            discard=DiscardPolicy.OLD,
             duplicate_window=streams.DUPLICATE_WINDOW,
             num_replicas=self.replicas,
             placement=self.placement,
@@ -256,30 +266,40 @@ class NatsBus:
                 exc,
             )
             return
-        await self._reconcile(layout.name, info.config, config)
+        await self._reconcile(layout, info.config, config)
 
-    async def _reconcile(self, name: str, have: StreamConfig, want: StreamConfig) -> None:
-        keys = ("subjects", "storage", "max_age", "duplicate_window", "num_replicas")
+    async def _reconcile(
+        self, layout: streams.StreamLayout, have: StreamConfig, want: StreamConfig
+    ) -> None:
+        name = layout.name
+        kept = int(have.num_replicas or 1)
+        if kept > self.replicas:
+            # never scale down: a service started with a lower count must not shed copies;
+            # the byte limit follows the replicas kept (JetStream reserves it per replica)
+            want.num_replicas = kept
+            want.max_bytes = streams.replica_bytes(layout.share, kept)
+            log.warning(
+                "stream %s keeps its %s replicas (this service asks for %d: check --nats-replicas)",
+                name,
+                kept,
+                self.replicas,
+            )
+        keys = (
+            "subjects",
+            "storage",
+            "max_age",
+            "duplicate_window",
+            "num_replicas",
+            "max_bytes",
+            "max_msgs_per_subject",
+            "discard",
+        )
         differences = streams.drift(
             {k: getattr(have, k) for k in keys}, {k: getattr(want, k) for k in keys}
         )
         if not differences:
             return
         shown = ", ".join(f"{k} {a!r} (gpuop wants {b!r})" for k, (a, b) in differences.items())
-        replicas = differences.get("num_replicas")
-        if replicas is not None and int(replicas[0] or 1) > self.replicas:
-            # never scale down: a service started with a lower count must not shed copies
-            want.num_replicas = int(replicas[0])
-            log.warning(
-                "stream %s keeps its %s replicas (this service asks for %d: check --nats-replicas)",
-                name,
-                replicas[0],
-                self.replicas,
-            )
-            del differences["num_replicas"]
-            if not differences:
-                return
-            shown = ", ".join(f"{k} {a!r} (gpuop wants {b!r})" for k, (a, b) in differences.items())
         fixed = set(differences) - streams.DRIFT_UPDATABLE
         if fixed:
             raise BusError(
@@ -440,7 +460,11 @@ class NatsBus:
         name = streams.bucket_name(self._prefix, bucket)
         if name not in self._buckets:
             self._buckets[name] = await open_bucket(
-                self.js, name, replicas=self.replicas, placement=self.placement
+                self.js,
+                name,
+                replicas=self.replicas,
+                placement=self.placement,
+                share=self.limits.share(bucket) if bucket in streams.SHARES else None,
             )
         return self._buckets[name]
 

@@ -25,6 +25,7 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue as RawKeyValue
 
+from gpuop.bus import streams
 from gpuop.bus.errors import (
     PLACEMENT_ERROR,
     BucketMissing,
@@ -59,25 +60,35 @@ def check_key(key: str) -> str:
 
 
 async def open_bucket(
-    js: JetStreamContext, name: str, *, replicas: int = 1, placement: Placement | None = None
+    js: JetStreamContext,
+    name: str,
+    *,
+    replicas: int = 1,
+    placement: Placement | None = None,
+    share: int | None = None,
 ) -> NatsKeyValue:
     """Open bucket `name`, creating it with file storage and `replicas` when it does not
-    exist. An existing bucket with fewer replicas is reported and scaled up to `replicas`
-    (never down: a service started with a lower count must not shed copies of the sagas);
-    one on memory storage, or keeping less history, stops the start with the reason."""
+    exist, holding at most `share` bytes of the store over all its replicas (None: no
+    limit; a full bucket refuses new writes, as every KV bucket). An existing bucket with
+    fewer replicas is reported and scaled up to `replicas` (never down: a service started
+    with a lower count must not shed copies of the sagas), one with another byte limit is
+    given `share`; one on memory storage, or keeping less history, stops the start with
+    the reason."""
     try:
         raw = await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
+        max_bytes = streams.replica_bytes(share, replicas) if share is not None else -1
         config = KeyValueConfig(
             bucket=name,
             history=HISTORY,
             storage=StorageType.FILE,
             replicas=replicas,
             placement=placement,
+            max_bytes=max_bytes,
         )
         try:
             if placement is not None:
-                await js.add_stream(_placed_bucket(name, replicas, placement))
+                await js.add_stream(_placed_bucket(name, replicas, placement, max_bytes))
                 raw = await js.key_value(name)
             else:
                 raw = await js.create_key_value(config)
@@ -86,11 +97,11 @@ async def open_bucket(
                 raise PlacementPending(f"cannot place bucket {name} yet: {exc}") from exc
             raise BucketMissing(f"cannot create bucket {name}: {exc}") from exc
     else:
-        await _reconcile(js, name, replicas)
+        await _reconcile(js, name, replicas, share)
     return NatsKeyValue(name, raw, js)
 
 
-def _placed_bucket(name: str, replicas: int, placement: Placement) -> StreamConfig:
+def _placed_bucket(name: str, replicas: int, placement: Placement, max_bytes: int) -> StreamConfig:
     """The stream of a bucket on the servers `placement` names. nats-py's `create_key_value`
     leaves a placement out of the stream it makes, so a placed bucket's stream is created
     here, as JetStream's KV layout defines it (ADR-8: one subject per key under `$KV.<bucket>.`,
@@ -102,6 +113,7 @@ def _placed_bucket(name: str, replicas: int, placement: Placement) -> StreamConf
         num_replicas=replicas,
         placement=placement,
         max_msgs_per_subject=HISTORY,
+        max_bytes=max_bytes,
         max_msgs=-1,
         max_consumers=-1,
         allow_rollup_hdrs=True,
@@ -112,7 +124,7 @@ def _placed_bucket(name: str, replicas: int, placement: Placement) -> StreamConf
     )
 
 
-async def _reconcile(js: JetStreamContext, name: str, replicas: int) -> None:
+async def _reconcile(js: JetStreamContext, name: str, replicas: int, share: int | None) -> None:
     stream = f"KV_{name}"
     try:
         config = (await js.stream_info(stream)).config
@@ -125,8 +137,6 @@ async def _reconcile(js: JetStreamContext, name: str, replicas: int) -> None:
             "delete it, or fix the bucket"
         )
     have = config.num_replicas or 1
-    if have == replicas:
-        return
     if have > replicas:
         log.warning(
             "bucket %s keeps its %d replicas (this service asks for %d: check --nats-replicas)",
@@ -134,23 +144,36 @@ async def _reconcile(js: JetStreamContext, name: str, replicas: int) -> None:
             have,
             replicas,
         )
+    elif have < replicas:
+        log.warning(
+            "bucket %s exists with %d replicas (gpuop wants %d); scaling it", name, have, replicas
+        )
+        config.num_replicas = replicas
+    # the byte limit follows the replicas the bucket ends with (reserved once per replica)
+    limit = streams.replica_bytes(share, config.num_replicas or 1) if share is not None else None
+    if limit is not None and (config.max_bytes or -1) != limit:
+        log.warning(
+            "bucket %s holds up to %s bytes (gpuop wants %d); updating it",
+            name,
+            config.max_bytes,
+            limit,
+        )
+        config.max_bytes = limit
+    elif have >= replicas:
         return
-    log.warning(
-        "bucket %s exists with %d replicas (gpuop wants %d); scaling it", name, have, replicas
-    )
-    config.num_replicas = replicas
     try:
         async with asyncio.timeout(RECONCILE_TIMEOUT):
             await js.update_stream(config)
     except (TimeoutError, nats.errors.Error) as exc:
-        # gpuop's users may not change a bucket's stream: an administrator scales it
+        # gpuop's users may not change a bucket's stream: an administrator does
         log.warning(
-            "bucket %s not scaled (%r): scale it as an administrator "
-            "(nats stream edit KV_%s --replicas %d)",
+            "bucket %s not updated (%r): update it as an administrator "
+            "(nats stream edit KV_%s --replicas %d --max-bytes %d)",
             name,
             exc,
             name,
-            replicas,
+            config.num_replicas or 1,
+            config.max_bytes or -1,
         )
 
 

@@ -222,7 +222,9 @@ class NatsServer:
             "jetstream {\n"
             f'  store_dir: "{self.store_dir / "js"}"\n'
             "  max_memory_store: 268435456\n"
-            "  max_file_store: 4294967296\n"
+            # the shipped server's store (deploy/nats): JetStream reserves every stream's
+            # byte limit against it, and gpuop's streams and buckets reserve 6 GiB
+            "  max_file_store: 10GB\n"
             "}\n" + self._extra
         )
 

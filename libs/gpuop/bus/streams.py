@@ -24,48 +24,130 @@ MAX_DURABLE_TOKEN = 64
 """Longest node token a durable consumer name carries as it is."""
 
 
+MiB = 1 << 20
+GiB = 1 << 30
+DEFAULT_STORE_BYTES = 6 * GiB
+"""What gpuop's streams and buckets reserve of the account's file store together. The shipped
+account holds 10 GiB (deploy/nats/accounts.conf). The budget plus the event log's share must
+fit it: a create of an existing stream, which every service's start sends, counts that
+stream's limit a second time (a single nats-server 2.15 refused the second start at 8 GiB),
+so 6 GiB reserves at most 8.4 GiB, and the rest is room for an administrator's copy of a
+bucket during a repair."""
+DEFAULT_EVENTS_PER_SUBJECT = 240
+"""Messages the event log keeps per subject: two hours of a node's heartbeats (one every
+30 s, about 0.6 KB: 0.7 GB at 5,000 nodes). Every other event subject is one node's one
+event name, which a node sees a few times per rollout, so only heartbeats reach it."""
+SHARES: Mapping[str, float] = {
+    subjects.Kind.EVENT: 0.40,
+    subjects.Kind.COMMAND: 0.10,
+    subjects.Kind.DEAD_LETTER: 0.10,
+    Buckets.SAGAS: 0.10,
+    Buckets.NODES: 0.20,
+    Buckets.CONFIG: 0.05,
+    Buckets.IPAM: 0.05,
+}
+"""Each stream's and bucket's part of the store (the inventories are the largest values)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    """What each stream and bucket may hold. JetStream reserves a stream's byte limit
+    against the account's file store when the stream is created, times its replicas, and
+    refuses a stream that does not fit: so the limits are one budget, `store_bytes`, shared
+    out by `SHARES`, and a stream's byte limit is its share divided by its replicas. A
+    flood on one stream then fills that stream (its oldest messages go), never another's
+    room nor the account."""
+
+    store_bytes: int = DEFAULT_STORE_BYTES
+    """Bytes of the account's file store gpuop's streams and buckets reserve, all replicas
+    together."""
+    events_per_subject: int = DEFAULT_EVENTS_PER_SUBJECT
+    """Messages the event log keeps per subject (`DEFAULT_EVENTS_PER_SUBJECT`)."""
+
+    def __post_init__(self) -> None:
+        if self.store_bytes < MiB:
+            raise ValueError(f"store_bytes must be at least 1 MiB, not {self.store_bytes}")
+        if self.events_per_subject < 1:
+            raise ValueError(f"events_per_subject must be 1 or more, not {self.events_per_subject}")
+
+    def share(self, part: str) -> int:
+        """Bytes stream kind or bucket `part` may reserve, all its replicas together."""
+        return int(self.store_bytes * SHARES[part])
+
+
+DEFAULT_LIMITS = StoreLimits()
+
+
+def replica_bytes(share: int, replicas: int) -> int:
+    """The byte limit of a stream holding `share` bytes of the store over `replicas`
+    copies: JetStream reserves the limit once per replica."""
+    return max(1, share // max(1, replicas))
+
+
 @dataclass(frozen=True, slots=True)
 class StreamLayout:
-    """One stream: its name, what it captures, how long it keeps it."""
+    """One stream: its name, what it captures, how long and how much it keeps."""
 
     name: str
     kind: subjects.Kind
     subjects: tuple[str, ...]
     max_age: float
     """Seconds; 0 keeps messages until the limits of the server."""
+    share: int
+    """Bytes of the store it may reserve, all replicas together (`replica_bytes`)."""
+    max_msgs_per_subject: int = -1
+    """Messages kept per subject, the oldest dropped first; -1: no limit."""
 
 
 @functools.cache
 def layouts(
-    prefix: str, *, events_max_age: float = DEFAULT_EVENTS_MAX_AGE
+    prefix: str,
+    *,
+    events_max_age: float = DEFAULT_EVENTS_MAX_AGE,
+    limits: StoreLimits = DEFAULT_LIMITS,
 ) -> tuple[StreamLayout, ...]:
-    """The three streams for `prefix` (computed once: every publish routes through it)."""
+    """The three streams for `prefix` (computed once: every publish routes through it).
+
+    Each drops its oldest messages when full (JetStream's default): the event log is read
+    as a history, a command stream keeps commands long consumed, and a full stream that
+    refused new messages would stop every saga. Heartbeats, the one subject that repeats
+    without end, are bounded per subject on the event log, so they never push the audit
+    trail out (the other event subjects stay far below the bound); a stream of their own
+    would need the event log's subjects to name every other event, since JetStream refuses
+    two streams whose subjects overlap."""
     subjects.validate_prefix(prefix)
     stem = prefix.upper().replace("-", "_")
+
+    def layout(name: str, kind: subjects.Kind, per_subject: int = -1) -> StreamLayout:
+        return StreamLayout(
+            f"{stem}_{name}",
+            kind,
+            (subjects.stream_filter(kind, prefix=prefix),),
+            events_max_age,
+            limits.share(kind),
+            per_subject,
+        )
+
     return (
-        StreamLayout(
-            f"{stem}_EVENTS",
-            subjects.Kind.EVENT,
-            (subjects.stream_filter(subjects.Kind.EVENT, prefix=prefix),),
-            events_max_age,
-        ),
-        StreamLayout(
-            f"{stem}_COMMANDS",
-            subjects.Kind.COMMAND,
-            (subjects.stream_filter(subjects.Kind.COMMAND, prefix=prefix),),
-            events_max_age,
-        ),
-        StreamLayout(
-            f"{stem}_DLQ",
-            subjects.Kind.DEAD_LETTER,
-            (subjects.stream_filter(subjects.Kind.DEAD_LETTER, prefix=prefix),),
-            events_max_age,
-        ),
+        layout("EVENTS", subjects.Kind.EVENT, limits.events_per_subject),
+        layout("COMMANDS", subjects.Kind.COMMAND),
+        layout("DLQ", subjects.Kind.DEAD_LETTER),
     )
 
 
-DRIFT_UPDATABLE = frozenset({"subjects", "max_age", "duplicate_window", "num_replicas"})
-"""Stream settings JetStream changes in place; a drift elsewhere (storage) stops the start."""
+DRIFT_UPDATABLE = frozenset(
+    {
+        "subjects",
+        "max_age",
+        "duplicate_window",
+        "num_replicas",
+        "max_bytes",
+        "max_msgs_per_subject",
+        "discard",
+    }
+)
+"""Stream settings JetStream changes in place; a drift elsewhere (storage) stops the start.
+A server's streams made before the byte limits get them this way."""
 
 
 def drift(have: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -80,6 +162,10 @@ def drift(have: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, tuple[A
             return round(float(value), 3)
         if key == "num_replicas":
             return int(value or 1)
+        if key in ("max_bytes", "max_msgs_per_subject"):
+            return -1 if value is None or int(value) <= 0 else int(value)
+        if key == "discard":
+            return str(getattr(value, "value", value) or "old")
         return value
 
     return {

@@ -76,13 +76,20 @@ async def _leader(bus: NatsBus, stream: str, other_than: str = "") -> str:
     return await eventually(elected, timeout=30)
 
 
-async def test_every_stream_and_bucket_has_three_replicas(bus: NatsBus) -> None:
-    names = [layout.name for layout in streams.layouts("gpuop")]
-    names += [f"KV_{streams.bucket_name('gpuop', b)}" for b in Buckets]
-    for name in names:
+async def test_every_stream_and_bucket_has_three_replicas_sharing_its_byte_limit(
+    bus: NatsBus,
+) -> None:
+    """JetStream reserves a stream's byte limit once per replica: each replica holds a
+    third of the stream's share of the store."""
+    shares = {layout.name: layout.share for layout in streams.layouts("gpuop")}
+    shares |= {
+        f"KV_{streams.bucket_name('gpuop', b)}": streams.DEFAULT_LIMITS.share(b) for b in Buckets
+    }
+    for name, share in shares.items():
         info = await bus.js.stream_info(name)
         assert info.config.num_replicas == 3, name
         assert info.cluster is not None and len(info.cluster.replicas or []) == 2, name
+        assert info.config.max_bytes == share // 3, name
 
 
 async def test_a_comma_separated_setting_is_the_server_list(cluster: NatsCluster) -> None:
