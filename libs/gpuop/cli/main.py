@@ -40,13 +40,14 @@ def parser(*, only_run: bool = False) -> argparse.ArgumentParser:
     run.add_parser(verbs)
     if only_run:
         return top
-    from gpuop.cli import bus, discover, events, replay, upgrade
+    from gpuop.cli import bus, discover, events, natsauth, replay, upgrade
 
     events.add_parser(verbs)
     replay.add_parser(verbs)
     discover.add_parser(verbs)
     upgrade.add_parser(verbs)
     bus.add_parser(verbs)
+    natsauth.add_parser(verbs)
     for add_parser in plugins.load_all("gpuop.commands").values():  # `demo`, `sim`
         add_parser(verbs)
     return top

@@ -1,0 +1,169 @@
+"""`gpuop nats-auth`: the NATS auth callout of callout mode (deploy/nats/callout.conf).
+
+Connects to NATS as the callout's own user (`nats-auth`, in the AUTH account), answers the
+server's authorization requests (`gpuop.bus.callouts`) with users signed by the issuer seed,
+and has each client's token reviewed by the Kubernetes API server (`gpuop.kube.tokenreviews`)
+as the pod's ServiceAccount, which may `create` `tokenreviews` and nothing else. Runs until
+SIGTERM or SIGINT; the chart runs two replicas, which share the requests (a queue group).
+`/healthz`, `/readyz` (ready while connected to NATS) and `/metrics`
+(`gpuop_nats_auth_decisions_total` by reason) are on `--metrics-listen`.
+
+Settings come from flags or their variables: `--nats` (GPUOP_NATS, with the callout user's
+password in the URL), `--issuer-seed-file` (GPUOP_NATS_AUTH_ISSUER_SEED_FILE, the account seed
+`SA...` whose public key is callout.conf's issuer), `--account NAMESPACE/SERVICEACCOUNT=ROLE`
+(GPUOP_NATS_AUTH_ACCOUNTS, comma separated: which ServiceAccount is which gpuop role),
+`--max-lifetime` (seconds a user lives at most; the token's expiry comes first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.errors
+from prometheus_client import CollectorRegistry
+
+from gpuop.bus import callouts, nkeys
+from gpuop.bus.errors import BusUnavailable
+from gpuop.events import subjects
+from gpuop.kube import client as kubeclient
+from gpuop.kube.tokenreviews import AUDIENCE, KubeTokenReviewer
+from gpuop.observability import logging as oblog
+from gpuop.observability.http import HealthServer
+from gpuop.observability.redaction import redacted
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(verbs: Any) -> None:
+    command: argparse.ArgumentParser = verbs.add_parser(
+        "nats-auth",
+        help="run the NATS auth callout (callout mode: per-node NATS users)",
+        description="Answer nats-server's authorization requests: review each client's "
+        "Kubernetes token and admit it as the gpuop role of its ServiceAccount, for its "
+        "pod's node only, until the token expires.",
+    )
+    command.add_argument("--nats", help="NATS URLs with the nats-auth user (GPUOP_NATS)")
+    command.add_argument(
+        "--issuer-seed-file",
+        help="file holding the issuer account seed SA... (GPUOP_NATS_AUTH_ISSUER_SEED_FILE)",
+    )
+    command.add_argument(
+        "--account",
+        action="append",
+        metavar="NAMESPACE/SERVICEACCOUNT=ROLE",
+        help="a ServiceAccount and the gpuop role it connects as; repeat for each "
+        "(GPUOP_NATS_AUTH_ACCOUNTS, comma separated)",
+    )
+    command.add_argument("--audience", help=f"the tokens' audience (default {AUDIENCE})")
+    command.add_argument(
+        "--max-lifetime",
+        type=float,
+        help="seconds a NATS user lives at most (GPUOP_NATS_AUTH_MAX_LIFETIME, default 3600)",
+    )
+    command.add_argument("--kubeconfig", help="kubeconfig (default: the pod's ServiceAccount)")
+    command.add_argument("--prefix", help="subject prefix (GPUOP_PREFIX, default gpuop)")
+    command.add_argument(
+        "--metrics-listen",
+        help="HOST:PORT of /healthz, /readyz, /metrics (GPUOP_METRICS_LISTEN, 127.0.0.1:0)",
+    )
+    command.set_defaults(handler=nats_auth_command)
+
+
+def _setting(value: str | None, environ: Mapping[str, str], variable: str, default: str) -> str:
+    return value or environ.get(variable) or default
+
+
+def issuer_from(path: str) -> nkeys.KeyPair:
+    """The issuer key in `path`; a ValueError that names the file when it is not one."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"--issuer-seed-file {path}: {exc.strerror or exc}") from None
+    try:
+        issuer = nkeys.KeyPair.from_seed(text.strip())
+    except nkeys.NkeyError as exc:
+        raise ValueError(f"--issuer-seed-file {path}: {exc}") from None
+    if issuer.kind is not nkeys.Kind.ACCOUNT:
+        raise ValueError(
+            f"--issuer-seed-file {path}: an account seed (SA...) is needed, not a"
+            f" {issuer.kind.name.lower()} seed"
+        )
+    return issuer
+
+
+def accounts_from(args: argparse.Namespace, environ: Mapping[str, str]) -> callouts.Accounts:
+    entries = list(args.account or [])
+    if not entries:
+        listed = environ.get("GPUOP_NATS_AUTH_ACCOUNTS", "")
+        entries = [entry.strip() for entry in listed.split(",") if entry.strip()]
+    if not entries:
+        raise ValueError("--account: name at least one NAMESPACE/SERVICEACCOUNT=ROLE")
+    return callouts.Accounts.parse(entries)
+
+
+async def nats_auth_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    seed_file = _setting(args.issuer_seed_file, environ, "GPUOP_NATS_AUTH_ISSUER_SEED_FILE", "")
+    if not seed_file:
+        raise ValueError("--issuer-seed-file is required")
+    issuer = issuer_from(seed_file)
+    accounts = accounts_from(args, environ)
+    prefix = subjects.validate_prefix(_setting(args.prefix, environ, "GPUOP_PREFIX", "gpuop"))
+    lifetime = args.max_lifetime or float(environ.get("GPUOP_NATS_AUTH_MAX_LIFETIME", "3600"))
+    if not 60 <= lifetime <= 86400:
+        raise ValueError(f"--max-lifetime {lifetime:g}: expected 60 to 86400 seconds")
+    servers = _setting(args.nats, environ, "GPUOP_NATS", "nats://127.0.0.1:4222").split(",")
+    listen = _setting(args.metrics_listen, environ, "GPUOP_METRICS_LISTEN", "127.0.0.1:0")
+    host, _, port = listen.rpartition(":")
+    oblog.configure_logging(
+        "nats-auth",
+        level=environ.get("GPUOP_LOG_LEVEL", "INFO"),
+        json=environ.get("GPUOP_LOG_FORMAT", "json") == "json",
+    )
+
+    registry = CollectorRegistry()
+    kube = await kubeclient.connect(args.kubeconfig or environ.get("GPUOP_KUBECONFIG"))
+    reviewer = KubeTokenReviewer(kube, audience=args.audience or AUDIENCE)
+    authorizer = callouts.Authorizer(
+        issuer,
+        reviewer,
+        accounts,
+        prefix=prefix,
+        max_lifetime=lifetime,
+        metrics=callouts.CalloutMetrics(registry),
+    )
+    try:
+        nc = await nats.connect(
+            [server.strip() for server in servers],
+            name="gpuop-nats-auth",
+            max_reconnect_attempts=-1,
+            connect_timeout=5,
+        )
+    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        await kube.close()
+        shown = ", ".join(redacted(server) for server in servers)
+        raise BusUnavailable(f"cannot connect to {shown}: {exc!r}") from exc
+    health = HealthServer(
+        registry,
+        readiness=lambda: (nc.is_connected, "" if nc.is_connected else "not connected to NATS"),
+        host=host.strip("[]"),
+        port=int(port),
+    )
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    await health.start()
+    try:
+        await callouts.serve(nc, authorizer, stopping)
+    finally:
+        await nc.close()
+        await kube.close()
+        await health.stop()
+    return 0

@@ -1,0 +1,87 @@
+"""Service-account tokens reviewed by the API server, for the NATS auth callout.
+
+`KubeTokenReviewer.review` sends the token a NATS client connected with to the
+`authentication.k8s.io/v1` TokenReview API, for the audience gpuop's pods request their
+NATS tokens for (`gpuop-nats`), and returns who the API server says it belongs to
+(`gpuop.bus.reviewers.ReviewedToken`): `system:serviceaccount:<namespace>:<name>`, the extra
+attributes of a token bound to a pod (its node under `authentication.kubernetes.io/node-name`)
+and its expiry. The expiry is read from the token's own claims once the API server has
+accepted it: TokenReview does not return it. A token the API server does not accept raises
+`TokenRefused` (`wrong-audience` when the token was requested for another audience, such as
+the API server's own); an API server that cannot answer raises its `KubeError`, which
+refuses too. The callout's ServiceAccount needs `create` on `tokenreviews`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from kubernetes.aio import client
+
+from gpuop.bus import reviewers
+from gpuop.kube.client import Kube
+
+AUDIENCE = "gpuop-nats"
+
+
+class KubeTokenReviewer:
+    def __init__(self, kube: Kube, *, audience: str = AUDIENCE, timeout: float = 1.0) -> None:
+        self._kube = kube
+        self._api: Any = client.AuthenticationV1Api(kube.api_client)
+        self.audience = audience
+        self._timeout = timeout
+
+    async def review(self, token: str) -> reviewers.ReviewedToken:
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": [self.audience]},
+        }
+        answer = await self._kube.call(
+            self._api.create_token_review, body, _request_timeout=self._timeout
+        )
+        status = answer.get("status") or {}
+        claims = unverified_claims(token)
+        if not status.get("authenticated"):
+            audiences = claims.get("aud")
+            if isinstance(audiences, str):
+                audiences = [audiences]
+            if isinstance(audiences, list) and self.audience not in audiences:
+                raise reviewers.TokenRefused(
+                    "wrong-audience",
+                    f"the token is for {', '.join(map(str, audiences))}, not {self.audience}",
+                )
+            said = status.get("error") or "the API server does not accept the token"
+            raise reviewers.TokenRefused("not-authenticated", str(said))
+        if self.audience not in (status.get("audiences") or [self.audience]):
+            raise reviewers.TokenRefused(
+                "wrong-audience", f"the API server accepted the token for {status['audiences']}"
+            )
+        user = status.get("user") or {}
+        extra = {
+            str(key): tuple(str(value) for value in values)
+            for key, values in (user.get("extra") or {}).items()
+            if isinstance(values, list)
+        }
+        expires = claims.get("exp")
+        return reviewers.ReviewedToken(
+            str(user.get("username", "")),
+            extra,
+            float(expires) if isinstance(expires, int | float) else None,
+        )
+
+
+def unverified_claims(token: str) -> dict[str, Any]:
+    """The claims of a JWT, not checked: only for a token the API server has judged (an
+    opaque or malformed token has none)."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return {}
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (binascii.Error, ValueError):
+        return {}
+    return claims if isinstance(claims, dict) else {}

@@ -1,0 +1,220 @@
+"""Callout mode against a real nats-server: deploy/nats/callout.conf as shipped, gpuop's auth
+callout answering with an in-memory token authority. One node's credential cannot act for
+another node; a token the authority refuses, or no callout at all, keeps a client out while
+admin still gets in; a user that expires with its token is disconnected and comes back with
+the refreshed token."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats.errors
+import pytest
+
+from gpuop.bus import NatsBus, grants, tokens
+from tests.integration.deploy.callout_nats import CalloutNats, running
+from tests.integration.deploy.shipped_nats import Refusals
+from tests.support.waiting import eventually
+
+pytestmark = [pytest.mark.nats, pytest.mark.security]
+
+GPU_1 = grants.Identity("driver-manager", "gpu-1")
+COMMANDS = "GPUOP_COMMANDS"
+
+
+@pytest.fixture
+async def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[CalloutNats]:
+    async with running(tmp_path / "nats") as callout:
+        monkeypatch.setenv("SSL_CERT_FILE", str(callout.ca_file))
+        admin = NatsBus(
+            callout.url.replace("tls://", f"tls://admin:{callout.passwords['admin']}@"),
+            name="test-admin",
+        )
+        await admin.start()  # the streams and buckets, as the orchestrator makes them
+        await admin.close()
+        yield callout
+
+
+async def connected(server: CalloutNats, identity: grants.Identity) -> Refusals:
+    refusals = Refusals()
+    token = server.token(identity.role, identity.node)
+    refusals.nc = await server.token_client(token, identity, error_cb=refusals.record)
+    return refusals
+
+
+async def refused_request(client: Refusals, subject: str, body: bytes = b"") -> None:
+    with pytest.raises(nats.errors.TimeoutError):
+        await client.nc.request(subject, body, timeout=0.5)
+    await client.settle()
+    assert client.refused_publish(subject), client.errors
+
+
+async def test_a_driver_manager_works_for_its_node_and_cannot_act_for_another(
+    server: CalloutNats,
+) -> None:
+    admin = await server.password_client("admin")
+    client = await connected(server, GPU_1)
+    try:
+        js = client.nc.jetstream()
+        # its own work: publish its node's driver events, consume its node's commands
+        ack = await js.publish("gpuop.evt.driver.gpu-1.loaded", b"{}", timeout=5)
+        assert ack.stream == "GPUOP_EVENTS"
+        admin_js = admin.jetstream()
+        for node in ("gpu-1", "gpu-2"):
+            await admin_js.publish(f"gpuop.cmd.driver-manager.{node}.install", node.encode())
+        (own,) = grants.consumers(GPU_1)
+        pull = await js.pull_subscribe(own.filters[0], durable=own.durable, stream=COMMANDS)
+        (message,) = await pull.fetch(1, timeout=5)
+        assert (message.subject, message.data) == (
+            "gpuop.cmd.driver-manager.gpu-1.install",
+            b"gpu-1",
+        )
+        await message.ack()
+
+        # another node's: its events, its commands, its consumer
+        await client.nc.publish("gpuop.evt.driver.gpu-2.loaded", b"forged")
+        await client.settle()
+        assert client.refused_publish("gpuop.evt.driver.gpu-2.loaded")
+        await refused_request(
+            client,
+            f"$JS.API.CONSUMER.CREATE.{COMMANDS}.driver-manager-gpu-2"
+            ".gpuop.cmd.driver-manager.gpu-2.*",
+        )
+        await refused_request(client, f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS}.driver-manager-gpu-2")
+        await refused_request(client, f"$JS.API.CONSUMER.CREATE.{COMMANDS}")
+    finally:
+        await client.nc.close()
+        await admin.close()
+
+
+async def test_discovery_writes_and_reads_its_nodes_inventory_only(server: CalloutNats) -> None:
+    client = await connected(server, grants.Identity("discovery", "gpu-1"))
+    try:
+        ack = await client.nc.jetstream().publish("$KV.gpuop_nodes.gpu-1", b"{}", timeout=5)
+        assert ack.stream == "KV_gpuop_nodes"
+        await client.nc.publish("$KV.gpuop_nodes.gpu-2", b"forged")
+        await client.settle()
+        assert client.refused_publish("$KV.gpuop_nodes.gpu-2")
+        await refused_request(client, "$JS.API.DIRECT.GET.KV_gpuop_nodes.$KV.gpuop_nodes.gpu-2")
+        await refused_request(client, "$JS.API.STREAM.MSG.GET.KV_gpuop_nodes", b'{"seq":1}')
+    finally:
+        await client.nc.close()
+
+
+async def test_a_node_agent_cannot_read_another_identitys_replies(server: CalloutNats) -> None:
+    client = await connected(server, GPU_1)
+    try:
+        other = grants.inbox_prefix(grants.Identity("driver-manager", "gpu-2"))
+        await client.nc.subscribe(f"{other}.>")
+        await client.nc.subscribe("_INBOX.>")
+        await client.settle()
+        assert client.refused_subscription(f"{other}.>")
+        assert client.refused_subscription("_INBOX.>")
+    finally:
+        await client.nc.close()
+
+
+@pytest.mark.parametrize(
+    ("token", "reason"),
+    [
+        (lambda s: "not-a-token", "not-authenticated"),
+        (lambda s: s.token("driver-manager", "gpu-1", ttl=-5), "not-authenticated"),
+        (
+            lambda s: s.reviewer.issue("system:serviceaccount:gpuop-system:default", node="gpu-1"),
+            "unknown-account",
+        ),
+        (
+            lambda s: s.token(
+                "driver-manager", "gpu-1", audiences=("https://kubernetes.default.svc",)
+            ),
+            "wrong-audience",
+        ),
+        (lambda s: s.token("driver-manager", None), "no-node"),
+    ],
+    ids=["unknown", "expired", "foreign-account", "other-audience", "unbound"],
+)
+async def test_a_token_the_authority_refuses_keeps_the_client_out(
+    server: CalloutNats, token: object, reason: str
+) -> None:
+    with pytest.raises(nats.errors.Error, match=r"(?i)authorization violation"):
+        await server.token_client(token(server), GPU_1)  # type: ignore[operator]
+    assert server.decisions(reason) == 1
+    assert server.decisions("allowed") == 0
+    # the server's log says why, in the callout's words
+    said = "Auth callout service returned an error: gpuop:"
+    await eventually(lambda: said in server.log_file.read_text())
+
+
+async def test_a_password_is_no_way_around_the_callout(server: CalloutNats) -> None:
+    url = server.url.replace("tls://", "tls://driver-manager:guess@")
+    with pytest.raises(nats.errors.Error, match=r"(?i)authorization violation"):
+        await nats.connect(url, tls=server.tls(), allow_reconnect=False, connect_timeout=5)
+    assert server.decisions("no-token") == 1
+
+
+async def test_without_the_callout_nobody_gets_in_but_admin(server: CalloutNats) -> None:
+    await server.stop_callout()
+    try:
+        nc = await server.token_client(server.token("driver-manager", "gpu-1"), GPU_1)
+    except nats.errors.Error:
+        pass
+    else:
+        # nats-py may return from connect before the server's verdict: it never gets in
+        assert not nc.is_connected
+        await eventually(lambda: nc.is_closed)
+    await eventually(lambda: "authentication error" in server.log_file.read_text())
+    admin = await server.password_client("admin")
+    try:
+        info = await admin.jetstream().stream_info("GPUOP_EVENTS")
+        assert info.config.name == "GPUOP_EVENTS"
+    finally:
+        await admin.close()
+
+    await server.start_callout()
+    client = await server.token_client(server.token("driver-manager", "gpu-1"), GPU_1)
+    await client.close()
+
+
+async def test_a_user_expires_with_its_token_and_comes_back_with_the_new_one(
+    server: CalloutNats, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(server.token("driver-manager", "gpu-1", ttl=2))
+    disconnects: list[float] = []
+    reconnected = asyncio.Event()
+
+    async def disconnected() -> None:
+        disconnects.append(asyncio.get_running_loop().time())
+
+    async def back() -> None:
+        reconnected.set()
+
+    async def ignore(error: Exception) -> None:
+        pass
+
+    nc = tokens.RotatingClient()
+    await nc.connect(
+        server.url,
+        tls=server.tls(),
+        token=tokens.TokenFile(token_file),
+        inbox_prefix=grants.inbox_prefix(GPU_1),
+        reconnect_time_wait=1,
+        max_reconnect_attempts=-1,
+        disconnected_cb=disconnected,
+        reconnected_cb=back,
+        error_cb=ignore,
+    )
+    try:
+        # the server ends the connection when the user (and the token) expires; the client's
+        # tries with the expired token are refused until the kubelet writes a new one
+        await eventually(lambda: bool(disconnects), timeout=10)
+        await eventually(lambda: server.decisions("not-authenticated") >= 1, timeout=10)
+        assert not nc.is_closed
+        token_file.write_text(server.token("driver-manager", "gpu-1", ttl=600))
+        await asyncio.wait_for(reconnected.wait(), 10)
+        ack = await nc.jetstream().publish("gpuop.evt.driver.gpu-1.loaded", b"{}", timeout=5)
+        assert ack.stream == "GPUOP_EVENTS"
+    finally:
+        await nc.close()

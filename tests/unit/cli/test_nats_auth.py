@@ -1,0 +1,79 @@
+"""`gpuop nats-auth` refuses settings it cannot run with before it connects anywhere, exit 2
+with the flag and what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuop.bus import nkeys
+from gpuop.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int, str]:
+    code = main.main(["nats-auth", *arguments])
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def seed_file(tmp_path: Path) -> Path:
+    path = tmp_path / "issuer.nk"
+    path.write_text(nkeys.KeyPair.generate(nkeys.Kind.ACCOUNT).seed + "\n")
+    return path
+
+
+def test_the_issuer_seed_is_required_and_must_be_an_account_seed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUOP_NATS_AUTH_ISSUER_SEED_FILE", raising=False)
+    assert run(capsys, "--account", "ns/sa=discovery") == (
+        2,
+        "gpuop nats-auth: --issuer-seed-file is required\n",
+    )
+    missing = tmp_path / "none"
+    code, said = run(capsys, "--issuer-seed-file", str(missing))
+    assert code == 2
+    assert f"--issuer-seed-file {missing}: No such file or directory" in said
+
+    user = tmp_path / "user.nk"
+    user.write_text(nkeys.KeyPair.generate(nkeys.Kind.USER).seed)
+    code, said = run(capsys, "--issuer-seed-file", str(user))
+    assert (code, "an account seed (SA...) is needed, not a user seed" in said) == (2, True)
+
+    garbage = tmp_path / "garbage.nk"
+    garbage.write_text("SAnotaseed")
+    code, said = run(capsys, "--issuer-seed-file", str(garbage))
+    assert code == 2
+    assert "SAnotaseed" not in said  # never a seed's text in a message
+
+
+def test_accounts_must_name_a_namespace_a_service_account_and_a_role(
+    capsys: pytest.CaptureFixture[str], seed_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUOP_NATS_AUTH_ACCOUNTS", raising=False)
+    code, said = run(capsys, "--issuer-seed-file", str(seed_file))
+    assert code == 2
+    assert said == "gpuop nats-auth: --account: name at least one NAMESPACE/SERVICEACCOUNT=ROLE\n"
+    code, said = run(capsys, "--issuer-seed-file", str(seed_file), "--account", "sa=discovery")
+    assert code == 2
+    assert "expected NAMESPACE/SERVICEACCOUNT=ROLE, not 'sa=discovery'" in said
+    monkeypatch.setenv("GPUOP_NATS_AUTH_ACCOUNTS", "ns/a=discovery, ns/b=root")
+    code, said = run(capsys, "--issuer-seed-file", str(seed_file))
+    assert code == 2
+    assert "maps to 'root', which is not a gpuop role" in said
+
+
+def test_a_user_lifetime_outside_a_minute_to_a_day_is_refused(
+    capsys: pytest.CaptureFixture[str], seed_file: Path
+) -> None:
+    code, said = run(
+        capsys,
+        "--issuer-seed-file",
+        str(seed_file),
+        "--account",
+        "ns/sa=discovery",
+        "--max-lifetime",
+        "5",
+    )
+    assert (code, "--max-lifetime 5: expected 60 to 86400 seconds" in said) == (2, True)

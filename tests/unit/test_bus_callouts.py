@@ -1,0 +1,234 @@
+"""The auth callout's decisions, without a server: a request is answered only when a server
+signed it for this callout's issuer; a token makes a user of exactly its role's and node's
+grants that expires with the token; every other token is refused with its reason in the
+answer, the log and the metric, and never with an allow."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpuop.bus import callouts, grants, natsjwt, nkeys, reviewers
+from tests.support.callouts import SERVER, authorization_request
+
+pytestmark = pytest.mark.security
+
+ISSUER = nkeys.KeyPair.generate(nkeys.Kind.ACCOUNT)
+NAMESPACE = "gpuop-system"
+ACCOUNTS = callouts.Accounts.parse(
+    [
+        f"{NAMESPACE}/gpuop-driver-manager=driver-manager",
+        f"{NAMESPACE}/gpuop-discovery=discovery",
+        f"{NAMESPACE}/gpuop-upgrade-orchestrator=upgrade-orchestrator",
+    ]
+)
+
+
+def sa(name: str) -> str:
+    return f"system:serviceaccount:{NAMESPACE}:{name}"
+
+
+def request(token: str | None, **options: Any) -> tuple[bytes, str]:
+    options.setdefault("issuer", ISSUER.public_key)
+    return authorization_request(token, **options)
+
+
+class SlowReviewer:
+    async def review(self, token: str) -> reviewers.ReviewedToken:
+        await asyncio.sleep(30)
+        raise AssertionError("not reached")
+
+
+@pytest.fixture
+def reviewer() -> reviewers.MemoryReviewer:
+    return reviewers.MemoryReviewer()
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+def authorizer(
+    reviewer: reviewers.TokenReviewer, registry: CollectorRegistry, **options: Any
+) -> callouts.Authorizer:
+    metrics = callouts.CalloutMetrics(registry)
+    return callouts.Authorizer(ISSUER, reviewer, ACCOUNTS, metrics=metrics, **options)
+
+
+def counted(registry: CollectorRegistry, reason: str) -> float:
+    value = registry.get_sample_value("gpuop_nats_auth_decisions_total", {"reason": reason})
+    return value or 0.0
+
+
+def response_of(decision: callouts.Decision) -> natsjwt.Claims:
+    assert decision.response is not None
+    return natsjwt.decode(
+        decision.response, type=natsjwt.AUTHORIZATION_RESPONSE, issuer_kind=nkeys.Kind.ACCOUNT
+    )
+
+
+async def test_a_node_agents_token_makes_a_user_of_its_nodes_grants_only(
+    reviewer: reviewers.MemoryReviewer, registry: CollectorRegistry
+) -> None:
+    token = reviewer.issue(sa("gpuop-driver-manager"), node="gpu-1", ttl=600)
+    data, user = request(token)
+    decision = await authorizer(reviewer, registry).authorize(data)
+
+    assert decision.reason == "allowed"
+    assert decision.identity == grants.Identity("driver-manager", "gpu-1")
+    response = response_of(decision)
+    assert response["iss"] == ISSUER.public_key
+    assert response["sub"] == user
+    assert response["aud"] == SERVER.public_key
+    assert "error" not in response["nats"]
+    jwt = natsjwt.decode(response["nats"]["jwt"], type=natsjwt.USER, issuer_kind=nkeys.Kind.ACCOUNT)
+    assert jwt["iss"] == ISSUER.public_key
+    assert (jwt["sub"], jwt["aud"], jwt["name"]) == (user, "GPUOP", "driver-manager@gpu-1")
+    granted = grants.for_identity(grants.Identity("driver-manager", "gpu-1"))
+    assert jwt["nats"]["pub"] == {"allow": list(granted.publish)}
+    assert jwt["nats"]["sub"] == {"allow": list(granted.subscribe)}
+    assert not any("gpu-2" in subject for subject in granted.publish + granted.subscribe)
+    assert time.time() + 590 < jwt["exp"] <= time.time() + 600
+    assert counted(registry, "allowed") == 1
+
+
+async def test_a_user_never_outlives_max_lifetime_nor_its_token(
+    reviewer: reviewers.MemoryReviewer, registry: CollectorRegistry
+) -> None:
+    long_lived = reviewer.issue(sa("gpuop-upgrade-orchestrator"), node="cp-1", ttl=86400)
+    decision = await authorizer(reviewer, registry, max_lifetime=60).authorize(
+        request(long_lived)[0]
+    )
+    jwt = natsjwt.decode(
+        response_of(decision)["nats"]["jwt"], type=natsjwt.USER, issuer_kind=nkeys.Kind.ACCOUNT
+    )
+    assert jwt["exp"] <= time.time() + 60
+    # a cluster role is one user whatever node its pod runs on
+    assert decision.identity == grants.Identity("upgrade-orchestrator", None)
+    assert jwt["name"] == "upgrade-orchestrator"
+
+
+REFUSALS = [
+    # reason, how the token is made, what the answer says
+    ("no-token", lambda r: None, "without a token"),
+    ("not-authenticated", lambda r: "forged", "not one this authority issued"),
+    ("not-authenticated", lambda r: r.issue(sa("gpuop-discovery"), node="n", ttl=-1), "expired"),
+    (
+        "wrong-audience",
+        lambda r: r.issue(sa("gpuop-discovery"), node="n", audiences=("https://kubernetes",)),
+        "not gpuop-nats",
+    ),
+    ("unknown-account", lambda r: r.issue(sa("default"), node="n"), "not a gpuop service account"),
+    (
+        "unknown-account",
+        lambda r: r.issue("system:serviceaccount:other:gpuop-discovery", node="n"),
+        "not a gpuop service account",
+    ),
+    ("no-node", lambda r: r.issue(sa("gpuop-driver-manager")), "bound to no node"),
+    ("bad-node", lambda r: r.issue(sa("gpuop-driver-manager"), node="GPU 1"), "invalid node name"),
+    ("no-expiry", lambda r: r.issue(sa("gpuop-discovery"), node="n", ttl=None), "never expires"),
+]
+
+
+@pytest.mark.parametrize(("reason", "make", "said"), REFUSALS, ids=[r[0] for r in REFUSALS])
+async def test_every_refusal_answers_an_error_with_its_reason(
+    reviewer: reviewers.MemoryReviewer,
+    registry: CollectorRegistry,
+    caplog: pytest.LogCaptureFixture,
+    reason: str,
+    make: Any,
+    said: str,
+) -> None:
+    data, user = request(make(reviewer))
+    with caplog.at_level(logging.WARNING, logger="gpuop.bus.callouts"):
+        decision = await authorizer(reviewer, registry).authorize(data)
+
+    assert decision.reason == reason
+    assert decision.identity is None
+    response = response_of(decision)
+    assert "jwt" not in response["nats"]
+    assert said in response["nats"]["error"]
+    assert (response["sub"], response["aud"]) == (user, SERVER.public_key)
+    assert counted(registry, reason) == 1
+    assert counted(registry, "allowed") == 0
+    assert f"refused a connection ({reason})" in caplog.text
+
+
+async def test_a_failing_or_slow_authority_refuses(
+    reviewer: reviewers.MemoryReviewer, registry: CollectorRegistry
+) -> None:
+    token = reviewer.issue(sa("gpuop-discovery"), node="n")
+    reviewer.failing = ConnectionRefusedError("apiserver down")
+    failed = await authorizer(reviewer, registry).authorize(request(token)[0])
+    assert failed.reason == "reviewer-error"
+    assert "apiserver down" in response_of(failed)["nats"]["error"]
+
+    slow = await authorizer(SlowReviewer(), CollectorRegistry(), review_timeout=0.05).authorize(
+        request(token)[0]
+    )
+    assert slow.reason == "reviewer-timeout"
+    assert "took over 0.05 s" in response_of(slow)["nats"]["error"]
+
+
+BAD_REQUESTS = [
+    ("signed by an account", {"signer": nkeys.KeyPair.generate(nkeys.Kind.ACCOUNT)}, "server key"),
+    (
+        "for another issuer",
+        {"issuer": nkeys.KeyPair.generate(nkeys.Kind.ACCOUNT).public_key},
+        "issuer",
+    ),
+    ("another audience", {"audience": "nats-authorization-response"}, "audience"),
+    ("expired", {"expires_in": -30}, "expired"),
+    ("no user key", {"user_nkey": SERVER.public_key}, "user_nkey"),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "options", "said"), BAD_REQUESTS, ids=[r[0] for r in BAD_REQUESTS]
+)
+async def test_a_request_no_server_made_for_this_callout_gets_no_answer(
+    reviewer: reviewers.MemoryReviewer,
+    registry: CollectorRegistry,
+    what: str,
+    options: dict[str, Any],
+    said: str,
+) -> None:
+    token = reviewer.issue(sa("gpuop-discovery"), node="n")
+    decision = await authorizer(reviewer, registry).authorize(request(token, **options)[0])
+    assert decision.reason == "bad-request"
+    assert said in decision.detail
+    assert decision.response is None
+    assert reviewer.reviews == 0
+    assert counted(registry, "bad-request") == 1
+
+
+async def test_garbage_is_a_bad_request() -> None:
+    decision = await authorizer(reviewers.MemoryReviewer(), CollectorRegistry()).authorize(b"\xff")
+    assert (decision.reason, decision.response) == ("bad-request", None)
+
+
+def test_the_account_table_names_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="NAMESPACE/SERVICEACCOUNT=ROLE"):
+        callouts.Accounts.parse(["gpuop-discovery=discovery"])
+    with pytest.raises(ValueError, match="'gpu-admin', which is not a gpuop role"):
+        callouts.Accounts.parse(["ns/sa=gpu-admin"])
+    assert ACCOUNTS.role(sa("gpuop-discovery")) == "discovery"
+
+
+def test_only_an_account_key_issues() -> None:
+    with pytest.raises(ValueError, match="must be an account key"):
+        callouts.Authorizer(
+            nkeys.KeyPair.generate(nkeys.Kind.USER), reviewers.MemoryReviewer(), ACCOUNTS
+        )
+
+
+def test_no_grant_means_deny_everything_not_allow_everything() -> None:
+    # NATS reads an empty allow list as no restriction
+    assert callouts._permission(()) == {"deny": [">"]}
+    assert callouts._permission(("a.b",)) == {"allow": ["a.b"]}
