@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import logging
+import os
 import shutil
 import tarfile
 import uuid
@@ -38,7 +38,7 @@ from pathlib import Path, PurePosixPath
 from gpuop.clocks import Clock
 from gpuop.events import driver as dm
 from gpuop.events.driver import InstallFailureReason
-from gpuop.host import packages, packaging, system
+from gpuop.host import kmod, manifests, packages, packaging, system
 from gpuop.host.errors import HostReadError, KernelError
 from gpuop.host.protocol import KernelOps
 from gpuop.host.roots import HostRoot
@@ -173,7 +173,12 @@ class Installer:
             )
         limit = self.config.max_package_bytes * 4
         await asyncio.to_thread(_unpack, fetched.path, unpacked, limit)
-        _check_manifest(unpacked, name, component, entry.version, kernel_release)
+        manifest = _check_manifest(
+            unpacked, name, component, entry.version, kernel_release, entry.flavour
+        )
+        if isinstance(manifest, manifests.ManifestV2):
+            await asyncio.to_thread(check_loadable, self.root, unpacked, manifest, kernel_release)
+            _place_v2(self.root, unpacked, manifest)
 
     async def _depmod(self, kernel_release: str) -> None:
         try:
@@ -226,13 +231,16 @@ def _pin_active(root: HostRoot, kernel_release: str, component: str) -> None:
 MAX_MEMBERS = 10_000
 """Files one package may hold: a driver has hundreds; an archive of millions of empty files
 would exhaust the host's inodes long before its byte limit."""
+MAX_DEPTH = 8
+"""Path parts a member's name may have (`userspace/lib/libcuda.so.535.261.03` has three)."""
 SPACE_RESERVE_BYTES = 256 << 20
 """Left free on the host's filesystem after unpacking, for everything else on the node."""
 
 
 def _unpack(archive: Path, destination: Path, limit: int) -> None:
-    """Extract the flat archive into `destination` (created here); `InstallError` for an
-    unreadable archive, a member that is not a plain file with a plain name, more than
+    """Extract the archive into `destination` (created here); `InstallError` for an
+    unreadable archive, a member that is not a plain file with a relative name that stays
+    inside (format 2 packages have `modules/`, `userspace/` and `firmware/`), more than
     `MAX_MEMBERS` files, more than `limit` bytes, or more than the filesystem can hold
     keeping `SPACE_RESERVE_BYTES` free (checked before each member is written, from the
     sizes the archive declares, so a bomb is refused before it fills the disk)."""
@@ -248,7 +256,12 @@ def _unpack(archive: Path, destination: Path, limit: int) -> None:
                         f"refusing {archive.name}: it holds more than {MAX_MEMBERS} files",
                     )
                 path = PurePosixPath(member.name)
-                if len(path.parts) != 1 or path.name in ("", ".", "..") or path.is_absolute():
+                if (
+                    path.is_absolute()
+                    or not path.parts
+                    or any(part in ("", ".", "..") for part in path.parts)
+                    or len(path.parts) > MAX_DEPTH
+                ):
                     raise InstallError(
                         InstallFailureReason.OTHER,
                         f"refusing {archive.name}: member {member.name!r} would be written "
@@ -283,29 +296,170 @@ def _unpack(archive: Path, destination: Path, limit: int) -> None:
 
 
 def _check_manifest(
-    directory: Path, archive: str, component: str, version: str, kernel_release: str
-) -> None:
-    modules = sorted(p.name for p in directory.glob(f"*{packages.MODULE_SUFFIX}"))
-    if not modules:
-        raise InstallError(
-            InstallFailureReason.OTHER, f"package archive {archive} holds no kernel modules"
-        )
+    directory: Path,
+    archive: str,
+    component: str,
+    version: str,
+    kernel_release: str,
+    flavour: str | None = None,
+) -> manifests.ManifestV1 | manifests.ManifestV2 | None:
+    """The unpacked package's manifest, once it says what the index said and (format 2)
+    every file is listed with its sha256 and mode; `InstallError` otherwise. None for a
+    format 1 package without one."""
     path = directory / packaging.MANIFEST
-    if not path.is_file():
-        return
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        said = (manifest["component"], manifest["version"], manifest["kernel_release"])
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        raise InstallError(
-            InstallFailureReason.OTHER, f"{archive}: unreadable {packaging.MANIFEST}: {exc}"
-        ) from None
+    manifest: manifests.ManifestV1 | manifests.ManifestV2 | None = None
+    if path.is_file():
+        try:
+            manifest = manifests.parse(path.read_bytes(), f"{archive}: {packaging.MANIFEST}")
+        except manifests.ManifestError as exc:
+            raise InstallError(InstallFailureReason.OTHER, str(exc)) from None
+    if not isinstance(manifest, manifests.ManifestV2):
+        _check_flat(directory, archive)
+    if manifest is None:
+        return None
+    said = (manifest.component, manifest.version, manifest.kernel_release)
     if said != (component, version, kernel_release):
         raise InstallError(
             InstallFailureReason.VERIFICATION_FAILED,
             f"{archive} says it holds {' '.join(map(str, said))}, "
             f"not {component} {version} {kernel_release}",
         )
+    if isinstance(manifest, manifests.ManifestV2):
+        if flavour is not None and manifest.flavour.value != flavour:
+            raise InstallError(
+                InstallFailureReason.VERIFICATION_FAILED,
+                f"{archive} holds the {manifest.flavour.value} modules; the index says {flavour}",
+            )
+        _check_files(directory, archive, manifest)
+    return manifest
+
+
+def _check_flat(directory: Path, archive: str) -> None:
+    nested = sorted(p.name for p in directory.iterdir() if p.is_dir())
+    if nested:
+        raise InstallError(
+            InstallFailureReason.OTHER,
+            f"package archive {archive} has directories ({', '.join(nested)}) but no format 2 "
+            f"manifest ({manifests.FORMAT_V2!r}) saying what they hold",
+        )
+    modules = sorted(p.name for p in directory.glob(f"*{packages.MODULE_SUFFIX}"))
+    if not modules:
+        raise InstallError(
+            InstallFailureReason.OTHER, f"package archive {archive} holds no kernel modules"
+        )
+
+
+def _check_files(directory: Path, archive: str, manifest: manifests.ManifestV2) -> None:
+    """Every file of a format 2 package is listed, and has its listed sha256 and mode."""
+    present = {
+        p.relative_to(directory).as_posix()
+        for p in directory.rglob("*")
+        if not p.is_dir() and p.name != packaging.MANIFEST
+    }
+    listed = {f.path for f in manifest.files}
+    if unlisted := sorted(present - listed):
+        raise InstallError(
+            InstallFailureReason.VERIFICATION_FAILED,
+            f"{archive} holds files its manifest does not list: {', '.join(unlisted[:5])}",
+        )
+    if missing := sorted(listed - present):
+        raise InstallError(
+            InstallFailureReason.VERIFICATION_FAILED,
+            f"{archive} lacks files its manifest lists: {', '.join(missing[:5])}",
+        )
+    for entry in manifest.files:
+        path = directory / entry.path
+        digest = packaging.sha256_of(path)
+        if digest != entry.sha256:
+            raise InstallError(
+                InstallFailureReason.VERIFICATION_FAILED,
+                f"{archive}: {entry.path} has sha256 {digest}, its manifest says "
+                f"{entry.sha256} (the file was changed after the package was built)",
+            )
+        mode = path.stat().st_mode & 0o7777
+        if mode != entry.mode_bits:
+            raise InstallError(
+                InstallFailureReason.VERIFICATION_FAILED,
+                f"{archive}: {entry.path} has mode {mode:04o}, its manifest says {entry.mode}",
+            )
+    for link in manifest.links:
+        (directory / link.path).symlink_to(link.target)
+
+
+def check_loadable(
+    root: HostRoot, directory: Path, manifest: manifests.ManifestV2, kernel_release: str
+) -> None:
+    """Before anything is unloaded (and, by the saga, before the node is cordoned): the
+    unpacked format 2 package in `directory` has modules the running kernel takes, by
+    `modinfo`: vermagic of `kernel_release`, and signed when the host is in lockdown or
+    Secure Boot. `InstallError` with reason `kernel-mismatch` or `unsigned-module`."""
+    paths = [directory / f.path for f in manifest.of_role(manifests.Role.MODULE)]
+    try:
+        kmod.check_modules(paths, kernel_release, kmod.signatures_required(root))
+    except kmod.ModuleRefused as exc:
+        raise InstallError(InstallFailureReason(exc.reason), exc.message) from None
+    except KernelError as exc:
+        raise InstallError(InstallFailureReason.OTHER, f"modinfo: {exc}") from None
+
+
+USERSPACE = "opt/gpuop"
+"""Format 2 user space, under the host root: `<component>/<version>/{lib,bin,etc}`, and the
+`current` link naming the version in use (`activate_userspace`)."""
+CURRENT = "current"
+FIRMWARE = "lib/firmware/nvidia"
+"""Format 2 firmware, under the host root: `<version>/gsp_*.bin`, where the module looks."""
+
+
+def userspace_dir(root: HostRoot, component: str, version: str | None = None) -> Path:
+    """Where `component`'s user space versions live, or `version`'s."""
+    base = root.join(f"{USERSPACE}/{component}")
+    return base if version is None else base / version
+
+
+def _place_v2(root: HostRoot, unpacked: Path, manifest: manifests.ManifestV2) -> None:
+    """Move the user space and firmware of an unpacked format 2 package to their places (the
+    same filesystem: renames); the modules stay for the version directory's rename."""
+    userspace = unpacked / "userspace"
+    if userspace.is_dir():
+        prefix = userspace_dir(root, manifest.component, manifest.version)
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        if prefix.exists():
+            doomed = prefix.with_name(f".{UNPACK_PREFIX}{manifest.version}-{uuid.uuid4().hex[:8]}")
+            prefix.rename(doomed)
+            _remove(doomed)
+        userspace.rename(prefix)
+    firmware = unpacked / "firmware"
+    if firmware.is_dir():
+        target = root.join(f"{FIRMWARE}/{manifest.version}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            log.info("firmware %s is already in place", target)
+        else:
+            firmware.rename(target)
+
+
+def activate_userspace(root: HostRoot, component: str, version: str) -> str | None:
+    """Make `version`'s user space the one in use with one atomic rename of the `current`
+    link (a new link beside it, renamed over it); the version it named before, for the
+    rollback to flip back, or None. `InstallError` when the version is not installed."""
+    base = userspace_dir(root, component)
+    if not (base / version).is_dir():
+        raise InstallError(
+            InstallFailureReason.NOT_FOUND,
+            f"{component} {version} has no user space installed under {base}",
+        )
+    current = base / CURRENT
+    previous = os.readlink(current) if current.is_symlink() else None
+    fresh = base / f".{CURRENT}-{uuid.uuid4().hex[:8]}"
+    fresh.symlink_to(version)
+    os.replace(fresh, current)
+    return previous
+
+
+def active_userspace(root: HostRoot, component: str) -> str | None:
+    """The version whose user space is in use, or None."""
+    current = userspace_dir(root, component) / CURRENT
+    return os.readlink(current) if current.is_symlink() else None
 
 
 def _disk_error(exc: OSError) -> InstallError:

@@ -30,7 +30,7 @@ import json
 import ssl
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Protocol
+from typing import Annotated, Literal, Protocol
 from urllib.parse import unquote, urljoin, urlsplit
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
@@ -72,6 +72,8 @@ class IndexEntry(BaseModel):
     sha256: Sha256
     file: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
     """Archive location relative to the source; never absolute and never climbing out."""
+    flavour: Literal["open", "proprietary"] | None = None
+    """Format 2 packages: which kernel module tree they hold; None for format 1."""
 
 
 class SourceIndex(BaseModel):
@@ -126,15 +128,26 @@ def open_source(
 
 
 def select(
-    index: SourceIndex, uri: str, component: str, version: str, kernel_release: str
+    index: SourceIndex,
+    uri: str,
+    component: str,
+    version: str,
+    kernel_release: str,
+    flavour: str | None = None,
 ) -> IndexEntry:
-    """The package of `component` `version` built for `kernel_release`; `SourceError`
-    (not-found) naming what the source has instead."""
+    """The package of `component` `version` built for `kernel_release`, of `flavour` when
+    one is asked for (else the first the index lists for that kernel: format 1 and 2
+    packages mix in one source); `SourceError` (not-found) naming what the source has
+    instead."""
     same = [e for e in index.packages if e.component == component and e.version == version]
-    for entry in same:
-        if entry.kernel_release == kernel_release:
+    built = [e for e in same if e.kernel_release == kernel_release]
+    for entry in built:
+        if flavour is None or entry.flavour == flavour:
             return entry
-    if same:
+    if built:
+        flavours = ", ".join(sorted({e.flavour or "format 1" for e in built}))
+        detail = f"no {flavour} build for kernel {kernel_release} (it has: {flavours})"
+    elif same:
         kernels = ", ".join(sorted({entry.kernel_release for entry in same}))
         detail = f"no build for kernel {kernel_release} (it has builds for: {kernels})"
     else:

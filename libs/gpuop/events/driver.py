@@ -87,6 +87,10 @@ class InstallFailureReason(DocumentedEnum):
     """Building the modules for the running kernel failed."""
     NO_SPACE = "no-space"
     """The host ran out of disk space."""
+    KERNEL_MISMATCH = "kernel-mismatch"
+    """The package's modules were built for another kernel (their vermagic)."""
+    UNSIGNED_MODULE = "unsigned-module"
+    """The host loads only signed modules (lockdown, Secure Boot) and one is not signed."""
     OTHER = "other"
     """Anything else; see the message."""
 

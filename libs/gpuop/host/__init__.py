@@ -16,7 +16,10 @@ then `pci.pci_functions(root)`, `nvidia.driver_version(root)`.
     subprocesses  SubprocessKernelOps: modprobe, rmmod, depmod, chrooted
     packages      installed package layout, active versions, module stand-ins
     indexing      the simulated depmod's modules.dep
-    packaging     package archives and driver sources of stand-ins
+    packaging     package archives (reproducible), driver sources and their indexes
+    manifests     what a package holds: format 1 (stand-ins) and 2 (a real driver)
+    kmod          Debian kmod's modinfo and depmod -b on real modules; signatures required?
+    building      format 2 packages from Debian's NVIDIA packages or NVIDIA's .run
     errors        the exception tree
 """
 

@@ -32,11 +32,14 @@ import json
 import os
 import tarfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-from gpuop.host import packages, signing
+from pydantic import ValidationError
+
+from gpuop.host import manifests, packages, signing
 from gpuop.host.files import write_atomic
 
 MANIFEST = "manifest.json"
@@ -54,16 +57,22 @@ class BuiltPackage:
     """The archive."""
     sha256: str
     """Hex SHA-256 of the archive's bytes."""
+    flavour: str | None = None
+    """Format 2: `open` or `proprietary`."""
 
     def index_entry(self) -> dict[str, str]:
-        """This package's entry in a driver source's `index.json`."""
-        return {
+        """This package's entry in a driver source's `index.json` (format 2 packages add
+        `flavour`)."""
+        entry = {
             "component": self.component,
             "version": self.version,
             "kernel_release": self.kernel_release,
             "sha256": self.sha256,
             "file": self.path.name,
         }
+        if self.flavour is not None:
+            entry["flavour"] = self.flavour
+        return entry
 
 
 def archive_name(component: str, version: str, kernel_release: str) -> str:
@@ -89,6 +98,114 @@ def build_package(
     path = directory / archive_name(component, version, kernel_release)
     write_atomic(path, data)
     return BuiltPackage(component, version, kernel_release, path, hashlib.sha256(data).hexdigest())
+
+
+def archive_name_v2(component: str, version: str, flavour: str, kernel_release: str) -> str:
+    """`<component>-<version>-<flavour>-<kernel release>.tar.gz`."""
+    return f"{component}-{version}-{flavour}-{kernel_release}.tar.gz"
+
+
+@dataclass(frozen=True)
+class PackageContent:
+    """One file for `write_package_v2`: its bytes (or the file holding them), role and mode."""
+
+    content: bytes | Path
+    role: manifests.Role
+    mode: int = 0o644
+
+
+def write_package_v2(
+    directory: Path,
+    *,
+    component: str,
+    version: str,
+    flavour: manifests.Flavour,
+    kernel_release: str,
+    files: Mapping[str, PackageContent],
+    links: Mapping[str, str] | None = None,
+    built_from: Iterable[manifests.BuiltFrom] = (),
+) -> BuiltPackage:
+    """Write a format 2 package (`gpuop.host.manifests`) of `files`, keyed by their path in
+    the archive (`modules/nvidia.ko`), with `links` (path: target) made by the installer;
+    the archive is reproducible (`write_reproducible_tar_gz`, members sorted by name), so the
+    same inputs give the same sha256. `manifests.ManifestError` for a manifest the installer
+    would refuse."""
+    listed = tuple(
+        manifests.PackageFile(
+            path=path,
+            sha256=_sha256(item.content),
+            mode=f"0{item.mode & 0o7777:03o}",
+            role=item.role,
+        )
+        for path, item in sorted(files.items())
+    )
+    try:
+        manifest = manifests.ManifestV2(
+            format=manifests.FORMAT_V2,
+            component=component,  # type: ignore[arg-type]  # checked by the model
+            version=version,
+            flavour=flavour,
+            kernel_release=kernel_release,
+            files=listed,
+            links=tuple(
+                manifests.PackageLink(path=path, target=target)
+                for path, target in sorted((links or {}).items())
+            ),
+            built_from=tuple(built_from),
+        )
+    except ValidationError as exc:
+        raise manifests.ManifestError(f"the package's manifest would be invalid: {exc}") from None
+    manifests.check_v2(manifest, "the package's manifest")
+    members = [Member(MANIFEST, 0o644, manifest.encode())]
+    members += [Member(p, item.mode & 0o7777, item.content) for p, item in sorted(files.items())]
+    path = directory / archive_name_v2(component, version, flavour.value, kernel_release)
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    with partial.open("wb") as stream:
+        write_reproducible_tar_gz(stream, members, compresslevel=6)
+    partial.replace(path)
+    return BuiltPackage(component, version, kernel_release, path, sha256_of(path), flavour.value)
+
+
+def add_to_index(
+    directory: Path, package: BuiltPackage, key: signing.SecretKey | Path | None
+) -> dict[str, object]:
+    """Add `package` (an archive in `directory`) to `directory`'s `index.json`, replacing an
+    entry for the same archive or the same component, version, kernel and flavour, and sign
+    the index with `key`; without a key the old signature, no longer true, is removed (the
+    agents then refuse the source unless the policy says `allowUnsigned`). The new index."""
+    index_path = directory / INDEX
+    entries: list[dict[str, str]] = []
+    if index_path.exists():
+        try:
+            document = json.loads(index_path.read_text(encoding="utf-8"))
+            entries = list(document["packages"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{index_path} is not a driver source index: {exc}") from None
+    new = package.index_entry()
+
+    def same(entry: dict[str, str]) -> bool:
+        keys = ("component", "version", "kernel_release")
+        return entry.get("file") == new["file"] or (
+            all(entry.get(k) == new[k] for k in keys) and entry.get("flavour") == new.get("flavour")
+        )
+
+    entries = [entry for entry in entries if not same(entry)] + [new]
+    entries.sort(
+        key=lambda e: (
+            e.get("component", ""),
+            e.get("kernel_release", ""),
+            packages.version_key(e.get("version", "")),
+            e.get("flavour", ""),
+        )
+    )
+    index: dict[str, object] = {"packages": entries}
+    write_atomic(index_path, json.dumps(index, indent=2) + "\n")
+    if key is not None:
+        sign_driver_source(directory, key)
+    else:
+        (directory / (INDEX + signing.SUFFIX)).unlink(missing_ok=True)
+    return index
 
 
 def build_driver_source(
@@ -141,6 +258,10 @@ def write_key_pair(secret_file: Path, public_file: Path) -> signing.SecretKey:
     return key
 
 
+def _sha256(content: bytes | Path) -> str:
+    return sha256_of(content) if isinstance(content, Path) else hashlib.sha256(content).hexdigest()
+
+
 def sha256_of(path: Path) -> str:
     """Hex SHA-256 of a file's bytes."""
     digest = hashlib.sha256()
@@ -152,14 +273,43 @@ def sha256_of(path: Path) -> str:
 
 def _reproducible_tar_gz(members: list[tuple[str, bytes]]) -> bytes:
     raw = io.BytesIO()
-    with (
-        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as compressed,
-        tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive,
-    ):
-        for name, content in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(content)
-            info.mode = 0o644
-            info.mtime = 0
-            archive.addfile(info, io.BytesIO(content))
+    write_reproducible_tar_gz(raw, [Member(name, 0o644, content) for name, content in members])
     return raw.getvalue()
+
+
+@dataclass(frozen=True)
+class Member:
+    """One file of an archive: its name in the archive, its permission bits, and its bytes
+    or the file holding them."""
+
+    name: str
+    mode: int
+    content: bytes | Path
+
+
+def write_reproducible_tar_gz(
+    stream: BinaryIO, members: Iterable[Member], *, compresslevel: int = 9
+) -> None:
+    """A gzip-compressed tar of `members`, in their order, into `stream`: the same bytes for
+    the same members whoever writes them, wherever and whenever: owner 0:0 with no names,
+    mtime 0, PAX format without timestamps of its own, gzip header without a name or time.
+    Only plain files: directories are implied by the names."""
+    with (
+        gzip.GzipFile(
+            fileobj=stream, mode="wb", mtime=0, filename="", compresslevel=compresslevel
+        ) as zipped,
+        tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as archive,
+    ):
+        for member in members:
+            info = tarfile.TarInfo(member.name)
+            info.mode = member.mode
+            info.mtime = 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if isinstance(member.content, Path):
+                info.size = member.content.stat().st_size
+                with member.content.open("rb") as content:
+                    archive.addfile(info, content)
+            else:
+                info.size = len(member.content)
+                archive.addfile(info, io.BytesIO(member.content))
