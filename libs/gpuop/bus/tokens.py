@@ -19,10 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 from pathlib import Path
+from typing import Any
 
 import nats.errors
 from nats.aio.client import Client
+
+from gpuop.bus.errors import BusUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,13 @@ class RotatingClient(Client):
         await super()._process_err(err_msg)
 
 
+async def connect(**options: Any) -> RotatingClient:
+    """`nats.connect` with a `RotatingClient`."""
+    nc = RotatingClient()
+    await nc.connect(**options)
+    return nc
+
+
 async def watch(nc: Client, token: TokenFile, *, interval: float = 10.0) -> None:
     """Reconnect `nc` whenever `token`'s file is rewritten, until cancelled."""
     seen = token.stamp()
@@ -92,3 +103,33 @@ async def watch(nc: Client, token: TokenFile, *, interval: float = 10.0) -> None
         if nc.is_connected:
             log.info("the NATS token file %s changed; reconnecting with the new token", token.path)
             await nc.force_reconnect()
+
+
+def id_key(path: str | os.PathLike[str]) -> bytes:
+    """The key of a publisher's message ids (`publishing.message_id`) from `path`, made there
+    with 32 random bytes (mode 0600) when the file does not exist yet.
+
+    With passwords, each user's password keys its ids; a token is no such secret (it rotates,
+    and every node agent of a service would share its role). The key must stay the same for
+    one publisher across retries and restarts, and be unknown to every other publisher: the
+    chart gives a node agent a file in a volume of its own pod and a cluster role one from a
+    Secret its replicas share. An unreadable or empty file is an error that names it."""
+    file = Path(path)
+    try:
+        key = file.read_bytes()
+    except FileNotFoundError:
+        try:
+            descriptor = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process of the pod made it meanwhile
+            return id_key(file)
+        except OSError as exc:
+            raise BusUnavailable(f"cannot make the message id key {file}: {exc}") from exc
+        key = secrets.token_bytes(32)
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(key)
+        return key
+    except OSError as exc:
+        raise BusUnavailable(f"cannot read the message id key {file}: {exc}") from exc
+    if not key.strip():
+        raise BusUnavailable(f"the message id key {file} is empty")
+    return key

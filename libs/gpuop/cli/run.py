@@ -26,6 +26,12 @@ def add_parser(verbs: Any) -> None:
     sub.add_argument("--nats", help="NATS URLs, comma separated")
     sub.add_argument("--nats-creds", help="NATS credentials file")
     sub.add_argument(
+        "--nats-token-file", help="file with the token to connect with (callout mode), reread"
+    )
+    sub.add_argument(
+        "--nats-id-key-file", help="key of this publisher's message ids (made when missing)"
+    )
+    sub.add_argument(
         "--nats-replicas",
         type=int,
         help="replicas of streams and buckets (default 1; 3 on a cluster)",

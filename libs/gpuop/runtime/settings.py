@@ -54,6 +54,12 @@ class Settings(BaseModel):
     """NATS server URLs."""
     nats_creds: Path | None = None
     """NATS credentials file (production NATS uses per-service users)."""
+    nats_token_file: Path | None = None
+    """A file holding the token to connect with, read at every (re)connect: in callout mode
+    (deploy/nats/callout.conf) the pod's projected service-account token for gpuop-nats."""
+    nats_id_key_file: Path | None = None
+    """The key of this publisher's message ids when its credential is not a secret of its own
+    (a token): read, or made with a random key when missing (deploy/nats/README.md)."""
     nats_replicas: int = Field(default=1, ge=1, le=5)
     """Replicas of every stream and KV bucket: 1 for one server, 3 on a JetStream cluster
     (a saga, an inventory and the audit log then survive losing a server)."""
