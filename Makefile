@@ -49,6 +49,13 @@ test-all: test test-slow test-cluster
 cluster-tools:
 	tests/cluster/build-tools.sh
 
+# The upstream harness of tests/bench/vs_upstream.py: NVIDIA's k8s-operator-libs upgrade state
+# machine driven as the GPU Operator drives it (tests/peer/README.md), built from the Go module
+# pinned in tests/peer into .cache/peer-tools/bin; a second run builds nothing.
+.PHONY: peer-tools
+peer-tools:
+	tests/peer/build.sh
+
 # The real control plane with KWOK GPU nodes in the foreground, for a person: it prints the
 # admin kubeconfig; Ctrl-C stops it. NODES=3 GPUS=8 by default.
 cluster: $(STAMP) cluster-tools
@@ -70,7 +77,7 @@ schemas: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m gpuop.kubelet.codegen
 
-bench: $(STAMP) cluster-tools
+bench: $(STAMP) cluster-tools peer-tools
 	$(BIN)/python -m tests.bench.run_all
 
 clean:
