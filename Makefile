@@ -1,24 +1,48 @@
 # gpuop developer entry points. Every target creates .venv and installs the project when the
-# venv is missing or older than a pyproject.toml, so a fresh clone needs only Python 3.11 and
-# pip. Two distributions: gpuop (the product, what the image installs) and gpuop-sim
-# (libs/gpuop-sim: the simulation the tests and the demo run on).
+# venv is missing or older than a pyproject.toml or the lock, so a fresh clone needs only
+# Python 3.11 and pip. Two distributions: gpuop (the product, what the image installs) and
+# gpuop-sim (libs/gpuop-sim: the simulation the tests and the demo run on).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-security test-slow test-all test-cluster cluster-tools cluster demo lint schemas bench proto clean
+.PHONY: setup lock sbom test test-security test-slow test-all test-cluster cluster-tools cluster demo lint schemas bench proto clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml libs/gpuop-sim/pyproject.toml
+# Exactly the locked set: every dependency, the dev tools and the build backend from
+# requirements/dev.lock, each file checked against its hash, then the two projects themselves
+# (editable, nothing else). A dependency missing from the lock fails the lock's unit test.
+$(STAMP): pyproject.toml libs/gpuop-sim/pyproject.toml requirements/dev.lock
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
 		|| { echo "error: Python 3.11 or newer is needed (tried '$(PYTHON)')" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]' -e libs/gpuop-sim
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements/dev.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e . -e libs/gpuop-sim
 	@touch $(STAMP)
+
+# The locks pin every dependency with the hashes of its files, from PyPI: runtime.lock is what
+# the image installs (Linux, CPython 3.11), dev.lock what `setup` installs (any platform: the
+# runtime pins, the dev tools, the build backend of requirements/build.in). Written again from
+# pyproject.toml, keeping the pins already there; UPGRADE=1 moves every pin to the newest.
+COMPILE = $(BIN)/uv pip compile --quiet --generate-hashes --python-version 3.11 \
+	--custom-compile-command "make lock" $(if $(UPGRADE),--upgrade)
+lock:
+	@test -x $(BIN)/uv || $(MAKE) --no-print-directory setup
+	$(COMPILE) --python-platform linux pyproject.toml -o requirements/runtime.lock
+	$(COMPILE) --universal pyproject.toml requirements/build.in --extra dev \
+		--constraint requirements/runtime.lock -o requirements/dev.lock
+
+# A CycloneDX SBOM (JSON, validated against its schema as it is written) of what the image
+# installs: gpuop and every package of requirements/runtime.lock with its hashes.
+SBOM ?= dist/sbom.cdx.json
+sbom: $(STAMP)
+	@mkdir -p $(dir $(SBOM))
+	$(BIN)/python -W ignore::UserWarning -m cyclonedx_py requirements requirements/runtime.lock \
+		--pyproject pyproject.toml --mc-type application --sv 1.6 --of JSON \
+		--output-reproducible -o $(SBOM)
 
 # `test` is everything but the suites marked slow (end to end with real processes, faults,
 # chaos) and those marked real_cluster (the real Kubernetes control plane, built from its Go

@@ -6,4 +6,5 @@ stack      the end-to-end stack: nats-server, a simulated cluster, every agent p
 invariants what every recorded rollout must satisfy
 rollouts   the e2e rollout's policy, its done check, the parsed log, the CRD
 hosts      host roots written by hand
+locks      the dependency locks under requirements/
 """

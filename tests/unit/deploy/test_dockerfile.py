@@ -81,15 +81,21 @@ def test_the_image_runs_gpuop_as_an_unprivileged_user() -> None:
     assert "gpuop" in scripts
 
 
-def test_the_final_image_installs_the_wheel_the_build_stage_makes() -> None:
+def test_the_image_installs_the_locked_dependencies_then_the_built_wheel() -> None:
     build, final = stages()
     (wheel,) = [i.value[0] for i in build if i.cmd == "RUN"]
     (copied,) = [i for i in final if i.cmd == "COPY"]
 
-    assert wheel.startswith("pip wheel") and "--wheel-dir /wheels" in wheel
+    assert wheel.startswith("pip wheel") and "--no-deps --wheel-dir /wheels" in wheel
+    assert "cp requirements/runtime.lock /wheels/" in wheel
     assert copied.flags == ("--from=build",) and copied.value == ("/wheels", "/wheels")
     (install,) = [i.value[0] for i in final if i.cmd == "RUN"]
-    assert install.startswith("pip install --no-cache-dir /wheels/*.whl")
+    steps = [step.strip() for step in install.split("&&")]
+    # every dependency from the lock, each file checked against its hash; the wheel adds none
+    assert (
+        steps[0] == "pip install --no-cache-dir --require-hashes --no-deps -r /wheels/runtime.lock"
+    )
+    assert steps[1] == "pip install --no-cache-dir --no-deps /wheels/*.whl"
     # the chart's trust-nats-ca init container reads the base image's CA bundle
     assert "test -s /etc/ssl/certs/ca-certificates.crt" in install
 
@@ -103,7 +109,13 @@ def test_every_copied_source_is_in_the_build_context() -> None:
         for source in instruction.value[:-1]
     ]
 
-    assert sources == ["pyproject.toml", "README.md", "libs", "services"]
+    assert sources == [
+        "pyproject.toml",
+        "README.md",
+        "requirements/runtime.lock",
+        "libs",
+        "services",
+    ]
     for source in sources:
         assert (REPO / source).exists(), source
         assert in_context(source, patterns), f".dockerignore leaves out {source}"
