@@ -35,6 +35,12 @@ def test_the_replica_count_comes_from_the_flag_or_the_environment() -> None:
     assert load(flags, environ).nats_replicas == 5
 
 
+def test_the_store_budget_comes_from_the_flag_or_the_environment() -> None:
+    assert load({"service": "discovery", "node": "n1"}, {}).nats_store_bytes == 6 << 30
+    environ = {"GPUOP_NATS_STORE_BYTES": str(3 << 30)}
+    assert load({"service": "discovery", "node": "n1"}, environ).nats_store_bytes == 3 << 30
+
+
 def test_node_role_requires_a_node_name() -> None:
     with pytest.raises(SettingsError, match="--node"):
         load({"service": "discovery"}, {})
@@ -50,6 +56,8 @@ def test_node_role_requires_a_node_name() -> None:
         ({"node": "n1", "role": "edge"}, "--role"),
         ({"node": "n1", "nats_replicas": "7"}, "--nats-replicas"),
         ({"node": "n1", "nats_replicas": "0"}, "--nats-replicas"),
+        ({"node": "n1", "nats_store_bytes": "1000"}, "--nats-store-bytes"),
+        ({"node": "n1", "nats_store_bytes": "6GiB"}, "--nats-store-bytes"),
     ],
 )
 def test_invalid_values_name_the_flag(flags: dict[str, str], flag: str) -> None:

@@ -40,6 +40,11 @@ def add_parser(verbs: Any) -> None:
         "--nats-placement", help="server tags for gpuop's streams, comma separated (az:east)"
     )
     sub.add_argument(
+        "--nats-store-bytes",
+        type=int,
+        help="bytes of the account's store gpuop's streams and buckets reserve (default 6 GiB)",
+    )
+    sub.add_argument(
         "--nats-wait", type=float, help="seconds to keep trying NATS at start (default 30)"
     )
     sub.add_argument("--prefix", help="subject prefix (default gpuop)")

@@ -20,7 +20,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from gpuop.bus import NatsBus
+from gpuop.bus import NatsBus, streams
 from gpuop.observability import logging as oblog
 from gpuop.observability import tracing
 from gpuop.observability.http import HealthServer
@@ -70,6 +70,7 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
         retry_for=settings.nats_wait,
         replicas=settings.nats_replicas,
         placement=settings.nats_placement,
+        limits=streams.StoreLimits(store_bytes=settings.nats_store_bytes),
         metrics=BusMetrics(metrics),
     )
     context = ServiceContext(settings, bus, metrics)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpuop.bus import streams
 from gpuop.events import subjects
 
 ENV_PREFIX = "GPUOP_"
@@ -66,6 +67,10 @@ class Settings(BaseModel):
     nats_placement: tuple[str, ...] = ()
     """Server tags the servers holding gpuop's streams and buckets must have (JetStream
     placement, such as `az:east`); empty: any server of the cluster."""
+    nats_store_bytes: int = Field(default=streams.DEFAULT_STORE_BYTES, ge=streams.MiB)
+    """Bytes of the NATS account's file store gpuop's streams and buckets reserve together
+    (each its share, divided by its replicas); every service must be given the same, or
+    the orchestrator's start sets its own and the others report the difference."""
     nats_wait: float = Field(default=30.0, ge=0, le=3600)
     """Seconds to keep trying NATS at start before giving up with exit code 1."""
     prefix: str = subjects.DEFAULT_PREFIX
