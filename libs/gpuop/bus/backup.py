@@ -363,7 +363,13 @@ async def restore(
     for entry in manifest.streams:
         config = dict(metas[entry.name]["config"])
         if replicas is not None:
+            before = int(config.get("num_replicas") or 1)
             config["num_replicas"] = replicas
+            # JetStream reserves a byte limit once per replica: the stream keeps its share
+            # of the account's store (`streams.StoreLimits`) over its new replica count
+            if int(config.get("max_bytes") or -1) > 0:
+                share = int(config["max_bytes"]) * before
+                config["max_bytes"] = streams.replica_bytes(share, replicas)
         state = await _restore_stream(
             nc, entry, config, metas[entry.name]["state"], directory, timeout
         )

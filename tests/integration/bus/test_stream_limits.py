@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import nats
 import pytest
 from nats.js.api import DiscardPolicy, KeyValueConfig, StorageType, StreamConfig
 
-from gpuop.bus import Buckets, NatsBus, NatsServer, streams
+from gpuop.bus import Buckets, NatsBus, NatsCluster, NatsServer, streams
+from gpuop.bus import backup as backups
 from gpuop.events import subjects
 from tests.support.buses import HB_SUBJECT, collect, heartbeat
 
@@ -157,3 +160,28 @@ async def test_every_service_may_start_again_on_the_default_limits(
         finally:
             await bus.close()
         assert events.max_bytes == streams.DEFAULT_LIMITS.share(subjects.Kind.EVENT)
+
+
+async def test_a_restore_onto_three_replicas_keeps_each_streams_share_of_the_store(
+    bus: NatsBus, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A one-server backup restored as R3 reserves its limits three times: each replica
+    holds a third, or the restore would ask three times the budget of the account."""
+    await bus.publish(heartbeat("n1", 1))
+    source = await nats.connect(nats_server.url)
+    try:
+        await backups.backup(source, "gpuop", tmp_path / "backup")
+    finally:
+        await source.close()
+    async with NatsCluster(tmp_path / "cluster") as cluster:
+        target = await nats.connect(cluster.urls)
+        try:
+            await backups.restore(target, "gpuop", tmp_path / "backup", replicas=3)
+            js = target.jetstream()
+            for layout in streams.layouts("gpuop", limits=SMALL):
+                config = (await js.stream_info(layout.name)).config
+                assert (config.num_replicas, config.max_bytes) == (3, layout.share // 3)
+            sagas = (await js.stream_info("KV_gpuop_sagas")).config
+            assert sagas.max_bytes == SMALL.share(Buckets.SAGAS) // 3
+        finally:
+            await target.close()
