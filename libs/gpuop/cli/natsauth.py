@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 from collections.abc import Mapping
@@ -73,7 +74,31 @@ def add_parser(verbs: Any) -> None:
         "--metrics-listen",
         help="HOST:PORT of /healthz, /readyz, /metrics (GPUOP_METRICS_LISTEN, 127.0.0.1:0)",
     )
+    command.add_argument(
+        "--new-issuer-secret",
+        metavar="NAME",
+        help="print a Secret NAME with a new issuer key (seed and issuer) and exit: the "
+        "chart's nats.auth.callout.issuerSecret",
+    )
+    command.add_argument("--namespace", help="the namespace of --new-issuer-secret")
     command.set_defaults(handler=nats_auth_command)
+
+
+def issuer_secret(name: str, namespace: str | None) -> str:
+    """A Secret manifest with a new issuer account key: `seed` for the callout, `issuer` (its
+    public key) for the server's callout.conf."""
+    issuer = nkeys.KeyPair.generate(nkeys.Kind.ACCOUNT)
+    metadata: dict[str, str] = {"name": name}
+    if namespace:
+        metadata["namespace"] = namespace
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": "Opaque",
+        "stringData": {"seed": issuer.seed, "issuer": issuer.public_key},
+    }
+    return json.dumps(secret, indent=2)
 
 
 def _setting(value: str | None, environ: Mapping[str, str], variable: str, default: str) -> str:
@@ -109,6 +134,9 @@ def accounts_from(args: argparse.Namespace, environ: Mapping[str, str]) -> callo
 
 
 async def nats_auth_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    if args.new_issuer_secret:
+        print(issuer_secret(args.new_issuer_secret, args.namespace))
+        return 0
     seed_file = _setting(args.issuer_seed_file, environ, "GPUOP_NATS_AUTH_ISSUER_SEED_FILE", "")
     if not seed_file:
         raise ValueError("--issuer-seed-file is required")

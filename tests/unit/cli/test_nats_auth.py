@@ -3,6 +3,7 @@ with the flag and what is wrong."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,15 @@ def test_a_user_lifetime_outside_a_minute_to_a_day_is_refused(
         "5",
     )
     assert (code, "--max-lifetime 5: expected 60 to 86400 seconds" in said) == (2, True)
+
+
+def test_a_new_issuer_secret_holds_a_seed_and_its_public_key(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main.main(["nats-auth", "--new-issuer-secret", "issuer", "--namespace", "gpuop"])
+    secret = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert secret["metadata"] == {"name": "issuer", "namespace": "gpuop"}
+    key = nkeys.KeyPair.from_seed(secret["stringData"]["seed"])
+    assert key.kind is nkeys.Kind.ACCOUNT
+    assert secret["stringData"]["issuer"] == key.public_key

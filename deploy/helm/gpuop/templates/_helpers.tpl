@@ -143,10 +143,24 @@ DRIVER_MANAGER_PASSWORD. */}}
 {{- printf "%s_PASSWORD" (. | upper | replace "-" "_") -}}
 {{- end -}}
 
-{{/* Every user of deploy/nats/accounts.conf. */}}
+{{/* Every user of deploy/nats/accounts.conf; in callout mode also callout.conf's nats-auth. */}}
 {{- define "gpuop.natsUsers" -}}
 discovery discovery-cluster driver-manager device-plugin network-manager network-manager-cluster telemetry telemetry-cluster upgrade-orchestrator observer admin
+{{- if include "gpuop.natsCallout" . }} nats-auth{{ end -}}
 {{- end -}}
+
+{{/* "true" when services authenticate through the auth callout (nats.auth.mode=callout). */}}
+{{- define "gpuop.natsCallout" -}}
+{{- $mode := .Values.nats.auth.mode | default "static" -}}
+{{- if not (has $mode (list "static" "callout")) -}}
+{{- fail (printf "nats.auth.mode must be static or callout, not %q" $mode) -}}
+{{- end -}}
+{{- if eq $mode "callout" -}}true{{- end -}}
+{{- end -}}
+
+{{/* Where a pod's projected NATS token and its message-id key live (callout mode). */}}
+{{- define "gpuop.natsTokenDir" -}}/var/run/secrets/gpuop/nats{{- end -}}
+{{- define "gpuop.natsIdsDir" -}}/var/lib/gpuop/nats-ids{{- end -}}
 
 {{/*
 The container of one service. Call with a dict:
@@ -197,14 +211,26 @@ env:
     value: {{ $root.Values.log.level }}
   - name: GPUOP_LOG_FORMAT
     value: {{ $root.Values.log.format }}
+  {{- $urls := list }}
+  {{- if include "gpuop.natsCallout" $root }}
+  # Callout mode: the pod's projected service-account token (audience gpuop-nats), reread
+  # at every reconnect, is its NATS credential; its message ids are keyed by a key of its own.
+  {{- range splitList "," (include "gpuop.natsAddresses" $root) }}
+  {{- $urls = append $urls (printf "%s://%s" (include "gpuop.natsScheme" $root) (trim .)) }}
+  {{- end }}
+  - name: GPUOP_NATS_TOKEN_FILE
+    value: {{ include "gpuop.natsTokenDir" $root }}/token
+  - name: GPUOP_NATS_ID_KEY_FILE
+    value: {{ include "gpuop.natsIdsDir" $root }}/key
+  {{- else }}
   - name: NATS_PASSWORD
     valueFrom:
       secretKeyRef:
         name: {{ include "gpuop.natsUsersSecret" $root }}
         key: {{ include "gpuop.passwordKey" .user }}
-  {{- $urls := list }}
   {{- range splitList "," (include "gpuop.natsAddresses" $root) }}
   {{- $urls = append $urls (printf "%s://%s:$(NATS_PASSWORD)@%s" (include "gpuop.natsScheme" $root) $.user (trim .)) }}
+  {{- end }}
   {{- end }}
   - name: GPUOP_NATS
     value: {{ join "," $urls | quote }}
@@ -262,6 +288,13 @@ resources:
 {{- end }}
 - name: tmp
   mountPath: /tmp
+{{- if include "gpuop.natsCallout" .root }}
+- name: nats-token
+  mountPath: {{ include "gpuop.natsTokenDir" .root }}
+  readOnly: true
+- name: nats-ids
+  mountPath: {{ include "gpuop.natsIdsDir" .root }}
+{{- end }}
 {{- end -}}
 
 {{- define "gpuop.commonVolumes" -}}
@@ -292,6 +325,29 @@ resources:
   emptyDir:
     medium: Memory
     sizeLimit: 64Mi
+{{- if include "gpuop.natsCallout" .root }}
+# The NATS credential in callout mode: a token for audience gpuop-nats, bound to this pod
+# (so to its node), which the kubelet rewrites at 80% of its life.
+- name: nats-token
+  projected:
+    sources:
+      - serviceAccountToken:
+          audience: gpuop-nats
+          expirationSeconds: {{ include "gpuop.natsTokenSeconds" .root }}
+          path: token
+# This pod's message-id key (made at first start; another node's agent cannot know it).
+- name: nats-ids
+  emptyDir:
+    sizeLimit: 1Mi
+{{- end }}
+{{- end -}}
+
+{{- define "gpuop.natsTokenSeconds" -}}
+{{- $seconds := int .Values.nats.auth.callout.tokenExpirationSeconds -}}
+{{- if lt $seconds 600 -}}
+{{- fail (printf "nats.auth.callout.tokenExpirationSeconds must be at least 600 (the API server's minimum), not %d" $seconds) -}}
+{{- end -}}
+{{- $seconds -}}
 {{- end -}}
 
 {{/* A container that needs no privilege: not root, nothing to escalate to. */}}
@@ -323,7 +379,12 @@ seccompProfile:
 {{- define "gpuop.nodeAgentPod" -}}
 {{- $root := .root -}}
 automountServiceAccountToken: false
+{{- if include "gpuop.natsCallout" $root }}
+# callout mode: a ServiceAccount per service, which the auth callout maps to its NATS role
+serviceAccountName: {{ include "gpuop.name" (dict "root" $root "component" .service) }}
+{{- else }}
 serviceAccountName: {{ include "gpuop.name" (dict "root" $root "component" "node-agent") }}
+{{- end }}
 {{- with $root.Values.nodeAgents.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}

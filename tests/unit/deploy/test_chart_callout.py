@@ -1,0 +1,148 @@
+"""The chart in callout mode (nats.auth.mode=callout; issue 17, finding 3), rendered by Helm:
+every gpuop pod connects with a projected token for gpuop-nats and no password, each node
+agent service under a ServiceAccount of its own that the callout maps to its role, the
+callout runs twice off GPU nodes with the right to review tokens and nothing else, and the
+server runs the shipped nats-server.conf with callout.conf in place of accounts.conf."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import helm_python as helm
+import pytest
+
+from gpuop.bus import callouts, grants
+from tests.support.charts import (
+    NAMESPACE,
+    NODE_AGENTS,
+    REPO,
+    Manifest,
+    Rendering,
+    gpuop_containers,
+    render_with,
+)
+
+pytestmark = pytest.mark.security
+
+CALLOUT = {"nats": {"auth": {"mode": "callout", "callout": {"issuerSecret": "gpuop-issuer"}}}}
+
+
+@pytest.fixture(scope="module")
+def rendering() -> Rendering:
+    return render_with(CALLOUT)
+
+
+def pod(workload: Manifest) -> dict[str, Any]:
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def test_every_service_connects_with_its_projected_token_and_no_password(
+    rendering: Rendering,
+) -> None:
+    found = gpuop_containers(rendering)
+    assert len(found) >= len(NODE_AGENTS)
+    for workload, container in found:
+        variables = env(container)
+        name = workload["metadata"]["name"]
+        assert "NATS_PASSWORD" not in variables, name
+        assert "@" not in variables["GPUOP_NATS"], name
+        assert variables["GPUOP_NATS_TOKEN_FILE"] == "/var/run/secrets/gpuop/nats/token"
+        volumes = {v["name"]: v for v in pod(workload)["volumes"]}
+        (source,) = volumes["nats-token"]["projected"]["sources"]
+        assert source["serviceAccountToken"]["audience"] == "gpuop-nats", name
+        assert source["serviceAccountToken"]["expirationSeconds"] == 3600
+        assert "emptyDir" in volumes["nats-ids"], name
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["nats-token"] == "/var/run/secrets/gpuop/nats"
+        assert variables["GPUOP_NATS_ID_KEY_FILE"].startswith(mounts["nats-ids"] + "/")
+
+
+def accounts(rendering: Rendering) -> callouts.Accounts:
+    (container,) = pod(rendering.get("Deployment", "gpuop-nats-auth"))["containers"]
+    return callouts.Accounts.parse(env(container)["GPUOP_NATS_AUTH_ACCOUNTS"].split(","))
+
+
+def test_each_service_account_is_the_role_of_its_service_and_of_no_other(
+    rendering: Rendering,
+) -> None:
+    table = accounts(rendering)
+    service_accounts = {m["metadata"]["name"] for m in rendering.all("ServiceAccount")}
+    seen: dict[str, str] = {}
+    for workload, container in gpuop_containers(rendering):
+        account = pod(workload)["serviceAccountName"]
+        assert account in service_accounts
+        role = table.role(f"system:serviceaccount:{NAMESPACE}:{account}")
+        variables = env(container)
+        service = container["args"][1]
+        expected = service if variables["GPUOP_ROLE"] == "node" else None
+        if expected is None:
+            expected = service if service == "upgrade-orchestrator" else f"{service}-cluster"
+        assert role == expected, workload["metadata"]["name"]
+        assert seen.setdefault(account, role) == role  # no ServiceAccount for two roles
+    assert set(seen.values()) == grants.ROLES - {"observer"}
+
+
+def test_the_callout_runs_twice_off_gpu_nodes_and_may_only_review_tokens(
+    rendering: Rendering,
+) -> None:
+    deployment = rendering.get("Deployment", "gpuop-nats-auth")
+    spec = pod(deployment)
+    assert deployment["spec"]["replicas"] == 2
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    expressions = terms["nodeSelectorTerms"][0]["matchExpressions"]
+    assert {"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]} in expressions
+    (container,) = spec["containers"]
+    assert container["args"] == ["nats-auth"]
+    assert container["securityContext"]["runAsNonRoot"] is True
+    url = env(container)["GPUOP_NATS"]
+    assert re.fullmatch(r"tls://nats-auth:\$\(NATS_AUTH_PASSWORD\)@\S+:4222", url)
+    role = rendering.get("ClusterRole", "gpuop-nats-auth")
+    assert role["rules"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
+    ]
+    binding = rendering.get("ClusterRoleBinding", "gpuop-nats-auth")
+    assert binding["subjects"][0]["name"] == spec["serviceAccountName"] == "gpuop-nats-auth"
+    issuer = {v["name"]: v for v in spec["volumes"]}["issuer"]["secret"]
+    assert issuer["secretName"] == "gpuop-issuer"
+    assert rendering.get("PodDisruptionBudget", "gpuop-nats-auth")["spec"]["minAvailable"] == 1
+
+
+def test_the_server_runs_the_shipped_files_with_callout_conf_for_accounts_conf(
+    rendering: Rendering,
+) -> None:
+    data = rendering.get("ConfigMap", "gpuop-nats-config")["data"]
+    shipped = (REPO / "deploy" / "nats").joinpath
+    assert set(data) == {"nats-server.conf", "callout.conf"}
+    assert data["callout.conf"] == shipped("callout.conf").read_text()
+    server = shipped("nats-server.conf").read_text()
+    assert data["nats-server.conf"] == server.replace(
+        'include "accounts.conf"', 'include "callout.conf"'
+    )
+    (statefulset,) = rendering.all("StatefulSet")
+    (nats,) = pod(statefulset)["containers"]
+    assert env(nats)["NATS_AUTH_ISSUER"] == {
+        "secretKeyRef": {"name": "gpuop-issuer", "key": "issuer"}
+    }
+    secret = rendering.get("Secret", "gpuop-nats-users")
+    assert "NATS_AUTH_PASSWORD" in secret["data"]
+
+
+def test_callout_mode_without_an_issuer_or_an_unknown_mode_fails_saying_what_to_do() -> None:
+    with pytest.raises(helm.HelmError, match=r"nats\.auth\.callout\.issuerSecret is required"):
+        render_with({"nats": {"auth": {"mode": "callout"}}})
+    with pytest.raises(helm.HelmError, match=r"nats\.auth\.mode must be static or callout"):
+        render_with({"nats": {"auth": {"mode": "jwt"}}})
+
+
+def test_static_mode_stays_the_default_with_passwords_and_the_shared_node_agent_account() -> None:
+    rendering = render_with(None)
+    assert not [m for m in rendering.all() if "nats-auth" in m["metadata"]["name"]]
+    for workload, container in gpuop_containers(rendering):
+        assert "NATS_PASSWORD" in env(container)
+        assert "nats-token" not in {v["name"] for v in pod(workload)["volumes"]}
