@@ -174,6 +174,8 @@ class ControlPlane:
     kwok: bool = True
     controllers: bool = True
     scheduler: bool = True
+    stages: Path | None = None
+    """A directory of KWOK stage files to run instead of KWOK's defaults (`STAGES`)."""
     components: list[Component] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
     token: str = field(default_factory=lambda: os.urandom(16).hex())
@@ -343,9 +345,10 @@ class ControlPlane:
         )
 
     def _start_kwok(self) -> None:
-        stages = sorted(STAGES.glob("*.yaml"))
+        directory = self.stages or STAGES
+        stages = sorted(directory.glob("*.yaml"))
         if not stages:
-            raise ControlPlaneError(f"no KWOK stages under {STAGES}: run `make cluster-tools`")
+            raise ControlPlaneError(f"no KWOK stages under {directory}: run `make cluster-tools`")
         config = self.work / "kwok.yaml"
         config.write_text(
             "\n---\n".join(path.read_text(encoding="utf-8") for path in stages), encoding="utf-8"
