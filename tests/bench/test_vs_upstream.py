@@ -4,8 +4,10 @@ No Go, no control plane."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,11 +20,13 @@ from tests.bench.vs_upstream import (
     SIZES,
     Row,
     Side,
+    SlowProxy,
     comparison,
     ratio,
     requests_by_user,
     stage_set,
     table,
+    through,
 )
 
 T0 = datetime.datetime(2026, 12, 2, 8, 0, 0, tzinfo=datetime.UTC)
@@ -189,3 +193,47 @@ def test_comparison_without_the_kill_and_broken_runs_says_not_measured() -> None
 def test_a_side_with_no_node_done_has_no_requests_per_node() -> None:
     assert Side(20).requests_per_node is None
     assert Side(20, done=4, requests=Counter({("get", "nodes"): 10})).requests_per_node == 2.5
+
+
+def test_through_points_a_kubeconfig_at_the_proxy_and_keeps_the_rest(tmp_path: Path) -> None:
+    original = tmp_path / "a.kubeconfig"
+    config = {
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", "x": 1}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+    }
+    original.write_text(yaml.safe_dump(config))
+    proxy = SlowProxy(6443, 0.05)
+    proxy.port = 7000
+    slowed = yaml.safe_load(through(original, proxy).read_text())
+    assert slowed["clusters"][0]["cluster"] == {"server": "https://127.0.0.1:7000", "x": 1}
+    assert slowed["users"] == config["users"]
+    assert yaml.safe_load(original.read_text()) == config
+
+
+async def test_the_slow_proxy_passes_bytes_both_ways_and_closes_with_the_server() -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1024):
+            writer.write(data.upper())
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    async with server, SlowProxy(server.sockets[0].getsockname()[1], 0.01) as proxy:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"get /version")
+        await writer.drain()
+        assert await reader.readexactly(12) == b"GET /VERSION"
+        writer.write_eof()
+        assert await reader.read() == b""
+        writer.close()
+
+
+async def test_the_slow_proxy_drops_a_client_when_the_apiserver_is_gone() -> None:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    async with SlowProxy(port, 0.01) as proxy:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        assert await reader.read() == b""
+        writer.close()

@@ -248,6 +248,7 @@ def comparison(
     plain: dict[str, Side],
     killed: dict[str, Side] | None,
     broken: dict[str, Side] | None,
+    slow: dict[str, Side] | None = None,
 ) -> dict[str, Any]:
     """The benchmark's JSON result from the runs' sides ("gpuop", "upstream")."""
 
@@ -291,7 +292,7 @@ def comparison(
             "broken node: seconds until the healthy nodes were done",
             *both(broken, lambda s: s.makespan),
         ),
-        Row("slow apiserver (+50 ms): makespan (s)", None, None),
+        Row("slow apiserver (+50 ms a request): makespan (s)", *both(slow, lambda s: s.makespan)),
     ]
     by_figure = {row.figure: row for row in rows}
     makespan = by_figure["makespan (s)"].ratio
@@ -330,6 +331,7 @@ def comparison(
         "broken_makespan_ratio": by_figure[
             "broken node: seconds until the healthy nodes were done"
         ].ratio,
+        "slow_makespan_ratio": by_figure["slow apiserver (+50 ms a request): makespan (s)"].ratio,
     }
     result["targets"] = {
         "makespan_ratio": "<= 0.5",
@@ -347,6 +349,80 @@ class Scenario:
     size: Size
     kill: bool = False
     broken: str | None = None
+    slow: bool = False
+    """The controller reaches the apiserver through `SlowProxy`."""
+
+
+SLOW_SECONDS = 0.05
+SCENARIOS = ("kill", "broken", "slow")
+"""The runs beyond the plain rollout, in the order of their priority."""
+
+
+class SlowProxy:
+    """A TCP proxy in front of the apiserver that holds every chunk a client sends for
+    `delay` seconds before passing it on, so each request is answered that much later (TLS
+    passes through untouched; answers and watch events flow back at once)."""
+
+    def __init__(self, target_port: int, delay: float) -> None:
+        self.target_port = target_port
+        self.delay = delay
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> SlowProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(
+                "127.0.0.1", self.target_port
+            )
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(
+            self._pump(reader, upstream_writer, self.delay),
+            self._pump(upstream_reader, writer, 0.0),
+            return_exceptions=True,
+        )
+
+    @staticmethod
+    async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, delay: float) -> None:
+        try:
+            while data := await source.read(65536):
+                if delay:
+                    await asyncio.sleep(delay)
+                sink.write(data)
+                await sink.drain()
+        finally:
+            sink.close()
+
+
+async def slowed(
+    kubeconfig: Path, plane: ControlPlane, scenario: Scenario, exits: contextlib.AsyncExitStack
+) -> Path:
+    """`kubeconfig`, or in a slow scenario a copy through a `SlowProxy` that lives as long
+    as `exits`."""
+    if not scenario.slow:
+        return kubeconfig
+    proxy = await exits.enter_async_context(SlowProxy(plane.ports["apiserver"], SLOW_SECONDS))
+    return through(kubeconfig, proxy)
+
+
+def through(kubeconfig: Path, proxy: SlowProxy) -> Path:
+    """A copy of `kubeconfig` whose server is `proxy` (same host, so the certificate holds)."""
+    config = yaml.safe_load(kubeconfig.read_text(encoding="utf-8"))
+    for cluster in config["clusters"]:
+        cluster["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    slowed = kubeconfig.with_name("slow-" + kubeconfig.name)
+    slowed.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return slowed
 
 
 class Watched:
@@ -563,12 +639,20 @@ def upstream_states(plane: ControlPlane, broken: str | None) -> NodeStates:
 
 
 async def run_upstream(scenario: Scenario, work: Path, side: Side) -> None:
+    async with contextlib.AsyncExitStack() as exits:
+        await _run_upstream(scenario, work, side, exits)
+
+
+async def _run_upstream(
+    scenario: Scenario, work: Path, side: Side, exits: contextlib.AsyncExitStack
+) -> None:
     size = scenario.size
     stages = write_stages(work / "stages", size.reload_seconds, scenario.broken)
     with ControlPlane(work / "plane", stages=stages) as plane:
         async with await client.connect(plane.admin_kubeconfig) as admin:
             await KwokFleet(admin, size.nodes, GPUS, prefix="gpu-node-", seed=5).create()
         kubeconfig = await asyncio.to_thread(prepare_upstream, plane, work)
+        kubeconfig = await slowed(kubeconfig, plane, scenario, exits)
         policy = work / "policy.json"
         policy.write_text(json.dumps(upstream_policy(size)), encoding="utf-8")
         arguments = [str(HARNESS), "--kubeconfig", str(kubeconfig), "--policy", str(policy),
@@ -693,6 +777,13 @@ def leader(logs: dict[str, Path]) -> str | None:
 
 
 async def run_gpuop(scenario: Scenario, work: Path, side: Side) -> None:
+    async with contextlib.AsyncExitStack() as exits:
+        await _run_gpuop(scenario, work, side, exits)
+
+
+async def _run_gpuop(
+    scenario: Scenario, work: Path, side: Side, exits: contextlib.AsyncExitStack
+) -> None:
     size = scenario.size
     stages = write_stages(work / "stages", size.reload_seconds, scenario.broken)
     with ControlPlane(work / "plane", stages=stages) as plane:
@@ -706,6 +797,7 @@ async def run_gpuop(scenario: Scenario, work: Path, side: Side) -> None:
             "upgrade-orchestrator",
             work / "orchestrator.kubeconfig",
         )
+        kubeconfig = await slowed(kubeconfig, plane, scenario, exits)
         config = work / "orchestrator.yaml"
         config.write_text(f"lease_namespace: {chart.RELEASE_NAMESPACE}\n", encoding="utf-8")
         async with NatsServer(work / "nats") as nats:
@@ -833,7 +925,8 @@ async def measure(size: Size, figures: set[str]) -> dict[str, Any]:
     broken = None
     if "broken" in figures:
         broken = await both_sides(Scenario(size, broken="gpu-node-1"), "broken")
-    return comparison(size, harness_version(), plain, killed, broken)
+    slow = await both_sides(Scenario(size, slow=True), "slow") if "slow" in figures else None
+    return comparison(size, harness_version(), plain, killed, broken, slow)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -841,10 +934,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="20 nodes, maxParallel 5, a 5 s reload"
     )
-    parser.add_argument("--only", nargs="*", choices=("kill", "broken"), default=None,
-                        help="of the scenarios beyond the plain rollout, only these")  # fmt: skip
+    parser.add_argument("--only", nargs="*", choices=SCENARIOS, default=None,
+                        help="of the scenarios beyond the plain rollout, only these (by "
+                        "default all; quick leaves out slow, to fit in ten minutes)")  # fmt: skip
     args = parser.parse_args(argv)
-    figures = {"kill", "broken"} if args.only is None else set(args.only)
+    default = set(SCENARIOS) - ({"slow"} if args.quick else set())
+    figures = default if args.only is None else set(args.only)
     result = asyncio.run(measure(SIZES[args.quick], figures))
     print(json.dumps(result))
     return 0
