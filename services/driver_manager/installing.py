@@ -456,6 +456,27 @@ def activate_userspace(root: HostRoot, component: str, version: str) -> str | No
     return previous
 
 
+def select_userspace(root: HostRoot, component: str, version: str) -> str | None:
+    """What `load` calls with the modules' switch: `version`'s user space becomes the one in
+    use (`activate_userspace`) when the version has one (format 2); a version without one
+    (format 1) leaves no `current` link, so no other version's libraries stay in use beside
+    its modules. The version in use before, or None."""
+    if userspace_dir(root, component, version).is_dir():
+        return activate_userspace(root, component, version)
+    current = userspace_dir(root, component) / CURRENT
+    previous = os.readlink(current) if current.is_symlink() else None
+    current.unlink(missing_ok=True)
+    return previous
+
+
+def restore_userspace(root: HostRoot, component: str, previous: str | None) -> None:
+    """Undo `select_userspace`: the `current` link names `previous` again (or none)."""
+    if previous is not None and userspace_dir(root, component, previous).is_dir():
+        activate_userspace(root, component, previous)
+    elif previous is None:
+        (userspace_dir(root, component) / CURRENT).unlink(missing_ok=True)
+
+
 def active_userspace(root: HostRoot, component: str) -> str | None:
     """The version whose user space is in use, or None."""
     current = userspace_dir(root, component) / CURRENT

@@ -10,8 +10,10 @@ Called by `executor.Executor` for `UnloadDriver`, `LoadDriver` and `RollbackDriv
   would reset the interface carrying the node's default route is refused unless the command
   opts in.
 - `load` makes `version` the active one (`packages.select_version`: this, not the install,
-  is when the active version changes), runs depmod and loads the modules in dependency
-  order, then checks that the loaded module reports `version`.
+  is when the active version changes) and, for a format 2 package, its user space the one
+  in use (`installing.select_userspace`, put back when the load fails; a rollback's load
+  switches back), runs depmod and loads the modules in dependency order, then checks that
+  the loaded module reports `version`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from gpuop.host.errors import (
 )
 from gpuop.host.protocol import KernelOps
 from gpuop.host.roots import HostRoot
-from gpuop.services.driver_manager import holders
+from gpuop.services.driver_manager import holders, installing
 from gpuop.services.driver_manager.installing import InstallError, running_kernel
 
 log = logging.getLogger(__name__)
@@ -146,13 +148,17 @@ class Reloader:
                 f"{component} {running} is loaded; unload it before loading {version}",
             )
         packages.select_version(self.root, kernel_release, component, version)
+        # a format 2 version's user space switches with its modules: one link's rename
+        previous = installing.select_userspace(self.root, component, version)
         try:
             await self.kernel.depmod(kernel_release)
             for module in components.load_order(wanted):
                 await self.kernel.load(module)
         except KernelToolTimedOut as exc:
+            installing.restore_userspace(self.root, component, previous)
             raise LoadError(LoadFailureReason.TIMEOUT, str(exc), retryable=True) from None
         except KernelError as exc:
+            installing.restore_userspace(self.root, component, previous)
             raise LoadError(LoadFailureReason.MODULE_ERROR, str(exc)) from None
         now = self.loaded_version(component)
         if now != version:

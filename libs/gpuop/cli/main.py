@@ -40,7 +40,7 @@ def parser(*, only_run: bool = False) -> argparse.ArgumentParser:
     run.add_parser(verbs)
     if only_run:
         return top
-    from gpuop.cli import bus, discover, events, natsauth, replay, upgrade
+    from gpuop.cli import bus, discover, events, natsauth, package, replay, upgrade
 
     events.add_parser(verbs)
     replay.add_parser(verbs)
@@ -48,6 +48,7 @@ def parser(*, only_run: bool = False) -> argparse.ArgumentParser:
     upgrade.add_parser(verbs)
     bus.add_parser(verbs)
     natsauth.add_parser(verbs)
+    package.add_parser(verbs)
     for add_parser in plugins.load_all("gpuop.commands").values():  # `demo`, `sim`
         add_parser(verbs)
     return top

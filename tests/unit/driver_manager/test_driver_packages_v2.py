@@ -22,7 +22,7 @@ from gpuop.host import kmod, packages, packaging
 from gpuop.host.errors import KernelToolMissing
 from gpuop.host.manifests import Flavour, Role
 from gpuop.host.roots import HostRoot
-from gpuop.services.driver_manager import installing
+from gpuop.services.driver_manager import installing, reloading
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop_sim.host import keys, seeding
 from tests.support.driver_manager import recorded_host, source_of
@@ -284,3 +284,23 @@ class _IndexOnly(kmod.HostRootKernel):
 
     async def depmod(self, kernel_release: str) -> None:
         return None
+
+
+async def test_the_load_switches_user_space_with_the_modules_and_puts_it_back_on_failure(
+    tmp_path: Path,
+) -> None:
+    root = host(tmp_path)
+    build(tmp_path / "source")
+    await installer(root).install("gpu", VERSION, source_of(tmp_path / "source"))
+    reloader = reloading.Reloader(root, kmod.HostRootKernel(root), VirtualClock(), 0.1)
+    # the modules cannot load into a host root that is not running: the link goes back
+    with pytest.raises(reloading.LoadError):
+        await reloader.load("gpu", VERSION, ("nvidia",))
+    assert installing.active_userspace(root, "gpu") is None
+    # selected with its modules; a format 1 version (no user space) leaves none in use
+    assert installing.select_userspace(root, "gpu", VERSION) is None
+    assert installing.active_userspace(root, "gpu") == VERSION
+    assert installing.select_userspace(root, "gpu", V1_VERSION) == VERSION
+    assert installing.active_userspace(root, "gpu") is None
+    installing.restore_userspace(root, "gpu", VERSION)
+    assert installing.active_userspace(root, "gpu") == VERSION

@@ -1,0 +1,124 @@
+"""`gpuop package build`: a format 2 driver package (`gpuop.host.manifests`) from Debian's
+NVIDIA packages or NVIDIA's `.run` installer, added to a driver source's index.
+
+    gpuop package build --from-debian --version 535.261.03 --kernel 6.1.0-57-amd64 \\
+        --flavour open --out /srv/drivers [--sign-key KEY] [--work DIR] [--debs DIR]
+    gpuop package build --from-run NVIDIA-Linux-x86_64-535.261.03.run --extract-only --out DIR
+    gpuop package build --from-run FILE --kernel K --flavour F --out /srv/drivers
+
+The build itself is `gpuop.host.building`'s; this module reads the flags, says what it
+built (archive, sha256, index) and maps a failed step to exit 1 with its words.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpuop.cli.errors import CommandFailed
+from gpuop.host import building, manifests, packaging
+from gpuop.host.manifests import Flavour
+
+
+def add_parser(verbs: Any) -> None:
+    package: argparse.ArgumentParser = verbs.add_parser(
+        "package",
+        help="build driver packages for a driver source",
+        description="Build format 2 driver packages (kernel modules, user space, firmware).",
+    )
+    actions = package.add_subparsers(dest="action", required=True, metavar="ACTION")
+    build = actions.add_parser(
+        "build",
+        help="build a package from Debian's NVIDIA packages or NVIDIA's .run",
+        description="Build a driver package and add it to the driver source --out.",
+    )
+    origin = build.add_mutually_exclusive_group(required=True)
+    origin.add_argument(
+        "--from-debian",
+        action="store_true",
+        help="fetch Debian bookworm's NVIDIA packages (non-free, contrib, non-free-firmware)",
+    )
+    origin.add_argument("--from-run", type=Path, metavar="FILE", help="NVIDIA's .run installer")
+    build.add_argument("--extract-only", action="store_true", help="--from-run: only unpack")
+    build.add_argument("--version", help="driver version, 535.261.03 (--from-debian)")
+    build.add_argument("--kernel", help="kernel release to build the modules for")
+    build.add_argument("--flavour", choices=[f.value for f in Flavour], help="module tree")
+    build.add_argument("--out", type=Path, required=True, help="driver source directory")
+    build.add_argument("--sign-key", type=Path, help="minisign secret key (unencrypted)")
+    build.add_argument("--work", type=Path, help="work directory, kept (default: temporary)")
+    build.add_argument("--debs", type=Path, help="keep fetched .debs here between builds")
+    build.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="make -j")
+    build.set_defaults(handler=build_package)
+
+
+async def build_package(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    return await asyncio.to_thread(_build, args)
+
+
+def _build(args: argparse.Namespace) -> int:
+    if args.from_run is not None and args.extract_only:
+        return _extract(args.from_run, args.out)
+    if args.extract_only:
+        raise ValueError("--extract-only goes with --from-run")
+    missing = [
+        flag
+        for flag, value in (
+            ("--kernel", args.kernel),
+            ("--flavour", args.flavour),
+            ("--version", args.version if args.from_debian else "-"),
+        )
+        if not value
+    ]
+    if missing:
+        raise ValueError(f"building a package needs {', '.join(missing)}")
+    if args.sign_key is not None and not args.sign_key.is_file():
+        raise ValueError(f"--sign-key {args.sign_key}: no such file")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs {args.jobs}: at least 1")
+    with tempfile.TemporaryDirectory(prefix="gpuop-package-") as scratch:
+        work = args.work or Path(scratch)
+        try:
+            if args.from_debian:
+                built = building.build_from_debian(
+                    version=args.version,
+                    kernel_release=args.kernel,
+                    flavour=Flavour(args.flavour),
+                    out=args.out,
+                    work=work,
+                    debs=args.debs,
+                    jobs=args.jobs,
+                    signing_key=args.sign_key,
+                )
+            else:
+                built = building.build_from_run(
+                    args.from_run,
+                    kernel_release=args.kernel,
+                    flavour=Flavour(args.flavour),
+                    out=args.out,
+                    work=work,
+                    debs=args.debs,
+                    jobs=args.jobs,
+                    signing_key=args.sign_key,
+                )
+        except (building.BuildError, manifests.ManifestError) as exc:
+            raise CommandFailed(str(exc)) from None
+    index = args.out / packaging.INDEX
+    signed = "signed" if args.sign_key is not None else "UNSIGNED (no --sign-key)"
+    print(f"{built.path}\n  sha256 {built.sha256}\n  added to {index}, {signed}")
+    return 0
+
+
+def _extract(run: Path, out: Path) -> int:
+    if not run.is_file():
+        raise ValueError(f"--from-run {run}: no such file")
+    try:
+        header = building.extract_run(run, out)
+    except building.BuildError as exc:
+        raise CommandFailed(str(exc)) from None
+    print(f"{run.name}: {header.label or 'makeself archive'} unpacked into {out}")
+    return 0

@@ -1,0 +1,115 @@
+"""Real driver packages for the slow suites: NVIDIA 535.261.03 built from Debian's packages
+(`gpuop.host.building`) for the newest Debian bookworm kernel whose headers the archive
+has, once per flavour, and cached under `.cache/driver-packages/<key>/` (ignored by git).
+
+The key is a digest of the inputs: driver version, kernel release, flavour and the
+builder's recipe version (`building.RECIPE`, bumped when a build would make something else
+of the same inputs), so a second run finds the archive and builds nothing.
+`real_source(directory, built)` copies the cached archives into a driver source signed with
+the simulation's key.
+
+Needs what `.ci/run` installs: apt with Debian's archive reachable, dpkg-deb, make, gcc-12,
+binutils and kmod. A missing tool fails the test naming what to install.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import shutil
+import tarfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuop.host import building, manifests, packaging
+from gpuop.host.manifests import Flavour
+from gpuop_sim.host import keys
+
+VERSION = "535.261.03"
+REPOSITORY = Path(__file__).resolve().parents[2]
+CACHE = REPOSITORY / ".cache" / "driver-packages"
+
+
+@dataclass(frozen=True)
+class CachedPackage:
+    package: packaging.BuiltPackage
+    built_seconds: float | None
+    """How long the build took; None when it came from the cache."""
+
+
+def newest_kernel() -> str:
+    """The kernel release to build for: the newest bookworm `6.1.0-N-amd64` with headers."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    apt = building.Apt(CACHE / "apt")
+    apt.update()
+    return building.newest_debian_kernel(apt)
+
+
+def cached_package(flavour: Flavour, kernel_release: str, *, jobs: int = 2) -> CachedPackage:
+    """The package of `flavour` for `kernel_release`, from the cache or built into it (one
+    build at a time: a lock file serializes concurrent test processes)."""
+    key = building.cache_key(VERSION, kernel_release, flavour.value, building.RECIPE)
+    directory = CACHE / key
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = directory / "built.json"
+        if record.is_file():
+            fields = json.loads(record.read_text())
+            path = directory / fields["file"]
+            package = packaging.BuiltPackage(
+                "gpu", VERSION, kernel_release, path, fields["sha256"], flavour.value
+            )
+            return CachedPackage(package, None)
+        if directory.exists():
+            shutil.rmtree(directory)
+        work = CACHE / f"work-{flavour.value}"
+        start = time.monotonic()
+        package = building.build_from_debian(
+            version=VERSION,
+            kernel_release=kernel_release,
+            flavour=flavour,
+            out=directory,
+            work=work,
+            debs=CACHE / "debs",
+            jobs=jobs,
+        )
+        seconds = time.monotonic() - start
+        shutil.rmtree(work, ignore_errors=True)
+        record.write_text(
+            json.dumps({"file": package.path.name, "sha256": package.sha256, "seconds": seconds})
+        )
+        return CachedPackage(package, seconds)
+
+
+def real_source(directory: Path, built: Iterable[packaging.BuiltPackage]) -> Path:
+    """A driver source in `directory` holding `built` (copied), its index signed with the
+    simulation's key, which `tests.support.driver_manager.source_of` trusts."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for package in built:
+        copy = directory / package.path.name
+        shutil.copyfile(package.path, copy)
+        packaging.add_to_index(
+            directory,
+            packaging.BuiltPackage(
+                package.component,
+                package.version,
+                package.kernel_release,
+                copy,
+                package.sha256,
+                package.flavour,
+            ),
+            keys.SIGNING_KEY,
+        )
+    return directory
+
+
+def manifest_of(package: packaging.BuiltPackage) -> manifests.ManifestV2:
+    with tarfile.open(package.path) as archive:
+        member = archive.extractfile(packaging.MANIFEST)
+        assert member is not None
+        manifest = manifests.parse(member.read())
+    assert isinstance(manifest, manifests.ManifestV2)
+    return manifest
