@@ -1,19 +1,24 @@
 """`NatsBus`: the bus on NATS JetStream (nats-py), used by every service in production.
 
 Streams and buckets are created idempotently by `start()`. Publishing waits for the server's
-receipt and retries transient failures for a while (safe: the event id dedupes). Each
-consumer is a durable pull consumer whose fetch loop feeds a `Dispatcher`; it rides through
-server restarts because the client reconnects and the consumer lives on the server.
+receipt and retries transient failures for a while (safe: the event id dedupes); a first try
+answered as a duplicate is someone else's message under our id (`IdTaken`). Each consumer is a
+durable pull consumer whose fetch loop feeds a `Dispatcher`; it rides through server restarts
+because the client reconnects and the consumer lives on the server. With an `Identity`, the
+connection replies on that identity's own inbox prefix and creates every consumer in a form
+its NATS permissions can bind (`gpuop.bus.grants`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +26,7 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client
+from nats.aio.client import DEFAULT_INBOX_PREFIX, Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -34,7 +39,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from gpuop.bus import publishing, streams
+from gpuop.bus import grants, publishing, streams
 from gpuop.bus.dispatching import PumpedSubscription
 from gpuop.bus.errors import (
     PLACEMENT_ERROR,
@@ -88,6 +93,19 @@ MAX_OUTSTANDING_PINGS = 3
 """A server that answers no ping for 15 s is given up and another of the list is tried: a
 partition drops packets without closing the connection, and nats-py's defaults (two minutes
 between pings) would leave a service talking to a cut-off server for four."""
+CONSUMER_EXISTS = 10148
+"""JetStream's error code for a create (action `create`) of a consumer that exists."""
+UNCONFIRMED_KEPT = 4096
+"""Unconfirmed publish ids remembered (a caller that tries again soon; the server forgets an
+id after the stream's duplicate window anyway)."""
+READ_INACTIVE = 1.0
+"""Seconds a read's consumer outlives its reader; a second read of the same filter by the same
+identity waits for it to go."""
+READ_HEARTBEAT = 5.0
+"""Seconds between the server's idle heartbeats to a following read; three missed ones end
+the read with `BusUnavailable` (the consumer or the connection is gone)."""
+READ_PENDING_WAIT = 10.0
+"""Seconds a read waits for a message the server said it has."""
 
 
 class NatsBus:
@@ -107,6 +125,7 @@ class NatsBus:
         placement: Sequence[str] = (),
         limits: streams.StoreLimits = streams.DEFAULT_LIMITS,
         metrics: BusMetrics | None = None,
+        identity: grants.Identity | None = None,
     ) -> None:
         if isinstance(servers, str):
             servers = [url.strip() for url in servers.split(",") if url.strip()]
@@ -123,6 +142,16 @@ class NatsBus:
         self._prefix = prefix
         self._name = name
         self._creds = creds
+        self.identity = identity
+        """Who connects (`gpuop.bus.grants`): it replies on its own inbox prefix and reads
+        the streams with consumers its permissions name; None: nats-py's `_INBOX`."""
+        self._reading = collections.defaultdict[str, asyncio.Lock](asyncio.Lock)
+        self._reconnects = 0
+        """Connections lost and regained: a message sent across one may reach the server
+        twice (nats-py sends what it had buffered again), so its duplicate is no alarm."""
+        self._unconfirmed: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Ids of publishes that ended unconfirmed (`PublishTimeout`): possibly stored, so a
+        later publish of one is a retry, and its duplicate answer the earlier copy."""
         self._events_max_age = events_max_age
         self.limits = limits
         """What each stream and bucket this bus creates may hold."""
@@ -138,6 +167,13 @@ class NatsBus:
     @property
     def prefix(self) -> str:
         return self._prefix
+
+    @property
+    def inbox_prefix(self) -> str:
+        """Where this connection's replies arrive: the identity's own prefix, or `_INBOX`."""
+        if self.identity is None:
+            return DEFAULT_INBOX_PREFIX.decode()
+        return grants.inbox_prefix(self.identity)
 
     @property
     def max_payload(self) -> int:
@@ -204,6 +240,7 @@ class NatsBus:
                 max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                 connect_timeout=2,
                 drain_timeout=2,
+                inbox_prefix=self.inbox_prefix,
                 error_cb=_log_error,
                 disconnected_cb=self._on_disconnect,
                 reconnected_cb=self._on_reconnect,
@@ -222,6 +259,7 @@ class NatsBus:
         await _log_reconnect()
         # pull requests die with the connection: every consumer asks again now, instead of
         # waiting out the fetch it sent before (`IDLE_FETCH_SECONDS`)
+        self._reconnects += 1
         reconnected, self.reconnected = self.reconnected, asyncio.Event()
         reconnected.set()
 
@@ -356,38 +394,58 @@ class NatsBus:
                             task.cancel()
         self._nc = self._js = None
 
-    async def publish(self, envelope: Envelope) -> PublishAck:
+    async def publish(self, envelope: Envelope, *, republish: bool = False) -> PublishAck:
         out = publishing.prepare(envelope, self._prefix, self._id_key)
-        ack = await self._publish_outgoing(out)
+        ack = await self._publish_outgoing(out, republish=republish)
         self._metrics.published(out.kind)
         return ack
 
-    async def _publish_outgoing(self, out: publishing.Outgoing) -> PublishAck:
+    async def _publish_outgoing(
+        self, out: publishing.Outgoing, *, republish: bool, retried: bool = False
+    ) -> PublishAck:
         publishing.fitting(out, self.max_payload)
+        msg_id = out.headers.get(streams.MSG_ID)
+        retried = retried or (msg_id is not None and msg_id in self._unconfirmed)
         deadline = time.monotonic() + self._retry_for
         delay = 0.05
         while True:
+            reconnects = self._reconnects
             try:
                 ack = await self.js.publish(
                     out.subject, out.data, timeout=self._publish_timeout, headers=out.headers
                 )
-                return PublishAck(ack.stream, ack.seq, bool(ack.duplicate))
             except TRANSIENT as exc:
                 if time.monotonic() + delay > deadline:
+                    if msg_id is not None:
+                        self._unconfirmed[msg_id] = None
+                        while len(self._unconfirmed) > UNCONFIRMED_KEPT:
+                            self._unconfirmed.popitem(last=False)
                     raise PublishTimeout(
                         f"publish to {out.subject} not confirmed: {exc!r}"
                     ) from exc
+                retried = True  # the try that timed out may have been stored
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+                continue
             except nats.errors.Error as exc:
                 raise BusError(f"publish to {out.subject} failed: {exc}") from exc
+            receipt = PublishAck(ack.stream, ack.seq, bool(ack.duplicate))
+            if msg_id is not None:
+                self._unconfirmed.pop(msg_id, None)
+            retried = retried or reconnects != self._reconnects
+            return publishing.checked(
+                receipt, out, first_try=not (retried or republish), metrics=self._metrics
+            )
 
-    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[PublishAck]:
+    async def publish_batch(
+        self, envelopes: Sequence[Envelope], *, republish: bool = False
+    ) -> list[PublishAck]:
         outs = [
             publishing.fitting(publishing.prepare(e, self._prefix, self._id_key), self.max_payload)
             for e in envelopes
         ]
         futures = []
+        reconnects = self._reconnects
         try:
             for out in outs:
                 futures.append(
@@ -401,19 +459,29 @@ class NatsBus:
         acks = []
         for out, result in zip(outs, results, strict=True):
             if isinstance(result, BaseException) or result is None:
-                # pipelined publish failed: resend alone; the same id keeps it single
-                acks.append(await self._publish_outgoing(out))
+                # pipelined publish failed: resend alone; the same id keeps it single (and
+                # a duplicate answer is then that first try's)
+                acks.append(await self._publish_outgoing(out, republish=republish, retried=True))
             else:
-                acks.append(PublishAck(result.stream, result.seq, bool(result.duplicate)))
+                receipt = PublishAck(result.stream, result.seq, bool(result.duplicate))
+                first = not republish and reconnects == self._reconnects
+                acks.append(
+                    publishing.checked(receipt, out, first_try=first, metrics=self._metrics)
+                )
             self._metrics.published(out.kind)
         return acks
 
     async def publish_raw(
-        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        republish: bool = False,
     ) -> PublishAck:
         """Publish bytes no model produced: replaying dead letters, hostile-input tests."""
         out = publishing.raw(self._prefix, subject, data, headers)
-        ack = await self._publish_outgoing(out)
+        ack = await self._publish_outgoing(out, republish=republish)
         self._metrics.published(out.kind)
         return ack
 
@@ -422,6 +490,9 @@ class NatsBus:
         for subject in spec.subjects:
             if streams.stream_for(self._prefix, subject).name != layout.name:
                 raise ValueError(f"consumer {spec.durable} mixes streams: {list(spec.subjects)}")
+        # One filter travels in the create subject (`CONSUMER.CREATE.<stream>.<name>.<filter>`),
+        # where a permission can bind it; several go in the body of a create pinned by name.
+        single = len(spec.subjects) == 1
         config = ConsumerConfig(
             name=spec.durable,
             durable_name=spec.durable,
@@ -430,7 +501,8 @@ class NatsBus:
             max_deliver=spec.max_deliver,
             max_ack_pending=spec.max_in_flight * 4,
             deliver_policy=DeliverPolicy.NEW if spec.deliver_new_only else DeliverPolicy.ALL,
-            filter_subjects=list(spec.subjects),
+            filter_subject=spec.subjects[0] if single else None,
+            filter_subjects=None if single else list(spec.subjects),
             metadata=dict(spec.metadata) or None,
         )
 
@@ -465,6 +537,7 @@ class NatsBus:
                 replicas=self.replicas,
                 placement=self.placement,
                 share=self.limits.share(bucket) if bucket in streams.SHARES else None,
+                direct=bucket != Buckets.SAGAS,
             )
         return self._buckets[name]
 
@@ -488,40 +561,90 @@ class NatsBus:
     async def read(
         self, subject: str, *, since: datetime | None = None, follow: bool = False
     ) -> AsyncIterator[StoredMessage]:
+        """Through a short-lived push consumer delivering to this connection's inbox, created
+        with its filter in the subject under a name the identity's permissions give it
+        (`grants.read_name`): no pull from a consumer named by anyone else, no filter but
+        `subject`. Two reads of one filter by one identity take turns."""
         layout = streams.stream_for(self._prefix, subject)
+        if self.identity is not None:
+            name = grants.read_name(self.identity, subject)
+        else:
+            name = f"read-{uuid.uuid4().hex[:20]}"
+        async with self._reading[name]:
+            async for stored in self._read(layout.name, name, subject, since, follow):
+                yield stored
+
+    async def _read(
+        self, stream: str, name: str, subject: str, since: datetime | None, follow: bool
+    ) -> AsyncIterator[StoredMessage]:
+        nc = self._nc
+        if nc is None:
+            raise BusUnavailable("bus not started")
+        try:
+            inbox = await nc.subscribe(nc.new_inbox())
+        except ANY_NATS_ERROR as exc:
+            raise BusUnavailable(f"cannot read {subject}: {exc!r}") from exc
         config = ConsumerConfig(
+            name=name,
+            deliver_subject=inbox.subject,
             ack_policy=AckPolicy.NONE,
             deliver_policy=DeliverPolicy.BY_START_TIME if since else DeliverPolicy.ALL,
             opt_start_time=since,
             filter_subject=subject,
-            inactive_threshold=30.0,
+            inactive_threshold=READ_INACTIVE,
+            idle_heartbeat=READ_HEARTBEAT if follow else None,
             mem_storage=True,
+            num_replicas=1,
         )
         try:
-            psub = await self.js.pull_subscribe(subject, stream=layout.name, config=config)
-        except ANY_NATS_ERROR as exc:
-            raise BusUnavailable(f"cannot read {subject}: {exc!r}") from exc
-        try:
-            if not follow and (await psub.consumer_info()).num_pending == 0:
+            pending = await self._create_reader(stream, config)
+            if not follow and pending == 0:
                 return
+            wait = READ_HEARTBEAT * 3 if follow else READ_PENDING_WAIT
             while True:
                 try:
-                    batch = await psub.fetch(256, timeout=0.5)
-                except nats.errors.TimeoutError:
-                    if not follow and (await psub.consumer_info()).num_pending == 0:
-                        return
+                    msg = await inbox.next_msg(timeout=wait)
+                except nats.errors.TimeoutError as exc:
+                    raise BusUnavailable(
+                        f"reading {subject} stopped: nothing from the server in {wait:.0f} s"
+                    ) from exc
+                if not msg.reply:  # an idle heartbeat, or a status the server sends
                     continue
-                for msg in batch:
-                    stored = _stored(layout.name, msg)
-                    # the server starts a start time past the last message at the first one
-                    if since is None or stored.time >= since:
-                        yield stored
-                    if not follow and msg.metadata.num_pending == 0:
-                        return
+                stored = _stored(stream, msg)
+                # the server starts a start time past the last message at the first one
+                if since is None or stored.time >= since:
+                    yield stored
+                if not follow and msg.metadata.num_pending == 0:
+                    return
         except ANY_NATS_ERROR as exc:
             raise BusUnavailable(f"reading {subject} stopped: {exc!r}") from exc
         finally:
-            await _unsubscribe(psub)
+            # the consumer goes by itself `READ_INACTIVE` after its reader: no user needs
+            # the right to delete consumers
+            with contextlib.suppress(*ANY_NATS_ERROR):
+                await inbox.unsubscribe()
+
+    async def _create_reader(self, stream: str, config: ConsumerConfig) -> int:
+        """Create a read's consumer (action `create`: never another reader's consumer of
+        the same name, which is waited out) and return how many messages it has for us."""
+        nc = self._nc
+        assert nc is not None and config.name is not None and config.filter_subject is not None
+        request = json.dumps(
+            {"stream_name": stream, "config": config.as_dict(), "action": "create"}
+        ).encode()
+        api = f"$JS.API.CONSUMER.CREATE.{stream}.{config.name}.{config.filter_subject}"
+        deadline = time.monotonic() + READ_INACTIVE * 10
+        while True:
+            reply = await nc.request(api, request, timeout=self._publish_timeout)
+            answer = json.loads(reply.data or b"{}")
+            error = answer.get("error")
+            if not error:
+                return int(answer.get("num_pending") or 0)
+            if error.get("err_code") != CONSUMER_EXISTS or time.monotonic() > deadline:
+                raise BusUnavailable(
+                    f"cannot read {config.filter_subject}: {error.get('description', error)}"
+                )
+            await asyncio.sleep(0.25)  # another reader of the same name, or a dead one's
 
 
 class NatsSubscription(PumpedSubscription):

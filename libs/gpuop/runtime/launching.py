@@ -20,14 +20,14 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from gpuop.bus import NatsBus, streams
+from gpuop.bus import NatsBus, grants, streams
 from gpuop.observability import logging as oblog
 from gpuop.observability import tracing
 from gpuop.observability.http import HealthServer
 from gpuop.observability.metrics import BusMetrics, registry
 from gpuop.observability.webconfig import WebConfig
 from gpuop.runtime.services import ServiceContext, ServiceDefinition
-from gpuop.runtime.settings import Settings, SettingsError, load_config_file
+from gpuop.runtime.settings import Role, Settings, SettingsError, load_config_file
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,16 @@ def check_role(definition: ServiceDefinition, settings: Settings) -> None:
         )
 
 
+def identity(definition: ServiceDefinition, settings: Settings) -> grants.Identity:
+    """Who the service is on NATS (its user in deploy/nats, and its node): its replies arrive
+    on that identity's own inbox prefix, the only one its user may subscribe to."""
+    if settings.role is Role.NODE:
+        return grants.Identity(definition.name, settings.require_node())
+    if definition.name == "upgrade-orchestrator":
+        return grants.Identity(definition.name, None)
+    return grants.Identity(f"{definition.name}-cluster", None)
+
+
 async def run_service(definition: ServiceDefinition, settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then stop cleanly."""
     check_role(definition, settings)
@@ -72,6 +82,7 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
         placement=settings.nats_placement,
         limits=streams.StoreLimits(store_bytes=settings.nats_store_bytes),
         metrics=BusMetrics(metrics),
+        identity=identity(definition, settings),
     )
     context = ServiceContext(settings, bus, metrics)
     host, port = settings.listen_address
