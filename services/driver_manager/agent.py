@@ -138,7 +138,7 @@ class CommandAgent:
             answer = record.result_envelope()
             log.info("command %s (%s) was answered before; replaying", command_id, record.verb)
             if answer is not None:
-                await self._publish(answer)
+                await self._publish(answer, republish=True)
             self._commands.labels(command.VERB, "replayed").inc()
             return
         if record is not None:
@@ -165,11 +165,13 @@ class CommandAgent:
             causationid=command_id,
             traceparent=tracing.current_traceparent(),
         )
+        # begun before: its result may be stored already (a crash after the publish)
+        again = record is not None
         if outcome.after is None:
             self.store.finish(command_id, answer, component, outcome.changes)
-            await self._publish(answer)
+            await self._publish(answer, republish=again)
         else:
-            await self._publish(answer)
+            await self._publish(answer, republish=again)
             try:
                 await outcome.after()
             except RebootFailed as exc:
@@ -178,9 +180,12 @@ class CommandAgent:
         log.info("%s %s: %s", command.VERB, command_id, outcome.result.NAME)
         self._commands.labels(command.VERB, "executed").inc()
 
-    async def _publish(self, answer: Envelope) -> None:
+    async def _publish(self, answer: Envelope, *, republish: bool) -> None:
+        """Publish a result. Its id stored by someone else first (`IdTaken`, an alarm the
+        bus logs and counts) is retried as any failure: the next try resumes the command,
+        and takes a duplicate as the earlier copy."""
         try:
-            await self.bus.publish(answer)
+            await self.bus.publish(answer, republish=republish)
         except BusError as exc:
             raise TemporaryError(f"result {answer.id} not published: {exc}", delay=2.0) from exc
 

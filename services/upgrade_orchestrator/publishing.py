@@ -4,6 +4,12 @@ Every component that publishes (the outbox, the runner, the controller, deadline
 and pod observers, the rollout reporter) holds a `Publisher` over the bus and the clock it
 was given, and says only what differs: the payload, the node, the id (`gpuop.events.ids`),
 and the links (correlation, causation, trace).
+
+Every message here is published as a possible re-publish (`republish=True`): the ids are
+derived from the saga (`gpuop.events.ids`) so that a step re-issued after a crash, a
+redelivery or a leader takeover is stored once, and a duplicate answer is then the earlier
+copy. That is no squat: the ids are keyed by the orchestrator's own NATS credential
+(`gpuop.bus.publishing.message_id`), which no other user holds.
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ class Publisher:
                 causationid=causationid,
                 traceparent=traceparent,
                 now=now or self._clock.now(),
-            )
+            ),
+            republish=True,
         )
 
     async def command(
@@ -69,5 +76,6 @@ class Publisher:
                 correlationid=correlationid,
                 traceparent=traceparent,
                 now=self._clock.now(),
-            )
+            ),
+            republish=True,
         )

@@ -3,6 +3,9 @@ the services really create, so a consumer that drifts from the table fails here.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from gpuop.bus import ConsumerSpec, InMemoryBus, grants, streams
@@ -161,3 +164,49 @@ def test_prefixes_other_than_gpuop_rename_everything() -> None:
     granted = grants.for_identity(Identity("telemetry", "gpu-1"), prefix="lab")
     assert all("gpuop" not in subject for subject in granted.publish)
     assert "$JS.API.STREAM.CREATE.LAB_EVENTS" in granted.publish
+
+
+def _shipped_users() -> dict[str, dict[str, list[str]]]:
+    """deploy/nats/accounts.conf's users: their publish allow and deny lists and their
+    subscribe allow list."""
+    text = (Path(__file__).resolve().parents[2] / "deploy/nats/accounts.conf").read_text()
+    code = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    users: dict[str, dict[str, list[str]]] = {}
+    for block in re.split(r"\n\s*\{\s*\n\s*user:", code)[1:]:
+        name = re.match(r'\s*"([^"]+)"', block)
+        assert name is not None
+        lists: dict[str, list[str]] = {}
+        for kind, pattern in (
+            ("allow", r"publish:\s*\{\s*allow:\s*\[([^\]]*)\]"),
+            ("deny", r"publish:\s*\{\s*allow:\s*\[[^\]]*\]\s*deny:\s*\[([^\]]*)\]"),
+            ("subscribe", r"subscribe:\s*\{\s*allow:\s*\[([^\]]*)\]"),
+        ):
+            found = re.search(pattern, block)
+            lists[kind] = re.findall(r'"([^"]+)"', found[1]) if found else []
+        users[name[1]] = lists
+    return users
+
+
+@pytest.mark.parametrize("role", sorted(grants.ROLES - {"observer"}))
+def test_the_shipped_static_users_are_the_grants_of_their_service(role: str) -> None:
+    shipped = _shipped_users()[role]
+    rendered = grants.for_service(role)
+    assert shipped["allow"] == list(rendered.publish)
+    assert shipped["deny"] == list(rendered.deny_publish)
+    assert shipped["subscribe"] == list(rendered.subscribe)
+
+
+def test_a_static_node_user_names_no_node_and_may_not_touch_the_cluster_consumers() -> None:
+    for role in grants.NODE_ROLES:
+        rendered = grants.for_service(role)
+        assert not any(grants.ANY_NODE in s for s in rendered.publish), role
+        assert rendered.subscribe == (f"_INBOX_{role}.>",)
+        for name in ("upgrade-orchestrator", "discovery-labeler"):
+            for subject in (
+                f"$JS.API.CONSUMER.CREATE.GPUOP_EVENTS.{name}.gpuop.evt.driver.gpu-1.*",
+                f"$JS.API.CONSUMER.MSG.NEXT.GPUOP_EVENTS.{name}",
+                f"$JS.ACK.GPUOP_EVENTS.{name}.1.2.3.4.5",
+            ):
+                assert not allowed(rendered.publish, subject) or allowed(
+                    rendered.deny_publish, subject
+                ), (role, subject)

@@ -8,6 +8,7 @@ tests. Import the pieces you need as namespaces:
 from gpuop.bus import _transport  # noqa: F401  # first: nats-py without aiohttp (see there)
 from gpuop.bus.errors import (
     BusError,
+    IdTaken,
     KeyExists,
     MessageTooLarge,
     PermanentError,
@@ -37,6 +38,7 @@ __all__ = [
     "BusError",
     "ConsumerSpec",
     "Delivery",
+    "IdTaken",
     "InMemoryBus",
     "KeyExists",
     "KeyValue",

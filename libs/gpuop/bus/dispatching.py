@@ -278,7 +278,12 @@ class RawPublisher(Protocol):
     def max_payload(self) -> int: ...
 
     async def publish_raw(
-        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        republish: bool = False,
     ) -> PublishAck: ...
 
 
@@ -332,7 +337,9 @@ class PumpedSubscription(abc.ABC):
             reason=reason,
             max_payload=self._publisher.max_payload,
         )
-        await self._publisher.publish_raw(out.subject, out.data, out.headers)
+        # a redelivery after a crash between storing the dead letter and terminating the
+        # message stores it again under the same id: the earlier copy, not an alarm
+        await self._publisher.publish_raw(out.subject, out.data, out.headers, republish=True)
 
 
 def _check_subject(subject: str, envelope: Envelope, payload: Payload) -> None:

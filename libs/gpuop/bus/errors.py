@@ -3,6 +3,8 @@
     BusError                    something went wrong talking to the bus
     ├── PublishTimeout          the server did not confirm a publish in time (safe to retry:
     │                           the event id dedupes it)
+    ├── IdTaken                 a first publish answered "duplicate": another publisher
+    │                           stored the message id first, and this message was dropped
     ├── BusUnavailable          not connected, and did not reconnect in time
     ├── MessageTooLarge         data and headers over the server's payload limit, or a
     │                           subject too long: refused before sending (the server would
@@ -27,6 +29,22 @@ class BusError(Exception):
 
 class PublishTimeout(BusError):
     """The server did not acknowledge a publish within the timeout."""
+
+
+class IdTaken(BusError):
+    """The first try of a publish was answered as a duplicate: the server already held a
+    message with this `Nats-Msg-Id`, which this publisher did not store (a retry's duplicate
+    is the earlier try, and a success). Someone stored the id first, and the message was not
+    stored: an alarm, never a success."""
+
+    def __init__(self, subject: str, msg_id: str, seq: int) -> None:
+        super().__init__(
+            f"publish to {subject} dropped as a duplicate on its first try: message id "
+            f"{msg_id} was already stored (sequence {seq}) by another publisher"
+        )
+        self.subject = subject
+        self.msg_id = msg_id
+        self.seq = seq
 
 
 class BusUnavailable(BusError):

@@ -11,8 +11,8 @@ A node agent's grants are exact for its node: its own node token in every event 
 publish, its consumers by name and filter (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`,
 which only the filter-in-subject form lets a permission bind), `MSG.NEXT`, `INFO` and acks of
 those names only, its dead letters for its node, its own KV key (key-scoped direct gets), and
-replies on its own inbox prefix. A stream read back at start (`Bus.read`) uses a consumer
-named after the identity and the filter (`read_name`), deleted when the read ends.
+replies on its own inbox prefix. A stream read back at start (`Bus.read`) uses a short-lived
+push consumer named after the identity and the filter (`read_name`), delivering to that inbox.
 
 Cluster roles keep consumers with several filters: their creates are pinned by name
 (`CONSUMER.CREATE.<stream>.<name>`), the filters travel in the body.
@@ -89,6 +89,8 @@ class Grants:
     subscribe: tuple[str, ...]
     inbox_prefix: str
     """The prefix of every reply subject of this identity's connection."""
+    deny_publish: tuple[str, ...] = ()
+    """Taken out of `publish` (a static per-service user's wildcards reach too far)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +338,9 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
         return (*key(Buckets.CONFIG, ">"),)
     if role == "upgrade-orchestrator":
         return (
-            *key(Buckets.SAGAS, ">"),
+            f"$KV.{bucket(Buckets.SAGAS)}.>",
+            # read from the leader, not by direct get (compare-and-set on what was read)
+            f"{JS_API}.STREAM.MSG.GET.KV_{bucket(Buckets.SAGAS)}",
             *watching(Buckets.SAGAS),
             *reading(Buckets.NODES),
             f"{JS_API}.CONSUMER.CREATE.KV_{bucket(Buckets.NODES)}",
@@ -364,17 +368,11 @@ def _consuming(identity: Identity, prefix: str) -> tuple[str, ...]:
             granted.append(f"{JS_API}.CONSUMER.CREATE.{s}.{name}.{only}")
         else:
             granted.append(f"{JS_API}.CONSUMER.CREATE.{s}.{name}")
-        granted += [
-            f"{JS_API}.CONSUMER.INFO.{s}.{name}",
-            f"{JS_API}.CONSUMER.MSG.NEXT.{s}.{name}",
-            f"$JS.ACK.{s}.{name}.>",
-        ]
+        # bound without asking the consumer's info (`pull_subscribe_bind`)
+        granted += [f"{JS_API}.CONSUMER.MSG.NEXT.{s}.{name}", f"$JS.ACK.{s}.{name}.>"]
     for read in reads(identity, prefix=prefix):
         s, name = streams.stream_for(prefix, read).name, read_name(identity, read)
-        granted += [
-            f"{JS_API}.CONSUMER.CREATE.{s}.{name}.{read}",
-            f"{JS_API}.CONSUMER.DELETE.{s}.{name}",
-        ]
+        granted.append(f"{JS_API}.CONSUMER.CREATE.{s}.{name}.{read}")
     return tuple(granted)
 
 
@@ -419,3 +417,43 @@ def _orchestrator_streams(prefix: str) -> list[str]:
         *(f"{JS_API}.STREAM.UPDATE.{name}" for name in names),
         f"{JS_API}.STREAM.MSG.GET.{names[0]}",
     ]
+
+
+ANY_NODE = "gpuop-any-node"
+"""Stands for every node while a per-service user's permissions are rendered."""
+
+
+def for_service(role: str, *, prefix: str = subjects.DEFAULT_PREFIX) -> Grants:
+    """The permissions of a static per-service user (deploy/nats/accounts.conf): for a
+    cluster role its identity's, for a node role every node's at once, that is the node
+    token and every consumer name wildcarded (`*`) and the filters kept. What the wildcards
+    cannot keep apart (one node's agent acting for another, one service's node agent
+    re-filtering another's consumer on the same stream) needs per-node identities; the
+    cluster roles' consumers, named alike everywhere, are denied to node users outright."""
+    if role not in NODE_ROLES:
+        return for_identity(Identity(role, None), prefix=prefix)
+    exact = for_identity(Identity(role, ANY_NODE), prefix=prefix)
+
+    def widened(subject: str) -> str:
+        return ".".join("*" if ANY_NODE in token else token for token in subject.split("."))
+
+    identity = Identity(role, ANY_NODE)
+    streams_read = {c.stream for c in consumers(identity, prefix=prefix)} | {
+        streams.stream_for(prefix, read).name for read in reads(identity, prefix=prefix)
+    }
+    denied = [
+        f"{subject}.{name}{tail}"
+        for name in sorted(n for names in _CLUSTER_DURABLES.values() for n in names)
+        for stream in sorted(streams_read & {streams.layouts(prefix)[0].name})
+        for subject, tail in (
+            (f"{JS_API}.CONSUMER.CREATE.{stream}", ".>"),
+            (f"{JS_API}.CONSUMER.MSG.NEXT.{stream}", ""),
+            (f"$JS.ACK.{stream}", ".>"),
+        )
+    ]
+    return Grants(
+        tuple(dict.fromkeys(widened(subject) for subject in exact.publish)),
+        (f"{INBOX}_{role}.>",),
+        f"{INBOX}_{role}",
+        tuple(denied),
+    )

@@ -66,6 +66,7 @@ async def open_bucket(
     replicas: int = 1,
     placement: Placement | None = None,
     share: int | None = None,
+    direct: bool = True,
 ) -> NatsKeyValue:
     """Open bucket `name`, creating it with file storage and `replicas` when it does not
     exist, holding at most `share` bytes of the store over all its replicas (None: no
@@ -73,7 +74,9 @@ async def open_bucket(
     fewer replicas is reported and scaled up to `replicas` (never down: a service started
     with a lower count must not shed copies of the sagas), one with another byte limit is
     given `share`; one on memory storage, or keeping less history, stops the start with
-    the reason."""
+    the reason. With `direct`, keys are read by direct gets, which a permission can limit to
+    one key (a replica may answer one write behind: the sagas, which the orchestrator reads
+    to write back with compare-and-set, keep reading from the stream's leader)."""
     try:
         raw = await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
@@ -85,10 +88,15 @@ async def open_bucket(
             replicas=replicas,
             placement=placement,
             max_bytes=max_bytes,
+            # key-scoped reads (`$JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>`): the only
+            # form a node agent's permissions can limit to its own key (gpuop.bus.grants)
+            direct=direct,
         )
         try:
             if placement is not None:
-                await js.add_stream(_placed_bucket(name, replicas, placement, max_bytes))
+                stream = _placed_bucket(name, replicas, placement, max_bytes)
+                stream.allow_direct = direct
+                await js.add_stream(stream)
                 raw = await js.key_value(name)
             else:
                 raw = await js.create_key_value(config)
@@ -97,7 +105,8 @@ async def open_bucket(
                 raise PlacementPending(f"cannot place bucket {name} yet: {exc}") from exc
             raise BucketMissing(f"cannot create bucket {name}: {exc}") from exc
     else:
-        await _reconcile(js, name, replicas, share)
+        if await _reconcile(js, name, replicas, share, direct):
+            raw = await js.key_value(name)  # it reads by direct get now
     return NatsKeyValue(name, raw, js)
 
 
@@ -124,7 +133,10 @@ def _placed_bucket(name: str, replicas: int, placement: Placement, max_bytes: in
     )
 
 
-async def _reconcile(js: JetStreamContext, name: str, replicas: int, share: int | None) -> None:
+async def _reconcile(
+    js: JetStreamContext, name: str, replicas: int, share: int | None, direct: bool
+) -> bool:
+    """Report and correct what differs; whether direct gets were turned on."""
     stream = f"KV_{name}"
     try:
         config = (await js.stream_info(stream)).config
@@ -149,6 +161,16 @@ async def _reconcile(js: JetStreamContext, name: str, replicas: int, share: int 
             "bucket %s exists with %d replicas (gpuop wants %d); scaling it", name, have, replicas
         )
         config.num_replicas = replicas
+    wanted = direct
+    direct = bool(config.allow_direct) or not wanted
+    if not direct:
+        log.warning(
+            "bucket %s has no direct gets (made before gpuop asked for them): reading a key "
+            "then needs STREAM.MSG.GET on the whole bucket, which per-node users do not have; "
+            "turning them on",
+            name,
+        )
+        config.allow_direct = True
     # the byte limit follows the replicas the bucket ends with (reserved once per replica)
     limit = streams.replica_bytes(share, config.num_replicas or 1) if share is not None else None
     if limit is not None and (config.max_bytes or -1) != limit:
@@ -159,22 +181,24 @@ async def _reconcile(js: JetStreamContext, name: str, replicas: int, share: int 
             limit,
         )
         config.max_bytes = limit
-    elif have >= replicas:
-        return
+    elif have >= replicas and direct:
+        return False
     try:
         async with asyncio.timeout(RECONCILE_TIMEOUT):
             await js.update_stream(config)
+        return not direct
     except (TimeoutError, nats.errors.Error) as exc:
         # gpuop's users may not change a bucket's stream: an administrator does
         log.warning(
             "bucket %s not updated (%r): update it as an administrator "
-            "(nats stream edit KV_%s --replicas %d --max-bytes %d)",
+            "(nats stream edit KV_%s --replicas %d --max-bytes %d --allow-direct)",
             name,
             exc,
             name,
             config.num_replicas or 1,
             config.max_bytes or -1,
         )
+        return False
 
 
 class NatsKeyValue:

@@ -104,16 +104,20 @@ class InMemoryBus:
     def _stream(self, subject: str) -> _Stream:
         return self._streams[streams.stream_for(self._prefix, subject).name]
 
-    def _store(self, out: publishing.Outgoing) -> PublishAck:
+    def _store(self, out: publishing.Outgoing, *, republish: bool) -> PublishAck:
         publishing.fitting(out, self.max_payload)
+        ack = self._stream(out.subject).append(out)
+        publishing.checked(ack, out, first_try=not republish, metrics=self._metrics)
         self._metrics.published(out.kind)
-        return self._stream(out.subject).append(out)
+        return ack
 
-    async def publish(self, envelope: Envelope) -> PublishAck:
-        return self._store(publishing.prepare(envelope, self._prefix))
+    async def publish(self, envelope: Envelope, *, republish: bool = False) -> PublishAck:
+        return self._store(publishing.prepare(envelope, self._prefix), republish=republish)
 
-    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[PublishAck]:
-        return [await self.publish(e) for e in envelopes]
+    async def publish_batch(
+        self, envelopes: Sequence[Envelope], *, republish: bool = False
+    ) -> list[PublishAck]:
+        return [await self.publish(e, republish=republish) for e in envelopes]
 
     async def consume(self, spec: ConsumerSpec, handler: Handler) -> MemorySubscription:
         stream = self._stream(spec.subjects[0])
@@ -136,10 +140,16 @@ class InMemoryBus:
             self._subscriptions.remove(subscription)
 
     async def publish_raw(
-        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        republish: bool = False,
     ) -> PublishAck:
         """Publish bytes no model produced: replaying dead letters, hostile-input tests."""
-        return self._store(publishing.raw(self._prefix, subject, data, headers))
+        out = publishing.raw(self._prefix, subject, data, headers)
+        return self._store(out, republish=republish)
 
     async def kv(self, bucket: Buckets | str) -> MemoryKeyValue:
         name = streams.bucket_name(self._prefix, bucket)

@@ -42,7 +42,8 @@ class PublishAck:
     stream: str
     seq: int
     duplicate: bool
-    """True when the event id was already stored: the publish was a retry and was dropped."""
+    """True when the event id was already stored: the publish was a retry, or a deliberate
+    re-publish, and was dropped (a first publish answered so raises `IdTaken` instead)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,14 +160,25 @@ class Bus(Protocol):
     async def close(self) -> None:
         """Stop every consumer and disconnect."""
 
-    async def publish(self, envelope: Envelope) -> PublishAck:
-        """Publish one message and wait for the server's receipt."""
+    async def publish(self, envelope: Envelope, *, republish: bool = False) -> PublishAck:
+        """Publish one message and wait for the server's receipt. Its id already stored
+        raises `IdTaken` (someone else's message under our id), unless the id was stored by
+        an earlier try of this call, or `republish` says this message may have been
+        published before (a new leader re-issuing a step, an answer replayed): then the
+        receipt says `duplicate`."""
 
-    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[PublishAck]:
+    async def publish_batch(
+        self, envelopes: Sequence[Envelope], *, republish: bool = False
+    ) -> list[PublishAck]:
         """Publish many messages pipelined; receipts in the same order."""
 
     async def publish_raw(
-        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        republish: bool = False,
     ) -> PublishAck:
         """Publish bytes as they are (replaying dead letters, hostile-input tests)."""
 

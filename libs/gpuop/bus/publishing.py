@@ -3,7 +3,8 @@
 The subject comes from the payload type and node, the event id becomes `Nats-Msg-Id` (so a
 retried publish is dropped by the server; keyed by the publisher's credential, `message_id`),
 and the current trace context is written into
-the envelope and the `traceparent` header so consumers continue the producer's trace.
+the envelope and the `traceparent` header so consumers continue the producer's trace. A first
+try answered as a duplicate is not a success (`checked`): someone else stored our id.
 
 Nothing goes out larger than the server accepts (`fitting`): nats-server closes the
 connection of a client that sends a message over its `max_payload` (data and headers
@@ -17,13 +18,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from gpuop.bus import streams
-from gpuop.bus.errors import MessageTooLarge
+from gpuop.bus.errors import IdTaken, MessageTooLarge
+from gpuop.bus.protocol import PublishAck
 from gpuop.events import Envelope, bus_subject, subjects
 from gpuop.observability import tracing
+from gpuop.observability.metrics import BusMetrics
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 """nats-server's default `max_payload`; the server announces its own when a client connects."""
@@ -92,6 +98,29 @@ def message_id(key: bytes, subject: str, id: str) -> str:
     if not key:
         return id
     return hmac.new(key, f"{subject}:{id}".encode(), hashlib.sha256).hexdigest()[:40]
+
+
+def checked(ack: PublishAck, out: Outgoing, *, first_try: bool, metrics: BusMetrics) -> PublishAck:
+    """`ack`, unless it answers the first try of a publish as a duplicate: then the server
+    held our id before we sent anything, so someone else stored it (a squat, or a publisher
+    that shares our credential and forged our subject's id), and our message was dropped.
+    Logged as an error, counted (`gpuop_bus_ids_taken_total`) and raised as `IdTaken`. A
+    duplicate answering a retry (an earlier try that timed out) or a deliberate re-publish
+    (`republish=True`: a new leader re-issuing a step, an agent replaying a recorded
+    answer) is the earlier copy, and a success."""
+    if not (ack.duplicate and first_try):
+        return ack
+    msg_id = out.headers.get(streams.MSG_ID, "")
+    log.error(
+        "publish to %s dropped as a duplicate on its first try: id %s was stored first by "
+        "another publisher (sequence %d in %s)",
+        out.subject,
+        msg_id,
+        ack.seq,
+        ack.stream,
+    )
+    metrics.id_taken(out.kind)
+    raise IdTaken(out.subject, msg_id, ack.seq)
 
 
 def prepare(envelope: Envelope, prefix: str, key: bytes = b"") -> Outgoing:

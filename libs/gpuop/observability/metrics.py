@@ -78,6 +78,7 @@ class _BusFamilies:
     dead_lettered: Counter
     unknown_types: Counter
     handler_seconds: Histogram
+    ids_taken: Counter
 
 
 # A registry refuses a second metric of the same name, and tests build many buses on one
@@ -127,9 +128,17 @@ def _families_on(target: CollectorRegistry) -> _BusFamilies:
                     buckets=HANDLER_SECONDS_BUCKETS,
                     registry=target,
                 ),
+                ids_taken=Counter(
+                    "gpuop_bus_ids_taken",
+                    "First publishes the server answered as duplicates: another publisher "
+                    "stored the message id first (an alarm: the message was not stored).",
+                    ["kind"],
+                    registry=target,
+                ),
             )
             for kind in PUBLISH_KINDS:
                 families.published.labels(kind=kind)
+                families.ids_taken.labels(kind=kind)
             _families[target] = families
         return families
 
@@ -162,6 +171,10 @@ class BusMetrics:
             label = _checked(str(kind), PUBLISH_KINDS)
             child = self._published[kind] = self._families.published.labels(kind=label)
         child.inc()
+
+    def id_taken(self, kind: PublishKind | subjects.Kind) -> None:
+        """Count a first publish answered as a duplicate (`gpuop.bus.errors.IdTaken`)."""
+        self._families.ids_taken.labels(kind=_checked(str(kind), PUBLISH_KINDS)).inc()
 
     def consumed(self, consumer: str, outcome: ConsumeOutcome) -> None:
         """Count one message `consumer` finished with; every message gets exactly one."""

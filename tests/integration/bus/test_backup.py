@@ -181,14 +181,16 @@ async def test_a_restore_on_a_new_server_brings_back_every_message_revision_and_
             # from then on B drops repeats as usual
             ack = await bus_b.publish(heartbeat("gpu-0", 0, id=first["Nats-Msg-Id"]))
             assert (ack.seq, ack.duplicate) == (13, False)
-            again = await bus_b.publish(heartbeat("gpu-0", 0, id=first["Nats-Msg-Id"]))
+            again = await bus_b.publish(
+                heartbeat("gpu-0", 0, id=first["Nats-Msg-Id"]), republish=True
+            )
             assert (again.seq, again.duplicate) == (13, True)
             second = (await bus_b.js.get_msg("GPUOP_EVENTS", 2)).headers or {}
 
     # a restart of the server rebuilds the window from the stored messages
     await servers.b.restart()
     async with started(servers.b) as bus_b:
-        ack = await bus_b.publish(heartbeat("gpu-1", 1, id=second["Nats-Msg-Id"]))
+        ack = await bus_b.publish(heartbeat("gpu-1", 1, id=second["Nats-Msg-Id"]), republish=True)
         assert (ack.seq, ack.duplicate) == (2, True)
 
 

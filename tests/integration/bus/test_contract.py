@@ -27,10 +27,11 @@ from gpuop.bus import (
     dispatching,
     streams,
 )
-from gpuop.bus.errors import BusUnavailable, PublishTimeout
+from gpuop.bus.errors import BusUnavailable, IdTaken, PublishTimeout
 from gpuop.events import new_event
 from gpuop.events import upgrade as up
 from gpuop.observability import tracing
+from gpuop.observability.metrics import registry
 from tests.support.buses import (
     HB_SUBJECT,
     Recorder,
@@ -81,10 +82,32 @@ async def test_published_event_reaches_handler_with_typed_payload(bus: Bus) -> N
 
 async def test_duplicate_event_id_is_stored_once(bus: Bus) -> None:
     first = await bus.publish(heartbeat("n1", 1, id="same-id"))
-    again = await bus.publish(heartbeat("n1", 1, id="same-id"))
+    again = await bus.publish(heartbeat("n1", 1, id="same-id"), republish=True)
     assert again.duplicate and again.seq == first.seq
+    (batched,) = await bus.publish_batch([heartbeat("n1", 1, id="same-id")], republish=True)
+    assert batched.duplicate and batched.seq == first.seq
     stored = await collect(bus.read(HB_SUBJECT))
     assert [m.seq for m in stored] == [first.seq]
+
+
+async def test_a_first_publish_answered_as_a_duplicate_is_an_alarm_not_a_success(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Someone stored our id first: the message was dropped, and the caller must know."""
+    taken = registry().get_sample_value("gpuop_bus_ids_taken_total", {"kind": "evt"}) or 0.0
+    first = await bus.publish(heartbeat("n1", 1, id="squatted"))
+    with pytest.raises(IdTaken, match=r"gpuop\.evt\.hardware\.n1\.heartbeat") as raised:
+        await bus.publish(heartbeat("n1", 2, id="squatted"))
+    assert raised.value.seq == first.seq
+    with pytest.raises(IdTaken):
+        await bus.publish_batch([heartbeat("n1", 3), heartbeat("n1", 2, id="squatted")])
+    assert any(
+        r.levelname == "ERROR" and "heartbeat dropped as a duplicate" in r.getMessage()
+        for r in caplog.records
+    )
+    assert registry().get_sample_value("gpuop_bus_ids_taken_total", {"kind": "evt"}) == taken + 2
+    stored = await collect(bus.read(HB_SUBJECT))
+    assert [m.seq for m in stored] == [first.seq, first.seq + 1]
 
 
 async def test_durable_consumer_resumes_after_last_ack(bus: Bus) -> None:

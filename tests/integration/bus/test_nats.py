@@ -187,7 +187,7 @@ async def test_retried_publish_after_restart_is_deduplicated(tmp_path: Path) -> 
         event = heartbeat("n1", 1)
         first = await bus.publish(event)
         await server.restart()
-        again = await bus.publish(event)
+        again = await bus.publish(event, republish=True)
         stored = await collect(bus.read(HB_SUBJECT))
     finally:
         await bus.close()

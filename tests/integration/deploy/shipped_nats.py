@@ -25,7 +25,7 @@ import nats.errors
 import trustme
 from nats.aio.client import Client
 
-from gpuop.bus import NatsBus, launcher
+from gpuop.bus import NatsBus, grants, launcher
 from gpuop.bus.errors import BusUnavailable
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,6 +34,8 @@ CONFIG = "nats-server.conf"
 SENTINEL = "test.sentinel"
 """A subject nobody but admin may publish to."""
 ACCOUNTS = "accounts.conf"
+NODE = "gpu-1.example.com"
+"""The node a test's node agents run on."""
 
 _USER = re.compile(r'user:\s*"(?P<name>[^"]+)"\s*password:\s*\$(?P<variable>[A-Z_]+)')
 _PUBLISH_ALLOW = re.compile(r"publish:\s*\{\s*allow:\s*\[(?P<subjects>[^\]]*)\]", re.S)
@@ -66,6 +68,21 @@ def shipped_users() -> dict[str, ShippedUser]:
         listed = re.findall(r'"([^"]+)"', allow["subjects"]) if allow else []
         users[match["name"]] = ShippedUser(match["name"], match["variable"], tuple(listed))
     return users
+
+
+def identity_of(user: str, node: str = NODE) -> grants.Identity | None:
+    """The identity a service of `user` connects as (None for admin and people's tools)."""
+    if user in grants.NODE_ROLES:
+        return grants.Identity(user, node)
+    if user in grants.CLUSTER_ROLES:
+        return grants.Identity(user, None)
+    return None
+
+
+def inbox_of(user: str, node: str = NODE) -> str:
+    """Where `user`'s replies arrive: its identity's inbox prefix, nats-py's `_INBOX` for admin."""
+    identity = identity_of(user, node)
+    return grants.inbox_prefix(identity) if identity is not None else "_INBOX"
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -184,17 +201,23 @@ class ShippedNats:
     def tls(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_file))
 
-    def bus(self, user: str, **options: Any) -> NatsBus:
-        """A NatsBus as `user`; the test sets SSL_CERT_FILE, as the chart does."""
+    def bus(self, user: str, *, node: str = NODE, **options: Any) -> NatsBus:
+        """A NatsBus as `user` (the service of `user` on `node`, with its identity, as the
+        service runtime connects); the test sets SSL_CERT_FILE, as the chart does."""
+        options.setdefault("identity", identity_of(user, node))
         return NatsBus(self.url(user), name=f"test-{user}", **options)
 
     @asynccontextmanager
-    async def client(self, user: str) -> AsyncIterator[Refusals]:
-        """A raw nats-py connection as `user` that records what the server refused."""
+    async def client(
+        self, user: str, *, node: str = NODE, inbox: str | None = None
+    ) -> AsyncIterator[Refusals]:
+        """A raw nats-py connection as `user` that records what the server refused; replies
+        on `user`'s own inbox prefix unless `inbox` says another."""
         refusals = Refusals()
         nc = await nats.connect(
             self.url(user),
             tls=self.tls(),
+            inbox_prefix=inbox if inbox is not None else inbox_of(user, node),
             name=f"test-raw-{user}",
             error_cb=refusals.record,
             allow_reconnect=False,

@@ -86,6 +86,7 @@ def flows() -> dict[str, Flow]:
         "discovery": Flow(
             consumers=[
                 discovery.node_commands(PREFIX, NODE, retry_delay=RETRY),
+                discovery.node_rescans(PREFIX, NODE, retry_delay=RETRY),
                 discovery.node_driver_results(PREFIX, NODE, retry_delay=RETRY),
             ],
             reads=[subjects.commands_filter(device.OPERANDS, NODE, prefix=PREFIX)],
@@ -130,7 +131,7 @@ def flows() -> dict[str, Flow]:
             ],
             kv={
                 Buckets.CONFIG: ("get", "watch"),
-                Buckets.IPAM: ("get", "put", "create", "delete", "keys", "watch"),
+                Buckets.IPAM: ("get", "put", "create", "delete", "keys", "watch", "claim"),
             },
         ),
         "network-manager-cluster": Flow(kv={Buckets.CONFIG: ("get", "create", "update")}),
@@ -164,7 +165,9 @@ async def ignore(delivery: Delivery) -> None:
 
 async def run_kv(bus: NatsBus, bucket: Buckets, operations: tuple[str, ...]) -> None:
     kv = await bus.kv(bucket)
-    key = f"{TOKEN}.probe"
+    # the keys the services write: discovery its node's inventory, network-manager its
+    # node's address records
+    key = {Buckets.NODES: TOKEN, Buckets.IPAM: f"node.{TOKEN}.probe"}.get(bucket, f"{TOKEN}.probe")
     for operation in operations:
         if operation == "get":
             await kv.get(key)
@@ -178,6 +181,9 @@ async def run_kv(bus: NatsBus, bucket: Buckets, operations: tuple[str, ...]) -> 
             await kv.update(f"{key}-new", b"v2", entry.revision)
         elif operation == "delete":
             await kv.delete(key)
+        elif operation == "claim":  # an address, as network_manager.addressing claims one
+            await kv.create("addr.10.10.0.0_24.10.10.0.7", b"claimed")
+            await kv.get("addr.10.10.0.0_24.10.10.0.7")
         elif operation == "keys":
             await kv.keys()
         elif operation == "watch":

@@ -1,0 +1,212 @@
+"""Per-node identities in a real nats-server: `gpuop.bus.grants.for_identity` for the node
+agents of gpu-1 and gpu-2 and the orchestrator, as password users (what the auth callout
+issues as JWTs). Each agent works for its own node, and gpu-1's agents cannot act for gpu-2:
+publish its events, create, pull or ack its consumers, read or write its KV keys, read its
+replies. Every attempt's outcome is printed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from gpuop.bus import ConsumerSpec, Delivery, grants, streams
+from gpuop.bus.protocol import Buckets
+from gpuop.events import Event, driver, new_command, new_event, subjects
+from gpuop.services.upgrade_orchestrator import intake
+from tests.integration.deploy.per_node_nats import PerNodeNats, user_name
+from tests.integration.deploy.shipped_nats import Refusals
+from tests.support.event_samples import SAMPLES
+
+pytestmark = [pytest.mark.nats, pytest.mark.security]
+
+PREFIX = "gpuop"
+MINE, THEIRS = "gpu-1.example.com", "gpu-2.example.com"
+ORCHESTRATOR = grants.Identity("upgrade-orchestrator", None)
+NODE_ROLES = sorted(grants.NODE_ROLES)
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[PerNodeNats]:
+    identities = [grants.Identity(r, n) for r in NODE_ROLES for n in (MINE, THEIRS)]
+    running = PerNodeNats(tmp_path / "nats", [*identities, ORCHESTRATOR])
+    await running.start()
+    admin = running.bus(None)
+    try:
+        await admin.start()  # the streams and buckets, as a first service would
+        await admin.close()
+        yield running
+    finally:
+        await running.stop()
+
+
+def specs(identity: grants.Identity) -> list[ConsumerSpec]:
+    """The identity's consumers as its service builds them (the table the services use)."""
+    return [
+        ConsumerSpec(c.durable, c.filters, deliver_new_only=c.deliver_new_only, retry_delay=0.1)
+        for c in grants.consumers(identity, prefix=PREFIX)
+    ]
+
+
+def concrete(subject_filter: str) -> str:
+    return subject_filter.replace("*", "probe").replace(">", "probe")
+
+
+async def ignore(delivery: Delivery) -> None:
+    """The attacks only try to reach the consumers."""
+
+
+@pytest.mark.parametrize("role", NODE_ROLES)
+async def test_a_node_agent_works_for_its_own_node(server: PerNodeNats, role: str) -> None:
+    identity = grants.Identity(role, MINE)
+    bus = server.bus(identity, publish_timeout=2.0, retry_for=5.0)
+    try:
+        await bus.start()
+        subscriptions = [await bus.consume(spec, ignore) for spec in specs(identity)]
+        granted = grants.for_identity(identity)
+        published = 0
+        for payload in SAMPLES:
+            if not isinstance(payload, Event):
+                continue
+            subject = subjects.event_subject(payload.DOMAIN, MINE, payload.NAME, prefix=PREFIX)
+            if any(streams.subject_matches(p, subject) for p in granted.publish):
+                envelope = new_event(payload, node=MINE, source="/test")
+                assert (await bus.publish(envelope)).stream == "GPUOP_EVENTS"
+                published += 1
+        for subject_filter in grants.reads(identity):
+            [m async for m in bus.read(subject_filter)]
+        if role == "discovery":
+            nodes = await bus.kv(Buckets.NODES)
+            await nodes.put(subjects.encode_node(MINE), b"inventory")
+            assert (await nodes.get(subjects.encode_node(MINE))) is not None
+        if role == "network-manager":
+            ipam = await bus.kv(Buckets.IPAM)
+            await ipam.put(f"node.{subjects.encode_node(MINE)}.rdma0", b"10.10.0.7")
+            await ipam.create("addr.10.10.0.0_24.10.10.0.7", b"claimed")
+            assert await ipam.get(f"node.{subjects.encode_node(MINE)}.rdma0") is not None
+            await (await bus.kv(Buckets.CONFIG)).get("networks")
+        for subscription in subscriptions:
+            await subscription.stop()
+    finally:
+        await bus.close()
+    assert published > 0 or role not in ("discovery", "driver-manager", "network-manager")
+    assert "Violation" not in server.log_file.read_text()
+
+
+async def test_a_command_for_gpu_1_reaches_its_driver_manager_and_the_result_the_orchestrator(
+    server: PerNodeNats,
+) -> None:
+    agent_identity = grants.Identity("driver-manager", MINE)
+    orchestrator = server.bus(ORCHESTRATOR)
+    agent = server.bus(agent_identity)
+    results: asyncio.Queue[Delivery] = asyncio.Queue()
+
+    async def execute(delivery: Delivery) -> None:
+        assert isinstance(delivery.payload, driver.UnloadDriver)
+        done = driver.DriverUnloaded(
+            component=driver.Component.GPU, modules=("nvidia",), command_id=delivery.envelope.id
+        )
+        await agent.publish(new_event(done, node=MINE, source="/test/driver-manager"))
+
+    command = new_command(
+        driver.UnloadDriver(component=driver.Component.GPU, timeout_seconds=60),
+        node=MINE,
+        source="/test/orchestrator",
+        id="unload-1",
+    )
+    try:
+        await orchestrator.start()
+        await agent.start()
+        await orchestrator.consume(intake.consumer_spec(PREFIX), results.put)
+        await agent.consume(specs(agent_identity)[0], execute)
+        await orchestrator.publish(command)
+        result = await asyncio.wait_for(results.get(), 10.0)
+    finally:
+        await agent.close()
+        await orchestrator.close()
+    assert isinstance(result.payload, driver.DriverUnloaded)
+    assert "Violation" not in server.log_file.read_text()
+
+
+def attacks(role: str) -> list[tuple[str, str]]:
+    """(what, subject) gpu-1's `role` agent tries against gpu-2."""
+    mine, theirs = grants.Identity(role, MINE), grants.Identity(role, THEIRS)
+    token, other = subjects.encode_node(MINE), subjects.encode_node(THEIRS)
+    tried = []
+    for subject in grants.for_identity(theirs).publish:
+        if other not in subject:
+            continue
+        if subject.startswith(("$JS.API.CONSUMER.CREATE.", "$JS.API.DIRECT.GET.")):
+            tried.append(("do what gpu-2's agent may", subject))
+        else:
+            tried.append(("do what gpu-2's agent may", concrete(subject)))
+    for own, their in zip(grants.consumers(mine), grants.consumers(theirs), strict=True):
+        s = own.stream
+        create = f"$JS.API.CONSUMER.CREATE.{s}"
+        everywhere = own.filters[0].replace(token, "*")
+        tried += [
+            ("gpu-2's consumer with my filter", f"{create}.{their.durable}.{own.filters[0]}"),
+            ("my consumer with gpu-2's filter", f"{create}.{own.durable}.{their.filters[0]}"),
+            ("my consumer over every node", f"{create}.{own.durable}.{everywhere}"),
+            ("my consumer, filter in the body", f"{create}.{own.durable}"),
+            ("pull gpu-2's consumer", f"$JS.API.CONSUMER.MSG.NEXT.{s}.{their.durable}"),
+            ("ack gpu-2's consumer", f"$JS.ACK.{s}.{their.durable}.1.5.5.1700000000000000000.0"),
+        ]  # fmt: skip
+    tried += [
+        ("publish gpu-2's heartbeat", f"{PREFIX}.evt.hardware.{other}.heartbeat"),
+        ("publish gpu-2's driver result", f"{PREFIX}.evt.driver.{other}.loaded"),
+        ("write gpu-2's inventory", f"$KV.gpuop_nodes.{other}"),
+        ("read gpu-2's inventory", f"$JS.API.DIRECT.GET.KV_gpuop_nodes.$KV.gpuop_nodes.{other}"),
+        ("read any key", "$JS.API.STREAM.MSG.GET.KV_gpuop_nodes"),
+        ("read any key", "$JS.API.DIRECT.GET.KV_gpuop_nodes"),
+        ("dead-letter gpu-2's command", f"{PREFIX}.dlq.{PREFIX}.cmd.{role}.{other}.install"),
+    ]
+    return tried
+
+
+@pytest.mark.parametrize("role", NODE_ROLES)
+async def test_a_node_agent_cannot_act_for_another_node(server: PerNodeNats, role: str) -> None:
+    identity = grants.Identity(role, MINE)
+    granted = grants.for_identity(identity)
+    tried = attacks(role)
+    refusals = Refusals()
+    nc = await nats.connect(
+        server.url(user_name(identity)),
+        inbox_prefix=granted.inbox_prefix,
+        error_cb=refusals.record,
+        allow_reconnect=False,
+    )
+    refusals.nc = nc
+    inboxes = [f"_INBOX_{role}.{subjects.encode_node(THEIRS)}.>", "_INBOX.>", f"_INBOX_{role}.>"]
+    try:
+        for _, subject in tried:
+            await nc.publish(subject, b"{}")
+        for inbox in inboxes:
+            await nc.subscribe(inbox)
+        await refusals.settle()
+    finally:
+        await nc.close()
+
+    def outcome(refused: bool) -> str:
+        return "refused" if refused else "ALLOWED"
+
+    rows = [
+        f"{role}@{MINE:<18} {what:<36} {subject:<110} {outcome(refusals.refused_publish(subject))}"
+        for what, subject in tried
+    ]
+    rows += [
+        f"{role}@{MINE:<18} {'read replies':<36} {inbox:<110} "
+        f"{outcome(refusals.refused_subscription(inbox))}"
+        for inbox in inboxes
+    ]
+    print("\n" + "\n".join(rows))
+    assert [row for row in rows if row.endswith("ALLOWED")] == []
+
+
+def test_every_role_is_rendered_and_an_unknown_one_is_refused() -> None:
+    assert {i.role for i in [grants.Identity(r, MINE) for r in NODE_ROLES]} == grants.NODE_ROLES
+    with pytest.raises(ValueError, match="unknown NATS role"):
+        grants.Identity("driver-manager2", MINE)
