@@ -232,3 +232,47 @@ def test_no_grant_means_deny_everything_not_allow_everything() -> None:
     # NATS reads an empty allow list as no restriction
     assert callouts._permission(()) == {"deny": [">"]}
     assert callouts._permission(("a.b",)) == {"allow": ["a.b"]}
+
+
+class FakeSubscription:
+    async def unsubscribe(self) -> None:
+        pass
+
+
+class FakeConnection:
+    """A NATS connection that hands `serve` its requests and fails every answer."""
+
+    def __init__(self) -> None:
+        self.callback: Any = None
+        self.queue: str | None = None
+
+    async def subscribe(self, subject: str, *, queue: str, cb: Any) -> FakeSubscription:
+        assert subject == callouts.CALLOUT_SUBJECT
+        self.queue, self.callback = queue, cb
+        return FakeSubscription()
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        raise ConnectionResetError("the connection is gone")
+
+
+async def test_an_answer_that_cannot_be_sent_is_logged_and_the_callout_goes_on(
+    reviewer: reviewers.MemoryReviewer,
+    registry: CollectorRegistry,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    nc = FakeConnection()
+    stopping = asyncio.Event()
+    serving = asyncio.create_task(
+        callouts.serve(nc, authorizer(reviewer, registry), stopping)  # type: ignore[arg-type]
+    )
+    while nc.callback is None:
+        await asyncio.sleep(0)
+    token = reviewer.issue(sa("gpuop-discovery"), node="n")
+    for _ in range(2):
+        message = type("Msg", (), {"data": request(token)[0], "reply": "_INBOX.x"})()
+        await nc.callback(message)
+    stopping.set()
+    await serving
+    assert nc.queue == callouts.QUEUE  # replicas share the requests
+    assert counted(registry, "allowed") == 2
+    assert caplog.text.count("an authorization request went unanswered") == 2

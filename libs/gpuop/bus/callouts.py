@@ -280,9 +280,13 @@ async def serve(nc: Client, authorizer: Authorizer, stopping: asyncio.Event) -> 
     pending: set[asyncio.Task[None]] = set()
 
     async def answer(msg: Msg) -> None:
-        decision = await authorizer.authorize(msg.data)
-        if decision.response is not None and msg.reply:
-            await nc.publish(msg.reply, decision.response.encode("ascii"))
+        # whatever goes wrong, the client is refused: unanswered, the server gives up on it
+        try:
+            decision = await authorizer.authorize(msg.data)
+            if decision.response is not None and msg.reply:
+                await nc.publish(msg.reply, decision.response.encode("ascii"))
+        except Exception:
+            log.exception("an authorization request went unanswered")
 
     async def received(msg: Msg) -> None:
         # reviews wait on the API server: each request in a task of its own

@@ -9,8 +9,7 @@ expires. A token the authority does not accept raises `TokenRefused` with a shor
 for the metric; any other exception is the authority failing, which refuses too.
 
 `KubeTokenReviewer` (`gpuop.kube.tokenreviews`) asks the Kubernetes API server;
-`MemoryReviewer` here issues and checks tokens of its own, for tests and for running the
-callout without a cluster.
+`MemoryReviewer` here issues and checks tokens of its own, for tests.
 """
 
 from __future__ import annotations
