@@ -134,13 +134,13 @@ async def rollout(nodes: int, max_parallel: int, step_seconds: float) -> Result:
     # last step completion started
     publish = bus.publish
 
-    async def observed(envelope: Envelope) -> PublishAck:
+    async def observed(envelope: Envelope, *, republish: bool = False) -> PublishAck:
         if envelope.source == SOURCE and _is_command(envelope):
             at = time.perf_counter()
             started = completed.pop(envelope.node, None)
             if started is not None:
                 latencies.append(at - started)
-        return await publish(envelope)
+        return await publish(envelope, republish=republish)
 
     bus.publish = observed  # type: ignore[method-assign]
 

@@ -121,9 +121,9 @@ async def test_a_leader_announces_a_rollout_once_however_long_it_runs() -> None:
     published: list[str] = []
     publish = bus.publish
 
-    async def recording(envelope: Envelope) -> PublishAck:
+    async def recording(envelope: Envelope, *, republish: bool = False) -> PublishAck:
         published.append(envelope.type)
-        return await publish(envelope)
+        return await publish(envelope, republish=republish)
 
     bus.publish = recording  # type: ignore[method-assign]
     spec = policy()

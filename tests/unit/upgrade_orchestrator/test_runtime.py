@@ -301,9 +301,9 @@ async def test_a_state_change_stored_but_never_published_is_published_by_the_suc
         tried: list[str] = []
         publish = bus.publish
 
-        async def recorded(envelope: Envelope) -> PublishAck:
+        async def recorded(envelope: Envelope, *, republish: bool = False) -> PublishAck:
             tried.append(envelope.type)
-            return await publish(envelope)
+            return await publish(envelope, republish=republish)
 
         bus.publish = recorded  # type: ignore[method-assign]
         # a third leader, maybe long after (past the server's duplicate window): the log has
@@ -346,9 +346,9 @@ async def test_a_decisions_state_changes_go_out_before_its_commands(stack: Stack
     published: list[str] = []
     publish = stack.bus.publish
 
-    async def recorded(envelope: Envelope) -> PublishAck:
+    async def recorded(envelope: Envelope, *, republish: bool = False) -> PublishAck:
         published.append(envelope.type)
-        return await publish(envelope)
+        return await publish(envelope, republish=republish)
 
     stack.bus.publish = recorded  # type: ignore[method-assign]
     assert stack.runner is not None
