@@ -12,6 +12,7 @@ from pathlib import Path
 
 import nats.errors
 import pytest
+from nats.js.api import ConsumerConfig
 
 from gpuop.bus import NatsBus, grants, tokens
 from tests.integration.deploy.callout_nats import CalloutNats, running
@@ -65,7 +66,12 @@ async def test_a_driver_manager_works_for_its_node_and_cannot_act_for_another(
         for node in ("gpu-1", "gpu-2"):
             await admin_js.publish(f"gpuop.cmd.driver-manager.{node}.install", node.encode())
         (own,) = grants.consumers(GPU_1)
-        pull = await js.pull_subscribe(own.filters[0], durable=own.durable, stream=COMMANDS)
+        # as NatsBus.consume does: the filter in the create subject, then bound by name
+        config = ConsumerConfig(
+            name=own.durable, durable_name=own.durable, filter_subject=own.filters[0]
+        )
+        await js.add_consumer(COMMANDS, config)
+        pull = await js.pull_subscribe_bind(durable=own.durable, stream=COMMANDS)
         (message,) = await pull.fetch(1, timeout=5)
         assert (message.subject, message.data) == (
             "gpuop.cmd.driver-manager.gpu-1.install",
