@@ -21,6 +21,8 @@ from gpuop.bus import (
     streams,
 )
 from gpuop.bus.errors import BusUnavailable, PublishTimeout
+from gpuop.events import Envelope, device, driver, new_command
+from gpuop.services.discovery import consumers as discovery_consumers
 from tests.support.buses import (
     HB_SUBJECT,
     Recorder,
@@ -299,3 +301,47 @@ async def test_an_idle_consumer_asks_again_as_soon_as_the_connection_is_back(
         await bus.close()
         await server.stop()
     assert [seq_of(d) for d in recorder.seen] == [1, 2]
+
+
+async def test_a_durable_made_with_a_filter_list_keeps_its_position_as_a_single_filter(
+    tmp_path: Path,
+) -> None:
+    """An upgrade: discovery's `commands` durable took its own and the operands' commands
+    (a filter list in the body); it now takes the operands' only, with the filter in the
+    create subject. The server updates the durable in place: acked commands stay acked, the
+    pending pause is delivered, nothing is replayed."""
+    node = "gpu-1"
+    server = NatsServer(tmp_path / "nats")
+    await server.start()
+    bus = NatsBus(server.url)
+    await bus.start()
+    old = ConsumerSpec(
+        "discovery-gpu-1-commands",
+        ("gpuop.cmd.discovery.gpu-1.*", "gpuop.cmd.operands.gpu-1.*"),
+    )
+
+    def pause(n: int) -> Envelope:
+        payload = device.PauseOperands(components=(driver.Component.GPU,), reason=f"r{n}")
+        return new_command(payload, node=node, source="/test", id=f"pause-{n}")
+
+    try:
+        seen = Recorder()
+        sub = await bus.consume(old, seen)
+        await bus.publish(pause(1))
+        await seen.wait_for(1)
+        await sub.stop()
+        await bus.publish(pause(2))
+        new = discovery_consumers.node_commands("gpuop", node, retry_delay=0.1)
+        assert new.durable == old.durable and list(new.subjects) == [old.subjects[1]]
+        again = Recorder()
+        sub = await bus.consume(new, again)
+        await again.wait_for(1)
+        await asyncio.sleep(0.3)  # nothing more comes
+        await sub.stop()
+        info = await bus.js.consumer_info("GPUOP_COMMANDS", new.durable)
+    finally:
+        await bus.close()
+        await server.stop()
+    assert [d.envelope.id for d in again.seen] == ["pause-2"]
+    assert info.config.filter_subject == "gpuop.cmd.operands.gpu-1.*"
+    assert not info.config.filter_subjects
