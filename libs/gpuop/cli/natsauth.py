@@ -6,7 +6,8 @@ and has each client's token reviewed by the Kubernetes API server (`gpuop.kube.t
 as the pod's ServiceAccount, which may `create` `tokenreviews` and nothing else. Runs until
 SIGTERM or SIGINT; the chart runs two replicas, which share the requests (a queue group).
 `/healthz`, `/readyz` (ready while connected to NATS) and `/metrics`
-(`gpuop_nats_auth_decisions_total` by reason) are on `--metrics-listen`.
+(`gpuop_nats_auth_decisions_total` by reason) are on `--metrics-listen`, with
+GPUOP_METRICS_WEB_CONFIG's TLS and basic auth as every service's.
 
 Settings come from flags or their variables: `--nats` (GPUOP_NATS, with the callout user's
 password in the URL), `--issuer-seed-file` (GPUOP_NATS_AUTH_ISSUER_SEED_FILE, the account seed
@@ -38,6 +39,7 @@ from gpuop.kube.tokenreviews import AUDIENCE, KubeTokenReviewer
 from gpuop.observability import logging as oblog
 from gpuop.observability.http import HealthServer
 from gpuop.observability.redaction import redacted
+from gpuop.runtime import launching
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +151,8 @@ async def nats_auth_command(args: argparse.Namespace, environ: Mapping[str, str]
     servers = _setting(args.nats, environ, "GPUOP_NATS", "nats://127.0.0.1:4222").split(",")
     listen = _setting(args.metrics_listen, environ, "GPUOP_METRICS_LISTEN", "127.0.0.1:0")
     host, _, port = listen.rpartition(":")
+    web_config_file = environ.get("GPUOP_METRICS_WEB_CONFIG")
+    web_config = launching.load_web_config(Path(web_config_file)) if web_config_file else None
     oblog.configure_logging(
         "nats-auth",
         level=environ.get("GPUOP_LOG_LEVEL", "INFO"),
@@ -182,6 +186,7 @@ async def nats_auth_command(args: argparse.Namespace, environ: Mapping[str, str]
         readiness=lambda: (nc.is_connected, "" if nc.is_connected else "not connected to NATS"),
         host=host.strip("[]"),
         port=int(port),
+        web_config=web_config,
     )
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -146,3 +146,28 @@ def test_static_mode_stays_the_default_with_passwords_and_the_shared_node_agent_
     for workload, container in gpuop_containers(rendering):
         assert "NATS_PASSWORD" in env(container)
         assert "nats-token" not in {v["name"] for v in pod(workload)["volumes"]}
+
+
+def test_the_callouts_metrics_are_scraped_and_guarded_as_every_services(
+    rendering: Rendering,
+) -> None:
+    service = rendering.get("Service", "gpuop-nats-auth-metrics")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9409, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    policy = rendering.get("NetworkPolicy", "gpuop-metrics")
+    ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule.get("ports", [])}
+    assert 9409 in ports
+
+    guarded = render_with(
+        {
+            **CALLOUT,
+            "metrics": {"webConfig": "gpuop-web-config", "scheme": "https"},
+        }
+    )
+    spec = pod(guarded.get("Deployment", "gpuop-nats-auth"))
+    (container,) = spec["containers"]
+    assert env(container)["GPUOP_METRICS_WEB_CONFIG"] == "/etc/gpuop/web-config/web-config.yml"
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["web-config"]["secret"]["secretName"] == "gpuop-web-config"
