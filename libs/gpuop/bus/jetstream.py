@@ -39,7 +39,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from gpuop.bus import grants, publishing, streams
+from gpuop.bus import grants, publishing, streams, tokens
 from gpuop.bus.dispatching import PumpedSubscription
 from gpuop.bus.errors import (
     PLACEMENT_ERROR,
@@ -126,6 +126,8 @@ class NatsBus:
         limits: streams.StoreLimits = streams.DEFAULT_LIMITS,
         metrics: BusMetrics | None = None,
         identity: grants.Identity | None = None,
+        token_file: str | None = None,
+        id_key_file: str | None = None,
     ) -> None:
         if isinstance(servers, str):
             servers = [url.strip() for url in servers.split(",") if url.strip()]
@@ -133,6 +135,11 @@ class NatsBus:
         """Set (and replaced by a new one) each time the connection comes back."""
         self._servers = list(servers)
         self._id_key = publishing.id_key(self._servers, _read_creds(creds))
+        # callout mode: a token reread at every reconnect, and ids keyed by a file of our own
+        self._token = tokens.TokenFile(token_file) if token_file else None
+        self._token_watch: asyncio.Task[None] | None = None
+        if id_key_file:
+            self._id_key = publishing.id_key(self._servers, tokens.id_key(id_key_file))
         if not 1 <= replicas <= 5:
             raise ValueError(f"replicas must be 1 to 5, not {replicas}")
         self.replicas = replicas
@@ -229,10 +236,13 @@ class NatsBus:
         # once connected, the client must ride through any server restart.
         attempts = max(1, int(self._retry_for / RECONNECT_WAIT))
         try:
-            nc = await nats.connect(
+            if self._token is not None:
+                self._token.read()  # nats-py hides why a token callback failed
+            nc = await tokens.connect(
                 servers=self._servers,
                 name=self._name,
                 user_credentials=self._creds,
+                token=self._token,
                 allow_reconnect=True,
                 max_reconnect_attempts=attempts,
                 reconnect_time_wait=RECONNECT_WAIT,
@@ -249,6 +259,8 @@ class NatsBus:
             shown = ", ".join(redacted(server) for server in self._servers)
             raise BusUnavailable(f"cannot connect to {shown}: {exc!r}") from exc
         nc.options["max_reconnect_attempts"] = -1
+        if self._token is not None:
+            self._token_watch = asyncio.create_task(tokens.watch(nc, self._token))
         return nc
 
     async def _on_disconnect(self) -> None:
@@ -376,6 +388,8 @@ class NatsBus:
 
     async def close(self) -> None:
         self._closing = True
+        if self._token_watch is not None:
+            self._token_watch.cancel()
         for subscription in list(self._subscriptions):
             await subscription.stop()
         if self._nc is not None and not self._nc.is_closed:

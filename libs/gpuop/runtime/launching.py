@@ -77,6 +77,8 @@ async def run_service(definition: ServiceDefinition, settings: Settings) -> None
         prefix=settings.prefix,
         name=f"gpuop-{definition.name}-{settings.node or settings.role}",
         creds=str(settings.nats_creds) if settings.nats_creds else None,
+        token_file=str(settings.nats_token_file) if settings.nats_token_file else None,
+        id_key_file=str(settings.nats_id_key_file) if settings.nats_id_key_file else None,
         retry_for=settings.nats_wait,
         replicas=settings.nats_replicas,
         placement=settings.nats_placement,

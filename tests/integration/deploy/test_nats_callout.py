@@ -15,6 +15,9 @@ import pytest
 from nats.js.api import ConsumerConfig
 
 from gpuop.bus import NatsBus, grants, tokens
+from gpuop.bus.errors import BusUnavailable
+from gpuop.bus.publishing import message_id
+from gpuop.events import driver, new_event
 from tests.integration.deploy.callout_nats import CalloutNats, running
 from tests.integration.deploy.shipped_nats import Refusals
 from tests.support.waiting import eventually
@@ -224,3 +227,57 @@ async def test_a_user_expires_with_its_token_and_comes_back_with_the_new_one(
         assert ack.stream == "GPUOP_EVENTS"
     finally:
         await nc.close()
+
+
+async def test_a_node_agents_bus_runs_on_its_token_file_with_ids_of_its_own_key(
+    server: CalloutNats, tmp_path: Path
+) -> None:
+    """What `gpuop run` does in callout mode: the bus connects with the token file and keys
+    its message ids with a key file it makes, which a restart reads back."""
+    identity = grants.Identity("driver-manager", "gpu-1")
+    token_file, key_file = tmp_path / "token", tmp_path / "ids" / "driver-manager.key"
+    key_file.parent.mkdir()
+    token_file.write_text(server.token(identity.role, identity.node))
+    envelope = new_event(
+        driver.DriverLoaded(command_id="c-1", component=driver.Component.GPU, version="580.1"),
+        node="gpu-1",
+        source="/test",
+    )
+
+    def bus() -> NatsBus:
+        return NatsBus(
+            server.url,
+            name="test-driver-manager",
+            identity=identity,
+            token_file=str(token_file),
+            id_key_file=str(key_file),
+        )
+
+    first = bus()
+    await first.start()
+    try:
+        assert not (await first.publish(envelope)).duplicate
+    finally:
+        await first.close()
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    again = bus()  # a restart: the same key, so a retried publish is the same message
+    await again.connect()
+    try:
+        assert (await again.publish(envelope, republish=True)).duplicate
+    finally:
+        await again.close()
+    other = grants.Identity("driver-manager", "gpu-2")
+    assert message_id(tokens.id_key(key_file), "s", envelope.id) != message_id(
+        tokens.id_key(tmp_path / "ids" / "other.key"), "s", envelope.id
+    ), other
+
+
+async def test_a_missing_token_file_is_a_clear_error(server: CalloutNats, tmp_path: Path) -> None:
+    bus = NatsBus(
+        server.url,
+        identity=GPU_1,
+        token_file=str(tmp_path / "absent"),
+        retry_for=0.1,
+    )
+    with pytest.raises(BusUnavailable, match=r"cannot read the NATS token file .*absent"):
+        await bus.start()
