@@ -281,3 +281,34 @@ async def test_a_missing_token_file_is_a_clear_error(server: CalloutNats, tmp_pa
     )
     with pytest.raises(BusUnavailable, match=r"cannot read the NATS token file .*absent"):
         await bus.start()
+
+
+@pytest.mark.parametrize("role", sorted(grants.NODE_ROLES))
+async def test_no_node_agent_may_use_any_grant_of_the_same_service_on_another_node(
+    server: CalloutNats, role: str
+) -> None:
+    """Everything the agent of `role` on gpu-2 may publish that the one on gpu-1 may not
+    (events, dead letters, consumers, acks, KV keys of gpu-2), tried with gpu-1's token."""
+    own = grants.Identity(role, "gpu-1")
+    other = grants.for_identity(grants.Identity(role, "gpu-2"))
+    foreign = sorted(set(other.publish) - set(grants.for_identity(own).publish))
+    assert foreign, f"{role} on gpu-2 has no grant of its own"
+    client = await connected(server, own)
+    try:
+        for subject in foreign:
+            # a wildcard in a grant stands for any token: try it with one
+            await client.nc.publish(subject.replace(">", "x").replace("*", "x"), b"forged")
+        await client.nc.subscribe(f"{other.inbox_prefix}.>")
+        await client.settle()
+        rows = [
+            (subject, client.refused_publish(subject.replace(">", "x").replace("*", "x")))
+            for subject in foreign
+        ]
+        inbox = f"{other.inbox_prefix}.>"
+        rows.append((f"subscribe {inbox}", client.refused_subscription(inbox)))
+    finally:
+        await client.nc.close()
+    print(f"\n{role}@gpu-1 trying gpu-2's grants:")
+    for attempt, refused in rows:
+        print(f"  {'refused' if refused else 'ALLOWED':8} {attempt}")
+    assert all(refused for _, refused in rows)
