@@ -113,3 +113,42 @@ def manifest_of(package: packaging.BuiltPackage) -> manifests.ManifestV2:
         manifest = manifests.parse(member.read())
     assert isinstance(manifest, manifests.ManifestV2)
     return manifest
+
+
+def module_signing(directory: Path) -> tuple[building.ModuleSigning, Path]:
+    """A throwaway module signing key and certificate in `directory`, and the kernel's
+    `sign-file` from the cached `linux-kbuild-*` package (unpacked there)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuop test module signing")])
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC))
+        .not_valid_after(datetime.datetime(2040, 1, 1, tzinfo=datetime.UTC))
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+        .sign(key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    key_file, certificate_file = directory / "module.pem", directory / "module.der"
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    certificate_file.write_bytes(certificate.public_bytes(serialization.Encoding.DER))
+    (kbuild,) = sorted((CACHE / "debs").glob("linux-kbuild-*.deb"))[-1:]
+    building.unpack_deb(kbuild, directory / "kbuild")
+    (sign_file,) = (directory / "kbuild").glob("usr/lib/linux-kbuild-*/scripts/sign-file")
+    return building.ModuleSigning(key_file, certificate_file), sign_file

@@ -3,6 +3,7 @@ NVIDIA packages or NVIDIA's `.run` installer, added to a driver source's index.
 
     gpuop package build --from-debian --version 535.261.03 --kernel 6.1.0-57-amd64 \\
         --flavour open --out /srv/drivers [--sign-key KEY] [--work DIR] [--debs DIR]
+        [--module-key PEM --module-cert CERT]     modules signed, for lockdown and Secure Boot
     gpuop package build --from-run NVIDIA-Linux-x86_64-535.261.03.run --extract-only --out DIR
     gpuop package build --from-run FILE --kernel K --flavour F --out /srv/drivers
 
@@ -50,6 +51,8 @@ def add_parser(verbs: Any) -> None:
     build.add_argument("--flavour", choices=[f.value for f in Flavour], help="module tree")
     build.add_argument("--out", type=Path, required=True, help="driver source directory")
     build.add_argument("--sign-key", type=Path, help="minisign secret key (unencrypted)")
+    build.add_argument("--module-key", type=Path, help="sign the modules: private key, PEM")
+    build.add_argument("--module-cert", type=Path, help="the module key's X.509 certificate")
     build.add_argument("--work", type=Path, help="work directory, kept (default: temporary)")
     build.add_argument("--debs", type=Path, help="keep fetched .debs here between builds")
     build.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="make -j")
@@ -78,6 +81,13 @@ def _build(args: argparse.Namespace) -> int:
         raise ValueError(f"building a package needs {', '.join(missing)}")
     if args.sign_key is not None and not args.sign_key.is_file():
         raise ValueError(f"--sign-key {args.sign_key}: no such file")
+    if (args.module_key is None) != (args.module_cert is None):
+        raise ValueError("--module-key and --module-cert go together")
+    module_signing = (
+        building.ModuleSigning(args.module_key, args.module_cert)
+        if args.module_key is not None
+        else None
+    )
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: at least 1")
     with tempfile.TemporaryDirectory(prefix="gpuop-package-") as scratch:
@@ -93,6 +103,7 @@ def _build(args: argparse.Namespace) -> int:
                     debs=args.debs,
                     jobs=args.jobs,
                     signing_key=args.sign_key,
+                    module_signing=module_signing,
                 )
             else:
                 built = building.build_from_run(
@@ -104,6 +115,7 @@ def _build(args: argparse.Namespace) -> int:
                     debs=args.debs,
                     jobs=args.jobs,
                     signing_key=args.sign_key,
+                    module_signing=module_signing,
                 )
         except (building.BuildError, manifests.ManifestError) as exc:
             raise CommandFailed(str(exc)) from None

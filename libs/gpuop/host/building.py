@@ -322,10 +322,40 @@ def tree_from_debian(
     return tree
 
 
-def compile_modules(tree: DriverTree, headers: KernelHeaders, work: Path, jobs: int) -> list[Path]:
+@dataclass(frozen=True)
+class ModuleSigning:
+    """The key the modules are signed with, for hosts in lockdown or Secure Boot: one the
+    nodes trust (enrolled as a MOK, or in the kernel's keyring)."""
+
+    key: Path
+    """The private key, PEM."""
+    certificate: Path
+    """Its X.509 certificate, DER or PEM."""
+    hash: str = "sha256"
+
+
+def sign_modules(modules: Iterable[Path], sign_file: Path, signing: ModuleSigning) -> None:
+    """Append a signature to each module with the kernel's own `scripts/sign-file` (from
+    `linux-kbuild-*`); deterministic (PKCS#1 v1.5), so packages stay reproducible."""
+    for path in (signing.key, signing.certificate):
+        if not path.is_file():
+            raise BuildError(f"module signing: {path}: no such file")
+    for module in modules:
+        _run(
+            [str(sign_file), signing.hash, str(signing.key), str(signing.certificate), str(module)]
+        )
+
+
+def compile_modules(
+    tree: DriverTree,
+    headers: KernelHeaders,
+    work: Path,
+    jobs: int,
+    signing: ModuleSigning | None = None,
+) -> list[Path]:
     """`make modules` of `tree`'s sources (copied under `work`) against `headers`; the built
-    `.ko` files, stripped of debug info. Paths of `work` are mapped away so the modules do
-    not depend on where they were built."""
+    `.ko` files, stripped of debug info, and signed when `signing` says with what. Paths of
+    `work` are mapped away so the modules do not depend on where they were built."""
     build = work / "modules"
     if build.exists():
         shutil.rmtree(build)
@@ -348,6 +378,8 @@ def compile_modules(tree: DriverTree, headers: KernelHeaders, work: Path, jobs: 
         raise BuildError(f"make modules built no .ko (see {work / 'modules.log'})")
     for module in built:
         _run(["strip", "--strip-debug", "--remove-section=.comment", str(module)])
+    if signing is not None:
+        sign_modules(built, headers.output / "scripts" / "sign-file", signing)
     return built
 
 
@@ -392,6 +424,7 @@ def build_from_debian(
     debs: Path | None = None,
     jobs: int = 2,
     signing_key: Path | None = None,
+    module_signing: ModuleSigning | None = None,
 ) -> packaging.BuiltPackage:
     """Build the `flavour` package of driver `version` for `kernel_release` from Debian's
     packages into the driver source `out` and add it to its index (signed with the minisign
@@ -408,7 +441,7 @@ def build_from_debian(
     headers, header_debs = headers_from_debian(apt, kernel_release, debs, root)
     tree = tree_from_debian(apt, version, flavour, debs, root)
     tree.built_from += header_debs
-    return assemble(tree, headers, flavour, out, work, jobs, signing_key)
+    return assemble(tree, headers, flavour, out, work, jobs, signing_key, module_signing)
 
 
 def assemble(
@@ -419,10 +452,11 @@ def assemble(
     work: Path,
     jobs: int,
     signing_key: Path | None,
+    module_signing: ModuleSigning | None = None,
 ) -> packaging.BuiltPackage:
-    """Compile `tree`'s modules against `headers`, write the package into `out` and add it
-    to `out`'s index."""
-    modules = compile_modules(tree, headers, work, jobs)
+    """Compile `tree`'s modules against `headers` (signed with `module_signing` when given),
+    write the package into `out` and add it to `out`'s index, signed with `signing_key`."""
+    modules = compile_modules(tree, headers, work, jobs, module_signing)
     files, links = package_files(tree, modules)
     built = packaging.write_package_v2(
         out,
@@ -586,6 +620,7 @@ def build_from_run(
     debs: Path | None = None,
     jobs: int = 2,
     signing_key: Path | None = None,
+    module_signing: ModuleSigning | None = None,
 ) -> packaging.BuiltPackage:
     """As `build_from_debian`, from NVIDIA's `.run` installer: its payload is extracted
     (never run) and its modules compiled against Debian's headers for `kernel_release`."""
@@ -602,4 +637,4 @@ def build_from_run(
         shutil.rmtree(root)
     headers, header_debs = headers_from_debian(apt, kernel_release, debs or work / "debs", root)
     tree.built_from += header_debs
-    return assemble(tree, headers, flavour, out, work, jobs, signing_key)
+    return assemble(tree, headers, flavour, out, work, jobs, signing_key, module_signing)

@@ -18,7 +18,7 @@ import pytest
 
 from gpuop.clocks import VirtualClock
 from gpuop.events.driver import InstallFailureReason
-from gpuop.host import kmod, packages, packaging
+from gpuop.host import building, kmod, packages, packaging
 from gpuop.host.manifests import Flavour, Role
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import installing
@@ -27,7 +27,7 @@ from gpuop_sim.host import keys, seeding
 from tests.support import driver_packages
 from tests.support.driver_manager import recorded_host, source_of
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # a cold build of both flavours
 
 VERSION = driver_packages.VERSION
 
@@ -121,13 +121,18 @@ async def test_a_real_package_installs_and_depmod_finds_uvm_needing_nvidia(
 
 
 def repackaged(
-    package: packaging.BuiltPackage, directory: Path, *, kernel: str
+    package: packaging.BuiltPackage, directory: Path, *, kernel: str, sign: bool = False
 ) -> packaging.BuiltPackage:
-    """The same real files in a package that says it is for `kernel`."""
+    """The same real files in a package that says it is for `kernel`, its modules signed
+    with a throwaway key when asked."""
     extracted = directory / "extracted"
     with tarfile.open(package.path) as archive:
         archive.extractall(extracted, filter="data")
     manifest = driver_packages.manifest_of(package)
+    if sign:
+        signing, sign_file = driver_packages.module_signing(directory / "signing")
+        modules = [extracted / f.path for f in manifest.files if f.role is Role.MODULE]
+        building.sign_modules(modules, sign_file, signing)
     files = {
         f.path: packaging.PackageContent(extracted / f.path, f.role, f.mode_bits)
         for f in manifest.files
@@ -168,6 +173,19 @@ async def test_real_unsigned_modules_are_refused_under_lockdown(
         await installer(root).install("gpu", VERSION, source_of(source))
     assert refused.value.reason is InstallFailureReason.UNSIGNED_MODULE
     assert "is not signed and the kernel is in lockdown (integrity" in refused.value.message
+
+
+async def test_real_modules_signed_with_the_kernels_sign_file_install_under_lockdown(
+    tmp_path: Path, built: dict[Flavour, packaging.BuiltPackage], kernel: str
+) -> None:
+    package = repackaged(built[Flavour.PROPRIETARY], tmp_path, kernel=kernel, sign=True)
+    root = host(tmp_path, kernel)
+    root.join("sys/kernel/security").mkdir(parents=True, exist_ok=True)
+    root.join("sys/kernel/security/lockdown").write_text("none [integrity] confidentiality\n")
+    source = driver_packages.real_source(tmp_path / "source", [package])
+    await installer(root).install("gpu", VERSION, source_of(source))
+    modules = packages.package_dir(root, kernel, "gpu", VERSION) / "modules"
+    assert kmod.modinfo(modules / "nvidia.ko")["signer"] == ["gpuop test module signing"]
 
 
 async def test_a_changed_real_module_is_refused_by_its_sha256(

@@ -197,6 +197,20 @@ def test_the_cli_extracts_a_run_and_says_what_it_did(
         (["--from-debian", "--version", VERSION], "needs --kernel, --flavour"),
         (["--from-debian", "--extract-only", "--version", VERSION], "goes with --from-run"),
         (["--from-run", "/nonexistent.run", "--extract-only"], "no such file"),
+        (
+            [
+                "--from-debian",
+                "--version",
+                VERSION,
+                "--kernel",
+                "k",
+                "--flavour",
+                "open",
+                "--module-key",
+                "/k.pem",
+            ],
+            "--module-key and --module-cert go together",
+        ),
     ],
 )
 def test_the_cli_names_a_missing_or_wrong_flag(
@@ -215,3 +229,9 @@ def test_a_flavour_outside_the_two_is_refused_by_the_parser(tmp_path: Path) -> N
 
 def test_every_module_source_package_is_a_flavour() -> None:
     assert set(building.MODULE_SOURCE_PACKAGES) == set(manifests.Flavour)
+
+
+def test_module_signing_without_its_key_file_is_refused(tmp_path: Path) -> None:
+    signing = building.ModuleSigning(tmp_path / "missing.pem", tmp_path / "missing.der")
+    with pytest.raises(building.BuildError, match=r"missing\.pem: no such file"):
+        building.sign_modules([tmp_path / "nvidia.ko"], tmp_path / "sign-file", signing)
