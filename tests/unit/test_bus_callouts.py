@@ -276,3 +276,26 @@ async def test_an_answer_that_cannot_be_sent_is_logged_and_the_callout_goes_on(
     assert nc.queue == callouts.QUEUE  # replicas share the requests
     assert counted(registry, "allowed") == 2
     assert caplog.text.count("an authorization request went unanswered") == 2
+
+
+async def test_while_the_issuer_changes_a_request_for_either_key_is_answered_by_that_key(
+    reviewer: reviewers.MemoryReviewer, registry: CollectorRegistry
+) -> None:
+    new = nkeys.KeyPair.generate(nkeys.Kind.ACCOUNT)
+    both = callouts.Authorizer([new, ISSUER], reviewer, ACCOUNTS)
+    token = reviewer.issue(sa("gpuop-discovery"), node="n")
+    for key in (ISSUER, new):
+        decision = await both.authorize(request(token, issuer=key.public_key)[0])
+        assert decision.reason == "allowed"
+        answer = response_of(decision)
+        assert answer["iss"] == key.public_key
+        user = natsjwt.decode(
+            answer["nats"]["jwt"], type=natsjwt.USER, issuer_kind=nkeys.Kind.ACCOUNT
+        )
+        assert user["iss"] == key.public_key
+    third = nkeys.KeyPair.generate(nkeys.Kind.ACCOUNT).public_key
+    refused = await both.authorize(request(token, issuer=third)[0])
+    assert refused.reason == "bad-request"
+    assert new.public_key in refused.detail
+    with pytest.raises(ValueError, match="needs an issuer key"):
+        callouts.Authorizer([], reviewer, ACCOUNTS)

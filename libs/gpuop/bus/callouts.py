@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,12 +122,14 @@ class _Request:
     user_nkey: str
     server_id: str
     token: str
+    issuer: nkeys.KeyPair
+    """The key the request is for, which signs the answer."""
 
 
 class Authorizer:
     def __init__(
         self,
-        issuer: nkeys.KeyPair,
+        issuer: nkeys.KeyPair | Sequence[nkeys.KeyPair],
         reviewer: reviewers.TokenReviewer,
         accounts: Accounts,
         *,
@@ -137,11 +139,18 @@ class Authorizer:
         review_timeout: float = 1.5,
         metrics: CalloutMetrics | None = None,
     ) -> None:
-        if issuer.kind is not nkeys.Kind.ACCOUNT:
-            raise ValueError(
-                f"the callout's issuer must be an account key, not a {issuer.kind.name}"
-            )
-        self.issuer = issuer
+        keys = [issuer] if isinstance(issuer, nkeys.KeyPair) else list(issuer)
+        if not keys:
+            raise ValueError("the callout needs an issuer key")
+        for key in keys:
+            if key.kind is not nkeys.Kind.ACCOUNT:
+                raise ValueError(
+                    f"the callout's issuer must be an account key, not a {key.kind.name}"
+                )
+        self.issuer = keys[0]
+        """The first key; a request for any of them is answered with that one (while the
+        server's issuer changes, the callout holds both)."""
+        self._issuers = {key.public_key: key for key in keys}
         self._reviewer = reviewer
         self._accounts = accounts
         self._prefix = prefix
@@ -149,6 +158,10 @@ class Authorizer:
         self._max_lifetime = max_lifetime
         self._review_timeout = review_timeout
         self._metrics = metrics
+
+    @property
+    def issuers(self) -> str:
+        return ", ".join(self._issuers)
 
     async def authorize(self, request: bytes) -> Decision:
         now = time.time()
@@ -161,7 +174,7 @@ class Authorizer:
         except Refusal as refusal:
             response = self._response(checked, error=f"gpuop: {refusal.detail}", now=now)
             return self._decided(Decision(refusal.reason, refusal.detail, response=response))
-        user = self._user_jwt(checked.user_nkey, identity, expires, now)
+        user = self._user_jwt(checked, identity, expires, now)
         response = self._response(checked, jwt=user, now=now)
         return self._decided(Decision("allowed", _named(identity), identity, response))
 
@@ -187,11 +200,12 @@ class Authorizer:
             raise Refusal("bad-request", f"not an authorization request: {exc}") from None
         if claims.get("aud") != REQUEST_AUDIENCE:
             raise Refusal("bad-request", f"audience {claims.get('aud')!r}, not {REQUEST_AUDIENCE}")
-        if claims.get("sub") != self.issuer.public_key:
+        issuer = self._issuers.get(str(claims.get("sub")))
+        if issuer is None:
             raise Refusal(
                 "bad-request",
                 f"the request is for issuer {claims.get('sub')!r}, this callout signs as"
-                f" {self.issuer.public_key}",
+                f" {', '.join(self._issuers)}",
             )
         nats: dict[str, Any] = claims["nats"]
         user_nkey = nats.get("user_nkey")
@@ -201,7 +215,7 @@ class Authorizer:
         if not isinstance(server_id, str) or not nkeys.is_public(server_id, nkeys.Kind.SERVER):
             raise Refusal("bad-request", f"server_id {server_id!r:.70} is not a server key")
         token = (nats.get("connect_opts") or {}).get("auth_token") or ""
-        return _Request(user_nkey, server_id, token if isinstance(token, str) else "")
+        return _Request(user_nkey, server_id, token if isinstance(token, str) else "", issuer)
 
     async def _identify(self, token: str, now: float) -> tuple[grants.Identity, float]:
         if not token:
@@ -235,11 +249,11 @@ class Authorizer:
         return grants.Identity(role, node), min(reviewed.expires, now + self._max_lifetime)
 
     def _user_jwt(
-        self, user_nkey: str, identity: grants.Identity, expires: float, now: float
+        self, request: _Request, identity: grants.Identity, expires: float, now: float
     ) -> str:
         granted = grants.for_identity(identity, prefix=self._prefix)
         claims = {
-            "sub": user_nkey,
+            "sub": request.user_nkey,
             "aud": self._account,
             "name": _named(identity),
             "exp": int(expires),
@@ -252,7 +266,7 @@ class Authorizer:
                 "payload": -1,
             },
         }
-        return natsjwt.encode(claims, self.issuer, now=now)
+        return natsjwt.encode(claims, request.issuer, now=now)
 
     def _response(
         self, request: _Request, *, now: float, jwt: str | None = None, error: str | None = None
@@ -263,7 +277,7 @@ class Authorizer:
             "aud": request.server_id,
             "nats": {"type": natsjwt.AUTHORIZATION_RESPONSE, **answer},
         }
-        return natsjwt.encode(claims, self.issuer, now=now)
+        return natsjwt.encode(claims, request.issuer, now=now)
 
 
 def _permission(subjects_: tuple[str, ...]) -> dict[str, list[str]]:
@@ -295,7 +309,7 @@ async def serve(nc: Client, authorizer: Authorizer, stopping: asyncio.Event) -> 
         task.add_done_callback(pending.discard)
 
     subscription = await nc.subscribe(CALLOUT_SUBJECT, queue=QUEUE, cb=received)
-    log.info("answering NATS authorization requests as issuer %s", authorizer.issuer.public_key)
+    log.info("answering NATS authorization requests as issuer %s", authorizer.issuers)
     try:
         await stopping.wait()
     finally:

@@ -11,7 +11,8 @@ GPUOP_METRICS_WEB_CONFIG's TLS and basic auth as every service's.
 
 Settings come from flags or their variables: `--nats` (GPUOP_NATS, with the callout user's
 password in the URL), `--issuer-seed-file` (GPUOP_NATS_AUTH_ISSUER_SEED_FILE, the account seed
-`SA...` whose public key is callout.conf's issuer), `--account NAMESPACE/SERVICEACCOUNT=ROLE`
+`SA...` whose public key is callout.conf's issuer; during a rotation the old and the new
+key's files, separated by commas), `--account NAMESPACE/SERVICEACCOUNT=ROLE`
 (GPUOP_NATS_AUTH_ACCOUNTS, comma separated: which ServiceAccount is which gpuop role),
 `--max-lifetime` (seconds a user lives at most; the token's expiry comes first).
 """
@@ -55,7 +56,8 @@ def add_parser(verbs: Any) -> None:
     command.add_argument("--nats", help="NATS URLs with the nats-auth user (GPUOP_NATS)")
     command.add_argument(
         "--issuer-seed-file",
-        help="file holding the issuer account seed SA... (GPUOP_NATS_AUTH_ISSUER_SEED_FILE)",
+        help="file holding the issuer account seed SA...; several separated by commas while "
+        "the server's issuer changes (GPUOP_NATS_AUTH_ISSUER_SEED_FILE)",
     )
     command.add_argument(
         "--account",
@@ -142,7 +144,8 @@ async def nats_auth_command(args: argparse.Namespace, environ: Mapping[str, str]
     seed_file = _setting(args.issuer_seed_file, environ, "GPUOP_NATS_AUTH_ISSUER_SEED_FILE", "")
     if not seed_file:
         raise ValueError("--issuer-seed-file is required")
-    issuer = issuer_from(seed_file)
+    # several files while the issuer changes: the first is the current key
+    issuer = [issuer_from(path.strip()) for path in seed_file.split(",") if path.strip()]
     accounts = accounts_from(args, environ)
     prefix = subjects.validate_prefix(_setting(args.prefix, environ, "GPUOP_PREFIX", "gpuop"))
     lifetime = args.max_lifetime or float(environ.get("GPUOP_NATS_AUTH_MAX_LIFETIME", "3600"))

@@ -61,6 +61,8 @@ class CalloutNats:
         default_factory=lambda: nkeys.KeyPair.generate(nkeys.Kind.ACCOUNT)
     )
     max_lifetime: float = 3600.0
+    callout_issuers: list[nkeys.KeyPair] = field(default_factory=list)
+    """The keys the callout signs with; empty: `issuer` alone."""
     reviewer: reviewers.MemoryReviewer = field(default_factory=reviewers.MemoryReviewer)
     port: int = 0
     passwords: dict[str, str] = field(default_factory=dict)
@@ -118,7 +120,7 @@ class CalloutNats:
             f"{NAMESPACE}/{account}={role}" for role, account in SERVICE_ACCOUNTS.items()
         )
         authorizer = callouts.Authorizer(
-            self.issuer,
+            self.callout_issuers or self.issuer,
             self.reviewer,
             accounts,
             max_lifetime=self.max_lifetime,
@@ -139,6 +141,12 @@ class CalloutNats:
         if self._callout_nc is not None:
             await self._callout_nc.close()
             self._callout_nc = None
+
+    async def restart_server(self) -> None:
+        """The server again (with `issuer` as it is now) on a new port, the callout after it."""
+        await self.stop()
+        await self.start()
+        await self.start_callout()
 
     async def stop(self) -> None:
         await self.stop_callout()

@@ -14,7 +14,7 @@ import nats.errors
 import pytest
 from nats.js.api import ConsumerConfig
 
-from gpuop.bus import NatsBus, grants, tokens
+from gpuop.bus import NatsBus, grants, nkeys, tokens
 from gpuop.bus.errors import BusUnavailable
 from gpuop.bus.publishing import message_id
 from gpuop.events import driver, new_event
@@ -312,3 +312,21 @@ async def test_no_node_agent_may_use_any_grant_of_the_same_service_on_another_no
     for attempt, refused in rows:
         print(f"  {'refused' if refused else 'ALLOWED':8} {attempt}")
     assert all(refused for _, refused in rows)
+
+
+async def test_the_issuer_key_changes_without_a_client_refused(server: CalloutNats) -> None:
+    """README's rotation: the callouts get the new key first (and keep the old), then the
+    server moves to the new issuer; clients are admitted before and after."""
+    old, new = server.issuer, nkeys.KeyPair.generate(nkeys.Kind.ACCOUNT)
+    await server.stop_callout()
+    server.callout_issuers = [new, old]
+    await server.start_callout()
+    before = await server.token_client(server.token("driver-manager", "gpu-1"), GPU_1)
+    await before.close()
+
+    server.issuer = new
+    await server.restart_server()
+    after = await server.token_client(server.token("driver-manager", "gpu-1"), GPU_1)
+    await after.close()
+    assert server.decisions("allowed") == 2
+    assert server.decisions("bad-request") == 0

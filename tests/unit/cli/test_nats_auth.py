@@ -90,3 +90,14 @@ def test_a_new_issuer_secret_holds_a_seed_and_its_public_key(
     key = nkeys.KeyPair.from_seed(secret["stringData"]["seed"])
     assert key.kind is nkeys.Kind.ACCOUNT
     assert secret["stringData"]["issuer"] == key.public_key
+
+
+def test_every_seed_file_of_a_rotation_must_be_an_account_seed(
+    capsys: pytest.CaptureFixture[str], seed_file: Path, tmp_path: Path
+) -> None:
+    user = tmp_path / "user.nk"
+    user.write_text(nkeys.KeyPair.generate(nkeys.Kind.USER).seed)
+    files = f"{seed_file},{user}"
+    code, said = run(capsys, "--issuer-seed-file", files, "--account", "a/b=discovery")
+    assert code == 2
+    assert f"--issuer-seed-file {user}: an account seed (SA...) is needed" in said

@@ -171,3 +171,22 @@ def test_the_callouts_metrics_are_scraped_and_guarded_as_every_services(
     assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["web-config"]["secret"]["secretName"] == "gpuop-web-config"
+
+
+def test_extra_seed_keys_are_mounted_and_listed_after_the_current_one() -> None:
+    rotating = render_with(
+        {
+            "nats": {
+                "auth": {
+                    "mode": "callout",
+                    "callout": {"issuerSecret": "gpuop-issuer", "extraSeedKeys": ["old-seed"]},
+                }
+            }
+        }
+    )
+    spec = pod(rotating.get("Deployment", "gpuop-nats-auth"))
+    (container,) = spec["containers"]
+    files = "/etc/gpuop/nats-auth/seed,/etc/gpuop/nats-auth/old-seed"
+    assert env(container)["GPUOP_NATS_AUTH_ISSUER_SEED_FILE"] == files
+    issuer = {v["name"]: v for v in spec["volumes"]}["issuer"]["secret"]
+    assert [item["key"] for item in issuer["items"]] == ["seed", "old-seed"]
