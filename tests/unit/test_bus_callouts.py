@@ -299,3 +299,33 @@ async def test_while_the_issuer_changes_a_request_for_either_key_is_answered_by_
     assert new.public_key in refused.detail
     with pytest.raises(ValueError, match="needs an issuer key"):
         callouts.Authorizer([], reviewer, ACCOUNTS)
+
+
+async def test_a_cached_review_is_asked_once_per_token_and_refusals_each_time() -> None:
+    authority = reviewers.MemoryReviewer()
+    cached = reviewers.CachingReviewer(authority, ttl=60)
+    token = authority.issue(sa("gpuop-discovery"), node="n", ttl=600)
+    for _ in range(3):
+        assert (await cached.review(token)).node == "n"
+    assert authority.reviews == 1
+    for _ in range(2):
+        with pytest.raises(reviewers.TokenRefused):
+            await cached.review("unknown")
+    assert authority.reviews == 3
+
+
+async def test_a_cached_review_ends_with_its_token_or_its_ttl() -> None:
+    authority = reviewers.MemoryReviewer()
+    short = authority.issue(sa("gpuop-discovery"), node="n", ttl=0.05)
+    cached = reviewers.CachingReviewer(authority, ttl=60)
+    await cached.review(short)
+    await asyncio.sleep(0.1)
+    with pytest.raises(reviewers.TokenRefused, match="expired"):
+        await cached.review(short)
+
+    token = authority.issue(sa("gpuop-discovery"), node="n")
+    brief = reviewers.CachingReviewer(authority, ttl=0)
+    await brief.review(token)
+    authority.revoke(token)
+    with pytest.raises(reviewers.TokenRefused):
+        await brief.review(token)

@@ -14,6 +14,7 @@ for the metric; any other exception is the authority failing, which refuses too.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from collections.abc import Mapping
@@ -108,3 +109,36 @@ class MemoryReviewer:
                 f"the token is for {', '.join(issued.audiences)}, not {self.audience}",
             )
         return issued.reviewed
+
+
+class CachingReviewer:
+    """A reviewer that remembers what another accepted for `ttl` seconds (never past the
+    token's expiry), keyed by the token's SHA-256: when a NATS server restarts, every client
+    reconnects at once with the token it had, and the API server is asked once per token,
+    not once per connection. A refusal is not remembered. A token revoked (its pod deleted)
+    still passes for up to `ttl` seconds."""
+
+    def __init__(
+        self, reviewer: TokenReviewer, *, ttl: float = 60.0, max_entries: int = 100_000
+    ) -> None:
+        self._reviewer = reviewer
+        self._ttl = ttl
+        self._max_entries = max_entries
+        self._cache: dict[bytes, tuple[float, ReviewedToken]] = {}
+
+    async def review(self, token: str) -> ReviewedToken:
+        key = hashlib.sha256(token.encode()).digest()
+        now = time.time()
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        reviewed = await self._reviewer.review(token)
+        until = now + self._ttl
+        if reviewed.expires is not None:
+            until = min(until, reviewed.expires)
+        if len(self._cache) >= self._max_entries:
+            self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
+            if len(self._cache) >= self._max_entries:
+                self._cache.clear()
+        self._cache[key] = (until, reviewed)
+        return reviewed

@@ -32,7 +32,7 @@ import nats
 import nats.errors
 from prometheus_client import CollectorRegistry
 
-from gpuop.bus import callouts, nkeys
+from gpuop.bus import callouts, nkeys, reviewers
 from gpuop.bus.errors import BusUnavailable
 from gpuop.events import subjects
 from gpuop.kube import client as kubeclient
@@ -164,7 +164,10 @@ async def nats_auth_command(args: argparse.Namespace, environ: Mapping[str, str]
 
     registry = CollectorRegistry()
     kube = await kubeclient.connect(args.kubeconfig or environ.get("GPUOP_KUBECONFIG"))
-    reviewer = KubeTokenReviewer(kube, audience=args.audience or AUDIENCE)
+    # a restarted server's clients all reconnect at once: one review per token, not per try
+    reviewer = reviewers.CachingReviewer(
+        KubeTokenReviewer(kube, audience=args.audience or AUDIENCE)
+    )
     authorizer = callouts.Authorizer(
         issuer,
         reviewer,
