@@ -18,6 +18,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from prometheus_client import CollectorRegistry
 
 from gpuop.events.upgrade import UpgradeState
+from gpuop.observability.metrics import BusMetrics
 from gpuop.runtime import services, settings
 from gpuop.services.device_plugin import config as device_plugin_config
 from gpuop.services.discovery import config as discovery_config
@@ -563,6 +564,7 @@ def test_operator_objects_have_what_their_operators_read() -> None:
 def test_the_alerts_name_only_metrics_that_telemetry_exports() -> None:
     registry = CollectorRegistry()
     OperatorMetrics(registry)
+    BusMetrics(registry)  # every service's own /metrics
     exported = set(catalog.NAMES)
     for family in registry.collect():
         exported |= {sample.name for sample in family.samples}
