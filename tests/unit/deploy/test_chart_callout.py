@@ -10,10 +10,12 @@ import re
 from typing import Any
 
 import helm_python as helm
+import kubernetes_validate
 import pytest
 
 from gpuop.bus import callouts, grants
 from tests.support.charts import (
+    CHART,
     NAMESPACE,
     NODE_AGENTS,
     REPO,
@@ -190,3 +192,20 @@ def test_extra_seed_keys_are_mounted_and_listed_after_the_current_one() -> None:
     assert env(container)["GPUOP_NATS_AUTH_ISSUER_SEED_FILE"] == files
     issuer = {v["name"]: v for v in spec["volumes"]}["issuer"]["secret"]
     assert [item["key"] for item in issuer["items"]] == ["seed", "old-seed"]
+
+
+@pytest.mark.parametrize("version", ["1.27", kubernetes_validate.latest_version()])
+def test_callout_mode_renders_valid_objects_and_lints_clean(
+    rendering: Rendering, version: str
+) -> None:
+    for manifest in rendering.all():
+        if manifest["kind"] in {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"}:
+            continue
+        try:
+            kubernetes_validate.validate(manifest, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            path = ".".join(str(p) for p in error.path)
+            pytest.fail(f"{manifest['kind']} {manifest['metadata']['name']} {path}: {error}")
+    helm.disable_logging()
+    linted = helm.lint(CHART, CALLOUT, strict=True, namespace=NAMESPACE)
+    assert linted["errors"] == []
