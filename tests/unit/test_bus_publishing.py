@@ -88,3 +88,25 @@ def test_message_ids_are_keyed_by_the_publishers_credential() -> None:
     )
     assert publishing.id_key(["nats://127.0.0.1:4222"]) == b""
     assert publishing.id_key([], b"-----BEGIN NATS USER JWT-----") != b""
+
+
+def test_a_dead_letters_id_is_the_same_for_every_try_and_keyed_by_the_publisher() -> None:
+    def dead(key: bytes, seq: int = 42) -> str:
+        out = publishing.dead_letter(
+            "gpuop",
+            subject="gpuop.cmd.driver-manager.n1.install",
+            data=b"{}",
+            consumer="driver-manager-n1",
+            seq=seq,
+            kind="malformed",
+            reason="x",
+            key=key,
+        )
+        return out.headers["Nats-Msg-Id"]
+
+    manager = publishing.id_key(["nats://driver-manager:secret@nats:4222"])
+    squatter = publishing.id_key(["nats://discovery:other@nats:4222"])
+    assert dead(b"") == "dlq:driver-manager-n1:42"  # no credential: as it always was
+    assert dead(manager) == dead(manager) != dead(manager, seq=43)
+    assert dead(manager) != dead(squatter)
+    assert "driver-manager-n1" not in dead(manager)

@@ -276,6 +276,8 @@ class RawPublisher(Protocol):
     def prefix(self) -> str: ...
     @property
     def max_payload(self) -> int: ...
+    @property
+    def id_key(self) -> bytes: ...
 
     async def publish_raw(
         self,
@@ -336,6 +338,7 @@ class PumpedSubscription(abc.ABC):
             kind=kind,
             reason=reason,
             max_payload=self._publisher.max_payload,
+            key=self._publisher.id_key,
         )
         # a redelivery after a crash between storing the dead letter and terminating the
         # message stores it again under the same id: the earlier copy, not an alarm

@@ -176,6 +176,11 @@ class NatsBus:
         return self._prefix
 
     @property
+    def id_key(self) -> bytes:
+        """What this publisher's message ids are keyed with (`publishing.message_id`)."""
+        return self._id_key
+
+    @property
     def inbox_prefix(self) -> str:
         """Where this connection's replies arrive: the identity's own prefix, or `_INBOX`."""
         if self.identity is None:

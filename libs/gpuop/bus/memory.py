@@ -97,6 +97,11 @@ class InMemoryBus:
         for bucket in Buckets:
             await self.kv(bucket)
 
+    @property
+    def id_key(self) -> bytes:
+        """No credential in one process: message ids are the envelope ids."""
+        return b""
+
     async def close(self) -> None:
         for subscription in list(self._subscriptions):
             await subscription.stop()

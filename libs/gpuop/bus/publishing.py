@@ -153,18 +153,21 @@ def dead_letter(
     kind: str,
     reason: str,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
+    key: bytes = b"",
 ) -> Outgoing:
     """The dead letter of a message: the original bytes, and why, in headers.
 
     Its id is derived from the consumer and the original sequence, so storing the same dead
-    letter twice (a crash between store and terminate) keeps one copy. An original too large
+    letter twice (a crash between store and terminate) keeps one copy, and keyed with `key`
+    like every message id (`message_id`), so that no other user can take it first and have
+    the dead letter dropped. An original too large
     to fit beside the headers in `max_payload` is cut to fit, and `DLQ_TRUNCATED` gives its
     length (the whole message stays in its own stream, at `DLQ_SEQ`). An original subject too
     long for `MAX_SUBJECT` is shortened in the dead letter's subject (`DLQ_SUBJECT` has it
     whole).
     """
     headers = {
-        streams.MSG_ID: f"dlq:{consumer}:{seq}",
+        streams.MSG_ID: message_id(key, "dlq", f"dlq:{consumer}:{seq}"),
         streams.DLQ_REASON: _header_safe(reason),
         streams.DLQ_KIND: kind,
         streams.DLQ_SUBJECT: subject,
