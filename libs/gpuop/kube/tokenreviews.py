@@ -4,12 +4,14 @@
 `authentication.k8s.io/v1` TokenReview API, for the audience gpuop's pods request their
 NATS tokens for (`gpuop-nats`), and returns who the API server says it belongs to
 (`gpuop.bus.reviewers.ReviewedToken`): `system:serviceaccount:<namespace>:<name>`, the extra
-attributes of a token bound to a pod (its node under `authentication.kubernetes.io/node-name`)
-and its expiry. The expiry is read from the token's own claims once the API server has
+attributes of a token bound to a pod (its node under `authentication.kubernetes.io/node-name`;
+before Kubernetes 1.30, read from the bound pod, for which the callout may `get` pods) and
+its expiry. The expiry is read from the token's own claims once the API server has
 accepted it: TokenReview does not return it. A token the API server does not accept raises
 `TokenRefused` (`wrong-audience` when the token was requested for another audience, such as
 the API server's own); an API server that cannot answer raises its `KubeError`, which
-refuses too. The callout's ServiceAccount needs `create` on `tokenreviews`.
+refuses too. The callout's ServiceAccount needs `create` on `tokenreviews`, and `get` on
+the pods of the namespace its clients run in.
 """
 
 from __future__ import annotations
@@ -61,17 +63,46 @@ class KubeTokenReviewer:
                 "wrong-audience", f"the API server accepted the token for {status['audiences']}"
             )
         user = status.get("user") or {}
-        extra = {
-            str(key): tuple(str(value) for value in values)
-            for key, values in (user.get("extra") or {}).items()
-            if isinstance(values, list)
-        }
+        extra = self._extra(user)
+        if reviewers.NODE_NAME not in extra:
+            node = await self.bound_pod_node(claims)
+            if node is not None:
+                extra[reviewers.NODE_NAME] = (node,)
         expires = claims.get("exp")
         return reviewers.ReviewedToken(
             str(user.get("username", "")),
             extra,
             float(expires) if isinstance(expires, int | float) else None,
         )
+
+    @staticmethod
+    def _extra(user: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+        return {
+            str(key): tuple(str(value) for value in values)
+            for key, values in (user.get("extra") or {}).items()
+            if isinstance(values, list)
+        }
+
+    async def bound_pod_node(self, claims: dict[str, Any]) -> str | None:
+        """The node of the pod an accepted token is bound to, from the pod itself: API
+        servers before 1.30 put no node in a review, only the pod in the token's claims
+        (`kubernetes.io.pod`). None when the token is bound to no pod, or the pod of that
+        name is another (its uid differs) or not yet on a node."""
+        bound = claims.get("kubernetes.io") or {}
+        pod = bound.get("pod") if isinstance(bound, dict) else None
+        namespace = bound.get("namespace") if isinstance(bound, dict) else None
+        if not isinstance(pod, dict) or not isinstance(namespace, str):
+            return None
+        found = await self._kube.call(
+            self._kube.core.read_namespaced_pod,
+            str(pod.get("name")),
+            namespace,
+            _request_timeout=self._timeout,
+        )
+        if (found.get("metadata") or {}).get("uid") != pod.get("uid"):
+            return None
+        node = (found.get("spec") or {}).get("nodeName")
+        return node if isinstance(node, str) and node else None
 
 
 def unverified_claims(token: str) -> dict[str, Any]:

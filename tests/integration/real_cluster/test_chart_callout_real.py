@@ -52,10 +52,12 @@ def test_every_object_of_callout_mode_is_accepted(plane: ControlPlane, installed
     assert ("ServiceAccount", "gpuop-driver-manager") in names
 
 
-def test_the_callout_may_review_tokens_and_nothing_no_account_may(
+def test_the_callout_may_review_tokens_and_read_its_pods_and_nothing_no_account_may(
     plane: ControlPlane, installed: str
 ) -> None:
     assert fleet.allowed(plane, "nats-auth", "create", "tokenreviews.authentication.k8s.io")
+    assert fleet.allowed(plane, "nats-auth", "get", "pods", NS)
+    assert not fleet.allowed(plane, "nats-auth", "get", "pods", "ml-serving")
     wrong = [row for row in NEVER if fleet.allowed(plane, "nats-auth", *row)]
     assert not wrong
 

@@ -17,7 +17,7 @@ import pytest
 
 from gpuop.bus import callouts, grants, natsjwt, nkeys, reviewers
 from gpuop.kube import client as kubeclient
-from gpuop.kube.tokenreviews import AUDIENCE, KubeTokenReviewer
+from gpuop.kube.tokenreviews import AUDIENCE, KubeTokenReviewer, unverified_claims
 from tests.support.callouts import authorization_request
 from tests.support.control_plane import ControlPlane
 
@@ -168,3 +168,29 @@ async def test_an_unbound_token_reviews_without_a_node(
 ) -> None:
     reviewed = await reviewer.review(token_for(plane, namespace, pod=None))
     assert reviewed.node is None
+
+
+class ReviewerBefore130(KubeTokenReviewer):
+    """The reviewer on an API server that puts no node in its reviews (before 1.30)."""
+
+    @staticmethod
+    def _extra(user: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+        extra = KubeTokenReviewer._extra(user)
+        extra.pop(reviewers.NODE_NAME, None)
+        return extra
+
+
+async def test_without_a_node_in_the_review_the_node_comes_from_the_bound_pod(
+    plane: ControlPlane, namespace: str, reviewer: KubeTokenReviewer
+) -> None:
+    node = node_of(plane)
+    pod = agent_pod(plane, namespace, node)
+    token = token_for(plane, namespace, pod=pod)
+    older = ReviewerBefore130(reviewer._kube, timeout=5.0)
+    assert (await older.review(token)).node == node
+
+    # a pod of the same name but another uid is not the token's pod
+    claims = unverified_claims(token)
+    claims["kubernetes.io"]["pod"]["uid"] = "00000000-0000-0000-0000-000000000000"
+    assert await older.bound_pod_node(claims) is None
+    assert await older.bound_pod_node({}) is None

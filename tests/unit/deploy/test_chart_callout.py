@@ -90,7 +90,7 @@ def test_each_service_account_is_the_role_of_its_service_and_of_no_other(
     assert set(seen.values()) == grants.ROLES - {"observer"}
 
 
-def test_the_callout_runs_twice_off_gpu_nodes_and_may_only_review_tokens(
+def test_the_callout_runs_twice_off_gpu_nodes_and_may_only_review_tokens_and_read_pods(
     rendering: Rendering,
 ) -> None:
     deployment = rendering.get("Deployment", "gpuop-nats-auth")
@@ -108,6 +108,12 @@ def test_the_callout_runs_twice_off_gpu_nodes_and_may_only_review_tokens(
     assert role["rules"] == [
         {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
     ]
+    local = rendering.get("Role", "gpuop-nats-auth")
+    assert local["metadata"]["namespace"] == NAMESPACE
+    assert local["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    assert (
+        rendering.get("RoleBinding", "gpuop-nats-auth")["subjects"][0]["name"] == "gpuop-nats-auth"
+    )
     binding = rendering.get("ClusterRoleBinding", "gpuop-nats-auth")
     assert binding["subjects"][0]["name"] == spec["serviceAccountName"] == "gpuop-nats-auth"
     issuer = {v["name"]: v for v in spec["volumes"]}["issuer"]["secret"]
