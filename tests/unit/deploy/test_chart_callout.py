@@ -59,7 +59,6 @@ def test_every_service_connects_with_its_projected_token_and_no_password(
         (source,) = volumes["nats-token"]["projected"]["sources"]
         assert source["serviceAccountToken"]["audience"] == "gpuop-nats", name
         assert source["serviceAccountToken"]["expirationSeconds"] == 3600
-        assert "emptyDir" in volumes["nats-ids"], name
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         assert mounts["nats-token"] == "/var/run/secrets/gpuop/nats"
         assert variables["GPUOP_NATS_ID_KEY_FILE"].startswith(mounts["nats-ids"] + "/")
@@ -215,3 +214,27 @@ def test_callout_mode_renders_valid_objects_and_lints_clean(
     helm.disable_logging()
     linted = helm.lint(CHART, CALLOUT, strict=True, namespace=NAMESPACE)
     assert linted["errors"] == []
+
+
+def test_a_cluster_roles_replicas_share_one_message_id_key_and_node_agents_keep_their_own(
+    rendering: Rendering,
+) -> None:
+    # A new orchestrator leader re-publishes under its predecessor's ids: the server drops
+    # the repeats only if both replicas make the same Nats-Msg-Id. A node agent's key stays
+    # in its own pod, so no other node can take its ids.
+    (keys,) = [s for s in rendering.all("Secret") if s["metadata"]["name"].endswith("-id-keys")]
+    shared: dict[str, str] = {}
+    for workload, container in gpuop_containers(rendering):
+        name = workload["metadata"]["name"]
+        assert env(container)["GPUOP_NATS_ID_KEY_FILE"] == "/var/lib/gpuop/nats-ids/key", name
+        volume = {v["name"]: v for v in pod(workload)["volumes"]}["nats-ids"]
+        if workload["kind"] == "DaemonSet":
+            assert "emptyDir" in volume, name
+            continue
+        assert volume["secret"]["secretName"] == keys["metadata"]["name"], name
+        (item,) = volume["secret"]["items"]
+        assert item["path"] == "key", name
+        shared[name] = item["key"]
+    assert any(name.endswith("upgrade-orchestrator") for name in shared)
+    assert sorted(shared.values()) == sorted(keys["data"]), "one key per cluster role"
+    assert len(set(keys["data"].values())) == len(keys["data"]), "keys differ between roles"

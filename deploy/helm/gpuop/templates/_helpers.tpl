@@ -42,6 +42,11 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- default (include "gpuop.name" (dict "root" . "component" "nats-users")) .Values.nats.auth.existingSecret -}}
 {{- end -}}
 
+{{/* Callout mode: the cluster roles' message-id keys (templates/nats/id-keys.yaml). */}}
+{{- define "gpuop.natsIdKeysSecret" -}}
+{{- include "gpuop.name" (dict "root" . "component" "nats-id-keys") -}}
+{{- end -}}
+
 {{- define "gpuop.natsTlsSecret" -}}
 {{- if eq .Values.nats.tls.mode "secret" -}}
 {{- required "nats.tls.secretName is required with nats.tls.mode=secret" .Values.nats.tls.secretName -}}
@@ -335,10 +340,22 @@ resources:
           audience: gpuop-nats
           expirationSeconds: {{ include "gpuop.natsTokenSeconds" .root }}
           path: token
+{{- if .role }}
+# The cluster role's message-id key, the same in each of its replicas (templates/nats/id-keys.yaml).
+- name: nats-ids
+  secret:
+    secretName: {{ include "gpuop.natsIdKeysSecret" .root }}
+    # readable by the container's non-root user (the pod runs no other)
+    defaultMode: 0444
+    items:
+      - key: {{ .role }}
+        path: key
+{{- else }}
 # This pod's message-id key (made at first start; another node's agent cannot know it).
 - name: nats-ids
   emptyDir:
     sizeLimit: 1Mi
+{{- end }}
 {{- end }}
 {{- end -}}
 
