@@ -47,6 +47,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -353,6 +354,9 @@ class Scenario:
     """The controller reaches the apiserver through `SlowProxy`."""
 
 
+KEEP: Path | None = None
+"""Where runs keep their work directories (`--keep`, or the environment's
+GPUOP_BENCH_KEEP, a new directory); temporary ones otherwise."""
 SLOW_SECONDS = 0.05
 SCENARIOS = ("kill", "broken", "slow")
 """The runs beyond the plain rollout, in the order of their priority."""
@@ -897,8 +901,13 @@ async def both_sides(scenario: Scenario, label: str) -> dict[str, Side]:
     sides = {"gpuop": Side(scenario.size.nodes), "upstream": Side(scenario.size.nodes)}
     for name, runner in (("gpuop", run_gpuop), ("upstream", run_upstream)):
         print(f"{label}: {name}", flush=True)
-        with tempfile.TemporaryDirectory(prefix=f"gpuop-vs-{name}-") as tmp:
-            await runner(scenario, Path(tmp), sides[name])
+        if KEEP is not None:  # the logs stay for a look
+            work = KEEP / f"{label}-{name}"
+            work.mkdir(parents=True)
+            await runner(scenario, work, sides[name])
+        else:
+            with tempfile.TemporaryDirectory(prefix=f"gpuop-vs-{name}-") as tmp:
+                await runner(scenario, Path(tmp), sides[name])
         side = sides[name]
         total = sum(side.requests.values())
         print(f"{label}: {name}: {side.done} done, makespan {side.makespan} s, "
@@ -937,7 +946,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", choices=SCENARIOS, default=None,
                         help="of the scenarios beyond the plain rollout, only these (by "
                         "default all; quick leaves out slow, to fit in ten minutes)")  # fmt: skip
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="run in DIR (new) and keep every log there")  # fmt: skip
     args = parser.parse_args(argv)
+    global KEEP
+    keep = args.keep or (
+        Path(os.environ["GPUOP_BENCH_KEEP"]) if "GPUOP_BENCH_KEEP" in os.environ else None
+    )
+    if keep is not None:
+        keep.mkdir(parents=True)
+        KEEP = keep
     default = set(SCENARIOS) - ({"slow"} if args.quick else set())
     figures = default if args.only is None else set(args.only)
     result = asyncio.run(measure(SIZES[args.quick], figures))
