@@ -1,6 +1,7 @@
 """Real driver packages for the slow suites: NVIDIA 535.261.03 built from Debian's packages
-(`gpuop.host.building`) for the newest Debian bookworm kernel whose headers the archive
-has, once per flavour, and cached under `.cache/driver-packages/<key>/` (ignored by git).
+(`gpuop.host.building`) for the kernel of Debian bookworm's point release
+(`point_release_kernel`), once per flavour, and cached under `.cache/driver-packages/<key>/`
+(ignored by git).
 
 The key is a digest of the inputs: driver version, kernel release, flavour and the
 builder's recipe version (`building.RECIPE`, bumped when a build would make something else
@@ -39,12 +40,15 @@ class CachedPackage:
     """How long the build took; None when it came from the cache."""
 
 
-def newest_kernel() -> str:
-    """The kernel release to build for: the newest bookworm `6.1.0-N-amd64` with headers."""
+def point_release_kernel() -> str:
+    """The kernel release to build for: the newest bookworm `6.1.0-N-amd64` of the point
+    release itself (suite `bookworm`), not of its security updates: Debian's open modules
+    535.261.03 do not compile against the 6.1 kernels of later security updates
+    (`pci_resize_resource` took a fourth argument in 6.1.0-53), the proprietary ones do."""
     CACHE.mkdir(parents=True, exist_ok=True)
     apt = building.Apt(CACHE / "apt")
     apt.update()
-    return building.newest_debian_kernel(apt)
+    return building.newest_debian_kernel(apt, suite="bookworm")
 
 
 def cached_package(flavour: Flavour, kernel_release: str, *, jobs: int = 2) -> CachedPackage:

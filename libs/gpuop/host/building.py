@@ -201,8 +201,9 @@ def _deb_arch(name: str) -> str:
     return "all" if name.endswith("-common") else "amd64"
 
 
-def newest_debian_kernel(apt: Apt, flavour: str = "amd64") -> str:
-    """The newest `6.1.0-N-<flavour>` kernel whose headers the archive has."""
+def newest_debian_kernel(apt: Apt, flavour: str = "amd64", *, suite: str | None = None) -> str:
+    """The newest `6.1.0-N-<flavour>` kernel whose headers the archive has; with `suite`
+    (`bookworm`: the point release), the newest that suite itself carries, not its updates."""
     out = _run(
         [
             "apt-cache",
@@ -212,7 +213,16 @@ def newest_debian_kernel(apt: Apt, flavour: str = "amd64") -> str:
             rf"^linux-headers-6\.1\.0-[0-9]+-{flavour}$",
         ]
     )
-    return newest_release(out.splitlines(), flavour)
+    lines = out.splitlines()
+    if suite is None:
+        return newest_release(lines, flavour)
+    while lines:
+        release = newest_release(lines, flavour)
+        offered = _run(["apt-cache", *apt.options(), "madison", f"linux-headers-{release}"])
+        if any(f" {suite}/" in line for line in offered.splitlines()):
+            return release
+        lines = [line for line in lines if not line.startswith(f"linux-headers-{release} ")]
+    raise BuildError(f"Debian's {suite} carries no linux-headers-6.1.0-*-{flavour}")
 
 
 def newest_release(search_lines: Iterable[str], flavour: str = "amd64") -> str:
