@@ -240,3 +240,12 @@ def test_an_index_that_is_not_one_is_not_overwritten(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is not a driver source index"):
         packaging.add_to_index(tmp_path, built, None)
     assert (tmp_path / "index.json").read_text() == '{"pkgs": 1}'
+
+
+def test_the_index_is_signed_with_a_minisign_key_file(tmp_path: Path) -> None:
+    key = packaging.write_key_pair(tmp_path / "keys/gpuop.key", tmp_path / "keys/gpuop.pub")
+    built = write(tmp_path / "source", write_inputs(tmp_path / "in", mtime=0))
+    packaging.add_to_index(tmp_path / "source", built, tmp_path / "keys/gpuop.key")
+    signature = signing.Signature.parse((tmp_path / "source/index.json.minisig").read_bytes())
+    index = (tmp_path / "source/index.json").read_bytes()
+    assert signing.verify(index, signature, [key.public_key]).key_id_hex
