@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuop.bus import callouts, grants, launcher, nkeys, reviewers
 from gpuop.bus.errors import BusUnavailable
-from tests.integration.deploy.shipped_nats import (
+from tests.support.shipped_nats import (
     CONFIG,
     NATS_DIR,
     loopback_config,

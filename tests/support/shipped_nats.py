@@ -28,7 +28,7 @@ from nats.aio.client import Client
 from gpuop.bus import NatsBus, grants, launcher
 from gpuop.bus.errors import BusUnavailable
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 NATS_DIR = REPO / "deploy" / "nats"
 CONFIG = "nats-server.conf"
 SENTINEL = "test.sentinel"

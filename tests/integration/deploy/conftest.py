@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.deploy.shipped_nats import ShippedNats
+from tests.support.shipped_nats import ShippedNats
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from gpuop.bus import NatsBus, grants, nkeys, tokens
 from gpuop.bus.errors import BusUnavailable
 from gpuop.bus.publishing import message_id
 from gpuop.events import driver, new_event
-from tests.integration.deploy.callout_nats import CalloutNats, running
-from tests.integration.deploy.shipped_nats import Refusals
+from tests.support.callout_nats import CalloutNats, running
+from tests.support.shipped_nats import Refusals
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.nats, pytest.mark.security]

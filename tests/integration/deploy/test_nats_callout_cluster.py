@@ -18,10 +18,10 @@ from prometheus_client import CollectorRegistry
 
 from gpuop.bus import callouts, grants, launcher, nkeys, reviewers
 from gpuop.bus.errors import BusUnavailable
-from tests.integration.deploy.callout_nats import PASSWORD_USERS
-from tests.integration.deploy.shipped_nats import Refusals, write_certificate
-from tests.integration.deploy.test_nats_cluster import cluster_files, formed, free_ports
+from tests.support.callout_nats import PASSWORD_USERS
 from tests.support.charts import NAMESPACE, render_with, values
+from tests.support.nats_cluster_files import cluster_files, formed, free_ports
+from tests.support.shipped_nats import Refusals, write_certificate
 
 pytestmark = [pytest.mark.nats, pytest.mark.security]
 

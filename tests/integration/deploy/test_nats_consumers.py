@@ -16,8 +16,8 @@ from gpuop.events import driver, subjects
 from gpuop.observability.metrics import registry
 from gpuop.services.upgrade_orchestrator import intake
 from tests.integration.deploy.ownership import PREFIX, SERVICE_USERS, envelope_of, subject_of
-from tests.integration.deploy.shipped_nats import NODE, ShippedNats, inbox_of
 from tests.support.event_samples import SAMPLES
+from tests.support.shipped_nats import NODE, ShippedNats, inbox_of
 
 pytestmark = [pytest.mark.nats, pytest.mark.security]
 

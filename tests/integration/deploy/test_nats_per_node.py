@@ -18,8 +18,8 @@ from gpuop.bus.protocol import Buckets
 from gpuop.events import Event, driver, new_command, new_event, subjects
 from gpuop.services.upgrade_orchestrator import intake
 from tests.integration.deploy.per_node_nats import PerNodeNats, user_name
-from tests.integration.deploy.shipped_nats import Refusals
 from tests.support.event_samples import SAMPLES
+from tests.support.shipped_nats import Refusals
 
 pytestmark = [pytest.mark.nats, pytest.mark.security]
 

@@ -26,9 +26,9 @@ from tests.integration.deploy.ownership import (
     may_publish,
     subject_of,
 )
-from tests.integration.deploy.shipped_nats import ShippedNats, shipped_users, stored
 from tests.support.buses import dead_letters, wait_until
 from tests.support.event_samples import SAMPLES
+from tests.support.shipped_nats import ShippedNats, shipped_users, stored
 
 pytestmark = [pytest.mark.nats, pytest.mark.security]
 

@@ -19,8 +19,8 @@ from gpuop.services.device_plugin.config import load_configs
 from gpuop.services.discovery import consumers, labeler
 from gpuop.services.discovery.selections import CONFIG_LABEL, Selections
 from tests.integration.deploy.ownership import NODE, PREFIX
-from tests.integration.deploy.shipped_nats import ShippedNats
 from tests.support.kubelet_plugin import GPU, build_host, healthy, running_node
+from tests.support.shipped_nats import ShippedNats
 
 pytestmark = pytest.mark.nats
 

@@ -29,13 +29,13 @@ from tests.integration.deploy.ownership import (
     envelope_of,
     may_publish,
 )
-from tests.integration.deploy.shipped_nats import (
+from tests.support.event_samples import SAMPLES
+from tests.support.shipped_nats import (
     ShippedNats,
     shipped_users,
     stored,
     subject_matches,
 )
-from tests.support.event_samples import SAMPLES
 
 pytestmark = pytest.mark.nats
 

@@ -17,9 +17,9 @@ from gpuop.bus import callouts, grants, nkeys
 from gpuop.cli.natsauth import issuer_secret
 from gpuop.kube import client as kubeclient
 from gpuop.kube.tokenreviews import AUDIENCE, KubeTokenReviewer
-from tests.integration.real_cluster.test_chart_real import NEVER
 from tests.support import fleet
 from tests.support.callouts import authorization_request
+from tests.support.chart_access import NEVER
 from tests.support.control_plane import ControlPlane
 
 pytestmark = [pytest.mark.real_cluster, pytest.mark.security]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import fleet
+from tests.support.chart_access import NEVER
 from tests.support.control_plane import ControlPlane, binary
 
 pytestmark = [pytest.mark.real_cluster]
@@ -42,15 +43,6 @@ MUST = {
     "node-agent": [],
 }  # fmt: skip
 """Role -> (verb, resource, namespace) its code calls."""
-NEVER = [
-    ("get", "secrets", NS), ("list", "secrets", ""), ("create", "pods/exec", "ml-serving"),
-    ("delete", "nodes", ""), ("update", "nodes", ""), ("create", "pods", "kube-system"),
-    ("deletecollection", "pods", ""), ("patch", "leases.coordination.k8s.io", "kube-node-lease"),
-    ("update", "gpuclusterpolicies.gpuop.io", ""),
-    ("create", "clusterrolebindings.rbac.authorization.k8s.io", ""),
-    ("get", "configmaps", "kube-system"), ("create", "serviceaccounts/token", NS),
-]  # fmt: skip
-"""What no ServiceAccount of the chart may do."""
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,11 @@ import nats.errors
 import pytest
 
 from gpuop.bus import grants
-from tests.integration.deploy.callout_nats import CalloutNats
-from tests.integration.deploy.shipped_nats import Refusals
-from tests.integration.real_cluster.test_nats_tokens_real import agent_pod, token_for
+from tests.support.callout_nats import CalloutNats
 from tests.support.control_plane import ControlPlane
 from tests.support.processes import free_port
+from tests.support.service_account_tokens import agent_pod, token_for
+from tests.support.shipped_nats import Refusals
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.real_cluster, pytest.mark.nats, pytest.mark.security]

@@ -17,13 +17,12 @@ import pytest
 
 from gpuop.bus import callouts, grants, natsjwt, nkeys, reviewers
 from gpuop.kube import client as kubeclient
-from gpuop.kube.tokenreviews import AUDIENCE, KubeTokenReviewer, unverified_claims
+from gpuop.kube.tokenreviews import KubeTokenReviewer, unverified_claims
 from tests.support.callouts import authorization_request
 from tests.support.control_plane import ControlPlane
+from tests.support.service_account_tokens import SERVICE_ACCOUNT, agent_pod, token_for
 
 pytestmark = [pytest.mark.real_cluster, pytest.mark.security]
-
-SERVICE_ACCOUNT = "gpuop-driver-manager"
 
 
 @pytest.fixture
@@ -46,50 +45,6 @@ async def reviewer(plane: ControlPlane, tmp_path: Path) -> AsyncIterator[KubeTok
     kubeconfig = plane.write_kubeconfig(tmp_path / "admin.kubeconfig")
     async with await kubeclient.connect(kubeconfig) as kube:
         yield KubeTokenReviewer(kube, timeout=5.0)
-
-
-def agent_pod(plane: ControlPlane, namespace: str, node: str) -> dict[str, Any]:
-    """A driver-manager pod bound to `node` (as its DaemonSet would place it)."""
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"driver-manager-{node}"},
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": SERVICE_ACCOUNT,
-            "automountServiceAccountToken": False,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [{"name": "agent", "image": "gpuop:test"}],
-        },
-    }
-    made: dict[str, Any] = plane.call("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
-    return made
-
-
-def token_for(
-    plane: ControlPlane,
-    namespace: str,
-    *,
-    pod: dict[str, Any] | None,
-    audience: str = AUDIENCE,
-    seconds: int = 600,
-) -> str:
-    """A TokenRequest for the ServiceAccount, bound to `pod` as the kubelet's projection is."""
-    spec: dict[str, Any] = {"audiences": [audience], "expirationSeconds": seconds}
-    if pod is not None:
-        spec["boundObjectRef"] = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": pod["metadata"]["name"],
-            "uid": pod["metadata"]["uid"],
-        }
-    answer = plane.call(
-        "POST",
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{SERVICE_ACCOUNT}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
-    )
-    token: str = answer["status"]["token"]
-    return token
 
 
 def node_of(plane: ControlPlane) -> str:
