@@ -395,7 +395,7 @@ def check_loadable(
     Secure Boot. `InstallError` with reason `kernel-mismatch` or `unsigned-module`."""
     paths = [directory / f.path for f in manifest.of_role(manifests.Role.MODULE)]
     try:
-        kmod.check_modules(paths, kernel_release, kmod.signatures_required(root))
+        kmod.check_modules(paths, kernel_release, kmod.signatures_required(root), root)
     except kmod.ModuleRefused as exc:
         raise InstallError(InstallFailureReason(exc.reason), exc.message) from None
     except KernelError as exc:

@@ -52,11 +52,27 @@ def tool(name: str) -> str:
     return found
 
 
-def modinfo(path: Path) -> dict[str, list[str]]:
-    """Every field `modinfo` shows for the module file `path`, each with all its values;
-    `ModuleLoadFailed` when modinfo cannot read it (not a kernel module)."""
+def modinfo_command(path: Path, root: HostRoot | None = None) -> list[str]:
+    """How to run modinfo on `path`: the host's own, chrooted into `root`, when `root` is
+    not `/` and has one (a node agent's image carries no kmod: its tools are the host's,
+    as `SubprocessKernelOps` runs them) and `path` lies under it; else this machine's."""
+    if root is not None and root.path.resolve() != Path("/"):
+        base = root.path.resolve()
+        inside = path.resolve()
+        host_tool = next(
+            (f"{d}/modinfo" for d in _SEARCH if root.join(f"{d}/modinfo").exists()), None
+        )
+        if host_tool is not None and inside.is_relative_to(base):
+            return ["chroot", str(base), host_tool, "/" + str(inside.relative_to(base))]
+    return [tool("modinfo"), str(path)]
+
+
+def modinfo(path: Path, root: HostRoot | None = None) -> dict[str, list[str]]:
+    """Every field `modinfo` shows for the module file `path`, each with all its values
+    (`modinfo_command` says whose modinfo); `ModuleLoadFailed` when modinfo cannot read it
+    (not a kernel module)."""
     result = subprocess.run(
-        [tool("modinfo"), str(path)],
+        modinfo_command(path, root),
         capture_output=True,
         text=True,
         timeout=TIMEOUT_SECONDS,
@@ -97,12 +113,18 @@ def signatures_required(root: HostRoot) -> str | None:
     return None
 
 
-def check_modules(paths: Iterable[Path], kernel_release: str, required: str | None) -> None:
+def check_modules(
+    paths: Iterable[Path],
+    kernel_release: str,
+    required: str | None,
+    root: HostRoot | None = None,
+) -> None:
     """Return when the kernel `kernel_release` would take every module in `paths`: each
     one's vermagic starts with that release, and, when `required` says why signatures are
-    needed, each is signed. `ModuleRefused` naming the first that is not."""
+    needed, each is signed. `ModuleRefused` naming the first that is not. `root`: the host
+    root the modules are under, whose modinfo is used when it has one."""
     for path in sorted(paths):
-        fields = modinfo(path)
+        fields = modinfo(path, root)
         vermagic = (fields.get("vermagic") or [""])[0]
         built_for = vermagic.split(" ", 1)[0]
         if built_for != kernel_release:

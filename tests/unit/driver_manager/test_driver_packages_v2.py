@@ -304,3 +304,21 @@ async def test_the_load_switches_user_space_with_the_modules_and_puts_it_back_on
     assert installing.active_userspace(root, "gpu") is None
     installing.restore_userspace(root, "gpu", VERSION)
     assert installing.active_userspace(root, "gpu") == VERSION
+
+
+def test_modinfo_is_the_hosts_own_when_the_host_root_has_one(tmp_path: Path) -> None:
+    root = HostRoot(tmp_path / "host")
+    module = root.join("lib/modules/k/updates/gpuop/gpu/1/modules/nvidia.ko")
+    module.parent.mkdir(parents=True)
+    module.write_bytes(b"")
+    assert kmod.modinfo_command(module, root)[0] != "chroot"  # the host has none: ours
+    root.join("usr/sbin").mkdir(parents=True)
+    root.join("usr/sbin/modinfo").write_bytes(b"")
+    assert kmod.modinfo_command(module, root) == [
+        "chroot",
+        str(root.path.resolve()),
+        "/usr/sbin/modinfo",
+        "/lib/modules/k/updates/gpuop/gpu/1/modules/nvidia.ko",
+    ]
+    assert kmod.modinfo_command(tmp_path / "elsewhere.ko", root)[0] != "chroot"
+    assert kmod.modinfo_command(module, HostRoot(Path("/")))[0] != "chroot"
