@@ -480,11 +480,12 @@ async def follow(
             print(f"  {now - began:6.1f}s done {len(done)}/{len(healthy)}: {line}", flush=True)
             last = line
         if kill is not None and killed_at is None and len(done) * 2 >= len(healthy):
-            at_kill = {node: state for node, (state, _) in states.items()}
-            in_flight = {node for node, state in at_kill.items() if state in DRAINING}
-            side.in_flight_at_kill = len(in_flight)
             await kill()
             killed_at = time.monotonic()
+            # the states the dead controller left (a write it had in flight may have landed)
+            at_kill = {node: state for node, (state, _) in (await observe()).items()}
+            in_flight = {node for node, state in at_kill.items() if state in DRAINING}
+            side.in_flight_at_kill = len(in_flight)
             print(f"  killed the controller; {len(in_flight)} nodes in flight", flush=True)
         elif (
             killed_at is not None
