@@ -237,3 +237,25 @@ async def test_the_slow_proxy_drops_a_client_when_the_apiserver_is_gone() -> Non
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
         assert await reader.read() == b""
         writer.close()
+
+
+async def test_the_slow_proxy_ends_open_connections_when_it_stops() -> None:
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # a watch: open until the client goes
+        writer.close()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    async with server:
+        async with SlowProxy(server.sockets[0].getsockname()[1], 0.01) as proxy:
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(b"watch")
+            await writer.drain()
+            while not proxy._connections:
+                await asyncio.sleep(0.01)
+        assert not proxy._connections
+        try:  # the client's connection ended: an end of file, or a reset (data left unread)
+            ended = await reader.read() == b""
+        except ConnectionResetError:
+            ended = True
+        assert ended
+        writer.close()

@@ -372,6 +372,7 @@ class SlowProxy:
         self.delay = delay
         self.port = 0
         self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> SlowProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -379,22 +380,34 @@ class SlowProxy:
         return self
 
     async def __aexit__(self, *_: object) -> None:
+        """Stop listening and end the connections still open (watches)."""
         if self._server is not None:
             self._server.close()
+        for connection in self._connections:
+            connection.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        upstream_writer: asyncio.StreamWriter | None = None
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(
                 "127.0.0.1", self.target_port
             )
-        except OSError:
+            await asyncio.gather(
+                self._pump(reader, upstream_writer, self.delay),
+                self._pump(upstream_reader, writer, 0.0),
+                return_exceptions=True,
+            )
+        except (OSError, asyncio.CancelledError):
+            pass  # the apiserver is gone, or the proxy stops: nothing to report
+        finally:
             writer.close()
-            return
-        await asyncio.gather(
-            self._pump(reader, upstream_writer, self.delay),
-            self._pump(upstream_reader, writer, 0.0),
-            return_exceptions=True,
-        )
+            if upstream_writer is not None:
+                upstream_writer.close()
+            self._connections.discard(task)
 
     @staticmethod
     async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, delay: float) -> None:
