@@ -35,7 +35,14 @@ Figures, each for both sides and as the ratio gpuop/upstream:
   that still finish, and the makespan;
 - one broken node (its new driver never becomes ready): whether every other node finishes,
   and when.
-The apiserver answering slowly is not measured yet.
+A kill can land in the middle of an eviction: the apiserver has already counted it in the
+budget (its status's disruptedPods) but the request ends 504 and the pod stays. Every
+eviction under that budget is then refused until the disruption controller drops the entry,
+2 minutes later; the kill's makespan includes that stall when it happens (seen for gpuop in
+two of four quick runs).
+- the apiserver answering slowly: both controllers reach it through a TCP proxy that holds
+  every chunk a client sends for 50 ms (`SlowProxy`); the makespan. Not in quick mode, which
+  would take over ten minutes with it (`--only slow` runs it).
 
 The last line printed is one JSON object; its `about` holds the "vs upstream" table.
 """
