@@ -339,16 +339,7 @@ class NatsBus:
                 kept,
                 self.replicas,
             )
-        keys = (
-            "subjects",
-            "storage",
-            "max_age",
-            "duplicate_window",
-            "num_replicas",
-            "max_bytes",
-            "max_msgs_per_subject",
-            "discard",
-        )
+        keys = streams.DRIFT_COMPARED
         differences = streams.drift(
             {k: getattr(have, k) for k in keys}, {k: getattr(want, k) for k in keys}
         )

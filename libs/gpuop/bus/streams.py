@@ -135,17 +135,19 @@ def layouts(
     )
 
 
-DRIFT_UPDATABLE = frozenset(
-    {
-        "subjects",
-        "max_age",
-        "duplicate_window",
-        "num_replicas",
-        "max_bytes",
-        "max_msgs_per_subject",
-        "discard",
-    }
+DRIFT_COMPARED = (
+    "subjects",
+    "storage",
+    "max_age",
+    "duplicate_window",
+    "num_replicas",
+    "max_bytes",
+    "max_msgs_per_subject",
+    "discard",
 )
+"""The stream settings a start compares with what gpuop creates, in the order a drift is
+reported."""
+DRIFT_UPDATABLE = frozenset(DRIFT_COMPARED) - {"storage"}
 """Stream settings JetStream changes in place; a drift elsewhere (storage) stops the start.
 A server's streams made before the byte limits get them this way."""
 
