@@ -92,6 +92,7 @@ SAMPLES: list[Payload] = [
     # driver commands
     driver.UnloadDriver(component=GPU, timeout_seconds=300, allow_management_interface=True),
     driver.InstallDriver(component=GPU, version="580.159.04", source=SOURCE),
+    driver.StageDriver(component=GPU, version="580.159.04", source=SOURCE),
     driver.LoadDriver(component=GPU, version="580.159.04"),
     driver.ValidateDriver(component=OFED, version="24.10-1.1.4.0", expected_devices=2),
     driver.RollbackDriver(component=GPU, version="570.86.15", source=SOURCE),
@@ -116,6 +117,14 @@ SAMPLES: list[Payload] = [
         message="boom",
         retryable=True,
         version="580.159.04",
+        reason=driver.InstallFailureReason.NOT_FOUND,
+    ),
+    driver.DriverStaged(command_id=CMD, component=GPU, version="580.159.04", sha256=HASH),
+    driver.DriverStageFailed(
+        command_id=CMD,
+        component=GPU,
+        message="no such version",
+        version="580.210.02",
         reason=driver.InstallFailureReason.NOT_FOUND,
     ),
     driver.DriverLoaded(

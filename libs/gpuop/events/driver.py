@@ -2,7 +2,7 @@
 
 The upgrade orchestrator sends the commands (subject `gpuop.cmd.driver-manager.<node>.<verb>`)
 while a node's saga is in `driver-reload-required`, `reboot-required`, `validation-required`
-or `rollback-required`. The driver-manager on that node executes them idempotently by command
+or `rollback-required`, and `StageDriver` in `cordon-required` before the node is cordoned. The driver-manager on that node executes them idempotently by command
 id and answers every command with one result event in domain `driver`, which carries
 the id of the command it answers (`command_id`) and the driver component, so the
 orchestrator's decision core can match the answer to the saga step that asked.
@@ -192,6 +192,25 @@ class InstallDriver(Command):
     """How long fetching and building may take."""
 
 
+class StageDriver(Command):
+    """Fetch and verify `version` of the component from `source`, check that this node's
+    kernel takes its modules, and keep it in staging on the host; install nothing. Sent
+    before the node is cordoned, so a package that cannot be installed fails the node while
+    its workloads still run; the later `InstallDriver` installs the staged copy."""
+
+    SERVICE: ClassVar[str] = SERVICE
+    VERB: ClassVar[str] = "stage"
+
+    component: Component
+    """Driver stack to stage."""
+    version: Version
+    """Driver version to stage."""
+    source: DriverSource
+    """Where the package comes from, and how to check it (as for `InstallDriver`)."""
+    timeout_seconds: TimeoutSeconds = 900
+    """How long fetching and checking may take."""
+
+
 class LoadDriver(Command):
     """Load the installed `version` of the component."""
 
@@ -318,6 +337,28 @@ class DriverInstallFailed(DriverFailure):
     """Version that was asked for."""
     reason: InstallFailureReason
     """Why the install failed."""
+
+
+class DriverStaged(DriverResult):
+    """The package is fetched, verified and checked, and waits in staging for the install."""
+
+    NAME: ClassVar[str] = "staged"
+
+    version: Version
+    """Staged version."""
+    sha256: Sha256
+    """Digest of the staged package."""
+
+
+class DriverStageFailed(DriverFailure):
+    """The package could not be staged; nothing on the node changed."""
+
+    NAME: ClassVar[str] = "stage-failed"
+
+    version: Version
+    """Version that was asked for."""
+    reason: InstallFailureReason
+    """Why staging failed (the install's reasons: not found, verification, kernel)."""
 
 
 class DriverLoaded(DriverResult):
