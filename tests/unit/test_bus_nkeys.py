@@ -8,6 +8,13 @@ import base64
 import json
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import (
+    BestAvailableEncryption,
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+)
 
 from gpuop.bus import natsjwt, nkeys
 
@@ -162,3 +169,46 @@ def test_encode_needs_a_subject_and_a_type() -> None:
         natsjwt.encode({"nats": {"type": "user"}}, SERVER)
     with pytest.raises(natsjwt.JwtError, match=r"needs nats\.type"):
         natsjwt.encode({"sub": "U", "nats": {}}, SERVER)
+
+
+# RFC 8032, section 7.1, TEST 1: an Ed25519 secret key and its public key.
+RFC8032_SECRET = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
+RFC8032_PUBLIC = bytes.fromhex("d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a")
+
+
+def pkcs8_pem(secret: bytes) -> str:
+    """An Ed25519 key as PKCS#8 PEM, built by hand (RFC 8410): the fixed DER header of the
+    algorithm id 1.3.101.112, then the 32 secret bytes, as Go's x509 writes it for Helm."""
+    der = bytes.fromhex("302e020100300506032b657004220420") + secret
+    body = base64.b64encode(der).decode("ascii")
+    return f"-----BEGIN PRIVATE KEY-----\n{body}\n-----END PRIVATE KEY-----\n"
+
+
+def test_a_pkcs8_ed25519_pem_is_the_account_key_of_its_raw_secret_bytes() -> None:
+    key = nkeys.KeyPair.from_pem(pkcs8_pem(RFC8032_SECRET), nkeys.Kind.ACCOUNT)
+    assert key.public_key == nkeys.encode_public(nkeys.Kind.ACCOUNT, RFC8032_PUBLIC)
+    assert key.public_key.startswith("A")
+    assert key.seed == nkeys.encode_seed(nkeys.Kind.ACCOUNT, RFC8032_SECRET)
+    # the PEM and its seed are one key: what one signs, the other's public key verifies
+    same = nkeys.KeyPair.from_seed(key.seed)
+    assert same.public_key == key.public_key
+    assert nkeys.verify(same.public_key, nkeys.Kind.ACCOUNT, b"claims", key.sign(b"claims"))
+
+
+def test_a_pem_that_is_no_unencrypted_ed25519_key_is_refused_without_its_bytes() -> None:
+    p256 = ec.generate_private_key(ec.SECP256R1())
+    plain = p256.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()).decode()
+    with pytest.raises(nkeys.NkeyError, match="an Ed25519 key is needed, not"):
+        nkeys.KeyPair.from_pem(plain, nkeys.Kind.ACCOUNT)
+
+    ed = nkeys.KeyPair.from_pem(pkcs8_pem(RFC8032_SECRET), nkeys.Kind.ACCOUNT).private
+    locked = ed.private_bytes(
+        Encoding.PEM, PrivateFormat.PKCS8, BestAvailableEncryption(b"secret")
+    ).decode()
+    with pytest.raises(nkeys.NkeyError, match="not an unencrypted PEM private key"):
+        nkeys.KeyPair.from_pem(locked, nkeys.Kind.ACCOUNT)
+
+    cut = pkcs8_pem(RFC8032_SECRET).replace("MC4CAQAw", "MC4CAQ")
+    with pytest.raises(nkeys.NkeyError) as refused:
+        nkeys.KeyPair.from_pem(cut, nkeys.Kind.ACCOUNT)
+    assert "MC4CAQ" not in str(refused.value)

@@ -6,6 +6,9 @@ little-endian) of those bytes; a seed is the same with two prefix bytes, `S` fol
 key's kind, so an account seed reads `SA...`. `KeyPair` signs with a seed; `verify` checks a
 signature against a public key of the kind the caller expects. The JWTs signed with these
 keys are in `natsjwt`.
+
+`from_pem` reads a PKCS#8 Ed25519 private key, as Helm's `genPrivateKey "ed25519"` writes
+the chart's issuer key: its 32 raw bytes are the seed, so one key reads as PEM or `SA...`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from cryptography.hazmat.primitives.serialization import (
     NoEncryption,
     PrivateFormat,
     PublicFormat,
+    load_pem_private_key,
 )
 
 _SEED = 18 << 3
@@ -134,6 +138,19 @@ class KeyPair:
     def from_seed(cls, text: str) -> KeyPair:
         kind, seed = decode_seed(text)
         return cls(kind, Ed25519PrivateKey.from_private_bytes(seed))
+
+    @classmethod
+    def from_pem(cls, text: str, kind: Kind) -> KeyPair:
+        """The key of an unencrypted PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`), which must
+        be an Ed25519 key, as a key of `kind`."""
+        try:
+            private = load_pem_private_key(text.encode("ascii"), password=None)
+        except (ValueError, TypeError, UnicodeEncodeError) as exc:
+            # the library's message never quotes the key's bytes
+            raise NkeyError(f"not an unencrypted PEM private key: {exc}") from None
+        if not isinstance(private, Ed25519PrivateKey):
+            raise NkeyError(f"an Ed25519 key is needed, not {type(private).__name__}")
+        return cls(kind, private)
 
     @property
     def public_key(self) -> str:

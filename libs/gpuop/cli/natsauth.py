@@ -11,10 +11,15 @@ GPUOP_METRICS_WEB_CONFIG's TLS and basic auth as every service's.
 
 Settings come from flags or their variables: `--nats` (GPUOP_NATS, with the callout user's
 password in the URL), `--issuer-seed-file` (GPUOP_NATS_AUTH_ISSUER_SEED_FILE, the account seed
-`SA...` whose public key is callout.conf's issuer; during a rotation the old and the new
-key's files, separated by commas), `--account NAMESPACE/SERVICEACCOUNT=ROLE`
+`SA...`, or the PKCS#8 Ed25519 PEM the chart generates, whose public key is callout.conf's
+issuer; during a rotation the old and the new key's files, separated by commas),
+`--account NAMESPACE/SERVICEACCOUNT=ROLE`
 (GPUOP_NATS_AUTH_ACCOUNTS, comma separated: which ServiceAccount is which gpuop role),
 `--max-lifetime` (seconds a user lives at most; the token's expiry comes first).
+
+`--issuer-config FILE` writes the public key of the first issuer file as the include the
+chart's callout.conf reads in `auth_callout` (`issuer: "A..."`) and exits: the bundled NATS
+runs it in an init container, since Helm can generate an Ed25519 key but not write its nkey.
 """
 
 from __future__ import annotations
@@ -56,8 +61,15 @@ def add_parser(verbs: Any) -> None:
     command.add_argument("--nats", help="NATS URLs with the nats-auth user (GPUOP_NATS)")
     command.add_argument(
         "--issuer-seed-file",
-        help="file holding the issuer account seed SA...; several separated by commas while "
-        "the server's issuer changes (GPUOP_NATS_AUTH_ISSUER_SEED_FILE)",
+        help="file holding the issuer account key, a seed SA... or an Ed25519 PKCS#8 PEM; "
+        "several separated by commas while the server's issuer changes "
+        "(GPUOP_NATS_AUTH_ISSUER_SEED_FILE)",
+    )
+    command.add_argument(
+        "--issuer-config",
+        metavar="FILE",
+        help="write the first issuer key's public key as callout.conf's issuer include "
+        '(issuer: "A...") to FILE and exit',
     )
     command.add_argument(
         "--account",
@@ -110,13 +122,18 @@ def _setting(value: str | None, environ: Mapping[str, str], variable: str, defau
 
 
 def issuer_from(path: str) -> nkeys.KeyPair:
-    """The issuer key in `path`; a ValueError that names the file when it is not one."""
+    """The issuer key in `path`, a seed or a PEM (the chart's generated key); a ValueError
+    that names the file when it is neither."""
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"--issuer-seed-file {path}: {exc.strerror or exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        shown = exc.strerror if isinstance(exc, OSError) else "not text"
+        raise ValueError(f"--issuer-seed-file {path}: {shown or exc}") from None
     try:
-        issuer = nkeys.KeyPair.from_seed(text.strip())
+        if text.lstrip().startswith("-----BEGIN"):
+            issuer = nkeys.KeyPair.from_pem(text, nkeys.Kind.ACCOUNT)
+        else:
+            issuer = nkeys.KeyPair.from_seed(text.strip())
     except nkeys.NkeyError as exc:
         raise ValueError(f"--issuer-seed-file {path}: {exc}") from None
     if issuer.kind is not nkeys.Kind.ACCOUNT:
@@ -125,6 +142,19 @@ def issuer_from(path: str) -> nkeys.KeyPair:
             f" {issuer.kind.name.lower()} seed"
         )
     return issuer
+
+
+def issuer_config(issuer: nkeys.KeyPair) -> str:
+    """The include that callout.conf's `auth_callout` reads in the chart (in place of
+    `issuer: $NATS_AUTH_ISSUER`): the issuer's public key, nothing secret."""
+    return (
+        "# written by `gpuop nats-auth --issuer-config` from the issuer key's Secret\n"
+        f'issuer: "{issuer.public_key}"\n'
+    )
+
+
+def write_issuer_config(path: Path, issuer: nkeys.KeyPair) -> None:
+    path.write_text(issuer_config(issuer), encoding="utf-8")
 
 
 def accounts_from(args: argparse.Namespace, environ: Mapping[str, str]) -> callouts.Accounts:
@@ -142,10 +172,13 @@ async def nats_auth_command(args: argparse.Namespace, environ: Mapping[str, str]
         print(issuer_secret(args.new_issuer_secret, args.namespace))
         return 0
     seed_file = _setting(args.issuer_seed_file, environ, "GPUOP_NATS_AUTH_ISSUER_SEED_FILE", "")
-    if not seed_file:
-        raise ValueError("--issuer-seed-file is required")
     # several files while the issuer changes: the first is the current key
     issuer = [issuer_from(path.strip()) for path in seed_file.split(",") if path.strip()]
+    if not issuer:
+        raise ValueError("--issuer-seed-file is required")
+    if args.issuer_config:
+        write_issuer_config(Path(args.issuer_config), issuer[0])
+        return 0
     accounts = accounts_from(args, environ)
     prefix = subjects.validate_prefix(_setting(args.prefix, environ, "GPUOP_PREFIX", "gpuop"))
     lifetime = args.max_lifetime or float(environ.get("GPUOP_NATS_AUTH_MAX_LIFETIME", "3600"))

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from gpuop.bus import nkeys
 from gpuop.cli import main
@@ -101,3 +103,58 @@ def test_every_seed_file_of_a_rotation_must_be_an_account_seed(
     code, said = run(capsys, "--issuer-seed-file", files, "--account", "a/b=discovery")
     assert code == 2
     assert f"--issuer-seed-file {user}: an account seed (SA...) is needed" in said
+
+
+def pem_of(key: nkeys.KeyPair) -> str:
+    return key.private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode("ascii")
+
+
+def test_the_issuer_config_names_the_public_key_of_a_pem_or_a_seed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # the chart's init container: the generated PEM in, callout.conf's issuer include out
+    key = nkeys.KeyPair.generate(nkeys.Kind.ACCOUNT)
+    pem = tmp_path / "key.pem"
+    pem.write_text(pem_of(key))
+    out = tmp_path / "issuer.conf"
+    code, said = run(capsys, "--issuer-seed-file", str(pem), "--issuer-config", str(out))
+    assert (code, said) == (0, "")
+    lines = [line for line in out.read_text().splitlines() if not line.startswith("#")]
+    assert lines == [f'issuer: "{key.public_key}"']
+    assert key.seed not in out.read_text()
+
+    seed = tmp_path / "issuer.nk"
+    seed.write_text(key.seed)
+    again = tmp_path / "again.conf"
+    assert run(capsys, "--issuer-seed-file", str(seed), "--issuer-config", str(again))[0] == 0
+    assert again.read_text() == out.read_text()
+
+
+def test_a_pem_that_is_no_ed25519_key_or_no_text_is_refused_by_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    p256 = ec.generate_private_key(ec.SECP256R1())
+    other = tmp_path / "p256.pem"
+    other.write_bytes(
+        p256.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    out = tmp_path / "issuer.conf"
+    code, said = run(capsys, "--issuer-seed-file", str(other), "--issuer-config", str(out))
+    assert code == 2
+    assert f"--issuer-seed-file {other}: an Ed25519 key is needed" in said
+    assert not out.exists()
+
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe\x00")
+    code, said = run(capsys, "--issuer-seed-file", str(binary), "--issuer-config", str(out))
+    assert (code, f"--issuer-seed-file {binary}: not text" in said) == (2, True)
+    code, said = run(capsys, "--issuer-seed-file", " , ", "--issuer-config", str(out))
+    assert (code, said) == (2, "gpuop nats-auth: --issuer-seed-file is required\n")
