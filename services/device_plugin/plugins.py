@@ -25,8 +25,9 @@ goes on serving the last known health.
               while its daemon does not run.
 
 Every change of state holds one lock, so a pause waits for an inventory read to finish,
-and a switch of config for both. NVML that cannot be opened (no driver yet) is retried
-every `retry_interval`.
+and a switch of config for both. NVML that cannot be opened (no driver yet: NVML says
+`DriverNotLoaded`) is retried every `retry_interval`, logged once per failure: meanwhile no
+GPU resource is served or registered and the plugin is not ready, naming the failure.
 
 A switch re-advertises through the servers already serving: a resource that stays
 (`nvidia.com/gpu` going from 1 to 4 replicas) keeps its socket and registration and sends
@@ -288,8 +289,10 @@ class DevicePlugins:
         try:
             found = await asyncio.to_thread(self._open_and_read)
         except NvmlError as error:
-            self._gpu_problem = f"NVML cannot be used: {error}"
-            log.warning("%s; retrying in %.0f s", self._gpu_problem, self._retry_interval)
+            problem = f"NVML cannot be used: {error}"
+            if problem != self._gpu_problem:  # once per failure, not once per retry
+                log.warning("%s; retrying every %g s", problem, self._retry_interval)
+            self._gpu_problem = problem
             return
         self._inventory, self._stale = found, False
         await self._plan_gpus()

@@ -4,6 +4,7 @@ events, kubelet restarts, and pause and resume around a simulated driver reload.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import grpc
@@ -14,7 +15,8 @@ from gpuop.events import device, driver
 from gpuop.host.errors import ModuleInUse
 from gpuop.host.roots import HostRoot
 from gpuop.kubelet import constants
-from gpuop.services.device_plugin import cdi
+from gpuop.nvml import DriverNotLoaded
+from gpuop.services.device_plugin import cdi, plugins
 from gpuop.services.device_plugin.config import DevicePluginConfig
 from gpuop.services.device_plugin.serving import socket_name
 from gpuop_sim.host.simkernel import SimKernel
@@ -29,6 +31,8 @@ from tests.support.kubelet_plugin import (
     sim_nvml,
     unhealthy,
 )
+from tests.support.telemetry import CountingNvml
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -50,6 +54,26 @@ async def test_the_plugin_serves_then_registers_nvidia_gpu(host: HostRoot) -> No
         assert all(d.ID.startswith("GPU-") for d in devices)
         assert node.readiness[-1] == (True, "")
     assert not (node.kubelet.device_plugin_dir / "nvidia-gpu.sock").exists(), "socket removed"
+
+
+async def test_a_node_whose_driver_is_not_loaded_yet_gets_its_gpus_once_nvml_opens(
+    host: HostRoot, caplog: pytest.LogCaptureFixture
+) -> None:
+    nvml = CountingNvml(sim_nvml(host, 8))
+    nvml.fail("init", DriverNotLoaded("nvmlInit: Driver Not Loaded", code=9))
+    with caplog.at_level(logging.WARNING, logger=plugins.__name__):
+        async with running_node(host, nvml=nvml) as node:  # type: ignore[arg-type]
+            await node.wait_readiness(False, "NVML cannot be used: nvmlInit: Driver Not Loaded")
+            await eventually(lambda: nvml.calls["init"] >= 4)
+            assert node.kubelet.registrations == []
+            assert node.kubelet.devices(GPU) == ()
+            nvml.heal()
+            await node.kubelet.wait_for_devices(GPU, healthy(8))
+            await node.wait_readiness(True)
+    failures = [r.getMessage() for r in caplog.records if "NVML cannot be used" in r.getMessage()]
+    assert failures == ["NVML cannot be used: nvmlInit: Driver Not Loaded; retrying every 0.2 s"], (
+        "logged once, not at every retry"
+    )
 
 
 async def test_every_update_carries_the_full_device_list(host: HostRoot) -> None:
