@@ -16,7 +16,12 @@ from gpuop.services.driver_manager.validating import ValidationFailed
 MAX_MESSAGE = 2048
 
 ComponentCommand = (
-    dm.UnloadDriver | dm.InstallDriver | dm.LoadDriver | dm.ValidateDriver | dm.RollbackDriver
+    dm.UnloadDriver
+    | dm.StageDriver
+    | dm.InstallDriver
+    | dm.LoadDriver
+    | dm.ValidateDriver
+    | dm.RollbackDriver
 )
 """The commands about one driver stack (all but `RebootNode`)."""
 
@@ -49,6 +54,18 @@ def install_failed(
     retryable: bool,
 ) -> dm.DriverInstallFailed:
     return dm.DriverInstallFailed(
+        **_common(command_id, command, message, retryable), version=command.version, reason=reason
+    )
+
+
+def stage_failed(
+    command_id: str,
+    command: dm.StageDriver,
+    reason: dm.InstallFailureReason,
+    message: str,
+    retryable: bool,
+) -> dm.DriverStageFailed:
+    return dm.DriverStageFailed(
         **_common(command_id, command, message, retryable), version=command.version, reason=reason
     )
 
@@ -92,6 +109,8 @@ def failure(
     common = _common(command_id, command, message, retryable)
     if isinstance(command, dm.UnloadDriver):
         return dm.DriverUnloadFailed(**common, reason=dm.UnloadFailureReason.OTHER)
+    if isinstance(command, dm.StageDriver):
+        return stage_failed(command_id, command, dm.InstallFailureReason.OTHER, message, retryable)
     if isinstance(command, dm.InstallDriver):
         return install_failed(
             command_id, command, dm.InstallFailureReason.OTHER, message, retryable

@@ -5,6 +5,7 @@ run resumed after a crash reports what the first run saw) and `execute` to run i
 failure the host can cause becomes the verb's failure event (`answers`) with a reason; only
 bugs and bus trouble raise.
 
+    stage     fetch, verify, check the modules, keep        DriverStaged / DriverStageFailed
     unload    count devices, unload in dependency order    DriverUnloaded / DriverUnloadFailed
     install   fetch, verify, stage, rename, depmod          DriverInstalled / DriverInstallFailed
     load      select the version, depmod, modprobe, check   DriverLoaded / DriverLoadFailed
@@ -126,6 +127,8 @@ class Executor:
     ) -> Outcome:
         if isinstance(command, dm.UnloadDriver):
             return await self._unload(command_id, command, context)
+        if isinstance(command, dm.StageDriver):
+            return await self._stage(command_id, command)
         if isinstance(command, dm.InstallDriver):
             return await self._install(command_id, command, record)
         if isinstance(command, dm.LoadDriver):
@@ -187,13 +190,38 @@ class Executor:
         )
         return Outcome(unloaded, changes)
 
+    async def _stage(self, command_id: str, command: dm.StageDriver) -> Outcome:
+        try:
+            async with asyncio.timeout(command.timeout_seconds):
+                staged = await self.installer.stage(
+                    command.component, command.version, command.source, command.flavour
+                )
+        except InstallError as exc:
+            return Outcome(
+                answers.stage_failed(command_id, command, exc.reason, exc.message, exc.retryable)
+            )
+        except TimeoutError:
+            message = f"staging did not finish within {command.timeout_seconds} s"
+            return Outcome(
+                answers.stage_failed(
+                    command_id, command, dm.InstallFailureReason.OTHER, message, True
+                )
+            )
+        answer = dm.DriverStaged(
+            command_id=command_id,
+            component=command.component,
+            version=command.version,
+            sha256=staged.sha256,
+        )
+        return Outcome(answer)
+
     async def _install(
         self, command_id: str, command: dm.InstallDriver, record: ComponentRecord
     ) -> Outcome:
         try:
             async with asyncio.timeout(command.timeout_seconds):
                 installed = await self.installer.install(
-                    command.component, command.version, command.source
+                    command.component, command.version, command.source, command.flavour
                 )
         except InstallError as exc:
             return Outcome(
@@ -214,6 +242,7 @@ class Executor:
             component=command.component,
             version=command.version,
             sha256=installed.sha256 or record.packages.get(command.version),
+            flavour=dm.Flavour(installed.flavour) if installed.flavour else None,
         )
         return Outcome(answer, changes)
 

@@ -21,6 +21,10 @@ longer installed):
 The active version is left alone: `load` selects the version it loads. A version directory
 that already exists counts as installed (this command ran before, or the package was put
 there by other means), so a repeated install only runs depmod again.
+
+`stage` (for `StageDriver`, sent before the node is cordoned) runs steps 2 to 4 and the
+modules' checks without installing anything, and keeps the verified archive (`staging`);
+the install then takes that copy, its digest checked again, instead of steps 2 and 3.
 """
 
 from __future__ import annotations
@@ -42,8 +46,9 @@ from gpuop.host import kmod, manifests, packages, packaging, system
 from gpuop.host.errors import HostReadError, KernelError
 from gpuop.host.protocol import KernelOps
 from gpuop.host.roots import HostRoot
-from gpuop.services.driver_manager import sources
+from gpuop.services.driver_manager import sources, staging
 from gpuop.services.driver_manager.config import DriverManagerConfig
+from gpuop.services.driver_manager.sources import PROPRIETARY
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +77,8 @@ class Installed:
     """Digest of the archive installed; None for a version found already installed."""
     fresh: bool
     """False when the version directory was already there."""
+    flavour: str | None = None
+    """The installed modules' flavour, as the package's manifest names it (format 2)."""
 
 
 class Installer:
@@ -101,17 +108,159 @@ class Installer:
         log.info("removed %s %s for %s", component, version, kernel_release)
         return True
 
-    async def install(self, component: str, version: str, where: dm.DriverSource) -> Installed:
+    async def install(
+        self, component: str, version: str, where: dm.DriverSource, flavour: str | None = None
+    ) -> Installed:
         """Install `version` of `component` from `where`, believing its index only once its
         signature verifies with `where`'s keys, and refusing a package whose digest differs
-        from the index's entry or from `where.sha256`."""
+        from the index's entry or from `where.sha256`. A staged copy (`stage`) whose digest
+        still verifies is installed without asking the source again. With `flavour`, only a
+        package of those kernel modules (`sources.select`); the same version installed with
+        the other ones is replaced (a flavour change: the install precedes the unload, and a
+        loaded module keeps running from memory)."""
         kernel_release = running_kernel(self.root)
         _pin_active(self.root, kernel_release, component)
         final = packages.package_dir(self.root, kernel_release, component, version)
-        if final.is_dir():
+        replacing = final.is_dir() and not serves(installed_flavour(final), flavour)
+        if final.is_dir() and not replacing:
             log.info("%s %s is already installed for %s", component, version, kernel_release)
             await self._depmod(kernel_release)
+            return Installed(version, None, fresh=False, flavour=installed_flavour(final))
+        if replacing:
+            log.info(
+                "%s %s is installed for %s with other kernel modules than %s: replacing it",
+                component, version, kernel_release, flavour,
+            )  # fmt: skip
+        staged = self._staged(component, version, kernel_release, where, flavour)
+        token = uuid.uuid4().hex[:12]
+        download = self.root.join(f"{STAGING}/{component}-{version}-{token}")
+        unpacked = final.parent / f"{UNPACK_PREFIX}{version}-{token}"
+        try:
+            if staged is not None:
+                archive, digest = staging.archive_of(self.root, staged), staged.sha256
+                flavour = staged.flavour
+            else:
+                source, entry = await self._entry(
+                    component, version, kernel_release, where, flavour
+                )
+                archive = await self._fetch(source, entry, download)
+                digest, flavour = entry.sha256, entry.flavour
+            manifest = await self._unpack_checked(
+                archive, unpacked, component, version, kernel_release, flavour
+            )
+            if isinstance(manifest, manifests.ManifestV2):
+                _place_v2(self.root, unpacked, manifest)
+            if self.config.install_pause_seconds:
+                log.warning(
+                    "pausing %.1f s before the rename (fault injection)",
+                    self.config.install_pause_seconds,
+                )
+                await self.clock.sleep(self.config.install_pause_seconds)
+            if replacing:
+                # a crash between the two renames leaves the version uninstalled, never
+                # half of each flavour; the aside copy is staging debris (`clean_staging`)
+                aside = final.with_name(f"{UNPACK_PREFIX}replaced-{version}-{token}")
+                final.rename(aside)
+                unpacked.rename(final)
+                _remove(aside)
+            else:
+                unpacked.rename(final)
+        except OSError as exc:
+            raise _disk_error(exc) from None
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
+            shutil.rmtree(unpacked, ignore_errors=True)
+        staging.discard(self.root, component, version, kernel_release)
+        await self._depmod(kernel_release)
+        return Installed(version, digest, fresh=True, flavour=installed_flavour(final))
+
+    async def stage(
+        self, component: str, version: str, where: dm.DriverSource, flavour: str | None = None
+    ) -> Installed:
+        """Fetch `version` of `component` from `where` and verify it as `install` would,
+        unpack it and check that the running kernel takes its modules (vermagic, and
+        signatures under lockdown or Secure Boot), then keep the verified archive for the
+        install (`staging`); nothing is installed. `InstallError` for every reason the
+        install would fail for. A version installed already needs no staging (`fresh`
+        False); a staged copy the index still lists is kept as it is."""
+        kernel_release = running_kernel(self.root)
+        installed = packages.package_dir(self.root, kernel_release, component, version)
+        if installed.is_dir() and serves(installed_flavour(installed), flavour):
+            log.info("%s %s is already installed for %s", component, version, kernel_release)
             return Installed(version, None, fresh=False)
+        source, entry = await self._entry(component, version, kernel_release, where, flavour)
+        found = staging.find(self.root, component, version, kernel_release)
+        if found is not None and found.sha256 == entry.sha256 and staging.intact(self.root, found):
+            log.info("%s %s is staged already for %s", component, version, kernel_release)
+            return Installed(version, found.sha256, fresh=False)
+        work = self.root.join(f"{STAGING}/{component}-{version}-{uuid.uuid4().hex[:12]}")
+        try:
+            archive = await self._fetch(source, entry, work)
+            await self._unpack_checked(
+                archive, work / "unpacked", component, version, kernel_release, entry.flavour
+            )
+            staged = staging.Staged(
+                component=component,
+                version=version,
+                kernel_release=kernel_release,
+                file=archive.name,
+                sha256=entry.sha256,
+                flavour=entry.flavour,
+            )
+            await asyncio.to_thread(staging.keep, self.root, archive, staged)
+        except OSError as exc:
+            raise _disk_error(exc) from None
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        log.info(
+            "staged %s %s for %s (sha256 %s)", component, version, kernel_release, entry.sha256
+        )
+        return Installed(version, entry.sha256, fresh=True)
+
+    def _staged(
+        self,
+        component: str,
+        version: str,
+        kernel_release: str,
+        where: dm.DriverSource,
+        flavour: str | None = None,
+    ) -> staging.Staged | None:
+        """The staged copy the install may take: one whose digest is the command's (when it
+        names one), of the command's flavour, and whose archive still has it. A copy that
+        fails any is dropped."""
+        found = staging.find(self.root, component, version, kernel_release)
+        if found is None:
+            return None
+        if not serves(found.flavour, flavour):
+            log.warning(
+                "dropping the staged %s %s: its modules are %s, the command asks for %s",
+                component, version, found.flavour or PROPRIETARY, flavour,
+            )  # fmt: skip
+        elif where.sha256 not in (None, found.sha256):
+            log.warning(
+                "dropping the staged %s %s: sha256 %s, the command expects %s",
+                component, version, found.sha256, where.sha256,
+            )  # fmt: skip
+        elif not staging.intact(self.root, found):
+            log.warning(
+                "dropping the staged %s %s: its archive no longer has sha256 %s; fetching again",
+                component, version, found.sha256,
+            )  # fmt: skip
+        else:
+            return found
+        staging.discard(self.root, component, version, kernel_release)
+        return None
+
+    async def _entry(
+        self,
+        component: str,
+        version: str,
+        kernel_release: str,
+        where: dm.DriverSource,
+        flavour: str | None = None,
+    ) -> tuple[sources.DriverSource, sources.IndexEntry]:
+        """The source `where` names and its signed index's entry for the package (of
+        `flavour`, when given), checked against the command's digest."""
         try:
             source = sources.open_source(
                 where,
@@ -120,7 +269,7 @@ class Installer:
                 max_bytes=self.config.max_package_bytes,
             )
             entry = sources.select(
-                await source.index(), source.uri, component, version, kernel_release
+                await source.index(), source.uri, component, version, kernel_release, flavour
             )
         except sources.SourceError as exc:
             raise InstallError(exc.reason, exc.message, retryable=exc.retryable) from None
@@ -130,35 +279,12 @@ class Installer:
                 f"the source lists {entry.file} with sha256 {entry.sha256}, "
                 f"the command expects {where.sha256}",
             )
-        token = uuid.uuid4().hex[:12]
-        download = self.root.join(f"{STAGING}/{component}-{version}-{token}")
-        unpacked = final.parent / f"{UNPACK_PREFIX}{version}-{token}"
-        try:
-            await self._stage(source, entry, download, unpacked, component, kernel_release)
-            if self.config.install_pause_seconds:
-                log.warning(
-                    "pausing %.1f s before the rename (fault injection)",
-                    self.config.install_pause_seconds,
-                )
-                await self.clock.sleep(self.config.install_pause_seconds)
-            unpacked.rename(final)
-        except OSError as exc:
-            raise _disk_error(exc) from None
-        finally:
-            shutil.rmtree(download, ignore_errors=True)
-            shutil.rmtree(unpacked, ignore_errors=True)
-        await self._depmod(kernel_release)
-        return Installed(version, entry.sha256, fresh=True)
+        return source, entry
 
-    async def _stage(
-        self,
-        source: sources.DriverSource,
-        entry: sources.IndexEntry,
-        download: Path,
-        unpacked: Path,
-        component: str,
-        kernel_release: str,
-    ) -> None:
+    async def _fetch(
+        self, source: sources.DriverSource, entry: sources.IndexEntry, download: Path
+    ) -> Path:
+        """`entry`'s archive, downloaded into `download` (created here) and verified."""
         await asyncio.to_thread(download.mkdir, parents=True)
         name = PurePosixPath(entry.file).name
         try:
@@ -171,14 +297,27 @@ class Installer:
                 f"checksum mismatch: {name} has sha256 {fetched.sha256}, "
                 f"the index says {entry.sha256}",
             )
+        return fetched.path
+
+    async def _unpack_checked(
+        self,
+        archive: Path,
+        unpacked: Path,
+        component: str,
+        version: str,
+        kernel_release: str,
+        flavour: str | None,
+    ) -> manifests.ManifestV1 | manifests.ManifestV2 | None:
+        """Unpack `archive` into `unpacked` and check its manifest and (format 2) that the
+        running kernel takes its modules; the manifest."""
         limit = self.config.max_package_bytes * 4
-        await asyncio.to_thread(_unpack, fetched.path, unpacked, limit)
+        await asyncio.to_thread(_unpack, archive, unpacked, limit)
         manifest = _check_manifest(
-            unpacked, name, component, entry.version, kernel_release, entry.flavour
+            unpacked, archive.name, component, version, kernel_release, flavour
         )
         if isinstance(manifest, manifests.ManifestV2):
             await asyncio.to_thread(check_loadable, self.root, unpacked, manifest, kernel_release)
-            _place_v2(self.root, unpacked, manifest)
+        return manifest
 
     async def _depmod(self, kernel_release: str) -> None:
         try:
@@ -200,6 +339,25 @@ def running_kernel(root: HostRoot) -> str:
             InstallFailureReason.OTHER, f"{root.path} does not say which kernel runs"
         )
     return release
+
+
+def installed_flavour(directory: Path) -> str | None:
+    """The kernel modules of the package installed in `directory`, as its format-2 manifest
+    names them; None for a format-1 package (or none kept), which counts as proprietary."""
+    path = directory / packaging.MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = manifests.parse(path.read_bytes(), str(path))
+    except manifests.ManifestError:
+        return None
+    return manifest.flavour.value if isinstance(manifest, manifests.ManifestV2) else None
+
+
+def serves(present: str | None, wanted: str | None) -> bool:
+    """Whether a package of flavour `present` (None: format 1, proprietary-compatible) is
+    what a command asking for `wanted` (None: any) may use."""
+    return wanted is None or (present or PROPRIETARY) == wanted
 
 
 def clean_staging(root: HostRoot) -> list[Path]:

@@ -2,9 +2,10 @@
 
 The upgrade orchestrator sends the commands (subject `gpuop.cmd.driver-manager.<node>.<verb>`)
 while a node's saga is in `driver-reload-required`, `reboot-required`, `validation-required`
-or `rollback-required`, and `StageDriver` in `cordon-required` before the node is cordoned. The driver-manager on that node executes them idempotently by command
-id and answers every command with one result event in domain `driver`, which carries
-the id of the command it answers (`command_id`) and the driver component, so the
+or `rollback-required`, and `StageDriver` in `cordon-required` before the node is cordoned.
+The driver-manager on that node executes them idempotently by command id and answers every
+command with one result event in domain `driver`, which carries the id of the command it
+answers (`command_id`) and the driver component, so the
 orchestrator's decision core can match the answer to the saga step that asked.
 
 A failure event says whether the agent expects a retry of the same command to help
@@ -346,8 +347,8 @@ class DriverStaged(DriverResult):
 
     version: Version
     """Staged version."""
-    sha256: Sha256
-    """Digest of the staged package."""
+    sha256: Sha256 | None = None
+    """Digest of the staged package; absent when the version is installed already."""
 
 
 class DriverStageFailed(DriverFailure):
