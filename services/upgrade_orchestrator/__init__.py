@@ -3,7 +3,8 @@ with a Lease.
 
 The cluster role. How it flows, module by module:
 
-    leading     the Lease; while leader, runs the controller
+    leading     the Lease; while leader (and holding the presence), runs the controller
+    presence    the leader's short lease in KV: a standby fences a dead leader off in seconds
     controller  watches the policy and the nodes, starts sagas, admits, reports
     policies    the GPUClusterPolicy: validated spec, status conditions and counts
     observing   node watch -> kube.NodeObserved / NodeRemoved events

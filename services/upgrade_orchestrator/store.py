@@ -11,6 +11,9 @@ controller read instead of listing the bucket: `load` fills it when a leader sta
 `follow` keeps it in step with the bucket's watch until cancelled, and every read and write
 here records what it learnt. A write that conflicts reads the node again, so a stale index
 is corrected before the next pass retries.
+
+Keys that begin with `_` are not sagas (node tokens never do): the leader's presence
+(`presence.PRESENCE_KEY`) lives in the same bucket, and the store skips them.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ __all__ = ["SagaStore", "StoredSaga"]
 
 WATCH_RETRY_SECONDS = 1.0
 """How long `follow` waits after its watch broke before it watches (and rebuilds) again."""
+
+
+def is_saga_key(key: str) -> bool:
+    """Whether a key of `gpuop_sagas` holds a node's saga (and not, say, the presence)."""
+    return not key.startswith("_")
 
 
 class SagaStore:
@@ -59,6 +67,8 @@ class SagaStore:
         index)."""
         found = []
         for key in await self._kv.keys():
+            if not is_saga_key(key):
+                continue
             stored = await self.get(subjects.decode_node(key))
             if stored is not None:
                 found.append(stored)
@@ -126,6 +136,8 @@ class SagaStore:
                         self.index.reset(found, deleted)
                         caught_up = True
                         found, deleted = [], []
+                    continue
+                if not is_saga_key(entry.key):
                     continue
                 node = subjects.decode_node(entry.key)
                 if not caught_up:

@@ -15,6 +15,12 @@ they start `LeaderElection.run()` as a task and act only while `is_leader`.
   which is shorter than the lease duration: it stops before anyone else may start.
 - On the way out (`run()` cancelled) a leader releases the lease, so a successor need not
   wait out the duration; `release_on_stop=False` leaves it to expire, as a crash would.
+- Early takeover, outside client-go's rules and off by default: with `takes_over`, a
+  candidate treats an unexpired lease as expired when `takes_over(holder)` vouches that the
+  holder has stopped acting for good (the upgrade orchestrator's NATS presence, see
+  `gpuop.services.upgrade_orchestrator.presence`). The write is the same conditional patch,
+  so to any other candidate it reads as an ordinary transition; `wake()` has the candidate
+  try at once instead of after its `retry_period`.
 """
 
 from __future__ import annotations
@@ -101,6 +107,7 @@ class LeaderElection:
         release_on_stop: bool = True,
         on_started_leading: Callable[[], None] | None = None,
         on_stopped_leading: Callable[[], None] | None = None,
+        takes_over: Callable[[str], bool] | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if not 0 < retry_period < renew_deadline < lease_duration:
@@ -115,6 +122,9 @@ class LeaderElection:
         self.release_on_stop = release_on_stop
         self.on_started_leading = on_started_leading
         self.on_stopped_leading = on_stopped_leading
+        self.takes_over = takes_over
+        """Whether an unexpired lease of this holder may be taken now: only for a holder
+        known to have stopped acting and unable to act again."""
         self.clock = clock
         self.leading_event = asyncio.Event()
         """Set while this candidate leads."""
@@ -124,10 +134,18 @@ class LeaderElection:
         self._observed_version = ""
         self._observed_at = 0.0
         self._renewed_at = 0.0
+        self._woken = asyncio.Event()
+        self.holder = ""
+        """The holder of the lease as last read or written ("" before the first read, and
+        when nobody holds it)."""
 
     @property
     def is_leader(self) -> bool:
         return self.leading_event.is_set()
+
+    def wake(self) -> None:
+        """Try to acquire or renew now rather than after the rest of `retry_period`."""
+        self._woken.set()
 
     async def run(self) -> None:
         """Acquire, then renew, every `retry_period`, until cancelled."""
@@ -147,7 +165,7 @@ class LeaderElection:
                 ):
                     log.warning("lease %s/%s lost (%s)", self.namespace, self.name, attempt)
                     self._set_leading(False)
-                await self.clock.sleep(self.retry_period)
+                await self._pause()
         finally:
             if self.is_leader:
                 # Stop acting before the lease can pass to anyone else.
@@ -169,6 +187,7 @@ class LeaderElection:
         except errors.NotFound:
             return await self._create(self._remaining(deadline))
         record = LeaseRecord.of(lease)
+        self.holder = record.holder
         monotonic = self.clock.monotonic()
         if record.resource_version != self._observed_version:
             self._observed_version, self._observed_at = record.resource_version, monotonic
@@ -177,7 +196,14 @@ class LeaderElection:
             and record.holder != self.identity
             and monotonic < self._observed_at + record.lease_duration
         ):
-            return Attempt.HELD
+            if self.takes_over is None or not self.takes_over(record.holder):
+                return Attempt.HELD
+            log.info(
+                "lease %s/%s: taking it from %s, which has stopped acting",
+                self.namespace,
+                self.name,
+                record.holder,
+            )
         now = micro_time(self.clock.now())
         spec: Obj = {
             "holderIdentity": self.identity,
@@ -254,9 +280,27 @@ class LeaderElection:
         has no time left fails fast with a timeout."""
         return {"_request_timeout": max(deadline - self.clock.monotonic(), 0.01)}
 
+    async def _pause(self) -> None:
+        """Sleep `retry_period`, or less when `wake()` is called meanwhile."""
+        if self._woken.is_set():
+            self._woken.clear()
+            await self.clock.sleep(0)
+            return
+        sleeping = asyncio.create_task(self.clock.sleep(self.retry_period))
+        woken = asyncio.create_task(self._woken.wait())
+        try:
+            await asyncio.wait({sleeping, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleeping, woken):
+                task.cancel()
+            await asyncio.gather(sleeping, woken, return_exceptions=True)
+            self._woken.clear()
+
     def _observe(self, lease: Mapping[str, Any]) -> None:
-        self._observed_version = LeaseRecord.of(lease).resource_version
+        record = LeaseRecord.of(lease)
+        self._observed_version = record.resource_version
         self._observed_at = self.clock.monotonic()
+        self.holder = record.holder
 
     def _set_leading(self, leading: bool) -> None:
         if leading == self.is_leader:

@@ -118,6 +118,39 @@ async def test_a_released_lease_is_taken_without_waiting(
     assert await b.try_acquire_or_renew() is Attempt.LEADING
 
 
+async def test_an_unexpired_lease_is_taken_early_only_from_a_holder_vouched_stopped(
+    kube: client.Kube, candidate: Candidate, running: Callable[..., asyncio.Task[None]]
+) -> None:
+    """`takes_over` (the orchestrator's presence) lets a candidate take a lease that has
+    not expired, with the same conditional write, only from the holder it names; `wake`
+    makes it try at once rather than after its retry period."""
+    fenced: set[str] = set()
+    slow = {"lease_duration": 30, "renew_deadline": 20, "retry_period": 10}
+    a = candidate("a", release_on_stop=False, **slow)
+    a_task = running(a)
+    await asyncio.wait_for(a.leading_event.wait(), 2)
+    b = candidate("b", takes_over=fenced.__contains__, **slow)
+    running(b)
+    await asyncio.sleep(0.2)
+    assert await b.try_acquire_or_renew() is Attempt.HELD
+    assert b.holder == "a"
+
+    await stop(a_task)  # a crash: the lease stays a's for 30 s
+    fenced.add("someone-else")
+    b.wake()
+    await asyncio.sleep(0.2)
+    assert not b.is_leader
+
+    fenced.add("a")
+    b.wake()
+    await asyncio.wait_for(b.leading_event.wait(), 2)  # well before the 10 s retry period
+
+    spec = await read_lease(kube)
+    assert spec["holderIdentity"] == "b"
+    assert spec["leaseTransitions"] == 1
+    assert b.holder == "b"
+
+
 async def test_a_leader_steps_down_at_once_when_another_holder_took_the_lease(
     kube: client.Kube, candidate: Candidate, running: Callable[..., asyncio.Task[None]]
 ) -> None:
