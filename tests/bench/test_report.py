@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench.run_all import Load, Outcome, benchmarks, cpu_busy, judged, merged, section
+from tests.bench.run_all import (
+    Load,
+    Outcome,
+    benchmarks,
+    cpu_busy,
+    judged,
+    merged,
+    script_args,
+    section,
+)
 
 
 @pytest.mark.parametrize(
@@ -68,3 +77,15 @@ def test_a_second_partial_run_keeps_the_date_of_the_sections_it_did_not_run() ->
     again = merged(once, fresh.replace("02:45", "02:53"), {"rollout"})
     assert "the other sections are from 2026-11-30 04:02 UTC" in again
     assert "old bus" in again and "\nnew\n" in again
+
+
+def test_script_args_give_each_named_benchmark_its_own_arguments() -> None:
+    given = ["vs_upstream=--slow", "vs_upstream=--only 'kill' slow", "bus="]
+    assert script_args(given, {"vs_upstream", "bus"}) == {
+        "vs_upstream": ["--slow", "--only", "kill", "slow"],
+        "bus": [],
+    }
+    with pytest.raises(ValueError, match="no benchmark named 'vs-upstream'"):
+        script_args(["vs-upstream=--slow"], {"vs_upstream"})
+    with pytest.raises(ValueError, match="no benchmark named '--slow'"):
+        script_args(["--slow"], {"vs_upstream"})

@@ -190,6 +190,24 @@ def test_comparison_without_the_kill_and_broken_runs_says_not_measured() -> None
     assert run_all.judged("<= 5", result["kill_seconds_to_move_gpuop"]) is None
 
 
+def test_comparison_with_the_slow_run_tables_its_ratio_and_says_when_it_was_left_out() -> None:
+    plain = sides(makespan=30.0)
+    slow = sides(makespan=28.0)
+    slow["upstream"].makespan = 160.0
+    result = comparison(SIZES[True], "v", plain, None, None, slow)
+    assert result["slow_makespan_ratio"] == 0.175
+    assert (
+        "| slow apiserver (+50 ms a request): makespan (s) | 28 | 160 | 0.175 |"
+        in (result["about"])
+    )
+    assert "left out" not in result["about"]
+    without = comparison(SIZES[True], "v", plain, None, None)
+    assert without["slow_makespan_ratio"] is None
+    assert (
+        "The slow apiserver run was left out (quick mode without `--slow`)." in (without["about"])
+    )
+
+
 def test_a_side_with_no_node_done_has_no_requests_per_node() -> None:
     assert Side(20).requests_per_node is None
     assert Side(20, done=4, requests=Counter({("get", "nodes"): 10})).requests_per_node == 2.5
