@@ -108,6 +108,25 @@ def gpuop_containers(rendering: Rendering) -> list[tuple[Manifest, dict[str, Any
     return [(w, c) for w, c in containers(rendering) if c.get("args", [""])[0] == "run"]
 
 
+def gpuop_pods(rendering: Rendering) -> set[str]:
+    """The workloads that run the gpuop image's own processes: every service, and the NATS
+    auth callout (`nats-auth`) in callout mode."""
+    return {
+        w["metadata"]["name"]
+        for w, c in containers(rendering)
+        if c.get("args", [""])[0] in ("run", "nats-auth")
+    }
+
+
+STATIC_NATS = {"nats": {"auth": {"mode": "static"}}}
+"""The bundled NATS with password users (accounts.conf) instead of the default callout."""
+
+
+def nats_address(url: str) -> str:
+    """host:port of a NATS URL, with or without a user in it (static or callout mode)."""
+    return url.split("://", 1)[-1].rsplit("@", 1)[-1]
+
+
 POD_IP = "10.1.2.3"
 """The stand-in pod IP of `environment`."""
 

@@ -1,11 +1,14 @@
-"""Callout mode on the bundled cluster, as the chart renders it (nats.cluster.enabled and
-nats.auth.mode=callout), in three real nats-servers: a callout connected to one server
-answers the clients of every server, each server checks the answer against the issuer the
-chart gives it, and a node agent admitted on another server is still its node's only."""
+"""Callout mode on the bundled cluster, as the chart renders it by default with
+nats.cluster.enabled, in three real nats-servers: the issuer is the Ed25519 key Helm
+generated, which the init container's command writes as each server's issuer include and the
+callout reads as its key; a callout connected to one server answers the clients of every
+server, each server checks the answer against that issuer, and a node agent admitted on
+another server is still its node's only."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import secrets
 import ssl
 from pathlib import Path
@@ -18,8 +21,9 @@ from prometheus_client import CollectorRegistry
 
 from gpuop.bus import callouts, grants, launcher, nkeys, reviewers
 from gpuop.bus.errors import BusUnavailable
+from gpuop.cli import main, natsauth
 from tests.support.callout_nats import PASSWORD_USERS
-from tests.support.charts import NAMESPACE, render_with, values
+from tests.support.charts import NAMESPACE, Rendering, render
 from tests.support.nats_cluster_files import cluster_files, formed, free_ports
 from tests.support.shipped_nats import Refusals, write_certificate
 
@@ -28,21 +32,42 @@ pytestmark = [pytest.mark.nats, pytest.mark.security]
 ISSUER_SECRET = "gpuop-nats-issuer"
 
 
+async def issuer_include(rendering: Rendering, tmp_path: Path) -> nkeys.KeyPair:
+    """The generated key, and the include the NATS pods' init container writes from it at
+    tmp_path/issuer/issuer.conf (what callout.conf's `include "../issuer/issuer.conf"` reads
+    from each server's directory), made by the init container's own arguments."""
+    pem = base64.b64decode(rendering.get("Secret", ISSUER_SECRET)["data"]["key.pem"]).decode()
+    (tmp_path / "issuer-key").mkdir()
+    (tmp_path / "issuer").mkdir()
+    (tmp_path / "issuer-key" / "key.pem").write_text(pem)
+    statefulset = rendering.get("StatefulSet", "gpuop-nats")
+    (init,) = statefulset["spec"]["template"]["spec"]["initContainers"]
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    arguments = [
+        argument.replace(mounts["issuer-key"], str(tmp_path / "issuer-key")).replace(
+            mounts["issuer"], str(tmp_path / "issuer")
+        )
+        for argument in init["args"]
+    ]
+    # `gpuop` runs its own event loop: in a thread, as the init container runs it apart
+    assert await asyncio.to_thread(main.main, arguments) == 0
+    return nkeys.KeyPair.from_pem(pem, nkeys.Kind.ACCOUNT)
+
+
 async def test_a_callout_on_one_server_admits_the_clients_of_every_server(
     tmp_path: Path,
 ) -> None:
-    overrides = values("nats-cluster") or {}
-    overrides["nats"]["auth"] = {"mode": "callout", "callout": {"issuerSecret": ISSUER_SECRET}}
-    rendering = render_with(overrides)
+    rendering = render("nats-cluster")
     files = rendering.get("ConfigMap", "gpuop-nats-config")["data"]
     statefulset = rendering.get("StatefulSet", "gpuop-nats")
     (container,) = statefulset["spec"]["template"]["spec"]["containers"]
     entry = Path(container["args"][-1]).name
-    variables = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}
-    assert variables["NATS_AUTH_ISSUER"]["secretKeyRef"] == {"name": ISSUER_SECRET, "key": "issuer"}
+    assert "NATS_AUTH_ISSUER" not in {e["name"] for e in container["env"]}
     callout = rendering.get("Deployment", "gpuop-nats-auth")
     (auth,) = callout["spec"]["template"]["spec"]["containers"]
-    table = {e["name"]: e.get("value") for e in auth["env"]}["GPUOP_NATS_AUTH_ACCOUNTS"]
+    auth_env = {e["name"]: e.get("value") for e in auth["env"]}
+    table = auth_env["GPUOP_NATS_AUTH_ACCOUNTS"]
+    assert auth_env["GPUOP_NATS_AUTH_ISSUER_SEED_FILE"] == "/etc/gpuop/nats-auth/key.pem"
 
     name, service = statefulset["metadata"]["name"], statefulset["spec"]["serviceName"]
     pods = [f"{name}-{ordinal}" for ordinal in range(statefulset["spec"]["replicas"])]
@@ -52,10 +77,9 @@ async def test_a_callout_on_one_server_admits_the_clients_of_every_server(
         for pod, port in zip(pods, route_ports, strict=True)
     }
     write_certificate(tmp_path)
-    issuer = nkeys.KeyPair.generate(nkeys.Kind.ACCOUNT)
+    issuer = await issuer_include(rendering, tmp_path)
     passwords = {user: "p" + secrets.token_hex(16) for user in PASSWORD_USERS}
     env = {variable: passwords[user] for user, variable in PASSWORD_USERS.items()}
-    env["NATS_AUTH_ISSUER"] = issuer.public_key
     tls = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
 
     processes: list[asyncio.subprocess.Process] = []
@@ -90,8 +114,11 @@ async def test_a_callout_on_one_server_admits_the_clients_of_every_server(
             allow_reconnect=False,
             connect_timeout=5,
         )
+        # the callout's key as its command reads the Secret's file: the servers' issuer
+        key = natsauth.issuer_from(str(tmp_path / "issuer-key" / "key.pem"))
+        assert key.public_key == issuer.public_key
         authorizer = callouts.Authorizer(
-            issuer,
+            key,
             reviewer,
             callouts.Accounts.parse(table.split(",")),
             metrics=callouts.CalloutMetrics(CollectorRegistry()),

@@ -1,6 +1,7 @@
 """The bundled cluster's NATS configuration, as the chart renders it with
-ci/nats-cluster-values.yaml, in three real nats-servers on loopback: they route to each other
-over TLS, elect a JetStream meta leader, and keep a stream on all three.
+ci/nats-cluster-values.yaml and the password users (nats.auth.mode=static; callout mode's
+cluster is test_nats_callout_cluster), in three real nats-servers on loopback: they route to
+each other over TLS, elect a JetStream meta leader, and keep a stream on all three.
 
 As in shipped_nats, only what cannot be the same on a test machine is rewritten, each line
 checked to exist exactly once: the addresses (127.0.0.1, a route port per server), the stores,
@@ -21,7 +22,7 @@ import pytest
 
 from gpuop.bus import launcher
 from gpuop.bus.errors import BusUnavailable
-from tests.support.charts import NAMESPACE, render
+from tests.support.charts import NAMESPACE, render_with, values
 from tests.support.nats_cluster_files import cluster_files, formed, free_ports
 from tests.support.shipped_nats import (
     shipped_users,
@@ -34,7 +35,9 @@ pytestmark = pytest.mark.nats
 async def test_the_rendered_cluster_routes_over_tls_elects_a_meta_leader_and_keeps_r3(
     tmp_path: Path,
 ) -> None:
-    rendering = render("nats-cluster")
+    overrides = values("nats-cluster") or {}
+    overrides["nats"]["auth"] = {"mode": "static"}
+    rendering = render_with(overrides)
     files = rendering.get("ConfigMap", "gpuop-nats-config")["data"]
     statefulset = rendering.get("StatefulSet", "gpuop-nats")
     (container,) = statefulset["spec"]["template"]["spec"]["containers"]

@@ -34,6 +34,7 @@ from tests.support.charts import (
     NODE_AGENTS,
     POD_IP,
     REPO,
+    STATIC_NATS,
     VALUES,
     Manifest,
     Rendering,
@@ -42,6 +43,7 @@ from tests.support.charts import (
     gpuop_containers,
     image_user,
     lint,
+    nats_address,
     render,
     render_with,
 )
@@ -99,19 +101,27 @@ def test_the_crd_is_valid_kubernetes_and_the_one_in_deploy_crds() -> None:
         kubernetes_validate.validate(yaml.safe_load(committed), version, strict=True)
 
 
-def test_the_bundled_nats_runs_deploy_nats_unchanged() -> None:
-    config = render("defaults").get("ConfigMap", "gpuop-nats-config")
+def test_the_bundled_nats_in_static_mode_runs_deploy_nats_unchanged() -> None:
+    config = render_with(STATIC_NATS).get("ConfigMap", "gpuop-nats-config")
 
     for name in ("nats-server.conf", "accounts.conf"):
         assert config["data"][name] == (REPO / "deploy" / "nats" / name).read_text(), name
 
 
-def test_every_nats_user_gets_a_password_that_nats_reads_as_a_string() -> None:
-    accounts = (REPO / "deploy" / "nats" / "accounts.conf").read_text()
+@pytest.mark.parametrize(
+    ("overrides", "users"), [(None, "callout.conf"), (STATIC_NATS, "accounts.conf")]
+)
+def test_every_nats_user_gets_a_password_that_nats_reads_as_a_string(
+    overrides: dict[str, Any] | None, users: str
+) -> None:
+    # callout mode: the callout's own user, admin and observer; static: every user
+    accounts = (REPO / "deploy" / "nats" / users).read_text()
     variables = set(re.findall(r"password: \$([A-Z_]+)", accounts))
-    secret = render("defaults").get("Secret", "gpuop-nats-users")
+    secret = render_with(overrides).get("Secret", "gpuop-nats-users")
 
-    assert set(secret["data"]) == variables
+    assert variables <= set(secret["data"])
+    if overrides is not None:
+        assert set(secret["data"]) == variables
     template = (CHART / "templates" / "nats" / "users.yaml").read_text()
     # nats-server parses the variables as values: a leading digit would make a number
     assert "(randAlpha 1)" in template
@@ -130,7 +140,12 @@ def test_every_service_starts_with_valid_settings_and_its_own_nats_user(values: 
         assert loaded.role in services.lookup(service).roles
         user = workload["metadata"]["name"].removeprefix("gpuop-")
         assert all(url.startswith(("tls://", "nats://")) for url in loaded.nats)
-        assert {url.split("://")[1].split(":")[0] for url in loaded.nats} == {user}
+        if "GPUOP_NATS_TOKEN_FILE" in environ:
+            # callout mode: the pod's token is the credential, its ServiceAccount the user
+            assert not any("@" in url for url in loaded.nats)
+            assert workload["spec"]["template"]["spec"]["serviceAccountName"] == f"gpuop-{user}"
+        else:
+            assert {url.split("://")[1].split(":")[0] for url in loaded.nats} == {user}
         assert loaded.listen_address == (POD_IP, container["ports"][0]["containerPort"])
         assert str(loaded.config) == "/etc/gpuop/config.yaml"
         if loaded.role is settings.Role.NODE:
@@ -320,7 +335,7 @@ def test_every_nats_client_trusts_the_ca_of_the_server_it_reaches_and_public_cas
 
 def nats_addresses(environ: dict[str, str]) -> list[str]:
     """host:port of each URL of GPUOP_NATS."""
-    return [url.rsplit("@", 1)[1] for url in environ["GPUOP_NATS"].split(",")]
+    return [nats_address(url) for url in environ["GPUOP_NATS"].split(",")]
 
 
 def server_names(rendering: Rendering) -> list[str]:
@@ -378,14 +393,15 @@ def test_a_single_server_has_no_cluster_parts() -> None:
     assert statefulset["spec"]["replicas"] == 1
     assert "podManagementPolicy" not in statefulset["spec"]
     assert "affinity" not in statefulset["spec"]["template"]["spec"]
-    assert rendering.all("PodDisruptionBudget") == [
-        rendering.get("PodDisruptionBudget", "gpuop-upgrade-orchestrator")
-    ]
+    assert {p["metadata"]["name"] for p in rendering.all("PodDisruptionBudget")} == {
+        "gpuop-nats-auth",
+        "gpuop-upgrade-orchestrator",
+    }
     assert container["args"] == ["-c", "/etc/nats/config/nats-server.conf"]
     assert "env" not in container
     assert {p["port"] for p in headless["spec"]["ports"]} == {4222, 8222}
     config = rendering.get("ConfigMap", "gpuop-nats-config")["data"]
-    assert set(config) == {"nats-server.conf", "accounts.conf"}
+    assert set(config) == {"nats-server.conf", "callout.conf"}
 
 
 def test_the_servers_route_to_each_other_through_the_headless_service() -> None:
@@ -414,8 +430,17 @@ def test_the_cluster_runs_deploy_nats_unchanged_with_a_route_to_every_server() -
     code = "\n".join(line.split("#", 1)[0] for line in cluster.splitlines())
     block = re.search(r"^cluster \{$(?P<body>.*)^\}$", code, re.M | re.S)
 
+    shipped = (REPO / "deploy" / "nats").joinpath
+    assert config["cluster.conf"] == shipped("cluster.conf").read_text()
+    # callout mode, as on one server (test_chart_callout)
+    assert config["nats-server.conf"] == shipped("nats-server.conf").read_text().replace(
+        'include "accounts.conf"', 'include "callout.conf"'
+    )
+    assert "callout.conf" in config
+    static = render_with({"nats": {"auth": {"mode": "static"}, "cluster": {"enabled": True}}})
+    static_config = static.get("ConfigMap", "gpuop-nats-config")["data"]
     for name in ("nats-server.conf", "accounts.conf", "cluster.conf"):
-        assert config[name] == (REPO / "deploy" / "nats" / name).read_text(), name
+        assert static_config[name] == shipped(name).read_text(), name
     includes = re.findall(r'^include "([^"]+)"$', config["nats-cluster.conf"], re.M)
     assert includes == ["nats-server.conf", "cluster.conf"]
     assert re.search(r"^server_name: \$POD_NAME$", code, re.M)
@@ -474,7 +499,7 @@ def test_every_service_knows_every_server_and_keeps_three_copies() -> None:
 
         assert environ["GPUOP_NATS_REPLICAS"] == "3"
         assert loaded.nats_replicas == 3
-        assert [url.rsplit("@", 1)[1] for url in loaded.nats] == servers
+        assert [nats_address(url) for url in loaded.nats] == servers
         assert all(url.startswith("tls://") for url in loaded.nats)
         checked += 1
 
@@ -531,7 +556,7 @@ def test_operator_objects_have_what_their_operators_read() -> None:
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert {e["port"] for e in monitor["spec"]["endpoints"]} == ports
     assert all(selector.items() <= s["metadata"]["labels"].items() for s in metrics_services)
-    assert len(metrics_services) == 9
+    assert len(metrics_services) == 10  # nine services and the NATS auth callout
     workloads = rendering.workloads()
     for service in metrics_services:
         (selected,) = [

@@ -29,8 +29,10 @@ from tests.support.charts import (
     VALUES,
     Manifest,
     Rendering,
+    containers,
     environment,
     gpuop_containers,
+    gpuop_pods,
     image_user,
     render,
     render_with,
@@ -344,12 +346,12 @@ def test_the_metrics_policy_lets_only_prometheus_reach_every_services_metrics_po
 ) -> None:
     rendering = render(values)
     policy = rendering.get("NetworkPolicy", "gpuop-metrics")
-    services = {w["metadata"]["name"] for w, _ in gpuop_containers(rendering)}
+    services = gpuop_pods(rendering)
     # a hostNetwork pod's port is the node's, which no NetworkPolicy guards
     ports = {
         c["ports"][0]["containerPort"]
-        for w, c in gpuop_containers(rendering)
-        if not pod_of(w).get("hostNetwork")
+        for w, c in containers(rendering)
+        if w["metadata"]["name"] in services and not pod_of(w).get("hostNetwork")
     }
     (rule,) = policy["spec"]["ingress"]
     expected_from = (values_of(values) or {}).get("networkPolicy", {}).get("metricsFrom")
@@ -376,7 +378,7 @@ def test_nats_takes_clients_from_gpuops_pods_and_the_nodes_and_routes_from_its_s
     assert selected(rendering, policy) == {"gpuop-nats"}
     assert clients["ports"] == [{"protocol": "TCP", "port": 4222}]
     pods, *nodes = clients["from"]
-    services = {w["metadata"]["name"] for w, _ in gpuop_containers(rendering)}
+    services = gpuop_pods(rendering)
     assert {
         w["metadata"]["name"]
         for w in rendering.workloads()

@@ -42,6 +42,18 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- default (include "gpuop.name" (dict "root" . "component" "nats-users")) .Values.nats.auth.existingSecret -}}
 {{- end -}}
 
+{{/* Callout mode: the Secret of the callout's issuer key, the chart's own
+(templates/nats/issuer.yaml) unless nats.auth.callout.issuerSecret names one. */}}
+{{- define "gpuop.natsIssuerSecret" -}}
+{{- default (include "gpuop.name" (dict "root" . "component" "nats-issuer")) .Values.nats.auth.callout.issuerSecret -}}
+{{- end -}}
+
+{{/* The issuer key's item in that Secret: key.pem (the chart's Ed25519 PEM), or seed (SA...)
+in a Secret of `gpuop nats-auth --new-issuer-secret`. The callout reads either. */}}
+{{- define "gpuop.natsIssuerKey" -}}
+{{- if .Values.nats.auth.callout.issuerSecret }}seed{{ else }}key.pem{{ end -}}
+{{- end -}}
+
 {{/* Callout mode: the cluster roles' message-id keys (templates/nats/id-keys.yaml). */}}
 {{- define "gpuop.natsIdKeysSecret" -}}
 {{- include "gpuop.name" (dict "root" . "component" "nats-id-keys") -}}
@@ -156,7 +168,7 @@ discovery discovery-cluster driver-manager device-plugin network-manager network
 
 {{/* "true" when services authenticate through the auth callout (nats.auth.mode=callout). */}}
 {{- define "gpuop.natsCallout" -}}
-{{- $mode := .Values.nats.auth.mode | default "static" -}}
+{{- $mode := .Values.nats.auth.mode | default "callout" -}}
 {{- if not (has $mode (list "static" "callout")) -}}
 {{- fail (printf "nats.auth.mode must be static or callout, not %q" $mode) -}}
 {{- end -}}
