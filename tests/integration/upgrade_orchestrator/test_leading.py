@@ -5,12 +5,13 @@ bus, each through a bus of its own that a test can cut off from NATS. The contro
 replaced by one that only records when it runs, so the tests see every moment at which a
 replica acted: never two at once, whatever fails. A SIGKILL is a replica cancelled without
 releasing anything (no Lease release, the presence left as it was). The Lease lasts 15 s
-in these tests and the presence 0.5 s, so a takeover before the Lease could expire can only
+in these tests and the presence 1 s, so a takeover before the Lease could expire can only
 have come from the presence."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gpuop.bus import Buckets, InMemoryBus, KvEntry
+from gpuop.bus import Buckets, InMemoryBus, KvEntry, NatsBus, NatsServer
 from gpuop.bus.errors import BusUnavailable
 from gpuop.bus.memory import MemoryKeyValue
 from gpuop.kube import client
@@ -34,7 +35,7 @@ from gpuop_sim import ApiServer
 from tests.support.waiting import eventually
 
 LEASE_SECONDS = 15
-PRESENCE_SECONDS = 0.5
+PRESENCE_SECONDS = 1.0
 CONFIG = OrchestratorConfig(
     lease_duration_seconds=LEASE_SECONDS, presence_seconds=PRESENCE_SECONDS, resync_seconds=1
 )
@@ -93,10 +94,9 @@ class CutKeyValue:
 class ReplicaBus(InMemoryBus):
     """One replica's connection to the shared in-memory bus."""
 
-    def __init__(self, shared: InMemoryBus, replica: str) -> None:
+    def __init__(self, shared: InMemoryBus) -> None:
         super().__init__()
         self.shared = shared
-        self.replica = replica
         self.views: dict[str, CutKeyValue] = {}
 
     async def kv(self, bucket: Buckets | str) -> Any:
@@ -141,8 +141,10 @@ def acting(monkeypatch: pytest.MonkeyPatch) -> Acting:
     record = Acting()
 
     class RecordingController:
-        def __init__(self, bus: ReplicaBus, *args: object, **kwargs: object) -> None:
-            self.replica = bus.replica
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            made_by = asyncio.current_task()  # `leading.lead`'s, named after its replica
+            assert made_by is not None
+            self.replica = made_by.get_name()
 
         async def run(self) -> None:
             name = self.replica
@@ -197,7 +199,7 @@ async def replicas(
     ) -> Replica:
         if crash:
             crashable.add(name)
-        bus = ReplicaBus(shared, name)
+        bus = ReplicaBus(shared)
         kube = await client.connect(kubeconfig)
         stopping = asyncio.Event()
 
@@ -294,12 +296,13 @@ async def test_a_leader_whose_renewals_only_run_late_keeps_leading(
 ) -> None:
     """Renewals that take a while but land within the deadline give no one a reason to
     fence the leader: the standby sees the presence change and never claims it."""
-    a = await replicas("a")
+    patient = OrchestratorConfig(lease_duration_seconds=LEASE_SECONDS, presence_seconds=2)
+    a = await replicas("a", patient)
     await eventually(controller_named(acting, "a"), 5)
-    await replicas("b")
-    a.bus.slow(PRESENCE_SECONDS / 5)
+    await replicas("b", patient)
+    a.bus.slow(0.3)  # a renewal every 0.7 s, sent within the 1.33 s deadline of the last
 
-    await asyncio.sleep(PRESENCE_SECONDS * 8)
+    await asyncio.sleep(8)
 
     assert acting.leader() == "a"
     assert [span[0] for span in acting.spans] == []
@@ -365,6 +368,57 @@ async def test_a_standby_does_not_claim_a_presence_it_cannot_read(
     await asyncio.sleep(PRESENCE_SECONDS * 2)
     assert acting.leader() == "a"
     assert acting.most_at_once == 1
+
+
+@pytest.mark.nats
+async def test_through_a_real_nats_server_a_killed_leader_is_taken_over_by_its_presence(
+    nats_server: NatsServer,
+    server: ApiServer,
+    tmp_path: Path,
+    acting: Acting,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The presence in the real `gpuop_sagas` bucket (compare-and-set on the stream's
+    revisions, reads from the stream leader), each replica on its own connection."""
+    make_election = leading.election
+
+    def crashing(*args: Any, **kwargs: Any) -> LeaderElection:
+        candidate = make_election(*args, **kwargs)
+        candidate.release_on_stop = False
+        return candidate
+
+    monkeypatch.setattr(leading, "election", crashing)
+    kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+    async with contextlib.AsyncExitStack() as exits:
+        tasks: dict[str, asyncio.Task[None]] = {}
+        stopping = asyncio.Event()
+        for name in ("a", "b"):
+            bus = NatsBus(nats_server.url, name=f"replica-{name}")
+            await bus.start()
+            exits.push_async_callback(bus.close)
+            kube = await exits.enter_async_context(await client.connect(kubeconfig))
+            tasks[name] = asyncio.create_task(
+                leading.lead(bus, kube, CONFIG, stopping, identity=name), name=name
+            )
+            if name == "a":
+                await eventually(controller_named(acting, "a"), 10)
+        try:
+            await asyncio.sleep(PRESENCE_SECONDS * 2)
+            assert acting.leader() == "a"
+            tasks["a"].cancel()
+            await asyncio.gather(tasks["a"], return_exceptions=True)
+
+            await eventually(controller_named(acting, "b"), LEASE_SECONDS - 5)
+
+            assert (await lease_spec(kube))["holderIdentity"] == "b"
+            assert acting.most_at_once == 1
+            sagas = await bus.kv(Buckets.SAGAS)
+            entry = await sagas.get(PRESENCE_KEY)
+            assert entry is not None and decode(entry.value) == "b"
+            assert await SagaStore(sagas).all() == []
+        finally:
+            stopping.set()
+            await asyncio.wait_for(tasks["b"], 10)
 
 
 async def test_the_saga_store_skips_the_presence() -> None:
