@@ -2,22 +2,30 @@
 in a real nats-server, as every service user: creating a consumer with another service's
 filter, rewriting the orchestrator's durable, a consumer over every command, pulling from and
 acking another's consumer, reading another user's replies, and squatting a message id. Each
-attempt's outcome is printed; what a static per-service file cannot stop is printed as open
-(deploy/nats/README.md, "What a static configuration cannot do") and held to that list, so
-a change that opens more fails here."""
+attempt's outcome is printed, in two tables:
+
+- callout mode (callout.conf, the chart's default): every service a user of its own node;
+  every attempt is refused.
+- static mode (accounts.conf, `nats.auth.mode=static`): one user per service; what a static
+  per-service file cannot stop is printed as OPEN (deploy/nats/README.md, "What a static
+  configuration cannot do") and held to that list, so a change that opens more fails here.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from gpuop.bus import IdTaken, grants, streams
+from gpuop.bus import IdTaken, NatsBus, grants, streams
 from gpuop.bus.publishing import id_key, message_id
 from gpuop.events import driver, subjects
 from gpuop.observability.metrics import registry
 from gpuop.services.upgrade_orchestrator import intake
 from tests.integration.deploy.ownership import PREFIX, SERVICE_USERS, envelope_of, subject_of
+from tests.support import callout_nats
 from tests.support.event_samples import SAMPLES
-from tests.support.shipped_nats import NODE, ShippedNats, inbox_of
+from tests.support.shipped_nats import NODE, Refusals, ShippedNats, inbox_of
 
 pytestmark = [pytest.mark.nats, pytest.mark.security]
 
@@ -159,7 +167,66 @@ INBOXES = ("_INBOX.>", *(f"{grants.INBOX}_{role}.>" for role in sorted(grants.RO
 
 
 @pytest.mark.parametrize("user", SERVICE_USERS)
-async def test_no_user_reaches_another_users_consumers_or_replies(
+async def test_in_callout_mode_no_user_reaches_another_users_consumers_or_replies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user: str
+) -> None:
+    """The same attempts as in static mode, each user admitted by the callout as its role on
+    `NODE` (a node role) or as the cluster role: none left open."""
+    identity = grants.Identity(user, NODE if user in grants.NODE_ROLES else None)
+    async with callout_nats.running(tmp_path / "nats") as server:
+        monkeypatch.setenv("SSL_CERT_FILE", str(server.ca_file))
+        admin = NatsBus(
+            server.url.replace("tls://", f"tls://admin:{server.passwords['admin']}@"),
+            name="test-admin",
+        )
+        await admin.start()  # the streams, the buckets and the orchestrator's durable
+        try:
+            subscription = await admin.consume(intake.consumer_spec(PREFIX), _ignore)
+            await subscription.stop()
+            before = (await admin.js.consumer_info(EVENTS, "upgrade-orchestrator")).config
+            tried = attempts(user)
+            client = Refusals()
+            client.nc = await server.token_client(
+                server.token(user, identity.node), identity, error_cb=client.record
+            )
+            try:
+                for _, subject in tried:
+                    await client.nc.publish(subject, b'{"stream_name":"x","config":{}}')
+                # every other identity's replies: other services', its own service's on
+                # every node and on another node (a static user's own prefix covered those)
+                own = f"{grants.inbox_prefix(identity)}.>"
+                others = [s for s in INBOXES if s != own]
+                if identity.node is not None:
+                    other = grants.Identity(user, OTHER_NODE)
+                    others.append(f"{grants.inbox_prefix(other)}.>")
+                for inbox in others:
+                    await client.nc.subscribe(inbox)
+                await client.settle()
+            finally:
+                await client.nc.close()
+            after = (await admin.js.consumer_info(EVENTS, "upgrade-orchestrator")).config
+        finally:
+            await admin.close()
+
+    rows, opened = [f"callout mode (the chart's default), {identity}:"], []
+    for what, subject in tried:
+        refused = client.refused_publish(subject)
+        rows.append(f"{user:<24} {what:<50} {subject:<100} {'refused' if refused else 'OPEN'}")
+        if not refused:
+            opened.append((what, subject))
+    for inbox in others:
+        refused = client.refused_subscription(inbox)
+        rows.append(f"{user:<24} {'read another user`s replies':<50} {inbox:<100} "
+                    f"{'refused' if refused else 'OPEN'}")  # fmt: skip
+        if not refused:
+            opened.append(("subscribe", inbox))
+    print("\n" + "\n".join(rows))
+    assert opened == []
+    assert after.filter_subjects == before.filter_subjects, "the orchestrator's durable changed"
+
+
+@pytest.mark.parametrize("user", SERVICE_USERS)
+async def test_in_static_mode_no_user_reaches_another_users_consumers_or_replies(
     server: ShippedNats, user: str
 ) -> None:
     orchestrator = server.bus("upgrade-orchestrator")
@@ -185,11 +252,12 @@ async def test_no_user_reaches_another_users_consumers_or_replies(
         await orchestrator.close()
         await admin.close()
 
-    rows, unexpected = [], []
+    rows = [f"static mode (nats.auth.mode=static), {user}: OPEN rows stay open there"]
+    unexpected = []
     for what, subject in tried:
         refused = client.refused_publish(subject)
         expected_open = open_statically(user, subject)
-        outcome = "refused" if refused else "OPEN (static file; per-node users close it)"
+        outcome = "refused" if refused else "OPEN (static file; callout mode closes it)"
         if refused == expected_open:
             unexpected.append((what, subject, outcome))
         rows.append(f"{user:<24} {what:<50} {subject:<100} {outcome}")
