@@ -48,6 +48,9 @@ class NodeView:
     """The GPU driver it runs, when known."""
     ofed: str | None = None
     """The OFED driver it runs, when known."""
+    kernel: str | None = None
+    """The kernel release it runs (`status.nodeInfo.kernelVersion`, or discovery's
+    inventory), when known."""
     reason: str = ""
     """Why it moved to its state, from the log."""
     rollout: str | None = None
@@ -153,6 +156,7 @@ async def read_kube(kube: client.Kube, policy_name: str | None = None) -> Snapsh
             name=name,
             state=_state(labels.get(STATE_LABEL)),
             driver=labels.get(DRIVER_LABEL),
+            kernel=_kernel(node),
             ready=_is_ready(node),
             unschedulable=nodes.is_unschedulable(node),
             selected=selectors.matches(selector, labels),
@@ -191,6 +195,7 @@ async def read_events(bus: Bus) -> Snapshot:
         if isinstance(payload, HardwareDiscovered):
             view = snapshot.nodes.setdefault(envelope.node, NodeView(envelope.node))
             view.driver, view.ofed = payload.driver_version, payload.ofed_version
+            view.kernel = payload.kernel_release
     snapshot.nodes = dict(sorted(snapshot.nodes.items()))
     return snapshot
 
@@ -209,6 +214,7 @@ def merge(kube: Snapshot, log: Snapshot) -> Snapshot:
                 rollout=logged.rollout,
                 driver=view.driver or logged.driver,
                 ofed=logged.ofed,
+                kernel=view.kernel or logged.kernel,
             )
         merged[name] = view
     return Snapshot(
@@ -229,6 +235,12 @@ def _state(value: str | None) -> up.UpgradeState | None:
         return up.UpgradeState(value) if value else None
     except ValueError:
         return None
+
+
+def _kernel(node: Mapping[str, Any]) -> str | None:
+    info = (node.get("status") or {}).get("nodeInfo") or {}
+    release = info.get("kernelVersion")
+    return str(release) if release else None
 
 
 def _is_ready(node: Mapping[str, Any]) -> bool:

@@ -25,14 +25,15 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from gpuop.cli import controls, planning, reports, snapshots
+from gpuop.cli import controls, coverage, planning, reports, snapshots
 from gpuop.cli.errors import CommandFailed
 from gpuop.cli.events import nats_bus, nats_prefix
 from gpuop.events.driver import Component
 from gpuop.kube import client as kubeclient
 from gpuop.kube import errors as kubeerrors
-from gpuop.policy import selectors
+from gpuop.policy import GPUClusterPolicySpec, selectors
 from gpuop.policy.drivers import DEFAULT_POOL, DriverSource, DriverVersion
+from gpuop.saga.records import desired_targets
 
 REQUEST_TIMEOUT = 10.0
 """Seconds one API request of the CLI may take."""
@@ -70,7 +71,8 @@ PLAN_HELP = """\
 Dry run: predict the waves in which the nodes will be admitted and the makespan, from the
 policy (maxParallelUpgrades, maxUnavailable, canary, nodeSelector) and the nodes' states.
 Each state's duration is measured from past rollouts in the event log when --nats is given,
-and a typical value otherwise. Changes nothing."""
+and a typical value otherwise. Refuses (exit 1) a rollout whose driver source has no package
+for some node's kernel, naming the nodes and kernels. Changes nothing."""
 
 
 def add_parser(verbs: Any) -> None:
@@ -303,6 +305,12 @@ async def plan_rollout(args: argparse.Namespace, environ: Mapping[str, str]) -> 
         why = policy.invalid if policy else "the event log holds no PolicyApplied"
         raise CommandFailed(f"no valid GPUClusterPolicy to plan with: {why}")
     spec = policy.spec
+    checked = await coverage.check(_wanted(snapshot, spec))
+    if checked.blocking:
+        raise CommandFailed(
+            "refusing the rollout: it would drain nodes whose kernel the driver source has no "
+            "package for, to fail them at the install\n  " + "\n  ".join(checked.describe())
+        )
     spent = planning.durations(spec, planning.measure(snapshot.changes))
     nodes = {
         view.name: planning.PlanNode(
@@ -314,5 +322,28 @@ async def plan_rollout(args: argparse.Namespace, environ: Mapping[str, str]) -> 
     }
     forecast = planning.forecast(nodes, spec, spent)
     document = reports.plan_document(snapshot, spec, spent, forecast)
-    _print(args, document, reports.plan_lines(document))
+    document["packages"] = checked.document()
+    lines = reports.plan_lines(document)
+    lines += [f"  {why}" for why in checked.unchecked.values()]
+    if checked.unknown_kernels:
+        lines.append(f"  kernel not known, not checked: {', '.join(checked.unknown_kernels)}")
+    _print(args, document, lines)
     return 0
+
+
+def _wanted(snapshot: snapshots.Snapshot, spec: GPUClusterPolicySpec) -> list[coverage.Wanted]:
+    """What each managed node not yet running its versions is to install, with its kernel."""
+    wanted = []
+    for view in reports.managed(snapshot):
+        if reports.state_of(view, spec) is reports.S.UPGRADE_DONE:
+            continue
+        pool = reports.pool_of(view, spec)
+        try:
+            targets = desired_targets(spec, pool)
+        except KeyError:
+            continue
+        running = snapshots.running_versions(view)
+        for component, target in targets.items():
+            if running.get(component) != target.version:
+                wanted.append(coverage.Wanted(view.name, view.kernel, component, target))
+    return wanted
