@@ -13,15 +13,19 @@ on NATS's compare-and-set, which costs the API server nothing:
   own monotonic clock (`held_event`). A renewal that misses the deadline stops the
   controller; one that lands later starts it again. A renewal that finds the key taken by
   another replica (`taken_event`) means a standby fenced it off: it must give the Lease up.
-- A standby reads the key every `renew_period`. When the record names the replica that
-  holds the Lease and has not changed for `duration`, measured from when this standby
-  first saw that revision (no trust in another machine's clock, as client-go does with the
-  Lease), it claims the key with compare-and-set on that revision. A claim that succeeds
-  proves the holder's last renewal is that revision, sent before the standby first saw it,
-  so the holder stopped acting (its deadline) before the claim, and cannot renew again
-  (compare-and-set): the holder is `fenced`, and the standby takes the Lease at once
-  (`LeaderElection.takes_over`). A claim that conflicts means the holder renewed: nothing
-  changes.
+- A standby reads the key every `watch_period` (a tenth of `duration`). When the record
+  names the replica that holds the Lease and has not changed for `duration`, measured from
+  when this standby first saw that revision (no trust in another machine's clock, as
+  client-go does with the Lease), it claims the key with compare-and-set on that revision.
+  A claim that succeeds proves the holder's last renewal is that revision, sent before the
+  standby first saw it, so the holder stopped acting (its deadline) before the claim, and
+  cannot renew again (compare-and-set): the holder is `fenced`, and the standby takes the
+  Lease at once (`LeaderElection.takes_over`). A claim that conflicts means the holder
+  renewed: nothing changes.
+
+With the default 3 s, a standby acts about 3 s after the leader's last renewal, for one KV
+write by the leader every 0.6 s and one KV read by the standby every 0.3 s, and not one
+Kubernetes API request more.
 
 What this does not change: a holder that never wrote a presence (presence turned off, or a
 version before it) is only ever taken over when its Lease expires; a standby that cannot
@@ -87,6 +91,8 @@ class Presence:
         self.identity = identity
         self.duration = duration
         self.renew_period = duration / 5
+        self.watch_period = duration / 10
+        """A standby's reads: each costs one KV get, and a takeover comes this much sooner."""
         self.deadline = duration * 2 / 3
         self.clock = clock
         self.held_event = asyncio.Event()
@@ -126,7 +132,7 @@ class Presence:
                 except BusError as error:
                     log.warning("presence: %s", error)
                 self._check_deadline()
-                await self.clock.sleep(self._next_pause())
+                await self.clock.sleep(self._next_pause(candidate.is_leader))
         finally:
             self._set_held(False)
 
@@ -231,9 +237,10 @@ class Presence:
             log.warning("presence not renewed within %.1f s: not acting", self.deadline)
             self._set_held(False)
 
-    def _next_pause(self) -> float:
+    def _next_pause(self, leading: bool) -> float:
+        period = self.renew_period if leading else self.watch_period
         remaining = self._remaining()
-        return self.renew_period if remaining is None else min(self.renew_period, remaining)
+        return period if remaining is None else min(period, remaining)
 
     def _set_held(self, held: bool) -> None:
         if held == self.holds:
