@@ -20,7 +20,7 @@ import asyncio
 import logging
 from typing import Any
 
-from gpuop.bus import Buckets, Bus
+from gpuop.bus import Buckets, Bus, BusError
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube import client
 from gpuop.kube.leases import LeaderElection, default_identity
@@ -95,7 +95,14 @@ async def lead(
         name = base if term == 1 else f"{base}~{term}"
         presence = None
         if config.presence_duration:
-            kv = await bus.kv(Buckets.SAGAS)
+            try:
+                kv = await bus.kv(Buckets.SAGAS)
+            except BusError as error:
+                log.warning("cannot open the presence's bucket (%s); trying again", error)
+                pause = asyncio.create_task(clock.sleep(retry_delay))
+                await _first(stopping, task=pause)
+                await _stop(pause)
+                continue
             presence = Presence(kv, name, duration=config.presence_duration, clock=clock)
         candidate = election(kube, config, identity=name, presence=presence)
         await _term(bus, kube, config, stopping, candidate, presence, clock, retry_delay)

@@ -98,8 +98,13 @@ class ReplicaBus(InMemoryBus):
         super().__init__()
         self.shared = shared
         self.views: dict[str, CutKeyValue] = {}
+        self.refusals = 0
+        """How many of the next bucket opens fail, as on a server that is not there yet."""
 
     async def kv(self, bucket: Buckets | str) -> Any:
+        if self.refusals:
+            self.refusals -= 1
+            raise BusUnavailable("no NATS yet")
         real = await self.shared.kv(bucket)
         return self.views.setdefault(real.bucket, CutKeyValue(real))
 
@@ -289,6 +294,26 @@ async def test_a_leader_cut_off_from_nats_stops_acting_before_the_standby_starts
     await asyncio.sleep(PRESENCE_SECONDS * 4)
     assert acting.leader() == "b"
     assert acting.most_at_once == 1
+
+
+async def test_a_replica_that_cannot_open_the_presence_bucket_tries_again_and_leads(
+    replicas: Callable[..., Awaitable[Replica]],
+    acting: Acting,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    opened = ReplicaBus.__init__
+
+    def refusing(self: ReplicaBus, shared: InMemoryBus) -> None:
+        opened(self, shared)
+        self.refusals = 2
+
+    monkeypatch.setattr(ReplicaBus, "__init__", refusing)
+    a = await replicas("a")
+
+    await eventually(controller_named(acting, "a"), 15)
+    assert a.bus.refusals == 0
+    assert caplog.text.count("cannot open the presence's bucket") == 2
 
 
 async def test_a_leader_whose_renewals_only_run_late_keeps_leading(
