@@ -53,7 +53,7 @@ from gpuop.runtime.settings import Settings
 from gpuop.services.driver_manager import config as configuration
 from gpuop.services.driver_manager.answers import ComponentCommand
 from gpuop.services.driver_manager.config import DriverManagerConfig, KernelMode
-from gpuop.services.driver_manager.executor import Executor
+from gpuop.services.driver_manager.executor import Executor, Outcome
 from gpuop.services.driver_manager.installing import Installer, clean_staging
 from gpuop.services.driver_manager.rebooting import (
     HostRebooter,
@@ -61,6 +61,7 @@ from gpuop.services.driver_manager.rebooting import (
 )
 from gpuop.services.driver_manager.reloading import Reloader
 from gpuop.services.driver_manager.state import (
+    CommandRecord,
     CommandStatus,
     ComponentRecord,
     StateCorrupt,
@@ -145,25 +146,15 @@ class CommandAgent:
             log.warning(
                 "resuming %s %s, begun %d time(s) before", command.VERB, command_id, record.attempts
             )
-            context = record.context
-        else:
-            context = await self.executor.context_for(command)
-        component = command.component if isinstance(command, ComponentCommand) else None
-        started = self.store.start(command_id, command.VERB, context)
-        outcome = await self.executor.execute(
+        answer, outcome, component = await execute_recorded(
+            self.executor,
+            self.store,
             command_id,
             command,
-            started.context,
-            self.store.load().component(component) if component else ComponentRecord(),
-        )
-        answer = new_event(
-            outcome.result,
+            record,
             node=self.node,
             source=self.source,
-            id=result_id(command_id),
             correlationid=envelope.correlationid or command_id,
-            causationid=command_id,
-            traceparent=tracing.current_traceparent(),
         )
         # begun before: its result may be stored already (a crash after the publish)
         again = record is not None
@@ -188,6 +179,43 @@ class CommandAgent:
             await self.bus.publish(answer, republish=republish)
         except BusError as exc:
             raise TemporaryError(f"result {answer.id} not published: {exc}", delay=2.0) from exc
+
+
+async def execute_recorded(
+    executor: Executor,
+    store: StateStore,
+    command_id: str,
+    command: Command,
+    record: CommandRecord | None,
+    *,
+    node: str,
+    source: str,
+    correlationid: str,
+) -> tuple[Envelope, Outcome, str | None]:
+    """Record `command` started in `store` (with what it saw before changing anything, or
+    the context of its earlier `record` when it resumes), execute it and wrap its result as
+    the answer's envelope; the answer, the outcome and the component it changed. The caller
+    records it done (`store.finish`) once the answer is out: the agent around its publish,
+    `gpuop driver` (the break-glass CLI) after printing it."""
+    context = record.context if record is not None else await executor.context_for(command)
+    component = command.component if isinstance(command, ComponentCommand) else None
+    started = store.start(command_id, command.VERB, context)
+    outcome = await executor.execute(
+        command_id,
+        command,
+        started.context,
+        store.load().component(component) if component else ComponentRecord(),
+    )
+    answer = new_event(
+        outcome.result,
+        node=node,
+        source=source,
+        id=result_id(command_id),
+        correlationid=correlationid,
+        causationid=command_id,
+        traceparent=tracing.current_traceparent(),
+    )
+    return answer, outcome, component
 
 
 def kernel_mode(settings: Settings, config: DriverManagerConfig) -> KernelMode:
