@@ -93,7 +93,10 @@ def test_cluster_consumers_are_pinned_by_name_as_the_services_name_them() -> Non
     spec = discovery.labeler(PREFIX, retry_delay=1.0)
     assert f"$JS.API.CONSUMER.CREATE.GPUOP_EVENTS.{spec.durable}" in labeler.publish
     for granted in (orchestrator, labeler):
-        assert not any(p.endswith(".>") and "CONSUMER.CREATE" in p for p in granted.publish)
+        # a stream's consumers; the KV watches' are bound by filter (next test)
+        assert not any(
+            p.endswith(".>") and "CONSUMER.CREATE" in p and ".KV_" not in p for p in granted.publish
+        )
 
 
 @pytest.mark.parametrize("role", sorted(grants.NODE_ROLES))
@@ -142,6 +145,23 @@ def test_the_kv_grants_are_key_scoped_for_node_agents() -> None:
     assert allowed(granted.publish, "$JS.API.DIRECT.GET.KV_gpuop_nodes.$KV.gpuop_nodes.gpu-1")
     assert not allowed(granted.publish, "$KV.gpuop_nodes.gpu-2")
     assert not allowed(granted.publish, "$JS.API.DIRECT.GET.KV_gpuop_nodes.$KV.gpuop_nodes.gpu-2")
+
+
+def test_kv_watches_are_bound_by_filter_to_the_keys_a_user_reads() -> None:
+    api = "$JS.API.CONSUMER.CREATE.KV_gpuop_ipam"
+    granted = grants.for_identity(Identity("network-manager", "gpu-1"))
+    assert allowed(granted.publish, f"{api}.gpuop-watch-1.$KV.gpuop_ipam.node.gpu-1.>")
+    assert allowed(granted.publish, f"{api}.gpuop-watch-1.$KV.gpuop_ipam.addr.10_0_0_0-24.>")
+    for foreign in ("node.gpu-2.>", "node.>", ">", "node.*.>"):
+        assert not allowed(granted.publish, f"{api}.gpuop-watch-1.$KV.gpuop_ipam.{foreign}")
+    # the legacy create, filter in the body, binds nothing: nobody but admin has it
+    for role in grants.ROLES - {"observer"}:
+        node = "gpu-1" if role in grants.NODE_ROLES else None
+        publish = grants.for_identity(Identity(role, node)).publish
+        for bucket in ("ipam", "config", "nodes", "sagas"):
+            assert not allowed(publish, f"$JS.API.CONSUMER.CREATE.KV_gpuop_{bucket}"), role
+    discovery = grants.for_identity(Identity("discovery", "gpu-1")).publish
+    assert not any("CONSUMER.CREATE.KV_" in p for p in discovery)
 
 
 @pytest.mark.parametrize(

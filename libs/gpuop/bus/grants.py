@@ -308,12 +308,13 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
         b = bucket(name)
         return (f"{JS_API}.DIRECT.GET.KV_{b}.$KV.{b}.{key}",)
 
-    def watching(name: Buckets) -> tuple[str, ...]:
-        # nats-py's watch is an ordered consumer on the legacy create subject (filter in the
-        # body) that answers the server's flow control
+    def watching(name: Buckets, *keys: str) -> tuple[str, ...]:
+        # a watch (or key listing) is an ordered consumer of a fresh name, created with its
+        # filter in the subject (gpuop.bus.watching), so only over `keys`; it answers the
+        # server's flow control and reads its own consumer's info
         b = bucket(name)
         return (
-            f"{JS_API}.CONSUMER.CREATE.KV_{b}",
+            *(f"{JS_API}.CONSUMER.CREATE.KV_{b}.*.$KV.{b}.{key}" for key in keys),
             f"{JS_API}.CONSUMER.INFO.KV_{b}.*",
             f"$JS.FC.KV_{b}.>",
         )
@@ -327,10 +328,11 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
             *key(Buckets.IPAM, f"node.{identity.node_token}.*"),
             # address claims are shared: any node may claim (create) a free address
             *key(Buckets.IPAM, "addr.>"),
-            *watching(Buckets.IPAM),
+            # its node's records, every pool's claims
+            *watching(Buckets.IPAM, f"node.{identity.node_token}.>", "addr.>"),
             f"{JS_API}.STREAM.INFO.KV_{ipam}",
             *reading(Buckets.CONFIG),
-            *watching(Buckets.CONFIG),
+            *watching(Buckets.CONFIG, ">"),
         )
     if role == "discovery-cluster":
         return reading(Buckets.NODES)
@@ -341,9 +343,10 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
             f"$KV.{bucket(Buckets.SAGAS)}.>",
             # read from the leader, not by direct get (compare-and-set on what was read)
             f"{JS_API}.STREAM.MSG.GET.KV_{bucket(Buckets.SAGAS)}",
-            *watching(Buckets.SAGAS),
+            *watching(Buckets.SAGAS, ">"),
             *reading(Buckets.NODES),
-            f"{JS_API}.CONSUMER.CREATE.KV_{bucket(Buckets.NODES)}",
+            # the inventories' keys are listed, never watched
+            f"{JS_API}.CONSUMER.CREATE.KV_{bucket(Buckets.NODES)}.*.$KV.{bucket(Buckets.NODES)}.>",
             f"$JS.FC.KV_{bucket(Buckets.NODES)}.>",
         )
     return ()

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import nats.errors
 import nats.js.errors
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
     DeliverPolicy,
@@ -25,7 +26,7 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue as RawKeyValue
 
-from gpuop.bus import streams
+from gpuop.bus import streams, watching
 from gpuop.bus.errors import (
     PLACEMENT_ERROR,
     BucketMissing,
@@ -47,6 +48,8 @@ KEYS_CONSUMER_TTL = 2.0
 """Seconds the server keeps a key listing's consumer after the listing ends."""
 KEYS_WAIT = 10.0
 """Seconds a key listing waits for the server's next entry before it fails."""
+WATCH_CONSUMER_TTL = 300.0
+"""Seconds the server keeps a watch's consumer once its watcher is gone (nats-py's)."""
 
 _KEY = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
 _DELETED = ("DEL", "PURGE")
@@ -269,10 +272,10 @@ class NatsKeyValue:
         try:
             if not (await self._js.stream_info(stream)).state.messages:
                 return []
-            listing = await self._js.subscribe(
+            listing = await watching.named_ordered(
+                self._js,
                 f"{prefix}>",
                 stream=stream,
-                ordered_consumer=True,
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
                 headers_only=True,
                 inactive_threshold=KEYS_CONSUMER_TTL,
@@ -295,17 +298,49 @@ class NatsKeyValue:
         return sorted(found)
 
     async def watch(self, pattern: str = ">") -> AsyncIterator[KvEntry | None]:
-        watcher = await self._raw.watch(pattern)
+        # Not nats-py's `KeyValue.watch`, whose consumer's filter no permission can bind
+        # (`watching`). As there: the latest entry of every matching key, then None once
+        # caught up, then every change as it comes.
+        stream, prefix = f"KV_{self._name}", f"$KV.{self._name}."
+        entries: asyncio.Queue[KvEntry | None] = asyncio.Queue()
+        caught_up = False
+
+        async def delivered(message: Msg) -> None:
+            nonlocal caught_up
+            metadata = message.metadata
+            headers = message.headers or {}
+            deleted = (
+                headers.get("KV-Operation") in _DELETED
+                # nats-server 2.11's markers for keys removed by age or purge
+                or headers.get("Nats-Marker-Reason") in ("MaxAge", "Purge", "Remove")
+            )
+            key = message.subject[len(prefix) :]
+            entries.put_nowait(KvEntry(key, message.data or b"", metadata.sequence.stream, deleted))
+            if metadata.num_pending == 0 and not caught_up:
+                caught_up = True
+                entries.put_nowait(None)
+
         try:
-            async for entry in watcher:
-                if entry is None:
-                    yield None
-                    continue
-                deleted = entry.operation in _DELETED
-                yield KvEntry(entry.key, entry.value or b"", entry.revision or 0, deleted)
+            watcher = await watching.named_ordered(
+                self._js,
+                prefix + pattern,
+                stream=stream,
+                cb=delivered,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                inactive_threshold=WATCH_CONSUMER_TTL,
+            )
+            pending = (await watcher.consumer_info()).num_pending
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise _bus_error("watch", pattern, exc) from exc
+        if pending == 0 and watcher.delivered == 0 and not caught_up:
+            caught_up = True  # nothing to catch up on
+            entries.put_nowait(None)
+        try:
+            while True:
+                yield await entries.get()
         finally:
             with contextlib.suppress(TimeoutError, nats.errors.Error):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+                await watcher.unsubscribe()
 
 
 def _bus_error(op: str, key: str, exc: BaseException) -> BusError:

@@ -14,7 +14,7 @@ import nats.errors
 import pytest
 from nats.js.api import ConsumerConfig
 
-from gpuop.bus import NatsBus, grants, nkeys, tokens
+from gpuop.bus import NatsBus, grants, nkeys, tokens, watching
 from gpuop.bus.errors import BusUnavailable
 from gpuop.bus.publishing import message_id
 from gpuop.events import driver, new_event
@@ -330,3 +330,57 @@ async def test_the_issuer_key_changes_without_a_client_refused(server: CalloutNa
     await after.close()
     assert server.decisions("allowed") == 2
     assert server.decisions("bad-request") == 0
+
+
+async def test_a_node_agent_watches_its_nodes_kv_keys_and_not_another_nodes(
+    server: CalloutNats,
+) -> None:
+    """KV watches are consumers created with their filter in the subject (gpuop.bus.watching):
+    the network-manager of gpu-1 watches its node's IPAM records, and neither another node's
+    records, the whole bucket, nor a consumer whose filter travels in the body (nats-py's
+    own watch) is created for it."""
+    admin = await server.password_client("admin")
+    try:
+        for node in ("gpu-1", "gpu-2"):
+            await admin.jetstream().publish(f"$KV.gpuop_ipam.node.{node}.rdma", node.encode())
+    finally:
+        await admin.close()
+    identity = grants.Identity("network-manager", "gpu-1")
+    client = await connected(server, identity)
+    js = client.nc.jetstream(timeout=1)
+    api = "$JS.API.CONSUMER.CREATE.KV_gpuop_ipam"
+    rows = []
+    try:
+        own = await watching.named_ordered(
+            js, "$KV.gpuop_ipam.node.gpu-1.>", stream="KV_gpuop_ipam"
+        )
+        seen = await own.next_msg(timeout=5)
+        assert (seen.subject, seen.data) == ("$KV.gpuop_ipam.node.gpu-1.rdma", b"gpu-1")
+        rows.append(("its own node's records", "watched"))
+        await own.unsubscribe()
+        for what, pattern in (
+            ("gpu-2's records", "node.gpu-2.>"),
+            ("every node's records", "node.>"),
+            ("the whole bucket", ">"),
+        ):
+            with pytest.raises(nats.errors.TimeoutError):
+                await watching.named_ordered(
+                    js, f"$KV.gpuop_ipam.{pattern}", stream="KV_gpuop_ipam"
+                )
+            await client.settle()
+            named = f"{api}.{watching.NAME_PREFIX}".lower()
+            refused = [e for e in client.errors if named in e.lower()]
+            assert refused and f"$kv.gpuop_ipam.{pattern}" in refused[-1].lower(), client.errors
+            rows.append((what, "refused"))
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.subscribe(
+                "$KV.gpuop_ipam.node.gpu-2.>", stream="KV_gpuop_ipam", ordered_consumer=True
+            )
+        await client.settle()
+        assert client.refused_publish(api), client.errors
+        rows.append(("gpu-2's records, filter in the body", "refused"))
+    finally:
+        await client.nc.close()
+    print(f"\n{identity.role}@{identity.node} watching KV ipam:")
+    for what, outcome in rows:
+        print(f"  {outcome:8} {what}")

@@ -6,14 +6,14 @@ must have been needed on the way: a permission nothing uses is a permission too 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
 
 from gpuop.bus import ConsumerSpec, Delivery, NatsBus
 from gpuop.bus.kv import NatsKeyValue
-from gpuop.bus.protocol import Buckets
+from gpuop.bus.protocol import Buckets, KvEntry
 from gpuop.events import Command, device, driver, new_event, subjects, upgrade
 from gpuop.services.device_plugin import consumers as device_plugin
 from gpuop.services.discovery import consumers as discovery
@@ -131,7 +131,8 @@ def flows() -> dict[str, Flow]:
             ],
             kv={
                 Buckets.CONFIG: ("get", "watch"),
-                Buckets.IPAM: ("get", "put", "create", "delete", "keys", "watch", "claim"),
+                # no key listing: its watches name its node's records or a pool's claims
+                Buckets.IPAM: ("get", "put", "create", "delete", "watch", "claim"),
             },
         ),
         "network-manager-cluster": Flow(kv={Buckets.CONFIG: ("get", "create", "update")}),
@@ -182,16 +183,21 @@ async def run_kv(bus: NatsBus, bucket: Buckets, operations: tuple[str, ...]) -> 
         elif operation == "delete":
             await kv.delete(key)
         elif operation == "claim":  # an address, as network_manager.addressing claims one
+            await first_of(kv.watch("addr.10.10.0.0_24.>"))  # the pool's claims
             await kv.create("addr.10.10.0.0_24.10.10.0.7", b"claimed")
             await kv.get("addr.10.10.0.0_24.10.10.0.7")
         elif operation == "keys":
             await kv.keys()
         elif operation == "watch":
-            watch = kv.watch(key)
-            try:
-                await asyncio.wait_for(anext(watch), 5.0)  # the current value, or caught up
-            finally:
-                await watch.aclose()
+            await first_of(kv.watch(key))
+
+
+async def first_of(watch: AsyncIterator[KvEntry | None]) -> None:
+    """The current value, or the mark of being caught up: the watch's consumer was made."""
+    try:
+        await asyncio.wait_for(anext(watch), 5.0)
+    finally:
+        await watch.aclose()
 
 
 @pytest.mark.parametrize("user", SERVICE_USERS)
