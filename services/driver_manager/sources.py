@@ -43,6 +43,8 @@ from gpuop.observability.redaction import redacted
 from gpuop.services.driver_manager import verifying
 
 CHUNK = 1 << 20
+PROPRIETARY = "proprietary"
+"""The flavour a format-1 package (which names none) serves."""
 MAX_INDEX_BYTES = 16 << 20
 
 
@@ -138,14 +140,20 @@ def select(
     """The package of `component` `version` built for `kernel_release`, of `flavour` when
     one is asked for (else the first the index lists for that kernel: format 1 and 2
     packages mix in one source); `SourceError` (not-found) naming what the source has
-    instead."""
+    instead. A format-1 entry names no flavour: its modules are the proprietary build, so
+    it serves `proprietary` when the source has no format-2 proprietary package, and
+    never `open`."""
     same = [e for e in index.packages if e.component == component and e.version == version]
     built = [e for e in same if e.kernel_release == kernel_release]
     for entry in built:
         if flavour is None or entry.flavour == flavour:
             return entry
+    if flavour == PROPRIETARY:
+        for entry in built:
+            if entry.flavour is None:
+                return entry
     if built:
-        flavours = ", ".join(sorted({e.flavour or "format 1" for e in built}))
+        flavours = ", ".join(sorted({_flavour_name(e) for e in built}))
         detail = f"no {flavour} build for kernel {kernel_release} (it has: {flavours})"
     elif same:
         kernels = ", ".join(sorted({entry.kernel_release for entry in same}))
@@ -157,6 +165,10 @@ def select(
         InstallFailureReason.NOT_FOUND,
         f"driver source {uri} has no {component} {version} package: {detail}",
     )
+
+
+def _flavour_name(entry: IndexEntry) -> str:
+    return entry.flavour or "format 1 (no flavour, proprietary-compatible)"
 
 
 def _parse_index(

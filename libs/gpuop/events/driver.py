@@ -47,6 +47,16 @@ class Component(DocumentedEnum):
     """The Mellanox OFED / DOCA network driver (`mlx5_core`, `mlx5_ib`, `ib_core`, ...)."""
 
 
+class Flavour(DocumentedEnum):
+    """Which of NVIDIA's two kernel module trees a GPU driver's modules are built from (the
+    policy's `driver.gpu.kernelModuleType`, resolved per node)."""
+
+    OPEN = "open"
+    """NVIDIA's open modules (`kernel-open`): Turing on; the only kind Blackwell runs."""
+    PROPRIETARY = "proprietary"
+    """The proprietary modules (`kernel`): the only kind Volta and older run; format 1's."""
+
+
 class DriverStep(DocumentedEnum):
     """One step the driver-manager executes."""
 
@@ -189,6 +199,10 @@ class InstallDriver(Command):
     """Driver version to install."""
     source: DriverSource
     """Where the package comes from."""
+    flavour: Flavour | None = None
+    """The GPU driver's kernel module tree: the source's package of that flavour is installed,
+    and none of another (a format-1 package counts as proprietary). Absent: the first package
+    the source lists for the kernel, whatever its flavour."""
     timeout_seconds: TimeoutSeconds = 1800
     """How long fetching and building may take."""
 
@@ -208,6 +222,8 @@ class StageDriver(Command):
     """Driver version to stage."""
     source: DriverSource
     """Where the package comes from, and how to check it (as for `InstallDriver`)."""
+    flavour: Flavour | None = None
+    """The kernel module tree to stage, as for `InstallDriver`."""
     timeout_seconds: TimeoutSeconds = 900
     """How long fetching and checking may take."""
 
@@ -327,6 +343,9 @@ class DriverInstalled(DriverResult):
     """Installed version."""
     sha256: Sha256 | None = None
     """Digest of the package that was installed."""
+    flavour: Flavour | None = None
+    """The installed modules' tree, as the package's manifest names it; absent for a
+    format-1 package (proprietary-compatible)."""
 
 
 class DriverInstallFailed(DriverFailure):

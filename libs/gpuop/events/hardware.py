@@ -19,6 +19,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import Field, StringConstraints
 
+from gpuop.events.driver import Flavour
 from gpuop.events.envelope import Command, Event
 from gpuop.events.fields import (
     BootId,
@@ -136,6 +137,10 @@ class HardwareDiscovered(Event):
     """Boot id when the inventory was taken."""
     driver_version: Version | None = None
     """Loaded NVIDIA kernel driver version (`580.159.04`); absent when none is loaded."""
+    driver_flavour: Flavour | None = None
+    """Which module tree the loaded NVIDIA driver is: `open` when `/proc/driver/nvidia/version`
+    says "Open Kernel Module" (as the recorded H200 host's does), else `proprietary`; absent
+    when none is loaded."""
     cuda_driver_version: Version | None = None
     """Highest CUDA version the loaded driver supports (`13.0`); absent without a driver."""
     ofed_version: Version | None = None

@@ -20,6 +20,7 @@ import re
 
 from pydantic import ValidationError
 
+from gpuop.events.driver import Flavour
 from gpuop.events.hardware import Gpu, HardwareDiscovered, MigMode, PciFunction
 from gpuop.host import modules, nvidia, pci, system
 from gpuop.host.errors import HostReadError
@@ -83,6 +84,7 @@ def scan(root: HostRoot, nvml: Nvml | None) -> HardwareDiscovered:
         "product_name": _product_name(root),
         "boot_id": host.boot_id or UNKNOWN_BOOT_ID,
         "driver_version": driver_version,
+        "driver_flavour": _flavour(procfs_driver) if driver_version is not None else None,
         "cuda_driver_version": cuda_version,
         "ofed_version": (
             modules.module_version(root, OFED_CORE_MODULE)
@@ -173,6 +175,13 @@ def _pci_function(function: pci.PciFunction) -> PciFunction:
         link_width=function.link_width,
         driver=function.driver,
     )
+
+
+def _flavour(procfs_driver: nvidia.NvidiaDriverVersion | None) -> Flavour | None:
+    # the kernel's own report names the tree ("Open Kernel Module"); NVML does not
+    if procfs_driver is None:
+        return None
+    return Flavour.OPEN if procfs_driver.open_kernel_module else Flavour.PROPRIETARY
 
 
 def _machine(reported: str | None) -> str:

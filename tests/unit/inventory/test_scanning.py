@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuop.events.driver import Flavour
 from gpuop.events.hardware import HardwareDiscovered, MigMode
 from gpuop.host.errors import HostReadError
 from gpuop.host.roots import HostRoot
@@ -224,3 +225,27 @@ def test_the_hash_changes_with_any_field() -> None:
 
     assert scanning.hashed(base).inventory_hash != scanning.hashed(other).inventory_hash
     assert scanning.hashed(base).inventory_hash == base.content_hash()
+
+
+def test_the_loaded_drivers_flavour_comes_from_the_kernels_own_report(
+    h200_root: HostRoot,
+) -> None:
+    assert scanning.scan(h200_root, None).driver_flavour is Flavour.OPEN  # as recorded
+
+    h200_root.join("proc/driver/nvidia/version").write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.261.03  Thu Oct 19 2025\n"
+        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
+    )
+    proprietary = scanning.scan(h200_root, None)
+
+    assert (proprietary.driver_version, proprietary.driver_flavour) == (
+        "535.261.03",
+        Flavour.PROPRIETARY,
+    )
+
+
+def test_without_a_loaded_driver_there_is_no_flavour(tmp_path: Path) -> None:
+    root = hosts.build_host_root(tmp_path / "host", "node-1", 2)
+    unload_gpu_driver(root)
+
+    assert scanning.scan(root, None).driver_flavour is None
