@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.aio.msg import Msg
 
 from gpuop.bus import (
     Buckets,
@@ -19,6 +20,7 @@ from gpuop.bus import (
     NatsServer,
     jetstream,
     streams,
+    watching,
 )
 from gpuop.bus.errors import BusUnavailable, PublishTimeout
 from gpuop.events import Envelope, device, driver, new_command
@@ -345,3 +347,44 @@ async def test_a_durable_made_with_a_filter_list_keeps_its_position_as_a_single_
     assert [d.envelope.id for d in again.seen] == ["pause-2"]
     assert info.config.filter_subject == "gpuop.cmd.operands.gpu-1.*"
     assert not info.config.filter_subjects
+
+
+async def test_a_watch_recreated_after_a_gap_takes_a_new_name_and_carries_on(
+    nats_server: NatsServer,
+) -> None:
+    """An ordered consumer that misses a delivery is made again from the next stream
+    sequence (nats-py's reset). A watch's consumer has a name, for the grants to bind its
+    filter (gpuop.bus.watching): the old one still exists, so the new one needs a name of
+    its own, or the server would refuse it as an update and the watch would go silent."""
+    bus = NatsBus(nats_server.url)
+    await bus.start()
+    client = await nats.connect(nats_server.url)
+    try:
+        sagas = await bus.kv(Buckets.SAGAS)
+        await sagas.put("node-a", b"1")
+        stream = f"KV_{bus.prefix}_{Buckets.SAGAS}"
+        seen: list[bytes] = []
+
+        async def record(message: Msg) -> None:
+            seen.append(message.data)
+
+        async def saw(*values: bytes) -> bool:
+            return seen == list(values)
+
+        subscription = await watching.named_ordered(
+            client.jetstream(), f"$KV.{bus.prefix}_{Buckets.SAGAS}.>", stream=stream, cb=record
+        )
+        first = (await subscription.consumer_info()).name
+        assert first.startswith(watching.NAME_PREFIX)
+        await wait_until(lambda: saw(b"1"))
+        # what nats-py does on a gap: a new consumer from the sequence after the last seen
+        state = subscription._sub._jsi  # type: ignore[attr-defined]
+        await state.reset_ordered_consumer(state._sseq + 1)
+        await sagas.put("node-a", b"2")
+        await wait_until(lambda: saw(b"1", b"2"))
+        names = {info.name for info in await client.jsm().consumers_info(stream)}
+        assert first in names and len(names) == 2, names
+        await subscription.unsubscribe()
+    finally:
+        await client.close()
+        await bus.close()
