@@ -30,6 +30,7 @@ from datetime import datetime
 from gpuop.bus import Bus
 from gpuop.events import ids, subjects
 from gpuop.events import upgrade as up
+from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.policy.conditions import PoolProgress, RolloutRecord
@@ -39,6 +40,8 @@ from gpuop.saga.records import desired_targets
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/-]")
+KERNEL_MODULE_TYPE = "kernelModuleType"
+"""The suffix of the rollout's record of a GPU driver's `kernelModuleType` (`versions_of`)."""
 
 
 def rollout_id_for(policy: GPUClusterPolicySpec, generation: int | None = None) -> str:
@@ -57,11 +60,19 @@ def rollout_id_for(policy: GPUClusterPolicySpec, generation: int | None = None) 
 
 def versions_of(policy: GPUClusterPolicySpec) -> dict[str, str]:
     """The version the policy asks for, per component it manages (`gpu`, `ofed`) and, per
-    driver pool, per component of the pool (`<pool>/gpu`, `<pool>/ofed`)."""
-    found = {str(c): t.version for c, t in desired_targets(policy).items()}
-    for pool in policy.driver.pools:
-        for c, t in desired_targets(policy, pool.name).items():
-            found[f"{pool.name}/{c}"] = t.version
+    driver pool, per component of the pool (`<pool>/gpu`, `<pool>/ofed`); and the GPU
+    driver's `kernelModuleType` where it is not `auto` (`gpu.kernelModuleType`,
+    `<pool>/gpu.kernelModuleType`), so that a change of it is a new rollout, whose sagas
+    reload the nodes that run the other kernel modules (`auto` leaves the key out: a policy
+    that never set it keeps the rollout it had)."""
+    found: dict[str, str] = {}
+    for pool in (None, *(p.name for p in policy.driver.pools)):
+        prefix = "" if pool is None else f"{pool}/"
+        for c, t in desired_targets(policy, pool).items():
+            found[f"{prefix}{c}"] = t.version
+        gpu, _ = policy.driver.components_of(pool)
+        if gpu.kernel_module_type != "auto":
+            found[f"{prefix}{Component.GPU}.{KERNEL_MODULE_TYPE}"] = gpu.kernel_module_type
     return found
 
 

@@ -10,6 +10,7 @@ Modules, in the order a policy flows through them:
     fields       the base of every spec section: camelCase wire names, strict, frozen
     selectors    label selector strings (`podSelector`), checked up front
     drivers      `driver`: `DriverSpec` and `ComponentSpec` (version, source)
+    flavours     `driver.gpu.kernelModuleType` resolved for one node (`auto`: its GPUs)
     deadlines    `upgradePolicy.deadlines` and `upgradePolicy.retry`
     upgrades     `upgradePolicy`: `UpgradePolicy` and its upstream sections, plus canary
     pools        `network.networks[].ipam`: `IpamPool`, the addresses a network gives nodes

@@ -118,9 +118,10 @@ class RolloutRecord(StatusRecord):
 
     id: Annotated[str, Field(min_length=1, max_length=256)]
     """The rollout's id: the correlation id of its events and the stem of its saga ids."""
-    versions: dict[str, Annotated[str, Field(max_length=64)]] = Field(max_length=34)
+    versions: dict[str, Annotated[str, Field(max_length=64)]] = Field(max_length=51)
     """The driver version of each component it installs (`gpu`, `ofed`), and of each
-    driver pool's (`<pool>/gpu`, `<pool>/ofed`)."""
+    driver pool's (`<pool>/gpu`, `<pool>/ofed`); the GPU driver's `kernelModuleType` where
+    it is not `auto` (`gpu.kernelModuleType`, `<pool>/gpu.kernelModuleType`)."""
 
 
 class PoolProgress(StatusRecord):

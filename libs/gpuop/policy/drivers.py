@@ -14,13 +14,17 @@ section 4); the orchestrator puts the version and source into the driver-manager
 (`gpuop.events.driver.InstallDriver`), so the version syntax here is the one those commands
 accept, and the source is one that driver-manager can read (`services/driver_manager/
 sources.py`): an absolute directory, a `file://` URL, or an http(s) URL holding `index.json`.
+
+`driver.gpu.kernelModuleType` (`auto`, `open`, `proprietary`, as upstream's) says which of
+NVIDIA's kernel module trees the GPU driver runs; the orchestrator resolves `auto` per node
+(`gpuop.policy.flavours`) and records the result in the node's saga.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator
@@ -182,6 +186,38 @@ class ComponentSpec(Section):
     set it only where every node the spec applies to runs the same kernel."""
 
 
+KernelModuleType = Literal["auto", "open", "proprietary"]
+"""Which of NVIDIA's kernel module trees the GPU driver uses, as upstream's
+`driver.kernelModuleType`; `auto` is resolved per node by `gpuop.policy.flavours`."""
+
+
+class GpuComponentSpec(ComponentSpec):
+    """The desired NVIDIA GPU driver: a component, and which kernel modules it runs."""
+
+    kernel_module_type: KernelModuleType = "auto"
+    """Which kernel modules the nodes run: `open` (NVIDIA's open GPU kernel modules, Turing
+    and later), `proprietary`, or `auto`, upstream's default: per node, `open` when one of
+    its GPUs needs it (Blackwell and later, Grace Hopper), `proprietary` when one cannot run
+    it (Volta and earlier), else `open` from driver branch 560 on and `proprietary` before
+    (NVIDIA's installer's recommendation), judged from the node's inventory and this
+    `version`. The flavour chosen is recorded in the node's saga. A node running the other
+    flavour of the same version is reloaded, as for a version change; the driver source must
+    have packages of the flavour (a format-1 package counts as proprietary). A pool's `gpu`
+    has its own (unset: `auto`)."""
+
+
+def _gpu_spec(value: object) -> object:
+    """A plain `ComponentSpec` given for a GPU driver in code (the CLI, tests) as the GPU's
+    spec, with the default `kernelModuleType`."""
+    if isinstance(value, ComponentSpec) and not isinstance(value, GpuComponentSpec):
+        return GpuComponentSpec.model_validate(value.model_dump())
+    return value
+
+
+GpuSpec = Annotated[GpuComponentSpec, BeforeValidator(_gpu_spec)]
+"""The `gpu` field of the defaults and of a pool."""
+
+
 class PoolUpgradePolicy(Section):
     """How one pool's nodes are rolled; unset fields follow `upgradePolicy`."""
 
@@ -207,7 +243,7 @@ class DriverPool(Section):
     node_selector: Annotated[LabelSelector, Field(min_length=1)]
     """The label selector of the pool's nodes (`nvidia.com/gpu.product=NVIDIA-H200`). It
     must not overlap another pool's: no node's labels may match both."""
-    gpu: ComponentSpec | None = None
+    gpu: GpuSpec | None = None
     """The pool's GPU driver; unset: the default `driver.gpu`."""
     ofed: ComponentSpec | None = None
     """The pool's OFED driver; unset: the default `driver.ofed` (if any)."""
@@ -218,7 +254,7 @@ class DriverPool(Section):
 class DriverSpec(Section):
     """The drivers gpuop manages on the nodes."""
 
-    gpu: ComponentSpec
+    gpu: GpuSpec
     """The NVIDIA GPU kernel driver, on every node no pool selects."""
     ofed: ComponentSpec | None = None
     """The OFED (MLNX/DOCA) network driver; unset: gpuop leaves the OFED driver alone. A
@@ -291,7 +327,7 @@ class DriverSpec(Section):
                 return pool
         raise KeyError(f"no driver pool {name!r} (pools: {[p.name for p in self.pools]})")
 
-    def components_of(self, name: str | None) -> tuple[ComponentSpec, ComponentSpec | None]:
+    def components_of(self, name: str | None) -> tuple[GpuComponentSpec, ComponentSpec | None]:
         """The GPU and OFED drivers of the pool called `name` (None: the defaults), a
         component the pool leaves unset being the default's."""
         pool = self.pool(name)

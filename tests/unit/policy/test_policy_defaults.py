@@ -101,7 +101,9 @@ def test_the_wire_form_is_camel_case_and_reads_back_equal() -> None:
 
 
 def test_the_wire_form_leaves_unset_optionals_out() -> None:
-    assert validate_spec(MINIMAL).to_wire()["driver"] == {"gpu": {"version": "580.105.08"}}
+    # kernelModuleType is no optional: the API server defaults it as the model does
+    wire = validate_spec(MINIMAL).to_wire()["driver"]
+    assert wire == {"gpu": {"version": "580.105.08", "kernelModuleType": "auto"}}
 
 
 def test_attribute_names_are_accepted_as_well() -> None:

@@ -19,7 +19,7 @@ from gpuop.events.upgrade import NodeAdmitted, RolloutProgress, SagaStarted, Upg
 from gpuop.kube import client
 from gpuop.policy import ComponentSpec, Condition, GPUClusterPolicySpec
 from gpuop.policy.conditions import PoolProgress, RolloutRecord
-from gpuop.policy.drivers import DriverPool, PoolUpgradePolicy
+from gpuop.policy.drivers import DriverPool, GpuComponentSpec, PoolUpgradePolicy
 from gpuop.saga import NodeStatus, actions, admission
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.controller import Controller
@@ -150,7 +150,7 @@ async def test_a_new_version_replaces_sagas_never_admitted_and_waits_for_the_oth
 
     newer = first.model_copy(
         update={
-            "driver": first.driver.model_copy(update={"gpu": ComponentSpec(version="590.1")}),
+            "driver": first.driver.model_copy(update={"gpu": GpuComponentSpec(version="590.1")}),
             "upgrade_policy": first.upgrade_policy.model_copy(update={"paused": False}),
         }
     )
@@ -170,7 +170,9 @@ async def test_versions_that_come_back_are_a_new_rollout_with_ids_of_its_own(
     first = spec(paused=True)
     await harness.reconcile(first)
     other = first.model_copy(
-        update={"driver": first.driver.model_copy(update={"gpu": ComponentSpec(version="590.1")})}
+        update={
+            "driver": first.driver.model_copy(update={"gpu": GpuComponentSpec(version="590.1")})
+        }
     )
     await harness.reconcile(other)
     back = first.model_copy(
@@ -309,7 +311,7 @@ async def test_a_change_of_one_pools_driver_is_a_new_rollout(harness: Harness) -
     first = pooled(paused=True)
     await harness.reconcile(first)
     (train,) = first.driver.pools
-    newer_pool = train.model_copy(update={"gpu": ComponentSpec(version="576.1")})
+    newer_pool = train.model_copy(update={"gpu": GpuComponentSpec(version="576.1")})
     newer = first.model_copy(
         update={"driver": first.driver.model_copy(update={"pools": (newer_pool,)})}
     )

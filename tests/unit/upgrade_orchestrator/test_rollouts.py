@@ -49,6 +49,19 @@ def test_a_rollout_is_kept_while_the_versions_stay_and_new_when_they_come_back()
     assert back.id == "rollout-gpu-580.2-g4" and back.versions == first.versions
 
 
+def test_a_kernel_module_type_change_is_a_new_rollout_and_auto_keeps_the_old_one() -> None:
+    spec = policy()
+    first = current_rollout(spec, None, 1)
+    gpu = spec.driver.gpu.model_copy(update={"kernel_module_type": "open"})
+    opened = spec.model_copy(update={"driver": spec.driver.model_copy(update={"gpu": gpu})})
+
+    second = current_rollout(opened, first, 2)
+
+    assert second.id == "rollout-gpu-580.2-g2"
+    assert second.versions == {"gpu": "580.2", "gpu.kernelModuleType": "open"}
+    assert current_rollout(spec, second, 3).versions == first.versions  # back to auto
+
+
 async def test_a_rollout_is_started_once_and_completed_when_every_node_is_done() -> None:
     bus = InMemoryBus()
     await bus.start()
