@@ -230,3 +230,12 @@ def test_a_static_node_user_names_no_node_and_may_not_touch_the_cluster_consumer
                 assert not allowed(rendered.publish, subject) or allowed(
                     rendered.deny_publish, subject
                 ), (role, subject)
+
+
+def test_the_orchestrator_reads_the_last_upgrade_event_by_direct_get_only() -> None:
+    publish = grants.for_identity(Identity("upgrade-orchestrator", None)).publish
+    api = "$JS.API.DIRECT.GET.GPUOP_EVENTS"
+    assert allowed(publish, f"{api}.gpuop.evt.upgrade.gpu-1.cordon-required")
+    assert not allowed(publish, f"{api}.gpuop.evt.hardware.gpu-1.discovered")
+    assert not allowed(publish, api)  # by sequence, subject in the body
+    assert not allowed(publish, "$JS.API.STREAM.MSG.GET.GPUOP_EVENTS")

@@ -83,6 +83,11 @@ all seen online yet (a refusal stops it at once)."""
 
 RECONNECT_WAIT = 0.25
 """Seconds between connection attempts to the same server."""
+DIRECT_GET_HEADERS = frozenset(
+    ("Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Num-Pending",
+     "Nats-Last-Sequence", "Nats-UpTo-Sequence")
+)  # fmt: skip
+"""What a direct get's answer adds to the stored message's own headers."""
 STREAM_NAME_IN_USE = 10058
 """JetStream's error code for a stream that exists with another configuration."""
 RECONCILE_TIMEOUT = 2.0
@@ -296,6 +301,8 @@ class NatsBus:
             duplicate_window=streams.DUPLICATE_WINDOW,
             num_replicas=self.replicas,
             placement=self.placement,
+            # `last` reads by direct get, whose subject names what is read (grants)
+            allow_direct=True,
         )
         try:
             await self.js.add_stream(config)  # the same configuration: nothing changes
@@ -552,20 +559,30 @@ class NatsBus:
         return self._buckets[name]
 
     async def last(self, subject: str) -> StoredMessage | None:
+        # A direct get ($JS.API.DIRECT.GET.<stream>.<subject>): the subject is in the API
+        # subject, so a grant names what may be read. Any replica answers, and one a moment
+        # behind may miss the newest message: the orchestrator then re-publishes a state
+        # change under its stored id, which the server drops as a repeat.
         layout = streams.stream_for(self._prefix, subject)
         try:
-            raw = await self.js.get_last_msg(layout.name, subject)
+            raw = await self.js.get_last_msg(layout.name, subject, direct=True)
         except nats.js.errors.NotFoundError:
             return None
+        except nats.errors.NoRespondersError as exc:
+            raise BusUnavailable(
+                f"cannot read the last message of {subject}: stream {layout.name} does not "
+                "allow direct gets yet (the orchestrator's start sets allow_direct)"
+            ) from exc
         except ANY_NATS_ERROR as exc:
             raise BusUnavailable(f"cannot read the last message of {subject}: {exc!r}") from exc
+        headers = {k: v for k, v in (raw.headers or {}).items() if k not in DIRECT_GET_HEADERS}
         return StoredMessage(
             stream=layout.name,
             seq=raw.seq or 0,
             subject=raw.subject or subject,
             data=raw.data or b"",
             time=raw.time if raw.time is not None else datetime.fromtimestamp(0, UTC),
-            headers=dict(raw.headers or {}),
+            headers=headers,
         )
 
     async def read(

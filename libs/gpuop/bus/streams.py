@@ -144,12 +144,14 @@ DRIFT_COMPARED = (
     "max_bytes",
     "max_msgs_per_subject",
     "discard",
+    "allow_direct",
 )
 """The stream settings a start compares with what gpuop creates, in the order a drift is
 reported."""
 DRIFT_UPDATABLE = frozenset(DRIFT_COMPARED) - {"storage"}
 """Stream settings JetStream changes in place; a drift elsewhere (storage) stops the start.
-A server's streams made before the byte limits get them this way."""
+A server's streams made before the byte limits get them this way, and before direct gets
+(`Bus.last`) their allow_direct."""
 
 
 def drift(have: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -168,6 +170,8 @@ def drift(have: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, tuple[A
             return -1 if value is None or int(value) <= 0 else int(value)
         if key == "discard":
             return str(getattr(value, "value", value) or "old")
+        if key == "allow_direct":
+            return bool(value)
         return value
 
     return {

@@ -6,6 +6,7 @@ finding 6)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -123,12 +124,19 @@ async def test_streams_and_buckets_made_before_the_limits_get_them_at_the_next_s
             assert config.max_bytes == layout.share, layout.name
             assert config.max_msgs_per_subject == layout.max_msgs_per_subject, layout.name
             assert config.discard == DiscardPolicy.OLD
+            # `last` reads by direct get, which streams made before did not allow
+            assert config.allow_direct is True, layout.name
         sagas = (await bus.js.stream_info("KV_gpuop_sagas")).config
         assert sagas.max_bytes == SMALL.share(Buckets.SAGAS)
+        await bus.publish(heartbeat("n1", 1))
+        last = await bus.last(HB_SUBJECT.replace("*", "n1"))
+        assert last is not None and json.loads(last.data)["data"]["uptime_seconds"] == 1
+        assert not any(name.startswith("Nats-S") for name in last.headers)  # the get's own
     finally:
         await bus.close()
     wanted = SMALL.share(subjects.Kind.EVENT)
     assert f"GPUOP_EVENTS exists with max_bytes -1 (gpuop wants {wanted})" in caplog.text
+    assert "allow_direct False (gpuop wants True)" in caplog.text
     assert "max_msgs_per_subject -1 (gpuop wants 5)" in caplog.text
     assert "bucket gpuop_sagas holds up to -1 bytes" in caplog.text
     # a later change of the limits reaches the running server the same way
