@@ -194,6 +194,27 @@ def test_a_version_the_source_lacks_fails_naming_the_versions_it_has(
     assert status(capsys, host)["loaded"] == OLD, "nothing was unloaded"
 
 
+def test_a_failed_step_in_json_gives_its_answer_and_a_key_file_is_read(
+    host: HostRoot, url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key_file = tmp_path / "gpuop.pub"
+    key_file.write_text(f"untrusted comment: minisign public key\n{keys.PUBLIC_KEY}\n")
+    args = install(host, url, "590.1.1", "--output", "json")
+    args[args.index(keys.PUBLIC_KEY)] = str(key_file)
+    code, out, err = driver(capsys, *args)
+    assert code == 1
+    (step,) = json.loads(out)["steps"]
+    assert (step["event"], step["reason"], step["retryable"]) == (
+        "install-failed",
+        "not-found",
+        False,
+    )
+    assert err.startswith("gpuop driver install: install failed: driver source ")
+    code, _, err = driver(capsys, *install(host, url, NEW, "--public-key", str(tmp_path / "x.pub")))
+    assert code == 2
+    assert "--public-key " in err and "No such file or directory" in err
+
+
 def test_a_tampered_index_and_a_wrong_digest_are_refused(
     host: HostRoot, url: str, source: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
