@@ -194,7 +194,7 @@ class Executor:
         try:
             async with asyncio.timeout(command.timeout_seconds):
                 staged = await self.installer.stage(
-                    command.component, command.version, command.source
+                    command.component, command.version, command.source, command.flavour
                 )
         except InstallError as exc:
             return Outcome(
@@ -221,7 +221,7 @@ class Executor:
         try:
             async with asyncio.timeout(command.timeout_seconds):
                 installed = await self.installer.install(
-                    command.component, command.version, command.source
+                    command.component, command.version, command.source, command.flavour
                 )
         except InstallError as exc:
             return Outcome(
@@ -242,6 +242,7 @@ class Executor:
             component=command.component,
             version=command.version,
             sha256=installed.sha256 or record.packages.get(command.version),
+            flavour=dm.Flavour(installed.flavour) if installed.flavour else None,
         )
         return Outcome(answer, changes)
 

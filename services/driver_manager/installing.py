@@ -48,6 +48,7 @@ from gpuop.host.protocol import KernelOps
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import sources, staging
 from gpuop.services.driver_manager.config import DriverManagerConfig
+from gpuop.services.driver_manager.sources import PROPRIETARY
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class Installed:
     """Digest of the archive installed; None for a version found already installed."""
     fresh: bool
     """False when the version directory was already there."""
+    flavour: str | None = None
+    """The installed modules' flavour, as the package's manifest names it (format 2)."""
 
 
 class Installer:
@@ -105,19 +108,30 @@ class Installer:
         log.info("removed %s %s for %s", component, version, kernel_release)
         return True
 
-    async def install(self, component: str, version: str, where: dm.DriverSource) -> Installed:
+    async def install(
+        self, component: str, version: str, where: dm.DriverSource, flavour: str | None = None
+    ) -> Installed:
         """Install `version` of `component` from `where`, believing its index only once its
         signature verifies with `where`'s keys, and refusing a package whose digest differs
         from the index's entry or from `where.sha256`. A staged copy (`stage`) whose digest
-        still verifies is installed without asking the source again."""
+        still verifies is installed without asking the source again. With `flavour`, only a
+        package of those kernel modules (`sources.select`); the same version installed with
+        the other ones is replaced (a flavour change: the install precedes the unload, and a
+        loaded module keeps running from memory)."""
         kernel_release = running_kernel(self.root)
         _pin_active(self.root, kernel_release, component)
         final = packages.package_dir(self.root, kernel_release, component, version)
-        if final.is_dir():
+        replacing = final.is_dir() and not serves(installed_flavour(final), flavour)
+        if final.is_dir() and not replacing:
             log.info("%s %s is already installed for %s", component, version, kernel_release)
             await self._depmod(kernel_release)
-            return Installed(version, None, fresh=False)
-        staged = self._staged(component, version, kernel_release, where)
+            return Installed(version, None, fresh=False, flavour=installed_flavour(final))
+        if replacing:
+            log.info(
+                "%s %s is installed for %s with other kernel modules than %s: replacing it",
+                component, version, kernel_release, flavour,
+            )  # fmt: skip
+        staged = self._staged(component, version, kernel_release, where, flavour)
         token = uuid.uuid4().hex[:12]
         download = self.root.join(f"{STAGING}/{component}-{version}-{token}")
         unpacked = final.parent / f"{UNPACK_PREFIX}{version}-{token}"
@@ -126,7 +140,9 @@ class Installer:
                 archive, digest = staging.archive_of(self.root, staged), staged.sha256
                 flavour = staged.flavour
             else:
-                source, entry = await self._entry(component, version, kernel_release, where)
+                source, entry = await self._entry(
+                    component, version, kernel_release, where, flavour
+                )
                 archive = await self._fetch(source, entry, download)
                 digest, flavour = entry.sha256, entry.flavour
             manifest = await self._unpack_checked(
@@ -140,7 +156,15 @@ class Installer:
                     self.config.install_pause_seconds,
                 )
                 await self.clock.sleep(self.config.install_pause_seconds)
-            unpacked.rename(final)
+            if replacing:
+                # a crash between the two renames leaves the version uninstalled, never
+                # half of each flavour; the aside copy is staging debris (`clean_staging`)
+                aside = final.with_name(f"{UNPACK_PREFIX}replaced-{version}-{token}")
+                final.rename(aside)
+                unpacked.rename(final)
+                _remove(aside)
+            else:
+                unpacked.rename(final)
         except OSError as exc:
             raise _disk_error(exc) from None
         finally:
@@ -148,9 +172,11 @@ class Installer:
             shutil.rmtree(unpacked, ignore_errors=True)
         staging.discard(self.root, component, version, kernel_release)
         await self._depmod(kernel_release)
-        return Installed(version, digest, fresh=True)
+        return Installed(version, digest, fresh=True, flavour=installed_flavour(final))
 
-    async def stage(self, component: str, version: str, where: dm.DriverSource) -> Installed:
+    async def stage(
+        self, component: str, version: str, where: dm.DriverSource, flavour: str | None = None
+    ) -> Installed:
         """Fetch `version` of `component` from `where` and verify it as `install` would,
         unpack it and check that the running kernel takes its modules (vermagic, and
         signatures under lockdown or Secure Boot), then keep the verified archive for the
@@ -158,10 +184,11 @@ class Installer:
         install would fail for. A version installed already needs no staging (`fresh`
         False); a staged copy the index still lists is kept as it is."""
         kernel_release = running_kernel(self.root)
-        if packages.package_dir(self.root, kernel_release, component, version).is_dir():
+        installed = packages.package_dir(self.root, kernel_release, component, version)
+        if installed.is_dir() and serves(installed_flavour(installed), flavour):
             log.info("%s %s is already installed for %s", component, version, kernel_release)
             return Installed(version, None, fresh=False)
-        source, entry = await self._entry(component, version, kernel_release, where)
+        source, entry = await self._entry(component, version, kernel_release, where, flavour)
         found = staging.find(self.root, component, version, kernel_release)
         if found is not None and found.sha256 == entry.sha256 and staging.intact(self.root, found):
             log.info("%s %s is staged already for %s", component, version, kernel_release)
@@ -191,14 +218,25 @@ class Installer:
         return Installed(version, entry.sha256, fresh=True)
 
     def _staged(
-        self, component: str, version: str, kernel_release: str, where: dm.DriverSource
+        self,
+        component: str,
+        version: str,
+        kernel_release: str,
+        where: dm.DriverSource,
+        flavour: str | None = None,
     ) -> staging.Staged | None:
         """The staged copy the install may take: one whose digest is the command's (when it
-        names one) and whose archive still has it. A copy that fails either is dropped."""
+        names one), of the command's flavour, and whose archive still has it. A copy that
+        fails any is dropped."""
         found = staging.find(self.root, component, version, kernel_release)
         if found is None:
             return None
-        if where.sha256 not in (None, found.sha256):
+        if not serves(found.flavour, flavour):
+            log.warning(
+                "dropping the staged %s %s: its modules are %s, the command asks for %s",
+                component, version, found.flavour or PROPRIETARY, flavour,
+            )  # fmt: skip
+        elif where.sha256 not in (None, found.sha256):
             log.warning(
                 "dropping the staged %s %s: sha256 %s, the command expects %s",
                 component, version, found.sha256, where.sha256,
@@ -214,10 +252,15 @@ class Installer:
         return None
 
     async def _entry(
-        self, component: str, version: str, kernel_release: str, where: dm.DriverSource
+        self,
+        component: str,
+        version: str,
+        kernel_release: str,
+        where: dm.DriverSource,
+        flavour: str | None = None,
     ) -> tuple[sources.DriverSource, sources.IndexEntry]:
-        """The source `where` names and its signed index's entry for the package, checked
-        against the command's digest."""
+        """The source `where` names and its signed index's entry for the package (of
+        `flavour`, when given), checked against the command's digest."""
         try:
             source = sources.open_source(
                 where,
@@ -226,7 +269,7 @@ class Installer:
                 max_bytes=self.config.max_package_bytes,
             )
             entry = sources.select(
-                await source.index(), source.uri, component, version, kernel_release
+                await source.index(), source.uri, component, version, kernel_release, flavour
             )
         except sources.SourceError as exc:
             raise InstallError(exc.reason, exc.message, retryable=exc.retryable) from None
@@ -296,6 +339,25 @@ def running_kernel(root: HostRoot) -> str:
             InstallFailureReason.OTHER, f"{root.path} does not say which kernel runs"
         )
     return release
+
+
+def installed_flavour(directory: Path) -> str | None:
+    """The kernel modules of the package installed in `directory`, as its format-2 manifest
+    names them; None for a format-1 package (or none kept), which counts as proprietary."""
+    path = directory / packaging.MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = manifests.parse(path.read_bytes(), str(path))
+    except manifests.ManifestError:
+        return None
+    return manifest.flavour.value if isinstance(manifest, manifests.ManifestV2) else None
+
+
+def serves(present: str | None, wanted: str | None) -> bool:
+    """Whether a package of flavour `present` (None: format 1, proprietary-compatible) is
+    what a command asking for `wanted` (None: any) may use."""
+    return wanted is None or (present or PROPRIETARY) == wanted
 
 
 def clean_staging(root: HostRoot) -> list[Path]:

@@ -11,9 +11,15 @@ MAGIC = b"~Module signature appended~\n"
 
 
 def module_elf(
-    name: str, vermagic: str, *, depends: str = "", version: str = "", signed: bool = False
+    name: str,
+    vermagic: str,
+    *,
+    depends: str = "",
+    version: str = "",
+    signed: bool = False,
+    license: str = "Dual MIT/GPL",  # the open modules'; the proprietary ones say "NVIDIA"
 ) -> bytes:
-    fields = ["license=Dual MIT/GPL", f"name={name}", f"vermagic={vermagic}", f"depends={depends}"]
+    fields = [f"license={license}", f"name={name}", f"vermagic={vermagic}", f"depends={depends}"]
     if version:
         fields.append(f"version={version}")
     modinfo = b"".join(field.encode() + b"\0" for field in fields)
