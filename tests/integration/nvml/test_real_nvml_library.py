@@ -4,7 +4,8 @@ real `PynvmlBackend`, in a process of its own whose `LD_LIBRARY_PATH` holds the 
 whose `/dev` is private. `nvmlInit` answers `NVML_ERROR_DRIVER_NOT_LOADED`, and discovery,
 telemetry and the device plugin (`tests.support.nvml_probe`) do with it exactly what they do
 on a simulated node whose driver is not loaded yet: the same inventory, the same readiness,
-the same retries, each failure logged once."""
+the same retries, each failure logged once; and `gpuop discover --nvml real` prints what
+`--nvml sim:8` prints for the node."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import nvml_library
+from tests.support import nvml_library, nvml_probe
 from tests.support.driver_packages import REPOSITORY
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -38,6 +39,12 @@ def library() -> Path:
 
 def probe(kind: str, directory: Path, environ: dict[str, str]) -> Findings:
     command = [sys.executable, "-m", "tests.support.nvml_probe", kind, str(directory / kind)]
+    found: Findings = json.loads(run(command, environ, f"the {kind} probe"))
+    return found
+
+
+def run(command: list[str], environ: dict[str, str], what: str) -> str:
+    """`command`'s output, run in a private `/dev` with `environ`."""
     result = subprocess.run(
         nvml_library.in_private_dev(command),
         env=environ,
@@ -47,9 +54,8 @@ def probe(kind: str, directory: Path, environ: dict[str, str]) -> Findings:
         timeout=180,
         check=False,
     )
-    assert result.returncode == 0, f"the {kind} probe failed:\n{result.stderr[-4000:]}"
-    found: Findings = json.loads(result.stdout)
-    return found
+    assert result.returncode == 0, f"{what} failed:\n{result.stderr[-4000:]}"
+    return result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +147,19 @@ def test_nvml_makes_its_control_device_in_the_private_dev_only(
     assert real["device_nodes"] == ["nvidiactl"], "the real library, as root, mknods it"
     assert sim["device_nodes"] == []
     assert sorted(p.name for p in Path("/dev").glob("nvidia*")) == machine_devices
+
+
+def test_gpuop_discover_with_nvml_real_reports_the_node_as_the_simulation_does(
+    library: Path, tmp_path: Path
+) -> None:
+    root = nvml_probe.host_without_driver(tmp_path / "host")
+    discover = [sys.executable, "-m", "gpuop.cli.main", "discover", "--host-root", str(root.path)]
+    real = json.loads(
+        run([*discover, "--nvml", "real", "--json"], nvml_library.environment(library), "real")
+    )
+    sim = json.loads(
+        run([*discover, "--nvml", "sim:8", "--json"], nvml_library.environment(tmp_path), "sim")
+    )
+    assert real["inventory"]["gpus"] == []
+    assert real["inventory"]["driver_version"] is None
+    assert real == sim
