@@ -26,6 +26,7 @@ from gpuop.bus import Buckets, InMemoryBus, KvEntry, NatsBus, NatsServer
 from gpuop.bus.errors import BusUnavailable
 from gpuop.bus.memory import MemoryKeyValue
 from gpuop.kube import client
+from gpuop.kube import errors as kubeerrors
 from gpuop.kube.leases import LeaderElection
 from gpuop.services.upgrade_orchestrator import leading
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
@@ -372,6 +373,32 @@ async def test_a_malformed_presence_fences_nobody_and_the_leader_overwrites_it(
     await eventually(controller_named(acting, "a"), 5)
     entry = await real.get(PRESENCE_KEY)
     assert entry is not None and decode(entry.value) == "a"
+
+
+async def test_a_leader_cut_off_from_the_api_server_is_taken_over_once_it_stopped(
+    replicas: Callable[..., Awaitable[Replica]], acting: Acting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other partition: the leader still reaches NATS but no longer the API server. It
+    keeps its presence only while it holds the Lease by its own renew deadline (10 s of the
+    15 s); then it stops acting and renewing, and the standby takes over one presence later,
+    before the Lease expires, never while the old leader acts."""
+    a = await replicas("a")
+    await eventually(controller_named(acting, "a"), 5)
+    b = await replicas("b")
+    await asyncio.sleep(PRESENCE_SECONDS * 2)
+
+    async def unreachable(*args: object, **kwargs: object) -> Any:
+        raise kubeerrors.Unreachable("cut off from the API server by the test")
+
+    monkeypatch.setattr(a.kube, "call", unreachable)
+    cut_at = time.monotonic()
+    await eventually(controller_named(acting, "b"), LEASE_SECONDS + 5)
+
+    (a_span,) = [span for span in acting.spans if span[0] == "a"]
+    assert a_span[2] < acting.running["b"]
+    assert a_span[2] - cut_at < CONFIG.lease_duration_seconds * 2 / 3 + 1
+    assert acting.most_at_once == 1
+    assert (await lease_spec(b.kube))["holderIdentity"] == "b"
 
 
 async def test_a_standby_does_not_claim_a_presence_it_cannot_read(
