@@ -9,7 +9,7 @@ driver-manager and the operands do there, at once and always successfully:
   start, after each driver unload and load, and on `RescanHardware`; the inventory is one
   real scan of a simulated host root, with the node's own GPU UUIDs, boot id and driver;
 - publishes a `hardware.heartbeat` every `heartbeat_seconds`, the nodes spread over it;
-- answers every driver-manager command with its success (`DriverUnloaded`,
+- answers every driver-manager command with its success (`DriverStaged`, `DriverUnloaded`,
   `DriverInstalled`, `DriverLoaded`, `DriverValidated`, `DriverRolledBack`) and every
   `PauseOperands`/`ResumeOperands` with each operand's confirmation.
 
@@ -170,15 +170,19 @@ class Fleet:
                 else device.OperandResumed
             )
             return [confirm(command_id=command_id, service=s) for s in device.OperandService]
-        if not isinstance(payload, driver.UnloadDriver | driver.InstallDriver | driver.LoadDriver
-                          | driver.ValidateDriver | driver.RollbackDriver):  # fmt: skip
+        if not isinstance(payload, driver.UnloadDriver | driver.StageDriver | driver.InstallDriver
+                          | driver.LoadDriver | driver.ValidateDriver
+                          | driver.RollbackDriver):  # fmt: skip
             return []
         was, component = state.driver_version, payload.component
-        if isinstance(payload, driver.UnloadDriver):
-            moved_to = None
-            result: Event = driver.DriverUnloaded(
-                command_id=command_id, component=component, version=was
+        if isinstance(payload, driver.StageDriver):
+            moved_to = was
+            result: Event = driver.DriverStaged(
+                command_id=command_id, component=component, version=payload.version
             )
+        elif isinstance(payload, driver.UnloadDriver):
+            moved_to = None
+            result = driver.DriverUnloaded(command_id=command_id, component=component, version=was)
         elif isinstance(payload, driver.InstallDriver):
             moved_to = was
             result = driver.DriverInstalled(

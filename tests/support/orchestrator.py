@@ -48,6 +48,9 @@ class FakeKube:
 def answers(payload: object, command_id: str) -> list[Event]:
     """What healthy node agents report once `payload` is done: the driver-manager's result,
     or every operand's confirmation of a pause or a resume."""
+    if isinstance(payload, dm.StageDriver):
+        return [dm.DriverStaged(command_id=command_id, component=payload.component,
+                                version=payload.version)]  # fmt: skip
     if isinstance(payload, dm.InstallDriver):
         return [dm.DriverInstalled(command_id=command_id, component=payload.component,
                                    version=payload.version)]  # fmt: skip

@@ -152,6 +152,9 @@ class Run:
         target = self.saga.targets[component].version
         previous = self.saga.previous_versions.get(component, "1.0")
         results: dict[StepKind, Event] = {
+            StepKind.STAGE: dm.DriverStaged(
+                command_id=step_id, component=component, version=target
+            ),
             StepKind.INSTALL: dm.DriverInstalled(
                 command_id=step_id, component=component, version=target
             ),
@@ -183,6 +186,13 @@ class Run:
             ),
             StepKind.DRAIN: lambda: kube.DrainFailed(
                 action_id=step_id, reason=reason, message=message
+            ),
+            StepKind.STAGE: lambda: dm.DriverStageFailed(
+                command_id=step_id,
+                component=component,
+                version=version,
+                reason=dm.InstallFailureReason.NOT_FOUND,
+                message=message,
             ),
             StepKind.INSTALL: lambda: dm.DriverInstallFailed(
                 command_id=step_id,

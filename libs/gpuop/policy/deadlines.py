@@ -37,6 +37,9 @@ class Deadlines(Section):
     """Draining the node, when `drain.enable` is true."""
     operands_pause: DeadlineSeconds = 300
     """Pausing the node's operands (device plugin, telemetry) and waiting for each to confirm."""
+    driver_stage: DeadlineSeconds = 900
+    """Fetching, verifying and checking the new driver package against the node's kernel,
+    before the node is cordoned."""
     driver_unload: DeadlineSeconds = 300
     """Unloading the running driver's kernel modules."""
     driver_install: DeadlineSeconds = 900

@@ -11,7 +11,8 @@ the managed nodes whenever a saga or a node changes, then feeds each admitted no
                  `failedNodesHoldSlot`)
     max_unavail  `maxUnavailable` of total, a percentage rounded up
     avail        maxParallelUpgrades - in_progress   (0 = no limit: every required node)
-    unavail_now  nodes NotReady, cordoned by someone else, or cordoned by their saga
+    unavail_now  nodes NotReady, cordoned by someone else, or cordoned by their saga (or
+                 about to be: a saga in cordon-required, still staging its packages)
     avail        = min(avail, max_unavail); 0 when unavail_now >= max_unavail; else cut so
                    that unavail_now + avail <= max_unavail (when max_unavail < total)
 
@@ -270,7 +271,8 @@ def plan(
         elif _holds_slot(s, hold):
             in_progress += 1
             busy[pool] += 1
-        if s.cordoned and not down(nodes[s.node]):
+        # a saga staging its packages holds its place in the budget: it cordons next
+        if (s.cordoned or s.state is S.CORDON_REQUIRED) and not down(nodes[s.node]):
             unavailable += 1
         if s.canary:
             canaries_in.setdefault(pool, []).append(s)

@@ -67,10 +67,11 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: 
     if component is None:
         raise ValueError(f"driver step {step.token} names no component")
     target = saga.targets[component]
-    if step.kind is StepKind.INSTALL:
+    if step.kind in (StepKind.STAGE, StepKind.INSTALL):
         if target.source is None:
             raise ValueError(f"{component} has no driver source to install from")
-        return dm.InstallDriver(
+        verb = dm.StageDriver if step.kind is StepKind.STAGE else dm.InstallDriver
+        return verb(
             component=component,
             version=target.version,
             source=dm.DriverSource(
@@ -112,8 +113,8 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: 
 
 
 def driver_effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
-    """The command of a driver step (install, unload, load, validate, rollback) to the
-    node's driver-manager."""
+    """The command of a driver step (stage, install, unload, load, validate, rollback) to
+    the node's driver-manager."""
     step = saga.step
     if step.component is None:
         return (), ()

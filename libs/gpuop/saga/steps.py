@@ -7,10 +7,17 @@ token names its deadline (`DeadlineExpired.step`) and, with the saga's attempt, 
 of the command or action it issues (`ids.step(saga_id, token, attempt)`), so deciding the
 same step again after a crash issues the same ids.
 
+Before the window opens, while the node is still schedulable, cordon-required stages the
+new packages (`stage_plan`):
+
+    stage-gpu, stage-ofed          fetch, verify and check against the node's kernel, so a
+                                   package that cannot be installed fails the node before it
+                                   is cordoned or drained (nothing to undo)
+
 The maintenance window reloads every component of the saga at once, in this order:
 
-    install-gpu, install-ofed      fetch and build while the old drivers still run, so a
-                                   failed install needs no rollback (only an uncordon)
+    install-gpu, install-ofed      install the staged packages while the old drivers still
+                                   run, so a failed install needs no rollback (only an uncordon)
     unload-gpu, unload-ofed        the GPU stack first: nvidia_peermem sits on the RDMA core
     load-ofed, load-gpu            the network stack first, for the same reason
     validate-gpu, validate-ofed    in validation-required
@@ -40,6 +47,8 @@ class StepKind(DocumentedEnum):
 
     ADMISSION = "admission"
     """upgrade-required: a parallel slot (no deadline)."""
+    STAGE = "stage"
+    """A component's new package to be fetched, verified and checked, before the cordon."""
     CORDON = "cordon"
     """The node to be unschedulable."""
     WAIT_FOR_JOBS = "wait-for-jobs"
@@ -76,6 +85,7 @@ class StepKind(DocumentedEnum):
 
 DRIVER_KINDS = frozenset(
     {
+        StepKind.STAGE,
         StepKind.INSTALL,
         StepKind.UNLOAD,
         StepKind.LOAD,
@@ -106,6 +116,18 @@ class Step(Record):
         if self.round > 1:
             parts.append(str(self.round))
         return "-".join(parts)
+
+
+def stage_plan(
+    components: tuple[Component, ...], installable: frozenset[Component]
+) -> tuple[Step, ...]:
+    """The stage steps of cordon-required, before the cordon: one per component the saga
+    installs from a source, in install order."""
+    return tuple(
+        Step(kind=StepKind.STAGE, component=c)
+        for c in INSTALL_ORDER
+        if c in components and c in installable
+    )
 
 
 def reload_plan(
@@ -156,6 +178,7 @@ def limit_seconds(step: Step, policy: UpgradePolicy, attempt: int) -> float | No
         StepKind.POD_DELETION: policy.pod_deletion_limit,
         StepKind.DRAIN: policy.drain_limit,
         StepKind.OPERANDS_PAUSE: deadlines.operands_pause,
+        StepKind.STAGE: deadlines.driver_stage,
         StepKind.INSTALL: deadlines.driver_install,
         StepKind.UNLOAD: deadlines.driver_unload,
         StepKind.LOAD: deadlines.driver_load,

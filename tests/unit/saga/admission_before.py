@@ -68,7 +68,8 @@ def plan(
 
     # one cheap look per node, its saga only when it has one in play (issue 24)
     unavailable = sum(map(down, existing)) + sum(
-        s.cordoned and not down(nodes[s.node]) for s in by_node.values()
+        (s.cordoned or s.state is S.CORDON_REQUIRED) and not down(nodes[s.node])
+        for s in by_node.values()
     )
     required = [s for s in by_node.values() if s.state is S.UPGRADE_REQUIRED]
     skipped: dict[str, str] = {}

@@ -56,6 +56,7 @@ def test_happy_path_runs_every_state_with_exactly_the_expected_work():
 
     assert run.states() == MAIN_LINE
     assert run.work() == [
+        "stage:gpu",
         "cordon",
         "deletepods",
         "drain",
@@ -175,7 +176,10 @@ def test_deciding_again_after_a_crash_issues_the_same_ids():
 
 def test_pending_reissues_kube_actions_and_the_label():
     run = Run(policy())
-    decision = run.admit()
+    run.admit()
+    (stage,) = upgrade.pending(run.saga, run.policy).commands
+    assert isinstance(stage.payload, dm.StageDriver) and stage.step == "stage-gpu"
+    decision = run.ok()
     reissued = upgrade.pending(run.saga, run.policy)
     cordon = [a for a in decision.kube_actions if isinstance(a, actions.Cordon)]
     assert cordon and cordon[0] in reissued.kube_actions
@@ -200,6 +204,8 @@ def test_every_step_arms_its_deadline_from_the_policy():
         seen[saga.step.token] = (saga.deadline - saga.step_started).total_seconds()
         run.ok()
     assert seen == {
+        "stage-gpu": 900,
+        "stage-ofed": 900,
         "cordon": 11,
         "wait-for-jobs": 50,  # the upstream timeout, shorter than deadlines.waitForJobs
         "pod-deletion": 300,  # podDeletion.timeoutSeconds, shorter than the deadline
@@ -220,7 +226,7 @@ def test_every_step_arms_its_deadline_from_the_policy():
 @pytest.mark.parametrize(
     ("stop_at", "expected"),
     [
-        (S.CORDON_REQUIRED, S.UNCORDON_REQUIRED),
+        (S.CORDON_REQUIRED, S.UPGRADE_FAILED),  # stage-gpu: nothing cordoned, nothing to undo
         (S.DRAIN_REQUIRED, S.UNCORDON_REQUIRED),
         (S.OPERANDS_PAUSE_REQUIRED, S.UNCORDON_REQUIRED),
         (S.DRIVER_RELOAD_REQUIRED, S.UNCORDON_REQUIRED),  # install-gpu: nothing unloaded
@@ -513,6 +519,7 @@ def test_node_seen_cordoned_before_admission_is_never_uncordoned():
 def test_cordon_result_saying_already_cordoned_marks_the_node():
     run = Run(policy())
     run.admit()
+    run.ok()  # staged
     run.feed(kube.NodeCordoned(action_id=run.step_id, was_unschedulable=True))
     assert run.saga.initially_unschedulable
 
@@ -529,7 +536,9 @@ def test_failed_node_retries_after_the_backoff_with_the_next_attempt():
     decision = run.expire()
     assert [(t.to_state, t.attempt) for t in decision.transitions] == [(S.UPGRADE_REQUIRED, 2)]
     assert run.saga.failure is None and run.saga.last_error
-    decision = run.admit()
+    run.admit()
+    assert run.step_id == ids.step(run.saga.saga_id, "stage-gpu", 2)  # staged again
+    decision = run.ok()
     cordon = next(a for a in decision.kube_actions if isinstance(a, actions.Cordon))
     assert cordon.id == ids.step(run.saga.saga_id, "cordon", 2)
     run.until(S.DRIVER_RELOAD_REQUIRED)
@@ -615,6 +624,8 @@ def test_gpu_and_ofed_share_one_window_in_dependency_order():
     run.until(S.UPGRADE_DONE)
     assert run.states() == [s for s in MAIN_LINE]
     assert run.work() == [
+        "stage:gpu",
+        "stage:ofed",
         "cordon",
         "deletepods",
         "pause",
@@ -786,7 +797,7 @@ def test_an_admission_that_leaves_ofed_out_upgrades_the_gpu_driver_alone():
     assert core.state_changed(run.saga, moved).components == (Component.GPU,)
     run.until(S.UPGRADE_DONE)
     assert [w for w in run.work() if ":" in w] == [
-        "install:gpu", "unload:gpu", "load:gpu", "validate:gpu",
+        "stage:gpu", "install:gpu", "unload:gpu", "load:gpu", "validate:gpu",
     ]  # fmt: skip
     (deletion,) = [a for a in run.kube_actions() if isinstance(a, actions.DeletePods)]
     assert deletion.components == (Component.GPU,)

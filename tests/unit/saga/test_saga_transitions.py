@@ -9,6 +9,7 @@ import pytest
 from gpuop.events import kube
 from gpuop.events.upgrade import UpgradeState
 from gpuop.saga import transitions
+from gpuop.saga.steps import StepKind
 from gpuop.saga.transitions import TABLE, IllegalTransition
 from tests.support.sagas import BOOT_B, GPU_NEW, Run, S, inventory, policy, saga_for
 
@@ -71,7 +72,18 @@ def cordon_deadline_of_initially_cordoned() -> Run:
     spec = policy()
     run = Run(spec, saga_for(spec, unschedulable=True))
     run.admit()
+    run.ok()  # staged
     run.expire()
+    return run
+
+
+def cordon_deadline() -> Run:
+    run = Run(_full())
+    run.admit()
+    run.ok()  # staged
+    assert run.saga.step.kind is StepKind.CORDON
+    run.expire()
+    run.until(S.UPGRADE_FAILED)
     return run
 
 
@@ -115,7 +127,8 @@ SCENARIOS: dict[str, Callable[[], Run]] = {
     "removed while draining": removed_in(S.DRAIN_REQUIRED),
     "removed while pausing": removed_in(S.OPERANDS_PAUSE_REQUIRED),
     "removed while rolling back": lambda: _removed_during_rollback(),
-    "cordon deadline": failing_in(S.CORDON_REQUIRED),
+    "stage fails": failing_in(S.CORDON_REQUIRED),
+    "cordon deadline": cordon_deadline,
     "cordon deadline, node cordoned before": cordon_deadline_of_initially_cordoned,
     "pod deletion fails without drain": failing_in(S.POD_DELETION_REQUIRED, with_drain=False),
     "drain fails": failing_in(S.DRAIN_REQUIRED),

@@ -12,6 +12,7 @@ import pytest
 from gpuop.bus import InMemoryBus, KeyExists, PublishAck
 from gpuop.events import Command, Envelope, ids, kube, subjects
 from gpuop.events import device as dev
+from gpuop.events import driver as dm
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, SagaStarted, UpgradeState
 from gpuop.saga import NodeSaga, NodeStatus, actions, folding, pending
@@ -42,6 +43,7 @@ async def wait_for_state(stack: Stack, state: UpgradeState) -> NodeSaga:
 
 
 async def admit_and_decide(stack: Stack) -> None:
+    """Admit the node and answer its stage: the saga's next step is the cordon."""
     assert stack.runner is not None and stack.store is not None
     await stack.store.create(saga_for(stack.policy))
     await stack.runner.admit({NODE: NodeStatus()}, T0)
@@ -50,6 +52,14 @@ async def admit_and_decide(stack: Stack) -> None:
     )
     assert isinstance(admitted, NodeAdmitted)
     await stack.runner.apply(NODE, admitted, envelope.time)
+    saga = await stack.saga(NODE)
+    assert saga.step.token == "stage-gpu"
+    staged = dm.DriverStaged(
+        command_id=ids.step(saga.saga_id, saga.step.token, saga.attempt),
+        component=dm.Component.GPU,
+        version=saga.targets[dm.Component.GPU].version,
+    )
+    await stack.runner.apply(NODE, staged, envelope.time)
 
 
 async def test_admission_is_recorded_then_persisted_then_acted_on(stack: Stack) -> None:
@@ -59,12 +69,14 @@ async def test_admission_is_recorded_then_persisted_then_acted_on(stack: Stack) 
     await stack.outbox.idle()
 
     done = [action for _, action in stack.kube.done]
-    # the state label goes with the cordon, in one write, before the Event
-    assert [type(a) for a in done] == [actions.Cordon, actions.RecordEvent]
-    assert isinstance(done[0], actions.Cordon) and done[0].label is S.CORDON_REQUIRED
+    # the state label and the Event go out with the stage command, the cordon once staged
+    assert [type(a) for a in done] == [actions.SetStateLabel, actions.RecordEvent, actions.Cordon]
+    assert isinstance(done[0], actions.SetStateLabel) and done[0].value is S.CORDON_REQUIRED
+    [(_, stage)] = await messages(stack.bus, subjects.commands_filter(prefix=stack.bus.prefix))
+    assert isinstance(stage, dm.StageDriver)
     [(_, cordoned)] = await messages(stack.bus, events(stack.bus.prefix, "kube", NODE, "cordoned"))
     assert isinstance(cordoned, kube.NodeCordoned)
-    assert cordoned.action_id == done[0].id
+    assert cordoned.action_id == done[2].id
     [(envelope, changed)] = await messages(
         stack.bus, events(stack.bus.prefix, "upgrade", NODE, "cordon-required")
     )
@@ -79,7 +91,7 @@ async def test_states_passed_through_in_one_decision_write_only_the_last_state_l
     await admit_and_decide(stack)
     assert stack.outbox is not None and stack.runner is not None
     await stack.outbox.idle()
-    cordon = stack.kube.done[0][1]
+    (cordon,) = [a for _, a in stack.kube.done if isinstance(a, actions.Cordon)]
     stack.kube.done.clear()
 
     decision = await stack.runner.apply(NODE, kube.NodeCordoned(action_id=cordon.id), T0)
@@ -104,7 +116,7 @@ async def test_a_node_whose_actions_all_ran_holds_no_worker_or_queue(stack: Stac
     assert stack.outbox is not None
     await stack.outbox.idle()
 
-    assert len(stack.kube.done) == 2
+    assert len(stack.kube.done) == 3
     assert stack.outbox._workers == {} and stack.outbox._queues == {}
 
 

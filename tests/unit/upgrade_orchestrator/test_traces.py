@@ -23,7 +23,7 @@ from tests.support.spans import ancestry, named, one_tree, recorded_spans, untra
 
 S = UpgradeState
 STEPS = [
-    "step cordon", "step pod-deletion", "step operands-pause", "step install-gpu",
+    "step stage-gpu", "step cordon", "step pod-deletion", "step operands-pause", "step install-gpu",
     "step unload-gpu", "step load-gpu", "step validate-gpu", "step operands-resume",
     "step uncordon", "step done",
 ]  # fmt: skip
@@ -104,7 +104,7 @@ async def test_one_node_upgrade_is_one_trace_rooted_at_the_saga(bus: InMemoryBus
 
 async def test_commands_carry_their_step_span_as_parent(bus: InMemoryBus) -> None:
     with recorded_spans():
-        stack = Stack(bus, policy())
+        stack = Stack(bus, policy(source=None))  # no agents: nothing answers a stage
         runner = await stack.start()
         consumer = await intake.start(bus, runner)
         try:
@@ -129,7 +129,7 @@ async def test_commands_carry_their_step_span_as_parent(bus: InMemoryBus) -> Non
 
 async def test_a_new_leader_continues_the_same_trace(bus: InMemoryBus) -> None:
     with recorded_spans("upgrade-orchestrator") as exporter:
-        first = Stack(bus, policy())
+        first = Stack(bus, policy(source=None))  # no agents: nothing answers a stage
         runner = await first.start()
         consumer = await intake.start(bus, runner)
         try:
@@ -144,7 +144,7 @@ async def test_a_new_leader_continues_the_same_trace(bus: InMemoryBus) -> None:
             await first.stop()  # the leader is gone; the bus and KV remain
         before_takeover = len(exporter.get_finished_spans())
 
-        second = Stack(bus, policy())
+        second = Stack(bus, policy(source=None))
         runner = await second.start()
         consumer = await intake.start(bus, runner)
         agents = await fake_agents(bus)

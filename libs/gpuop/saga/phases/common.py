@@ -1,9 +1,10 @@
 """What several upgrade phases do alike: a deadline that fails the step, a driver's answer.
 
-The driver states (driver-reload, rollback, validation) each run a plan of driver steps, one
-command at a time: `on_driver_result` matches the answer to the pending step (its command
-id), records its outcome and hands over to the phase's `next_step`; a failure goes to the
-phase's `failed` (compensation, unless the phase knows better).
+The driver states (driver-reload, rollback, validation, and cordon-required's stage steps)
+each run a plan of driver steps, one command at a time: `on_driver_result` matches the
+answer to the pending step (its command id), records its outcome and hands over to the
+phase's `next_step`; a failure goes to the phase's `failed` (compensation, unless the phase
+knows better).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gpuop.saga.records import StepResult
 from gpuop.saga.steps import Step, StepKind
 
 SUCCESS: dict[StepKind, type[dm.DriverResult]] = {
+    StepKind.STAGE: dm.DriverStaged,
     StepKind.INSTALL: dm.DriverInstalled,
     StepKind.UNLOAD: dm.DriverUnloaded,
     StepKind.LOAD: dm.DriverLoaded,
@@ -30,6 +32,7 @@ SUCCESS: dict[StepKind, type[dm.DriverResult]] = {
 }
 """The answer that ends each driver step well."""
 FAILURE: dict[StepKind, type[dm.DriverFailure]] = {
+    StepKind.STAGE: dm.DriverStageFailed,
     StepKind.INSTALL: dm.DriverInstallFailed,
     StepKind.UNLOAD: dm.DriverUnloadFailed,
     StepKind.LOAD: dm.DriverLoadFailed,
