@@ -48,7 +48,6 @@ from gpuop.host.protocol import KernelOps
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import sources, staging
 from gpuop.services.driver_manager.config import DriverManagerConfig
-from gpuop.services.driver_manager.sources import PROPRIETARY
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +233,7 @@ class Installer:
         if not serves(found.flavour, flavour):
             log.warning(
                 "dropping the staged %s %s: its modules are %s, the command asks for %s",
-                component, version, found.flavour or PROPRIETARY, flavour,
+                component, version, found.flavour, flavour,
             )  # fmt: skip
         elif where.sha256 not in (None, found.sha256):
             log.warning(
@@ -343,7 +342,7 @@ def running_kernel(root: HostRoot) -> str:
 
 def installed_flavour(directory: Path) -> str | None:
     """The kernel modules of the package installed in `directory`, as its format-2 manifest
-    names them; None for a format-1 package (or none kept), which counts as proprietary."""
+    names them; None for a format-1 package (or none kept), which serves either."""
     path = directory / packaging.MANIFEST
     if not path.is_file():
         return None
@@ -355,9 +354,9 @@ def installed_flavour(directory: Path) -> str | None:
 
 
 def serves(present: str | None, wanted: str | None) -> bool:
-    """Whether a package of flavour `present` (None: format 1, proprietary-compatible) is
-    what a command asking for `wanted` (None: any) may use."""
-    return wanted is None or (present or PROPRIETARY) == wanted
+    """Whether a package of flavour `present` (None: format 1, which names none) is what a
+    command asking for `wanted` (None: any) may use."""
+    return wanted is None or present is None or present == wanted
 
 
 def clean_staging(root: HostRoot) -> list[Path]:

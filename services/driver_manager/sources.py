@@ -43,8 +43,6 @@ from gpuop.observability.redaction import redacted
 from gpuop.services.driver_manager import verifying
 
 CHUNK = 1 << 20
-PROPRIETARY = "proprietary"
-"""The flavour a format-1 package (which names none) serves."""
 MAX_INDEX_BYTES = 16 << 20
 
 
@@ -140,15 +138,15 @@ def select(
     """The package of `component` `version` built for `kernel_release`, of `flavour` when
     one is asked for (else the first the index lists for that kernel: format 1 and 2
     packages mix in one source); `SourceError` (not-found) naming what the source has
-    instead. A format-1 entry names no flavour: its modules are the proprietary build, so
-    it serves `proprietary` when the source has no format-2 proprietary package, and
-    never `open`."""
+    instead. A format-1 entry names no flavour (its modules are the simulation's stand-ins,
+    which the simulated kernel loads as the recorded host's open modules): it serves either
+    flavour when the source has no format-2 package of the one asked for."""
     same = [e for e in index.packages if e.component == component and e.version == version]
     built = [e for e in same if e.kernel_release == kernel_release]
     for entry in built:
         if flavour is None or entry.flavour == flavour:
             return entry
-    if flavour == PROPRIETARY:
+    if flavour is not None:
         for entry in built:
             if entry.flavour is None:
                 return entry
@@ -168,7 +166,7 @@ def select(
 
 
 def _flavour_name(entry: IndexEntry) -> str:
-    return entry.flavour or "format 1 (no flavour, proprietary-compatible)"
+    return entry.flavour or "format 1 (no flavour)"
 
 
 def _parse_index(

@@ -54,7 +54,7 @@ class Flavour(DocumentedEnum):
     OPEN = "open"
     """NVIDIA's open modules (`kernel-open`): Turing on; the only kind Blackwell runs."""
     PROPRIETARY = "proprietary"
-    """The proprietary modules (`kernel`): the only kind Volta and older run; format 1's."""
+    """The proprietary modules (`kernel`): the only kind Volta and older run."""
 
 
 class DriverStep(DocumentedEnum):
@@ -201,8 +201,8 @@ class InstallDriver(Command):
     """Where the package comes from."""
     flavour: Flavour | None = None
     """The GPU driver's kernel module tree: the source's package of that flavour is installed,
-    and none of another (a format-1 package counts as proprietary). Absent: the first package
-    the source lists for the kernel, whatever its flavour."""
+    and none of another (a format-1 package, which names none, serves either). Absent: the
+    first package the source lists for the kernel, whatever its flavour."""
     timeout_seconds: TimeoutSeconds = 1800
     """How long fetching and building may take."""
 
@@ -345,7 +345,7 @@ class DriverInstalled(DriverResult):
     """Digest of the package that was installed."""
     flavour: Flavour | None = None
     """The installed modules' tree, as the package's manifest names it; absent for a
-    format-1 package (proprietary-compatible)."""
+    format-1 package, which names none."""
 
 
 class DriverInstallFailed(DriverFailure):

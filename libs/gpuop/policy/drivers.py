@@ -202,8 +202,8 @@ class GpuComponentSpec(ComponentSpec):
     (NVIDIA's installer's recommendation), judged from the node's inventory and this
     `version`. The flavour chosen is recorded in the node's saga. A node running the other
     flavour of the same version is reloaded, as for a version change; the driver source must
-    have packages of the flavour (a format-1 package counts as proprietary). A pool's `gpu`
-    has its own (unset: `auto`)."""
+    have packages of the flavour (a format-1 package, which names none, serves either). A
+    pool's `gpu` has its own (unset: `auto`)."""
 
 
 def _gpu_spec(value: object) -> object:

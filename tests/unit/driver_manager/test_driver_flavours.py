@@ -1,7 +1,8 @@
 """The install takes the package of the flavour the command asks for (`InstallDriver.flavour`):
-it refuses a source without one, naming what the source has; a format-1 package (no flavour)
-serves `proprietary` only; the same version installed with the other modules is replaced.
-Modules are tiny ELF files with a `.modinfo` section (`tests.support.kernel_modules`)."""
+it refuses a source without one, naming what the source has; a format-1 package (no flavour:
+the simulation's stand-ins) serves either; the same version installed with the other modules
+is replaced. Modules are tiny ELF files with a `.modinfo` section
+(`tests.support.kernel_modules`)."""
 
 from __future__ import annotations
 
@@ -132,20 +133,21 @@ def index_of(*entries: dict[str, str]) -> sources.SourceIndex:
     )
 
 
-def test_a_format_1_package_serves_proprietary_and_never_open() -> None:
+def test_a_format_1_package_serves_either_flavour_and_a_format_2_one_only_its_own() -> None:
     v1_only = index_of({"file": "gpu-v1.tar.gz"})
+    open_only = index_of({"file": "gpu-open.tar.gz", "flavour": "open"})
 
-    assert sources.select(v1_only, "/srv", "gpu", VERSION, KERNEL, "proprietary").file == (
-        "gpu-v1.tar.gz"
-    )
+    for flavour in ("open", "proprietary"):
+        assert sources.select(v1_only, "/srv", "gpu", VERSION, KERNEL, flavour).file == (
+            "gpu-v1.tar.gz"
+        )
     with pytest.raises(sources.SourceError) as refused:
-        sources.select(v1_only, "/srv", "gpu", VERSION, KERNEL, "open")
+        sources.select(open_only, "/srv", "gpu", VERSION, KERNEL, "proprietary")
     assert refused.value.reason is InstallFailureReason.NOT_FOUND
-    assert "no open build" in refused.value.message
-    assert "format 1 (no flavour, proprietary-compatible)" in refused.value.message
+    assert f"no proprietary build for kernel {KERNEL} (it has: open)" in refused.value.message
 
 
-def test_a_format_2_proprietary_package_is_preferred_to_a_format_1_one() -> None:
+def test_a_format_2_package_of_the_flavour_is_preferred_to_a_format_1_one() -> None:
     both = index_of(
         {"file": "gpu-v1.tar.gz"},
         {"file": "gpu-proprietary.tar.gz", "flavour": "proprietary"},
