@@ -7,7 +7,8 @@ bugs and bus trouble raise.
 
     stage     fetch, verify, check the modules, keep        DriverStaged / DriverStageFailed
     unload    count devices, unload in dependency order    DriverUnloaded / DriverUnloadFailed
-    install   fetch, verify, stage, rename, depmod          DriverInstalled / DriverInstallFailed
+    install   fetch, verify, stage, rename, depmod;         DriverInstalled / DriverInstallFailed
+              the same for the host's other kernels (prestaging)
     load      select the version, depmod, modprobe, check   DriverLoaded / DriverLoadFailed
     validate  NVML (GPU) or sysfs (OFED): version, devices  DriverValidated / ...ValidationFailed
     rollback  install if missing, unload, load the version, DriverRolledBack / ...RollbackFailed
@@ -34,7 +35,7 @@ from gpuop.host import packages, system
 from gpuop.host.errors import HostError
 from gpuop.host.protocol import Rebooter
 from gpuop.host.roots import HostRoot
-from gpuop.services.driver_manager import answers
+from gpuop.services.driver_manager import answers, prestaging
 from gpuop.services.driver_manager.answers import ComponentCommand
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop.services.driver_manager.installing import Installer, InstallError, running_kernel
@@ -234,6 +235,9 @@ class Executor:
                     command_id, command, dm.InstallFailureReason.OTHER, message, True
                 )
             )
+        staged = await prestaging.prestage(
+            self.installer, command.component, command.version, command.source, command.flavour
+        )
         changes: dict[str, Any] = {}
         if installed.sha256 is not None:
             changes["packages"] = {**record.packages, command.version: installed.sha256}
@@ -243,6 +247,8 @@ class Executor:
             version=command.version,
             sha256=installed.sha256 or record.packages.get(command.version),
             flavour=dm.Flavour(installed.flavour) if installed.flavour else None,
+            prestaged_kernels=staged.ready[:32],
+            kernels_without_package=tuple(sorted(staged.missing))[:32],
         )
         return Outcome(answer, changes)
 

@@ -10,11 +10,17 @@ Whenever something changed (a decision, a node, the policy) and at least every
 
 1. creates a saga (`new_saga`, in the rollout of the desired versions: `current_rollout`,
    recorded in the policy's status so every replica uses the same id) for each GPU
-   node the policy's `nodeSelector` selects whose running versions (its inventory in KV
-   `gpuop_nodes`) differ from the policy's, unless the node's saga of an earlier rollout is
-   still running, and records it as a `SagaStarted` event (after the policy, as
-   `PolicyApplied`), so `gpuop replay` can build the same saga from the log. A saga of an
-   earlier rollout that was never admitted (nothing was done to the node) is replaced;
+   node the policy's `nodeSelector` selects that needs one (`start_reason`, from its
+   inventory in KV `gpuop_nodes`): its running versions differ from the policy's
+   (`version-change`), or it runs no GPU driver (`no-driver`; `kernel-drift` when its last
+   saga was done on another kernel than the one it runs now), unless the node's saga of an
+   earlier rollout is still running. A node whose saga of this rollout is done gets a
+   second one (`reinstall_saga_id`) only when its driver is gone. A node without a driver
+   and without GPU pods is brought up (`bring_up`): no upgrade slot, behind the taint
+   `gpuop.io/driver-not-ready:NoSchedule` instead of a cordon. The saga is recorded as a
+   `SagaStarted` event with its reason (after the policy, as `PolicyApplied`), so `gpuop
+   replay` can build the same saga from the log. A saga of an earlier rollout that was
+   never admitted (nothing was done to the node) is replaced;
 2. runs the admission pass over the selected nodes and those whose saga is under way (it
    admits nothing while the policy is paused), which records admissions as events, and
    watches the pods of the nodes whose saga waits for jobs, deletes pods or drains (`jobs`,
@@ -30,19 +36,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from gpuop.bus import Buckets, Bus, KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import hardware, ids, subjects
 from gpuop.events.driver import Component
-from gpuop.events.upgrade import TERMINAL_STATES, UpgradeState
-from gpuop.kube import client
+from gpuop.events.upgrade import TERMINAL_STATES, SagaReason, UpgradeState
+from gpuop.kube import client, pods
+from gpuop.kube.errors import KubeError
 from gpuop.kube.recording import EventRecorder
 from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition, selectors
 from gpuop.policy.conditions import RolloutRecord
 from gpuop.saga import Decision, NodeSaga, folding, new_saga
-from gpuop.saga.records import components_to_upgrade
+from gpuop.saga.records import reinstall_saga_id, start_reason
 from gpuop.services.upgrade_orchestrator import intake, jobs
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
@@ -100,8 +108,11 @@ class Controller:
         config: OrchestratorConfig,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        has_gpu_pods: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self._bus = bus
+        self._has_gpu_pods = has_gpu_pods or self._gpu_pods_listed
+        """Whether GPU pods run on a node: a list through the API server, or the test's."""
         self._publish = Publisher(bus, clock)
         self._kube = kube
         self._config = config
@@ -249,9 +260,15 @@ class Controller:
         stored = store.cached(node)  # stale at worst: the write below then conflicts
         found = spec.driver.pool_for(self.nodes.labels.get(node, {}))
         pool = found.name if found is not None else None
+        again = (
+            stored is not None
+            and stored.saga.rollout_id == rollout_id
+            and stored.saga.state is UpgradeState.UPGRADE_DONE
+        )  # done in this rollout: started again only for a driver that is gone (below)
         if (
             stored is not None
             and stored.saga.rollout_id == rollout_id
+            and not again
             and (stored.saga.pool == pool or not _waiting_untouched(stored.saga))
         ):
             return None  # the same saga; or a node that moved pools finishes its window first
@@ -265,9 +282,14 @@ class Controller:
         if entry is None:
             return None  # discovery has not reported the node yet
         inventory = hardware.HardwareDiscovered.model_validate_json(entry.value)
-        running = {Component.GPU: inventory.driver_version, Component.OFED: inventory.ofed_version}
-        if not components_to_upgrade(spec, running, pool):
+        if stored is not None and again and not self._news(stored.saga, node, inventory):
             return None
+        running = {Component.GPU: inventory.driver_version, Component.OFED: inventory.ofed_version}
+        last = stored.saga if stored is not None else None
+        reason = start_reason(spec, running, inventory.kernel_release, last, pool)
+        if reason is None or (again and reason is SagaReason.VERSION_CHANGE):
+            return None
+        bring_up = reason is not SagaReason.VERSION_CHANGE and not await self._has_gpu_pods(node)
         unschedulable = self.nodes.statuses[node].unschedulable
         saga = new_saga(
             node=node,
@@ -279,6 +301,10 @@ class Controller:
             unschedulable=unschedulable,
             operands=self._config.operands,
             pool=pool,
+            reason=reason,
+            bring_up=bring_up,
+            kernel_release=inventory.kernel_release,
+            saga_id=reinstall_saga_id(rollout_id, node, reason, now) if again else None,
         )
         try:
             if stored is None:
@@ -292,8 +318,25 @@ class Controller:
             started, node=node, id=ids.started(saga.saga_id), correlationid=rollout_id, now=now
         )
         joins = rollout_id if pool is None else f"{rollout_id} (driver pool {pool})"
-        log.info("node %s joins %s", node, joins, extra={"node": node})
+        how = ", brought up without a slot" if bring_up else ""
+        log.info("node %s joins %s (%s%s)", node, joins, reason, how, extra={"node": node})
         return saga
+
+    def _news(self, done: NodeSaga, node: str, inventory: hardware.HardwareDiscovered) -> bool:
+        """Whether `inventory` may start a reinstall after `done`: not one the saga saw
+        (taken while it reloaded the driver), nor a driver another saga kind unloaded."""
+        seen = inventory.inventory_hash == done.inventory_hash
+        return not seen and self.nodes.statuses[node].held_by is None
+
+    async def _gpu_pods_listed(self, node: str) -> bool:
+        """Whether GPU pods run on (or wait for) the node: one list, for a node without a
+        driver only. Unknown (the API failing) counts as yes: the node then takes the
+        upgrade path, which moves its pods, rather than being brought up under them."""
+        try:
+            return bool(await pods.gpu_pods_on(self._kube, node))
+        except KubeError as error:
+            log.warning("cannot list the pods of %s: %s", node, error, extra={"node": node})
+            return True
 
     async def _write_status(
         self,

@@ -3,9 +3,10 @@
 `KubeActions` is the seam: `KubeExecutor` acts through `gpuop.kube` on a real (or the
 simulated) API server; tests use a fake. The outbox (`acting`) calls `execute` for every
 action of a persisted decision and publishes the returned outcome (`NodeCordoned`,
-`NodeUncordoned`, `PodsDeleted` / `PodDeletionFailed`, `DrainCompleted` / `DrainFailed`)
-carrying the action's id as `action_id`; the core then reads that outcome from the log like
-any other event. Labels and Kubernetes Events have no outcome the core waits for.
+`NodeUncordoned`, `NodeUntainted`, `PodsDeleted` / `PodDeletionFailed`, `DrainCompleted` /
+`DrainFailed`) carrying the action's id as `action_id`; the core then reads that outcome from
+the log like any other event. Labels, the taint a new node is brought up behind and
+Kubernetes Events have no outcome the core waits for.
 
 Every request counts (the API requests test and the scale benchmark hold them per upgraded
 node), so nothing here reads what it can know: a cordon or uncordon decides on the node as the
@@ -32,7 +33,7 @@ from typing import Any, Protocol
 
 from gpuop.events import kube as observed
 from gpuop.events.fields import NamespacedName
-from gpuop.events.upgrade import UpgradeState
+from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT, UpgradeState
 from gpuop.kube import client, draining, errors, nodes, pods
 from gpuop.kube.recording import EventRecorder, EventType
 from gpuop.policy import selectors
@@ -159,6 +160,15 @@ class KubeExecutor:
             )
             self._written.pop(node, None)
             return observed.NodeUncordoned(action_id=action.id)
+        # the taint and untaint read the node: the copies at hand are trimmed of its taints
+        if isinstance(action, actions.Taint):
+            await nodes.taint(self._kube, node, DRIVER_NOT_READY_TAINT)
+            self._written.pop(node, None)
+            return None
+        if isinstance(action, actions.Untaint):
+            await nodes.untaint(self._kube, node, DRIVER_NOT_READY_TAINT)
+            self._written.pop(node, None)
+            return observed.NodeUntainted(action_id=action.id)
         if isinstance(action, actions.SetStateLabel):
             self._written.pop(node, None)
             written = await nodes.set_labels(

@@ -293,6 +293,7 @@ SAMPLES: list[Payload] = [
     kube.NodeRemoved(),
     kube.NodeCordoned(action_id=CMD, was_unschedulable=True),
     kube.NodeUncordoned(action_id=CMD),
+    kube.NodeUntainted(action_id=CMD),
     kube.PodsObserved(gpu_pods=2, job_pods=1, drainable_pods=5, sample=(POD,)),
     kube.PodsDeleted(action_id=CMD, deleted=2),
     kube.PodDeletionFailed(

@@ -38,6 +38,8 @@ class FakeKube:
             return observed.NodeCordoned(action_id=action.id)
         if isinstance(action, actions.Uncordon):
             return observed.NodeUncordoned(action_id=action.id)
+        if isinstance(action, actions.Untaint):
+            return observed.NodeUntainted(action_id=action.id)
         if isinstance(action, actions.DeletePods):
             return observed.PodsDeleted(action_id=action.id, deleted=0)
         if isinstance(action, actions.Drain):

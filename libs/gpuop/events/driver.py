@@ -25,6 +25,7 @@ from gpuop.events.fields import (
     Count,
     DocumentedEnum,
     GpuUuid,
+    KernelRelease,
     Message,
     MessageId,
     ModuleName,
@@ -346,6 +347,13 @@ class DriverInstalled(DriverResult):
     flavour: Flavour | None = None
     """The installed modules' tree, as the package's manifest names it; absent for a
     format-1 package, which names none."""
+    prestaged_kernels: tuple[KernelRelease, ...] = Field(default=(), max_length=32)
+    """The host's other kernels (under `/lib/modules`) the version was installed for too,
+    so a reboot into one comes up with the driver."""
+    kernels_without_package: tuple[KernelRelease, ...] = Field(default=(), max_length=32)
+    """The host's other kernels the version could not be installed for (the source has no
+    package for them, or it failed a check; the agent's log says which): a reboot into one
+    comes up without a driver, and the orchestrator reinstalls it (`kernel-drift`)."""
 
 
 class DriverInstallFailed(DriverFailure):

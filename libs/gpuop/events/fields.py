@@ -73,6 +73,8 @@ Token = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z
 """A short lowercase name: a saga step, a network mode."""
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 """A kernel module name as `/proc/modules` lists it: `nvidia_uvm`."""
+KernelRelease = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+"""A kernel release as `uname -r` prints it: `6.1.0-44-amd64`."""
 GpuUuid = Annotated[
     str,
     StringConstraints(

@@ -3,8 +3,9 @@
 The orchestrator's decision core is a pure function of (saga, event, policy, now); to keep it
 one, the orchestrator's Kubernetes side publishes what it saw (a node's readiness and cordon,
 the pods still on it, validator pods) and the outcome of every Kubernetes action the core
-ordered (cordon, pod deletion, drain, uncordon) as events in domain `kube`, and the core reads
-them from the log like any other event. Replaying the log therefore reproduces each decision.
+ordered (cordon, pod deletion, drain, uncordon, untaint) as events in domain `kube`, and the
+core reads them from the log like any other event. Replaying the log therefore reproduces
+each decision.
 
 Published and consumed by the upgrade orchestrator's cluster role only; the subject's node
 token is the node observed. An outcome carries `action_id`, the deterministic id the core gave
@@ -95,6 +96,13 @@ class NodeUncordoned(KubeActionResult):
     """The node is schedulable again."""
 
     NAME: ClassVar[str] = "uncordoned"
+
+
+class NodeUntainted(KubeActionResult):
+    """The node no longer carries the taint a new node is brought up behind
+    (`gpuop.io/driver-not-ready`)."""
+
+    NAME: ClassVar[str] = "untainted"
 
 
 class PodsObserved(KubeEvent):

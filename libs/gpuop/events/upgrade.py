@@ -28,6 +28,7 @@ from gpuop.events.fields import (
     CorrelationId,
     Count,
     DocumentedEnum,
+    KernelRelease,
     Message,
     NodeName,
     PoolName,
@@ -71,6 +72,21 @@ class UpgradeState(DocumentedEnum):
 
 TERMINAL_STATES = frozenset({UpgradeState.UPGRADE_DONE, UpgradeState.UPGRADE_FAILED})
 """States in which a node's saga takes no further action by itself."""
+
+DRIVER_NOT_READY_TAINT = "gpuop.io/driver-not-ready"
+"""The taint (effect `NoSchedule`) a new node is brought up behind (`SagaStarted.bring_up`):
+put on when its saga starts, removed once its driver validated, left on when it failed."""
+
+
+class SagaReason(DocumentedEnum):
+    """Why the orchestrator started a node's saga."""
+
+    VERSION_CHANGE = "version-change"
+    """The node runs other driver versions than the policy asks for (a rollout)."""
+    KERNEL_DRIFT = "kernel-drift"
+    """No GPU driver since the node booted another kernel than its last saga's: reinstalled."""
+    NO_DRIVER = "no-driver"
+    """The node runs no GPU driver at all (a new node, or a driver gone): it is installed."""
 
 
 class NodeUpgradeStateChanged(Event):
@@ -156,6 +172,14 @@ class SagaStarted(Event):
     """Devices validation must find per component; absent: any number passes."""
     pool: PoolName | None = None
     """The driver pool whose drivers the saga installs; absent: the default drivers."""
+    reason: SagaReason = SagaReason.VERSION_CHANGE
+    """Why the saga started."""
+    bring_up: bool = False
+    """A new node (no driver, no GPU pods) brought up without an upgrade slot, behind the
+    taint `DRIVER_NOT_READY_TAINT` instead of a cordon and a drain."""
+    kernel_release: KernelRelease | None = None
+    """The kernel the node ran, from its inventory: a later inventory with another kernel
+    and no driver is a kernel drift."""
 
 
 class PolicyApplied(Event):

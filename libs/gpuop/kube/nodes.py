@@ -1,4 +1,4 @@
-"""Nodes: cordon and uncordon that remember the initial state, labels and annotations.
+"""Nodes: cordon and uncordon that remember the initial state, taints, labels and annotations.
 
 Called by the upgrade orchestrator (`cordon-required`, `uncordon-required`, the state
 label it mirrors onto each node) and by discovery's cluster role (feature labels).
@@ -169,3 +169,42 @@ async def uncordon(
 
     await update_on_fresh_read(kube, name, decide, known=known)
     return schedulable
+
+
+def taints_of(node: Mapping[str, Any]) -> list[Obj]:
+    return list((node.get("spec") or {}).get("taints") or [])
+
+
+def _is(taint: Mapping[str, Any], key: str, effect: str) -> bool:
+    return taint.get("key") == key and taint.get("effect") == effect
+
+
+async def taint(
+    kube: Kube, name: str, key: str, effect: str = "NoSchedule", *, known: Obj | None = None
+) -> None:
+    """Put the taint `key:effect` on the node unless it is there. `spec.taints` is replaced
+    whole by any patch (no merge key), so the list is written as read, with the read
+    `resourceVersion` as a precondition: a taint someone else adds meanwhile is kept."""
+
+    def decide(node: Obj) -> Obj | None:
+        taints = taints_of(node)
+        if any(_is(t, key, effect) for t in taints):
+            return None
+        return {"spec": {"taints": [*taints, {"key": key, "effect": effect}]}}
+
+    await update_on_fresh_read(kube, name, decide, known=known)
+
+
+async def untaint(
+    kube: Kube, name: str, key: str, effect: str = "NoSchedule", *, known: Obj | None = None
+) -> None:
+    """Remove the taint `key:effect` from the node, keeping every other (as `taint`)."""
+
+    def decide(node: Obj) -> Obj | None:
+        taints = taints_of(node)
+        kept = [t for t in taints if not _is(t, key, effect)]
+        if len(kept) == len(taints):
+            return None
+        return {"spec": {"taints": kept or None}}
+
+    await update_on_fresh_read(kube, name, decide, known=known)

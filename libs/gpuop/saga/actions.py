@@ -4,8 +4,9 @@
 with compare-and-set first, then publishes its commands (with their ids, so a re-publish is
 dropped) and executes its Kubernetes actions through `gpuop.kube`. The outcome of every
 action comes back as a `gpuop.events.kube` event carrying the action's `id` as `action_id`
-(`NodeCordoned`, `NodeUncordoned`, `PodsDeleted` / `PodDeletionFailed`, `DrainCompleted` /
-`DrainFailed`); labels and Kubernetes Events have no outcome the core waits for.
+(`NodeCordoned`, `NodeUncordoned`, `NodeUntainted`, `PodsDeleted` / `PodDeletionFailed`,
+`DrainCompleted` / `DrainFailed`); labels, the taint and Kubernetes Events have no outcome
+the core waits for.
 
 Every action carries a deterministic id (`ids.step(saga_id, step, attempt)`), so executing
 one twice (a crash between acting and recording) can be recognised and is harmless.
@@ -44,6 +45,22 @@ class Uncordon:
     id: str
     label: UpgradeState | None = None
     """As for `Cordon.label`."""
+
+
+@dataclass(frozen=True)
+class Taint:
+    """Put the taint `DRIVER_NOT_READY_TAINT:NoSchedule` on a node brought up
+    (`NodeSaga.bring_up`), so nothing is scheduled there before its driver works; no outcome
+    the core waits for."""
+
+    id: str
+
+
+@dataclass(frozen=True)
+class Untaint:
+    """Remove `DRIVER_NOT_READY_TAINT` from a node brought up, once its driver validated."""
+
+    id: str
 
 
 @dataclass(frozen=True)
@@ -100,7 +117,7 @@ class RecordEvent:
     """Type `Warning` instead of `Normal`."""
 
 
-KubeAction = Cordon | Uncordon | DeletePods | Drain | SetStateLabel | RecordEvent
+KubeAction = Cordon | Uncordon | Taint | Untaint | DeletePods | Drain | SetStateLabel | RecordEvent
 """Every Kubernetes action the core can order."""
 
 
@@ -120,5 +137,7 @@ __all__ = [
     "KubeAction",
     "RecordEvent",
     "SetStateLabel",
+    "Taint",
     "Uncordon",
+    "Untaint",
 ]

@@ -38,6 +38,12 @@ What the operator controls (`gpuop upgrade pause` and `start`, through the polic
 upgrade-required saga whose targets are not the versions the policy asks for now (one of an
 earlier rollout, superseded before it was admitted) is never admitted.
 
+New nodes (`NodeSaga.bring_up`: a node with no driver and no GPU pods, kept behind the
+taint `gpuop.io/driver-not-ready:NoSchedule` instead of cordoned): admitted as soon as they
+are Ready, without a slot. They hold no parallel slot, are never unavailable on their saga's
+account, and neither the canary, waves nor maintenance windows hold them back (they disrupt
+nothing); a pause, a skip label and a NotReady node do, as for any node.
+
 Driver pools (`driver.pools`): a saga follows the pool it started in (`NodeSaga.pool`;
 None: the default drivers). Every pool is admitted in the same pass, each within its own
 `maxParallelUpgrades` (the pool's, else the cluster's, counted over the pool's sagas) and
@@ -149,7 +155,7 @@ class Admission:
 
 
 def _holds_slot(saga: NodeSaga, failed_hold: bool) -> bool:
-    if saga.state in (S.UPGRADE_REQUIRED, S.UPGRADE_DONE):
+    if saga.bring_up or saga.state in (S.UPGRADE_REQUIRED, S.UPGRADE_DONE):
         return False
     return saga.state is not S.UPGRADE_FAILED or failed_hold
 
@@ -255,6 +261,7 @@ def plan(
     unavailable = sum(map(down, existing))
     in_progress = 0
     required: list[NodeSaga] = []
+    bringing_up: list[NodeSaga] = []  # new nodes: admitted without a slot
     cordoned_waiting: list[NodeSaga] = []  # admitted first: they need no slot
     in_play: set[str | None] = set()
     required_in: Counter[str | None] = Counter()
@@ -263,6 +270,10 @@ def plan(
     for s in by_node.values():
         pool = s.pool
         in_play.add(pool)
+        if s.bring_up:
+            if s.state is S.UPGRADE_REQUIRED:
+                bringing_up.append(s)
+            continue
         if s.state is S.UPGRADE_REQUIRED:
             required.append(s)
             required_in[pool] += 1
@@ -283,7 +294,7 @@ def plan(
     for saga in sorted(
         (
             s
-            for s in required
+            for s in (*required, *bringing_up)
             if nodes[s.node].skip or (skip_by_cordon and nodes[s.node].unschedulable)
         ),
         key=lambda s: s.node,
@@ -293,7 +304,8 @@ def plan(
         )
         if why is not None:
             skipped[saga.node] = why
-            skipped_in[saga.pool] += 1
+            if not saga.bring_up:
+                skipped_in[saga.pool] += 1
     max_unavailable = upgrade.max_unavailable_of(total)
     budget = _budget(total, unavailable, max_unavailable)
     pools = sorted(in_play | done_pools, key=lambda p: (p is not None, p or ""))
@@ -375,6 +387,18 @@ def plan(
             if not saga.canary:
                 open_canary[pool] -= 1
 
+    if not upgrade.paused:
+        for saga in sorted(bringing_up, key=lambda s: s.node):
+            status = nodes[saga.node]
+            versions = rules[saga.pool].versions
+            if (
+                status.ready
+                and status.held_by is None
+                and versions is not None
+                and _wanted(saga, versions)
+                and saga.node not in skipped
+            ):
+                admitted.append(saga.node)
     if not (upgrade.paused or outside):
         for saga in cordoned_first:
             if candidate(saga):
@@ -430,7 +454,9 @@ def _current_wave(
     open_domains = [
         _wave_of(nodes[s.node], label)
         for s in sagas
-        if s.state not in (S.UPGRADE_DONE, S.UPGRADE_FAILED) and s.node not in skipped
+        if s.state not in (S.UPGRADE_DONE, S.UPGRADE_FAILED)
+        and s.node not in skipped
+        and not s.bring_up
     ]
     return min(open_domains) if open_domains else None
 

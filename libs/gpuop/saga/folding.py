@@ -76,6 +76,10 @@ def started_saga(
         operands=started.operands,
         expected_devices=started.expected_devices,
         pool=started.pool,
+        reason=started.reason,
+        bring_up=started.bring_up,
+        kernel_release=started.kernel_release,
+        saga_id=started.saga_id,
     )
 
 
@@ -91,6 +95,9 @@ def start_of(saga: NodeSaga, running: Mapping[Component, str | None]) -> SagaSta
         operands=saga.operands,
         expected_devices=saga.expected_devices,
         pool=saga.pool,
+        reason=saga.reason,
+        bring_up=saga.bring_up,
+        kernel_release=saga.kernel_release,
     )
 
 

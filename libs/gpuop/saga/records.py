@@ -26,6 +26,7 @@ from gpuop.events.fields import (
     CorrelationId,
     Count,
     DocumentedEnum,
+    KernelRelease,
     Message,
     NodeName,
     PoolName,
@@ -34,7 +35,7 @@ from gpuop.events.fields import (
     Token,
     Version,
 )
-from gpuop.events.upgrade import UpgradeState
+from gpuop.events.upgrade import SagaReason, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.policy.drivers import ComponentSpec
 from gpuop.saga.steps import Step, StepKind
@@ -139,6 +140,17 @@ class NodeSaga(Record):
     pool: PoolName | None = None
     """The driver pool the node was in when the saga started (`driver.pools[].name`), whose
     drivers, parallelism and canary it follows; None: the default drivers."""
+    reason: SagaReason = SagaReason.VERSION_CHANGE
+    """Why the saga started (`start_reason`)."""
+    bring_up: bool = False
+    """A new node, with no driver and no GPU pods: admitted without an upgrade slot, kept
+    behind the taint `DRIVER_NOT_READY_TAINT` instead of cordoned and drained."""
+    kernel_release: KernelRelease | None = None
+    """The kernel the node ran while the saga worked on it (the latest inventory before the
+    saga ended): once done, the kernel its driver was installed for."""
+    inventory_hash: Sha256 | None = None
+    """The latest inventory the saga saw before it ended (`HardwareDiscovered.inventory_hash`):
+    only a later one can start a reinstall, never one taken while the driver was reloaded."""
     state: UpgradeState = UpgradeState.UPGRADE_REQUIRED
     """Current state: the action still pending."""
     attempt: Attempt = 1
@@ -252,9 +264,43 @@ def components_to_upgrade(
     return ordered(c for c, target in targets.items() if running.get(c) != target.version)
 
 
+def start_reason(
+    policy: GPUClusterPolicySpec,
+    running: Mapping[Component, str | None],
+    kernel_release: str | None,
+    last: NodeSaga | None = None,
+    pool: str | None = None,
+) -> SagaReason | None:
+    """Why the node needs a saga, from what it runs now and its `last` saga: None when it
+    runs the policy's drivers. A node that runs no GPU driver needs one whatever the
+    policy: after `last` was done on another kernel than the running one, it is a kernel
+    drift (the modules were built for the old kernel, and the new one has none); else
+    `no-driver`. A loaded driver was built for the running kernel (no other loads), so a
+    node whose driver came up on a new kernel (packages pre-staged for it) needs nothing."""
+    if running.get(Component.GPU) is None:
+        drifted = (
+            last is not None
+            and last.state is UpgradeState.UPGRADE_DONE
+            and last.kernel_release is not None
+            and kernel_release is not None
+            and last.kernel_release != kernel_release
+        )
+        return SagaReason.KERNEL_DRIFT if drifted else SagaReason.NO_DRIVER
+    if components_to_upgrade(policy, running, pool):
+        return SagaReason.VERSION_CHANGE
+    return None
+
+
 def saga_id_for(rollout_id: str, node: str) -> str:
     """The saga id of `node` in `rollout_id`: stable, so a restarted runtime finds it again."""
     return f"{rollout_id}/{node}"
+
+
+def reinstall_saga_id(rollout_id: str, node: str, reason: SagaReason, now: datetime) -> str:
+    """The id of a second saga of `node` in `rollout_id` (a reinstall after the first was
+    done): its own, so that none of its command ids repeats the first's, which the server
+    and the node's agent would take for duplicates. Recorded in its `SagaStarted`."""
+    return f"{saga_id_for(rollout_id, node)}/{reason}-{int(now.timestamp())}"
 
 
 def new_saga(
@@ -269,12 +315,17 @@ def new_saga(
     operands: Iterable[OperandService] = tuple(OperandService),
     expected_devices: Mapping[Component, int] | None = None,
     pool: str | None = None,
+    reason: SagaReason = SagaReason.VERSION_CHANGE,
+    bring_up: bool = False,
+    kernel_release: str | None = None,
+    saga_id: str | None = None,
 ) -> NodeSaga:
     """The first record of `node`'s saga in `rollout_id`, in upgrade-required.
 
     `running` is the version each component runs now (from the node's inventory), the
     rollback target; `unschedulable` says whether the node is cordoned already, so gpuop
-    will leave it cordoned. Raises `ValueError` when the node already runs every target.
+    will leave it cordoned. `saga_id` defaults to `saga_id_for` (a reinstall's is
+    `reinstall_saga_id`). Raises `ValueError` when the node already runs every target.
     """
     components = components_to_upgrade(policy, running, pool)
     if not components:
@@ -282,7 +333,7 @@ def new_saga(
     targets = desired_targets(policy, pool)
     return NodeSaga(
         pool=pool,
-        saga_id=saga_id_for(rollout_id, node),
+        saga_id=saga_id or saga_id_for(rollout_id, node),
         node=node,
         rollout_id=rollout_id,
         step_started=now,
@@ -293,4 +344,7 @@ def new_saga(
         operands=tuple(dict.fromkeys(operands)),
         initially_unschedulable=unschedulable,
         boot_id=boot_id,
+        reason=reason,
+        bring_up=bring_up,
+        kernel_release=kernel_release,
     )

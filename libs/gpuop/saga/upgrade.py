@@ -4,7 +4,7 @@ table      `gpuop.saga.transitions.TABLE` (upstream's states, gpuop's compensati
 phases     `gpuop.saga.phases.PHASES`, one module per state
 observe    bookkeeping from observations in any state: boot id, the running versions
            (the rollback target while the drivers are untouched), whether the node was
-           cordoned before gpuop touched it
+           cordoned before gpuop touched it, the kernel it runs (until the saga ends)
 removed    `compensation.node_removed`
 announce   the state label and, for some moves, a Kubernetes Event (`drafting`)
 limit      `steps.limit_seconds`; effects `effects.step_effects`
@@ -15,7 +15,7 @@ from __future__ import annotations
 from gpuop.events import Event, kube
 from gpuop.events import hardware as hw
 from gpuop.events.driver import Component
-from gpuop.events.upgrade import UpgradeState
+from gpuop.events.upgrade import TERMINAL_STATES, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import compensation
 from gpuop.saga.actions import Decision, SetStateLabel
@@ -50,6 +50,9 @@ def observe(draft: Draft, event: Event) -> None:
         return  # the reboot phase reads the boot id first
     if isinstance(event, kube.NodeObserved | hw.HardwareDiscovered) and event.boot_id:
         draft.update(boot_id=event.boot_id)
+    if isinstance(event, hw.HardwareDiscovered) and saga.state not in TERMINAL_STATES:
+        # an ended saga keeps the kernel it installed for: another one later is a drift
+        draft.update(kernel_release=event.kernel_release, inventory_hash=event.inventory_hash)
     first_look = saga.state is S.UPGRADE_REQUIRED and saga.attempt == 1 and not saga.cordoned
     if isinstance(event, kube.NodeObserved) and first_look:
         draft.update(initially_unschedulable=event.unschedulable)

@@ -43,6 +43,10 @@ FAILURE: dict[StepKind, type[dm.DriverFailure]] = {
 """The answer that fails it."""
 
 
+BROUGHT_UP = "a new node brought up behind the driver-not-ready taint: no GPU pods to move"
+"""Why a bring-up saga (`NodeSaga.bring_up`) passes the cordon and the pod removals."""
+
+
 def start_or_pass(
     draft: Draft, kind: StepKind, needed: bool, next_state: UpgradeState, reason: str
 ) -> None:

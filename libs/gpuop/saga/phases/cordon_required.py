@@ -1,4 +1,6 @@
-"""cordon-required: the node is to be unschedulable; seeing it so moves on.
+"""cordon-required: the node is to be unschedulable; seeing it so moves on. A new node
+brought up (`NodeSaga.bring_up`) passes through: the taint it carries since its saga
+started keeps pods off it, and it has no GPU pods to move.
 
 Before the cordon, while the node's pods still run, each component the saga installs from
 a source is staged (`steps.stage_plan`: `StageDriver`, one at a time): the driver-manager
@@ -19,7 +21,7 @@ from gpuop.saga.actions import Cordon
 from gpuop.saga.drafting import Draft
 from gpuop.saga.effects import action_id, driver_effects
 from gpuop.saga.machine import Effects, Trigger
-from gpuop.saga.phases.common import fail_on_deadline, on_driver_result
+from gpuop.saga.phases.common import BROUGHT_UP, fail_on_deadline, on_driver_result
 from gpuop.saga.records import NodeSaga, StepResult
 from gpuop.saga.steps import Step, StepKind, after, stage_plan
 
@@ -47,6 +49,10 @@ def _staged(draft: Draft) -> None:
 
 
 def _cordon(draft: Draft) -> None:
+    if draft.saga.bring_up:
+        step = Step(kind=StepKind.CORDON)
+        draft.skip(step, S.WAIT_FOR_JOBS_REQUIRED, StepResult.SKIPPED, BROUGHT_UP)
+        return
     draft.update(cordoned=True)
     draft.start(Step(kind=StepKind.CORDON))
 

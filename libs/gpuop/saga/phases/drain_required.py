@@ -11,7 +11,7 @@ from gpuop.saga.actions import Drain
 from gpuop.saga.drafting import Draft
 from gpuop.saga.effects import action_id, timeout
 from gpuop.saga.machine import Effects, Trigger
-from gpuop.saga.phases.common import answers_step, fail_on_deadline, start_or_pass
+from gpuop.saga.phases.common import BROUGHT_UP, answers_step, fail_on_deadline, start_or_pass
 from gpuop.saga.records import NodeSaga, StepResult
 from gpuop.saga.steps import StepKind
 
@@ -19,6 +19,9 @@ STATE = S.DRAIN_REQUIRED
 
 
 def enter(draft: Draft, retry: bool) -> None:
+    if draft.saga.bring_up:
+        start_or_pass(draft, StepKind.DRAIN, False, S.OPERANDS_PAUSE_REQUIRED, BROUGHT_UP)
+        return
     enabled = draft.policy.drain.enable
     start_or_pass(draft, StepKind.DRAIN, enabled, S.OPERANDS_PAUSE_REQUIRED, "drain disabled")
 

@@ -16,15 +16,16 @@ from gpuop.saga.actions import DeletePods
 from gpuop.saga.drafting import Draft
 from gpuop.saga.effects import action_id, timeout
 from gpuop.saga.machine import Effects, Trigger
-from gpuop.saga.phases.common import answers_step, overdue
+from gpuop.saga.phases.common import BROUGHT_UP, answers_step, overdue, start_or_pass
 from gpuop.saga.records import NodeSaga, StepResult
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.steps import StepKind
 
 STATE = S.POD_DELETION_REQUIRED
 
 
 def enter(draft: Draft, retry: bool) -> None:
-    draft.start(Step(kind=StepKind.POD_DELETION))
+    needed = not draft.saga.bring_up
+    start_or_pass(draft, StepKind.POD_DELETION, needed, S.DRAIN_REQUIRED, BROUGHT_UP)
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:

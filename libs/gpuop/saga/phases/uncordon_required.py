@@ -1,13 +1,19 @@
 """uncordon-required: resume the operands and uncordon (never a node that was cordoned
-before the upgrade); the end of every attempt that cordoned, done or compensated."""
+before the upgrade); the end of every attempt that cordoned, done or compensated.
+
+A new node brought up (`NodeSaga.bring_up`) was never cordoned: here its driver-not-ready
+taint is removed once the driver validated (`Untaint`, whose `NodeUntainted` ends the
+state). An attempt that failed leaves the taint on, so nothing is scheduled onto a node
+without a working driver; the reason is in the saga and in the upgrade-failed Event."""
 
 from __future__ import annotations
 
 from gpuop.events import device as dev
 from gpuop.events import kube
+from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.actions import IssuedCommand, KubeAction, Uncordon
+from gpuop.saga.actions import IssuedCommand, KubeAction, Uncordon, Untaint
 from gpuop.saga.drafting import Draft
 from gpuop.saga.effects import RESUME_STEP, action_id, issue
 from gpuop.saga.machine import Effects, Trigger
@@ -20,6 +26,11 @@ STATE = S.UNCORDON_REQUIRED
 
 def enter(draft: Draft, retry: bool) -> None:
     draft.start(Step(kind=StepKind.UNCORDON))
+    if draft.saga.bring_up:
+        if draft.saga.failure is not None:
+            draft.outcome(StepResult.SKIPPED, f"{DRIVER_NOT_READY_TAINT} stays: no working driver")
+            finish(draft, f"left tainted {DRIVER_NOT_READY_TAINT}")
+        return
     if draft.saga.initially_unschedulable:
         # only the resume was issued: there is no uncordon to wait for
         draft.outcome(StepResult.SKIPPED, "node was cordoned before the upgrade")
@@ -27,6 +38,11 @@ def enter(draft: Draft, retry: bool) -> None:
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:
+    if draft.saga.bring_up:
+        if isinstance(trigger, kube.NodeUntainted) and trigger.action_id == draft.step_id():
+            draft.outcome(StepResult.SUCCEEDED, f"{DRIVER_NOT_READY_TAINT} removed")
+            finish(draft, "driver ready: taint removed")
+        return
     uncordoned = isinstance(trigger, kube.NodeUncordoned) and trigger.action_id in (
         None,
         draft.step_id(),
@@ -52,12 +68,15 @@ on_deadline = fail_on_deadline
 
 def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
     """The resume of the operands paused (`RESUME_STEP`), and the uncordon unless the node
-    was cordoned before."""
+    was cordoned before; for a node brought up, the untaint once its driver validated."""
     commands: tuple[IssuedCommand, ...] = ()
     if saga.operands_paused:
         resume = dev.ResumeOperands(reason=f"driver upgrade of {saga.rollout_id} ended")
         commands = (issue(saga, resume, RESUME_STEP),)
     actions: tuple[KubeAction, ...] = ()
-    if not saga.initially_unschedulable:
+    if saga.bring_up:
+        if saga.failure is None:
+            actions = (Untaint(id=action_id(saga, saga.step.token)),)
+    elif not saga.initially_unschedulable:
         actions = (Uncordon(id=action_id(saga, saga.step.token)),)
     return commands, actions

@@ -1,5 +1,10 @@
 """upgrade-required: the node waits for a slot; an admission cordons it.
 
+A new node brought up (`NodeSaga.bring_up`: no driver, no GPU pods) is admitted without a
+slot, and its step puts the taint `gpuop.io/driver-not-ready:NoSchedule` on it as the saga
+starts (issued again after a takeover, and on a retry: the taint is kept until a driver
+validated).
+
 An admission may narrow the window (`Admitted.components`): a node skip label
 (`admission.SKIP_LABELS`, such as `nvidia.com/ofed-driver-upgrade.skip=true`) kept one of
 the saga's components out when the node was admitted, so this window upgrades only the
@@ -14,12 +19,18 @@ from __future__ import annotations
 
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState as S
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga.actions import Taint
 from gpuop.saga.admission import SKIP_LABELS
 from gpuop.saga.drafting import Draft
-from gpuop.saga.machine import Admitted, Trigger, ignore, no_effects
+from gpuop.saga.effects import action_id
+from gpuop.saga.machine import Admitted, Effects, Trigger, ignore
+from gpuop.saga.records import NodeSaga
 from gpuop.saga.steps import Step, StepKind
 
 STATE = S.UPGRADE_REQUIRED
+TAINT_STEP = "taint"
+"""Token of the `Taint` of a node brought up (its id, with the saga's attempt)."""
 
 
 def enter(draft: Draft, retry: bool) -> None:
@@ -58,5 +69,8 @@ on_deadline = ignore
 """Admission has no deadline: a node waits for its slot as long as the rollout takes."""
 
 
-effects = no_effects
-"""Only a wait: nothing to issue."""
+def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
+    """Only a wait, but for a node brought up: its taint."""
+    if not saga.bring_up:
+        return (), ()
+    return (), (Taint(id=action_id(saga, TAINT_STEP)),)

@@ -7,7 +7,7 @@ from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.saga.drafting import Draft
 from gpuop.saga.machine import Trigger, no_effects
-from gpuop.saga.phases.common import overdue, start_or_pass
+from gpuop.saga.phases.common import BROUGHT_UP, overdue, start_or_pass
 from gpuop.saga.records import StepResult
 from gpuop.saga.steps import StepKind
 
@@ -17,6 +17,9 @@ STATE = S.WAIT_FOR_JOBS_REQUIRED
 def enter(draft: Draft, retry: bool) -> None:
     selector = bool(draft.policy.wait_for_completion.pod_selector)
     next_state = S.POD_DELETION_REQUIRED
+    if draft.saga.bring_up:
+        start_or_pass(draft, StepKind.WAIT_FOR_JOBS, False, next_state, BROUGHT_UP)
+        return
     start_or_pass(draft, StepKind.WAIT_FOR_JOBS, selector, next_state, "no jobs to wait for")
 
 
