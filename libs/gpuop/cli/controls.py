@@ -323,6 +323,12 @@ def _merged(policy: PolicyView, spec: GPUClusterPolicySpec, patch: Obj) -> GPUCl
         raise ValueError(f"GPUClusterPolicy {policy.name} would be invalid: {invalid}") from None
 
 
+def spec_after(policy: PolicyView, edit: Edit) -> GPUClusterPolicySpec:
+    """The policy's spec once `edit` is applied, checked as the orchestrator will check it."""
+    spec = _valid(policy)
+    return _merged(policy, spec, edit.patch) if edit.patch.get("spec") else spec
+
+
 def _unless_unchanged(policy: PolicyView, spec: GPUClusterPolicySpec, patch: Obj) -> Obj:
     changed = _merged(policy, spec, patch) != spec or "metadata" in patch
     return patch if changed else {}

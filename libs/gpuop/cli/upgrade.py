@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from gpuop.cli import controls, coverage, planning, reports, snapshots
+from gpuop.cli import controls, coverage, offering, planning, reports, snapshots
 from gpuop.cli.errors import CommandFailed
 from gpuop.cli.events import nats_bus, nats_prefix
 from gpuop.events.driver import Component
@@ -47,7 +48,11 @@ START_HELP = """\
 Ask for a new driver version: sets spec.driver.<component>.version (and --source,
 maxParallelUpgrades from --max-parallel, upgradePolicy.nodeSelector from --selector) and
 clears upgradePolicy.paused. The upgrade orchestrator then rolls it across the selected
-GPU nodes. The versions it replaced are remembered for `gpuop upgrade abort`."""
+GPU nodes. The versions it replaced are remembered for `gpuop upgrade abort`.
+Before the policy is edited, the driver source's index (--source, else the policy's) is read
+and a version it does not offer is refused (exit 1), naming the versions it has; a source
+this machine cannot reach is not checked (a note says so). Each node fetches and checks the
+package again before it is cordoned, so a node its source cannot serve fails uncordoned."""
 PAUSE_HELP = """\
 Pause the rollout (upgradePolicy.paused: true): no further node is admitted; nodes already
 under way (cordoned, draining, reloading) finish their upgrade. The Progressing condition
@@ -229,6 +234,15 @@ async def start_rollout(args: argparse.Namespace, environ: Mapping[str, str]) ->
             pool=args.pool,
         )
 
+    # the version must be in the source's index before the policy asks for it: a version
+    # no source has would fail every node of the rollout (issue 18)
+    async with connected(args, environ) as kube:
+        policy = snapshots.policy_view(await snapshots.find_policy(kube, args.policy))
+    targets = desired_targets(controls.spec_after(policy, build(policy)), args.pool)
+    if component in targets:
+        note = await offering.require(component, targets[component])
+        if note is not None:
+            print(f"gpuop upgrade start: {note}", file=sys.stderr, flush=True)
     return await _edit(args, environ, build)
 
 

@@ -1,0 +1,58 @@
+"""Whether a driver source offers the version `gpuop upgrade start` asks for: read before
+the policy is edited, so a version no source has is refused at the terminal instead of
+failing every node of the rollout.
+
+`require` reads the index of the source the policy will name (the `--source` given, else the
+policy's own), through the driver-manager's source code (`coverage.read_indexes`: trusted
+with the policy's keys, as a node trusts it), and raises `CommandFailed` naming the versions
+the source has, or why a node would refuse its index (a signature none of the policy's keys
+made). There is no override: a version the source lacks can only fail nodes. A source this
+machine cannot reach (a directory only the nodes mount, a URL behind their network) is not
+checked, and said so (`gpuop upgrade plan` does the same): the nodes still stage the
+package before they are cordoned, so a version missing there fails each node uncordoned,
+its workloads running. A component without a source (the package must already be on the
+nodes) is not checked.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpuop.cli import coverage
+from gpuop.cli.errors import CommandFailed
+from gpuop.events.driver import Component
+from gpuop.saga.records import Target
+from gpuop.services.driver_manager import sources
+
+UNCHANGED = "the policy is unchanged"
+
+
+def offered(index: sources.SourceIndex, component: Component) -> list[str]:
+    """The versions of `component` the index lists, for any kernel, oldest first."""
+    found = {e.version for e in index.packages if e.component == component}
+    return sorted(found, key=_version_key)
+
+
+def _version_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"[.\-]", version))
+
+
+async def require(component: Component, target: Target) -> str | None:
+    """`CommandFailed` unless `target.source` offers `target.version` of `component`; a note
+    when the source could not be read from here (not checked), else None."""
+    uri = target.source
+    if uri is None:
+        return None
+    indexes, unchecked, refused = await coverage.read_indexes({uri: target})
+    if uri in unchecked:
+        return f"driver source {uri} {unchecked[uri]}; each node checks it before its cordon"
+    if uri in refused:
+        raise CommandFailed(f"driver source {uri}: {refused[uri]}; {UNCHANGED}")
+    versions = offered(indexes[uri], component)
+    if target.version not in versions:
+        has = ", ".join(versions) if versions else f"no {component} package at all"
+        raise CommandFailed(
+            f"driver source {uri} has no {component} {target.version} package "
+            f"(it has: {has}); {UNCHANGED}"
+        )
+    return None
