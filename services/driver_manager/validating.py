@@ -8,6 +8,12 @@ validation expects when the command names none), `validate` for `ValidateDriver`
   one asked for and NVML must see at least the expected number of GPUs. NVML that cannot
   start yet, or sees too few GPUs, is asked again every `poll_seconds` until the command's
   timeout; a wrong version fails at once.
+- GPU, before NVML: the user space must be the loaded module's (`user_space_mismatch`): the
+  driver's own report (`proc/driver/nvidia/version`) names the module's version, the user
+  space in use (the `opt/gpuop/gpu/current` link a format 2 install switches with the
+  modules) is that version's, and its `libnvidia-ml.so.<version>` is too. NVML refuses to
+  run against a kernel module of another version, so a mismatch would only show as NVML
+  failing until the timeout; it fails at once with both versions named.
 - OFED: `mlx5_core` must report the version, and the Mellanox network functions bound to it
   are the devices.
 """
@@ -15,14 +21,16 @@ validation expects when the command names none), `validate` for `ValidateDriver`
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 
 from gpuop.clocks import Clock
 from gpuop.events.driver import Component, LoadFailureReason
-from gpuop.host import components, modules, pci
+from gpuop.host import components, modules, nvidia, pci
 from gpuop.host.errors import HostReadError
 from gpuop.host.roots import HostRoot
 from gpuop.nvml import Nvml, NvmlError, opened
+from gpuop.services.driver_manager import installing
 
 NvmlFactory = Callable[[], Nvml]
 """Builds a closed NVML session; `open_backend` with the agent's `--nvml`."""
@@ -71,6 +79,10 @@ class Validator:
             raise ValidationFailed(
                 LoadFailureReason.VERSION_MISMATCH, f"{main} {running} is loaded, not {version}"
             )
+        if component is Component.GPU:
+            mismatch = user_space_mismatch(self.root, running)
+            if mismatch is not None:
+                raise ValidationFailed(LoadFailureReason.VERSION_MISMATCH, mismatch)
         deadline = self.clock.monotonic() + timeout_seconds
         while True:
             try:
@@ -112,6 +124,44 @@ class Validator:
     def _ask_nvml(self) -> tuple[str, int]:
         with opened(self.nvml()) as nvml:
             return nvml.driver_version(), nvml.device_count()
+
+
+_NVML_LIBRARY = re.compile(r"^libnvidia-ml\.so\.(\d+(?:\.\d+)+)$")
+
+
+def user_space_mismatch(root: HostRoot, module_version: str) -> str | None:
+    """Why the GPU driver's user space is not the loaded module's `module_version`, or None:
+    the driver's report in procfs names another version, the user space in use is another
+    version's, or that version's `libnvidia-ml.so.<version>` is another. A host without a
+    user space switched by gpuop (format 1 packages) is judged by procfs alone."""
+    try:
+        reported = nvidia.driver_version(root)
+    except HostReadError as error:
+        return f"the NVIDIA driver's report is unreadable: {error}"
+    if reported is not None and reported.version != module_version:
+        return (
+            f"{nvidia.VERSION_FILE} reports driver {reported.version}, "
+            f"the loaded nvidia module is {module_version}"
+        )
+    component = str(Component.GPU)
+    in_use = installing.active_userspace(root, component)
+    if in_use is None:
+        return None
+    if in_use != module_version:
+        return (
+            f"the user space in use ({installing.USERSPACE}/{component}/{installing.CURRENT}) "
+            f"is {in_use}, the loaded nvidia module is {module_version}"
+        )
+    libraries = installing.userspace_dir(root, component, in_use) / "lib"
+    found = sorted(
+        m[1] for p in libraries.glob("libnvidia-ml.so.*") if (m := _NVML_LIBRARY.match(p.name))
+    )
+    if found and module_version not in found:
+        return (
+            f"the user space {in_use} holds libnvidia-ml.so.{', '.join(found)}, "
+            f"the loaded nvidia module is {module_version}"
+        )
+    return None
 
 
 def _bound_network_functions(root: HostRoot) -> int:
