@@ -26,6 +26,7 @@ import yaml
 from kubernetes.aio import client as k8s
 
 from gpuop.bus import NatsBus, NatsServer
+from gpuop.cli.events import export_lines
 from gpuop.events import decode, subjects
 from gpuop.events import kube as observed
 from gpuop.events.upgrade import (
@@ -39,6 +40,7 @@ from gpuop.host import modules, packaging, system
 from gpuop.host.roots import HostRoot
 from gpuop.kube import client, nodes
 from gpuop.policy import crd, specs
+from gpuop.saga import replaying
 from gpuop.saga.actions import STATE_LABEL
 from gpuop.services.upgrade_orchestrator import leading
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
@@ -218,6 +220,7 @@ async def test_new_nodes_and_kernel_drift_need_no_policy_change(
         reader = NatsBus(nats_server.url, name="reader")
         await reader.start()
         try:
+            exported = await export_lines(reader)
             async for message in reader.read(subjects.events_filter("upgrade", name="*")):
                 envelope, payload = decode(message.data)
                 if isinstance(payload, SagaStarted):
@@ -233,6 +236,10 @@ async def test_new_nodes_and_kernel_drift_need_no_policy_change(
         finally:
             await reader.close()
 
+    # the reasons, the bring-up and the reinstall are in the log: a replay decides the same
+    log = replaying.parse_log(exported)
+    comparison = replaying.compare(replaying.recorded_outputs(log), replaying.replay(log).outputs)
+    assert comparison.identical, comparison.report()
     assert [s.reason for s in started[new]] == [SagaReason.NO_DRIVER]
     assert started[new][0].bring_up
     assert new not in cordoned, "a new node is tainted, never cordoned"
