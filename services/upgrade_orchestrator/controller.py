@@ -42,12 +42,12 @@ from datetime import datetime, timedelta
 from gpuop.bus import Buckets, Bus, KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import hardware, ids, subjects
-from gpuop.events.driver import Component
+from gpuop.events.driver import Component, Flavour
 from gpuop.events.upgrade import TERMINAL_STATES, SagaReason, UpgradeState
 from gpuop.kube import client, pods
 from gpuop.kube.errors import KubeError
 from gpuop.kube.recording import EventRecorder
-from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition, selectors
+from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition, flavours, selectors
 from gpuop.policy.conditions import RolloutRecord
 from gpuop.saga import Decision, NodeSaga, folding, new_saga
 from gpuop.saga.records import reinstall_saga_id, start_reason
@@ -286,7 +286,11 @@ class Controller:
             return None
         running = {Component.GPU: inventory.driver_version, Component.OFED: inventory.ofed_version}
         last = stored.saga if stored is not None else None
-        reason = start_reason(spec, running, inventory.kernel_release, last, pool)
+        flavour, running_flavour = gpu_flavours(spec, pool, inventory)
+        reason = start_reason(
+            spec, running, inventory.kernel_release, last, pool,
+            flavour=flavour, running_flavour=running_flavour,
+        )  # fmt: skip
         if reason is None or (again and reason is SagaReason.VERSION_CHANGE):
             return None
         bring_up = reason is not SagaReason.VERSION_CHANGE and not await self._has_gpu_pods(node)
@@ -305,6 +309,8 @@ class Controller:
             bring_up=bring_up,
             kernel_release=inventory.kernel_release,
             saga_id=reinstall_saga_id(rollout_id, node, reason, now) if again else None,
+            flavour=flavour,
+            running_flavour=running_flavour,
         )
         try:
             if stored is None:
@@ -408,6 +414,18 @@ class Controller:
             pools=pool_progress(sagas, spec, skipped),
             upgraded=f"{done}/{len(sagas)}",
         )
+
+
+def gpu_flavours(
+    spec: GPUClusterPolicySpec, pool: str | None, inventory: hardware.HardwareDiscovered
+) -> tuple[Flavour, Flavour | None]:
+    """The GPU driver's kernel modules the policy wants on a node of `pool` (its
+    `kernelModuleType` resolved from the node's inventory and the version: `flavours`), and
+    those the node runs (None: no driver, or a discovery that does not say). A difference
+    is a reload, as a version change is (`start_reason`)."""
+    gpu, _ = spec.driver.components_of(pool)
+    resolved = flavours.resolve(gpu.kernel_module_type, inventory, gpu.version)
+    return resolved.flavour, inventory.driver_flavour
 
 
 def _in_a_window(spec: GPUClusterPolicySpec, now: datetime) -> bool:

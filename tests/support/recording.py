@@ -14,7 +14,7 @@ from gpuop.bus import ConsumerSpec, Delivery, InMemoryBus
 from gpuop.cli.events import export_lines
 from gpuop.events import device as dev
 from gpuop.events import ids, new_event, subjects
-from gpuop.events.driver import Component
+from gpuop.events.driver import Component, Flavour
 from gpuop.events.upgrade import SagaStarted, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeSaga, NodeStatus
@@ -34,12 +34,14 @@ async def record_rollout(
     statuses: Mapping[str, NodeStatus] | None = None,
     between_passes: Callable[[list[NodeSaga], Stack], None] | None = None,
     pools: Mapping[str, str] | None = None,
+    flavour: Flavour | None = None,
 ) -> list[str]:
     """Roll `spec` across `nodes` until every one is done or left out by admission (the
     policy in force becomes `switch_to` once the first node is done; `statuses`: what
     admission sees of some nodes, such as their skip labels; `between_passes` sees the sagas
     before each admission pass and may move the clock; `pools`: the driver pool of some
-    nodes); the export of the whole log."""
+    nodes; `flavour`: the GPU driver's kernel modules the sagas install, as the controller
+    resolves them); the export of the whole log."""
     bus = InMemoryBus()
     await bus.start()
     stack = Stack(bus, spec)
@@ -64,11 +66,11 @@ async def record_rollout(
         await runner.record_policy(spec)
         running: dict[Component, str | None] = {Component.GPU: GPU_OLD, Component.OFED: OFED_OLD}
         for node in nodes:
-            saga = saga_for(spec, node=node, pool=(pools or {}).get(node))
+            saga = saga_for(spec, node=node, pool=(pools or {}).get(node), flavour=flavour)
             await stack.store.create(saga)
             started = SagaStarted(
                 rollout_id=saga.rollout_id, saga_id=saga.saga_id, running_versions=running,
-                boot_id=BOOT_A, operands=saga.operands, pool=saga.pool,
+                boot_id=BOOT_A, operands=saga.operands, pool=saga.pool, flavour=flavour,
             )  # fmt: skip
             await bus.publish(
                 new_event(started, node=node, source=SOURCE, now=T0,

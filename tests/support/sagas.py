@@ -53,6 +53,7 @@ def saga_for(
     boot_id: str | None = BOOT_A,
     rollout: str = "rollout-1",
     pool: str | None = None,
+    flavour: dm.Flavour | None = None,
 ) -> records.NodeSaga:
     running: dict[Component, str | None] = {Component.GPU: GPU_OLD, Component.OFED: OFED_OLD}
     return records.new_saga(
@@ -64,6 +65,7 @@ def saga_for(
         boot_id=boot_id,
         unschedulable=unschedulable,
         pool=pool,
+        flavour=flavour,
     )
 
 

@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, StringConstraints
 
 from gpuop.events.device import OperandService
-from gpuop.events.driver import Component
+from gpuop.events.driver import Component, Flavour
 from gpuop.events.envelope import Event, MalformedMessage
 from gpuop.events.fields import (
     Attempt,
@@ -180,6 +180,13 @@ class SagaStarted(Event):
     kernel_release: KernelRelease | None = None
     """The kernel the node ran, from its inventory: a later inventory with another kernel
     and no driver is a kernel drift."""
+    flavour: Flavour | None = None
+    """The GPU driver's kernel modules the saga installs: the policy's `kernelModuleType` as
+    resolved for the node from its inventory then (`auto`: its GPUs and the driver branch),
+    so a replay installs the same without the inventory; absent: not resolved (any)."""
+    running_flavour: Flavour | None = None
+    """The kernel modules the node's GPU driver ran (from its inventory); absent: none ran,
+    or discovery did not say."""
 
 
 class PolicyApplied(Event):

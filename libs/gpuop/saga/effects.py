@@ -81,6 +81,7 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: 
                 allow_unsigned=target.allow_unsigned,
                 ca_bundle=target.ca_bundle,
             ),
+            flavour=target.flavour,
             timeout_seconds=timeout,
         )
     if step.kind is StepKind.UNLOAD:

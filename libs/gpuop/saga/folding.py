@@ -80,6 +80,8 @@ def started_saga(
         bring_up=started.bring_up,
         kernel_release=started.kernel_release,
         saga_id=started.saga_id,
+        flavour=started.flavour,
+        running_flavour=started.running_flavour,
     )
 
 
@@ -98,6 +100,8 @@ def start_of(saga: NodeSaga, running: Mapping[Component, str | None]) -> SagaSta
         reason=saga.reason,
         bring_up=saga.bring_up,
         kernel_release=saga.kernel_release,
+        flavour=saga.targets[Component.GPU].flavour if Component.GPU in saga.targets else None,
+        running_flavour=saga.previous_flavour,
     )
 
 

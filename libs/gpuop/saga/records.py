@@ -19,7 +19,7 @@ from pydantic import AwareDatetime, ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
 from gpuop.events.device import OperandService
-from gpuop.events.driver import MAX_PUBLIC_KEYS, CaBundle, Component, MinisignPublicKey
+from gpuop.events.driver import MAX_PUBLIC_KEYS, CaBundle, Component, Flavour, MinisignPublicKey
 from gpuop.events.fields import (
     Attempt,
     BootId,
@@ -75,9 +75,12 @@ class Target(Record):
     """The policy accepts the source's index unsigned."""
     ca_bundle: CaBundle | None = None
     """The CA certificates the https source's certificate must chain to."""
+    flavour: Flavour | None = None
+    """The GPU driver's kernel modules, the policy's `kernelModuleType` resolved for the node
+    when the saga started (`gpuop.policy.flavours`); None: OFED, or not resolved (any)."""
 
     @classmethod
-    def of(cls, spec: ComponentSpec) -> Target:
+    def of(cls, spec: ComponentSpec, flavour: Flavour | None = None) -> Target:
         """The target a component's policy spec names: its version, source and how to trust
         the source, kept together so the install uses the keys of the source it fetches."""
         return cls(
@@ -87,6 +90,7 @@ class Target(Record):
             public_keys=spec.public_keys or (),
             allow_unsigned=bool(spec.allow_unsigned),
             ca_bundle=spec.ca_bundle,
+            flavour=flavour,
         )
 
 
@@ -167,6 +171,8 @@ class NodeSaga(Record):
     """Driver each component in `components` is upgraded to."""
     previous_versions: dict[Component, Version] = Field(default_factory=dict, max_length=2)
     """Version each component ran before the upgrade: the rollback target."""
+    previous_flavour: Flavour | None = None
+    """The kernel modules the GPU driver ran before the upgrade; None: none ran, or unknown."""
     expected_devices: dict[Component, Count] = Field(default_factory=dict, max_length=2)
     """Devices validation must find per component; absent: any number passes."""
     operands: tuple[OperandService, ...] = tuple(OperandService)
@@ -243,12 +249,13 @@ def ordered(components: Iterable[Component]) -> tuple[Component, ...]:
 
 
 def desired_targets(
-    policy: GPUClusterPolicySpec, pool: str | None = None
+    policy: GPUClusterPolicySpec, pool: str | None = None, flavour: Flavour | None = None
 ) -> dict[Component, Target]:
     """The driver the policy wants on the nodes of `pool` (None: the nodes no pool
-    selects), per component it manages; `KeyError` for a pool the policy lacks."""
+    selects), per component it manages, the GPU driver's modules of `flavour` (the node's
+    resolved `kernelModuleType`); `KeyError` for a pool the policy lacks."""
     gpu, ofed = policy.driver.components_of(pool)
-    targets = {Component.GPU: Target.of(gpu)}
+    targets = {Component.GPU: Target.of(gpu, flavour)}
     if ofed is not None:
         targets[Component.OFED] = Target.of(ofed)
     return targets
@@ -258,10 +265,26 @@ def components_to_upgrade(
     policy: GPUClusterPolicySpec,
     running: Mapping[Component, str | None],
     pool: str | None = None,
+    *,
+    flavour: Flavour | None = None,
+    running_flavour: Flavour | None = None,
 ) -> tuple[Component, ...]:
-    """Components whose desired version differs from what the node runs (unknown counts)."""
-    targets = desired_targets(policy, pool)
-    return ordered(c for c, target in targets.items() if running.get(c) != target.version)
+    """Components whose desired version differs from what the node runs (unknown counts),
+    and the GPU driver when it runs other kernel modules than `flavour` (`flavour_differs`)."""
+    targets = desired_targets(policy, pool, flavour)
+    return ordered(
+        c
+        for c, target in targets.items()
+        if running.get(c) != target.version
+        or (c is Component.GPU and flavour_differs(target.flavour, running_flavour))
+    )
+
+
+def flavour_differs(wanted: Flavour | None, running: Flavour | None) -> bool:
+    """Whether the GPU driver runs other kernel modules than `wanted`: only when both are
+    known, so an inventory from a discovery that does not report the flavour (an older one)
+    reloads no node."""
+    return wanted is not None and running is not None and wanted is not running
 
 
 def start_reason(
@@ -270,13 +293,18 @@ def start_reason(
     kernel_release: str | None,
     last: NodeSaga | None = None,
     pool: str | None = None,
+    *,
+    flavour: Flavour | None = None,
+    running_flavour: Flavour | None = None,
 ) -> SagaReason | None:
     """Why the node needs a saga, from what it runs now and its `last` saga: None when it
     runs the policy's drivers. A node that runs no GPU driver needs one whatever the
     policy: after `last` was done on another kernel than the running one, it is a kernel
     drift (the modules were built for the old kernel, and the new one has none); else
     `no-driver`. A loaded driver was built for the running kernel (no other loads), so a
-    node whose driver came up on a new kernel (packages pre-staged for it) needs nothing."""
+    node whose driver came up on a new kernel (packages pre-staged for it) needs nothing.
+    A GPU driver of the policy's version but other kernel modules than `flavour` is
+    reloaded as for a version change."""
     if running.get(Component.GPU) is None:
         drifted = (
             last is not None
@@ -286,7 +314,9 @@ def start_reason(
             and last.kernel_release != kernel_release
         )
         return SagaReason.KERNEL_DRIFT if drifted else SagaReason.NO_DRIVER
-    if components_to_upgrade(policy, running, pool):
+    if components_to_upgrade(
+        policy, running, pool, flavour=flavour, running_flavour=running_flavour
+    ):
         return SagaReason.VERSION_CHANGE
     return None
 
@@ -319,18 +349,24 @@ def new_saga(
     bring_up: bool = False,
     kernel_release: str | None = None,
     saga_id: str | None = None,
+    flavour: Flavour | None = None,
+    running_flavour: Flavour | None = None,
 ) -> NodeSaga:
     """The first record of `node`'s saga in `rollout_id`, in upgrade-required.
 
     `running` is the version each component runs now (from the node's inventory), the
     rollback target; `unschedulable` says whether the node is cordoned already, so gpuop
     will leave it cordoned. `saga_id` defaults to `saga_id_for` (a reinstall's is
-    `reinstall_saga_id`). Raises `ValueError` when the node already runs every target.
+    `reinstall_saga_id`). `flavour` is the GPU driver's kernel modules as resolved for the
+    node (recorded in the GPU target), `running_flavour` the ones it runs. Raises
+    `ValueError` when the node already runs every target.
     """
-    components = components_to_upgrade(policy, running, pool)
+    components = components_to_upgrade(
+        policy, running, pool, flavour=flavour, running_flavour=running_flavour
+    )
     if not components:
         raise ValueError(f"{node} already runs the desired drivers: nothing to upgrade")
-    targets = desired_targets(policy, pool)
+    targets = desired_targets(policy, pool, flavour)
     return NodeSaga(
         pool=pool,
         saga_id=saga_id or saga_id_for(rollout_id, node),
@@ -340,6 +376,7 @@ def new_saga(
         components=components,
         targets={c: targets[c] for c in components},
         previous_versions={c: v for c, v in running.items() if c in components and v},
+        previous_flavour=running_flavour if Component.GPU in components else None,
         expected_devices=dict(expected_devices or {}),
         operands=tuple(dict.fromkeys(operands)),
         initially_unschedulable=unschedulable,

@@ -4,15 +4,19 @@ changes nothing is no step, and a decision's outputs come state changes first, w
 
 from __future__ import annotations
 
+import pytest
+
 from gpuop.bus import streams
 from gpuop.events import bus_subject, new_event, subjects
+from gpuop.events import driver as dm
 from gpuop.events import upgrade as up
-from gpuop.events.driver import Component
+from gpuop.events.driver import Component, Flavour
 from gpuop.events.kube import NodeCordoned
-from gpuop.saga import folding
+from gpuop.saga import effects, folding, records
 from gpuop.saga.core import Admitted
+from gpuop.saga.steps import Step, StepKind
 from gpuop.services.upgrade_orchestrator import intake
-from tests.support.sagas import BOOT_A, GPU_OLD, NODE, T0, inventory, policy, saga_for
+from tests.support.sagas import BOOT_A, GPU_NEW, GPU_OLD, NODE, T0, inventory, policy, saga_for
 
 SPEC = policy()
 
@@ -72,3 +76,40 @@ def test_a_saga_is_rebuilt_from_its_start_record() -> None:
     running = {component: GPU_OLD for component in saga.components}
     rebuilt = folding.started_saga(NODE, folding.start_of(saga, running), SPEC, T0)
     assert rebuilt == saga
+
+
+def test_the_resolved_flavour_is_rebuilt_from_the_start_record_not_the_policy() -> None:
+    saga = records.new_saga(
+        node=NODE,
+        rollout_id="rollout-1",
+        policy=SPEC,
+        running={Component.GPU: GPU_NEW},
+        now=T0,
+        flavour=Flavour.OPEN,
+        running_flavour=Flavour.PROPRIETARY,
+    )
+    assert saga.components == (Component.GPU,)  # the version runs: the flavour differs
+
+    started = folding.start_of(saga, {Component.GPU: GPU_NEW})
+    assert (started.flavour, started.running_flavour) == (Flavour.OPEN, Flavour.PROPRIETARY)
+    rebuilt = folding.started_saga(NODE, started, SPEC, T0)
+    assert rebuilt == saga
+    assert rebuilt.targets[Component.GPU].flavour is Flavour.OPEN
+    with pytest.raises(ValueError, match="already runs"):  # the same modules: nothing to do
+        records.new_saga(
+            node=NODE, rollout_id="rollout-1", policy=SPEC, running={Component.GPU: GPU_NEW},
+            now=T0, flavour=Flavour.OPEN, running_flavour=Flavour.OPEN,
+        )  # fmt: skip
+
+
+def test_the_install_command_carries_the_targets_flavour() -> None:
+    saga = saga_for(SPEC, flavour=Flavour.PROPRIETARY)
+    install = saga.model_copy(update={"step": Step(kind=StepKind.INSTALL, component=Component.GPU)})
+
+    [issued], _ = effects.driver_effects(install, SPEC)
+
+    assert isinstance(issued.payload, dm.InstallDriver)
+    assert issued.payload.flavour is Flavour.PROPRIETARY
+    unflavoured = saga_for(SPEC).model_copy(update={"step": install.step})
+    [plain], _ = effects.driver_effects(unflavoured, SPEC)
+    assert isinstance(plain.payload, dm.InstallDriver) and plain.payload.flavour is None

@@ -14,7 +14,7 @@ import pytest
 
 from gpuop.bus import Buckets, InMemoryBus
 from gpuop.events import hardware, subjects
-from gpuop.events.driver import Component
+from gpuop.events.driver import Component, Flavour
 from gpuop.events.upgrade import NodeAdmitted, RolloutProgress, SagaStarted, UpgradeState
 from gpuop.kube import client
 from gpuop.policy import ComponentSpec, Condition, GPUClusterPolicySpec
@@ -28,6 +28,7 @@ from tests.support.orchestrator import Stack, events, messages
 from tests.support.sagas import BOOT_A, GPU_NEW, SOURCE, inventory, policy
 
 S = UpgradeState
+OPEN, PROPRIETARY = Flavour.OPEN, Flavour.PROPRIETARY
 POOLS = {"gpu-a": "train", "gpu-b": "train", "gpu-c": "infer", "gpu-d": "infer"}
 
 
@@ -338,3 +339,87 @@ async def test_a_waiting_node_that_moves_to_another_pool_gets_that_pools_saga(
     moved = await store.get("gpu-c")
     assert moved is not None and moved.saga.pool == "train"
     assert moved.saga.targets[Component.GPU].version == "575.9"
+
+
+def flavoured(
+    gpu: str | None, flavour: Flavour | None, *devices: str
+) -> hardware.HardwareDiscovered:
+    """An inventory running GPU driver `gpu` of `flavour`, with NVIDIA GPUs of PCI `devices`
+    (no NVML answers: their architecture comes from the device id)."""
+    found = inventory(BOOT_A, gpu=gpu)
+    assert isinstance(found, hardware.HardwareDiscovered)
+    functions = tuple(
+        hardware.PciFunction(
+            address=f"0000:00:{6 + index:02x}.0",
+            vendor_id="10de",
+            device_id=device,
+            class_id="030200",
+            subsystem_vendor_id="10de",
+            subsystem_device_id="18bf",
+        )
+        for index, device in enumerate(devices)
+    )
+    draft = found.model_copy(update={"driver_flavour": flavour, "pci_functions": functions})
+    return draft.model_copy(update={"inventory_hash": draft.content_hash()})
+
+
+async def put_inventories(harness: Harness, found: dict[str, hardware.HardwareDiscovered]) -> None:
+    inventories = await harness.bus.kv(Buckets.NODES)
+    for name, one in found.items():
+        await inventories.put(subjects.encode_node(name), one.model_dump_json().encode())
+
+
+def kernel_modules(kernel_module_type: str) -> GPUClusterPolicySpec:
+    first = spec(paused=True)
+    gpu = first.driver.gpu.model_copy(update={"kernel_module_type": kernel_module_type})
+    return first.model_copy(update={"driver": first.driver.model_copy(update={"gpu": gpu})})
+
+
+async def test_a_node_running_the_other_kernel_modules_of_the_version_gets_a_reload_saga(
+    harness: Harness,
+) -> None:
+    await put_inventories(
+        harness,
+        {
+            "gpu-a": flavoured(GPU_NEW, PROPRIETARY, "2335"),  # the version, the other modules
+            "gpu-b": flavoured(GPU_NEW, OPEN, "2335"),  # the version and the modules
+            "gpu-c": flavoured(GPU_NEW, None, "2335"),  # a discovery that does not say
+            "gpu-d": flavoured("570.1", OPEN, "2335"),  # another version
+        },
+    )
+    await harness.reconcile(kernel_modules("open"))
+
+    started = dict(await harness.published(SagaStarted))
+    assert sorted(started) == ["gpu-a", "gpu-d"]
+    assert (started["gpu-a"].flavour, started["gpu-a"].running_flavour) == (OPEN, PROPRIETARY)
+    assert started["gpu-a"].running_versions[Component.GPU] == GPU_NEW
+    assert started["gpu-a"].reason == "version-change"  # reloaded as for a version change
+    store = harness.stack.store
+    assert store is not None
+    saga = store.cached("gpu-a")
+    assert saga is not None
+    assert (saga.saga.targets[Component.GPU].flavour, saga.saga.previous_flavour) == (
+        OPEN,
+        PROPRIETARY,
+    )
+
+
+async def test_auto_resolves_each_nodes_flavour_from_its_gpus_and_the_branch(
+    harness: Harness,
+) -> None:
+    await put_inventories(
+        harness,
+        {
+            "gpu-a": flavoured(GPU_NEW, PROPRIETARY, "2335"),  # Hopper at 580: open recommended
+            "gpu-b": flavoured(GPU_NEW, OPEN, "2335"),
+            "gpu-c": flavoured(GPU_NEW, PROPRIETARY, "1db4"),  # Volta: proprietary only
+            "gpu-d": flavoured(GPU_NEW, OPEN, "1db4"),
+        },
+    )
+    await harness.reconcile(kernel_modules("auto"))
+
+    started = dict(await harness.published(SagaStarted))
+    assert {node: event.flavour for node, event in started.items()} == {
+        "gpu-a": OPEN,
+        "gpu-d": PROPRIETARY,
+    }

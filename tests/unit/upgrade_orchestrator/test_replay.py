@@ -188,3 +188,26 @@ async def test_skip_labels_leave_nodes_out_narrow_windows_and_replay_identically
     comparison = replaying.compare(expected, replaying.replay(log).outputs)
     assert comparison.identical, comparison.report()
     assert "gpu-node-1" not in expected
+
+
+async def test_replay_installs_the_recorded_flavour_without_the_inventory() -> None:
+    # the runtime's sagas were built with the flavour resolved from the nodes' inventories;
+    # the log carries it in SagaStarted and holds no inventory to resolve it from again
+    log = replaying.parse_log(await record_rollout(policy(), flavour=dm.Flavour.OPEN))
+    installs = [r.payload for r in log if isinstance(r.payload, dm.InstallDriver)]
+    assert installs and {i.flavour for i in installs} == {dm.Flavour.OPEN}
+
+    expected = replaying.recorded_outputs(log)
+    comparison = replaying.compare(expected, replaying.replay(log).outputs)
+    assert comparison.identical, comparison.report()
+
+    # a start record without the flavour would replay installs of any flavour: a divergence
+    lines = await record_rollout(policy(), flavour=dm.Flavour.OPEN)
+    forgotten = [
+        line.replace(',"flavour":"open"', "") if "saga-started" in line else line for line in lines
+    ]
+    assert forgotten != lines
+    unflavoured = replaying.parse_log(forgotten)
+    assert not replaying.compare(
+        replaying.recorded_outputs(unflavoured), replaying.replay(unflavoured).outputs
+    ).identical
