@@ -38,7 +38,13 @@ from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import answers, prestaging
 from gpuop.services.driver_manager.answers import ComponentCommand
 from gpuop.services.driver_manager.config import DriverManagerConfig
-from gpuop.services.driver_manager.installing import Installer, InstallError, running_kernel
+from gpuop.services.driver_manager.installing import (
+    Installer,
+    InstallError,
+    installed_flavour,
+    running_kernel,
+    serves,
+)
 from gpuop.services.driver_manager.reloading import LoadError, Reloader, UnloadError
 from gpuop.services.driver_manager.state import ComponentRecord, StepContext
 from gpuop.services.driver_manager.validating import ValidationFailed, Validator
@@ -289,14 +295,22 @@ class Executor:
             return Outcome(answers.rollback_failed(command_id, command, step, message, retryable))
 
         kernel_release = running_kernel(self.root)
-        if version not in packages.installed_versions(self.root, kernel_release, component):
+        installed = version in packages.installed_versions(self.root, kernel_release, component)
+        flavour = command.flavour.value if command.flavour is not None else None
+        if not installed or not serves(
+            installed_flavour(packages.package_dir(self.root, kernel_release, component, version)),
+            flavour,
+        ):
             source = command.source or self.config.driver_source
             if source is None:
                 message = f"{component} {version} is not installed and no driver source is known"
+                if installed:
+                    message = f"{component} {version} is installed with other kernel modules "
+                    message += f"than {flavour} and no driver source is known"
                 return failed(dm.DriverStep.INSTALL, message, False)
             try:
                 async with asyncio.timeout(command.timeout_seconds):
-                    await self.installer.install(component, version, source)
+                    await self.installer.install(component, version, source, flavour)
             except InstallError as exc:
                 return failed(dm.DriverStep.INSTALL, exc.message, exc.retryable)
             except TimeoutError:

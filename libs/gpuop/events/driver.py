@@ -271,6 +271,10 @@ class RollbackDriver(Command):
     """Previous driver version to return to."""
     source: DriverSource | None = None
     """Where to fetch it if the agent no longer has the package."""
+    flavour: Flavour | None = None
+    """The kernel modules the GPU driver ran before: the version installed with the other
+    ones (a flavour change of the same version) is installed again with these. Absent: the
+    version as it is installed."""
     timeout_seconds: TimeoutSeconds = 1800
     """How long the whole rollback may take."""
 

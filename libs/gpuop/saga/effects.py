@@ -18,7 +18,7 @@ from gpuop.events import driver as dm
 from gpuop.policy import GPUClusterPolicySpec, UpgradePolicy
 from gpuop.saga.actions import IssuedCommand
 from gpuop.saga.machine import Effects
-from gpuop.saga.records import NodeSaga
+from gpuop.saga.records import NodeSaga, Target
 from gpuop.saga.steps import Step, StepKind, executor_timeout, limit_seconds
 
 RESUME_STEP = "operands-resume"
@@ -62,6 +62,19 @@ def _timeout(step: Step, policy: UpgradePolicy, attempt: int) -> int:
     return executor_timeout(limit)
 
 
+def _source(target: Target) -> dm.DriverSource:
+    """The driver source a target names, with how to trust it."""
+    if target.source is None:
+        raise ValueError(f"no driver source for {target.version}")
+    return dm.DriverSource(
+        uri=target.source,
+        sha256=target.sha256,
+        public_keys=target.public_keys,
+        allow_unsigned=target.allow_unsigned,
+        ca_bundle=target.ca_bundle,
+    )
+
+
 def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: bool) -> Command:
     component = step.component
     if component is None:
@@ -74,13 +87,7 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: 
         return verb(
             component=component,
             version=target.version,
-            source=dm.DriverSource(
-                uri=target.source,
-                sha256=target.sha256,
-                public_keys=target.public_keys,
-                allow_unsigned=target.allow_unsigned,
-                ca_bundle=target.ca_bundle,
-            ),
+            source=_source(target),
             flavour=target.flavour,
             timeout_seconds=timeout,
         )
@@ -102,7 +109,15 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: 
         )
     previous = saga.previous_versions[component]
     if step.kind is StepKind.ROLLBACK:
-        return dm.RollbackDriver(component=component, version=previous, timeout_seconds=timeout)
+        flavour = saga.previous_flavour if component is dm.Component.GPU else None
+        source = None
+        if flavour is not None and previous == target.version and target.source is not None:
+            # a flavour change of one version: the source that has it has the old modules too
+            source = _source(target)
+        return dm.RollbackDriver(
+            component=component, version=previous, source=source, flavour=flavour,
+            timeout_seconds=timeout,
+        )  # fmt: skip
     if step.kind is StepKind.ROLLBACK_VALIDATE:
         return dm.ValidateDriver(
             component=component,

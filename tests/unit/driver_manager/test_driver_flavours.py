@@ -7,17 +7,24 @@ is replaced. Modules are tiny ELF files with a `.modinfo` section
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from gpuop.clocks import VirtualClock
+from gpuop.events import driver as dm
 from gpuop.events.driver import InstallFailureReason
 from gpuop.host import kmod, packages, packaging
 from gpuop.host.errors import KernelToolMissing
 from gpuop.host.manifests import Flavour, Role
+from gpuop.host.protocol import Rebooter
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import installing, sources
 from gpuop.services.driver_manager.config import DriverManagerConfig
+from gpuop.services.driver_manager.executor import Executor
+from gpuop.services.driver_manager.reloading import Reloader
+from gpuop.services.driver_manager.state import ComponentRecord, StepContext
+from gpuop.services.driver_manager.validating import Validator
 from gpuop_sim.host import keys, seeding
 from tests.support.driver_manager import recorded_host, source_of
 from tests.support.kernel_modules import module_elf
@@ -156,3 +163,48 @@ def test_a_format_2_package_of_the_flavour_is_preferred_to_a_format_1_one() -> N
     chosen = sources.select(both, "/srv", "gpu", VERSION, KERNEL, "proprietary")
     assert chosen.file == "gpu-proprietary.tar.gz"
     assert sources.select(both, "/srv", "gpu", VERSION, KERNEL).file == "gpu-v1.tar.gz"
+
+
+class _Reloads:
+    """A reloader that unloads and loads at once (the host root runs no kernel)."""
+
+    def __init__(self) -> None:
+        self.loaded: list[str] = []
+
+    async def unload(self, component: str, timeout: float, allow: bool) -> tuple[str, ...]:
+        return ()
+
+    async def load(self, component: str, version: str, wanted: tuple[str, ...]) -> tuple[str, ...]:
+        self.loaded.append(version)
+        return ("nvidia",)
+
+
+async def test_a_rollback_of_a_flavour_change_installs_the_old_modules_again(
+    tmp_path: Path,
+) -> None:
+    root = host(tmp_path)
+    source = tmp_path / "source"
+    build(source, Flavour.OPEN)
+    build(source, Flavour.PROPRIETARY)
+    await installer(root).install("gpu", VERSION, source_of(source), "open")  # the new ones
+    reloads = _Reloads()
+    executor = Executor(
+        root, DriverManagerConfig(), installer(root), cast(Reloader, reloads),
+        cast(Validator, None), cast(Rebooter, None),
+    )  # fmt: skip
+    back = dm.RollbackDriver(
+        component=dm.Component.GPU, version=VERSION, source=source_of(source),
+        flavour=dm.Flavour.PROPRIETARY,
+    )  # fmt: skip
+
+    outcome = await executor.execute("c1", back, StepContext(), ComponentRecord())
+
+    assert isinstance(outcome.result, dm.DriverRolledBack), outcome.result
+    assert installed_license(root) == "NVIDIA"
+    assert reloads.loaded == [VERSION]
+    no_source = dm.RollbackDriver(
+        component=dm.Component.GPU, version=VERSION, flavour=dm.Flavour.OPEN
+    )
+    refused = await executor.execute("c2", no_source, StepContext(), ComponentRecord())
+    assert isinstance(refused.result, dm.DriverRollbackFailed)
+    assert "installed with other kernel modules than open" in refused.result.message

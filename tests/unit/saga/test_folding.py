@@ -113,3 +113,22 @@ def test_the_install_command_carries_the_targets_flavour() -> None:
     unflavoured = saga_for(SPEC).model_copy(update={"step": install.step})
     [plain], _ = effects.driver_effects(unflavoured, SPEC)
     assert isinstance(plain.payload, dm.InstallDriver) and plain.payload.flavour is None
+
+
+def test_the_rollback_of_a_flavour_change_asks_for_the_old_modules_from_the_source() -> None:
+    changed = records.new_saga(
+        node=NODE, rollout_id="rollout-1", policy=SPEC, running={Component.GPU: GPU_NEW},
+        now=T0, flavour=Flavour.OPEN, running_flavour=Flavour.PROPRIETARY,
+    )  # fmt: skip
+    step = Step(kind=StepKind.ROLLBACK, component=Component.GPU)
+
+    [issued], _ = effects.driver_effects(changed.model_copy(update={"step": step}), SPEC)
+
+    back = issued.payload
+    assert isinstance(back, dm.RollbackDriver)
+    assert (back.version, back.flavour) == (GPU_NEW, Flavour.PROPRIETARY)
+    assert back.source is not None and back.source.uri == SPEC.driver.gpu.source
+    upgraded = saga_for(SPEC, flavour=Flavour.OPEN)  # another version: rolled back as it is
+    [plain], _ = effects.driver_effects(upgraded.model_copy(update={"step": step}), SPEC)
+    assert isinstance(plain.payload, dm.RollbackDriver)
+    assert (plain.payload.version, plain.payload.source) == (GPU_OLD, None)
