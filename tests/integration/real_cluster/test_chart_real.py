@@ -4,6 +4,7 @@ what each role's code calls must be allowed, and a set nobody needs must not be.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuop.bus import nkeys
 from tests.support import fleet
 from tests.support.chart_access import NEVER
 from tests.support.control_plane import ControlPlane, binary
@@ -41,8 +43,15 @@ MUST = {
     ],
     "telemetry-cluster": [],
     "node-agent": [],
+    # callout mode, the default: each node agent service under a ServiceAccount of its own
+    "discovery": [], "driver-manager": [], "device-plugin": [], "network-manager": [],
+    "telemetry": [],
 }  # fmt: skip
 """Role -> (verb, resource, namespace) its code calls."""
+
+
+ISSUER = f"/api/v1/namespaces/{NS}/secrets/{fleet.RELEASE}-nats-issuer"
+"""The callout's issuer key, which the chart generates (callout mode, the default)."""
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +59,22 @@ def installed(plane: ControlPlane) -> Iterator[str]:
     manifest = fleet.install_chart(plane)
     yield manifest
     fleet.helm(plane, "uninstall", fleet.RELEASE, "--namespace", NS)
+    # kept by the uninstall (helm.sh/resource-policy: keep), as a release's key must be
+    plane.request(ISSUER, method="DELETE")
+
+
+def test_the_generated_issuer_key_is_kept_across_an_upgrade(
+    plane: ControlPlane, installed: str
+) -> None:
+    before = plane.call("GET", ISSUER)["data"]["key.pem"]
+    # an Ed25519 PEM that the callout reads as its account key
+    key = nkeys.KeyPair.from_pem(base64.b64decode(before).decode("ascii"), nkeys.Kind.ACCOUNT)
+    fleet.helm(
+        plane, "upgrade", fleet.RELEASE, str(fleet.CHART), "--namespace", NS, "--reuse-values"
+    )
+    after = plane.call("GET", ISSUER)["data"]["key.pem"]
+    assert after == before, "the upgrade generated a new issuer key"
+    assert key.public_key.startswith("A")
 
 
 def test_every_object_of_the_chart_is_accepted_by_the_real_apiserver(
