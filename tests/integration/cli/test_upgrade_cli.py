@@ -35,6 +35,8 @@ from tests.support.sagas import T0
 OLD, NEW = "580.159.04", "580.200.01"
 DRIVER = "nvidia.com/cuda.driver-version.full"
 RESOURCE = customobjects.GPU_CLUSTER_POLICIES
+# What the API server stores for a gpu driver whose kernelModuleType is unset (the CRD's default)
+AUTO = {"kernelModuleType": "auto"}
 POOLS = {"gpu-node-1": "train", "gpu-node-2": "train", "gpu-node-3": "train"}
 POOLS |= {"gpu-node-4": "infer", "gpu-node-5": "infer"}
 
@@ -126,7 +128,7 @@ async def test_start_asks_for_the_version_with_its_limits_and_nodes(cluster: Clu
     assert document["changed"] and document["selectedNodes"] == 3
     assert document["summary"] == f"gpu driver {OLD} -> {NEW}"
     spec = await cluster.spec()
-    assert spec["driver"]["gpu"] == {"version": NEW, "source": "/srv/drivers"}
+    assert spec["driver"]["gpu"] == {"version": NEW, "source": "/srv/drivers", **AUTO}
     upgrade = spec["upgradePolicy"]
     assert (upgrade["maxParallelUpgrades"], upgrade["nodeSelector"]) == (2, "pool=train")
     assert upgrade["paused"] is False  # starting a rollout also resumes it
@@ -172,7 +174,7 @@ async def test_abort_goes_back_to_the_versions_start_replaced_once(cluster: Clus
     assert code == 0, err
     assert json.loads(out)["summary"].startswith(f"back to gpu {OLD}")
     policy = await cluster.policy()
-    assert policy["spec"]["driver"]["gpu"] == {"version": OLD, "source": "/srv/drivers"}
+    assert policy["spec"]["driver"]["gpu"] == {"version": OLD, "source": "/srv/drivers", **AUTO}
     assert policy["spec"]["upgradePolicy"]["paused"] is False
     assert controls.LAST_START not in (policy["metadata"].get("annotations") or {})
 
@@ -364,7 +366,11 @@ async def test_a_start_amended_with_another_source_is_aborted_as_one(cluster: Cl
     assert (await cluster.cli("upgrade", "start", "--version", NEW, "--source", mirror))[0] == 0
     code, _, err = await cluster.cli("upgrade", "abort")
     assert code == 0, err
-    assert (await cluster.spec())["driver"]["gpu"] == {"version": OLD, "source": "/srv/drivers"}
+    assert (await cluster.spec())["driver"]["gpu"] == {
+        "version": OLD,
+        "source": "/srv/drivers",
+        **AUTO,
+    }
 
 
 async def test_status_shows_the_skipped_nodes_and_counts_them(cluster: Cluster) -> None:

@@ -24,6 +24,8 @@ from tests.support.rollouts import install_crd
 OLD, NEW, TRAIN_OLD = "580.159.04", "580.200.01", "575.57.08"
 DRIVER = "nvidia.com/cuda.driver-version.full"
 RESOURCE = customobjects.GPU_CLUSTER_POLICIES
+# What the API server stores for a gpu driver whose kernelModuleType is unset (the CRD's default)
+AUTO = {"kernelModuleType": "auto"}
 NODES = {"gpu-node-1": ("train", TRAIN_OLD), "gpu-node-2": ("train", TRAIN_OLD)}
 NODES |= {"gpu-node-3": ("infer", OLD), "gpu-node-4": ("infer", OLD), "gpu-node-5": ("", OLD)}
 
@@ -104,7 +106,7 @@ async def test_start_pause_resume_and_abort_act_on_one_pool(cluster: Cluster) ->
     assert code == 0, err
     assert json.loads(out)["summary"] == f"pool train: gpu driver {TRAIN_OLD} -> {NEW}"
     pools = await cluster.pools()
-    assert pools["train"]["gpu"] == {"version": NEW}
+    assert pools["train"]["gpu"] == {"version": NEW, **AUTO}
     assert pools["train"]["upgradePolicy"]["maxParallelUpgrades"] == 2
     assert pools["infer"] == policy()["spec"]["driver"]["pools"][1] | {
         "upgradePolicy": {"maxParallelUpgrades": 2, "paused": False}
@@ -126,7 +128,7 @@ async def test_start_pause_resume_and_abort_act_on_one_pool(cluster: Cluster) ->
     code, out, err = await cluster.cli("upgrade", "abort", "--json")
     assert code == 0, err
     assert json.loads(out)["summary"].startswith(f"pool train back to gpu {TRAIN_OLD}")
-    assert (await cluster.pools())["train"]["gpu"] == {"version": TRAIN_OLD}
+    assert (await cluster.pools())["train"]["gpu"] == {"version": TRAIN_OLD, **AUTO}
     found = await customobjects.get(cluster.kube, RESOURCE, "default")
     assert controls.LAST_START not in (found["metadata"].get("annotations") or {})
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +31,10 @@ STATES = (
     S.UPGRADE_DONE,
 )
 ZONE = "topology.kubernetes.io/zone"
+
+# Hundreds of examples, each a fleet or an event sequence: seconds alone, more on a busy
+# machine, so more than the unit suite's per-test limit.
+PROPERTY_TIMEOUT = 120
 
 
 @st.composite
@@ -89,6 +94,7 @@ def fleets(draw: st.DrawFn) -> tuple[GPUClusterPolicySpec, list[NodeSaga], dict[
     return spec, made, statuses
 
 
+@pytest.mark.timeout(PROPERTY_TIMEOUT)
 @settings(max_examples=500, deadline=None)
 @given(fleets())
 def test_the_single_pass_admits_as_the_plain_pass(
@@ -100,6 +106,7 @@ def test_the_single_pass_admits_as_the_plain_pass(
     )
 
 
+@pytest.mark.timeout(PROPERTY_TIMEOUT)
 @settings(max_examples=200, deadline=None)
 @given(fleets())
 def test_the_single_pass_over_the_tally_admits_as_the_plain_pass(

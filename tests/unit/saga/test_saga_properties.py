@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,6 +45,10 @@ MOVES = (
 STRIDE = 14
 """Each random move comes after up to this many successful steps, so walks reach every depth
 of the flow (a reboot, a rollback, a retry) before something goes wrong."""
+
+# Hundreds of examples, each a fleet or an event sequence: seconds alone, more on a busy
+# machine, so more than the unit suite's per-test limit.
+PROPERTY_TIMEOUT = 120
 
 
 def apply(run: Run, move: str, boot: str, flag: bool) -> None:
@@ -120,6 +125,7 @@ def walk(run: Run, sequence: list[tuple[int, str, str, bool]]) -> None:
         apply(run, move, boot, flag)
 
 
+@pytest.mark.timeout(PROPERTY_TIMEOUT)
 @settings(max_examples=500, deadline=None, derandomize=True)
 @given(spec=policies, cordoned=st.booleans(), ofed_known=st.booleans(), sequence=moves)
 def test_random_events_never_leave_the_table_or_reuse_ids(spec, cordoned, ofed_known, sequence):
@@ -161,6 +167,7 @@ def test_random_events_never_leave_the_table_or_reuse_ids(spec, cordoned, ofed_k
     assert records.NodeSaga.from_json(run.saga.to_json()) == run.saga
 
 
+@pytest.mark.timeout(PROPERTY_TIMEOUT)
 @settings(max_examples=50, deadline=None, derandomize=True)
 @given(spec=policies, sequence=moves)
 def test_replaying_the_same_events_reproduces_every_decision(spec, sequence):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,10 @@ from tests.support.sagas import GPU_NEW, SOURCE, T0, S, saga_for
 NODES = [f"node-{i:02d}" for i in range(12)]
 POOLS = (None, "train", "infer")
 STATES = (S.UPGRADE_REQUIRED, S.CORDON_REQUIRED, S.DRAIN_REQUIRED, S.UPGRADE_FAILED)
+
+# Hundreds of examples, each a fleet or an event sequence: seconds alone, more on a busy
+# machine, so more than the unit suite's per-test limit.
+PROPERTY_TIMEOUT = 120
 
 
 def pooled_policy(parallel: int, canary: int, train_canary: int | None) -> GPUClusterPolicySpec:
@@ -80,6 +85,7 @@ def counted(sagas: list[NodeSaga]) -> tuple[list[NodeSaga], tallies.DoneSagas]:
     return live, done
 
 
+@pytest.mark.timeout(PROPERTY_TIMEOUT)
 @settings(max_examples=300, deadline=None)
 @given(fleets())
 def test_admission_over_the_tally_is_admission_over_every_saga(
