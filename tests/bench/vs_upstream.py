@@ -40,7 +40,7 @@ A kill can land in the middle of an eviction: the apiserver has already counted 
 budget (its status's disruptedPods) but the request ends 504 and the pod stays. Every
 eviction under that budget is then refused until the disruption controller drops the entry,
 2 minutes later; the kill's makespan includes that stall when it happens (seen for gpuop in
-two of four quick runs).
+three of five quick runs, the one of 2026-12-02 14:30 among them).
 - the apiserver answering slowly: both controllers reach it through a TCP proxy that holds
   every chunk a client sends for 50 ms (`SlowProxy`); the makespan. Quick mode leaves it out
   unless `--slow` asks for it: with it a quick run takes about fifteen minutes, not ten
