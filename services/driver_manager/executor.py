@@ -12,7 +12,9 @@ bugs and bus trouble raise.
     load      select the version, depmod, modprobe, check   DriverLoaded / DriverLoadFailed
     validate  NVML (GPU) or sysfs (OFED): version, devices  DriverValidated / ...ValidationFailed
     rollback  install if missing, unload, load the version, DriverRolledBack / ...RollbackFailed
-              uninstall the version rolled back from
+              uninstall the version rolled back from; the
+              other kernels get their version from before
+              pre-staging again (prestaging.restore)
     reboot    RebootStarted, then reboot                    RebootStarted
 
 A reboot's `Outcome` carries the reboot as `after`: the agent publishes `RebootStarted`
@@ -244,7 +246,9 @@ class Executor:
         staged = await prestaging.prestage(
             self.installer, command.component, command.version, command.source, command.flavour
         )
-        changes: dict[str, Any] = {}
+        changes: dict[str, Any] = {
+            "prestaged": prestaging.recorded(staged, command.version, record.prestaged)
+        }
         if installed.sha256 is not None:
             changes["packages"] = {**record.packages, command.version: installed.sha256}
         answer = dm.DriverInstalled(
@@ -333,13 +337,17 @@ class Executor:
         if context.from_version not in (None, version):
             # the rejected build goes: a retry fetches the package again, fixed or not
             self.installer.remove(component, context.from_version)
+        # and the other kernels do not boot it either
+        others = await prestaging.restore(self.installer, component, version, record.prestaged)
         answer = dm.DriverRolledBack(
             command_id=command_id,
             component=component,
             version=version,
             from_version=context.from_version,
+            restored_kernels=others.restored[:32],
+            kernels_not_restored=tuple(sorted(others.not_restored))[:32],
         )
-        return Outcome(answer, {**updates, **changes})
+        return Outcome(answer, {**updates, **changes, "prestaged": others.kept})
 
     def _snapshot(self, component: str) -> dict[str, Any]:
         try:

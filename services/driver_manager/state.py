@@ -11,7 +11,8 @@ Written by `agent.CommandAgent` around every command, read at start and on each 
     components  per driver stack: the version this agent last loaded and the one before it
                 (what a rollback returns to), the modules that were loaded and the devices
                 seen before the last unload (what a load restores and a validation expects),
-                and the digest of each package it installed.
+                the digest of each package it installed, and per other kernel the
+                version pre-staging made active there and the one active before.
     Each answer also copies the installed and the active versions from disk (for operators;
     the directories and the `active` file stay the truth).
 
@@ -84,6 +85,15 @@ class CommandRecord(_Frozen):
         return None if self.result is None else Envelope.model_validate(self.result)
 
 
+class PrestagedKernel(_Frozen):
+    """One other kernel's pre-staging, as a rollback must undo it."""
+
+    version: str
+    """The version pre-staging installed and made active for the kernel."""
+    prior: str | None = None
+    """The version active for the kernel before, or None when it had none."""
+
+
 class ComponentRecord(_Frozen):
     """What this agent did to one driver stack."""
 
@@ -101,6 +111,9 @@ class ComponentRecord(_Frozen):
     """Versions installed for the running kernel when the last command finished."""
     active: str | None = None
     """Active version (the one depmod indexes) when the last command finished."""
+    prestaged: dict[str, PrestagedKernel] = Field(default_factory=dict)
+    """Kernel -> what pre-staging made active there and what was active before: what a
+    rollback restores on the host's other kernels (`prestaging.restore`)."""
 
 
 class DriverState(_Frozen):

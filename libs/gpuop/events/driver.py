@@ -448,6 +448,13 @@ class DriverRolledBack(DriverResult):
     """Version now loaded (the one rolled back to)."""
     from_version: Version | None = None
     """Version that was loaded before the rollback, when any was."""
+    restored_kernels: tuple[KernelRelease, ...] = Field(default=(), max_length=32)
+    """The host's other kernels that pre-staging had given the version rolled back from,
+    made to boot the version they had before again (or none, when they had none)."""
+    kernels_not_restored: tuple[KernelRelease, ...] = Field(default=(), max_length=32)
+    """The host's other kernels whose version from before pre-staging could not be made
+    active again (gone from disk; the agent's log says why): the version rolled back from
+    is taken off them, so a reboot into one comes up without a driver and is reinstalled."""
 
 
 class DriverRollbackFailed(DriverFailure):
