@@ -151,7 +151,7 @@ def select(
             if entry.flavour is None:
                 return entry
     if built:
-        flavours = ", ".join(sorted({_flavour_name(e) for e in built}))
+        flavours = ", ".join(flavours_for(index, component, version, kernel_release))
         detail = f"no {flavour} build for kernel {kernel_release} (it has: {flavours})"
     elif same:
         kernels = ", ".join(sorted({entry.kernel_release for entry in same}))
@@ -162,6 +162,23 @@ def select(
     raise SourceError(
         InstallFailureReason.NOT_FOUND,
         f"driver source {uri} has no {component} {version} package: {detail}",
+    )
+
+
+def flavours_for(
+    index: SourceIndex, component: str, version: str, kernel_release: str
+) -> tuple[str, ...]:
+    """The kernel module flavours the index has `component` `version` in for
+    `kernel_release`, sorted, a format-1 package named as such; () for no build at all."""
+    return tuple(
+        sorted(
+            {
+                _flavour_name(e)
+                for e in index.packages
+                if (e.component, e.version, e.kernel_release)
+                == (component, version, kernel_release)
+            }
+        )
     )
 
 

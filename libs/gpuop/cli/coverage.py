@@ -4,7 +4,11 @@
 A driver package is built for one kernel release (`index.json` lists each with its
 `kernel_release`), and a node installs the one built for the kernel it runs. A rollout to a
 version whose source lacks some node's kernel would cordon and drain that node, then fail it
-at the install; the plan refuses it instead, naming the nodes and their kernels.
+at the install; the plan refuses it instead, naming the nodes and their kernels. The GPU
+driver's package must also be of the kernel modules the node is to run (its target's
+flavour: the policy's `kernelModuleType`, `auto` resolved per node by `gpuop.policy.flavours`),
+chosen as the node chooses (`sources.select`: a format-1 package serves either); a kernel
+with builds of the other modules only is named with the flavours the source has for it.
 
 `missing` is pure: the nodes (with the kernel each runs, `status.nodeInfo.kernelVersion` or
 discovery's inventory), the components and versions they are to run, and the sources'
@@ -52,6 +56,10 @@ class Gap:
     component: Component
     version: str
     source: str
+    flavour: str | None = None
+    """The kernel modules the node is to run (the target's), None: any."""
+    has: tuple[str, ...] = ()
+    """The flavours the source has the version in for the node's kernel (`()`: none)."""
 
 
 @dataclass(frozen=True)
@@ -74,14 +82,18 @@ class Coverage:
     def describe(self) -> list[str]:
         """The refusal (or the notes) in lines, each gap with its node and kernel."""
         lines = []
-        by_source: dict[tuple[str, Component, str], list[Gap]] = {}
+        by_source: dict[tuple[str, Component, str, str | None, tuple[str, ...]], list[Gap]] = {}
         for gap in self.gaps:
-            by_source.setdefault((gap.source, gap.component, gap.version), []).append(gap)
-        for (source, component, version), gaps in by_source.items():
+            key = (gap.source, gap.component, gap.version, gap.flavour, gap.has)
+            by_source.setdefault(key, []).append(gap)
+        for (source, component, version, flavour, has), gaps in by_source.items():
             kernels = sorted({g.kernel for g in gaps})
+            # a kernel with builds of other modules only: say which modules are there
+            wanted = f"{component} {version} {flavour}" if has else f"{component} {version}"
+            there = f" (it has for it: {', '.join(has)})" if has else ""
             lines.append(
-                f"driver source {source} has no {component} {version} package for kernel "
-                f"{', '.join(kernels)}: nodes "
+                f"driver source {source} has no {wanted} package for kernel "
+                f"{', '.join(kernels)}{there}: nodes "
                 + ", ".join(f"{g.node} ({g.kernel})" for g in sorted(gaps, key=lambda g: g.node))
             )
         lines += [f"driver source {s}: {why}" for s, why in sorted(self.refused.items())]
@@ -96,6 +108,8 @@ class Coverage:
                     "component": str(g.component),
                     "version": g.version,
                     "source": g.source,
+                    "flavour": g.flavour,
+                    "flavoursInSource": list(g.has),
                 }
                 for g in self.gaps
             ],
@@ -111,8 +125,9 @@ def missing(
     unchecked: Mapping[str, str] | None = None,
     refused: Mapping[str, str] | None = None,
 ) -> Coverage:
-    """The nodes of `wanted` whose kernel has no package of their target in its source's
-    index (`indexes`, by source URI; a source absent from it is not checked)."""
+    """The nodes of `wanted` whose kernel has no package of their target (of its flavour,
+    when it names one) in its source's index (`indexes`, by source URI; a source absent
+    from it is not checked), by the driver-manager's own selection (`sources.select`)."""
     gaps = []
     unknown = set()
     for item in wanted:
@@ -122,15 +137,15 @@ def missing(
         if item.kernel is None:
             unknown.add(item.node)
             continue
-        version = item.target.version
-        found = any(
-            e.component == item.component
-            and e.version == version
-            and e.kernel_release == item.kernel
-            for e in indexes[source].packages
-        )
-        if not found:
-            gaps.append(Gap(item.node, item.kernel, item.component, version, source))
+        version, flavour = item.target.version, item.target.flavour
+        index = indexes[source]
+        try:
+            # the node's own choice (a format-1 package serves either flavour)
+            sources.select(index, source, item.component, version, item.kernel, flavour)
+        except sources.SourceError:
+            has = sources.flavours_for(index, item.component, version, item.kernel)
+            gap = Gap(item.node, item.kernel, item.component, version, source, flavour, has)
+            gaps.append(gap)
     return Coverage(
         gaps=tuple(sorted(gaps, key=lambda g: (g.node, g.component))),
         unchecked=dict(unchecked or {}),

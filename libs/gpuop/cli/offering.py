@@ -12,6 +12,11 @@ checked, and said so (`gpuop upgrade plan` does the same): the nodes still stage
 package before they are cordoned, so a version missing there fails each node uncordoned,
 its workloads running. A component without a source (the package must already be on the
 nodes) is not checked.
+
+The GPU driver's version must also come in the kernel modules the policy's
+`kernelModuleType` names (a format-1 package serves either, as a node's selection has it:
+`sources.select`); with `auto`, which each node resolves from its own GPUs, the flavour the
+version's branch recommends is checked and a source without it is noted, not refused.
 """
 
 from __future__ import annotations
@@ -37,9 +42,14 @@ def _version_key(version: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"[.\-]", version))
 
 
-async def require(component: Component, target: Target) -> str | None:
-    """`CommandFailed` unless `target.source` offers `target.version` of `component`; a note
-    when the source could not be read from here (not checked), else None."""
+async def require(
+    component: Component, target: Target, *, flavour_decided: bool = True
+) -> str | None:
+    """`CommandFailed` unless `target.source` offers `target.version` of `component`, of
+    `target.flavour` when it names one (for some kernel: which kernel each node needs is
+    `gpuop upgrade plan`'s check); a note when the source could not be read from here (not
+    checked), or when it lacks the flavour but `flavour_decided` is False (the policy's
+    `auto`, resolved without the nodes' GPUs: a node's may pick the other), else None."""
     uri = target.source
     if uri is None:
         return None
@@ -55,4 +65,38 @@ async def require(component: Component, target: Target) -> str | None:
             f"driver source {uri} has no {component} {target.version} package "
             f"(it has: {has}); {UNCHANGED}"
         )
-    return None
+    if target.flavour is None or in_flavour(indexes[uri], uri, component, target):
+        return None
+    flavoured = ", ".join(flavours_offered(indexes[uri], component, target.version))
+    lacking = (
+        f"driver source {uri} has no {component} {target.version} package of the "
+        f"{target.flavour} kernel modules for any kernel (it has: {flavoured})"
+    )
+    if flavour_decided:
+        raise CommandFailed(f"{lacking}; {UNCHANGED}")
+    return (
+        f"{lacking}, which kernelModuleType auto picks for {target.version} on GPUs it "
+        "cannot see from here; gpuop upgrade plan checks each node's"
+    )
+
+
+def in_flavour(index: sources.SourceIndex, uri: str, component: Component, target: Target) -> bool:
+    """Whether a node of some kernel the index has `target.version` for would find a package
+    of `target.flavour` there, by the node's own selection (`sources.select`)."""
+    kernels = {e.kernel_release for e in index.packages if e.component == component}
+    for kernel in sorted(kernels):
+        try:
+            sources.select(index, uri, component, target.version, kernel, target.flavour)
+        except sources.SourceError:
+            continue
+        return True
+    return False
+
+
+def flavours_offered(index: sources.SourceIndex, component: Component, version: str) -> list[str]:
+    """The flavours `version` of `component` comes in, over every kernel the index lists."""
+    kernels = {e.kernel_release for e in index.packages if e.component == component}
+    found = {
+        f for kernel in kernels for f in sources.flavours_for(index, component, version, kernel)
+    }
+    return sorted(found)

@@ -62,6 +62,9 @@ class NodeView:
     """Components its skip labels keep out of upgrades (`admission.skipped_by`)."""
     labels: dict[str, str] = field(default_factory=dict)
     """Its labels (the waves' topology label among them), when read from Kubernetes."""
+    inventory: HardwareDiscovered | None = None
+    """Discovery's latest inventory of it, when read from the event log: what `auto`
+    resolves its kernel modules from (`gpuop.policy.flavours`)."""
 
 
 @dataclass
@@ -196,6 +199,7 @@ async def read_events(bus: Bus) -> Snapshot:
             view = snapshot.nodes.setdefault(envelope.node, NodeView(envelope.node))
             view.driver, view.ofed = payload.driver_version, payload.ofed_version
             view.kernel = payload.kernel_release
+            view.inventory = payload
     snapshot.nodes = dict(sorted(snapshot.nodes.items()))
     return snapshot
 
@@ -215,6 +219,7 @@ def merge(kube: Snapshot, log: Snapshot) -> Snapshot:
                 driver=view.driver or logged.driver,
                 ofed=logged.ofed,
                 kernel=view.kernel or logged.kernel,
+                inventory=logged.inventory,
             )
         merged[name] = view
     return Snapshot(

@@ -32,7 +32,7 @@ from gpuop.cli.events import nats_bus, nats_prefix
 from gpuop.events.driver import Component
 from gpuop.kube import client as kubeclient
 from gpuop.kube import errors as kubeerrors
-from gpuop.policy import GPUClusterPolicySpec, selectors
+from gpuop.policy import GPUClusterPolicySpec, flavours, selectors
 from gpuop.policy.drivers import DEFAULT_POOL, DriverSource, DriverVersion
 from gpuop.saga.records import desired_targets
 
@@ -238,9 +238,16 @@ async def start_rollout(args: argparse.Namespace, environ: Mapping[str, str]) ->
     # no source has would fail every node of the rollout (issue 18)
     async with connected(args, environ) as kube:
         policy = snapshots.policy_view(await snapshots.find_policy(kube, args.policy))
-    targets = desired_targets(controls.spec_after(policy, build(policy)), args.pool)
+    after = controls.spec_after(policy, build(policy))
+    # and in the kernel modules the policy asks for; `auto` picks per node from its GPUs,
+    # which start does not read: the node-independent rule, and a note instead of a refusal
+    gpu, _ = after.driver.components_of(args.pool)
+    modules = flavours.resolve(gpu.kernel_module_type, None, gpu.version)
+    targets = desired_targets(after, args.pool, modules.flavour)
     if component in targets:
-        note = await offering.require(component, targets[component])
+        note = await offering.require(
+            component, targets[component], flavour_decided=gpu.kernel_module_type != "auto"
+        )
         if note is not None:
             print(f"gpuop upgrade start: {note}", file=sys.stderr, flush=True)
     return await _edit(args, environ, build)
@@ -346,14 +353,19 @@ async def plan_rollout(args: argparse.Namespace, environ: Mapping[str, str]) -> 
 
 
 def _wanted(snapshot: snapshots.Snapshot, spec: GPUClusterPolicySpec) -> list[coverage.Wanted]:
-    """What each managed node not yet running its versions is to install, with its kernel."""
+    """What each managed node not yet running its versions is to install, with its kernel
+    and the GPU driver's kernel modules: the pool's `kernelModuleType`, `auto` resolved as
+    the controller resolves it, from the node's inventory when the event log was read, else
+    by the node-independent rule for the version."""
     wanted = []
     for view in reports.managed(snapshot):
         if reports.state_of(view, spec) is reports.S.UPGRADE_DONE:
             continue
         pool = reports.pool_of(view, spec)
         try:
-            targets = desired_targets(spec, pool)
+            gpu, _ = spec.driver.components_of(pool)
+            flavour = flavours.resolve(gpu.kernel_module_type, view.inventory, gpu.version)
+            targets = desired_targets(spec, pool, flavour.flavour)
         except KeyError:
             continue
         running = snapshots.running_versions(view)
