@@ -149,7 +149,12 @@ SAMPLES: list[Payload] = [
         failing_gpus=(GPU_UUID,),
     ),
     driver.DriverRolledBack(
-        command_id=CMD, component=GPU, version="570.86.15", from_version="580.159.04"
+        command_id=CMD,
+        component=GPU,
+        version="570.86.15",
+        from_version="580.159.04",
+        restored_kernels=("6.18.50-fc-v660-gpu",),
+        kernels_not_restored=("6.18.51-fc-v661-gpu",),
     ),
     driver.DriverRollbackFailed(
         command_id=CMD,
