@@ -201,3 +201,30 @@ async def test_a_rollback_leaves_a_kernel_changed_since_prestaging_alone(
     assert (rolled.restored_kernels, rolled.kernels_not_restored) == ((), ())
     assert packages.installed_versions(host, NEXT, "gpu") == (OLD, NEW)
     assert harness.store.load().component("gpu").prestaged == {}
+
+
+async def test_a_failed_rollback_keeps_the_record_and_its_retry_restores_the_kernels(
+    harness: Harness, host: HostRoot, source: Path
+) -> None:
+    old_driver_on(host, NEXT)
+    with_next_kernel(source)
+    for command in (
+        dm.UnloadDriver(component=GPU),
+        install(source),
+        dm.LoadDriver(component=GPU, version=NEW),
+    ):
+        answer = await harness.send(command)
+        assert not isinstance(answer, dm.DriverFailure), answer
+    shutil.rmtree(packages.package_dir(host, KERNEL, "gpu", OLD))
+
+    failed = await harness.send(dm.RollbackDriver(component=GPU, version=OLD))
+    assert isinstance(failed, dm.DriverRollbackFailed), failed
+    assert packages.active_version(host, NEXT, "gpu") == NEW  # nothing undone yet
+    assert NEXT in harness.store.load().component("gpu").prestaged
+
+    retried = await harness.send(
+        dm.RollbackDriver(component=GPU, version=OLD, source=source_of(source))
+    )
+    assert isinstance(retried, dm.DriverRolledBack), retried
+    assert retried.restored_kernels == (NEXT,)
+    assert packages.active_version(host, NEXT, "gpu") == OLD
