@@ -3,11 +3,13 @@
 `write_index` scans `lib/modules/<kernel release>/` under the host root and writes
 `modules.dep` in the real format: one line per module, its path relative to that directory,
 a colon, then every module it needs (transitively), in the order modprobe loads them from
-the end of the line backwards. Under `updates/gpuop/<component>/` only the component's
-active version is indexed (see `gpuop.host.packages`), and it wins over a module of the same
-name elsewhere in the tree, as depmod's default search order (`updates` first) would have
-it. `read_index` is how the simulated modprobe finds a module. Called by `SimKernel.depmod`
-and so by the stand-in `depmod`.
+the end of the line backwards. A module's needs are what it declares: a stand-in's
+`depends`, a real module's `.modinfo` (`declared_module`). Under `updates/gpuop/<component>/`
+only the component's active version is indexed (see `gpuop.host.packages`; format 1 keeps
+its modules at the top of the version's directory, format 2 under `modules/`), and it wins
+over a module of the same name elsewhere in the tree, as depmod's default search order
+(`updates` first) would have it. `read_index` is how the simulated modprobe finds a module.
+Called by `SimKernel.depmod` and so by the stand-in `depmod`.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuop.host import packages
-from gpuop.host.errors import DepmodFailed, HostReadError
+from gpuop.host import kmod, packages
+from gpuop.host.errors import DepmodFailed, HostReadError, ModuleLoadFailed
 from gpuop.host.files import write_atomic
 from gpuop.host.roots import HostRoot
 
 INDEX = "modules.dep"
+MODULES = "modules"
+"""Where a format 2 package keeps its modules, under its version's directory."""
+_ELF = b"\x7fELF"
 
 
 @dataclass(frozen=True)
@@ -95,16 +100,47 @@ def _indexable_files(root: HostRoot, base: Path, kernel_release: str) -> dict[st
                 kernel_release, f"active version {version} of {component} is not installed"
             )
         directory = packages.package_dir(root, kernel_release, component, version)
-        for path in sorted(directory.glob(f"*{packages.MODULE_SUFFIX}")):
-            files[module_name(path.name)] = path.relative_to(base).as_posix()
+        # format 1 keeps its modules at the top, format 2 under modules/
+        for folder in (directory, directory / MODULES):
+            for path in sorted(folder.glob(f"*{packages.MODULE_SUFFIX}")):
+                files[module_name(path.name)] = path.relative_to(base).as_posix()
     return files
 
 
-def _declared_dependencies(path: Path) -> tuple[str, ...]:
-    # depmod reads a module's needs from its symbols; a stand-in declares them. A file that
-    # is no stand-in is indexed without needs, and loading it fails, as a corrupt module does.
+def declared_module(path: Path) -> packages.ModuleStandin:
+    """What the module file `path` declares: a stand-in's own document, or a real module's
+    `.modinfo` fields (name, version, `depends`, the kernel release of its vermagic) read
+    with kmod's `modinfo`, its size the file's. `ValueError` when it is neither."""
+    data = path.read_bytes()
     try:
-        return packages.ModuleStandin.decode(path.read_bytes()).depends
+        return packages.ModuleStandin.decode(data)
+    except ValueError:
+        if not data.startswith(_ELF):
+            raise
+    try:
+        info = kmod.modinfo(path)
+    except ModuleLoadFailed as failure:
+        raise ValueError(f"{path.name}: {failure}") from None
+    vermagic = (info.get("vermagic") or [""])[0].split()
+    name = (info.get("name") or [""])[0]
+    if not name or not vermagic:
+        raise ValueError(f"{path.name}: modinfo shows no name or vermagic")
+    depends = (info.get("depends") or [""])[0]
+    return packages.ModuleStandin(
+        name=name,
+        version=(info.get("version") or [""])[0],
+        kernel_release=vermagic[0],
+        depends=tuple(d.replace("-", "_") for d in depends.split(",") if d),
+        size=len(data),
+    )
+
+
+def _declared_dependencies(path: Path) -> tuple[str, ...]:
+    # depmod reads a module's needs from its symbols; a stand-in declares them, a real module
+    # in its `depends` field. A file that is neither is indexed without needs, and loading it
+    # fails, as a corrupt module does.
+    try:
+        return declared_module(path).depends
     except (OSError, ValueError):
         return ()
 

@@ -4,28 +4,34 @@ kernel headers; cached, see `tests.support.driver_packages`), installed into a s
 root by the driver-manager's installer, indexed by Debian kmod's own `depmod -b`, which
 finds `nvidia_uvm` needing `nvidia` from the modules' real symbols; and the refusals
 with real modules: another kernel's vermagic, unsigned modules under lockdown, a changed
-file."""
+file. Then the driver-manager agent's own install, load and validate on the simulated node,
+whose kernel loads the real modules from what their `.modinfo` declares."""
 
 from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from gpuop.bus import InMemoryBus
 from gpuop.clocks import VirtualClock
+from gpuop.events import driver as dm
 from gpuop.events.driver import InstallFailureReason
 from gpuop.host import building, kmod, packages, packaging
+from gpuop.host.errors import ModuleLoadFailed
 from gpuop.host.manifests import Flavour, Role
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import installing
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop_sim.host import keys, seeding
+from gpuop_sim.host.simkernel import SimKernel
 from tests.support import driver_packages
-from tests.support.driver_manager import recorded_host, source_of
+from tests.support.driver_manager import recorded_host, running_agent, source_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # a cold build of both flavours
 
@@ -226,3 +232,66 @@ async def test_format_1_and_a_real_format_2_package_in_one_source(
     done = await installer(root).install("gpu", VERSION, source_of(source))
     assert done.fresh
     assert (packages.package_dir(root, kernel, "gpu", VERSION) / "modules/nvidia.ko").is_file()
+
+
+BASE_KERNEL = ("drm", "drm_kms_helper", "video")
+"""What NVIDIA's modules need of the kernel itself (their `depends`): built into the simulated
+node's kernel, as on the recorded H200, whose `nvidia` loaded with no `drm` module beside it.
+Without them the simulated kernel refuses `nvidia` as a real one would: unknown symbols."""
+
+
+@pytest.mark.parametrize("flavour", [Flavour.OPEN, Flavour.PROPRIETARY])
+async def test_the_agent_installs_loads_and_validates_a_real_package_on_the_simulated_node(
+    tmp_path: Path, built: dict[Flavour, packaging.BuiltPackage], kernel: str, flavour: Flavour
+) -> None:
+    """The whole driver-manager path with NVIDIA's real files: install (depmod), load into the
+    simulated kernel, which reads each real module's `.modinfo` (name, version, `depends`,
+    vermagic) as a kernel would read its ELF, and validate, user space and NVML included."""
+    root = host(tmp_path, kernel)
+    for needed in BASE_KERNEL:
+        root.join(f"sys/module/{needed}").mkdir(parents=True)
+    source = driver_packages.real_source(tmp_path / "source", [built[flavour]])
+    gpu = dm.Component.GPU
+    async with running_agent(InMemoryBus(), root, source) as agent:
+        installed = await agent.send(
+            dm.InstallDriver(
+                component=gpu, version=VERSION, source=source_of(source), flavour=flavour
+            ),
+            timeout=120,
+        )
+        assert isinstance(installed, dm.DriverInstalled), installed
+        loaded = await agent.send(dm.LoadDriver(component=gpu, version=VERSION), timeout=60)
+        assert isinstance(loaded, dm.DriverLoaded), loaded
+        validated = await agent.send(
+            dm.ValidateDriver(component=gpu, version=VERSION, timeout_seconds=30), timeout=60
+        )
+        assert isinstance(validated, dm.DriverValidated), validated
+    assert root.read_text("sys/module/nvidia/version") == f"{VERSION}\n"
+    assert root.read_text("sys/module/nvidia_uvm/version") == f"{VERSION}\n"
+    assert "nvidia_uvm" in os.listdir(root.join("sys/module/nvidia/holders"))
+    assert VERSION in (root.read_text("proc/driver/nvidia/version") or "")
+    assert installing.active_userspace(root, "gpu") == VERSION
+
+
+async def test_the_simulated_kernel_refuses_a_real_module_built_for_another_kernel(
+    tmp_path: Path, built: dict[Flavour, packaging.BuiltPackage], kernel: str
+) -> None:
+    """Past the installer's checks (placed by hand), a real module whose vermagic names another
+    kernel does not load: `Exec format error`, as insmod says."""
+    root = host(tmp_path, kernel)
+    await installer(root).install(
+        "gpu",
+        VERSION,
+        source_of(driver_packages.real_source(tmp_path / "source", [built[Flavour.OPEN]])),
+    )
+    other = seeding.seed_host_root(
+        tmp_path / "other", recorded_host(), gpu_version=None, kernel_release="6.1.0-99-amd64"
+    )
+    moved = packages.package_dir(other, "6.1.0-99-amd64", "gpu", VERSION)
+    moved.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(packages.package_dir(root, kernel, "gpu", VERSION), moved)
+    packages.select_version(other, "6.1.0-99-amd64", "gpu", VERSION)
+    simulated = SimKernel(other)
+    simulated.run_depmod()
+    with pytest.raises(ModuleLoadFailed, match="Exec format error"):
+        simulated.modprobe("nvidia")

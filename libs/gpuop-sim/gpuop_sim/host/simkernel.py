@@ -27,6 +27,7 @@ import os
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from pathlib import Path
 
 from gpuop.host import indexing, modules, packages, system
 from gpuop.host.errors import (
@@ -186,8 +187,7 @@ class SimKernel:
         self, name: str, path: os.PathLike[str], kernel_release: str, loaded: list[LoadedModule]
     ) -> None:
         try:
-            with open(path, "rb") as stream:
-                standin = packages.ModuleStandin.decode(stream.read())
+            standin = indexing.declared_module(Path(path))
         except (OSError, ValueError):
             raise ModuleLoadFailed(name, _EXEC_FORMAT) from None
         if standin.name != name or standin.kernel_release != kernel_release:
