@@ -3,6 +3,7 @@ controllers that keep them, all read through the official client."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -137,8 +138,12 @@ def test_a_one_node_cluster_gets_no_budget_a_drain_could_never_meet() -> None:
 
 
 async def test_deleting_a_deployment_pod_gets_a_replacement_and_the_budget_recovers(
-    api: client.ApiClient, core: client.CoreV1Api
+    cluster: SimCluster, api: client.ApiClient, core: client.CoreV1Api
 ) -> None:
+    # the replacement starts seconds later, so the budget is read while it is down even on a
+    # busy machine (with the suite's 20 ms start it was once read back up already)
+    for kubelet in cluster.kubelets.values():
+        kubelet.timings = dataclasses.replace(kubelet.timings, start_delay=2.0)
     policy = client.PolicyV1Api(api)
     pods = (await core.list_namespaced_pod(SERVING, label_selector="app=llm-inference")).items
     victim = pods[0].metadata.name
