@@ -559,10 +559,10 @@ def check_loadable(
         raise InstallError(InstallFailureReason.OTHER, f"modinfo: {exc}") from None
 
 
-USERSPACE = "opt/gpuop"
+USERSPACE = packages.USERSPACE
 """Format 2 user space, under the host root: `<component>/<version>/{lib,bin,etc}`, and the
 `current` link naming the version in use (`activate_userspace`)."""
-CURRENT = "current"
+CURRENT = packages.CURRENT
 FIRMWARE = "lib/firmware/nvidia"
 """Format 2 firmware, under the host root: `<version>/gsp_*.bin`, where the module looks."""
 

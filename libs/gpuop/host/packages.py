@@ -38,6 +38,10 @@ UPDATES = "updates/gpuop"
 ACTIVE = "active"
 """The file in a component's directory naming its active version."""
 MODULE_SUFFIX = ".ko"
+USERSPACE = "opt/gpuop"
+"""Format 2 user space, under the host root: `<component>/<version>/{lib,bin,etc}`, and the
+`current` link naming the version in use (the driver-manager's `installing`)."""
+CURRENT = "current"
 STANDIN_FORMAT = "gpuop-module-standin/1"
 """The `format` of a module stand-in."""
 
