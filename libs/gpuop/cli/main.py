@@ -40,7 +40,17 @@ def parser(*, only_run: bool = False) -> argparse.ArgumentParser:
     run.add_parser(verbs)
     if only_run:
         return top
-    from gpuop.cli import bus, discover, driver, events, natsauth, package, replay, upgrade
+    from gpuop.cli import (
+        bus,
+        discover,
+        driver,
+        events,
+        natsauth,
+        package,
+        replay,
+        runtimes,
+        upgrade,
+    )
 
     events.add_parser(verbs)
     replay.add_parser(verbs)
@@ -50,6 +60,7 @@ def parser(*, only_run: bool = False) -> argparse.ArgumentParser:
     natsauth.add_parser(verbs)
     package.add_parser(verbs)
     driver.add_parser(verbs)
+    runtimes.add_parser(verbs)
     for add_parser in plugins.load_all("gpuop.commands").values():  # `demo`, `sim`
         add_parser(verbs)
     return top
