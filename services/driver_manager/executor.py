@@ -9,9 +9,11 @@ bugs and bus trouble raise.
     unload    count devices, unload in dependency order    DriverUnloaded / DriverUnloadFailed
     install   fetch, verify, stage, rename, depmod;         DriverInstalled / DriverInstallFailed
               the same for the host's other kernels (prestaging)
-    load      select the version, depmod, modprobe, check   DriverLoaded / DriverLoadFailed
+    load      select the version, depmod, modprobe, check,  DriverLoaded / DriverLoadFailed
+              write the CDI spec (`cdi`)
     validate  NVML (GPU) or sysfs (OFED): version, devices  DriverValidated / ...ValidationFailed
     rollback  install if missing, unload, load the version, DriverRolledBack / ...RollbackFailed
+              restore its CDI spec (`cdi`),
               uninstall the version rolled back from; the
               other kernels get their version from before
               pre-staging again (prestaging.restore)
@@ -39,6 +41,7 @@ from gpuop.host.protocol import Rebooter
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import answers, prestaging
 from gpuop.services.driver_manager.answers import ComponentCommand
+from gpuop.services.driver_manager.cdi import SpecFailed, SpecWriter
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop.services.driver_manager.installing import (
     Installer,
@@ -77,6 +80,7 @@ class Executor:
         reloader: Reloader,
         validator: Validator,
         rebooter: Rebooter,
+        specs: SpecWriter | None = None,
     ) -> None:
         self.root = root
         self.config = config
@@ -84,6 +88,8 @@ class Executor:
         self.reloader = reloader
         self.validator = validator
         self.rebooter = rebooter
+        # the validator's NVML, asked only when a spec is written
+        self.specs = specs or SpecWriter(root, lambda: validator.nvml(), installer.clock)
 
     async def context_for(self, command: Command) -> StepContext:
         """What the command must remember from before it changed anything."""
@@ -147,6 +153,15 @@ class Executor:
                 )
             except LoadError as exc:
                 return Outcome(answers.load_failed(command_id, command, exc))
+            try:
+                await self.specs.after_load(
+                    command.component, command.version, command.timeout_seconds
+                )
+            except SpecFailed as exc:
+                failure = LoadError(
+                    dm.LoadFailureReason.OTHER, exc.message, retryable=exc.retryable
+                )
+                return Outcome(answers.load_failed(command_id, command, failure), changes)
             answer = dm.DriverLoaded(
                 command_id=command_id,
                 component=command.component,
@@ -333,6 +348,10 @@ class Executor:
                 component, version, record.model_copy(update=updates), command.timeout_seconds
             )
         except LoadError as exc:
+            return failed(dm.DriverStep.LOAD, exc.message, exc.retryable)
+        try:
+            await self.specs.after_rollback(component, version, command.timeout_seconds)
+        except SpecFailed as exc:
             return failed(dm.DriverStep.LOAD, exc.message, exc.retryable)
         if context.from_version not in (None, version):
             # the rejected build goes: a retry fetches the package again, fixed or not

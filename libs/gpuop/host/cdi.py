@@ -33,12 +33,15 @@ Spec-wide edits carry `NVIDIA_VISIBLE_DEVICES=void` (the legacy runtime hook inj
 a second time), the control device nodes and the mounts; each device carries its device
 nodes. Version 0.5.0, the lowest that covers these fields and digit-leading names
 (SPEC.md). `write` replaces the file atomically and keeps what it replaced as
-`<file>.previous`; `restore_previous` puts that back byte for byte.
+`<file>.previous` (so does `retire`, which removes it); `restore_previous` puts that back
+byte for byte.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -83,6 +86,10 @@ _VERSION_IN_PATH = re.compile(r"^/opt/gpuop/gpu/([^/]+)/")
 class CdiError(HostError):
     """No spec can be made for the host root: no driver installed there, or its manifest is
     missing or malformed; the message says which and where."""
+
+
+class NoDevices(CdiError):
+    """No GPU to describe: a spec must define at least one device."""
 
 
 @dataclass(frozen=True)
@@ -226,7 +233,7 @@ def spec(
         for name in device.names
     ]
     if not entries:
-        raise CdiError("no GPU to describe: a CDI spec must define at least one device")
+        raise NoDevices("no GPU to describe: a CDI spec must define at least one device")
     return {
         "cdiVersion": SPEC_VERSION,
         "kind": kind,
@@ -278,6 +285,12 @@ def write(path: Path, data: bytes) -> bool:
         write_atomic(previous_path(path), present)
     write_atomic(path, data)
     return True
+
+
+def retire(path: Path) -> None:
+    """Remove the spec at `path`, keeping it as `<path>.previous` (one rename)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(path, previous_path(path))
 
 
 def previous_path(path: Path) -> Path:
