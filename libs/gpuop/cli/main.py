@@ -42,6 +42,7 @@ def parser(*, only_run: bool = False) -> argparse.ArgumentParser:
         return top
     from gpuop.cli import (
         bus,
+        cdi,
         discover,
         driver,
         events,
@@ -61,6 +62,7 @@ def parser(*, only_run: bool = False) -> argparse.ArgumentParser:
     package.add_parser(verbs)
     driver.add_parser(verbs)
     runtimes.add_parser(verbs)
+    cdi.add_parser(verbs)
     for add_parser in plugins.load_all("gpuop.commands").values():  # `demo`, `sim`
         add_parser(verbs)
     return top
