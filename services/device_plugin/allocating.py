@@ -5,8 +5,11 @@ distinct GPUs or MIG devices behind the allocated ids (replicas of one GPU count
 By the configured device list strategies it answers with:
 
     envvar            NVIDIA_VISIBLE_DEVICES=<uuid>,<uuid> (MIG devices by their MIG- UUID)
-    cdi               CDI device names k8s.device-plugin.nvidia.com/gpu=<uuid>, defined by
-                      the spec `cdi.write_spec` keeps under <host root>/var/run/cdi
+    cdi               CDI device names: nvidia.com/gpu=<uuid> where the node's complete spec
+                      (the driver-manager's, with the driver's files) defines the device, else
+                      k8s.device-plugin.nvidia.com/gpu=<uuid>, defined by the spec (device
+                      nodes only) `cdi.write_spec` keeps under <host root>/var/run/cdi; the
+                      default where the node has the complete spec (`PluginFlags.resolved`)
     passDeviceSpecs   also the device nodes: each target's, and the control nodes present
 
 With only `cdi`, no environment variable is set, as upstream does. For a replica of an
@@ -18,8 +21,8 @@ device list strategy. Nothing here does I/O: Allocate has to be fast.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2
 from gpuop.services.device_plugin import cdi
@@ -40,6 +43,8 @@ class GpuAnswers:
     flags: PluginFlags
     control_nodes: tuple[str, ...]
     """The control device nodes the host has, for `passDeviceSpecs`."""
+    cdi_names: Mapping[str, str] = field(default_factory=dict)
+    """The complete CDI spec's qualified names, by device name (`GpuInventory.cdi_names`)."""
 
     def container_response(
         self, targets: Sequence[Target], mps: MpsDaemon | None = None
@@ -52,7 +57,10 @@ class GpuAnswers:
             response.envs[VISIBLE_DEVICES] = ",".join(target.uuid for target in targets)
         if DeviceListStrategy.CDI in strategies:
             response.cdi_devices.extend(
-                api_pb2.CDIDevice(name=cdi.qualified_name(target)) for target in targets
+                api_pb2.CDIDevice(
+                    name=self.cdi_names.get(target.uuid) or cdi.qualified_name(target)
+                )
+                for target in targets
             )
         if self.flags.pass_device_specs:
             nodes = dict.fromkeys(

@@ -9,6 +9,12 @@ reads the inventory, and removed when the node has no GPU. Every GPU and MIG dev
 named by its UUID; the control device nodes the host has go to the spec-wide edits, with
 `NVIDIA_VISIBLE_DEVICES=void` so the legacy runtime hook injects nothing a second time.
 Spec version 0.5.0 covers every field used (the CDI specification, SPEC.md).
+
+This spec has device nodes only: the plugin's pod mounts neither the driver's user space nor
+its package's manifest. Where the node has the complete spec the driver-manager writes
+(`gpuop.host.cdi`, kind `nvidia.com/gpu`, with the driver's files), Allocate names its
+devices instead (`allocating`), and this one serves the devices it lacks (MIG devices made
+since the driver's load).
 """
 
 from __future__ import annotations

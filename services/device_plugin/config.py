@@ -8,7 +8,8 @@ settings carry over; every key is optional:
     flags:
       migStrategy: none                # none | single | mixed
       plugin:
-        deviceListStrategy: [envvar]   # envvar and/or cdi (also "envvar,cdi")
+        deviceListStrategy: [envvar]   # envvar and/or cdi (also "envvar,cdi"); unset: cdi
+                                       # where the node has the driver's CDI spec
         passDeviceSpecs: false         # also hand out /dev/nvidia* device nodes
       mpsRoot: /run/nvidia/mps         # the host directory of the MPS daemons' pipes
     sharing:
@@ -160,9 +161,19 @@ class PluginFlags(_Section):
     device_list_strategy: Annotated[
         tuple[DeviceListStrategy, ...], BeforeValidator(_comma_list), Field(min_length=1)
     ] = (DeviceListStrategy.ENVVAR,)
-    """How Allocate names the GPUs: `envvar`, `cdi`, or both."""
+    """How Allocate names the GPUs: `envvar`, `cdi`, or both. Unset: `cdi` where the node
+    has a complete CDI spec, else `envvar` (`resolved`)."""
     pass_device_specs: bool = False
     """Also answer with the `/dev/nvidia*` device nodes of the allocated GPUs."""
+
+    def resolved(self, cdi_ready: bool) -> PluginFlags:
+        """These flags with the device list strategy chosen where the file names none: `cdi`
+        on a node with a complete CDI spec (`cdi_ready`: the driver-manager writes one with
+        the driver's files, and configures the runtime's `nvidia` handler with CDI), else
+        `envvar`. A strategy the file names is kept, `envvar` included."""
+        if "device_list_strategy" in self.model_fields_set or not cdi_ready:
+            return self
+        return self.model_copy(update={"device_list_strategy": (DeviceListStrategy.CDI,)})
 
     @field_validator("device_list_strategy")
     @classmethod

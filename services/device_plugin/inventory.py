@@ -11,22 +11,17 @@ wired, for `preferring`, and notes which NVIDIA control device nodes the host ha
 from __future__ import annotations
 
 import itertools
-import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from gpuop.host import pci
+from gpuop.host import cdi, pci
 from gpuop.host.errors import HostReadError
 from gpuop.host.roots import HostRoot
 from gpuop.nvml import Nvml, NvmlError, PcieLevel
 from gpuop.nvml.devices import DeviceInfo
 from gpuop.nvml.mig import MigDevice
 
-CONTROL_DEVICES = (
-    "/dev/nvidiactl",
-    "/dev/nvidia-uvm",
-    "/dev/nvidia-uvm-tools",
-    "/dev/nvidia-modeset",
-)
+CONTROL_DEVICES = cdi.CONTROL_DEVICES
 """Device nodes every GPU container needs besides its GPUs', handed out when present."""
 
 PCIE_SCORES = {
@@ -42,8 +37,6 @@ NVLINK_SCORE = 100
 """Added for a pair that talks peer-to-peer over NVLink."""
 SAME_GPU_SCORE = PCIE_SCORES[PcieLevel.INTERNAL]
 """Two MIG devices of one GPU are as close as devices can be."""
-
-_CAPABILITY_MINOR = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -90,6 +83,10 @@ class GpuInventory:
     """Link score of each pair of GPU indices, smaller index first."""
     control_nodes: tuple[str, ...]
     """The `CONTROL_DEVICES` the host has."""
+    cdi_names: Mapping[str, str] = field(default_factory=dict)
+    """The node's complete CDI spec (the driver-manager's `nvidia.com/gpu`, with the driver's
+    files): the qualified name of each of its devices, by device name (UUIDs among them);
+    empty where the node has none."""
 
     def score(self, a: Target, b: Target) -> int:
         """How well two targets are linked; higher is better."""
@@ -112,7 +109,8 @@ def read_inventory(nvml: Nvml, root: HostRoot) -> GpuInventory:
         for a, b in itertools.combinations(infos, 2)
     }
     present = tuple(node for node in CONTROL_DEVICES if root.join(node).exists())
-    return GpuInventory(gpus=gpus, pair_scores=pair_scores, control_nodes=present)
+    names = cdi.device_names(cdi.spec_path(root))
+    return GpuInventory(gpus=gpus, pair_scores=pair_scores, control_nodes=present, cdi_names=names)
 
 
 def _gpu(nvml: Nvml, root: HostRoot, info: DeviceInfo) -> Gpu:
@@ -139,18 +137,7 @@ def _mig(root: HostRoot, gpu: Target, minor: int, device: MigDevice) -> Target:
 
 
 def _mig_capabilities(root: HostRoot, minor: int, device: MigDevice) -> tuple[str, ...]:
-    """`/dev/nvidia-caps/nvidia-cap<n>` of the GPU and compute instance, as the driver
-    lists them under `/proc/driver/nvidia/capabilities`; none where it does not."""
-    base = f"proc/driver/nvidia/capabilities/gpu{minor}/mig/gi{device.gpu_instance_id}"
-    nodes = []
-    for access in (f"{base}/access", f"{base}/ci{device.compute_instance_id}/access"):
-        try:
-            match = _CAPABILITY_MINOR.search(root.read_text(access) or "")
-        except HostReadError:
-            match = None
-        if match:
-            nodes.append(f"/dev/nvidia-caps/nvidia-cap{match.group(1)}")
-    return tuple(nodes)
+    return cdi.mig_capability_nodes(root, minor, device.gpu_instance_id, device.compute_instance_id)
 
 
 def _sysfs_numa(root: HostRoot, info: DeviceInfo) -> int | None:

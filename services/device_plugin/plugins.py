@@ -307,7 +307,8 @@ class DevicePlugins:
             await self.mps.apply(mps_daemons(self._gpus), reason)
         if self._gpu_problem:
             log.error("%s: advertising no MIG device", self._gpu_problem)
-        if DeviceListStrategy.CDI in self.config.flags.plugin.device_list_strategy:
+        flags = self.config.flags.plugin.resolved(cdi_ready=bool(found.cdi_names))
+        if DeviceListStrategy.CDI in flags.device_list_strategy:
             try:
                 path = await asyncio.to_thread(cdi.write_spec, self.root, found)
                 log.info("CDI spec for %d GPUs at %s", len(found.gpus), path)

@@ -175,7 +175,8 @@ class GpuPlan:
 def gpu_resources(inventory: GpuInventory, config: DevicePluginConfig) -> GpuPlan:
     """The GPU resources the inventory gives under `config`."""
     groups, problem = _by_strategy(inventory, config.flags.mig_strategy)
-    answers = allocating.GpuAnswers(config.flags.plugin, inventory.control_nodes)
+    flags = config.flags.plugin.resolved(cdi_ready=bool(inventory.cdi_names))
+    answers = allocating.GpuAnswers(flags, inventory.control_nodes, inventory.cdi_names)
     sharing = config.sharing
     resources = []
     for name, targets in groups.items():

@@ -257,6 +257,19 @@ def encode(document: dict[str, Any]) -> bytes:
     return (json.dumps(document, indent=2) + "\n").encode()
 
 
+def device_names(path: Path) -> dict[str, str]:
+    """The fully qualified name (`nvidia.com/gpu=<name>`) of every device of the spec at
+    `path`, by device name; empty where there is none or it does not parse, since a runtime
+    would not resolve its names either."""
+    try:
+        document = json.loads(path.read_bytes())
+        kind = document["kind"]
+        names = [device["name"] for device in document["devices"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {str(name): f"{kind}={name}" for name in names}
+
+
 def driver_version_of(data: bytes) -> str | None:
     """The driver version whose user space a spec written here mounts; None when it mounts
     none or does not parse."""

@@ -1,14 +1,20 @@
-"""The CDI spec the `cdi` strategy's names resolve through."""
+"""The CDI spec the `cdi` strategy's names resolve through, and the names Allocate answers
+with: the node's complete spec's (`nvidia.com/gpu`, the driver-manager's) where it defines
+the device, by default where the node has one; the `envvar` strategy kept when configured."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from gpuop.host import cdi as host_cdi
 from gpuop.host.roots import HostRoot
+from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2
 from gpuop.services.device_plugin import cdi
-from gpuop.services.device_plugin.inventory import EMPTY
-from tests.support.device_plugin import sim_inventory
+from gpuop.services.device_plugin.config import DevicePluginConfig
+from gpuop.services.device_plugin.inventory import EMPTY, GpuInventory
+from gpuop.services.device_plugin.resources import gpu_resources
+from tests.support.device_plugin import config, sim_inventory, strategies
 
 
 def test_the_spec_names_every_gpu_and_mig_device_by_uuid(tmp_path: Path) -> None:
@@ -58,3 +64,63 @@ def test_no_gpu_removes_the_spec(tmp_path: Path) -> None:
     assert path.is_file()
     cdi.write_spec(root, EMPTY)
     assert not path.exists()
+
+
+def complete_spec(root: HostRoot, uuids: list[str]) -> None:
+    """The driver-manager's spec as it writes it: the GPUs by index, UUID and all."""
+    devices = [
+        host_cdi.Device((str(i), uuid), (f"/dev/nvidia{i}",)) for i, uuid in enumerate(uuids)
+    ]
+    driver = host_cdi.DriverFiles("535.261.03", ())
+    spec = host_cdi.spec(host_cdi.with_all(devices), driver, ())
+    host_cdi.write(host_cdi.spec_path(root), host_cdi.encode(spec))
+
+
+def answer(
+    inventory: GpuInventory, document: DevicePluginConfig
+) -> api_pb2.ContainerAllocateResponse:
+    [resource] = gpu_resources(inventory, document).resources
+    return resource.answers.container_response([gpu.whole for gpu in inventory.gpus])
+
+
+def test_where_the_node_has_the_complete_spec_cdi_names_are_the_default(tmp_path: Path) -> None:
+    root = HostRoot(tmp_path)
+    uuids = [gpu.whole.uuid for gpu in sim_inventory(root, gpus=2).gpus]
+    complete_spec(root, uuids[:1])  # the second GPU is not in it (yet)
+
+    response = answer(sim_inventory(root, gpus=2), config())
+
+    assert [d.name for d in response.cdi_devices] == [
+        f"nvidia.com/gpu={uuids[0]}",
+        f"k8s.device-plugin.nvidia.com/gpu={uuids[1]}",
+    ]
+    assert "NVIDIA_VISIBLE_DEVICES" not in response.envs
+
+
+def test_a_configured_envvar_strategy_is_kept_beside_the_complete_spec(tmp_path: Path) -> None:
+    root = HostRoot(tmp_path)
+    uuids = [gpu.whole.uuid for gpu in sim_inventory(root, gpus=2).gpus]
+    complete_spec(root, uuids)
+    inventory = sim_inventory(root, gpus=2)
+
+    response = answer(inventory, strategies("envvar"))
+    assert list(response.cdi_devices) == []
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids)
+
+    both = answer(inventory, strategies("envvar", "cdi"))
+    assert [d.name for d in both.cdi_devices] == [f"nvidia.com/gpu={u}" for u in uuids]
+    assert both.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids)
+
+
+def test_without_the_complete_spec_the_default_stays_envvar(tmp_path: Path) -> None:
+    root = HostRoot(tmp_path)
+    cdi_dir = tmp_path / "var/run/cdi"
+    cdi_dir.mkdir(parents=True)
+    (cdi_dir / "nvidia.com-gpu.json").write_text("{not json")  # unusable: as if none
+
+    inventory = sim_inventory(root, gpus=1)
+    response = answer(inventory, config())
+
+    assert inventory.cdi_names == {}
+    assert list(response.cdi_devices) == []
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == inventory.gpus[0].whole.uuid
