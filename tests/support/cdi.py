@@ -5,14 +5,17 @@ its version directory), for the CDI spec's tests; and the CDI project's validato
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from gpuop.host import manifests, packages, system
 from gpuop.host.roots import HostRoot
 
 REPOSITORY = Path(__file__).resolve().parents[2]
-VALIDATOR = REPOSITORY / ".cache" / "cluster-tools" / "bin" / "cdi-validate"
+TOOLS = Path(os.environ.get("GPUOP_CLUSTER_TOOLS", REPOSITORY / ".cache" / "cluster-tools"))
+VALIDATOR = TOOLS / "bin" / "cdi-validate"
 SHA = "0" * 64
 
 
@@ -101,13 +104,16 @@ def switch(root: HostRoot, version: str) -> None:
     link.symlink_to(version)
 
 
-def validate(*specs: Path) -> tuple[int, list[dict[str, object]], str]:
+def validate(*specs: Path) -> tuple[int, list[dict[str, Any]], str]:
     """The CDI project's validator (`tests/cluster/cdi`) on `specs`: its exit status, its
     report (one object per file) and its stderr. Fails the test when it is not built."""
     import pytest
 
     if not VALIDATOR.is_file():
-        pytest.fail(f"{VALIDATOR} is missing: run make cluster-tools")
+        pytest.fail(
+            f"{VALIDATOR} is missing: run `make cluster-tools` (builds it from tests/cluster/cdi; "
+            "needs Go 1.26 and the Go module proxy)"
+        )
     done = subprocess.run(
         [str(VALIDATOR), *map(str, specs)], capture_output=True, text=True, timeout=60, check=False
     )
