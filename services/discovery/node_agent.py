@@ -2,7 +2,8 @@
 
 `run` (the service's node entry point) builds a `NodeAgent` from the settings. The agent
 scans the host root and NVML (`gpuop.inventory.scanning`) at start and every
-`scan_interval_seconds`, and publishes `hardware.discovered` only when the inventory's
+`scan_interval_seconds` (and at once when a CDI spec or a container runtime's configuration
+changes: `watching`), and publishes `hardware.discovered` only when the inventory's
 content hash differs from the one it last published for this node. That inventory is kept in
 the `gpuop_nodes` KV bucket under the node's key, so a restarted agent does not republish an
 unchanged inventory. Every `heartbeat_interval_seconds` it publishes `hardware.heartbeat`;
@@ -35,7 +36,7 @@ from gpuop.inventory import scanning
 from gpuop.nvml import Nvml, NvmlError, open_backend
 from gpuop.runtime import waiting
 from gpuop.runtime.services import Readiness, ServiceContext
-from gpuop.services.discovery import consumers
+from gpuop.services.discovery import consumers, watching
 from gpuop.services.discovery.config import DiscoveryConfig
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,10 @@ class NodeAgent:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._scan_loop(stopping), name="discovery-scan")
                 group.create_task(self._heartbeat_loop(stopping), name="discovery-heartbeat")
+                group.create_task(
+                    watching.ConfigWatch(self._root).run(self._wake, stopping),
+                    name="discovery-config-watch",
+                )
         finally:
             for subscription in subscriptions:
                 await subscription.stop()

@@ -77,6 +77,23 @@ def _inventory() -> hardware.HardwareDiscovered:
         cuda_driver_version="13.0",
         ofed_version="24.10-1.1.4.0",
         modules_loaded=("nvidia", "nvidia_uvm"),
+        container_runtimes=(
+            hardware.ContainerRuntime(
+                name=hardware.ContainerRuntimeName.CONTAINERD,
+                version="1.6.20~ds1-1+deb12u3",
+                nvidia_handler=True,
+            ),
+            hardware.ContainerRuntime(
+                name=hardware.ContainerRuntimeName.CRIO,
+                config_error="/etc/crio/crio.conf: Expected ']' at the end of a table declaration",
+            ),
+        ),
+        cdi_specs=(
+            hardware.CdiSpec(
+                path="/var/run/cdi/nvidia.com-gpu.json", cdi_version="0.5.0", device_count=3
+            ),
+            hardware.CdiSpec(path="/etc/cdi/broken.yaml", error="not YAML: found unexpected end"),
+        ),
         inventory_hash=HASH,
     )
     return draft.model_copy(update={"inventory_hash": draft.content_hash()})

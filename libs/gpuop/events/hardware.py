@@ -1,4 +1,6 @@
-"""What a node is made of: its GPU and PCI inventory, kernel, OS, driver and boot.
+"""What a node is made of: its GPU and PCI inventory, kernel, OS, driver and boot, and
+whether containers can be given its GPUs (container runtimes with the `nvidia` handler, CDI
+specs).
 
 Published by the discovery service's node role, which reads the host root and NVML:
 `HardwareDiscovered` whenever anything in the inventory changed (including the boot id, so a
@@ -113,6 +115,49 @@ class PciFunction(Record):
     """Kernel driver bound to the function (`nvidia`, `mlx5_core`); absent when unbound."""
 
 
+class ContainerRuntimeName(DocumentedEnum):
+    """A container runtime gpuop can configure for NVIDIA."""
+
+    CONTAINERD = "containerd"
+    """containerd (1.6, 1.7 or 2.x)."""
+    CRIO = "crio"
+    """CRI-O."""
+
+
+class ContainerRuntime(Record):
+    """One container runtime installed on the node, as its configuration stands on disk."""
+
+    name: ContainerRuntimeName
+    """Which runtime."""
+    version: Version | None = None
+    """Its version from the package database or its binary (`1.6.20~ds1-1+deb12u3`,
+    `v2.0.0`); absent when neither says."""
+    nvidia_handler: bool = False
+    """Whether its configuration, as it would load it at its next start (main file, imports
+    or drop-ins), defines the runtime handler `nvidia` that the RuntimeClass `nvidia` names."""
+    config_error: Message | None = None
+    """Why it would refuse its configuration (a file that does not parse, naming it);
+    absent when the configuration reads."""
+
+
+class CdiSpec(Record):
+    """One CDI spec file of kind `nvidia.com/gpu` (or of unknown kind, when malformed) in
+    `/etc/cdi` or `/var/run/cdi`."""
+
+    path: Annotated[str, StringConstraints(pattern=r"^/[^\x00]{1,1023}$")]
+    """Where the host has it: `/var/run/cdi/nvidia.com-gpu.json`."""
+    cdi_version: Version | None = None
+    """Its `cdiVersion` (`0.5.0`); absent when the file is malformed before it says."""
+    device_count: Count = 0
+    """Devices it defines (by index, by UUID and `all` each count); 0 when malformed."""
+    error: Message | None = None
+    """Why a container runtime would refuse it; absent for a valid spec."""
+
+
+ADDED_FIELDS = ("container_runtimes", "cdi_specs")
+"""`HardwareDiscovered` fields added after its first release; see `content_hash`."""
+
+
 class HardwareDiscovered(Event):
     """The full inventory of one node, published whenever any part of it changed."""
 
@@ -147,6 +192,12 @@ class HardwareDiscovered(Event):
     """Loaded Mellanox OFED (DOCA) driver version; absent when the inbox driver or none runs."""
     modules_loaded: tuple[ModuleName, ...] = Field(default=(), max_length=256)
     """Loaded kernel modules of the managed drivers (`nvidia*`, `mlx5_*`, `ib_*`, ...), sorted."""
+    container_runtimes: tuple[ContainerRuntime, ...] = Field(default=(), max_length=4)
+    """Every container runtime installed on the node, containerd first; empty when none is
+    (and in inventories from before gpuop read runtimes)."""
+    cdi_specs: tuple[CdiSpec, ...] = Field(default=(), max_length=64)
+    """Every CDI spec file of kind `nvidia.com/gpu` and every malformed spec file, `/etc/cdi`
+    first, then `/var/run/cdi`, by name; empty when there is none."""
     inventory_hash: Sha256
     """SHA-256 of every other field, from `content_hash()`: equal hashes, equal inventories."""
 
@@ -154,9 +205,14 @@ class HardwareDiscovered(Event):
         """The value `inventory_hash` must have: a digest of the canonical JSON of the rest.
 
         Producers build the inventory with any placeholder hash and publish
-        `inventory.model_copy(update={"inventory_hash": inventory.content_hash()})`.
+        `inventory.model_copy(update={"inventory_hash": inventory.content_hash()})`. Fields
+        added later are left out while they hold their default, so an inventory without them
+        hashes as it did before they existed (recorded logs replay with the same hashes).
         """
         fields = self.model_dump(mode="json", exclude={"inventory_hash"})
+        for name in ADDED_FIELDS:
+            if fields.get(name) in ((), [], None):
+                fields.pop(name, None)
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

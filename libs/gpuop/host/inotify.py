@@ -2,7 +2,9 @@
 
 The device plugin's `registering.Registrar` waits on one for the kubelet's device-plugin
 directory, where a restarting kubelet deletes the plugins' sockets and creates a new
-`kubelet.sock`, instead of looking there several times a second. The kernel queues the
+`kubelet.sock`, instead of looking there several times a second; discovery's node role
+watches the CDI spec and container runtime configuration directories (`CONTENT`) to scan as
+soon as a spec or a drop-in changes. The kernel queues the
 events on a file descriptor the event loop reads (`loop.add_reader`), so a directory
 where nothing happens costs no wake-up at all.
 
@@ -28,6 +30,7 @@ from typing import Self
 from gpuop.host.errors import HostError
 
 IN_ATTRIB = 0x00000004
+IN_CLOSE_WRITE = 0x00000008
 IN_MOVED_FROM = 0x00000040
 IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
@@ -46,6 +49,9 @@ WATCHED = (
 )
 """An entry created, deleted, renamed in or out, or its attributes changed (a socket
 re-created in place shows as its change time); and the directory itself deleted or moved."""
+CONTENT = WATCHED | IN_CLOSE_WRITE
+"""`WATCHED`, and a file written in place and closed: for a directory of configuration files
+that an editor or a tool may rewrite without a rename."""
 LOST = IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT | IN_IGNORED
 """What ends a watch: the kernel sends `IN_IGNORED` after each of the others."""
 
@@ -66,7 +72,7 @@ class DirectoryWatch:
     manager): it holds a file descriptor and the loop's reader on it.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, events: int = WATCHED) -> None:
         loop = asyncio.get_running_loop()
         self.directory = directory
         self.changed = asyncio.Event()
@@ -76,7 +82,7 @@ class DirectoryWatch:
         """The kernel dropped the watch (the directory went); nothing sets `changed` again."""
         descriptor = _init()
         try:
-            _add_watch(descriptor, directory)
+            _add_watch(descriptor, directory, events)
             loop.add_reader(descriptor, self._read)
         except BaseException:
             os.close(descriptor)
@@ -149,7 +155,7 @@ def _init() -> int:
     return descriptor
 
 
-def _add_watch(descriptor: int, directory: Path) -> None:
-    if _libc().inotify_add_watch(descriptor, os.fsencode(directory), WATCHED | IN_ONLYDIR) < 0:
+def _add_watch(descriptor: int, directory: Path, events: int) -> None:
+    if _libc().inotify_add_watch(descriptor, os.fsencode(directory), events | IN_ONLYDIR) < 0:
         reason = os.strerror(ctypes.get_errno())
         raise WatchUnavailable(f"cannot watch {directory}: {reason}")

@@ -84,14 +84,14 @@ class RuntimeState:
 
 
 def runtimes(root: HostRoot) -> tuple[RuntimeState, ...]:
-    """Every runtime installed on the host (a binary, a package or a configuration of it),
-    containerd first; nothing raises for a bad file."""
+    """Every runtime installed on the host (a binary, a package, a configuration file or a
+    drop-in of it), containerd first; nothing raises for a bad file."""
     packages = _dpkg_versions(root)
     found = []
     for runtime in Runtime:
         version = next((packages[name] for name in _PACKAGES[runtime] if name in packages), None)
         binaries = [path for path in _BINARIES[runtime] if root.resolve(path).is_file()]
-        configured = any(root.exists(path) for path in _CONFIGS[runtime])
+        configured = any(_has_config(root, path) for path in _CONFIGS[runtime])
         if version is None and not binaries and not configured:
             continue
         if version is None and binaries:
@@ -99,6 +99,18 @@ def runtimes(root: HostRoot) -> tuple[RuntimeState, ...]:
         reader = _containerd if runtime is Runtime.CONTAINERD else _crio
         found.append(reader(root, version))
     return tuple(found)
+
+
+def _has_config(root: HostRoot, relative: str) -> bool:
+    """A configuration file, or a drop-in directory with a file in it: an empty directory
+    is what a package or gpuop's own watch setup leaves, not a runtime."""
+    path = root.resolve(relative)
+    if not path.is_dir():
+        return path.exists()
+    try:
+        return any(not name.startswith(".") for name in root.list_dir(relative))
+    except HostReadError:
+        return True
 
 
 def _containerd(root: HostRoot, version: str | None) -> RuntimeState:

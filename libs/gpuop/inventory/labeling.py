@@ -18,6 +18,11 @@ with MPS: GFD reads it from the config, not from the daemon) and a `-SHARED` suf
 `nvidia.com/gpu.shared`. `with_plugin_config` takes them from the node's
 `device.plugin-config-applied`.
 
+`nvidia.com/cdi.ready` and `gpuop.io/runtime.nvidia` (both `true`, or both absent) say that
+a GPU container can start here: a valid CDI spec and the `nvidia` runtime handler, see
+`containers`. Upstream has neither (its validator writes files under `/run/nvidia/validations`
+instead); they are not NVML-derived, so a driver reload that keeps the spec keeps them.
+
 `nvidia.com/gpu.clique` names the node's multi-node NVLink domain (`<clusterUuid>.<cliqueId>`,
 from NVML's fabric info) when every GPU of the node is registered in the same one; a node
 whose GPUs have no such fabric (an HGX H200) gets no such label. Waves can order a rollout by
@@ -32,9 +37,15 @@ from dataclasses import dataclass, replace
 
 from gpuop.events.device import DevicePluginConfigApplied, SharingStrategy
 from gpuop.events.hardware import Gpu, HardwareDiscovered, MigMode
+from gpuop.inventory import containers
 
 GFD = "nvidia.com/"
 NFD = "feature.node.kubernetes.io/"
+CDI_READY = f"{GFD}cdi.ready"
+"""`true` while a valid `nvidia.com/gpu` CDI spec with a device and the runtimes' `nvidia`
+handler are both on the node (`containers.ready`); absent otherwise. Not an upstream label."""
+RUNTIME_NVIDIA = "gpuop.io/runtime.nvidia"
+"""`true` under the same condition as `CDI_READY`: the RuntimeClass `nvidia` can run here."""
 NVIDIA_VENDOR = "10de"
 MELLANOX_VENDOR = "15b3"
 LABELLED_CLASSES = ("0200", "0207", "0300", "0302")
@@ -127,6 +138,9 @@ def labels_for(
         labels[f"{GFD}gpu.present"] = "true"
     if inventory.gpus:
         labels.update(_gfd(inventory, settings))
+    if containers.ready(inventory):
+        labels[CDI_READY] = "true"
+        labels[RUNTIME_NVIDIA] = "true"
     return labels
 
 

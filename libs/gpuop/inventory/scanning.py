@@ -1,11 +1,12 @@
 """One node's inventory, taken from its host root and NVML: the `hardware.discovered` event.
 
 Called by discovery's node role on every scan and by `gpuop discover`. The host root gives
-the PCI functions, kernel, OS, boot id, loaded modules and DMI product; NVML gives the GPUs
-and the CUDA version. The NVML session is opened and closed within `scan`, so discovery
-never keeps the `nvidia` module in use between scans. Without a loaded driver (NVML says
-`DriverNotLoaded`) the inventory has no GPUs and no driver version: that is the node's
-state in the middle of a driver reload, not an error.
+the PCI functions, kernel, OS, boot id, loaded modules, DMI product, and the container
+runtimes and CDI specs (`containers`); NVML gives the GPUs and the CUDA version. The NVML
+session is opened and closed within `scan`, so discovery never keeps the `nvidia` module in
+use between scans. Without a loaded driver (NVML says `DriverNotLoaded`) the inventory has
+no GPUs and no driver version: that is the node's state in the middle of a driver reload,
+not an error.
 
 While the node's operands are paused for a driver reload, discovery must not touch NVML:
 `scan(root, None)` reads the host root only, and `with_known_gpus` keeps the GPUs of the
@@ -25,6 +26,7 @@ from gpuop.events.hardware import Gpu, HardwareDiscovered, MigMode, PciFunction
 from gpuop.host import modules, nvidia, pci, system
 from gpuop.host.errors import HostReadError
 from gpuop.host.roots import HostRoot
+from gpuop.inventory import containers
 from gpuop.nvml.devices import DeviceInfo
 from gpuop.nvml.errors import DriverNotLoaded, DriverUnavailable, GpuFailure
 from gpuop.nvml.protocol import Nvml, opened
@@ -94,6 +96,8 @@ def scan(root: HostRoot, nvml: Nvml | None) -> HardwareDiscovered:
         "modules_loaded": tuple(
             sorted(name for name in loaded_names if name.startswith(MANAGED_MODULE_PREFIXES))
         ),
+        "container_runtimes": containers.container_runtimes(root),
+        "cdi_specs": containers.cdi_specs(root),
         "inventory_hash": PLACEHOLDER_HASH,
     }
     try:

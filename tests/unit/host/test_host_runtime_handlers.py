@@ -36,6 +36,13 @@ def test_a_host_without_a_runtime_has_none(root: HostRoot) -> None:
     assert runtime_handlers.runtimes(root) == ()
 
 
+def test_empty_configuration_directories_are_no_runtime(root: HostRoot) -> None:
+    for directory in runtime_handlers.CONFIG_DIRECTORIES:
+        root.join(directory).mkdir(parents=True, exist_ok=True)
+
+    assert runtime_handlers.runtimes(root) == ()
+
+
 def test_debian_containerd_with_the_version_2_drop_in_has_the_handler(root: HostRoot) -> None:
     write(root, runtime_handlers.DPKG_STATUS, DPKG_CONTAINERD)
     containerd_with_handler(root, version=2)
