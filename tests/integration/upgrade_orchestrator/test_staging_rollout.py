@@ -48,7 +48,7 @@ from tests.support.processes import (
 )
 from tests.support.waiting import eventually
 
-pytestmark = [pytest.mark.nats]
+pytestmark = [pytest.mark.nats, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[3]
 GPUS = 2
