@@ -114,6 +114,7 @@ SAMPLES: list[Payload] = [
     driver.ValidateDriver(component=OFED, version="24.10-1.1.4.0", expected_devices=2),
     driver.RollbackDriver(component=GPU, version="570.86.15", source=SOURCE),
     driver.RebootNode(boot_id=BOOT_ID, reason="unload failed: in use"),
+    driver.ConfigureRuntime(runtime_path="/usr/bin/nvidia-container-runtime", timeout_seconds=60),
     # driver results
     driver.DriverUnloaded(
         command_id=CMD, component=GPU, version="570.86.15", modules=("nvidia_uvm", "nvidia")
@@ -182,6 +183,22 @@ SAMPLES: list[Payload] = [
         failed_step=driver.DriverStep.INSTALL,
     ),
     driver.RebootStarted(command_id=CMD, boot_id=BOOT_ID),
+    driver.RuntimeConfigured(
+        command_id=CMD,
+        component=GPU,
+        runtime="containerd",
+        drop_in="/etc/containerd/conf.d/99-nvidia.toml",
+        changed=True,
+        config_version=2,
+        restart_seconds=1.5,
+    ),
+    driver.RuntimeConfigureFailed(
+        command_id=CMD,
+        component=GPU,
+        message="containerd did not answer within 60 s of its restart",
+        reason=driver.RuntimeFailureReason.NOT_ANSWERING,
+        restored=True,
+    ),
     # device
     device.DeviceHealthChanged(
         gpu_uuid=GPU_UUID,

@@ -154,6 +154,13 @@ class Run:
         target = self.saga.targets[component].version
         previous = self.saga.previous_versions.get(component, "1.0")
         results: dict[StepKind, Event] = {
+            StepKind.RUNTIME_CONFIGURE: dm.RuntimeConfigured(
+                command_id=step_id,
+                component=component,
+                runtime="containerd",
+                drop_in="/etc/containerd/conf.d/99-nvidia.toml",
+                changed=True,
+            ),
             StepKind.STAGE: dm.DriverStaged(
                 command_id=step_id, component=component, version=target
             ),
@@ -183,6 +190,12 @@ class Run:
         version = saga.targets[component].version if component else GPU_NEW
         reason = kube.EvictionFailureReason.PDB_BLOCKED
         failures: dict[StepKind, Any] = {
+            StepKind.RUNTIME_CONFIGURE: lambda: dm.RuntimeConfigureFailed(
+                command_id=step_id,
+                component=component,
+                reason=dm.RuntimeFailureReason.NOT_ANSWERING,
+                message=message,
+            ),
             StepKind.POD_DELETION: lambda: kube.PodDeletionFailed(
                 action_id=step_id, reason=reason, message=message
             ),

@@ -478,3 +478,72 @@ class RebootStarted(Event):
     """Envelope id of the `RebootNode` command this answers."""
     boot_id: BootId
     """Boot id before the reboot."""
+
+
+# The container runtime: the `nvidia` handler with CDI, applied in the maintenance window.
+
+ContainerRuntimeKind = Annotated[str, StringConstraints(pattern=r"^(containerd|crio)$")]
+"""The runtime a node's drop-in is for: `containerd` or `crio`."""
+HostPath = Annotated[str, StringConstraints(pattern=r"^/[^\x00]{0,1023}$")]
+"""An absolute path on the host."""
+
+
+class RuntimeFailureReason(DocumentedEnum):
+    """Why the container runtime could not be configured."""
+
+    NOT_FOUND = "not-found"
+    """The node has no containerd or CRI-O configuration to add the handler to."""
+    UNREADABLE = "unreadable"
+    """A runtime configuration file does not parse; the message names the file and line."""
+    RESTART_FAILED = "restart-failed"
+    """The runtime could not be restarted with the drop-in; the earlier files are back."""
+    NOT_ANSWERING = "not-answering"
+    """The restarted runtime did not answer its socket in time; the earlier files are back."""
+
+
+class ConfigureRuntime(Command):
+    """Add the `nvidia` runtime handler with CDI to the node's container runtime: write its
+    drop-in (and the import line), restart the runtime and confirm it answers on its socket
+    within `timeout_seconds`; put the earlier files back and restart again if it does not.
+    Nothing is written or restarted when the drop-in is as it should be. Sent after the loads,
+    while the node is cordoned and drained, so the restart is under no running pod."""
+
+    SERVICE: ClassVar[str] = SERVICE
+    VERB: ClassVar[str] = "configure-runtime"
+
+    component: Component = Component.GPU
+    """The driver stack the handler serves (the GPU's)."""
+    runtime_path: HostPath | None = None
+    """The handler's OCI runtime binary; absent: a copy of the runtime's default one, which
+    injects CDI devices itself."""
+    timeout_seconds: TimeoutSeconds = 300
+    """How long the restarted runtime may take to answer."""
+
+
+class RuntimeConfigured(DriverResult):
+    """The node's container runtime has the `nvidia` handler with CDI, and answers."""
+
+    NAME: ClassVar[str] = "runtime-configured"
+
+    runtime: ContainerRuntimeKind
+    """The runtime configured."""
+    drop_in: HostPath
+    """The drop-in that holds the handler: `/etc/containerd/conf.d/99-nvidia.toml`."""
+    changed: bool
+    """Whether files were written and the runtime restarted (false: it was configured)."""
+    config_version: int | None = Field(default=None, ge=2, le=3)
+    """containerd's config schema of the drop-in (2 for 1.6 and 1.7, 3 for 2.x)."""
+    restart_seconds: float | None = Field(default=None, ge=0)
+    """How long the restarted runtime took to answer again."""
+
+
+class RuntimeConfigureFailed(DriverFailure):
+    """The container runtime could not be given the `nvidia` handler."""
+
+    NAME: ClassVar[str] = "runtime-configure-failed"
+
+    reason: RuntimeFailureReason
+    """Why."""
+    restored: bool = True
+    """Whether the runtime runs with its earlier configuration again (false: it was written
+    back, but the runtime does not answer with it either)."""

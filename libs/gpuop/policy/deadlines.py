@@ -48,6 +48,8 @@ class Deadlines(Section):
     """Loading the new driver's kernel modules."""
     validation: DeadlineSeconds = 600
     """Validating the loaded driver (devices visible, operands healthy)."""
+    runtime_configure: DeadlineSeconds = 300
+    """Configuring the container runtime: its drop-in, its restart, and its answer."""
     reboot: DeadlineSeconds = 900
     """A reboot, until discovery reports the node's new boot id."""
     rollback: DeadlineSeconds = 900

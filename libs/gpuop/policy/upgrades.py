@@ -213,6 +213,11 @@ class UpgradePolicy(Section):
     rollback_on_failure: bool = True
     """When a step after the unload fails, restore and validate the previous driver before
     the node is uncordoned. When false, the node stays cordoned in `upgrade-failed`."""
+    configure_runtime: bool = False
+    """Give the node's containerd or CRI-O the `nvidia` runtime handler with CDI (the chart's
+    RuntimeClass `nvidia`) in the maintenance window, after the new driver is loaded: the
+    runtime restarts while the node is drained, and a runtime that does not answer again is
+    put back as it was and fails the step. A no-op on a node configured already."""
     failed_nodes_hold_slot: bool = False
     """Whether a node in `upgrade-failed` counts against `maxParallelUpgrades`, as upstream
     counts it. False: one broken node never stops the others (it still counts against

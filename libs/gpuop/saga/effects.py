@@ -100,6 +100,10 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: 
         )
     if step.kind is StepKind.LOAD:
         return dm.LoadDriver(component=component, version=target.version, timeout_seconds=timeout)
+    if step.kind is StepKind.RUNTIME_CONFIGURE:
+        # half the time for the answer: a runtime that does not answer is restarted again
+        # with its earlier files, and that wait must fit in the step's deadline too
+        return dm.ConfigureRuntime(component=component, timeout_seconds=max(1, timeout // 2))
     if step.kind is StepKind.VALIDATE:
         return dm.ValidateDriver(
             component=component,

@@ -20,6 +20,9 @@ The maintenance window reloads every component of the saga at once, in this orde
                                    run, so a failed install needs no rollback (only an uncordon)
     unload-gpu, unload-ofed        the GPU stack first: nvidia_peermem sits on the RDMA core
     load-ofed, load-gpu            the network stack first, for the same reason
+    runtime-configure-gpu          with `upgradePolicy.configureRuntime`: the container
+                                   runtime's `nvidia` handler with CDI, restarted while the
+                                   node is drained (a no-op when it is configured already)
     validate-gpu, validate-ofed    in validation-required
 
 After a confirmed reboot the next round repeats the unloads and loads (the installs are on
@@ -67,6 +70,8 @@ class StepKind(DocumentedEnum):
     """A component's new modules to be loaded."""
     REBOOT = "reboot"
     """The node to report a new boot id."""
+    RUNTIME_CONFIGURE = "runtime-configure"
+    """The container runtime to have the `nvidia` handler with CDI, restarted and answering."""
     VALIDATE = "validate"
     """A component's new driver to validate."""
     ROLLBACK = "rollback"
@@ -89,6 +94,7 @@ DRIVER_KINDS = frozenset(
         StepKind.INSTALL,
         StepKind.UNLOAD,
         StepKind.LOAD,
+        StepKind.RUNTIME_CONFIGURE,
         StepKind.VALIDATE,
         StepKind.ROLLBACK,
         StepKind.ROLLBACK_VALIDATE,
@@ -131,9 +137,13 @@ def stage_plan(
 
 
 def reload_plan(
-    components: tuple[Component, ...], installable: frozenset[Component], round_: int
+    components: tuple[Component, ...],
+    installable: frozenset[Component],
+    round_: int,
+    configure_runtime: bool = False,
 ) -> tuple[Step, ...]:
-    """The steps of driver-reload-required; installs only in round 1 and with a source."""
+    """The steps of driver-reload-required; installs only in round 1 and with a source; with
+    `configure_runtime`, the runtime's handler last, once the GPU driver is loaded."""
     installs = tuple(
         Step(kind=StepKind.INSTALL, component=c)
         for c in INSTALL_ORDER
@@ -147,7 +157,12 @@ def reload_plan(
     loads = tuple(
         Step(kind=StepKind.LOAD, component=c, round=round_) for c in LOAD_ORDER if c in components
     )
-    return installs + unloads + loads
+    runtime = (
+        (Step(kind=StepKind.RUNTIME_CONFIGURE, component=Component.GPU, round=round_),)
+        if configure_runtime and Component.GPU in components
+        else ()
+    )
+    return installs + unloads + loads + runtime
 
 
 def validation_plan(components: tuple[Component, ...], rollback: bool) -> tuple[Step, ...]:
@@ -183,6 +198,7 @@ def limit_seconds(step: Step, policy: UpgradePolicy, attempt: int) -> float | No
         StepKind.UNLOAD: deadlines.driver_unload,
         StepKind.LOAD: deadlines.driver_load,
         StepKind.REBOOT: deadlines.reboot,
+        StepKind.RUNTIME_CONFIGURE: deadlines.runtime_configure,
         StepKind.VALIDATE: deadlines.validation,
         StepKind.ROLLBACK: deadlines.rollback,
         StepKind.ROLLBACK_VALIDATE: deadlines.validation,

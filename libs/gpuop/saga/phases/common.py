@@ -29,6 +29,7 @@ SUCCESS: dict[StepKind, type[dm.DriverResult]] = {
     StepKind.VALIDATE: dm.DriverValidated,
     StepKind.ROLLBACK: dm.DriverRolledBack,
     StepKind.ROLLBACK_VALIDATE: dm.DriverValidated,
+    StepKind.RUNTIME_CONFIGURE: dm.RuntimeConfigured,
 }
 """The answer that ends each driver step well."""
 FAILURE: dict[StepKind, type[dm.DriverFailure]] = {
@@ -39,6 +40,7 @@ FAILURE: dict[StepKind, type[dm.DriverFailure]] = {
     StepKind.VALIDATE: dm.DriverValidationFailed,
     StepKind.ROLLBACK: dm.DriverRollbackFailed,
     StepKind.ROLLBACK_VALIDATE: dm.DriverValidationFailed,
+    StepKind.RUNTIME_CONFIGURE: dm.RuntimeConfigureFailed,
 }
 """The answer that fails it."""
 

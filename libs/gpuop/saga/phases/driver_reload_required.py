@@ -1,6 +1,8 @@
 """driver-reload-required: install, unload and load each component, one step at a time
-(`gpuop.saga.steps.reload_plan`). An unload that fails in use reboots the node when the
-policy allows, once per attempt; an unanswered unload leaves the driver touched."""
+(`gpuop.saga.steps.reload_plan`), then, when the policy asks, configure the container
+runtime. An unload that fails in use reboots the node when the policy allows, once per
+attempt; an unanswered unload leaves the driver touched. A runtime that does not come back
+(the driver-manager put its earlier files back) fails the step into the rollback."""
 
 from __future__ import annotations
 
@@ -21,7 +23,12 @@ STATE = S.DRIVER_RELOAD_REQUIRED
 
 def _plan(draft: Draft) -> tuple[Step, ...]:
     saga = draft.saga
-    return reload_plan(saga.components, draft.installable(), saga.reload_round)
+    return reload_plan(
+        saga.components,
+        draft.installable(),
+        saga.reload_round,
+        configure_runtime=draft.policy.configure_runtime,
+    )
 
 
 def enter(draft: Draft, retry: bool) -> None:
