@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuop.host import cdi, packages, system
 from gpuop.host.roots import HostRoot
 from gpuop.inventory import cdi_devices
-from gpuop.nvml import NvmlError, open_backend
+from gpuop.nvml import NvmlError, open_backend, opened
+from gpuop_sim.nvml.simulated import SimNvml
 from tests.support import cdi as support
 from tests.support.driver_manager import seed
 
@@ -31,9 +33,9 @@ def kernel(root: HostRoot) -> str:
     return release
 
 
-def generate(root: HostRoot, gpus: int = 8) -> dict[str, object]:
+def generate(root: HostRoot, gpus: int = 8) -> dict[str, Any]:
     nvml = open_backend(f"sim:{gpus}", host_root=root.path, node="n1")
-    document: dict[str, object] = json.loads(cdi_devices.generate(root, nvml))
+    document: dict[str, Any] = json.loads(cdi_devices.generate(root, nvml))
     return document
 
 
@@ -53,7 +55,6 @@ def test_the_spec_mounts_every_library_link_binary_and_firmware_of_the_manifest(
     spec = generate(root)
 
     edits = spec["containerEdits"]
-    assert isinstance(edits, dict)
     mounts = {m["containerPath"]: m for m in edits["mounts"]}
     prefix = f"/opt/gpuop/gpu/{VERSION}"
     libraries = "/usr/lib/x86_64-linux-gnu"
@@ -128,7 +129,7 @@ def test_gpus_are_named_by_index_uuid_and_all_with_the_control_nodes_the_host_ha
 
     spec = generate(root, gpus=2)
 
-    devices = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}  # type: ignore[index, union-attr]
+    devices = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
     assert devices == {
         "0": [{"path": f"/dev/nvidia{minors[0]}"}],
         uuids[0]: [{"path": f"/dev/nvidia{minors[0]}"}],
@@ -136,7 +137,7 @@ def test_gpus_are_named_by_index_uuid_and_all_with_the_control_nodes_the_host_ha
         uuids[1]: [{"path": f"/dev/nvidia{minors[1]}"}],
         "all": [{"path": f"/dev/nvidia{minors[0]}"}, {"path": f"/dev/nvidia{minors[1]}"}],
     }
-    assert spec["containerEdits"]["deviceNodes"] == [  # type: ignore[index]
+    assert spec["containerEdits"]["deviceNodes"] == [
         {"path": "/dev/nvidiactl"},
         {"path": "/dev/nvidia-uvm"},
     ]
@@ -268,3 +269,22 @@ def test_write_keeps_the_previous_spec_and_restore_puts_it_back_byte_for_byte(
     assert cdi.driver_version_of(new) == "2.0"
     assert cdi.driver_version_of(b"not json") is None
     assert not cdi.restore_previous(tmp_path / "none.json")
+
+
+def test_nvmls_mig_devices_are_named_by_gpu_and_position_beside_their_gpu(
+    tmp_path: Path,
+) -> None:
+    root = host(tmp_path)
+    nvml = SimNvml(2, node="n1")
+    nvml.enable_mig(1, ["3g.71gb", "3g.71gb"])
+    with opened(nvml):
+        devices = cdi_devices.gpu_devices(nvml, root)
+        migs = nvml.mig_devices(1)
+        gpu1 = nvml.device_info(1)
+
+    names = [device.names for device in devices]
+    assert names[1] == ("1", gpu1.uuid)
+    assert names[2:4] == [("1:0", migs[0].uuid), ("1:1", migs[1].uuid)]
+    assert names[-1] == ("all",)
+    node = f"/dev/nvidia{gpu1.minor_number}"
+    assert devices[2].device_nodes == (node,)  # no capabilities listed under /proc here
