@@ -120,6 +120,29 @@ def render(inventory: HardwareDiscovered, labels: Mapping[str, str], host_root: 
             ],
         ),
         "",
+        f"Container runtimes ({len(inventory.container_runtimes)})",
+        *_table(
+            ("RUNTIME", "VERSION", "NVIDIA HANDLER", "CONFIG"),
+            [
+                (
+                    runtime.name,
+                    runtime.version or "-",
+                    "yes" if runtime.nvidia_handler else "no",
+                    runtime.config_error or "ok",
+                )
+                for runtime in inventory.container_runtimes
+            ],
+        ),
+        "",
+        f"CDI specs ({len(inventory.cdi_specs)})",
+        *_table(
+            ("PATH", "CDI VERSION", "DEVICES", "STATE"),
+            [
+                (spec.path, spec.cdi_version or "-", str(spec.device_count), spec.error or "valid")
+                for spec in inventory.cdi_specs
+            ],
+        ),
+        "",
         f"Labels ({len(labels)})",
         *(f"  {key}={value}" for key, value in labels.items()),
     ]
