@@ -20,6 +20,10 @@ then `pci.pci_functions(root)`, `nvidia.driver_version(root)`.
     manifests     what a package holds: format 1 (stand-ins) and 2 (a real driver)
     kmod          Debian kmod's modinfo and depmod -b on real modules; signatures required?
     building      format 2 packages from Debian's NVIDIA packages or NVIDIA's .run
+    cdi_specs     the CDI specs a runtime would load: kind, version, devices, malformed ones
+    runtime_handlers  containerd and CRI-O: version, the `nvidia` handler in their config
+    gobinaries    the version a Go binary was released as, from its build information
+    inotify       a directory watch for asyncio
     errors        the exception tree
 """
 
