@@ -43,6 +43,7 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Command, Envelope, ids, new_event
 from gpuop.events import driver as dm
 from gpuop.host.protocol import KernelOps, Rebooter, SimulatedHost
+from gpuop.host.restarting import RuntimeService, SystemdRuntimeService
 from gpuop.host.roots import HostRoot
 from gpuop.host.subprocesses import SubprocessKernelOps
 from gpuop.nvml import open_backend
@@ -60,6 +61,7 @@ from gpuop.services.driver_manager.rebooting import (
     RebootFailed,
 )
 from gpuop.services.driver_manager.reloading import Reloader
+from gpuop.services.driver_manager.runtimes import RuntimeConfigurer
 from gpuop.services.driver_manager.state import (
     CommandRecord,
     CommandStatus,
@@ -238,11 +240,13 @@ def build_executor(
     rebooter: Rebooter
     if mode is KernelMode.HOST:
         kernel, rebooter = SubprocessKernelOps(root, chroot=True), HostRebooter(root)
+        runtime: RuntimeService = SystemdRuntimeService(root)
     else:  # both only ever act on a simulated host root, which the plugin reboots
         simulated: SimulatedHost = plugins.load(
             "gpuop.kernels", "simulated", wanted_for=f"kernel mode {mode.value}"
         )(root)
         rebooter = simulated.rebooter
+        runtime = simulated.runtime
         kernel = (
             SubprocessKernelOps(root, chroot=False)
             if mode is KernelMode.STANDINS
@@ -262,6 +266,7 @@ def build_executor(
         Reloader(root, kernel, clock, config.unload_poll_seconds),
         Validator(root, nvml, clock),
         rebooter,
+        runtimes=RuntimeConfigurer(root, runtime, clock),
     )
 
 

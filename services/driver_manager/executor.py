@@ -18,6 +18,8 @@ bugs and bus trouble raise.
               other kernels get their version from before
               pre-staging again (prestaging.restore)
     reboot    RebootStarted, then reboot                    RebootStarted
+    configure-runtime  the `nvidia` handler's drop-in,       RuntimeConfigured /
+              restart, answer or undo (`runtimes`)          RuntimeConfigureFailed
 
 A reboot's `Outcome` carries the reboot as `after`: the agent publishes `RebootStarted`
 first, then reboots; before either it asks `rebooted_since` (the boot id guard). A rollback
@@ -38,6 +40,7 @@ from gpuop.events import driver as dm
 from gpuop.host import packages, system
 from gpuop.host.errors import HostError
 from gpuop.host.protocol import Rebooter
+from gpuop.host.restarting import SystemdRuntimeService
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import answers, prestaging
 from gpuop.services.driver_manager.answers import ComponentCommand
@@ -51,6 +54,7 @@ from gpuop.services.driver_manager.installing import (
     serves,
 )
 from gpuop.services.driver_manager.reloading import LoadError, Reloader, UnloadError
+from gpuop.services.driver_manager.runtimes import RuntimeConfigurer
 from gpuop.services.driver_manager.state import ComponentRecord, StepContext
 from gpuop.services.driver_manager.validating import ValidationFailed, Validator
 
@@ -81,6 +85,7 @@ class Executor:
         validator: Validator,
         rebooter: Rebooter,
         specs: SpecWriter | None = None,
+        runtimes: RuntimeConfigurer | None = None,
     ) -> None:
         self.root = root
         self.config = config
@@ -90,6 +95,9 @@ class Executor:
         self.rebooter = rebooter
         # the validator's NVML, asked only when a spec is written
         self.specs = specs or SpecWriter(root, lambda: validator.nvml(), installer.clock)
+        self.runtimes = runtimes or RuntimeConfigurer(
+            root, SystemdRuntimeService(root), installer.clock
+        )
 
     async def context_for(self, command: Command) -> StepContext:
         """What the command must remember from before it changed anything."""
@@ -119,6 +127,8 @@ class Executor:
         if isinstance(command, dm.RebootNode):
             started = dm.RebootStarted(command_id=command_id, boot_id=command.boot_id)
             return Outcome(started, after=self.rebooter.reboot)
+        if isinstance(command, dm.ConfigureRuntime):
+            return Outcome(await self.runtimes.configure(command_id, command))
         if not isinstance(command, ComponentCommand):
             raise TypeError(f"{type(command).__name__} is not a driver command")
         if command.component not in self.config.components:

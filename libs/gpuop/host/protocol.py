@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from gpuop.host.modules import LoadedModule
+from gpuop.host.restarting import RuntimeService
 
 
 class KernelOps(Protocol):
@@ -59,3 +60,5 @@ class SimulatedHost(Protocol):
 
     kernel: KernelOps
     rebooter: Rebooter
+    runtime: RuntimeService
+    """The simulated node's container runtime, restarted by the runtime-configure step."""

@@ -40,13 +40,15 @@ POLL_SECONDS = 0.5
 
 
 class RuntimeRestartFailed(HostError):
-    """The runtime could not be restarted, or did not answer again in time. `restored` says
-    whether the earlier configuration was put back (and the runtime answered with it)."""
+    """The runtime could not be restarted, or did not answer again in time
+    (`not_answering`). `restored` says whether the earlier configuration was put back and
+    the runtime answered with it."""
 
-    def __init__(self, reason: str, *, restored: bool) -> None:
+    def __init__(self, reason: str, *, restored: bool, not_answering: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.restored = restored
+        self.not_answering = not_answering
 
 
 class RuntimeService(Protocol):
@@ -87,11 +89,12 @@ async def configure(
         await service.restart(planned.runtime)
         waited = await _wait_answering(service, planned.runtime, clock, deadline_seconds)
     except RuntimeRestartFailed as failure:
-        reason = failure.reason
+        reason, not_answering = failure.reason, False
     else:
         if waited is not None:
             return Applied(changed=True, waited_seconds=waited)
         reason = f"{planned.runtime} did not answer within {deadline_seconds:g} s of its restart"
+        not_answering = True
     log.warning("%s; restoring the earlier configuration", reason)
     runtimes.undo(root, planned)
     restored = True
@@ -107,7 +110,9 @@ async def configure(
         if restored
         else ("earlier configuration written back, but the runtime does not answer with it either")
     )
-    raise RuntimeRestartFailed(f"{reason}; {suffix}", restored=restored)
+    raise RuntimeRestartFailed(
+        f"{reason}; {suffix}", restored=restored, not_answering=not_answering
+    )
 
 
 async def _wait_answering(

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 from gpuop.host import components, modules
 from gpuop.host.protocol import KernelOps, Rebooter
+from gpuop.host.restarting import RuntimeService
 from gpuop.host.roots import HostRoot
 from gpuop_sim.host.simkernel import SimKernel
+from gpuop_sim.host.simruntime import SimRuntime
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +42,10 @@ class SimulatedNode:
 
     kernel: KernelOps
     rebooter: Rebooter
+    runtime: RuntimeService
 
 
 def simulated_host(root: HostRoot) -> SimulatedNode:
-    """The plugin's entry point: the simulated kernel and reboot of the host under `root`."""
-    return SimulatedNode(SimKernel(root), SimRebooter(root))
+    """The plugin's entry point: the simulated kernel, reboot and container runtime of the
+    host under `root`."""
+    return SimulatedNode(SimKernel(root), SimRebooter(root), SimRuntime(root))
