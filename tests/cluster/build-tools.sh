@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real control plane's test tools from their pinned Go modules into one ignored
 # cache directory: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
-# (k8s.io/kubernetes), etcd, kwok and kwokctl, and helm. Go is a test tool here; the product
-# stays Python.
+# (k8s.io/kubernetes), etcd, kwok and kwokctl, helm, and containerd 2.x (whose `config dump`
+# reads the runtime drop-ins gpuop writes). Go is a test tool here; the product stays Python.
 #
 # Each module directory beside this script pins one tool set with its own go.mod and go.sum
 # (their dependency graphs do not mix: KWOK and Helm are built against other k8s.io releases
@@ -82,4 +82,9 @@ fi
 build helm helm \
     go build -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v$HELM" \
     -o "$out/bin/helm" helm.sh/helm/v4/cmd/helm
+# containerd 2.x, static (CGO_ENABLED=0: no btrfs snapshotter, which `config dump` needs not)
+build containerd containerd \
+    go build -trimpath \
+    -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=v$CONTAINERD" \
+    -o "$out/bin/containerd" github.com/containerd/containerd/v2/cmd/containerd
 echo "build-tools: tools in $out/bin"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rewrites the pinned modules from versions.env (after a version bump there) and resolves
-# their go.sum from the module proxy: `tests/cluster/pin.sh [kubernetes|etcd|kwok|helm]...`
-# (all four by default). Review and commit the go.mod and go.sum it changes.
+# their go.sum from the module proxy:
+# `tests/cluster/pin.sh [kubernetes|etcd|kwok|helm|containerd]...` (all five by default). Review and commit the go.mod and go.sum it changes.
 #
 # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with paths in
 # its own tree; a module that imports it must replace each with the tag v0.<minor>.<patch>
@@ -37,10 +37,14 @@ pin() {
         (cd "$here/kwok" && go get -tool "sigs.k8s.io/kwok/cmd/kwok@v$KWOK" "sigs.k8s.io/kwok/cmd/kwokctl@v$KWOK")
         ;;
     helm) fresh helm && (cd "$here/helm" && go get -tool "helm.sh/helm/v4/cmd/helm@v$HELM") ;;
-    *) echo "pin.sh: no module $1 (kubernetes, etcd, kwok, helm)" >&2 && exit 2 ;;
+    containerd)
+        fresh containerd
+        (cd "$here/containerd" && go get -tool "github.com/containerd/containerd/v2/cmd/containerd@v$CONTAINERD")
+        ;;
+    *) echo "pin.sh: no module $1 (kubernetes, etcd, kwok, helm, containerd)" >&2 && exit 2 ;;
     esac
     echo "pin.sh: $1 pinned"
 }
-for module in "${@:-kubernetes etcd kwok helm}"; do
+for module in "${@:-kubernetes etcd kwok helm containerd}"; do
     for one in $module; do pin "$one"; done
 done
