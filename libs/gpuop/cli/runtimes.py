@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuop.clocks import SystemClock
 from gpuop.cli.errors import CommandFailed
+from gpuop.clocks import SystemClock
 from gpuop.host import restarting, runtimes
 from gpuop.host.errors import HostError
 from gpuop.host.roots import HostRoot
@@ -60,16 +60,8 @@ def add_parser(verbs: Any) -> None:
 
 
 async def configure_runtime(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    host_root = Path(args.host_root or environ.get("GPUOP_HOST_ROOT") or "/host")
-    if not host_root.is_dir():
-        raise SettingsError(f"--host-root {host_root}: no such directory")
-    root = HostRoot(host_root)
-    try:
-        planned = await asyncio.to_thread(
-            runtimes.plan, root, runtimes.Runtime(args.runtime), runtime_path=args.runtime_path
-        )
-    except HostError as error:
-        raise CommandFailed(str(error)) from None
+    # file reads and the runtime binary's --version: off the loop
+    root, planned = await asyncio.to_thread(plan_for, args, environ)
     for note in planned.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.dry_run:
@@ -94,6 +86,23 @@ async def configure_runtime(args: argparse.Namespace, environ: Mapping[str, str]
         f"{applied.waited_seconds:.1f} s"
     )
     return 0
+
+
+def plan_for(
+    args: argparse.Namespace, environ: Mapping[str, str]
+) -> tuple[HostRoot, runtimes.RuntimePlan]:
+    """The host root the arguments name and the plan for its runtime."""
+    host_root = Path(args.host_root or environ.get("GPUOP_HOST_ROOT") or "/host")
+    if not host_root.is_dir():
+        raise SettingsError(f"--host-root {host_root}: no such directory")
+    root = HostRoot(host_root)
+    try:
+        planned = runtimes.plan(
+            root, runtimes.Runtime(args.runtime), runtime_path=args.runtime_path
+        )
+    except HostError as error:
+        raise CommandFailed(str(error)) from None
+    return root, planned
 
 
 def render(planned: runtimes.RuntimePlan) -> str:

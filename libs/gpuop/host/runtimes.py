@@ -241,8 +241,10 @@ def _source_table(main: dict[str, Any]) -> str:
 def _copied_runtime(runtimes: dict[str, Any], candidates: tuple[str, ...]) -> dict[str, Any] | None:
     """A copy of the first of `candidates` that `runtimes` defines; None if none is."""
     for name in candidates:
-        if isinstance(runtimes.get(name), dict):
-            return copy.deepcopy(runtimes[name])
+        table = runtimes.get(name)
+        if isinstance(table, dict):
+            copied: dict[str, Any] = copy.deepcopy(table)
+            return copied
     return None
 
 

@@ -199,7 +199,7 @@ def test_a_binary_that_fails_leaves_the_choice_to_the_main_config(tmp_path: Path
 
 
 def test_no_containerd_config_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeConfigError, match="no containerd config found at .*config.toml"):
+    with pytest.raises(RuntimeConfigError, match=r"no containerd config found at .*config\.toml"):
         runtimes.plan(HostRoot(tmp_path), Runtime.CONTAINERD)
 
 
