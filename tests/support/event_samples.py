@@ -82,6 +82,7 @@ def _inventory() -> hardware.HardwareDiscovered:
                 name=hardware.ContainerRuntimeName.CONTAINERD,
                 version="1.6.20~ds1-1+deb12u3",
                 nvidia_handler=True,
+                cdi_enabled=False,
             ),
             hardware.ContainerRuntime(
                 name=hardware.ContainerRuntimeName.CRIO,

@@ -138,6 +138,10 @@ class ContainerRuntime(Record):
     config_error: Message | None = None
     """Why it would refuse its configuration (a file that does not parse, naming it);
     absent when the configuration reads."""
+    cdi_enabled: bool | None = None
+    """Whether it gives a container the devices a CDI name asks for: containerd 1.6 never,
+    1.7 with `enable_cdi = true`, 2.x unless `enable_cdi = false`, CRI-O from 1.24 always;
+    absent when neither its version nor its configuration says."""
 
 
 class CdiSpec(Record):

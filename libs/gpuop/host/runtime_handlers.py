@@ -81,6 +81,10 @@ class RuntimeState:
     """The files that make its configuration, in the order it reads them."""
     error: str | None = None
     """Why it would refuse its configuration (a file that does not parse); None when fine."""
+    cdi_enabled: bool | None = None
+    """Whether it gives a container the devices a CDI name asks for: containerd 1.6 never,
+    1.7 with `enable_cdi = true`, 2.x unless `enable_cdi = false`; CRI-O from 1.24 always.
+    None when neither its version nor its configuration says."""
 
 
 def runtimes(root: HostRoot) -> tuple[RuntimeState, ...]:
@@ -117,9 +121,11 @@ def _containerd(root: HostRoot, version: str | None) -> RuntimeState:
     files: list[str] = []
     try:
         main = _read_toml(root, CONTAINERD_CONFIG)
-        if main is None:
-            return RuntimeState(Runtime.CONTAINERD, version, nvidia_handler=False)
-        merge_tables = main.get("version") == 3 or _major(version) >= 2
+        if main is None:  # containerd's defaults
+            cdi = _containerd_cdi(version, {}, {})
+            return RuntimeState(Runtime.CONTAINERD, version, False, cdi_enabled=cdi)
+        release = _release(version)
+        merge_tables = main.get("version") == 3 or (release is not None and release >= (2, 0))
         config = _containerd_tree(root, main, files, merge_tables)
     except _ConfigError as error:
         return RuntimeState(Runtime.CONTAINERD, version, False, tuple(files), str(error))
@@ -127,7 +133,30 @@ def _containerd(root: HostRoot, version: str | None) -> RuntimeState:
         _table(config, "plugins", plugin, "containerd", "runtimes", HANDLER) is not None
         for plugin in CRI_PLUGINS
     )
-    return RuntimeState(Runtime.CONTAINERD, version, handler, tuple(files))
+    cdi = _containerd_cdi(version, main, config)
+    return RuntimeState(Runtime.CONTAINERD, version, handler, tuple(files), cdi_enabled=cdi)
+
+
+def _containerd_cdi(
+    version: str | None, main: Mapping[str, Any], config: Mapping[str, Any]
+) -> bool | None:
+    """Whether containerd resolves CDI names, from its release and `enable_cdi` (any config
+    version's CRI table; 2.x migrates a version 2 file's switch to its own)."""
+    switches = [
+        switch
+        for plugin in CRI_PLUGINS
+        if isinstance(switch := (_table(config, "plugins", plugin) or {}).get("enable_cdi"), bool)
+    ]
+    release = _release(version)
+    if release is None:  # the config's version says which containerd reads it, if anything
+        if False in switches:
+            return False
+        return True if True in switches or main.get("version") == 3 else None
+    if release < (1, 7):
+        return False  # no CDI at all: `enable_cdi` is ignored
+    if release < (2, 0):
+        return bool(switches) and all(switches)
+    return False not in switches
 
 
 def _containerd_tree(
@@ -188,7 +217,9 @@ def _crio(root: HostRoot, version: str | None) -> RuntimeState:
     except _ConfigError as error:
         return RuntimeState(Runtime.CRIO, version, False, tuple(files), str(error))
     handler = _table(merged, "crio", "runtime", "runtimes", HANDLER) is not None
-    return RuntimeState(Runtime.CRIO, version, handler, tuple(files))
+    release = _release(version)
+    cdi = release is None or release >= (1, 24)  # no switch: CDI is on since 1.24
+    return RuntimeState(Runtime.CRIO, version, handler, tuple(files), cdi_enabled=cdi)
 
 
 class _ConfigError(Exception):
@@ -235,9 +266,9 @@ def _table(tree: Mapping[str, Any], *keys: str) -> Mapping[str, Any] | None:
     return node if isinstance(node, Mapping) else None
 
 
-def _major(version: str | None) -> int:
-    match = re.match(r"^v?([0-9]+)\.", version or "")
-    return int(match.group(1)) if match else 0
+def _release(version: str | None) -> tuple[int, int] | None:
+    match = re.match(r"^v?([0-9]+)\.([0-9]+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _dpkg_versions(root: HostRoot) -> dict[str, str]:

@@ -7,10 +7,14 @@ when both hold:
 
 - a valid CDI spec of kind `nvidia.com/gpu` defines at least one device (`cdi_ready`), so a
   runtime can resolve `nvidia.com/gpu=<name>`;
-- every container runtime on the node has the `nvidia` handler in its configuration
-  (`handler_ready`): the kubelet talks to one of them and the inventory does not know which,
-  so a node with a second, unconfigured runtime is not called ready rather than labelled
-  wrongly half the time. A runtime whose configuration does not parse has no handler.
+- every container runtime on the node has the `nvidia` handler in its configuration and
+  does not refuse CDI (`runtimes_ready`): the kubelet talks to one of them and the inventory
+  does not know which, so a node with a second, unconfigured runtime is not called ready
+  rather than labelled wrongly half the time. A runtime whose configuration does not parse
+  has no handler. CDI off (containerd 1.6, which has none; 1.7 without `enable_cdi`) means
+  a container asking for `nvidia.com/gpu=0` starts without the GPU, so the node is not ready
+  even with the handler; CDI unknown (a containerd of unknown release whose configuration
+  does not say) does not hold the labels back.
 
 Then the labels `nvidia.com/cdi.ready=true` and `gpuop.io/runtime.nvidia=true` go on, and
 both come off as soon as either stops holding.
@@ -40,6 +44,7 @@ def container_runtimes(root: HostRoot) -> tuple[ContainerRuntime, ...]:
             version=state.version if state.version and _VERSION.match(state.version) else None,
             nvidia_handler=state.nvidia_handler,
             config_error=_message(state.error),
+            cdi_enabled=state.cdi_enabled,
         )
         for state in runtime_handlers.runtimes(root)
     )
@@ -63,15 +68,18 @@ def cdi_ready(inventory: Inventory) -> bool:
     return any(spec.error is None and spec.device_count > 0 for spec in inventory.cdi_specs)
 
 
-def handler_ready(inventory: Inventory) -> bool:
-    """The node has a container runtime, and every one it has defines the `nvidia` handler."""
+def runtimes_ready(inventory: Inventory) -> bool:
+    """The node has a container runtime, and every one it has defines the `nvidia` handler
+    and does not refuse CDI."""
     runtimes = inventory.container_runtimes
-    return bool(runtimes) and all(runtime.nvidia_handler for runtime in runtimes)
+    return bool(runtimes) and all(
+        runtime.nvidia_handler and runtime.cdi_enabled is not False for runtime in runtimes
+    )
 
 
 def ready(inventory: Inventory) -> bool:
     """Both hold: the node's labels say it can run GPU containers through CDI."""
-    return cdi_ready(inventory) and handler_ready(inventory)
+    return cdi_ready(inventory) and runtimes_ready(inventory)
 
 
 def _message(text: str | None) -> str | None:

@@ -43,7 +43,9 @@ def test_empty_configuration_directories_are_no_runtime(root: HostRoot) -> None:
     assert runtime_handlers.runtimes(root) == ()
 
 
-def test_debian_containerd_with_the_version_2_drop_in_has_the_handler(root: HostRoot) -> None:
+def test_debian_containerd_with_the_version_2_drop_in_has_the_handler_but_no_cdi(
+    root: HostRoot,
+) -> None:
     write(root, runtime_handlers.DPKG_STATUS, DPKG_CONTAINERD)
     containerd_with_handler(root, version=2)
 
@@ -53,8 +55,46 @@ def test_debian_containerd_with_the_version_2_drop_in_has_the_handler(root: Host
             "1.6.20~ds1-1+deb12u3",
             nvidia_handler=True,
             config_files=("/etc/containerd/config.toml", "/etc/containerd/conf.d/99-nvidia.toml"),
+            cdi_enabled=False,  # 1.6 has no CDI; the drop-in's enable_cdi is ignored
         ),
     )
+
+
+@pytest.mark.parametrize(
+    ("version", "main", "switch", "enabled"),
+    [
+        ("1.6.20~ds1-1+deb12u3", 2, "true", False),
+        ("1.7.22", 2, "true", True),
+        ("1.7.22", 2, None, False),
+        ("v2.1.4", 2, None, True),
+        ("v2.1.4", 3, "false", False),
+        (None, 2, "true", True),
+        (None, 2, "false", False),
+        (None, 2, None, None),
+        (None, 3, None, True),
+    ],
+)
+def test_whether_containerd_resolves_cdi_names(
+    root: HostRoot, version: str | None, main: int, switch: str | None, enabled: bool | None
+) -> None:
+    if version is not None:
+        status = DPKG_CONTAINERD.replace("1.6.20~ds1-1+deb12u3", version)
+        write(root, runtime_handlers.DPKG_STATUS, status)
+    plugin = "io.containerd.grpc.v1.cri" if main == 2 else "io.containerd.cri.v1.runtime"
+    table = f'[plugins."{plugin}"]\n' + (f"enable_cdi = {switch}\n" if switch else "")
+    write(root, CONTAINERD_MAIN, f"version = {main}\n{table}")
+
+    [state] = runtime_handlers.runtimes(root)
+
+    assert state.cdi_enabled is enabled
+
+
+def test_containerd_without_a_config_runs_its_release_defaults(root: HostRoot) -> None:
+    write(root, runtime_handlers.DPKG_STATUS, DPKG_CONTAINERD.replace("1.6.20~ds1", "2.0.5"))
+
+    [state] = runtime_handlers.runtimes(root)
+
+    assert (state.nvidia_handler, state.cdi_enabled) == (False, True)
 
 
 def test_containerd_2_with_a_relative_import_and_the_version_3_drop_in(root: HostRoot) -> None:
@@ -85,7 +125,7 @@ def test_without_a_main_config_containerd_runs_its_defaults_without_the_handler(
 
     [state] = runtime_handlers.runtimes(root)
 
-    assert state == RuntimeState(Runtime.CONTAINERD, None, nvidia_handler=False)
+    assert state == RuntimeState(Runtime.CONTAINERD, None, nvidia_handler=False, cdi_enabled=None)
 
 
 def test_on_containerd_1_a_later_import_of_the_cri_table_replaces_the_handler(
@@ -154,6 +194,7 @@ def test_crio_with_the_drop_in_has_the_handler(root: HostRoot) -> None:
             None,
             nvidia_handler=True,
             config_files=("/etc/crio/crio.conf", "/etc/crio/crio.conf.d/99-nvidia.conf"),
+            cdi_enabled=True,
         ),
     )
 
@@ -202,6 +243,19 @@ def test_a_dpkg_version_loses_its_epoch_and_removed_packages_do_not_count(
     [state] = runtime_handlers.runtimes(root)
 
     assert (state.runtime, state.version) == (Runtime.CONTAINERD, "1.6.20~ds1-1+deb12u3")
+
+
+def test_crio_before_1_24_has_no_cdi(root: HostRoot) -> None:
+    write(
+        root,
+        runtime_handlers.DPKG_STATUS,
+        "Package: cri-o\nStatus: install ok installed\nVersion: 1.23.5~0\n",
+    )
+    write(root, CRIO_DROP_IN_PATH, CRIO_DROP_IN)
+
+    [state] = runtime_handlers.runtimes(root)
+
+    assert (state.version, state.nvidia_handler, state.cdi_enabled) == ("1.23.5~0", True, False)
 
 
 def test_a_tarball_containerd_is_versioned_from_its_go_build_information(

@@ -21,8 +21,10 @@ from tests.support.discovered import inventory, node_object
 
 BOOT_ID = "8c1f2f5e-0c53-4d57-a0a4-3e3c1b0c9a11"
 READY = {labeling.CDI_READY: "true", labeling.RUNTIME_NVIDIA: "true"}
-CONTAINERD = ContainerRuntime(name=ContainerRuntimeName.CONTAINERD, nvidia_handler=True)
-CRIO = ContainerRuntime(name=ContainerRuntimeName.CRIO, nvidia_handler=True)
+CONTAINERD = ContainerRuntime(
+    name=ContainerRuntimeName.CONTAINERD, nvidia_handler=True, cdi_enabled=True
+)
+CRIO = ContainerRuntime(name=ContainerRuntimeName.CRIO, nvidia_handler=True, cdi_enabled=True)
 SPEC = CdiSpec(path="/var/run/cdi/nvidia.com-gpu.json", cdi_version="0.5.0", device_count=3)
 
 
@@ -32,7 +34,7 @@ def host(tmp_path: Path) -> HostRoot:
 
 
 def test_a_scan_of_a_configured_node_reports_runtime_and_spec(host: HostRoot) -> None:
-    files.write(host, "var/lib/dpkg/status", files.DPKG_CONTAINERD)
+    files.write(host, "var/lib/dpkg/status", files.DPKG_CONTAINERD.replace("1.6.20", "1.7.22"))
     files.containerd_with_handler(host, version=2)
     files.write_spec(host, gpus=2)
     files.write(host, "etc/cdi/broken.json", "{")
@@ -42,8 +44,9 @@ def test_a_scan_of_a_configured_node_reports_runtime_and_spec(host: HostRoot) ->
     assert scanned.container_runtimes == (
         ContainerRuntime(
             name=ContainerRuntimeName.CONTAINERD,
-            version="1.6.20~ds1-1+deb12u3",
+            version="1.7.22~ds1-1+deb12u3",
             nvidia_handler=True,
+            cdi_enabled=True,
         ),
     )
     [broken, spec] = scanned.cdi_specs
@@ -52,6 +55,19 @@ def test_a_scan_of_a_configured_node_reports_runtime_and_spec(host: HostRoot) ->
     assert broken.device_count == 0 and "not JSON" in (broken.error or "")
     assert containers.ready(scanned)
     assert scanned.inventory_hash == scanned.content_hash()
+
+
+def test_debian_12_containerd_has_no_cdi_and_the_node_is_not_ready(host: HostRoot) -> None:
+    files.write(host, "var/lib/dpkg/status", files.DPKG_CONTAINERD)
+    files.containerd_with_handler(host, version=2)
+    files.write_spec(host, gpus=2)
+
+    scanned = scanning.scan(host, None)
+
+    [containerd] = scanned.container_runtimes
+    assert (containerd.nvidia_handler, containerd.cdi_enabled) == (True, False)
+    assert containers.cdi_ready(scanned)
+    assert not containers.ready(scanned)
 
 
 def test_a_broken_runtime_config_is_in_the_inventory_and_the_scan_goes_on(
@@ -85,6 +101,8 @@ def test_a_version_the_event_cannot_carry_is_left_out(host: HostRoot) -> None:
         ((CONTAINERD,), (), False),
         ((CONTAINERD.model_copy(update={"nvidia_handler": False}),), (SPEC,), False),
         ((CONTAINERD, CRIO.model_copy(update={"nvidia_handler": False})), (SPEC,), False),
+        ((CONTAINERD.model_copy(update={"cdi_enabled": False}),), (SPEC,), False),
+        ((CONTAINERD.model_copy(update={"cdi_enabled": None}),), (SPEC,), True),
         ((CONTAINERD,), (SPEC.model_copy(update={"device_count": 0}),), False),
         ((CONTAINERD,), (SPEC.model_copy(update={"error": "the spec defines no devices"}),), False),
         (
@@ -94,7 +112,7 @@ def test_a_version_the_event_cannot_carry_is_left_out(host: HostRoot) -> None:
         ),
     ],
 )
-def test_labels_only_when_a_valid_spec_with_devices_and_every_runtime_handler_hold(
+def test_labels_only_when_a_valid_spec_and_every_runtime_with_handler_and_cdi_hold(
     runtimes: tuple[ContainerRuntime, ...], specs: tuple[CdiSpec, ...], ready: bool
 ) -> None:
     labels = labeling.labels_for(inventory(container_runtimes=runtimes, cdi_specs=specs))
