@@ -66,6 +66,10 @@ _BINARIES = {
 }
 _CONFIGS = {Runtime.CONTAINERD: (CONTAINERD_CONFIG,), Runtime.CRIO: (CRIO_CONFIG, CRIO_DROP_INS)}
 _EPOCH = re.compile(r"^[0-9]+:")
+_DPKG_PACKAGE = re.compile(
+    r"^Package: (" + "|".join(re.escape(n) for names in _PACKAGES.values() for n in names) + r")$",
+    re.MULTILINE,
+)
 
 
 @dataclass(frozen=True)
@@ -274,18 +278,21 @@ def _release(version: str | None) -> tuple[int, int] | None:
 def _dpkg_versions(root: HostRoot) -> dict[str, str]:
     """Installed packages' versions from dpkg's status file, the epoch left out; only the
     runtimes' packages. Empty on a host without dpkg."""
-    wanted = {name for names in _PACKAGES.values() for name in names}
     try:
-        text = root.read_text(DPKG_STATUS)
+        text = root.read_text(DPKG_STATUS) or ""
     except HostReadError:
         return {}
     found: dict[str, str] = {}
-    for stanza in (text or "").split("\n\n"):
+    # the file lists every package of the host (megabytes): only the runtimes' stanzas are
+    # split into fields
+    for match in _DPKG_PACKAGE.finditer(text):
+        end = text.find("\n\n", match.start())
+        stanza = text[match.start() : end if end >= 0 else len(text)]
         fields = dict(
             line.split(":", 1) for line in stanza.splitlines() if ":" in line and line[:1] != " "
         )
-        name = fields.get("Package", "").strip()
         status = fields.get("Status", "").split()
-        if name in wanted and status[-1:] == ["installed"]:
-            found[name] = _EPOCH.sub("", fields.get("Version", "").strip()) or "unknown"
+        if status[-1:] == ["installed"]:
+            version = _EPOCH.sub("", fields.get("Version", "").strip())
+            found[match.group(1)] = version or "unknown"
     return found
