@@ -65,6 +65,10 @@ def answers(payload: object, command_id: str) -> list[Event]:
     if isinstance(payload, dm.ValidateDriver):
         return [dm.DriverValidated(command_id=command_id, component=payload.component,
                                    version=payload.version, devices=8)]  # fmt: skip
+    if isinstance(payload, dm.ConfigureRuntime):
+        return [dm.RuntimeConfigured(command_id=command_id, component=payload.component,
+                                     runtime="containerd", changed=True,
+                                     drop_in="/etc/containerd/conf.d/99-nvidia.toml")]  # fmt: skip
     if isinstance(payload, dev.PauseOperands):
         return [dev.OperandPaused(command_id=command_id, service=s) for s in dev.OperandService]
     if isinstance(payload, dev.ResumeOperands):
