@@ -5,8 +5,9 @@ and whether its effective configuration defines the runtime handler `nvidia` tha
 RuntimeClass `nvidia` names; called by `gpuop.inventory.scanning` on every scan. It reads
 the configuration as the runtime would at its next start, with `tomllib`:
 
-- containerd: `/etc/containerd/config.toml`, then every file its `imports` globs match
-  (relative to the importing file, sorted, in the order found, each file once). Up
+- containerd: `/etc/containerd/config.toml`, then every file its `imports` name (see
+  `_imported_files` for where relative ones resolve; a missing file that is no glob stops
+  containerd), in the order found, each file once. Up
   to containerd 1.7 a file that sets a plugin's table replaces the whole table (containerd
   #5837), from 2.0 (and for a `version = 3` main file) tables merge key by key. The handler
   is `plugins.<cri>.containerd.runtimes.nvidia` under the CRI plugin of any config version
@@ -130,7 +131,7 @@ def _containerd(root: HostRoot, version: str | None) -> RuntimeState:
             return RuntimeState(Runtime.CONTAINERD, version, False, cdi_enabled=cdi)
         release = _release(version)
         merge_tables = main.get("version") == 3 or (release is not None and release >= (2, 0))
-        config = _containerd_tree(root, main, files, merge_tables)
+        config = _containerd_tree(root, main, files, merge_tables, release)
     except _ConfigError as error:
         return RuntimeState(Runtime.CONTAINERD, version, False, tuple(files), str(error))
     handler = any(
@@ -164,7 +165,11 @@ def _containerd_cdi(
 
 
 def _containerd_tree(
-    root: HostRoot, main: dict[str, Any], files: list[str], merge_tables: bool
+    root: HostRoot,
+    main: dict[str, Any],
+    files: list[str],
+    merge_tables: bool,
+    release: tuple[int, int] | None,
 ) -> dict[str, Any]:
     """The main file merged with every file it imports, as containerd loads them: the main
     file first, then each import queued in the order found, every file once."""
@@ -183,16 +188,32 @@ def _containerd_tree(
         imports = config.get("imports", [])
         if not isinstance(imports, list) or not all(isinstance(item, str) for item in imports):
             raise _ConfigError(f"/{path}: imports is not a list of paths")
-        pending += [(imported, None) for imported in _imported_files(root, path, imports)]
+        pending += [(imported, None) for imported in _imported_files(root, path, imports, release)]
         merged = _merge(merged, config, deep_plugins=merge_tables)
     return merged
 
 
-def _imported_files(root: HostRoot, importer: str, patterns: list[str]) -> Iterator[str]:
+def _imported_files(
+    root: HostRoot, importer: str, patterns: list[str], release: tuple[int, int] | None
+) -> Iterator[str]:
+    """The files `patterns` name, as containerd resolves them: a path without `*` relative
+    to the importing file's directory, and one that is missing stops containerd; a glob
+    (`*` in its last part) matched in name order, relative to the importing file's
+    directory, except before 1.7, where containerd globs a relative pattern from its
+    working directory (`/` under systemd: seen with Debian's 1.6.20)."""
     base = PurePosixPath("/" + importer).parent
     for pattern in patterns:
-        full = PurePosixPath(pattern) if pattern.startswith("/") else base / pattern
+        glob = "*" in pattern
+        if not pattern.startswith("/") and glob and release is not None and release < (1, 7):
+            full = PurePosixPath("/") / pattern
+        else:
+            full = PurePosixPath(pattern) if pattern.startswith("/") else base / pattern
         directory, name = str(full.parent).lstrip("/"), full.name
+        if not glob:
+            if not root.resolve(f"{directory}/{name}").is_file():
+                raise _ConfigError(f"/{importer}: imports {full}, which does not exist")
+            yield f"{directory}/{name}"
+            continue
         try:
             candidates = sorted(root.resolve(directory).glob(name))
         except (OSError, ValueError):

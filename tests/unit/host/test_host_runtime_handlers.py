@@ -153,6 +153,46 @@ def test_on_containerd_2_tables_merge_and_the_handler_stays(root: HostRoot) -> N
     assert state.nvidia_handler
 
 
+def test_containerd_1_6_globs_a_relative_import_from_its_working_directory(
+    root: HostRoot,
+) -> None:
+    # as Debian's containerd 1.6.20 `config dump` does: `conf.d/*.toml` is looked for in `/`
+    write(root, runtime_handlers.DPKG_STATUS, DPKG_CONTAINERD)
+    write(root, CONTAINERD_MAIN, 'version = 2\nimports = ["conf.d/*.toml"]\n')
+    write(root, CONTAINERD_DROP_IN, CONTAINERD_DROP_IN_V2)
+    [from_etc] = runtime_handlers.runtimes(root)
+    write(root, "conf.d/99-nvidia.toml", CONTAINERD_DROP_IN_V2)
+    [from_root] = runtime_handlers.runtimes(root)
+
+    assert not from_etc.nvidia_handler
+    assert from_root.nvidia_handler
+    assert from_root.config_files[-1] == "/conf.d/99-nvidia.toml"
+
+
+def test_a_relative_import_without_a_glob_is_next_to_the_importing_file(
+    root: HostRoot,
+) -> None:
+    write(root, runtime_handlers.DPKG_STATUS, DPKG_CONTAINERD)
+    write(root, CONTAINERD_MAIN, 'version = 2\nimports = ["conf.d/99-nvidia.toml"]\n')
+    write(root, CONTAINERD_DROP_IN, CONTAINERD_DROP_IN_V2)
+
+    [state] = runtime_handlers.runtimes(root)
+
+    assert state.nvidia_handler
+
+
+def test_an_import_that_does_not_exist_stops_containerd(root: HostRoot) -> None:
+    write(root, CONTAINERD_MAIN, 'version = 2\nimports = ["conf.d/99-nvidia.toml"]\n')
+
+    [state] = runtime_handlers.runtimes(root)
+
+    assert not state.nvidia_handler
+    assert state.error == (
+        "/etc/containerd/config.toml: imports /etc/containerd/conf.d/99-nvidia.toml,"
+        " which does not exist"
+    )
+
+
 def test_imports_that_loop_are_read_once(root: HostRoot) -> None:
     write(root, CONTAINERD_MAIN, 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n')
     write(root, "etc/containerd/conf.d/a.toml", 'imports = ["/etc/containerd/config.toml"]\n')
