@@ -361,3 +361,29 @@ def test_cli_names_the_unparsable_file_and_fails(
     argv = ["runtime", "configure", "--host-root", str(tmp_path), "--runtime", "crio"]
     assert main.main(argv) == 1
     assert "crio.conf: line 1: not valid TOML" in capsys.readouterr().err
+
+
+async def test_systemd_restart_that_cannot_run_fails_naming_the_command(tmp_path: Path) -> None:
+    # an empty host root has no systemctl: chroot fails, as on a node without systemd
+    service = restarting.SystemdRuntimeService(HostRoot(tmp_path), timeout=10)
+    assert service.command(Runtime.CRIO) == (
+        "chroot",
+        str(tmp_path),
+        "systemctl",
+        "restart",
+        "crio",
+    )
+    with pytest.raises(RuntimeRestartFailed, match=r"systemctl restart containerd failed \("):
+        await service.restart(Runtime.CONTAINERD)
+    assert not await service.answering(Runtime.CONTAINERD)
+
+
+def test_cli_restart_that_fails_puts_the_files_back_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = containerd_root(tmp_path)
+    argv = ["runtime", "configure", "--host-root", str(tmp_path), "--runtime", "containerd"]
+    assert main.main([*argv, "--restart", "--timeout", "1"]) == 1
+    assert "systemctl restart containerd failed" in capsys.readouterr().err
+    assert read(root, runtimes.CONTAINERD_CONFIG) == MAIN_V2
+    assert not root.join(runtimes.CONTAINERD_DROP_IN).exists()
