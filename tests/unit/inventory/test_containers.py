@@ -12,12 +12,16 @@ import pytest
 
 from gpuop.events.hardware import CdiSpec, ContainerRuntime, ContainerRuntimeName
 from gpuop.events.hardware import HardwareDiscovered as Inventory
+from gpuop.host import cdi, system
 from gpuop.host.roots import HostRoot
-from gpuop.inventory import containers, labeling, scanning
+from gpuop.inventory import cdi_devices, containers, labeling, scanning
+from gpuop.nvml import open_backend
 from gpuop.services.discovery import labeler
 from gpuop_sim.cluster import hosts
+from tests.support import cdi as cdi_support
 from tests.support import container_runtimes as files
 from tests.support.discovered import inventory, node_object
+from tests.support.driver_manager import seed
 
 BOOT_ID = "8c1f2f5e-0c53-4d57-a0a4-3e3c1b0c9a11"
 READY = {labeling.CDI_READY: "true", labeling.RUNTIME_NVIDIA: "true"}
@@ -68,6 +72,21 @@ def test_debian_12_containerd_has_no_cdi_and_the_node_is_not_ready(host: HostRoo
     assert (containerd.nvidia_handler, containerd.cdi_enabled) == (True, False)
     assert containers.cdi_ready(scanned)
     assert not containers.ready(scanned)
+
+
+def test_the_driver_managers_own_spec_is_read_as_valid(tmp_path: Path) -> None:
+    root = seed(tmp_path / "host")
+    release = system.kernel_release(root)
+    assert release is not None
+    cdi_support.install_userspace(root, cdi_support.manifest("580.159.04", release))
+    spec = cdi_devices.generate(root, open_backend("sim:2", host_root=root.path, node="n1"))
+    cdi.write(cdi.spec_path(root), spec)
+
+    [found] = scanning.scan(root, None).cdi_specs
+
+    assert found.error is None
+    assert found.path == "/" + f"{cdi.SPEC_DIR}/{cdi.SPEC_FILE}"
+    assert found.device_count == len(json.loads(spec)["devices"]) == 5  # 0, 1, 2 UUIDs, all
 
 
 def test_a_broken_runtime_config_is_in_the_inventory_and_the_scan_goes_on(
