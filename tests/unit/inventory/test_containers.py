@@ -12,7 +12,7 @@ import pytest
 
 from gpuop.events.hardware import CdiSpec, ContainerRuntime, ContainerRuntimeName
 from gpuop.events.hardware import HardwareDiscovered as Inventory
-from gpuop.host import cdi, system
+from gpuop.host import cdi, runtimes, system
 from gpuop.host.roots import HostRoot
 from gpuop.inventory import cdi_devices, containers, labeling, scanning
 from gpuop.nvml import open_backend
@@ -24,6 +24,7 @@ from tests.support.discovered import inventory, node_object
 from tests.support.driver_manager import seed
 
 BOOT_ID = "8c1f2f5e-0c53-4d57-a0a4-3e3c1b0c9a11"
+_DEBIAN_MAIN = files.CONTAINERD_MAIN_V2.replace('imports = ["/etc/containerd/conf.d/*.toml"]\n', "")
 READY = {labeling.CDI_READY: "true", labeling.RUNTIME_NVIDIA: "true"}
 CONTAINERD = ContainerRuntime(
     name=ContainerRuntimeName.CONTAINERD, nvidia_handler=True, cdi_enabled=True
@@ -87,6 +88,29 @@ def test_the_driver_managers_own_spec_is_read_as_valid(tmp_path: Path) -> None:
     assert found.error is None
     assert found.path == "/" + f"{cdi.SPEC_DIR}/{cdi.SPEC_FILE}"
     assert found.device_count == len(json.loads(spec)["devices"]) == 5  # 0, 1, 2 UUIDs, all
+
+
+@pytest.mark.parametrize(
+    ("runtime", "release", "main_path", "main"),
+    [
+        (runtimes.Runtime.CONTAINERD, "1.7.22", files.CONTAINERD_MAIN, _DEBIAN_MAIN),
+        (runtimes.Runtime.CONTAINERD, "2.1.4", files.CONTAINERD_MAIN, "version = 3\n"),
+        (runtimes.Runtime.CRIO, "1.31.0", files.CRIO_MAIN_PATH, files.CRIO_MAIN),
+    ],
+)
+def test_the_driver_managers_own_drop_in_gives_the_handler_and_cdi(
+    host: HostRoot, runtime: runtimes.Runtime, release: str, main_path: str, main: str
+) -> None:
+    files.write(host, main_path, main)
+    binary = "usr/bin/containerd" if runtime is runtimes.Runtime.CONTAINERD else "usr/bin/crio"
+    files.write(host, binary, f"#!/bin/sh\necho {runtime} github.com/x v{release} abc\n")
+    host.join(binary).chmod(0o755)
+    runtimes.apply(host, runtimes.plan(host, runtime))
+
+    [state] = scanning.scan(host, None).container_runtimes
+
+    assert (state.nvidia_handler, state.config_error) == (True, None)
+    assert state.cdi_enabled is not False
 
 
 def test_a_broken_runtime_config_is_in_the_inventory_and_the_scan_goes_on(
