@@ -52,9 +52,11 @@ sbom: $(STAMP)
 # outcomes. CI runs them in a stage of their own and so leaves them out of its `test`
 # (TEST_MARKERS below): no test runs twice. Attack tests that are also slow or real_cluster
 # run with those suites.
+# The 25 slowest tests are printed, so a test that grew shows in CI's log (the suite's budget is
+# 10 minutes on two cores; a test of real processes that takes many seconds is marked `slow`).
 TEST_MARKERS ?= not slow and not real_cluster
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "$(TEST_MARKERS)"
+	$(BIN)/python -m pytest -q -m "$(TEST_MARKERS)" --durations=25
 
 test-security: $(STAMP)
 	$(BIN)/python -m pytest -q -s -m "security and not slow and not real_cluster"
