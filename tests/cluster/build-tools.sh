@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds the real control plane's test tools from their pinned Go modules into one ignored
 # cache directory: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
-# (k8s.io/kubernetes), etcd, kwok and kwokctl, helm, and containerd 2.x (whose `config dump`
-# reads the runtime drop-ins gpuop writes). Go is a test tool here; the product stays Python.
+# (k8s.io/kubernetes), etcd, kwok and kwokctl, helm, containerd 2.x (whose `config dump`
+# reads the runtime drop-ins gpuop writes), and cdi-validate (the CDI project's library
+# reading the CDI specs gpuop writes). Go is a test tool here; the product stays Python.
 #
 # Each module directory beside this script pins one tool set with its own go.mod and go.sum
 # (their dependency graphs do not mix: KWOK and Helm are built against other k8s.io releases
-# than the control plane). A module is rebuilt only when its go.mod, go.sum or this script
-# changed; a second run prints "up to date" and does nothing. Go's own build and module caches
+# than the control plane). A module is rebuilt only when its go.mod, go.sum, versions.env or
+# its build command changed (not for a change elsewhere in this script: adding a module builds
+# only that one); a second run prints "up to date" and does nothing. Go's own build and module caches
 # (GOCACHE, GOMODCACHE) are shared by every run on the machine.
 #
 # Versions live in versions.env, one line each; `tests/cluster/pin.sh` rewrites the modules
@@ -26,27 +28,32 @@ command -v go >/dev/null || {
 mkdir -p "$out/bin" "$out/stamps"
 export CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
-# stamp MODULE BINARY...: the hash of what the build depends on, compared with the last one.
+# stamp_of MODULE COMMAND...: the hash of what the module's build depends on (its go.mod and
+# go.sum, the versions, the command that builds it), compared with the last one.
 stamp_of() {
-    cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/versions.env" "$0" | sha256sum | cut -c1-16
+    local module=$1
+    shift
+    { cat "$here/$module/go.mod" "$here/$module/go.sum" "$here/versions.env"; echo "$*"; } |
+        sha256sum | cut -c1-16
 }
 up_to_date() {
-    local module=$1 binary
-    shift
-    [ "$(cat "$out/stamps/$module" 2>/dev/null)" = "$(stamp_of "$module")" ] || return 1
+    local module=$1 stamp=$2 binary
+    shift 2
+    [ "$(cat "$out/stamps/$module" 2>/dev/null)" = "$stamp" ] || return 1
     for binary in "$@"; do [ -x "$out/bin/$binary" ] || return 1; done
 }
 build() {
-    local module=$1 binaries=$2 start=$SECONDS
+    local module=$1 binaries=$2 start=$SECONDS stamp
     shift 2
+    stamp=$(stamp_of "$module" "$@")
     # shellcheck disable=SC2086
-    if up_to_date "$module" $binaries; then
+    if up_to_date "$module" "$stamp" $binaries; then
         echo "build-tools: $module up to date ($binaries)"
         return 0
     fi
     echo "build-tools: building $module: $binaries"
     (cd "$here/$module" && "$@")
-    stamp_of "$module" >"$out/stamps/$module"
+    echo "$stamp" >"$out/stamps/$module"
     echo "build-tools: $module built in $((SECONDS - start)) s"
 }
 
@@ -68,15 +75,16 @@ build kwok "kwok kwokctl" \
 # Ready with a lease, pods made Running and Ready, deleted pods removed. Its pod-complete
 # stage is left out, so Job pods keep running as a long training job does.
 stages=$out/kwok-stages
-if [ ! -f "$stages/.stamp" ] || [ "$(cat "$stages/.stamp")" != "$(stamp_of kwok)" ]; then
+stage_names="node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease"
+stage_names="$stage_names pod/fast/pod-ready pod/fast/pod-delete"
+if [ ! -f "$stages/.stamp" ] || [ "$(cat "$stages/.stamp")" != "$(stamp_of kwok "$stage_names")" ]; then
     kwok_dir=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
     rm -rf "$stages" && mkdir -p "$stages"
-    for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
-        pod/fast/pod-ready pod/fast/pod-delete; do
+    for stage in $stage_names; do
         cp "$kwok_dir/kustomize/stage/$stage.yaml" "$stages/"
     done
     chmod u+w "$stages"/*.yaml
-    stamp_of kwok >"$stages/.stamp"
+    stamp_of kwok "$stage_names" >"$stages/.stamp"
     echo "build-tools: KWOK stages in $stages"
 fi
 build helm helm \
@@ -87,4 +95,7 @@ build containerd containerd \
     go build -trimpath \
     -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=v$CONTAINERD" \
     -o "$out/bin/containerd" github.com/containerd/containerd/v2/cmd/containerd
+# The CDI project's own library (tags.cncf.io/container-device-interface) reading specs, as
+# a runtime loads them: tests/cluster/cdi/main.go.
+build cdi cdi-validate go build -trimpath -ldflags "-s -w" -o "$out/bin/cdi-validate" .
 echo "build-tools: tools in $out/bin"
