@@ -42,11 +42,12 @@ from gpuop.bus.protocol import UnknownErrors
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Command, Envelope, ids, new_event
 from gpuop.events import driver as dm
+from gpuop.host.cuda import CudaProbe, LibcudaProbe
 from gpuop.host.protocol import KernelOps, Rebooter, SimulatedHost
 from gpuop.host.restarting import RuntimeService, SystemdRuntimeService
 from gpuop.host.roots import HostRoot
 from gpuop.host.subprocesses import SubprocessKernelOps
-from gpuop.nvml import open_backend
+from gpuop.nvml import NvmlError, open_backend, opened
 from gpuop.observability import tracing
 from gpuop.runtime import waiting
 from gpuop.runtime.services import ServiceContext
@@ -70,7 +71,7 @@ from gpuop.services.driver_manager.state import (
     StateLock,
     StateStore,
 )
-from gpuop.services.driver_manager.validating import Validator
+from gpuop.services.driver_manager.validating import NvmlFactory, Validator
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +229,15 @@ def kernel_mode(settings: Settings, config: DriverManagerConfig) -> KernelMode:
     return KernelMode.SIMULATED if settings.nvml.startswith("sim:") else KernelMode.HOST
 
 
+def gpus_seen(nvml: NvmlFactory) -> int:
+    """The GPUs an NVML session sees now; 0 when NVML cannot start (no driver loaded)."""
+    try:
+        with opened(nvml()) as session:
+            return session.device_count()
+    except NvmlError:
+        return 0
+
+
 def build_executor(
     settings: Settings, config: DriverManagerConfig, clock: Clock = SYSTEM_CLOCK
 ) -> Executor:
@@ -236,11 +246,20 @@ def build_executor(
         raise ValueError("the driver-manager needs --node")
     root = HostRoot(settings.host_root)
     mode = kernel_mode(settings, config)
+    nvml = partial(
+        open_backend,
+        settings.nvml,
+        host_root=settings.host_root,
+        node=settings.node,
+        holder_id=NVML_HOLDER,
+    )
     kernel: KernelOps
     rebooter: Rebooter
+    cuda: CudaProbe
     if mode is KernelMode.HOST:
         kernel, rebooter = SubprocessKernelOps(root, chroot=True), HostRebooter(root)
         runtime: RuntimeService = SystemdRuntimeService(root)
+        cuda = LibcudaProbe(root)
     else:  # both only ever act on a simulated host root, which the plugin reboots
         simulated: SimulatedHost = plugins.load(
             "gpuop.kernels", "simulated", wanted_for=f"kernel mode {mode.value}"
@@ -252,19 +271,13 @@ def build_executor(
             if mode is KernelMode.STANDINS
             else simulated.kernel
         )
-    nvml = partial(
-        open_backend,
-        settings.nvml,
-        host_root=settings.host_root,
-        node=settings.node,
-        holder_id=NVML_HOLDER,
-    )
+        cuda = simulated.cuda_probe(partial(gpus_seen, nvml))
     return Executor(
         root,
         config,
         Installer(root, kernel, config, clock),
         Reloader(root, kernel, clock, config.unload_poll_seconds),
-        Validator(root, nvml, clock),
+        Validator(root, nvml, clock, cuda),
         rebooter,
         runtimes=RuntimeConfigurer(root, runtime, clock),
     )

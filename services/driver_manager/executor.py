@@ -185,7 +185,11 @@ class Executor:
                 expected = record.devices
             try:
                 devices = await self.validator.validate(
-                    command.component, command.version, expected, command.timeout_seconds
+                    command.component,
+                    command.version,
+                    expected,
+                    command.timeout_seconds,
+                    command.check,
                 )
             except ValidationFailed as exc:
                 return Outcome(answers.validation_failed(command_id, command, exc))

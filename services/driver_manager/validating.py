@@ -16,6 +16,16 @@ validation expects when the command names none), `validate` for `ValidateDriver`
   failing until the timeout; it fails at once with both versions named.
 - OFED: `mlx5_core` must report the version, and the Mellanox network functions bound to it
   are the devices.
+
+The validation ladder's driver rungs after that NVML rung (`ValidateDriver.check`; the
+policy's `upgradePolicy.validation` chooses them), each after the same version checks:
+
+- `cuda`: a `gpuop.host.cuda.CudaProbe` creates a context on every GPU (on a node, the
+  installed libcuda in a child process killed at the timeout); a CUDA error fails the rung
+  at once with its name and number (`cuda-failed`), as does a count below the expected one.
+- `peermem`: `nvidia_peermem` is loaded and, where the RDMA core keeps a registry of peer
+  memory clients (`sys/kernel/mm/memory_peers`, MLNX_OFED), registered there as `nv_mem`
+  (`peermem-not-registered`).
 """
 
 from __future__ import annotations
@@ -25,8 +35,9 @@ import re
 from collections.abc import Callable
 
 from gpuop.clocks import Clock
-from gpuop.events.driver import Component, LoadFailureReason
+from gpuop.events.driver import Component, LoadFailureReason, ValidationCheck
 from gpuop.host import components, modules, nvidia, pci
+from gpuop.host.cuda import CudaProbe
 from gpuop.host.errors import HostReadError
 from gpuop.host.roots import HostRoot
 from gpuop.nvml import Nvml, NvmlError, opened
@@ -50,11 +61,17 @@ class Validator:
     """Validates the drivers of one host."""
 
     def __init__(
-        self, root: HostRoot, nvml: NvmlFactory, clock: Clock, poll_seconds: float = 1.0
+        self,
+        root: HostRoot,
+        nvml: NvmlFactory,
+        clock: Clock,
+        cuda: CudaProbe,
+        poll_seconds: float = 1.0,
     ) -> None:
         self.root = root
         self.nvml = nvml
         self.clock = clock
+        self.cuda = cuda
         self.poll_seconds = poll_seconds
 
     async def count_devices(self, component: Component) -> int | None:
@@ -68,9 +85,15 @@ class Validator:
         return count
 
     async def validate(
-        self, component: Component, version: str, expected: int | None, timeout_seconds: float
+        self,
+        component: Component,
+        version: str,
+        expected: int | None,
+        timeout_seconds: float,
+        check: ValidationCheck = ValidationCheck.NVML,
     ) -> int:
-        """The number of devices the driver sees; `ValidationFailed` when it is not usable."""
+        """The number of devices the driver sees; `ValidationFailed` when it is not usable
+        (the `check` rung failed)."""
         main = components.modules_of(component)[0]
         running = modules.module_version(self.root, main)
         if running is None:
@@ -83,6 +106,11 @@ class Validator:
             mismatch = user_space_mismatch(self.root, running)
             if mismatch is not None:
                 raise ValidationFailed(LoadFailureReason.VERSION_MISMATCH, mismatch)
+        if check is ValidationCheck.CUDA:
+            return await self._cuda(version, expected, timeout_seconds)
+        if check is ValidationCheck.PEERMEM:
+            peermem_registered(self.root)
+            return expected or 0  # the rung counts no devices: the NVML rung did
         deadline = self.clock.monotonic() + timeout_seconds
         while True:
             try:
@@ -120,6 +148,17 @@ class Validator:
                 retryable=True,
             )
         return count
+
+    async def _cuda(self, version: str, expected: int | None, timeout_seconds: float) -> int:
+        report = await self.cuda.probe(version, timeout_seconds)
+        if not report.ok:
+            raise ValidationFailed(LoadFailureReason.CUDA_FAILED, report.describe())
+        if expected is not None and report.devices < expected:
+            raise ValidationFailed(
+                LoadFailureReason.NO_DEVICES,
+                f"CUDA sees {report.devices} GPUs, {expected} expected",
+            )
+        return report.devices
 
     def _ask_nvml(self) -> tuple[str, int]:
         with opened(self.nvml()) as nvml:
@@ -162,6 +201,30 @@ def user_space_mismatch(root: HostRoot, module_version: str) -> str | None:
             f"the loaded nvidia module is {module_version}"
         )
     return None
+
+
+PEERMEM = "nvidia_peermem"
+MEMORY_PEERS = "sys/kernel/mm/memory_peers"
+"""MLNX_OFED's registry of peer memory clients: one directory per client with a `version`."""
+PEERMEM_CLIENT = "nv_mem"
+"""The name nvidia_peermem registers under (as nv_peer_mem did before it)."""
+
+
+def peermem_registered(root: HostRoot) -> None:
+    """Nothing when `nvidia_peermem` is loaded and, where the RDMA core keeps a registry of peer
+    memory clients, registered in it; `ValidationFailed` otherwise. Newer MLNX_OFED and the
+    inbox RDMA core have no registry: the loaded module, whose load needs ib_core's peer
+    memory API, is then the proof."""
+    if modules.module_info(root, PEERMEM) is None:
+        raise ValidationFailed(LoadFailureReason.PEERMEM_NOT_REGISTERED, f"{PEERMEM} is not loaded")
+    registry = root.resolve(MEMORY_PEERS)
+    if registry.is_dir() and not (registry / PEERMEM_CLIENT / "version").is_file():
+        clients = ", ".join(sorted(p.name for p in registry.iterdir())) or "none"
+        raise ValidationFailed(
+            LoadFailureReason.PEERMEM_NOT_REGISTERED,
+            f"{PEERMEM} is loaded but {PEERMEM_CLIENT} is not in {MEMORY_PEERS} "
+            f"(registered: {clients})",
+        )
 
 
 def _bound_network_functions(root: HostRoot) -> int:

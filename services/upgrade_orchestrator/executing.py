@@ -4,7 +4,8 @@
 simulated) API server; tests use a fake. The outbox (`acting`) calls `execute` for every
 action of a persisted decision and publishes the returned outcome (`NodeCordoned`,
 `NodeUncordoned`, `NodeUntainted`, `PodsDeleted` / `PodDeletionFailed`, `DrainCompleted` /
-`DrainFailed`) carrying the action's id as `action_id`; the core then reads that outcome from
+`DrainFailed`, `ValidationPodSucceeded` / `ValidationPodFailed`) carrying the action's id
+as `action_id`; the core then reads that outcome from
 the log like any other event. Labels, the taint a new node is brought up behind and
 Kubernetes Events have no outcome the core waits for.
 
@@ -34,7 +35,7 @@ from typing import Any, Protocol
 from gpuop.events import kube as observed
 from gpuop.events.fields import NamespacedName
 from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT, UpgradeState
-from gpuop.kube import client, draining, errors, nodes, pods
+from gpuop.kube import client, draining, errors, nodes, pods, validationpods
 from gpuop.kube.recording import EventRecorder, EventType
 from gpuop.policy import selectors
 from gpuop.saga import actions
@@ -184,7 +185,41 @@ class KubeExecutor:
             return None
         if isinstance(action, actions.DeletePods):
             return await self._delete_window_pods(node, action)
+        if isinstance(action, actions.RunValidationPod):
+            return await self._validation_pod(node, action)
         return await self._drain(node, action)
+
+    async def _validation_pod(
+        self, node: str, action: actions.RunValidationPod
+    ) -> observed.ValidationPodSucceeded | observed.ValidationPodFailed:
+        spec = validationpods.PodSpec(
+            image=action.image,
+            command=action.command,
+            namespace=action.namespace,
+            runtime_class_name=action.runtime_class_name,
+        )
+        ref = NamespacedName(
+            namespace=action.namespace, name=validationpods.pod_name(node, action.id)
+        )
+        reasons = observed.ValidationPodFailureReason
+        try:
+            end = await validationpods.run(
+                self._kube, node, action.id, spec, float(max(action.timeout_seconds, 1))
+            )
+        except (errors.BadRequest, errors.Forbidden, errors.Invalid, errors.NotFound) as error:
+            # refused for good (a namespace that does not exist, RBAC, a bad image name):
+            # other KubeErrors are temporary and go to the outbox's retries
+            message = f"the API server refused the pod: {error}"[:2048]
+            return observed.ValidationPodFailed(
+                action_id=action.id, pod=ref, reason=reasons.REFUSED, message=message
+            )
+        if end.succeeded:
+            return observed.ValidationPodSucceeded(action_id=action.id, pod=ref)
+        reason = reasons.TIMEOUT if end.phase == "Timeout" else reasons.FAILED
+        message = f"{end.phase}: {end.message}".rstrip(": ")[:2048]
+        return observed.ValidationPodFailed(
+            action_id=action.id, pod=ref, reason=reason, message=message
+        )
 
     async def _remove_pods(self, node: str, options: draining.DrainOptions) -> draining.DrainResult:
         if self._node_pods is None:

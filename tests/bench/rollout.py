@@ -44,7 +44,6 @@ from pathlib import Path
 
 from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus, PublishAck
 from gpuop.events import Envelope, ids, new_event, subjects
-from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import SagaStarted, UpgradeState
@@ -147,8 +146,6 @@ async def rollout(nodes: int, max_parallel: int, step_seconds: float) -> Result:
     tasks: set[asyncio.Task[None]] = set()
 
     async def report(delivery: Delivery) -> None:
-        if isinstance(delivery.payload, dev.ResumeOperands):
-            return  # the saga does not wait for the resume: no step to simulate
         events = answers(delivery.payload, delivery.envelope.id)
         if not events:
             return

@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any
 
 from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus
-from gpuop.events import device as dev
 from gpuop.events import ids, new_event, subjects
 from gpuop.events import kube as observed
 from gpuop.events.driver import Component
@@ -158,8 +157,6 @@ async def hold_sagas(nodes: int, roll: int) -> dict[str, Any]:
     runner = Runner(bus, store, outbox, deadlines, lambda: spec, clock=clock, on_change=on_change)
 
     async def agent(delivery: Delivery) -> None:
-        if isinstance(delivery.payload, dev.ResumeOperands):
-            return
         for event in answers(delivery.payload, delivery.envelope.id):
             envelope = new_event(event, node=delivery.envelope.node, source=AGENT_SOURCE,
                                  causationid=delivery.envelope.id, now=clock.now())  # fmt: skip

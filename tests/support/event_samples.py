@@ -113,6 +113,9 @@ SAMPLES: list[Payload] = [
     driver.StageDriver(component=GPU, version="580.159.04", source=SOURCE),
     driver.LoadDriver(component=GPU, version="580.159.04"),
     driver.ValidateDriver(component=OFED, version="24.10-1.1.4.0", expected_devices=2),
+    driver.ValidateDriver(
+        component=GPU, version="535.261.03", check=driver.ValidationCheck.CUDA, timeout_seconds=270
+    ),
     driver.RollbackDriver(component=GPU, version="570.86.15", source=SOURCE),
     driver.RebootNode(boot_id=BOOT_ID, reason="unload failed: in use"),
     driver.ConfigureRuntime(runtime_path="/usr/bin/nvidia-container-runtime", timeout_seconds=60),
@@ -346,6 +349,13 @@ SAMPLES: list[Payload] = [
         blocking_pdb=PDB,
         pods=(POD,),
         message="eviction refused",
+    ),
+    kube.ValidationPodSucceeded(action_id=CMD, pod=POD),
+    kube.ValidationPodFailed(
+        action_id=CMD,
+        pod=POD,
+        reason=kube.ValidationPodFailureReason.FAILED,
+        message="container validator exited 1",
     ),
     kube.ValidationObserved(validator_pods=1, ready_pods=0, not_ready=(POD,)),
     # saga

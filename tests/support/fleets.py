@@ -24,7 +24,6 @@ import yaml
 from kubernetes.aio import client as k8s
 
 from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus
-from gpuop.events import device as dev
 from gpuop.events import new_event, subjects
 from gpuop.events.upgrade import UpgradeState
 from gpuop.kube import client
@@ -91,8 +90,6 @@ def policy_object(max_parallel: int) -> dict[str, Any]:
 
 
 async def _answer(bus: InMemoryBus, delivery: Delivery) -> None:
-    if isinstance(delivery.payload, dev.ResumeOperands):
-        return  # the saga does not wait for the resume
     for event in answers(delivery.payload, delivery.envelope.id):
         await bus.publish(
             new_event(event, node=delivery.envelope.node, source=AGENT_SOURCE,

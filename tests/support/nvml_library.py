@@ -34,25 +34,32 @@ def real_nvml_library(version: str = VERSION) -> Path:
     """The directory holding Debian's `libnvidia-ml.so.1` of driver `version`, from the cache
     or fetched and unpacked into it (one fetch at a time: the cache's lock serializes test
     processes)."""
-    unpacked = CACHE / f"nvml-{version}"
+    return real_library(PACKAGE, SONAME, "nvml", version)
+
+
+def real_library(package: str, soname: str, name: str, version: str = VERSION) -> Path:
+    """The directory holding `soname` from Debian's `package` of driver `version`, unpacked
+    under the cache as `<name>-<version>` (fetched once; the cache's lock serializes test
+    processes)."""
+    unpacked = CACHE / f"{name}-{version}"
     library_dir = unpacked / LIBRARY_DIR
     CACHE.mkdir(parents=True, exist_ok=True)
     with (CACHE / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (library_dir / SONAME).exists():
+        if (library_dir / soname).exists():
             return library_dir
         debs = CACHE / "debs"
-        found = sorted(debs.glob(f"{PACKAGE}_{version}-*_amd64.deb"))
+        found = sorted(debs.glob(f"{package}_{version}-*_amd64.deb"))
         if found:
             deb = found[-1]
         else:
             apt = building.Apt(CACHE / "apt")
             apt.update()
-            (deb,) = apt.download([(PACKAGE, apt.version_of(PACKAGE, version))], debs).values()
+            (deb,) = apt.download([(package, apt.version_of(package, version))], debs).values()
         shutil.rmtree(unpacked, ignore_errors=True)
         building.unpack_deb(deb, unpacked)
-        if not (library_dir / SONAME).exists():
-            raise building.BuildError(f"{deb.name} has no {LIBRARY_DIR}/{SONAME}")
+        if not (library_dir / soname).exists():
+            raise building.BuildError(f"{deb.name} has no {LIBRARY_DIR}/{soname}")
         return library_dir
 
 

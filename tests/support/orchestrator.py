@@ -16,6 +16,7 @@ from gpuop.events import Envelope, Event, Payload, decode, subjects
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import kube as observed
+from gpuop.events.fields import NamespacedName
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import KubeAction, NodeSaga, actions
 from gpuop.services.upgrade_orchestrator.acting import Outbox
@@ -44,6 +45,9 @@ class FakeKube:
             return observed.PodsDeleted(action_id=action.id, deleted=0)
         if isinstance(action, actions.Drain):
             return observed.DrainCompleted(action_id=action.id, evicted=0)
+        if isinstance(action, actions.RunValidationPod):
+            pod = NamespacedName(namespace=action.namespace, name=f"gpuop-validate-{node}")
+            return observed.ValidationPodSucceeded(action_id=action.id, pod=pod)
         return None
 
 

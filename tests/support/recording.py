@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping
 
 from gpuop.bus import ConsumerSpec, Delivery, InMemoryBus
 from gpuop.cli.events import export_lines
-from gpuop.events import device as dev
 from gpuop.events import ids, new_event, subjects
 from gpuop.events.driver import Component, Flavour
 from gpuop.events.upgrade import SagaStarted, UpgradeState
@@ -49,8 +48,6 @@ async def record_rollout(
     assert stack.store is not None and stack.outbox is not None
 
     async def agent(delivery: Delivery) -> None:
-        if isinstance(delivery.payload, dev.ResumeOperands):
-            return  # the saga does not wait for the resume: the recording leaves it unanswered
         for event in answers(delivery.payload, delivery.envelope.id):
             await bus.publish(
                 new_event(event, node=delivery.envelope.node, source="/gpuop/agent",

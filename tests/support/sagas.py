@@ -16,6 +16,7 @@ from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import hardware as hw
 from gpuop.events.driver import Component
+from gpuop.events.fields import NamespacedName
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import ComponentSpec, DriverSpec, GPUClusterPolicySpec, UpgradePolicy
 from gpuop.saga import actions, core, records
@@ -29,6 +30,7 @@ GPU_OLD, GPU_NEW = "570.1", "580.2"
 OFED_OLD, OFED_NEW = "24.10-1", "25.04-2"
 SOURCE = "/srv/drivers"
 NODE = "gpu-node-1"
+VALIDATION_POD = NamespacedName(namespace="gpuop-system", name="gpuop-validate-gpu-node-1")
 S = UpgradeState
 
 
@@ -132,6 +134,11 @@ class Run:
             for service in saga.operands:
                 decision = self.feed(dev.OperandPaused(command_id=step_id, service=service))
             return decision
+        if kind is StepKind.VALIDATE_RESUME:
+            decision = self.decisions[-1]
+            for service in saga.operands:
+                decision = self.feed(dev.OperandResumed(command_id=step_id, service=service))
+            return decision
         if kind is StepKind.REBOOT:
             return self.feed(inventory(BOOT_B))
         if kind is StepKind.BACKOFF:
@@ -144,6 +151,9 @@ class Run:
             StepKind.POD_DELETION: lambda: kube.PodsDeleted(action_id=step_id, deleted=2),
             StepKind.DRAIN: lambda: kube.DrainCompleted(action_id=step_id, evicted=3),
             StepKind.UNCORDON: lambda: kube.NodeUncordoned(action_id=step_id),
+            StepKind.VALIDATE_POD: lambda: kube.ValidationPodSucceeded(
+                action_id=step_id, pod=VALIDATION_POD
+            ),
         }
         if kind in answers:
             return self.feed(answers[kind]())
@@ -172,6 +182,12 @@ class Run:
             ),
             StepKind.LOAD: dm.DriverLoaded(command_id=step_id, component=component, version=target),
             StepKind.VALIDATE: dm.DriverValidated(
+                command_id=step_id, component=component, version=target, devices=8
+            ),
+            StepKind.VALIDATE_CUDA: dm.DriverValidated(
+                command_id=step_id, component=component, version=target, devices=8
+            ),
+            StepKind.VALIDATE_PEERMEM: dm.DriverValidated(
                 command_id=step_id, component=component, version=target, devices=8
             ),
             StepKind.ROLLBACK: dm.DriverRolledBack(
@@ -237,6 +253,26 @@ class Run:
                 reason=dm.LoadFailureReason.UNHEALTHY,
                 message=message,
             ),
+            StepKind.VALIDATE_CUDA: lambda: dm.DriverValidationFailed(
+                command_id=step_id,
+                component=component,
+                version=version,
+                reason=dm.LoadFailureReason.CUDA_FAILED,
+                message=message,
+            ),
+            StepKind.VALIDATE_PEERMEM: lambda: dm.DriverValidationFailed(
+                command_id=step_id,
+                component=component,
+                version=version,
+                reason=dm.LoadFailureReason.PEERMEM_NOT_REGISTERED,
+                message=message,
+            ),
+            StepKind.VALIDATE_POD: lambda: kube.ValidationPodFailed(
+                action_id=step_id,
+                pod=VALIDATION_POD,
+                reason=kube.ValidationPodFailureReason.FAILED,
+                message=message,
+            ),
             StepKind.ROLLBACK_VALIDATE: lambda: dm.DriverValidationFailed(
                 command_id=step_id,
                 component=component,
@@ -289,6 +325,9 @@ class Run:
             for command in decision.commands:
                 component = getattr(command.payload, "component", None)
                 verb = type(command.payload).VERB
+                check = getattr(command.payload, "check", dm.ValidationCheck.NVML)
+                if check is not dm.ValidationCheck.NVML:
+                    verb = f"{verb}-{check}"  # the ladder's later rungs: validate-cuda
                 done.append(f"{verb}:{component}" if component else verb)
             for action in decision.kube_actions:
                 if not isinstance(action, actions.SetStateLabel | actions.RecordEvent):

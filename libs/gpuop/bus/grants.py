@@ -286,6 +286,7 @@ _CLUSTER_DEAD_LETTERS: dict[str, Callable[[str], tuple[str, ...]]] = {
         subjects.events_filter("kube", prefix=p),
         subjects.events_filter("driver", prefix=p),
         subjects.events_filter("device", name="operand-paused", prefix=p),
+        subjects.events_filter("device", name="operand-resumed", prefix=p),
         subjects.events_filter("hardware", name="discovered", prefix=p),
         subjects.events_filter("saga", name="deadline-expired", prefix=p),
         subjects.events_filter("upgrade", name="admitted", prefix=p),

@@ -120,8 +120,23 @@ class LoadFailureReason(DocumentedEnum):
     """Devices report errors (XID, uncorrectable ECC) or NVML fails."""
     TIMEOUT = "timeout"
     """The step did not finish within the command's timeout."""
+    CUDA_FAILED = "cuda-failed"
+    """The CUDA probe failed (a CUDA error, named in the message) or hung past its timeout."""
+    PEERMEM_NOT_REGISTERED = "peermem-not-registered"
+    """`nvidia_peermem` is not loaded or not registered with the RDMA core."""
     OTHER = "other"
     """Anything else; see the message."""
+
+
+class ValidationCheck(DocumentedEnum):
+    """The rung of the validation ladder a `ValidateDriver` asks for."""
+
+    NVML = "nvml"
+    """The module's version, the user space equal to it, and NVML seeing the devices."""
+    CUDA = "cuda"
+    """`cuInit`, the device count and a context on every GPU, from the installed libcuda."""
+    PEERMEM = "peermem"
+    """`nvidia_peermem` loaded and registered with the RDMA core (GPUDirect RDMA)."""
 
 
 MINISIGN_PUBLIC_KEY_PATTERN = r"^RW[Q-T][A-Za-z0-9+/]{53}$"
@@ -257,6 +272,8 @@ class ValidateDriver(Command):
     """Devices the driver must see (GPUs, or ConnectX functions); absent to accept any."""
     timeout_seconds: TimeoutSeconds = 600
     """How long validation may take."""
+    check: ValidationCheck = ValidationCheck.NVML
+    """The rung to run; absent: the NVML rung (what a ValidateDriver always meant)."""
 
 
 class RollbackDriver(Command):

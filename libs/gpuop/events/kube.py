@@ -168,6 +168,40 @@ class DrainFailed(KubeActionResult):
     """Detail for operators."""
 
 
+class ValidationPodFailureReason(DocumentedEnum):
+    """Why the validation pod did not succeed."""
+
+    FAILED = "failed"
+    """It ran and a container exited non-zero (phase Failed)."""
+    TIMEOUT = "timeout"
+    """It was not Succeeded within the timeout (not scheduled, not started, still running)."""
+    REFUSED = "refused"
+    """The API server refused to create it."""
+
+
+class ValidationPodSucceeded(KubeActionResult):
+    """The validation pod ran on the cordoned node and exited 0 (phase Succeeded); it is
+    deleted after."""
+
+    NAME: ClassVar[str] = "validation-pod-succeeded"
+
+    pod: NamespacedName
+    """The pod that ran."""
+
+
+class ValidationPodFailed(KubeActionResult):
+    """The validation pod did not succeed; it is deleted after."""
+
+    NAME: ClassVar[str] = "validation-pod-failed"
+
+    pod: NamespacedName
+    """The pod that was run."""
+    reason: ValidationPodFailureReason
+    """Why."""
+    message: Message = ""
+    """Detail for operators: the phase, the containers' exit codes or the API's refusal."""
+
+
 class ValidationObserved(KubeEvent):
     """The validator pods on the node, if the policy names any."""
 

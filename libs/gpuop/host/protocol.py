@@ -9,8 +9,10 @@ in tests, or `SubprocessKernelOps(chroot=False)` with the stand-in tools of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
+from gpuop.host.cuda import CudaProbe
 from gpuop.host.modules import LoadedModule
 from gpuop.host.restarting import RuntimeService
 
@@ -62,3 +64,8 @@ class SimulatedHost(Protocol):
     rebooter: Rebooter
     runtime: RuntimeService
     """The simulated node's container runtime, restarted by the runtime-configure step."""
+
+    def cuda_probe(self, count_gpus: Callable[[], int]) -> CudaProbe:
+        """The validation ladder's CUDA probe of the simulated node, whose GPUs are those
+        `count_gpus` (the simulated NVML) sees."""
+        ...

@@ -12,6 +12,7 @@ Modules, in the order a policy flows through them:
     drivers      `driver`: `DriverSpec` and `ComponentSpec` (version, source)
     flavours     `driver.gpu.kernelModuleType` resolved for one node (`auto`: its GPUs)
     deadlines    `upgradePolicy.deadlines` and `upgradePolicy.retry`
+    ladders      `upgradePolicy.validation`: the rungs checked before the uncordon
     upgrades     `upgradePolicy`: `UpgradePolicy` and its upstream sections, plus canary
     pools        `network.networks[].ipam`: `IpamPool`, the addresses a network gives nodes
     rdma         `network.rdmaSharedDevices` and the NIC selectors networks share
@@ -33,6 +34,7 @@ from gpuop.policy.conditions import (
 )
 from gpuop.policy.deadlines import Deadlines, Retry
 from gpuop.policy.drivers import ComponentSpec, DriverSpec
+from gpuop.policy.ladders import Validation, ValidationPod
 from gpuop.policy.networks import Master, NetworkSpec, PublishedNetwork, SecondaryNetwork
 from gpuop.policy.pools import IpamPool
 from gpuop.policy.rdma import NicSelectors, RdmaSelectors, RdmaSharedDevice
@@ -63,6 +65,8 @@ __all__ = [
     "Retry",
     "SecondaryNetwork",
     "UpgradePolicy",
+    "Validation",
+    "ValidationPod",
     "WaitForCompletion",
     "condition",
     "set_condition",

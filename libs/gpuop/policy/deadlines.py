@@ -47,7 +47,14 @@ class Deadlines(Section):
     driver_load: DeadlineSeconds = 300
     """Loading the new driver's kernel modules."""
     validation: DeadlineSeconds = 600
-    """Validating the loaded driver (devices visible, operands healthy)."""
+    """Validating the loaded driver (devices visible, operands healthy): the ladder's NVML
+    rung."""
+    validation_cuda: DeadlineSeconds = 300
+    """The ladder's CUDA rung: a context on every GPU."""
+    validation_peermem: DeadlineSeconds = 120
+    """The ladder's peermem rung: `nvidia_peermem` registered with the RDMA core."""
+    validation_pod: DeadlineSeconds = 600
+    """The ladder's pod rung: a pod requesting one GPU run to completion on the node."""
     runtime_configure: DeadlineSeconds = 300
     """Configuring the container runtime: its drop-in, its restart, and its answer."""
     reboot: DeadlineSeconds = 900

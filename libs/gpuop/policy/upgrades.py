@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from gpuop.policy.deadlines import Deadlines, Retry
 from gpuop.policy.fields import Section, TimeoutSeconds
+from gpuop.policy.ladders import Validation
 from gpuop.policy.selectors import LabelSelector
 
 PERCENT_PATTERN = r"^(100|[1-9][0-9]?)%$"
@@ -228,6 +229,8 @@ class UpgradePolicy(Section):
     """The longest each step may take; they bound every wait."""
     canary: Canary = Canary()
     """Upgrading a few nodes first."""
+    validation: Validation = Validation()
+    """The ladder of checks before the uncordon (NVML, CUDA, peermem, a GPU pod)."""
 
     @field_validator("max_unavailable", mode="before")
     @classmethod

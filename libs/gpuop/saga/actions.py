@@ -5,8 +5,8 @@ with compare-and-set first, then publishes its commands (with their ids, so a re
 dropped) and executes its Kubernetes actions through `gpuop.kube`. The outcome of every
 action comes back as a `gpuop.events.kube` event carrying the action's `id` as `action_id`
 (`NodeCordoned`, `NodeUncordoned`, `NodeUntainted`, `PodsDeleted` / `PodDeletionFailed`,
-`DrainCompleted` / `DrainFailed`); labels, the taint and Kubernetes Events have no outcome
-the core waits for.
+`DrainCompleted` / `DrainFailed`, `ValidationPodSucceeded` / `ValidationPodFailed`); labels,
+the taint and Kubernetes Events have no outcome the core waits for.
 
 Every action carries a deterministic id (`ids.step(saga_id, step, attempt)`), so executing
 one twice (a crash between acting and recording) can be recognised and is harmless.
@@ -99,6 +99,22 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class RunValidationPod:
+    """Run the validation ladder's pod on the cordoned node: one container requesting one
+    `nvidia.com/gpu`, bound by `nodeName`, tolerating the cordon's and gpuop's taints; wait
+    for it to end, delete it, and report `ValidationPodSucceeded` or `ValidationPodFailed`."""
+
+    id: str
+    image: str
+    command: tuple[str, ...]
+    namespace: str
+    runtime_class_name: str
+    """Empty: none."""
+    timeout_seconds: int
+    """How long the pod may take to succeed before reporting `ValidationPodFailed`."""
+
+
+@dataclass(frozen=True)
 class SetStateLabel:
     """Set `STATE_LABEL` on the node to the saga's state."""
 
@@ -117,7 +133,17 @@ class RecordEvent:
     """Type `Warning` instead of `Normal`."""
 
 
-KubeAction = Cordon | Uncordon | Taint | Untaint | DeletePods | Drain | SetStateLabel | RecordEvent
+KubeAction = (
+    Cordon
+    | Uncordon
+    | Taint
+    | Untaint
+    | DeletePods
+    | Drain
+    | RunValidationPod
+    | SetStateLabel
+    | RecordEvent
+)
 """Every Kubernetes action the core can order."""
 
 
@@ -136,6 +162,7 @@ __all__ = [
     "IssuedCommand",
     "KubeAction",
     "RecordEvent",
+    "RunValidationPod",
     "SetStateLabel",
     "Taint",
     "Uncordon",

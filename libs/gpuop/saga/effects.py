@@ -62,6 +62,14 @@ def _timeout(step: Step, policy: UpgradePolicy, attempt: int) -> int:
     return executor_timeout(limit)
 
 
+_CHECKS = {
+    StepKind.VALIDATE: dm.ValidationCheck.NVML,
+    StepKind.VALIDATE_CUDA: dm.ValidationCheck.CUDA,
+    StepKind.VALIDATE_PEERMEM: dm.ValidationCheck.PEERMEM,
+}
+"""The driver-manager's rung of each validation step."""
+
+
 def _source(target: Target) -> dm.DriverSource:
     """The driver source a target names, with how to trust it."""
     if target.source is None:
@@ -104,12 +112,13 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: 
         # half the time for the answer: a runtime that does not answer is restarted again
         # with its earlier files, and that wait must fit in the step's deadline too
         return dm.ConfigureRuntime(component=component, timeout_seconds=max(1, timeout // 2))
-    if step.kind is StepKind.VALIDATE:
+    if step.kind in _CHECKS:
         return dm.ValidateDriver(
             component=component,
             version=target.version,
             expected_devices=saga.expected_devices.get(component),
             timeout_seconds=timeout,
+            check=_CHECKS[step.kind],
         )
     previous = saga.previous_versions[component]
     if step.kind is StepKind.ROLLBACK:

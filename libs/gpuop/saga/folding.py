@@ -35,12 +35,14 @@ INBOUND_DOMAINS = (kube.DOMAIN, "driver")
 outcomes, and the driver-manager's results."""
 INBOUND_TYPES: tuple[type[Event], ...] = (
     dev.OperandPaused,
+    dev.OperandResumed,
     hw.HardwareDiscovered,
     DeadlineExpired,
     NodeAdmitted,
 )
-"""And these: operand pause confirmations, inventories (boot id, running versions), expired
-deadlines and recorded admissions. The public state changes are outputs, never read back."""
+"""And these: operand pause and resume confirmations (the validation ladder's pod rung waits
+for the resume), inventories (boot id, running versions), expired deadlines and recorded
+admissions. The public state changes are outputs, never read back."""
 
 
 def is_inbound(payload: Payload) -> bool:

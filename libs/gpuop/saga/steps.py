@@ -23,7 +23,10 @@ The maintenance window reloads every component of the saga at once, in this orde
     runtime-configure-gpu          with `upgradePolicy.configureRuntime`: the container
                                    runtime's `nvidia` handler with CDI, restarted while the
                                    node is drained (a no-op when it is configured already)
-    validate-gpu, validate-ofed    in validation-required
+    validate-gpu, validate-ofed    in validation-required, the ladder's rungs (the policy's
+    validate-cuda-gpu              `upgradePolicy.validation`): NVML per component, then a
+    validate-peermem-gpu           CUDA context on every GPU, nvidia_peermem on the RDMA
+    validate-pod                   core (OFED in the window), a GPU pod on the cordoned node
 
 After a confirmed reboot the next round repeats the unloads and loads (the installs are on
 disk already) with the round in the token: `unload-gpu-2`. A rollback restores the touched
@@ -36,7 +39,7 @@ from pydantic import Field
 
 from gpuop.events.driver import Component
 from gpuop.events.fields import DocumentedEnum, Record
-from gpuop.policy import UpgradePolicy
+from gpuop.policy import UpgradePolicy, Validation
 
 INSTALL_ORDER: tuple[Component, ...] = (Component.GPU, Component.OFED)
 UNLOAD_ORDER: tuple[Component, ...] = (Component.GPU, Component.OFED)
@@ -73,7 +76,16 @@ class StepKind(DocumentedEnum):
     RUNTIME_CONFIGURE = "runtime-configure"
     """The container runtime to have the `nvidia` handler with CDI, restarted and answering."""
     VALIDATE = "validate"
-    """A component's new driver to validate."""
+    """A component's new driver to validate: the ladder's NVML rung."""
+    VALIDATE_CUDA = "validate-cuda"
+    """The ladder's CUDA rung: a context on every GPU, from the driver-manager."""
+    VALIDATE_PEERMEM = "validate-peermem"
+    """The ladder's peermem rung: nvidia_peermem registered with the RDMA core."""
+    VALIDATE_RESUME = "validate-resume"
+    """Before the pod rung: every paused operand to confirm its resume, so the device plugin
+    advertises the GPUs the pod requests (a rollback pauses them again first)."""
+    VALIDATE_POD = "validate-pod"
+    """The ladder's pod rung: a pod requesting one GPU to succeed on the cordoned node."""
     ROLLBACK = "rollback"
     """A component's previous driver to be restored."""
     ROLLBACK_VALIDATE = "rollback-validate"
@@ -96,6 +108,8 @@ DRIVER_KINDS = frozenset(
         StepKind.LOAD,
         StepKind.RUNTIME_CONFIGURE,
         StepKind.VALIDATE,
+        StepKind.VALIDATE_CUDA,
+        StepKind.VALIDATE_PEERMEM,
         StepKind.ROLLBACK,
         StepKind.ROLLBACK_VALIDATE,
     }
@@ -165,10 +179,29 @@ def reload_plan(
     return installs + unloads + loads + runtime
 
 
-def validation_plan(components: tuple[Component, ...], rollback: bool) -> tuple[Step, ...]:
-    """The steps of validation-required: the new drivers, or the restored ones."""
-    kind = StepKind.ROLLBACK_VALIDATE if rollback else StepKind.VALIDATE
-    return tuple(Step(kind=kind, component=c) for c in UNLOAD_ORDER if c in components)
+def validation_plan(
+    components: tuple[Component, ...], rollback: bool, validation: Validation, operands: bool
+) -> tuple[Step, ...]:
+    """The steps of validation-required: the new drivers' ladder, or the restored drivers'
+    NVML check (a rollback's own failure leaves the node cordoned whatever the rungs say).
+    With `operands` (the saga paused some), the pod rung starts by resuming them."""
+    if rollback:
+        return tuple(
+            Step(kind=StepKind.ROLLBACK_VALIDATE, component=c)
+            for c in UNLOAD_ORDER
+            if c in components
+        )
+    steps = [Step(kind=StepKind.VALIDATE, component=c) for c in UNLOAD_ORDER if c in components]
+    for rung in validation.ladder():
+        if rung == "cuda" and Component.GPU in components:
+            steps.append(Step(kind=StepKind.VALIDATE_CUDA, component=Component.GPU))
+        elif rung == "peermem" and Component.OFED in components:
+            steps.append(Step(kind=StepKind.VALIDATE_PEERMEM, component=Component.GPU))
+        elif rung == "pod":
+            if operands:
+                steps.append(Step(kind=StepKind.VALIDATE_RESUME))
+            steps.append(Step(kind=StepKind.VALIDATE_POD))
+    return tuple(steps)
 
 
 def rollback_plan(components: tuple[Component, ...]) -> tuple[Step, ...]:
@@ -200,6 +233,10 @@ def limit_seconds(step: Step, policy: UpgradePolicy, attempt: int) -> float | No
         StepKind.REBOOT: deadlines.reboot,
         StepKind.RUNTIME_CONFIGURE: deadlines.runtime_configure,
         StepKind.VALIDATE: deadlines.validation,
+        StepKind.VALIDATE_CUDA: deadlines.validation_cuda,
+        StepKind.VALIDATE_PEERMEM: deadlines.validation_peermem,
+        StepKind.VALIDATE_RESUME: deadlines.operands_pause,
+        StepKind.VALIDATE_POD: deadlines.validation_pod,
         StepKind.ROLLBACK: deadlines.rollback,
         StepKind.ROLLBACK_VALIDATE: deadlines.validation,
         StepKind.UNCORDON: deadlines.uncordon,

@@ -270,6 +270,7 @@ def test_rbac_grants_each_role_exactly_what_its_calls_need() -> None:
     assert rules_of(rendering, "gpuop-upgrade-orchestrator") == {
         ("*", "nodes"): {"get", "list", "watch", "patch"},
         ("*", "pods"): {"get", "list", "watch", "delete"},
+        ("gpuop-system", "pods"): {"create"},  # the validation ladder's pod, here only
         ("*", "pods/eviction"): {"create"},
         ("*", "policy/poddisruptionbudgets"): {"list"},
         ("*", "resource.k8s.io/resourceclaims"): {"get"},

@@ -65,7 +65,9 @@ def test_happy_path_runs_every_state_with_exactly_the_expected_work():
         "unload:gpu",
         "load:gpu",
         "validate:gpu",
-        "resume",
+        "validate-cuda:gpu",
+        "resume",  # before the validation pod, so the device plugin advertises the GPUs
+        "runvalidationpod",
         "uncordon",
     ]
     saga = run.saga
@@ -92,7 +94,7 @@ def test_commands_carry_the_targets_and_ids_from_step_and_attempt():
     assert isinstance(validate, dm.ValidateDriver) and validate.version == GPU_NEW
     pause = by_step["operands-pause"].payload
     assert isinstance(pause, dev.PauseOperands) and pause.components == (Component.GPU,)
-    assert isinstance(by_step["operands-resume"].payload, dev.ResumeOperands)
+    assert isinstance(by_step["validate-resume"].payload, dev.ResumeOperands)
 
 
 def test_kube_actions_carry_the_policy_options():
@@ -219,6 +221,9 @@ def test_every_step_arms_its_deadline_from_the_policy():
         "load-gpu": 300,
         "validate-gpu": 600,
         "validate-ofed": 600,
+        "validate-cuda-gpu": 300,
+        "validate-resume": 22,
+        "validate-pod": 600,
         "uncordon": 44,
     }
 
@@ -637,7 +642,9 @@ def test_gpu_and_ofed_share_one_window_in_dependency_order():
         "load:gpu",
         "validate:gpu",
         "validate:ofed",
+        "validate-cuda:gpu",
         "resume",
+        "runvalidationpod",
         "uncordon",
     ]
     pause = next(c for c in run.commands() if isinstance(c.payload, dev.PauseOperands))
@@ -798,6 +805,7 @@ def test_an_admission_that_leaves_ofed_out_upgrades_the_gpu_driver_alone():
     run.until(S.UPGRADE_DONE)
     assert [w for w in run.work() if ":" in w] == [
         "stage:gpu", "install:gpu", "unload:gpu", "load:gpu", "validate:gpu",
+        "validate-cuda:gpu",
     ]  # fmt: skip
     (deletion,) = [a for a in run.kube_actions() if isinstance(a, actions.DeletePods)]
     assert deletion.components == (Component.GPU,)

@@ -24,8 +24,8 @@ from tests.support.spans import ancestry, named, one_tree, recorded_spans, untra
 S = UpgradeState
 STEPS = [
     "step stage-gpu", "step cordon", "step pod-deletion", "step operands-pause", "step install-gpu",
-    "step unload-gpu", "step load-gpu", "step validate-gpu", "step operands-resume",
-    "step uncordon", "step done",
+    "step unload-gpu", "step load-gpu", "step validate-gpu", "step validate-cuda-gpu",
+    "step validate-resume", "step validate-pod", "step uncordon", "step done",
 ]  # fmt: skip
 """The steps of a GPU driver upgrade, in the order they end (wait-for-jobs and the drain
 have nothing to do under the default policy)."""

@@ -11,6 +11,8 @@ next are data:
     pod-delete     marked for deletion                         grace, capped    gone
     pod-ready      admitted (or restarting after a reboot)     start_delay      Running
     pod-complete   Running, annotated sim.gpuop.io/run-seconds  that long        Succeeded
+    pod-validate   Running, labelled gpuop.io/validation-pod   0 (or the        Succeeded
+                   (the upgrade's validation pod)              annotation)
     node-heartbeat the node, while its machine is up           heartbeat        status+Lease
 
 Admission is not a stage: it weighs a node's pods against each other (their GPUs against
@@ -26,6 +28,10 @@ from enum import StrEnum
 from typing import Any
 
 from gpuop_sim.cluster.podstatus import RUN_SECONDS_ANNOTATION
+
+VALIDATION_POD_LABEL = "gpuop.io/validation-pod"
+"""The label of gpuop's validation pod (`gpuop.kube.validationpods.LABEL`): its containers
+exit 0 as soon as they run, as a healthy node's `nvidia-smi -L` does in a moment."""
 
 Obj = dict[str, Any]
 
@@ -67,6 +73,8 @@ class Select:
     """Admitted by the kubelet and not started yet (or restarting after a reboot)."""
     annotation: str | None = None
     """This annotation is present."""
+    label: str | None = None
+    """This label is present."""
 
     def matches(self, pod: Obj, admitted: bool) -> bool:
         metadata = pod["metadata"]
@@ -76,6 +84,8 @@ class Select:
             (self.admitted, admitted),
         )
         if any(wanted is not None and wanted != actual for wanted, actual in checks):
+            return False
+        if self.label is not None and self.label not in (metadata.get("labels") or {}):
             return False
         return self.annotation is None or self.annotation in (metadata.get("annotations") or {})
 
@@ -119,6 +129,12 @@ POD_STAGES: tuple[Stage, ...] = (
             phase="Running", terminating=False, admitted=False, annotation=RUN_SECONDS_ANNOTATION
         ),
         Delay(annotation=RUN_SECONDS_ANNOTATION),
+        Next.SUCCEED,
+    ),
+    Stage(
+        "pod-validate",
+        Select(phase="Running", terminating=False, admitted=False, label=VALIDATION_POD_LABEL),
+        Delay(),
         Next.SUCCEED,
     ),
 )

@@ -1,5 +1,6 @@
 """The simulated host as the driver-manager's plugin (entry point `gpuop.kernels:simulated`):
-`SimKernel` for its kernel, and `SimRebooter` to reboot the simulation.
+`SimKernel` for its kernel, `SimRebooter` to reboot the simulation, and `SimCudaProbe` for
+the validation ladder's CUDA rung.
 
 `SimRebooter` ends every module and hold, writes a new boot id, and loads again the modules
 that were loaded before (as a host that loads its drivers at boot would), each at the active
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuop.host import components, modules
+from gpuop.host.cuda import CudaProbe
 from gpuop.host.protocol import KernelOps, Rebooter
 from gpuop.host.restarting import RuntimeService
 from gpuop.host.roots import HostRoot
+from gpuop_sim.host.simcuda import SimCudaProbe
 from gpuop_sim.host.simkernel import SimKernel
 from gpuop_sim.host.simruntime import SimRuntime
 
@@ -42,10 +46,14 @@ class SimulatedNode:
 
     kernel: KernelOps
     rebooter: Rebooter
+    root: HostRoot
     runtime: RuntimeService
+
+    def cuda_probe(self, count_gpus: Callable[[], int]) -> CudaProbe:
+        return SimCudaProbe(self.root, count_gpus)
 
 
 def simulated_host(root: HostRoot) -> SimulatedNode:
-    """The plugin's entry point: the simulated kernel, reboot and container runtime of the
-    host under `root`."""
-    return SimulatedNode(SimKernel(root), SimRebooter(root), SimRuntime(root))
+    """The plugin's entry point: the simulated kernel and reboot of the host under `root`
+    (and its CUDA probe)."""
+    return SimulatedNode(SimKernel(root), SimRebooter(root), root, SimRuntime(root))

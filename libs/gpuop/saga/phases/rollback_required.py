@@ -1,20 +1,34 @@
 """rollback-required: restore the previous version of every touched component, in unload
-order; validation-required then validates what was restored."""
+order; validation-required then validates what was restored.
+
+When the validation ladder's pod rung had resumed the operands (`validate-resume`) and then
+failed, they hold the GPUs again: they are paused once more first (`operands-pause-2`, its
+own command id, so the bus does not drop it as the first pause's duplicate)."""
 
 from __future__ import annotations
 
+from gpuop.events import device as dev
 from gpuop.events.upgrade import UpgradeState as S
+from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.drafting import Draft
-from gpuop.saga.effects import driver_effects
-from gpuop.saga.machine import Trigger
+from gpuop.saga.effects import driver_effects, issue
+from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.phases.common import fail_on_deadline, on_driver_result
-from gpuop.saga.steps import after, rollback_plan
+from gpuop.saga.records import NodeSaga, StepResult
+from gpuop.saga.steps import Step, StepKind, after, rollback_plan
 
 STATE = S.ROLLBACK_REQUIRED
+REPAUSE = Step(kind=StepKind.OPERANDS_PAUSE, round=2)
+"""The pause again of operands the pod rung resumed."""
 
 
 def enter(draft: Draft, retry: bool) -> None:
     draft.update(rolled_back=())
+    saga = draft.saga
+    if saga.operands and not saga.operands_paused:
+        draft.update(paused=(), operands_paused=True)
+        draft.start(REPAUSE)
+        return
     draft.start(rollback_plan(draft.rollback_components())[0])
 
 
@@ -26,11 +40,34 @@ def _next_step(draft: Draft) -> None:
         draft.start(following)
 
 
+def _on_paused(draft: Draft, trigger: Trigger) -> None:
+    saga = draft.saga
+    if not isinstance(trigger, dev.OperandPaused) or trigger.command_id != draft.step_id():
+        return
+    if trigger.service not in saga.operands or trigger.service in saga.paused:
+        return
+    paused = tuple(s for s in saga.operands if s in {*saga.paused, trigger.service})
+    draft.update(paused=paused)
+    if len(paused) == len(saga.operands):
+        draft.outcome(StepResult.SUCCEEDED, "every operand paused again")
+        draft.start(rollback_plan(draft.rollback_components())[0])
+
+
 def on_event(draft: Draft, trigger: Trigger) -> None:
-    on_driver_result(draft, trigger, _next_step)
+    if draft.saga.step == REPAUSE:
+        _on_paused(draft, trigger)
+    else:
+        on_driver_result(draft, trigger, _next_step)
 
 
 on_deadline = fail_on_deadline
 
 
-effects = driver_effects
+def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
+    """The pause again, or the rollback command of the pending component."""
+    if saga.step == REPAUSE:
+        pause = dev.PauseOperands(
+            components=saga.components, reason=f"rollback of {saga.rollout_id}"
+        )
+        return (issue(saga, pause, saga.step.token),), ()
+    return driver_effects(saga, spec)

@@ -1,16 +1,32 @@
-"""validation-required: validate each component's new driver, or, after a rollback, each
-restored one; only then is the node uncordoned."""
+"""validation-required: climb the validation ladder for the new drivers (the policy's
+`upgradePolicy.validation` rungs: NVML per component, a CUDA context on every GPU,
+nvidia_peermem on the RDMA core, a GPU pod on the cordoned node), or, after a rollback,
+check each restored driver with NVML; only then is the node uncordoned.
+
+Each rung is a step with its own deadline; a rung that fails or runs out of time
+compensates like any step after the unload (`compensation.fail`: rollback, when allowed).
+The driver-manager answers the driver rungs (`ValidateDriver` with its `check`); the
+orchestrator runs the pod (`RunValidationPod`) and reports how it ended. The operands were
+paused for the reload, and a paused device plugin advertises every GPU Unhealthy, so the pod
+rung first resumes them (`validate-resume`); a rollback after that pauses them again before
+it unloads anything (rollback-required)."""
 
 from __future__ import annotations
 
+from gpuop.events import device as dev
+from gpuop.events import driver as dm
+from gpuop.events import kube
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState as S
+from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import compensation
+from gpuop.saga.actions import RunValidationPod
 from gpuop.saga.drafting import Draft
-from gpuop.saga.effects import driver_effects
-from gpuop.saga.machine import Trigger
-from gpuop.saga.phases.common import fail_on_deadline, on_driver_result
-from gpuop.saga.steps import Step, after, validation_plan
+from gpuop.saga.effects import action_id, driver_effects, issue, timeout
+from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.phases.common import answers_step, fail_on_deadline, on_driver_result
+from gpuop.saga.records import NodeSaga, StepResult
+from gpuop.saga.steps import Step, StepKind, after, validation_plan
 
 STATE = S.VALIDATION_REQUIRED
 
@@ -19,7 +35,8 @@ def _plan(draft: Draft) -> tuple[tuple[Step, ...], bool]:
     saga = draft.saga
     rollback = saga.failure is not None
     components: tuple[Component, ...] = saga.rolled_back if rollback else saga.components
-    return validation_plan(components, rollback), rollback
+    ladder = draft.policy.validation
+    return validation_plan(components, rollback, ladder, bool(saga.operands)), rollback
 
 
 def enter(draft: Draft, retry: bool) -> None:
@@ -31,6 +48,9 @@ def _next_step(draft: Draft) -> None:
     plan, rollback = _plan(draft)
     following = after(plan, saga.step)
     if following is not None:
+        if following.kind is StepKind.VALIDATE_RESUME:
+            # from here a rollback must pause them again (rollback-required does)
+            draft.update(operands_paused=False, paused=())
         draft.start(following)
     elif rollback:
         unrestored = tuple(c for c in saga.touched if c not in saga.rolled_back)
@@ -45,11 +65,68 @@ def _next_step(draft: Draft) -> None:
         draft.move(S.UNCORDON_REQUIRED, "new drivers validated")
 
 
+def _on_pod(draft: Draft, trigger: Trigger) -> None:
+    if not answers_step(draft, trigger):
+        return
+    token = draft.saga.step.token
+    if isinstance(trigger, kube.ValidationPodFailed):
+        detail = f"{token}: pod {trigger.pod} {trigger.reason}: {trigger.message}"
+        compensation.fail(draft, detail.rstrip(": "), StepResult.FAILED)
+    elif isinstance(trigger, kube.ValidationPodSucceeded):
+        draft.outcome(StepResult.SUCCEEDED, f"pod {trigger.pod} Succeeded")
+        _next_step(draft)
+
+
+def _rung_failed(draft: Draft, failure: dm.DriverFailure, detail: str) -> None:
+    """A driver rung failed: the reason names the rung's step and the failure's reason."""
+    reason = getattr(failure, "reason", None)
+    named = f"{draft.saga.step.token} ({reason}): {detail}" if reason else detail
+    compensation.fail(draft, named, StepResult.FAILED)
+
+
+def _on_resumed(draft: Draft, trigger: Trigger) -> None:
+    saga = draft.saga
+    if not isinstance(trigger, dev.OperandResumed) or trigger.command_id != draft.step_id():
+        return
+    if trigger.service not in saga.operands or trigger.service in saga.paused:
+        return
+    # `paused` counts the confirmations of this resume, as the pause step counts its own
+    resumed = tuple(s for s in saga.operands if s in {*saga.paused, trigger.service})
+    draft.update(paused=resumed)
+    if len(resumed) == len(saga.operands):
+        draft.update(paused=())
+        draft.outcome(StepResult.SUCCEEDED, "every operand resumed")
+        _next_step(draft)
+
+
 def on_event(draft: Draft, trigger: Trigger) -> None:
-    on_driver_result(draft, trigger, _next_step)
+    kind = draft.saga.step.kind
+    if kind is StepKind.VALIDATE_POD:
+        _on_pod(draft, trigger)
+    elif kind is StepKind.VALIDATE_RESUME:
+        _on_resumed(draft, trigger)
+    else:
+        on_driver_result(draft, trigger, _next_step, _rung_failed)
 
 
 on_deadline = fail_on_deadline
 
 
-effects = driver_effects
+def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
+    """A driver rung's `ValidateDriver`, the operands' resume before the pod, or the pod
+    rung's `RunValidationPod`."""
+    if saga.step.kind is StepKind.VALIDATE_RESUME:
+        resume = dev.ResumeOperands(reason=f"validation pod of {saga.rollout_id}")
+        return (issue(saga, resume, saga.step.token),), ()
+    if saga.step.kind is not StepKind.VALIDATE_POD:
+        return driver_effects(saga, spec)
+    pod = spec.upgrade_policy.validation.pod
+    run = RunValidationPod(
+        id=action_id(saga, saga.step.token),
+        image=pod.image,
+        command=pod.command,
+        namespace=pod.namespace,
+        runtime_class_name=pod.runtime_class_name,
+        timeout_seconds=timeout(saga, spec.upgrade_policy),
+    )
+    return (), (run,)

@@ -1,0 +1,136 @@
+"""The validation ladder's pod: one pod requesting one GPU, run to its end on a cordoned
+node, then deleted.
+
+Called by the upgrade orchestrator's executor for `RunValidationPod`. The pod is bound to
+the node by `spec.nodeName`, so no scheduler weighs the node's cordon; a kubelet admits a
+bound pod whatever `unschedulable` says, but not one that does not tolerate the node's
+NoSchedule/NoExecute taints, so it tolerates the cordon's taint and gpuop's own
+(`DRIVER_NOT_READY_TAINT`, a node brought up). It never restarts: its phase ends
+`Succeeded` (every container exited 0) or `Failed`. Its name derives from the action id,
+so executing the action again after a crash finds the same pod (AlreadyExists) and waits
+for it instead of starting a second one.
+
+Waiting reads the pod (`read_namespaced_pod`) on a backoff from `FIRST_POLL` to
+`LAST_POLL` seconds: a few requests for a pod that runs for a second, one every few
+seconds for one that runs a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT
+from gpuop.kube import errors, pods
+from gpuop.kube.client import Kube, Obj
+
+LABEL = "gpuop.io/validation-pod"
+"""Label of every validation pod; its value is the node's name (truncated to 63)."""
+GPU = "nvidia.com/gpu"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+FIRST_POLL = 0.1
+LAST_POLL = 2.0
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """What the policy says the pod runs (`upgradePolicy.validation.pod`)."""
+
+    image: str
+    command: tuple[str, ...]
+    namespace: str
+    runtime_class_name: str = ""
+
+
+@dataclass(frozen=True)
+class PodEnd:
+    """How the pod ended: `Succeeded`, `Failed`, or `Timeout`, and in words."""
+
+    pod: pods.PodRef
+    phase: str
+    message: str = ""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.phase == "Succeeded"
+
+
+def pod_name(node: str, action_id: str) -> str:
+    """`gpuop-validate-<node>-<8 hex of the action id>`, within a pod name's 253."""
+    digest = hashlib.sha256(action_id.encode()).hexdigest()[:8]
+    return f"gpuop-validate-{node[:200]}-{digest}"
+
+
+def manifest(node: str, name: str, spec: PodSpec) -> Obj:
+    """The pod: one container requesting one GPU, bound to `node`, tolerating the cordon."""
+    tolerations = [
+        {"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"},
+        {"key": DRIVER_NOT_READY_TAINT, "operator": "Exists"},
+        {"key": GPU, "operator": "Exists"},
+    ]
+    pod_spec: dict[str, Any] = {
+        "nodeName": node,
+        "restartPolicy": "Never",
+        "tolerations": tolerations,
+        "containers": [
+            {
+                "name": "validator",
+                "image": spec.image,
+                "command": list(spec.command),
+                "resources": {"limits": {GPU: "1"}},
+            }
+        ],
+    }
+    if spec.runtime_class_name:
+        pod_spec["runtimeClassName"] = spec.runtime_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": spec.namespace, "labels": {LABEL: node[:63]}},
+        "spec": pod_spec,
+    }
+
+
+def _exits(pod: Obj) -> str:
+    """The containers' ends in words: `validator exited 1 (Error)`."""
+    ended = []
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated") or {}
+        if terminated:
+            reason = terminated.get("reason") or ""
+            ended.append(f"{status.get('name')} exited {terminated.get('exitCode')} ({reason})")
+    status = pod.get("status") or {}
+    words = [status.get("reason"), status.get("message"), *ended]
+    return "; ".join(str(w) for w in words if w)
+
+
+async def run(kube: Kube, node: str, action_id: str, spec: PodSpec, timeout: float) -> PodEnd:
+    """Run the validation pod on `node` to its end or `timeout`, then delete it. Raises
+    `errors.KubeError` when the API server refused the create or could not be reached."""
+    name = pod_name(node, action_id)
+    ref = pods.PodRef(spec.namespace, name)
+    body = manifest(node, name, spec)
+    with contextlib.suppress(errors.AlreadyExists):  # created before a crash: wait for it
+        await kube.call(kube.core.create_namespaced_pod, spec.namespace, body)
+    try:
+        return await asyncio.wait_for(_ended(kube, ref), timeout)
+    except TimeoutError:
+        return PodEnd(ref, "Timeout", f"not Succeeded within {timeout:g} s")
+    finally:
+        # a pod left behind holds a GPU of a node about to be uncordoned; the client retries
+        # a delete it may; one that still fails must not turn the pod's verdict into an error
+        with contextlib.suppress(errors.KubeError):
+            await pods.delete(kube, ref, grace_period_seconds=0)
+
+
+async def _ended(kube: Kube, ref: pods.PodRef) -> PodEnd:
+    delay = FIRST_POLL
+    while True:
+        pod = await kube.call(kube.core.read_namespaced_pod, ref.name, ref.namespace)
+        if pods.is_finished(pod):
+            return PodEnd(ref, pods.phase(pod), _exits(pod))
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, LAST_POLL)
