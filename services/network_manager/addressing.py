@@ -1,21 +1,41 @@
 """Addresses for the nodes' links, claimed in the `gpuop_ipam` KV bucket so that no two nodes
-ever hold one address, even when they claim at the same moment.
+ever hold one address, even when they claim at the same moment, and no node can take or free
+another node's address.
 
-Two kinds of keys:
+Two kinds of keys, each written only by the node it names (`gpuop.bus.grants`):
 
-    addr.<subnet>.<address>    the claim of one address: created only if absent, so of two
-                               nodes racing for it exactly one wins; the loser moves on
-    node.<node>.<network>      the node's record of the address it holds on a network, so a
-                               restarted agent finds its own claims
+    claim.<node>.<subnet>.<address>  the node's claim of one address
+    node.<node>.<network>            the node's record of the address it holds on a network,
+                                     so a restarted agent finds its own claims
 
-`<subnet>` is the pool's subnet with `_` for `/` (`10.10.0.0_24`): networks sharing a subnet
-share its addresses. `<address>` is the address (IPv6 written out in full, `-` for `:`).
+Of the live claims of one address (`claim.*.<subnet>.<address>`) the one with the lowest
+revision (its stream sequence, which the server gives) holds it. A node creates its claim,
+then lists the address's claims: every claim written before its own is in that listing, so
+it either holds the address or sees the earlier claim, deletes its own and moves on to the
+next candidate. Of two nodes racing exactly one wins; a claim that is deleted (a delete or
+purge marker) no longer counts, and the next earliest holds the address. A node never
+rewrites a claim it holds (a new revision would put it behind later claims). Any node may
+claim a free address, but none can write, delete or outrank another node's claim.
+
+`<node>` is the node's subject token (`gpu-1_example_com`), `<subnet>` the pool's subnet with
+`_` for `/` (`10.10.0.0_24`): networks sharing a subnet share its addresses. `<address>` is
+the address (IPv6 written out in full, `-` for `:`). The node comes first because an IPv4
+subnet or address spans several tokens: only `claim.<node>.>` binds a permission to it.
+
+Claims made before the node's name was in the key (`addr.<subnet>.<address>`, created if
+absent, so exclusive; under a prefix of their own, so that no node's `claim.<node>.>` ever
+reaches one) are honoured as held by the node their value names, ahead of every
+newer claim; that node keeps using it and adds a claim of its own next to it, and a
+malformed one holds its address for nobody. No node may write or delete them any more: an
+administrator deletes them (`nats kv del gpuop_ipam addr.<subnet>.<address>`) once every
+agent has started with this version (its new claim then holds the address).
 
 A node walks its pool's candidates from a starting point derived from its name, skipping
-addresses already claimed, so nodes rarely race and a restarted node walks the same way:
-a claim it made just before a crash (its record not yet written) is found again and kept.
-`applying.NodeNetworks` claims before it touches a link and gives the address back when
-configuring the link fails, so an exhausted pool or a refused link leaves nothing behind.
+addresses already held, so nodes rarely race and a restarted node walks the same way: a
+claim it made just before a crash (its record not yet written) is found again and kept, or
+withdrawn if it lost. `applying.NodeNetworks` claims before it touches a link and gives the
+address back when configuring the link fails, so an exhausted pool or a refused link leaves
+nothing behind.
 """
 
 from __future__ import annotations
@@ -25,6 +45,7 @@ import hashlib
 import ipaddress
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -35,7 +56,9 @@ from gpuop.services.network_manager.netlink import Interface
 
 log = logging.getLogger(__name__)
 
-CLAIMS = "addr"
+CLAIMS = "claim"
+LEGACY_CLAIMS = "addr"
+"""Claims made before the node was in the key: read, never written."""
 RECORDS = "node"
 
 
@@ -66,15 +89,69 @@ def pool_token(subnet: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
     return f"{_address_token(subnet.network_address)}_{subnet.prefixlen}"
 
 
-def claim_key(address: Interface) -> str:
-    """The key of the claim of `address` in its subnet."""
-    return f"{CLAIMS}.{pool_token(address.network)}.{_address_token(address.ip)}"
+def claim_key(address: Interface, node: str) -> str:
+    """The key of `node`'s claim of `address` in its subnet."""
+    return f"{CLAIMS}.{subjects.encode_node(node)}.{_address_part(address)}"
+
+
+def legacy_claim_key(address: Interface) -> str:
+    """The key of a claim made before claims named their node (read, never written)."""
+    return f"{LEGACY_CLAIMS}.{_address_part(address)}"
+
+
+def claims_filter(address: Interface) -> str:
+    """Every node's claim of `address`."""
+    return f"{CLAIMS}.*.{_address_part(address)}"
+
+
+def _address_part(address: Interface) -> str:
+    return f"{pool_token(address.network)}.{_address_token(address.ip)}"
 
 
 def _address_token(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
     if address.version == 6:
         return address.exploded.replace(":", "-")
     return str(address)
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds an address: a node token (None: a malformed old claim, held by nobody
+    known) and the network its claim is for (None: a claim that does not say)."""
+
+    token: str | None
+    network: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """The live claims of one address."""
+
+    claims: tuple[tuple[str, KvEntry, ClaimValue | None], ...]
+    """(node token, entry, value) of every live claim, earliest first."""
+    legacy: bool = False
+    """Whether an old claim (`addr.<subnet>.<address>`) holds the address."""
+    legacy_value: ClaimValue | None = None
+    """What the old claim says (None: malformed)."""
+
+    @property
+    def holder(self) -> Holder | None:
+        """The holder: the old claim's node, else the earliest claim's; None when free."""
+        if self.legacy:
+            value = self.legacy_value
+            if value is None:
+                return Holder(None, None)
+            return Holder(subjects.encode_node(value.node), value.network)
+        if not self.claims:
+            return None
+        token, _, value = self.claims[0]
+        return Holder(token, None if value is None else value.network)
+
+    def claim_of(self, token: str) -> tuple[KvEntry, ClaimValue | None] | None:
+        for owner, entry, value in self.claims:
+            if owner == token:
+                return entry, value
+        return None
 
 
 class Addresses:
@@ -104,28 +181,36 @@ class Addresses:
 
     async def confirm(self, network: SecondaryNetwork, address: Interface) -> bool:
         """Whether this node still holds `address` in the network's current pool: it must
-        be assignable there, and its claim must name this node (a claim that vanished is
-        made again, if no other node took the address meanwhile)."""
+        be assignable there, and this node's claim for the network must hold it (a claim
+        that vanished is made again, if no other node holds the address meanwhile)."""
         pool = network.ipam
         if address.network != pool.network or not pool.assignable(address.ip):
             return False
-        key = claim_key(address)
-        entry = await self._kv.get(key)
-        if entry is None:
-            return await self._try_claim(key, network.name, address)
-        return self._mine(entry, network.name)
+        holding = await self._holding(address)
+        holder = holding.holder
+        if holder is None:
+            return await self._take(address, network.name)
+        if holder == Holder(self._token, network.name):
+            if holding.legacy and holding.claim_of(self._token) is None:
+                await self._adopt(address, network.name)
+            return True
+        await self._withdraw(holding)
+        return False
 
     async def claim(self, network: SecondaryNetwork) -> Interface:
         """Claim a free address of the network's pool; `PoolExhausted` when none is left."""
         pool = network.ipam
-        claims = f"{CLAIMS}.{pool_token(pool.network)}.>"
-        taken = {entry.key for entry in await self._entries(claims)}
+        held = await self._pool(pool.network)
+        for lost in held.values():  # claims it lost, left by a crash
+            await self._withdraw(lost)
         for candidate in self._walk(pool):
             address = ipaddress.ip_interface(f"{candidate}/{pool.network.prefixlen}")
-            key = claim_key(address)
-            if key in taken and not await self._is_mine(key, network.name):
+            holding = held.get(_address_token(address.ip))
+            if holding is not None and holding.holder is not None:
+                if holding.holder == Holder(self._token, network.name):
+                    return address  # this node's, from before a crash
                 continue
-            if await self._try_claim(key, network.name, address):
+            if await self._take(address, network.name):
                 log.info("claimed %s for network %s", address, network.name)
                 return address
         raise PoolExhausted(network.name, pool)
@@ -137,14 +222,24 @@ class Addresses:
         await self._kv.put(self.record_key(network), value.model_dump_json().encode())
 
     async def give_back(self, network: str, address: Interface) -> None:
-        """Release this node's claim of `address` on `network`, if it still holds it."""
-        key = claim_key(address)
-        entry = await self._kv.get(key)
-        if entry is None or not self._mine(entry, network):
-            return
-        with contextlib.suppress(RevisionConflict):  # someone else's claim now: keep it
-            await self._kv.delete(key, revision=entry.revision)
-        log.info("released %s of network %s", address, network)
+        """Delete this node's claim of `address` for `network`, if it has one."""
+        holding = await self._holding(address)
+        found = holding.claim_of(self._token)
+        if found is not None:
+            entry, value = found
+            if value is not None and value.network != network:
+                return  # this node's claim for another network sharing the subnet
+            with contextlib.suppress(RevisionConflict):  # changed meanwhile: keep it
+                await self._kv.delete(entry.key, revision=entry.revision)
+            log.info("released %s of network %s", address, network)
+        if holding.legacy and holding.holder == Holder(self._token, network):
+            log.warning(
+                "%s of network %s stays held by its old claim %s, which no node may delete: "
+                "delete it as an administrator",
+                address,
+                network,
+                legacy_claim_key(address),
+            )
 
     async def release(self, network: str) -> Interface | None:
         """Give back what this node holds on `network` and forget its record; the address
@@ -159,22 +254,68 @@ class Addresses:
         digest = hashlib.sha256(self._node.encode()).digest()
         return pool.candidates(start=int.from_bytes(digest[:8], "big") % pool.size)
 
-    async def _try_claim(self, key: str, network: str, address: Interface) -> bool:
+    async def _take(self, address: Interface, network: str) -> bool:
+        """Claim `address` and keep the claim if it is the earliest; withdraw it if not."""
         value = ClaimValue(node=self._node, network=network, address=str(address))
-        try:
-            await self._kv.create(key, value.model_dump_json().encode())
-        except KeyExists:
-            # taken meanwhile, or this node's own claim from before a crash
-            return await self._is_mine(key, network)
-        return True
+        with contextlib.suppress(KeyExists):  # this node's claim from before a crash
+            await self._kv.create(claim_key(address, self._node), value.model_dump_json().encode())
+        holding = await self._holding(address)
+        if holding.holder == Holder(self._token, network):
+            return True
+        await self._withdraw(holding)
+        return False
 
-    async def _is_mine(self, key: str, network: str) -> bool:
-        entry = await self._kv.get(key)
-        return entry is not None and self._mine(entry, network)
+    async def _adopt(self, address: Interface, network: str) -> None:
+        """Add this node's claim next to its old one, which an administrator may then
+        delete."""
+        value = ClaimValue(node=self._node, network=network, address=str(address))
+        with contextlib.suppress(KeyExists):
+            await self._kv.create(claim_key(address, self._node), value.model_dump_json().encode())
+        log.info("claimed %s of network %s next to its old claim", address, network)
 
-    def _mine(self, entry: KvEntry, network: str) -> bool:
-        value = self._value_of(entry)
-        return value is not None and value.node == self._node and value.network == network
+    async def _withdraw(self, holding: Holding) -> None:
+        """Delete this node's claim of an address it does not hold (it lost the race, or
+        made it before a crash); one that holds the address for another network stays."""
+        found = holding.claim_of(self._token)
+        holder = holding.holder
+        if found is None or (holder is not None and holder.token == self._token):
+            return
+        entry, _ = found
+        with contextlib.suppress(RevisionConflict):
+            await self._kv.delete(entry.key, revision=entry.revision)
+        log.info("withdrew %s: %s holds the address", entry.key, holder and holder.token)
+
+    async def _holding(self, address: Interface) -> Holding:
+        """The live claims of `address`, as they are now."""
+        claims = await self._entries(claims_filter(address))
+        legacy = await self._kv.get(legacy_claim_key(address))
+        return self._holding_of([(entry.key.split(".", 2)[1], entry) for entry in claims], legacy)
+
+    async def _pool(
+        self, subnet: ipaddress.IPv4Network | ipaddress.IPv6Network
+    ) -> dict[str, Holding]:
+        """The claims of every address of `subnet`, by address token."""
+        pool = pool_token(subnet)
+        claims: dict[str, list[tuple[str, KvEntry]]] = {}
+        for entry in await self._entries(f"{CLAIMS}.*.{pool}.>"):
+            _, token, rest = entry.key.split(".", 2)
+            claims.setdefault(rest.removeprefix(f"{pool}."), []).append((token, entry))
+        legacy = {
+            entry.key.removeprefix(f"{LEGACY_CLAIMS}.{pool}."): entry
+            for entry in await self._entries(f"{LEGACY_CLAIMS}.{pool}.>")
+        }
+        return {
+            address: self._holding_of(claims.get(address, []), legacy.get(address))
+            for address in claims.keys() | legacy.keys()
+        }
+
+    def _holding_of(self, claims: list[tuple[str, KvEntry]], legacy: KvEntry | None) -> Holding:
+        ordered = sorted(claims, key=lambda claim: claim[1].revision)
+        return Holding(
+            tuple((token, entry, self._value_of(entry)) for token, entry in ordered),
+            legacy is not None,
+            None if legacy is None else self._value_of(legacy),
+        )
 
     def _address_of(self, entry: KvEntry) -> Interface | None:
         value = self._value_of(entry)

@@ -3,6 +3,7 @@ the services really create, so a consumer that drifts from the table fails here.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from gpuop.services.device_plugin import consumers as device_plugin
 from gpuop.services.discovery import consumers as discovery
 from gpuop.services.driver_manager.agent import CommandAgent
 from gpuop.services.driver_manager.config import DriverManagerConfig
+from gpuop.services.network_manager import addressing
 from gpuop.services.network_manager import consumers as network_manager
 from gpuop.services.telemetry import consumers as telemetry
 from gpuop.services.upgrade_orchestrator import intake
@@ -151,6 +153,7 @@ def test_kv_watches_are_bound_by_filter_to_the_keys_a_user_reads() -> None:
     api = "$JS.API.CONSUMER.CREATE.KV_gpuop_ipam"
     granted = grants.for_identity(Identity("network-manager", "gpu-1"))
     assert allowed(granted.publish, f"{api}.gpuop-watch-1.$KV.gpuop_ipam.node.gpu-1.>")
+    assert allowed(granted.publish, f"{api}.gpuop-watch-1.$KV.gpuop_ipam.claim.*.10_0_0_0-24.>")
     assert allowed(granted.publish, f"{api}.gpuop-watch-1.$KV.gpuop_ipam.addr.10_0_0_0-24.>")
     for foreign in ("node.gpu-2.>", "node.>", ">", "node.*.>"):
         assert not allowed(granted.publish, f"{api}.gpuop-watch-1.$KV.gpuop_ipam.{foreign}")
@@ -162,6 +165,31 @@ def test_kv_watches_are_bound_by_filter_to_the_keys_a_user_reads() -> None:
             assert not allowed(publish, f"$JS.API.CONSUMER.CREATE.KV_gpuop_{bucket}"), role
     discovery = grants.for_identity(Identity("discovery", "gpu-1")).publish
     assert not any("CONSUMER.CREATE.KV_" in p for p in discovery)
+
+
+def test_a_network_manager_writes_only_its_own_address_claims_and_reads_every_nodes() -> None:
+    address = ipaddress.ip_interface("10.10.0.5/24")
+    ipv6 = ipaddress.ip_interface("fd00:10::5/64")
+    granted = grants.for_identity(Identity("network-manager", NODE)).publish
+    for held in (address, ipv6):
+        mine, theirs = addressing.claim_key(held, NODE), addressing.claim_key(held, "gpu-2")
+        assert allowed(granted, f"$KV.gpuop_ipam.{mine}")
+        assert not allowed(granted, f"$KV.gpuop_ipam.{theirs}")
+        # claims from before the node was in the key are read, never written
+        assert not allowed(granted, f"$KV.gpuop_ipam.{addressing.legacy_claim_key(held)}")
+        for key in (theirs, addressing.legacy_claim_key(held)):
+            assert allowed(granted, f"$JS.API.DIRECT.GET.KV_gpuop_ipam.$KV.gpuop_ipam.{key}")
+        every = addressing.claims_filter(held)
+        assert allowed(
+            granted,
+            f"$JS.API.CONSUMER.CREATE.KV_gpuop_ipam.gpuop-watch-1.$KV.gpuop_ipam.{every}",
+        )
+    assert not allowed(granted, "$KV.gpuop_ipam.claim.>")
+    assert not allowed(granted, "$KV.gpuop_ipam.addr.>")
+    assert not allowed(granted, "$JS.API.STREAM.PURGE.KV_gpuop_ipam")
+    static = grants.for_service("network-manager").publish
+    assert allowed(static, f"$KV.gpuop_ipam.{addressing.claim_key(address, 'gpu-2')}")
+    assert not allowed(static, f"$KV.gpuop_ipam.{addressing.legacy_claim_key(address)}")
 
 
 @pytest.mark.parametrize(

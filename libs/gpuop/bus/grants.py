@@ -327,10 +327,15 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
         ipam = bucket(Buckets.IPAM)
         return (
             *key(Buckets.IPAM, f"node.{identity.node_token}.*"),
-            # address claims are shared: any node may claim (create) a free address
-            *key(Buckets.IPAM, "addr.>"),
-            # its node's records, every pool's claims
-            *watching(Buckets.IPAM, f"node.{identity.node_token}.>", "addr.>"),
+            # its own address claims only (`claim.<node>.<subnet>.<address>`): of the claims
+            # of an address the earliest holds it, so a node may claim a free address but
+            # never write, delete or outrank another node's claim
+            f"$KV.{ipam}.claim.{identity.node_token}.>",
+            # every node's claims are read, one address or one pool at a time, and the claims
+            # made before the node was in the key (`addr.<subnet>.<address>`), never written
+            *reading(Buckets.IPAM, "claim.>"),
+            *reading(Buckets.IPAM, "addr.>"),
+            *watching(Buckets.IPAM, f"node.{identity.node_token}.>", "claim.>", "addr.>"),
             f"{JS_API}.STREAM.INFO.KV_{ipam}",
             *reading(Buckets.CONFIG),
             *watching(Buckets.CONFIG, ">"),

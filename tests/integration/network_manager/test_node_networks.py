@@ -59,7 +59,7 @@ async def test_two_nodes_get_macvlan_links_with_the_mtu_and_distinct_addresses(
         assert node.link(DATA_NIC)["mtu"] == 9000  # type: ignore[index]
         addresses.add(outcome.address)
     assert len(addresses) == 2
-    assert len([key for key in await ipam.keys() if key.startswith("addr.")]) == 2
+    assert len([key for key in await ipam.keys() if key.startswith("claim.")]) == 2
 
 
 async def test_a_second_pass_changes_nothing(make_node: MakeNode, ipam: KeyValue) -> None:
@@ -94,7 +94,7 @@ async def test_removing_a_network_removes_its_link_and_frees_its_address(
     assert node.link("gpuop-roce-b") is not None
     keys = await ipam.keys()
     assert not any(key.endswith(".roce-a") for key in keys)
-    assert len([key for key in keys if key.startswith("addr.")]) == 1
+    assert len([key for key in keys if key.startswith("claim.")]) == 1
 
 
 async def test_an_exhausted_pool_fails_the_network_and_configures_nothing(
@@ -291,8 +291,8 @@ async def test_a_new_pool_moves_the_address_and_frees_the_old_one(
     (outcome,) = result.outcomes
     assert isinstance(outcome, Configured) and str(outcome.address).startswith("10.20.0.")
     assert addresses_of(node.link("gpuop-roce-a") or {}) == [str(outcome.address)]
-    claims = [key for key in await ipam.keys() if key.startswith("addr.")]
-    assert len(claims) == 1 and claims[0].startswith("addr.10.20.0.0_28.")
+    claims = [key for key in await ipam.keys() if key.startswith("claim.")]
+    assert len(claims) == 1 and claims[0].startswith("claim.gpu-node-1.10.20.0.0_28.")
 
 
 async def test_pods_links_stacked_on_the_networks_link_land_on_the_nic(

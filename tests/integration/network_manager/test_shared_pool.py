@@ -40,7 +40,9 @@ async def test_twenty_nodes_claiming_one_small_pool_at_once_never_collide(
 
         events = await network_events(buses[0])
         claims = [
-            key for key in await (await buses[0].kv(Buckets.IPAM)).keys() if key.startswith("addr.")
+            key
+            for key in await (await buses[0].kv(Buckets.IPAM)).keys()
+            if key.startswith("claim.")
         ]
     finally:
         for bus in buses:
