@@ -140,6 +140,8 @@ class Controller:
         executor = KubeExecutor(
             self._kube, recorder, watched_node=self.nodes.node,
             node_pods=self.pod_watches.node_pods,
+            # the validation pod's default namespace: the orchestrator's own (the release's)
+            own_namespace=self._config.lease_namespace,
         )  # fmt: skip
         outbox = Outbox(self._bus, executor, clock=self._clock)
         deadlines = DeadlineScheduler(self._bus, clock=self._clock)

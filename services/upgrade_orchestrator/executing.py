@@ -118,8 +118,11 @@ class KubeExecutor:
         *,
         watched_node: Callable[[str], Mapping[str, Any] | None] = lambda name: None,
         node_pods: NodePods | None = None,
+        own_namespace: str = "default",
     ) -> None:
         self._kube = kube
+        self._own_namespace = own_namespace
+        """Where a validation pod goes when the policy names no namespace."""
         self._recorder = recorder
         self._watched_node = watched_node
         """The node as a watch last saw it (`NodeWatcher.node`), or None."""
@@ -192,15 +195,14 @@ class KubeExecutor:
     async def _validation_pod(
         self, node: str, action: actions.RunValidationPod
     ) -> observed.ValidationPodSucceeded | observed.ValidationPodFailed:
+        namespace = action.namespace or self._own_namespace
         spec = validationpods.PodSpec(
             image=action.image,
             command=action.command,
-            namespace=action.namespace,
+            namespace=namespace,
             runtime_class_name=action.runtime_class_name,
         )
-        ref = NamespacedName(
-            namespace=action.namespace, name=validationpods.pod_name(node, action.id)
-        )
+        ref = NamespacedName(namespace=namespace, name=validationpods.pod_name(node, action.id))
         reasons = observed.ValidationPodFailureReason
         try:
             end = await validationpods.run(

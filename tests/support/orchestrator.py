@@ -46,7 +46,8 @@ class FakeKube:
         if isinstance(action, actions.Drain):
             return observed.DrainCompleted(action_id=action.id, evicted=0)
         if isinstance(action, actions.RunValidationPod):
-            pod = NamespacedName(namespace=action.namespace, name=f"gpuop-validate-{node}")
+            namespace = action.namespace or "default"
+            pod = NamespacedName(namespace=namespace, name=f"gpuop-validate-{node}")
             return observed.ValidationPodSucceeded(action_id=action.id, pod=pod)
         return None
 

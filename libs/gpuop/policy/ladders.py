@@ -50,13 +50,9 @@ class ValidationPod(Section):
         default=("nvidia-smi", "-L"), min_length=1, max_length=32
     )
     """The container's command; exiting 0 passes the rung."""
-    namespace: str = Field(
-        default="gpuop-system",
-        min_length=1,
-        max_length=63,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-    )
-    """The namespace the pod is created in."""
+    namespace: str = Field(default="", max_length=63, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$")
+    """The namespace the pod is created in; empty: the orchestrator's own (the release's,
+    where the chart lets it create pods)."""
     runtime_class_name: str = Field(default="", max_length=253)
     """The RuntimeClass of the pod (`nvidia` where the runtime needs one); empty: none."""
 

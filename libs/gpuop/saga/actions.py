@@ -108,6 +108,7 @@ class RunValidationPod:
     image: str
     command: tuple[str, ...]
     namespace: str
+    """Empty: the orchestrator's own."""
     runtime_class_name: str
     """Empty: none."""
     timeout_seconds: int

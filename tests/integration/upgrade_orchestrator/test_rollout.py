@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -236,6 +237,20 @@ async def test_a_new_gpu_driver_in_the_policy_rolls_across_every_node(
     assert not replaying.compare(
         replaying.recorded_outputs(log), replaying.replay(log, changed).outputs
     ).identical
+    # the validation ladder's default rungs, in the exported log: NVML and CUDA from each
+    # node's driver-manager, the operands resumed, and the pod run on the cordoned node
+    rungs: dict[str, list[str]] = defaultdict(list)
+    for line in exported:
+        entry = json.loads(line)
+        data, node = entry["message"]["data"], entry["subject"].split(".")[3]
+        if entry["subject"].endswith(".validate"):
+            rungs[node].append(f"validate {data.get('check', 'nvml')}")
+        elif entry["subject"].endswith((".resume", ".validation-pod-succeeded")):
+            rungs[node].append(entry["subject"].rsplit(".", 1)[1])
+    assert rungs == {
+        node: ["validate nvml", "validate cuda", "resume", "validation-pod-succeeded"]
+        for node in cluster.node_names
+    }
     assert set(states) == set(cluster.node_names)
     for node, path in states.items():
         assert path[-1] is UpgradeState.UPGRADE_DONE, (node, path)
