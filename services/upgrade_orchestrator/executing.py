@@ -215,6 +215,7 @@ class KubeExecutor:
             return observed.ValidationPodFailed(
                 action_id=action.id, pod=ref, reason=reasons.REFUSED, message=message
             )
+        ref = NamespacedName(namespace=namespace, name=end.pod.name)
         if end.succeeded:
             return observed.ValidationPodSucceeded(action_id=action.id, pod=ref)
         reason = reasons.TIMEOUT if end.phase == "Timeout" else reasons.FAILED

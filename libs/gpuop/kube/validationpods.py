@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,8 @@ GPU = "nvidia.com/gpu"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 FIRST_POLL = 0.1
 LAST_POLL = 2.0
+ADMISSION_RETRY = 1.0
+"""Seconds between a pod refused at admission and the next one."""
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,12 @@ class PodEnd:
         return self.phase == "Succeeded"
 
 
-def pod_name(node: str, action_id: str) -> str:
-    """`gpuop-validate-<node>-<8 hex of the action id>`, within a pod name's 253."""
+def pod_name(node: str, action_id: str, attempt: int = 1) -> str:
+    """`gpuop-validate-<node>-<8 hex of the action id>`, within a pod name's 253; `-<n>`
+    after it for the n-th pod after admission refusals."""
     digest = hashlib.sha256(action_id.encode()).hexdigest()[:8]
-    return f"gpuop-validate-{node[:200]}-{digest}"
+    again = f"-{attempt}" if attempt > 1 else ""
+    return f"gpuop-validate-{node[:200]}-{digest}{again}"
 
 
 def manifest(node: str, name: str, spec: PodSpec) -> Obj:
@@ -109,21 +114,43 @@ def _exits(pod: Obj) -> str:
 
 async def run(kube: Kube, node: str, action_id: str, spec: PodSpec, timeout: float) -> PodEnd:
     """Run the validation pod on `node` to its end or `timeout`, then delete it. Raises
-    `errors.KubeError` when the API server refused the create or could not be reached."""
-    name = pod_name(node, action_id)
-    ref = pods.PodRef(spec.namespace, name)
-    body = manifest(node, name, spec)
+    `errors.KubeError` when the API server refused the create or could not be reached.
+
+    A pod the kubelet refuses at admission for want of a GPU (`OutOfnvidia.com/gpu`) is
+    tried again, as a new pod, until the timeout: the device plugin, resumed a moment ago,
+    may not have advertised the GPUs again yet. Its last refusal is the timeout's reason."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    refused = ""
+    for attempt in itertools.count(1):
+        ref = pods.PodRef(spec.namespace, pod_name(node, action_id, attempt))
+        try:
+            end = await asyncio.wait_for(_one(kube, node, ref, spec), deadline - loop.time())
+        except TimeoutError:
+            why = f": {refused}" if refused else ""
+            return PodEnd(ref, "Timeout", f"not Succeeded within {timeout:g} s{why}")
+        if not _refused_at_admission(end):
+            return end
+        refused = end.message
+        await asyncio.sleep(min(ADMISSION_RETRY, max(0.0, deadline - loop.time())))
+    raise AssertionError("unreachable")
+
+
+async def _one(kube: Kube, node: str, ref: pods.PodRef, spec: PodSpec) -> PodEnd:
+    body = manifest(node, ref.name, spec)
     with contextlib.suppress(errors.AlreadyExists):  # created before a crash: wait for it
         await kube.call(kube.core.create_namespaced_pod, spec.namespace, body)
     try:
-        return await asyncio.wait_for(_ended(kube, ref), timeout)
-    except TimeoutError:
-        return PodEnd(ref, "Timeout", f"not Succeeded within {timeout:g} s")
+        return await _ended(kube, ref)
     finally:
         # a pod left behind holds a GPU of a node about to be uncordoned; the client retries
         # a delete it may; one that still fails must not turn the pod's verdict into an error
         with contextlib.suppress(errors.KubeError):
             await pods.delete(kube, ref, grace_period_seconds=0)
+
+
+def _refused_at_admission(end: PodEnd) -> bool:
+    return end.phase == "Failed" and end.message.startswith(f"OutOf{GPU}")
 
 
 async def _ended(kube: Kube, ref: pods.PodRef) -> PodEnd:

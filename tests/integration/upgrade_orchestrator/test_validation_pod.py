@@ -1,10 +1,12 @@
 """The validation ladder's pod on the simulated cluster, through the official client: bound
 to the cordoned node, it runs and Succeeds, and is gone after; a pod the kubelet cannot
-admit (its GPUs taken) reports Failed with the kubelet's reason; one that never starts (the
+admit (its GPUs taken) is tried again until its timeout, which names the kubelet's reason,
+and succeeds once the GPUs are free; one that never starts (the
 node powered off) reports its timeout; a repeat after a crash waits for the same pod."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -97,7 +99,7 @@ async def test_the_pod_is_bound_requests_one_gpu_and_tolerates_the_cordon() -> N
     assert {"node.kubernetes.io/unschedulable", "gpuop.io/driver-not-ready"} <= tolerated
 
 
-async def test_a_pod_the_kubelet_cannot_admit_fails_with_its_reason(
+async def test_a_pod_the_kubelet_cannot_admit_is_tried_again_until_the_timeout(
     cluster: SimCluster, kube: client.Kube
 ) -> None:
     node = cluster.node_names[0]
@@ -111,11 +113,39 @@ async def test_a_pod_the_kubelet_cannot_admit_fails_with_its_reason(
     await kube.call(kube.core.create_namespaced_pod, NAMESPACE, hog)
     await eventually(lambda: running(kube, "gpu-hog"))
 
-    outcome = await executor.execute(node, run_pod("validate-pod-2"))
+    outcome = await executor.execute(node, run_pod("validate-pod-2", timeout=3))
 
     assert isinstance(outcome, observed.ValidationPodFailed), outcome
-    assert outcome.reason is observed.ValidationPodFailureReason.FAILED
-    assert "OutOfnvidia.com/gpu" in outcome.message
+    assert outcome.reason is observed.ValidationPodFailureReason.TIMEOUT
+    assert outcome.message.startswith("Timeout: not Succeeded within 3 s: OutOfnvidia.com/gpu")
+    assert outcome.pod.name != validationpods.pod_name(node, "validate-pod-2")  # tried again
+    assert await validation_pods(kube) == []
+
+
+async def test_a_pod_admitted_once_the_gpus_are_free_again_succeeds(
+    cluster: SimCluster, kube: client.Kube
+) -> None:
+    node = cluster.node_names[0]
+    executor = KubeExecutor(kube, EventRecorder(kube))
+    await empty_and_cordon(executor, node)
+    hog = validationpods.manifest(
+        node, "gpu-hog", validationpods.PodSpec("img", ("sleep", "inf"), NAMESPACE)
+    )
+    hog["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    del hog["metadata"]["labels"]
+    await kube.call(kube.core.create_namespaced_pod, NAMESPACE, hog)
+    await eventually(lambda: running(kube, "gpu-hog"))
+
+    async def release() -> None:
+        await asyncio.sleep(0.5)  # as a device plugin advertising its GPUs again
+        await pods.delete(kube, pods.PodRef(NAMESPACE, "gpu-hog"), grace_period_seconds=0)
+
+    freeing = asyncio.create_task(release())
+    outcome = await executor.execute(node, run_pod("validate-pod-5", timeout=20))
+    await freeing
+
+    assert isinstance(outcome, observed.ValidationPodSucceeded), outcome
+    assert outcome.pod.name != validationpods.pod_name(node, "validate-pod-5")
     assert await validation_pods(kube) == []
 
 
