@@ -331,9 +331,9 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
             # of an address the earliest holds it, so a node may claim a free address but
             # never write, delete or outrank another node's claim
             f"$KV.{ipam}.claim.{identity.node_token}.>",
-            # every node's claims are read, one address or one pool at a time, and the claims
-            # made before the node was in the key (`addr.<subnet>.<address>`), never written
-            *reading(Buckets.IPAM, "claim.>"),
+            # every node's claims are watched, one address or one pool at a time; the claims
+            # made before the node was in the key (`addr.<subnet>.<address>`) read, never
+            # written
             *reading(Buckets.IPAM, "addr.>"),
             *watching(Buckets.IPAM, f"node.{identity.node_token}.>", "claim.>", "addr.>"),
             f"{JS_API}.STREAM.INFO.KV_{ipam}",

@@ -19,7 +19,6 @@ from nats.js import JetStreamContext
 from nats.js.api import (
     DeliverPolicy,
     DiscardPolicy,
-    KeyValueConfig,
     Placement,
     StorageType,
     StreamConfig,
@@ -76,33 +75,18 @@ async def open_bucket(
     limit; a full bucket refuses new writes, as every KV bucket). An existing bucket with
     fewer replicas is reported and scaled up to `replicas` (never down: a service started
     with a lower count must not shed copies of the sagas), one with another byte limit is
-    given `share`; one on memory storage, or keeping less history, stops the start with
-    the reason. With `direct`, keys are read by direct gets, which a permission can limit to
-    one key (a replica may answer one write behind: the sagas, which the orchestrator reads
-    to write back with compare-and-set, keep reading from the stream's leader)."""
+    given `share`, one that allows roll-ups has them turned off; one on memory storage, or
+    keeping less history, stops the start with the reason. With `direct`, keys are read by
+    direct gets, which a permission can limit to one key (a replica may answer one write
+    behind: the sagas, which the orchestrator reads to write back with compare-and-set, keep
+    reading from the stream's leader)."""
     try:
         raw = await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
         max_bytes = streams.replica_bytes(share, replicas) if share is not None else -1
-        config = KeyValueConfig(
-            bucket=name,
-            history=HISTORY,
-            storage=StorageType.FILE,
-            replicas=replicas,
-            placement=placement,
-            max_bytes=max_bytes,
-            # key-scoped reads (`$JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>`): the only
-            # form a node agent's permissions can limit to its own key (gpuop.bus.grants)
-            direct=direct,
-        )
         try:
-            if placement is not None:
-                stream = _placed_bucket(name, replicas, placement, max_bytes)
-                stream.allow_direct = direct
-                await js.add_stream(stream)
-                raw = await js.key_value(name)
-            else:
-                raw = await js.create_key_value(config)
+            await js.add_stream(_bucket_stream(name, replicas, placement, max_bytes, direct))
+            raw = await js.key_value(name)
         except nats.js.errors.APIError as exc:
             if exc.err_code == PLACEMENT_ERROR:
                 raise PlacementPending(f"cannot place bucket {name} yet: {exc}") from exc
@@ -113,11 +97,15 @@ async def open_bucket(
     return NatsKeyValue(name, raw, js)
 
 
-def _placed_bucket(name: str, replicas: int, placement: Placement, max_bytes: int) -> StreamConfig:
-    """The stream of a bucket on the servers `placement` names. nats-py's `create_key_value`
-    leaves a placement out of the stream it makes, so a placed bucket's stream is created
-    here, as JetStream's KV layout defines it (ADR-8: one subject per key under `$KV.<bucket>.`,
-    rollups allowed, deletes denied, new writes refused when full), with the placement."""
+def _bucket_stream(
+    name: str, replicas: int, placement: Placement | None, max_bytes: int, direct: bool
+) -> StreamConfig:
+    """The stream of a bucket, as JetStream's KV layout defines it (ADR-8: one subject per
+    key under `$KV.<bucket>.`, deletes denied, new writes refused when full), but without
+    roll-ups: a `Nats-Rollup: all` header on a write of any key empties the whole stream, so
+    with them whoever may write one key (a node agent its own) could delete every other
+    key; gpuop never purges a key. Made here rather than by nats-py's `create_key_value`,
+    which turns roll-ups on and leaves a placement out."""
     return StreamConfig(
         name=f"KV_{name}",
         subjects=[f"$KV.{name}.>"],
@@ -128,18 +116,21 @@ def _placed_bucket(name: str, replicas: int, placement: Placement, max_bytes: in
         max_bytes=max_bytes,
         max_msgs=-1,
         max_consumers=-1,
-        allow_rollup_hdrs=True,
+        allow_rollup_hdrs=False,
         deny_delete=True,
         discard=DiscardPolicy.NEW,
         duplicate_window=120.0,
-        allow_direct=False,
+        # key-scoped reads (`$JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>`): the only
+        # form a node agent's permissions can limit to its own key (gpuop.bus.grants)
+        allow_direct=direct,
     )
 
 
 async def _reconcile(
     js: JetStreamContext, name: str, replicas: int, share: int | None, direct: bool
 ) -> bool:
-    """Report and correct what differs; whether direct gets were turned on."""
+    """Report and correct what differs (replicas, byte limit, direct gets, roll-ups);
+    whether direct gets were turned on."""
     stream = f"KV_{name}"
     try:
         config = (await js.stream_info(stream)).config
@@ -174,6 +165,15 @@ async def _reconcile(
             name,
         )
         config.allow_direct = True
+    rollups = bool(config.allow_rollup_hdrs)
+    if rollups:
+        log.warning(
+            "bucket %s allows roll-ups (made by nats-py's KV, or before gpuop turned them off): "
+            "a write of any key with Nats-Rollup: all empties it, so whoever may write one key "
+            "could delete every other; turning them off",
+            name,
+        )
+        config.allow_rollup_hdrs = False
     # the byte limit follows the replicas the bucket ends with (reserved once per replica)
     limit = streams.replica_bytes(share, config.num_replicas or 1) if share is not None else None
     if limit is not None and (config.max_bytes or -1) != limit:
@@ -184,7 +184,7 @@ async def _reconcile(
             limit,
         )
         config.max_bytes = limit
-    elif have >= replicas and direct:
+    elif have >= replicas and direct and not rollups:
         return False
     try:
         async with asyncio.timeout(RECONCILE_TIMEOUT):
@@ -194,7 +194,8 @@ async def _reconcile(
         # gpuop's users may not change a bucket's stream: an administrator does
         log.warning(
             "bucket %s not updated (%r): update it as an administrator "
-            "(nats stream edit KV_%s --replicas %d --max-bytes %d --allow-direct)",
+            "(nats stream edit KV_%s --replicas %d --max-bytes %d --allow-direct "
+            "--no-allow-rollup)",
             name,
             exc,
             name,

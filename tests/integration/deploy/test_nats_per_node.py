@@ -11,14 +11,22 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats
+import nats.js.errors
 import pytest
 
 from gpuop.bus import ConsumerSpec, Delivery, grants, streams
 from gpuop.bus.protocol import Buckets
 from gpuop.events import Event, driver, new_command, new_event, subjects
+from gpuop.services.network_manager.addressing import (
+    Addresses,
+    PoolExhausted,
+    claim_key,
+    legacy_claim_key,
+)
 from gpuop.services.upgrade_orchestrator import intake
 from tests.integration.deploy.per_node_nats import PerNodeNats, user_name
 from tests.support.event_samples import SAMPLES
+from tests.support.networks import network
 from tests.support.shipped_nats import Refusals
 
 pytestmark = [pytest.mark.nats, pytest.mark.security]
@@ -85,7 +93,9 @@ async def test_a_node_agent_works_for_its_own_node(server: PerNodeNats, role: st
         if role == "network-manager":
             ipam = await bus.kv(Buckets.IPAM)
             await ipam.put(f"node.{subjects.encode_node(MINE)}.rdma0", b"10.10.0.7")
-            await ipam.create("addr.10.10.0.0_24.10.10.0.7", b"claimed")
+            claims = Addresses(ipam, MINE)
+            held = await claims.claim(network(ipam={"cidr": "10.10.0.0/24"}))
+            await claims.give_back("roce-a", held)
             assert await ipam.get(f"node.{subjects.encode_node(MINE)}.rdma0") is not None
             await (await bus.kv(Buckets.CONFIG)).get("networks")
         for subscription in subscriptions:
@@ -210,3 +220,87 @@ def test_every_role_is_rendered_and_an_unknown_one_is_refused() -> None:
     assert {i.role for i in [grants.Identity(r, MINE) for r in NODE_ROLES]} == grants.NODE_ROLES
     with pytest.raises(ValueError, match="unknown NATS role"):
         grants.Identity("driver-manager2", MINE)
+
+
+ONE = "10.10.0.7"
+"""The one address of the pool the two network-managers claim from."""
+
+
+async def test_a_network_manager_cannot_take_or_outrank_another_nodes_address_claim(
+    server: PerNodeNats,
+) -> None:
+    """gpu-1's network-manager holds the one address of a pool. gpu-2's, with its own
+    credential, tries to overwrite, create, delete and purge gpu-1's claim, to write an old
+    style claim of the address and to purge the bucket: every write is refused. Its own claim
+    of the address, made later, does not hold it: gpu-2 withdraws it and finds the pool
+    exhausted, and gpu-1 still holds the address with the claim it made."""
+    mine, theirs = (grants.Identity("network-manager", n) for n in (MINE, THEIRS))
+    roce = network(ipam={"cidr": "10.10.0.0/24", "rangeStart": ONE, "rangeEnd": ONE})
+    holder, rival, admin = server.bus(mine), server.bus(theirs), server.bus(None)
+    refusals = Refusals()
+    rows: list[tuple[str, str, str]] = []
+    try:
+        for bus in (holder, rival, admin):
+            await bus.start()
+        holder_kv, rival_kv = await holder.kv(Buckets.IPAM), await rival.kv(Buckets.IPAM)
+        stored = await admin.kv(Buckets.IPAM)  # what is in the bucket, read as admin
+        held = await Addresses(holder_kv, MINE).claim(roce)
+        before = await stored.get(claim_key(held, MINE))
+        assert before is not None
+        victim = f"$KV.gpuop_ipam.{claim_key(held, MINE)}"
+        tried = [
+            ("overwrite gpu-1's claim", victim, {}),
+            ("create gpu-1's claim", victim, {"Nats-Expected-Last-Subject-Sequence": "0"}),
+            ("delete gpu-1's claim", victim, {"KV-Operation": "DEL"}),
+            ("purge gpu-1's claim", victim, {"KV-Operation": "PURGE", "Nats-Rollup": "sub"}),
+            ("write an old-style claim", f"$KV.gpuop_ipam.{legacy_claim_key(held)}", {}),
+            ("purge the bucket", "$JS.API.STREAM.PURGE.KV_gpuop_ipam", {}),
+            ("delete a message", "$JS.API.STREAM.MSG.DELETE.KV_gpuop_ipam", {}),
+        ]
+        refusals.nc = await nats.connect(
+            server.url(user_name(theirs)),
+            inbox_prefix=grants.for_identity(theirs).inbox_prefix,
+            error_cb=refusals.record,
+            allow_reconnect=False,
+        )
+        for _, subject, headers in tried:
+            await refusals.nc.publish(subject, b"{}", headers=headers)
+        await refusals.settle()
+        for what, subject, _ in tried:
+            refused = refusals.refused_publish(subject)
+            rows.append((what, subject, "refused" if refused else "ALLOWED"))
+
+        # its own key, allowed, with a roll-up of the whole bucket (`Nats-Rollup: all`)
+        own = f"$KV.gpuop_ipam.{claim_key(held, THEIRS)}"
+        try:
+            await refusals.nc.jetstream().publish(own, b"{}", headers={"Nats-Rollup": "all"})
+            rolled = "ALLOWED" if await stored.get(claim_key(held, MINE)) != before else "kept"
+        except nats.js.errors.APIError as refused:
+            rolled = f"refused ({refused.description})"
+        rows.append(("roll up the whole bucket", own, rolled))
+        await rival_kv.delete(claim_key(held, THEIRS))
+
+        rivals = Addresses(rival_kv, THEIRS)
+        taken = await rivals.confirm(roce, held)  # claims it: later than gpu-1's
+        rows.append(("claim the held address", claim_key(held, THEIRS), _held(taken)))
+        with pytest.raises(PoolExhausted):
+            await rivals.claim(roce)
+        rows.append(("claim from the pool", "claim.*.10.10.0.0_24.>", "exhausted"))
+
+        assert await Addresses(holder_kv, MINE).confirm(roce, held)
+        assert await stored.get(claim_key(held, MINE)) == before
+        assert await stored.get(claim_key(held, THEIRS)) is None  # withdrawn
+    finally:
+        if hasattr(refusals, "nc"):
+            await refusals.nc.close()
+        for bus in (admin, rival, holder):
+            await bus.close()
+    print(f"\nnetwork-manager@{THEIRS} against {MINE}'s address claim:")
+    for what, subject, outcome in rows:
+        print(f"  {what:<26} {subject:<70} {outcome}")
+    assert not taken
+    assert [row for row in rows if not row[2].startswith(("refused", "lost", "exhausted"))] == []
+
+
+def _held(taken: bool) -> str:
+    return "HELD" if taken else "lost, withdrawn"

@@ -19,6 +19,7 @@ from gpuop.services.device_plugin import consumers as device_plugin
 from gpuop.services.discovery import consumers as discovery
 from gpuop.services.discovery import selections as discovery_selections
 from gpuop.services.network_manager import consumers as network_manager
+from gpuop.services.network_manager.addressing import Addresses
 from gpuop.services.telemetry import consumers as telemetry
 from gpuop.services.upgrade_orchestrator import intake
 from tests.integration.deploy.ownership import (
@@ -30,6 +31,7 @@ from tests.integration.deploy.ownership import (
     may_publish,
 )
 from tests.support.event_samples import SAMPLES
+from tests.support.networks import network
 from tests.support.shipped_nats import (
     ShippedNats,
     shipped_users,
@@ -182,10 +184,11 @@ async def run_kv(bus: NatsBus, bucket: Buckets, operations: tuple[str, ...]) -> 
             await kv.update(f"{key}-new", b"v2", entry.revision)
         elif operation == "delete":
             await kv.delete(key)
-        elif operation == "claim":  # an address, as network_manager.addressing claims one
-            await first_of(kv.watch("addr.10.10.0.0_24.>"))  # the pool's claims
-            await kv.create("addr.10.10.0.0_24.10.10.0.7", b"claimed")
-            await kv.get("addr.10.10.0.0_24.10.10.0.7")
+        elif operation == "claim":  # an address, claimed and given back as the agent does
+            addresses = Addresses(kv, NODE)
+            held = await addresses.claim(network(ipam={"cidr": "10.10.0.0/24"}))
+            assert await addresses.confirm(network(ipam={"cidr": "10.10.0.0/24"}), held)
+            await addresses.give_back("roce-a", held)
         elif operation == "keys":
             await kv.keys()
         elif operation == "watch":

@@ -1,0 +1,64 @@
+"""No bucket takes a roll-up, on a real nats-server: a write of one key with
+`Nats-Rollup: all` would empty the whole bucket, so whoever may write one key (a node agent
+its own) could delete every other node's keys. Buckets are made without roll-ups, and one
+made before (by nats-py's KV, which turns them on) has them turned off at the next start."""
+
+from __future__ import annotations
+
+import logging
+
+import nats.js.errors
+import pytest
+from nats.js.api import KeyValueConfig, StorageType
+
+from gpuop.bus import Buckets, NatsBus, NatsServer
+
+pytestmark = [pytest.mark.nats, pytest.mark.security]
+
+
+async def test_a_roll_up_of_the_whole_bucket_is_refused_and_every_key_kept(
+    nats_server: NatsServer,
+) -> None:
+    bus = NatsBus(nats_server.url, name="rollups")
+    await bus.start()
+    try:
+        ipam = await bus.kv(Buckets.IPAM)
+        await ipam.put("claim.gpu-1.10.10.0.0_24.10.10.0.7", b"gpu-1's")
+        for rollup in ("all", "sub"):
+            with pytest.raises(nats.js.errors.APIError, match="rollup not permitted"):
+                await bus.js.publish(
+                    "$KV.gpuop_ipam.claim.gpu-2.10.10.0.0_24.10.10.0.8",
+                    b"{}",
+                    headers={"Nats-Rollup": rollup},
+                )
+        for bucket in Buckets:
+            stream = (await bus.js.stream_info(f"KV_gpuop_{bucket.value}")).config
+            assert not stream.allow_rollup_hdrs, bucket
+            assert stream.deny_delete and stream.max_msgs_per_subject == 16, bucket
+        assert await ipam.keys() == ["claim.gpu-1.10.10.0.0_24.10.10.0.7"]
+        await ipam.delete("claim.gpu-1.10.10.0.0_24.10.10.0.7")  # a delete is no roll-up
+        assert await ipam.keys() == []
+    finally:
+        await bus.close()
+
+
+async def test_a_bucket_made_with_roll_ups_has_them_turned_off_at_the_next_start(
+    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = NatsBus(nats_server.url, name="before")
+    await old.connect()
+    try:
+        await old.js.create_key_value(
+            KeyValueConfig(bucket="gpuop_ipam", history=16, storage=StorageType.FILE, direct=True)
+        )
+        assert (await old.js.stream_info("KV_gpuop_ipam")).config.allow_rollup_hdrs
+    finally:
+        await old.close()
+    caplog.set_level(logging.WARNING, logger="gpuop.bus")
+    bus = NatsBus(nats_server.url, name="after")
+    await bus.start()
+    try:
+        assert not (await bus.js.stream_info("KV_gpuop_ipam")).config.allow_rollup_hdrs
+    finally:
+        await bus.close()
+    assert "bucket gpuop_ipam allows roll-ups" in caplog.text
