@@ -5,8 +5,8 @@ hands two messages of one node to the handler at once): the inbound set of the f
 (`gpuop.saga.folding`, which replay reads too): the orchestrator's own Kubernetes
 observations and action outcomes (domain `kube`), the driver-manager's results (`driver`),
 operand pause and resume confirmations, discovery's inventories (for the boot id and running
-versions), expired deadlines and recorded admissions. The public `upgrade` state changes are not read
-back: they are outputs.
+versions), expired deadlines and recorded admissions. The public `upgrade` state changes are
+not read back: they are outputs.
 """
 
 from __future__ import annotations
