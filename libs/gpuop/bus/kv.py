@@ -330,11 +330,15 @@ class NatsKeyValue:
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
                 inactive_threshold=WATCH_CONSUMER_TTL,
             )
-            pending = (await watcher.consumer_info()).num_pending
+            info = await watcher.consumer_info()
         except (nats.errors.Error, TimeoutError) as exc:
             raise _bus_error("watch", pattern, exc) from exc
-        if pending == 0 and watcher.delivered == 0 and not caught_up:
-            caught_up = True  # nothing to catch up on
+        # Nothing to catch up on only if the server has sent nothing: what it counts as sent
+        # may still be on its way (this client's count, `watcher.delivered`, can read 0 then,
+        # and a listing taken as complete would miss every key)
+        sent = info.delivered.consumer_seq if info.delivered is not None else 0
+        if info.num_pending == 0 and not sent and not caught_up:
+            caught_up = True
             entries.put_nowait(None)
         try:
             while True:
