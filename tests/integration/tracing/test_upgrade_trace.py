@@ -214,10 +214,15 @@ async def test_one_node_upgrade_is_one_trace_across_the_services(
     for verb, step in (
         ("install", "install-gpu"),
         ("load", "load-gpu"),
-        ("validate", "validate-gpu"),
     ):
         [handled] = named(found, f"handle {verb}")
         assert ancestry(handled, found)[1] == f"step {step}"
+    # the validation ladder's driver rungs: the NVML check and the CUDA probe
+    validated = named(found, "handle validate")
+    assert sorted(ancestry(v, found)[1] for v in validated) == [
+        "step validate-cuda-gpu",
+        "step validate-gpu",
+    ]
 
 
 async def test_with_tracing_off_the_upgrade_goes_through_and_nothing_carries_a_trace(
