@@ -46,6 +46,49 @@ TOOLS = Path(os.environ.get("GPUOP_CLUSTER_TOOLS", REPO / ".cache" / "cluster-to
 BIN = TOOLS / "bin"
 STAGES = TOOLS / "kwok-stages"
 """KWOK's default node and pod stages, taken from its module by build-tools.sh."""
+VALIDATION_POD_STAGE = """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: gpuop-validation-pod-complete
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'
+    - key: '.metadata.labels["gpuop.io/validation-pod"]'
+      operator: 'Exists'
+  delay:
+    durationMilliseconds: 0
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      containerStatuses:
+      {{ range $index, $item := .spec.containers }}
+      - image: {{ $item.image | Quote }}
+        name: {{ $item.name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 0
+            finishedAt: {{ $now | Quote }}
+            reason: Completed
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Succeeded
+"""
+"""KWOK's pod-complete stage for gpuop's validation pod alone (its label), at once: other
+pods keep running, as KWOK's own stages leave them (build-tools.sh), and the upgrade's pod
+rung passes as on a healthy node."""
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 ADMIN = "gpuop-admin"
 START_TIMEOUT = 90.0
@@ -350,9 +393,8 @@ class ControlPlane:
         if not stages:
             raise ControlPlaneError(f"no KWOK stages under {directory}: run `make cluster-tools`")
         config = self.work / "kwok.yaml"
-        config.write_text(
-            "\n---\n".join(path.read_text(encoding="utf-8") for path in stages), encoding="utf-8"
-        )
+        documents = [path.read_text(encoding="utf-8") for path in stages]
+        config.write_text("\n---\n".join([*documents, VALIDATION_POD_STAGE]), encoding="utf-8")
         self._spawn(
             "kwok",
             [
