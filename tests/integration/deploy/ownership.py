@@ -4,6 +4,8 @@ this, so the two are written independently of each other."""
 
 from __future__ import annotations
 
+import hashlib
+
 from gpuop.bus.protocol import Buckets
 from gpuop.events import (
     Command,
@@ -71,7 +73,9 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
 
 def envelope_of(payload: Payload) -> Envelope:
     if isinstance(payload, Command):
-        ident = ids.step("saga/gpu-1/1", f"test/{payload.VERB}", 1)
+        # two samples of one verb (a GPU and an OFED validation) are two commands, two ids
+        digest = hashlib.sha256(payload.model_dump_json().encode()).hexdigest()[:12]
+        ident = ids.step("saga/gpu-1/1", f"test/{payload.VERB}/{digest}", 1)
         return new_command(payload, node=NODE, source="/test", id=ident)
     assert isinstance(payload, Event)
     return new_event(payload, node=NODE, source="/test")
