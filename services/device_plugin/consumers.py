@@ -1,4 +1,5 @@
-"""What the device plugin subscribes to: its node's operand commands, its node's health
+"""What the device plugin subscribes to: its node's operand commands, its own commands (the
+remediation's `ListGpuHolders`), its node's health
 history (telemetry's health events and the driver-manager's validations) in one consumer, so
 a validation and the XIDs around it are handled in the order they happened, and its node's
 config selections (discovery's cluster role, from the Node's label). The consumers are
@@ -42,6 +43,13 @@ def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec
     creation: a pause sent before this node's first plugin ran must still be confirmed;
     later runs resume after the last acked command."""
     return _node_consumer(prefix, node, "commands", retry_delay)
+
+
+def node_own_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
+    """Commands to this node's device plugin itself (`gpuop.cmd.device-plugin.<node>.*`):
+    the holder listing. From the start on first creation, as the operands' commands: one
+    sent while the plugin restarted is answered when it is back."""
+    return _node_consumer(prefix, node, "own-commands", retry_delay)
 
 
 def node_health(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:

@@ -19,6 +19,7 @@ from gpuop.events import (
     ids,
     kube,
     network,
+    remediation,
     upgrade,
 )
 from gpuop.events.fields import NamespacedName
@@ -358,6 +359,20 @@ SAMPLES: list[Payload] = [
         message="container validator exited 1",
     ),
     kube.ValidationObserved(validator_pods=1, ready_pods=0, not_ready=(POD,)),
+    # remediation
+    remediation.ResetGpu(gpu_uuids=(GPU_UUID,), allow_driver_reload=True, timeout_seconds=120),
+    remediation.GpuReset(
+        command_id=CMD, gpu_uuids=(GPU_UUID,), method=remediation.ResetMethod.DRIVER_RELOAD
+    ),
+    remediation.GpuResetFailed(
+        command_id=CMD,
+        gpu_uuids=(GPU_UUID,),
+        reason=remediation.ResetFailureReason.IN_USE,
+        message="pid 4242 (python) holds GPU-20bce083",
+    ),
+    remediation.ListGpuHolders(gpu_uuids=(GPU_UUID,)),
+    remediation.GpuHoldersListed(command_id=CMD, gpu_uuids=(GPU_UUID,), pods=(POD,)),
+    remediation.GpuHoldersUnknown(command_id=CMD, message="kubelet pod-resources: no socket"),
     # saga
     deadlines.DeadlineExpired(
         saga_id=SAGA,

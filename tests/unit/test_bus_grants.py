@@ -44,6 +44,7 @@ def service_specs(role: str, node: str) -> list[ConsumerSpec]:
         "driver-manager": [_driver_manager_spec(node)],
         "device-plugin": [
             device_plugin.node_commands(PREFIX, node, **kw),
+            device_plugin.node_own_commands(PREFIX, node, **kw),
             device_plugin.node_health(PREFIX, node, **kw),
             device_plugin.node_config(PREFIX, node, **kw),
         ],

@@ -37,6 +37,7 @@ CATALOGUE = [
     gpuop.events.upgrade,
     gpuop.events.kube,
     gpuop.events.deadlines,
+    gpuop.events.remediation,
 ]
 MODELS = [REGISTRY[type_] for type_ in sorted(REGISTRY)]
 TOKEN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")

@@ -161,6 +161,8 @@ def _node_consumers(role: str, node: str, prefix: str) -> tuple[Consumer, ...]:
     if role == "device-plugin":
         return (
             on_commands("commands", durable("commands"), OPERANDS),
+            # its own commands: the remediation saga's holder listing
+            on_commands("own-commands", durable("own-commands"), role),
             # telemetry's health events and the driver's validations, in the order they
             # happened: one filter over the node's events, of which the agent takes those two
             on_events("health", event_filter("*")),
@@ -252,6 +254,8 @@ def _node_events(role: str, node: str, prefix: str) -> tuple[str, ...]:
             *pause,
             event("device", "plugin-config-applied"),
             event("device", "mps-daemon-changed"),
+            event("device", "gpu-holders-listed"),
+            event("device", "gpu-holders-unknown"),
         ),
         "network-manager": (event("network"),),
         "telemetry": (event("device", "health-changed"), *pause),

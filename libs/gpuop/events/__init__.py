@@ -14,6 +14,7 @@ from gpuop.events import (
     ids,
     kube,
     network,
+    remediation,
     subjects,
     upgrade,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "new_command",
     "new_event",
     "parse_as",
+    "remediation",
     "strict_validate",
     "subject_of",
     "subjects",

@@ -17,6 +17,7 @@ from gpuop.events import (
     ids,
     new_command,
     new_event,
+    remediation,
     subjects,
 )
 
@@ -66,6 +67,8 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         return user == "telemetry"
     if payload is device.DevicePluginConfigSelected:
         return user == "discovery-cluster"  # from the Node's label, which only it watches
+    if payload in (remediation.GpuHoldersListed, remediation.GpuHoldersUnknown):
+        return user == "device-plugin"  # the holders of its node's GPUs, from its kubelet
     if payload in (device.DevicePluginConfigApplied, device.MpsDaemonChanged):
         return user == "device-plugin"
     return owners[payload.DOMAIN] == user

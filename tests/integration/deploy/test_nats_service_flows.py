@@ -117,6 +117,7 @@ def flows() -> dict[str, Flow]:
         "device-plugin": Flow(
             consumers=[
                 device_plugin.node_commands(PREFIX, NODE, retry_delay=RETRY),
+                device_plugin.node_own_commands(PREFIX, NODE, retry_delay=RETRY),
                 device_plugin.node_health(PREFIX, NODE, retry_delay=RETRY),
                 device_plugin.node_config(PREFIX, NODE, retry_delay=RETRY),
             ],
