@@ -61,7 +61,12 @@ class TelemetryConfig(BaseModel):
     kubelet_socket: Path | None = None
     """The kubelet's PodResources socket; by default the one under the host root."""
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS
-    """XIDs counted in `DCGM_FI_DEV_XID_ERRORS` but not published as a health change."""
+    """XIDs counted in `DCGM_FI_DEV_XID_ERRORS` but never published as a health change,
+    whatever gpuop's XID catalog says of them: an explicit list wins over the catalog. The
+    catalog alone already keeps the GPU healthy for the XIDs it resolves `none` or
+    `restart-application`; the default, the NVIDIA device plugin's list, adds 109 (the
+    catalog resets for it; upstream ignores it as most often a hung application).
+    `[]` leaves every XID to the catalog."""
 
     @field_validator("labels")
     @classmethod

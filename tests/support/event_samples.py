@@ -212,6 +212,7 @@ SAMPLES: list[Payload] = [
         xid=79,
         ecc_volatile_uncorrected=0,
         ecc_aggregate_uncorrected=1,
+        action=device.XidAction.REBOOT,
         message="GPU has fallen off the bus",
     ),
     device.PauseOperands(components=(GPU, OFED), reason="driver upgrade"),

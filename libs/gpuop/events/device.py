@@ -2,7 +2,9 @@
 
 `DeviceHealthChanged` is published by telemetry when NVML reports an XID or an ECC error on a
 GPU, or when a GPU recovers. The device plugin consumes it to mark the device unhealthy for the
-kubelet; the upgrade orchestrator may consume it to judge validation.
+kubelet; the upgrade orchestrator may consume it to judge validation and to remediate.
+Telemetry owns the decision of what a fault asks for: each event carries an `XidAction` from
+gpuop's XID catalog (`gpuop.health.xids`); consumers act on it and never map XIDs themselves.
 
 A kernel module cannot be unloaded while anything holds `/dev/nvidia*`. So before a driver
 reload, the upgrade orchestrator sends `PauseOperands` to the service group `operands` on the
@@ -70,6 +72,33 @@ class HealthReason(DocumentedEnum):
     """The GPU answers again and no longer reports the error."""
 
 
+class XidAction(DocumentedEnum):
+    """What a GPU fault asks of the operator, in escalation order (each step includes what
+    the ones before it would do): NVIDIA's XID catalog resolution buckets, as gpuop acts on
+    them (`gpuop.health.xids` maps every XID to one)."""
+
+    NONE = "none"
+    """Informational: the GPU stays healthy and in service."""
+    RESTART_APPLICATION = "restart-application"
+    """The application that hit it is at fault; the GPU stays healthy, the job restarts."""
+    RESET_GPU = "reset-gpu"
+    """The GPU must be reset (its processes stopped first); a reset that fails reboots."""
+    REBOOT = "reboot"
+    """The node must be rebooted: the GPU cannot be reset alone (e.g. it fell off the bus)."""
+    DRAIN_AND_REPLACE = "drain-and-replace"
+    """The hardware needs a person: drain the node and leave it out of service."""
+
+    @property
+    def keeps_gpu_healthy(self) -> bool:
+        """Whether a GPU that reports a fault with this action stays in service."""
+        return self in (XidAction.NONE, XidAction.RESTART_APPLICATION)
+
+    @property
+    def rank(self) -> int:
+        """Position in the escalation order, from 0 (`none`)."""
+        return list(XidAction).index(self)
+
+
 class DeviceHealthChanged(Event):
     """A GPU became unhealthy, or healthy again."""
 
@@ -88,8 +117,20 @@ class DeviceHealthChanged(Event):
     """Uncorrectable ECC errors since the driver loaded, when known."""
     ecc_aggregate_uncorrected: Count | None = None
     """Uncorrectable ECC errors over the GPU's lifetime, when known."""
+    action: XidAction | None = None
+    """What the fault asks for, as telemetry decided it: the catalog's action for an XID,
+    `reset-gpu` for uncorrectable ECC errors, `reboot` for an unreachable GPU, `none` on
+    recovery. None in events written before telemetry decided it: read it as `reset-gpu`
+    when `healthy` is false (`effective_action`)."""
     message: Message = ""
     """Detail for operators."""
+
+    @property
+    def effective_action(self) -> XidAction:
+        """`action`, or what an event from an older log meant: `reset-gpu` when unhealthy."""
+        if self.action is not None:
+            return self.action
+        return XidAction.NONE if self.healthy else XidAction.RESET_GPU
 
 
 class PauseOperands(Command):

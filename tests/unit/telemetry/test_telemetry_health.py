@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuop.bus import BusError, InMemoryBus, PublishAck
 from gpuop.events import Envelope, device, driver
-from gpuop.events.device import DeviceHealthChanged, HealthReason
+from gpuop.events.device import DeviceHealthChanged, HealthReason, XidAction
 from gpuop.nvml import GpuLost
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop_sim.nvml.simulated import SimNvml
@@ -35,12 +35,14 @@ async def test_an_injected_xid_is_a_health_event_and_shows_in_the_xid_metric(
         await eventually(lambda: by_gpu(exporter.exposition(), "DCGM_FI_DEV_XID_ERRORS")["5"] == 48)
 
     uuid = uuid_of(5)
-    assert (event.gpu_uuid, event.healthy, event.reason, event.xid) == (
+    assert (event.gpu_uuid, event.healthy, event.reason, event.xid, event.action) == (
         uuid,
         False,
         HealthReason.XID,
         48,
+        XidAction.RESET_GPU,
     )
+    assert event.message == "XID 48 (Double-bit ECC error) on GPU 5: reset-gpu"
     assert envelope.node == NODE
     assert envelope.source == f"/gpuop/telemetry/{NODE}"
     [(labels, count)] = series(exporter.exposition(), "DCGM_EXP_XID_ERRORS_COUNT")
@@ -77,7 +79,11 @@ async def test_an_uncorrectable_ecc_error_is_a_health_event_with_the_new_counts(
             lambda: by_gpu(exporter.exposition(), "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")["2"] == 1
         )
 
-    assert (event.reason, event.healthy) == (HealthReason.ECC, False)
+    assert (event.reason, event.healthy, event.action) == (
+        HealthReason.ECC,
+        False,
+        XidAction.RESET_GPU,
+    )
     assert event.ecc_volatile_uncorrected == 1
     assert event.ecc_aggregate_uncorrected == 1
     assert by_gpu(exporter.exposition(), "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")["2"] == 3
@@ -99,9 +105,9 @@ async def test_a_gpu_that_stops_answering_is_unreachable_until_it_answers_again(
 
     events = [event for _, event in await published(bus, DeviceHealthChanged)]
     uuid = uuid_of(6)
-    assert [(e.gpu_uuid, e.healthy, e.reason) for e in events] == [
-        (uuid, False, HealthReason.UNREACHABLE),
-        (uuid, True, HealthReason.RECOVERED),
+    assert [(e.gpu_uuid, e.healthy, e.reason, e.action) for e in events] == [
+        (uuid, False, HealthReason.UNREACHABLE, XidAction.REBOOT),
+        (uuid, True, HealthReason.RECOVERED, XidAction.NONE),
     ]
     assert "fallen off the bus" in events[0].message
     await exporter.session.close()
