@@ -3,7 +3,10 @@
 `Outbox.carry_out` publishes the decision's node-agent commands under their deterministic
 ids (a re-publish after a crash is dropped by the server's duplicate window and by the
 agents), hands its Kubernetes actions to the node's action queue, and publishes one public
-`NodeUpgradeStateChanged` per transition, also under a deterministic id.
+`NodeUpgradeStateChanged` per transition, also under a deterministic id. A saga of another
+kind (`kinds`) is carried out alike by `carry_out_kind`: its public events and commands as its
+kind names them, then its Kubernetes actions on the same per-node queue, so the actions of
+two kinds on one node run one after the other, in the order decided.
 
 Each node write costs the API server a request, so the queue gets fewer than the core asks
 for (`node_writes`): of the state labels of a decision that passed through states only the
@@ -26,29 +29,32 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import ids
 from gpuop.kube import errors
-from gpuop.saga import Decision, KubeAction, NodeSaga, folding
+from gpuop.saga import Decision, folding, machine
 from gpuop.saga.actions import Cordon, SetStateLabel, Uncordon
+from gpuop.saga.machine import IssuedCommand, SagaRecord
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.executing import KubeActions
+from gpuop.services.upgrade_orchestrator.kinds import Output
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 log = logging.getLogger(__name__)
 
-_Queued = tuple[str, KubeAction, str | None]
+_Queued = tuple[str, Any, str | None]
 """A queued Kubernetes action: saga id, action, traceparent of the step that issued it."""
 
 
-def outcome_event_id(action: KubeAction) -> str:
+def outcome_event_id(action: Any) -> str:
     """Id of the event reporting how `action` ended: one per action, so a repeat dedupes."""
     return ids.outcome(action.id)
 
 
-def node_writes(kube_actions: Sequence[KubeAction]) -> tuple[KubeAction, ...]:
+def node_writes(kube_actions: Sequence[Any]) -> tuple[Any, ...]:
     """A decision's Kubernetes actions as they are run: its last state label only, written
     by its cordon or uncordon when it has one (in the label's place), the rest in order."""
     labels = [a for a in kube_actions if isinstance(a, SetStateLabel)]
@@ -56,7 +62,7 @@ def node_writes(kube_actions: Sequence[KubeAction]) -> tuple[KubeAction, ...]:
         return tuple(kube_actions)
     last = labels[-1]
     carrier = next((a for a in kube_actions if isinstance(a, Cordon | Uncordon)), None)
-    kept: list[KubeAction] = []
+    kept: list[Any] = []
     for action in kube_actions:
         if action is last:
             kept.append(last if carrier is None else dataclasses.replace(carrier, label=last.value))
@@ -94,11 +100,28 @@ class Outbox:
         that dies midway leaves them in the saga's `last_transitions` for its successor's
         `resume`, not overwritten by a later decision."""
         saga = decision.saga
+        outputs: list[Output] = list(folding.outputs(decision))
+        await self._carry(saga, outputs, decision.kube_actions, saga.rollout_id)
+
+    async def carry_out_kind(
+        self, decision: machine.Decision[Any, Any], outputs: Sequence[Output], correlation: str
+    ) -> None:
+        """`carry_out` for a saga of another kind: `outputs` as its kind names them, its
+        public events under `correlation`."""
+        await self._carry(decision.saga, outputs, decision.kube_actions, correlation)
+
+    async def _carry(
+        self,
+        saga: SagaRecord[Any],
+        outputs: Sequence[Output],
+        kube_actions: Sequence[Any],
+        correlation: str,
+    ) -> None:
         traced = traces.recording()
-        for out in folding.outputs(decision):
-            if isinstance(out, folding.StateChange):
+        for out in outputs:
+            if not isinstance(out, IssuedCommand):
                 await self._publish.event(
-                    out.payload, node=saga.node, id=out.id, correlationid=saga.rollout_id
+                    out.payload, node=saga.node, id=out.id, correlationid=correlation
                 )
                 continue
             await self._publish.command(
@@ -110,10 +133,10 @@ class Outbox:
                 if traced
                 else None,
             )
-        for action in node_writes(decision.kube_actions):
+        for action in node_writes(kube_actions):
             self._queue(saga, action, traced=traced)
 
-    def _queue(self, saga: NodeSaga, action: KubeAction, *, traced: bool) -> None:
+    def _queue(self, saga: SagaRecord[Any], action: Any, *, traced: bool) -> None:
         if action.id in self._in_flight:
             return
         self._in_flight.add(action.id)
@@ -140,7 +163,7 @@ class Outbox:
         # node's next action starts a new worker, and a node at rest holds no memory here
         del self._queues[node], self._workers[node]
 
-    async def _execute(self, node: str, saga_id: str, action: KubeAction) -> None:
+    async def _execute(self, node: str, saga_id: str, action: Any) -> None:
         for attempt in range(1, self._retries + 1):
             try:
                 outcome = await self._kube_actions.execute(node, action)

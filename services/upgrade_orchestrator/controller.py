@@ -38,6 +38,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from gpuop.bus import Buckets, Bus, KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
@@ -56,6 +57,7 @@ from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner
 from gpuop.services.upgrade_orchestrator.observing import NodeWatcher
 from gpuop.services.upgrade_orchestrator.policies import PolicyWatcher
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
@@ -123,6 +125,15 @@ class Controller:
         self.pod_watches = jobs.PodWatches(bus, kube, clock=clock)
         self._reporter = RolloutReporter(bus)
         self._resumed = False
+        self._runner: Runner | None = None
+
+    async def kind_runners(
+        self, runner: Runner, store: SagaStore, inventories: KeyValue
+    ) -> list[KindRunner[Any]]:
+        """The saga kinds run beside the driver upgrade, each with its store and the hook
+        that starts its sagas (`kinds`); `runner` decides for them, `store` holds the
+        upgrades (a kind may fold into the node's upgrade), `inventories` the nodes'."""
+        return []
 
     def _decided(self, decision: Decision) -> None:
         self._wake.set()
@@ -149,6 +160,8 @@ class Controller:
             self._bus, store, outbox, deadlines, lambda: self.policies.in_force,
             clock=self._clock, on_change=self._decided,
         )  # fmt: skip
+        runner.kinds = tuple(await self.kind_runners(runner, store, inventories))
+        self._runner = runner
         watchers = [
             asyncio.create_task(self.policies.run(), name="policy-watch"),
             asyncio.create_task(self.nodes.run(), name="node-watch"),
@@ -334,7 +347,8 @@ class Controller:
         """Whether `inventory` may start a reinstall after `done`: not one the saga saw
         (taken while it reloaded the driver), nor a driver another saga kind unloaded."""
         seen = inventory.inventory_hash == done.inventory_hash
-        return not seen and self.nodes.statuses[node].held_by is None
+        held = self._runner is not None and node in self._runner.held()
+        return not seen and self.nodes.statuses[node].held_by is None and not held
 
     async def _gpu_pods_listed(self, node: str) -> bool:
         """Whether GPU pods run on (or wait for) the node: one list, for a node without a

@@ -2,7 +2,8 @@
 step runs out of time.
 
 The runner calls `schedule` with every saga it persisted or rebuilt; the scheduler keeps one
-timer per node (a newer saga replaces the node's timer) and, when the deadline passes,
+timer per node and saga kind (a newer saga replaces the node's timer of its kind: a node may
+be in an upgrade and a remediation at once) and, when the deadline passes,
 publishes `core.deadline_event(saga)` under an id derived from the saga, state, step and
 attempt, so two replicas or a restarted process firing the same deadline store it once.
 The core ignores a deadline whose step has since finished, so a timer that fires late is
@@ -28,6 +29,7 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import ids
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.saga.machine import SagaRecord, deadline_event
+from gpuop.saga.upgrade import NAME as UPGRADE
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
@@ -57,8 +59,9 @@ class DeadlineScheduler:
     def __init__(self, bus: Bus, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._publish = Publisher(bus, clock)
         self._clock = clock
-        self._timers: dict[str, tuple[_Step, asyncio.Task[None], SagaRecord[Any]]] = {}
-        """Node -> (the pending step whose deadline is armed, its timer, the saga)."""
+        self._timers: dict[tuple[str, str], tuple[_Step, asyncio.Task[None], SagaRecord[Any]]]
+        self._timers = {}
+        """(Node, kind) -> (the pending step whose deadline is armed, its timer, the saga)."""
         self._held_until: datetime | None = None
 
     def hold_until(self, moment: datetime) -> None:
@@ -66,24 +69,25 @@ class DeadlineScheduler:
         docstring); timers armed from here on wait for it."""
         self._held_until = moment
 
-    def schedule(self, saga: SagaRecord[Any]) -> None:
-        """Fire the saga's deadline when it passes (a saga of any kind); forget the node's
-        earlier one. Called with every decision, so the `DeadlineExpired` and its id are
-        only made when the timer fires: the pending step names the deadline well enough to
-        tell a new one from the one armed."""
+    def schedule(self, saga: SagaRecord[Any], kind: str = UPGRADE) -> None:
+        """Fire the saga's deadline when it passes (a saga of any `kind`); forget the node's
+        earlier one of that kind. Called with every decision, so the `DeadlineExpired` and
+        its id are only made when the timer fires: the pending step names the deadline well
+        enough to tell a new one from the one armed."""
         key = _pending_step(saga)
-        current = self._timers.get(saga.node)
+        slot = (saga.node, kind)
+        current = self._timers.get(slot)
         if current is not None and current[0] == key and not current[1].done():
             return
-        self.cancel(saga.node)
+        self.cancel(saga.node, kind)
         if key is None:
             return
-        task = asyncio.create_task(self._fire(saga), name=f"deadline-{saga.node}")
-        self._timers[saga.node] = (key, task, saga)
+        task = asyncio.create_task(self._fire(saga), name=f"deadline-{saga.node}-{kind}")
+        self._timers[slot] = (key, task, saga)
 
-    def cancel(self, node: str) -> None:
-        """Drop the node's timer."""
-        current = self._timers.pop(node, None)
+    def cancel(self, node: str, kind: str = UPGRADE) -> None:
+        """Drop the node's timer of `kind`."""
+        current = self._timers.pop((node, kind), None)
         if current is not None:
             current[1].cancel()
 
@@ -109,12 +113,12 @@ class DeadlineScheduler:
             traceparent=traces.step_traceparent(expired.saga_id, expired.attempt, expired.step),
         )
 
-    def pending(self) -> dict[str, str]:
-        """Node -> id of the deadline it waits for (for tests and status)."""
+    def pending(self, kind: str = UPGRADE) -> dict[str, str]:
+        """Node -> id of the deadline its saga of `kind` waits for (for tests and status)."""
         return {
             node: deadline_event_id(expired)
-            for node, (_, task, saga) in self._timers.items()
-            if not task.done() and (expired := deadline_event(saga)) is not None
+            for (node, of), (_, task, saga) in self._timers.items()
+            if of == kind and not task.done() and (expired := deadline_event(saga)) is not None
         }
 
     async def close(self) -> None:

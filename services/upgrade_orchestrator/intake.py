@@ -6,14 +6,19 @@ hands two messages of one node to the handler at once): the inbound set of the f
 observations and action outcomes (domain `kube`), the driver-manager's results (`driver`),
 operand pause and resume confirmations, discovery's inventories (for the boot id and running
 versions), expired deadlines and recorded admissions. The public `upgrade` state changes are
-not read back: they are outputs.
+not read back by the upgrade: they are outputs. The other saga kinds the runner runs add the
+subjects they consume (`kinds.SagaKind.subjects`), each once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from gpuop.bus import Bus, ConsumerSpec, Subscription
 from gpuop.events import subjects
 from gpuop.saga import folding
+from gpuop.services.upgrade_orchestrator.kinds import SagaKind
 from gpuop.services.upgrade_orchestrator.running import Runner
 
 DURABLE = "upgrade-orchestrator"
@@ -25,18 +30,22 @@ successor can lead sooner, so by the time one does, every message the crashed le
 due again and comes before newer ones, in the node's order."""
 
 
-def consumer_spec(prefix: str, ack_wait: float = ACK_WAIT) -> ConsumerSpec:
-    """The intake consumer over every event the core needs."""
+def consumer_spec(
+    prefix: str, ack_wait: float = ACK_WAIT, kinds: Sequence[SagaKind[Any]] = ()
+) -> ConsumerSpec:
+    """The intake consumer over every event the core needs, and `kinds`' too."""
 
     def events(domain: str, name: str = "*") -> str:
         return subjects.events_filter(domain, name=name, prefix=prefix)
 
+    upgrade = (
+        *(events(domain) for domain in folding.INBOUND_DOMAINS),
+        *(events(inbound.DOMAIN, inbound.NAME) for inbound in folding.INBOUND_TYPES),
+    )
+    others = (subject for kind in kinds for subject in kind.subjects(prefix))
     return ConsumerSpec(
         durable=DURABLE,
-        subjects=(
-            *(events(domain) for domain in folding.INBOUND_DOMAINS),
-            *(events(inbound.DOMAIN, inbound.NAME) for inbound in folding.INBOUND_TYPES),
-        ),
+        subjects=tuple(dict.fromkeys((*upgrade, *others))),
         max_deliver=20,
         ack_wait=ack_wait,
         # a first leader has no saga that older events could concern; later leaders resume
@@ -47,4 +56,5 @@ def consumer_spec(prefix: str, ack_wait: float = ACK_WAIT) -> ConsumerSpec:
 
 async def start(bus: Bus, runner: Runner, ack_wait: float = ACK_WAIT) -> Subscription:
     """Start consuming into `runner.handle`."""
-    return await bus.consume(consumer_spec(bus.prefix, ack_wait), runner.handle)
+    kinds = [kind_runner.kind for kind_runner in runner.kinds]
+    return await bus.consume(consumer_spec(bus.prefix, ack_wait, kinds), runner.handle)

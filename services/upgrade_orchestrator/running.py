@@ -23,6 +23,14 @@ to replay it; the node watch records it as `NodeObserved` all the same. Likewise
 policy: before deciding with a spec other than the last one it recorded, the runner
 publishes `PolicyApplied` naming the event about to be decided as its cause, so a replay
 decides that event and the later ones with it.
+
+Other saga kinds (`kinds`: GPU remediation, MIG reconfiguration) run on the same runner,
+each with its own store: an event is decided, under the node's lock, for the node's upgrade
+saga (when the upgrade's fold consumes it) and then for the node's saga of each kind that
+consumes it, each kind's starting hook given the event first (a GPU's health starts a
+remediation). `admit` admits the waiting sagas of those kinds first, under the one
+`maxUnavailable` budget (`admission.plan`'s arithmetic), then the upgrades, with every node
+another kind holds or reserves marked `NodeStatus.held_by`.
 """
 
 from __future__ import annotations
@@ -30,21 +38,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from gpuop.bus import Bus, Delivery, RevisionConflict, TemporaryError
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, ids, subjects
 from gpuop.events.upgrade import DOMAIN, NodeAdmitted, PolicyApplied, SagaStarted, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import Decision, NodeSaga, NodeStatus, admission, folding, pending
+from gpuop.saga import Decision, NodeSaga, NodeStatus, admission, folding, machine, pending
 from gpuop.saga.core import transition_event_id
+from gpuop.saga.machine import IssuedCommand
 from gpuop.saga.records import desired_targets
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner, Output
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 
@@ -76,8 +87,11 @@ class Runner:
         *,
         clock: Clock = SYSTEM_CLOCK,
         on_change: Callable[[Decision], None] | None = None,
+        kinds: Sequence[KindRunner[Any]] = (),
     ) -> None:
         self._bus = bus
+        self.kinds = tuple(kinds)
+        """The other saga kinds this runner decides for, each with its store."""
         self._publish = Publisher(bus, clock)
         self._store = store
         self._outbox = outbox
@@ -91,6 +105,8 @@ class Runner:
         self._recorded: GPUClusterPolicySpec | None = None
         """The policy last recorded as `PolicyApplied` by this process."""
         self._locks: dict[str, asyncio.Lock] = {}
+        self._kinds_announced: dict[str, float] = {}
+        """Saga id (another kind's) -> `clock.monotonic()` of its admission's publish."""
 
     async def handle(self, delivery: Delivery) -> None:
         """The intake consumer's handler."""
@@ -120,10 +136,63 @@ class Runner:
             raise TemporaryError("no valid GPUClusterPolicy yet", delay=1.0)
         if isinstance(event, NodeAdmitted):  # decided now: it no longer holds a slot itself
             self._announced.pop(event.saga_id, None)
+        if isinstance(event, NodeAdmitted):
+            self._kinds_announced.pop(event.saga_id, None)
         await self.record_policy(policy, cause)
         started = traces.now_ns()
         async with self._node_lock(node):
-            return await self._decide(node, event, policy, now, cause, started)
+            for runner in self.kinds:
+                if runner.starter is not None:
+                    await runner.starter(node, event, now, cause)
+            decided = None
+            if folding.is_inbound(event):
+                decided = await self._decide(node, event, policy, now, cause, started)
+            for runner in self.kinds:
+                if runner.kind.inbound(event):
+                    await self._decide_kind(runner, node, event, policy, now)
+            return decided
+
+    async def _decide_kind(
+        self,
+        runner: KindRunner[Any],
+        node: str,
+        event: Event,
+        policy: GPUClusterPolicySpec,
+        now: datetime,
+    ) -> machine.Decision[Any, Any] | None:
+        """`_decide` for the node's saga of another kind."""
+        kind = runner.kind
+        for _ in range(CONFLICT_RETRIES):
+            stored = await runner.store.get(node)
+            if stored is None:
+                return None
+            decision = kind.step(stored.saga, event, policy, now)
+            if decision is None:
+                return None
+            try:
+                await runner.store.replace(decision.saga, node, stored.revision)
+            except RevisionConflict:
+                log.info("%s saga of node %s changed meanwhile; deciding again", kind.name, node)
+                continue
+            await self._act_kind(runner, decision)
+            return decision
+        raise TemporaryError(f"{kind.name} saga of node {node} keeps changing", delay=0.5)
+
+    async def _act_kind(
+        self, runner: KindRunner[Any], decision: machine.Decision[Any, Any]
+    ) -> None:
+        kind = runner.kind
+        saga = decision.saga
+        await self._outbox.carry_out_kind(decision, kind.outputs(decision), kind.correlation(saga))
+        self._deadlines.schedule(saga, kind.name)
+
+    async def carry_out_kind(
+        self, runner: KindRunner[Any], decision: machine.Decision[Any, Any]
+    ) -> None:
+        """Act on a decision of another kind made outside the intake (a saga just started:
+        its first state's effects), its saga stored already; under the node's lock."""
+        async with self._node_lock(decision.saga.node):
+            await self._act_kind(runner, decision)
 
     async def _decide(
         self,
@@ -174,7 +243,41 @@ class Runner:
         for node in nodes:
             async with self._node_lock(node):
                 await self._resume(node)
-        return len(nodes)
+        found = len(nodes)
+        for runner in self.kinds:
+            await runner.store.load()
+            for stored in runner.store.records():
+                async with self._node_lock(stored.saga.node):
+                    await self._resume_kind(runner, stored.saga.node)
+                found += 1
+        return found
+
+    async def _resume_kind(self, runner: KindRunner[Any], node: str) -> None:
+        stored = await runner.store.get(node)
+        if stored is None:
+            return
+        kind = runner.kind
+        policy = self._policy()
+        if policy is not None:
+            again = kind.pending(stored.saga, policy)
+            outputs = kind.outputs(again)
+            if again.transitions and await self._kind_published(node, outputs):
+                outputs = [out for out in outputs if isinstance(out, IssuedCommand)]
+            await self._outbox.carry_out_kind(again, outputs, kind.correlation(stored.saga))
+        self._deadlines.schedule(stored.saga, kind.name)
+
+    async def _kind_published(self, node: str, outputs: Sequence[Output]) -> bool:
+        """Whether the last public event among `outputs` is in the log already (as
+        `_published` asks of an upgrade saga's last transition)."""
+        events = [out for out in outputs if not isinstance(out, IssuedCommand)]
+        if not events:
+            return False
+        last = events[-1]
+        payload = last.payload
+        subject = subjects.event_subject(
+            payload.DOMAIN, node, payload.subject_token(), prefix=self._bus.prefix
+        )
+        return await self._stored_id(subject) == last.id
 
     async def _resume(self, node: str) -> None:
         entry = await self._store.get(node)
@@ -255,6 +358,8 @@ class Runner:
         if policy is None:
             return None
         now = now or self._clock.now()
+        if self.kinds:
+            nodes = await self._admit_kinds(nodes, policy, now)
         # the index, not a listing of KV: the sagas still in play are weighed, the done
         # ones counted, so a pass costs no more as nodes finish (issue 24). It holds this
         # leader's writes as they return, the only writer's; an admission of a saga that
@@ -289,6 +394,86 @@ class Runner:
             )
         return result
 
+    def held(self) -> dict[str, str]:
+        """Node -> the kind whose saga holds it, or reserves it while waiting for its
+        admission (as the stores' indexes know them)."""
+        held: dict[str, str] = {}
+        for runner in self.kinds:
+            kind = runner.kind
+            for stored in runner.store.records():
+                if kind.holds(stored.saga) or kind.waiting(stored.saga):
+                    held.setdefault(stored.saga.node, kind.name)
+        return held
+
+    async def _admit_kinds(
+        self, nodes: Mapping[str, NodeStatus], policy: GPUClusterPolicySpec, now: datetime
+    ) -> dict[str, NodeStatus]:
+        """Admit the other kinds' waiting sagas while the one `maxUnavailable` budget
+        allows (a node unavailable already costs nothing more), oldest first; returns
+        `nodes` with every node a kind holds or reserves marked `held_by`, for the
+        upgrades' pass."""
+        waiting: list[tuple[KindRunner[Any], Any]] = []
+        holding: dict[str, str] = {}
+        for runner in self.kinds:
+            kind = runner.kind
+            for stored in runner.store.records():
+                saga = stored.saga
+                if kind.waiting(saga) and not self._kind_announced(saga.saga_id):
+                    waiting.append((runner, saga))
+                elif kind.holds(saga) or kind.waiting(saga):
+                    holding.setdefault(saga.node, kind.name)
+        marked = {
+            node: replace(status, held_by=holding.get(node, status.held_by))
+            for node, status in nodes.items()
+        }
+        if waiting:
+            sagas = [entry.saga for entry in self._store.index.live()]
+            weighed = admission.plan(sagas, marked, policy, now, done=self._store.index.done)
+            free = weighed.max_unavailable - weighed.unavailable
+            waiting.sort(key=lambda pair: (pair[1].step_started, pair[1].node))
+            for runner, saga in waiting:
+                status = marked.get(saga.node)
+                if status is None or not status.exists:
+                    continue
+                upgrade = self._store.index.get(saga.node)
+                if upgrade is not None and _in_window(upgrade.saga):
+                    continue  # the node's upgrade window is open: the kind waits for it
+                down = not status.ready or status.unschedulable
+                if not down and free <= 0:
+                    continue
+                if not down:
+                    free -= 1
+                await self._admit_kind(runner, saga, now)
+        for runner in self.kinds:
+            for stored in runner.store.records():
+                saga = stored.saga
+                if runner.kind.waiting(saga) and saga.node in marked:
+                    marked[saga.node] = replace(marked[saga.node], held_by=runner.kind.name)
+        return marked
+
+    def _kind_announced(self, saga_id: str) -> bool:
+        at = self._kinds_announced.get(saga_id)
+        if at is None:
+            return False
+        if self._clock.monotonic() - at > ANNOUNCED_FOR:
+            del self._kinds_announced[saga_id]
+            return False
+        return True
+
+    async def _admit_kind(self, runner: KindRunner[Any], saga: Any, now: datetime) -> None:
+        self._kinds_announced[saga.saga_id] = self._clock.monotonic()
+        admitted = NodeAdmitted(
+            rollout_id=runner.kind.correlation(saga), saga_id=saga.saga_id, attempt=saga.attempt
+        )
+        await self._publish.event(
+            admitted,
+            node=saga.node,
+            id=admitted_event_id(saga),
+            correlationid=runner.kind.correlation(saga),
+            traceparent=traces.current_step_traceparent(saga),
+            now=now,
+        )
+
     def _as_planned(self, saga: NodeSaga) -> NodeSaga:
         """An admitted saga whose admission the intake has not decided yet holds its slot."""
         announced = self._announced.get(saga.saga_id)
@@ -312,3 +497,12 @@ class Runner:
         return saga.model_copy(
             update={"state": UpgradeState.CORDON_REQUIRED, "canary": canary or saga.canary}
         )
+
+
+def _in_window(saga: NodeSaga) -> bool:
+    """Whether the node's upgrade saga is in its maintenance window (admitted, not ended)."""
+    return saga.state not in (
+        UpgradeState.UPGRADE_REQUIRED,
+        UpgradeState.UPGRADE_DONE,
+        UpgradeState.UPGRADE_FAILED,
+    )

@@ -13,7 +13,9 @@ here records what it learnt. A write that conflicts reads the node again, so a s
 is corrected before the next pass retries.
 
 Keys that begin with `_` are not sagas (node tokens never do): the leader's presence
-(`presence.PRESENCE_KEY`) lives in the same bucket, and the store skips them.
+(`presence.PRESENCE_KEY`) lives in the same bucket, and the store skips them. Nor are keys
+with a dot, which no node token has: the records of the other saga kinds, one prefix each
+(`<prefix>.<node token>`, `kinds.KindStore`).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ WATCH_RETRY_SECONDS = 1.0
 
 
 def is_saga_key(key: str) -> bool:
-    """Whether a key of `gpuop_sagas` holds a node's saga (and not, say, the presence)."""
-    return not key.startswith("_")
+    """Whether a key of `gpuop_sagas` holds a node's upgrade saga (and not, say, the
+    presence, or another kind's record)."""
+    return not key.startswith("_") and "." not in key
 
 
 class SagaStore:

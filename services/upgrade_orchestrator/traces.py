@@ -26,13 +26,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gpuop.events import Event
 from gpuop.observability import tracing
-from gpuop.saga import Decision, KubeAction, NodeSaga
+from gpuop.saga import Decision, NodeSaga
+from gpuop.saga.machine import SagaRecord
 from gpuop.saga.records import Outcome, StepResult
 from gpuop.saga.steps import StepKind
 
@@ -71,7 +73,7 @@ def step_traceparent(saga_id: str, attempt: int, token: str) -> str | None:
     return tracing.traceparent_of(step_context(saga_id, attempt, token))
 
 
-def current_step_traceparent(saga: NodeSaga) -> str | None:
+def current_step_traceparent(saga: SagaRecord[Any]) -> str | None:
     """`step_traceparent` of the saga's pending step."""
     return step_traceparent(saga.saga_id, saga.attempt, saga.step.token)
 
@@ -124,7 +126,7 @@ def deciding(
 
 
 @contextmanager
-def acting(node: str, action: KubeAction, traceparent: str | None) -> Iterator[None]:
+def acting(node: str, action: Any, traceparent: str | None) -> Iterator[None]:
     """The `kube <action>` span around a Kubernetes action, child of the step that issued it
     (`traceparent`, taken when it was queued)."""
     with tracing.tracer(__name__).start_as_current_span(
