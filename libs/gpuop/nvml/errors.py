@@ -12,6 +12,8 @@
     │   └── FunctionNotFound    the installed library predates the query
     ├── NoPermission            the caller may not make the query
     ├── InvalidArgument         a bad argument, such as a GPU index past the device count
+    ├── InUse                   processes or instances hold what was to change (MIG mode)
+    ├── InsufficientResources   a MIG instance does not fit beside the others
     ├── NotFound                the object asked for does not exist (an empty MIG slot)
     ├── GpuFailure              the GPU itself is unusable until something is done
     │   ├── GpuLost             it fell off the bus or stopped answering (XID 79 and kin)
@@ -78,6 +80,14 @@ class InvalidArgument(NvmlError):
     """An argument NVML refuses, such as an index past the device count."""
 
 
+class InUse(NvmlError):
+    """What was to change is in use: processes on the GPU, instances still on it."""
+
+
+class InsufficientResources(NvmlError):
+    """Not enough left on the GPU: a MIG instance overlaps or outnumbers the others."""
+
+
 class NotFound(NvmlError):
     """The requested object does not exist."""
 
@@ -125,6 +135,8 @@ ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
 ERROR_RESET_REQUIRED = 16
 ERROR_LIB_RM_VERSION_MISMATCH = 18
+ERROR_IN_USE = 19
+ERROR_INSUFFICIENT_RESOURCES = 23
 ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
 _BY_CODE: dict[int, type[NvmlError]] = {
@@ -140,6 +152,8 @@ _BY_CODE: dict[int, type[NvmlError]] = {
     ERROR_GPU_IS_LOST: GpuLost,
     ERROR_RESET_REQUIRED: GpuResetRequired,
     ERROR_LIB_RM_VERSION_MISMATCH: DriverMismatch,
+    ERROR_IN_USE: InUse,
+    ERROR_INSUFFICIENT_RESOURCES: InsufficientResources,
     # a versioned query (memory info v2) this driver predates
     ERROR_ARGUMENT_VERSION_MISMATCH: NotSupported,
 }

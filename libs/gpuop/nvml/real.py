@@ -34,7 +34,7 @@ from gpuop.nvml.metrics import (
     PcieThroughput,
     ProcessInfo,
 )
-from gpuop.nvml.mig import MigDevice, MigProfile
+from gpuop.nvml.mig import GpuInstance, MigDevice, MigModeState, MigProfile, Placement
 from gpuop.nvml.real_watching import PynvmlEventWatcher
 from gpuop.nvml.topology import NvLink, PeerTopology
 from gpuop.nvml.watching import EventWatcher, WatcherSet, instance_id
@@ -200,12 +200,42 @@ class PynvmlBackend:
         return real_topology.read_topology(self._nvml, index, h, peer, other)
 
     def mig_profiles(self, index: int) -> tuple[MigProfile, ...]:
-        return real_mig.read_profiles(self._nvml, self._handle(index))
+        return real_mig.read_profiles(self._nvml, self._handle(index), placements=True)
 
     def mig_devices(self, index: int) -> tuple[MigDevice, ...]:
         h = self._handle(index)
         uuid = text(self._nvml.call("nvmlDeviceGetUUID", h))
         return real_mig.read_devices(self._nvml, h, index, uuid)
+
+    # MigControl: root only; see `real_mig`.
+
+    def mig_mode(self, index: int) -> MigModeState:
+        return real_mig.mig_mode(self._nvml, self._handle(index))
+
+    def set_mig_mode(self, index: int, enabled: bool) -> MigModeState:
+        return real_mig.set_mig_mode(self._nvml, self._handle(index), enabled)
+
+    def gpu_instances(self, index: int) -> tuple[GpuInstance, ...]:
+        h = self._handle(index)
+        profiles = real_mig.read_profiles(self._nvml, h)
+        return real_mig.gpu_instances(self._nvml, h, profiles, self.mig_devices(index))
+
+    def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> int:
+        return real_mig.create_gpu_instance(self._nvml, self._handle(index), profile_id, placement)
+
+    def destroy_gpu_instance(self, index: int, gpu_instance_id: int) -> None:
+        real_mig.destroy_gpu_instance(self._nvml, self._handle(index), gpu_instance_id)
+
+    def create_compute_instance(self, index: int, gpu_instance_id: int) -> int:
+        h = self._handle(index)
+        profiles = real_mig.read_profiles(self._nvml, h)
+        return real_mig.create_compute_instance(self._nvml, h, gpu_instance_id, profiles)
+
+    def destroy_compute_instance(
+        self, index: int, gpu_instance_id: int, compute_instance_id: int
+    ) -> None:
+        h = self._handle(index)
+        real_mig.destroy_compute_instance(self._nvml, h, gpu_instance_id, compute_instance_id)
 
     def watch_events(self, indices: Sequence[int] | None = None) -> EventWatcher:
         handles = self._session()

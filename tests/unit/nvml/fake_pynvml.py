@@ -71,7 +71,7 @@ class FakePynvml:
         self.open_sessions = 0
         self.module = types.ModuleType("pynvml")
         for name, value in vars(real).items():
-            if name.startswith("NVMLError") or (
+            if name.startswith(("NVMLError", "c_nvml")) or (
                 name.startswith(("NVML_", "nvml")) and isinstance(value, int)
             ):
                 setattr(self.module, name, value)

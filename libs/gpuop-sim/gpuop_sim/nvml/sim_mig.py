@@ -1,11 +1,20 @@
-"""MIG on a simulated H200: its profiles, and laying out MIG devices for `SimNvml.enable_mig`.
+"""MIG on a simulated H200: its profiles, placement rules, and the instances carved out of it.
 
 An H200 splits into 7 compute slices and 8 memory slices. The profiles, their NVML ids and
 engine counts follow NVIDIA's MIG user guide for Hopper (H100 and H200 share the layout; the
 H200's memory names them `1g.18gb` ... `7g.141gb`); memory per instance is one eighth of the
-recorded framebuffer per memory slice, rounded down to 256 MiB. A layout is accepted when
-its instances fit the slices and no profile exceeds its instance count; real placement rules
-are stricter, which the simulation does not need.
+recorded framebuffer per memory slice, rounded down to 256 MiB.
+
+Placement follows `nvidia-smi mig -lgipp` on Hopper: an instance of `m` memory slices starts
+at a multiple of `m` (a one-slice instance at 0 to 6, the last slice going to no small
+instance), `4g` only at 0, `7g` takes all eight. An instance that overlaps another fails
+with `InsufficientResources`, as NVML does; so does one more than its profile's count. GPU
+instance ids are the slot's node in NVML's binary split of the memory (0 for the whole GPU,
+1-2 for halves, 3-6 for quarters, 7-14 for eighths), so a layout put back at the same
+placements has the same ids and MIG device UUIDs. Each GPU instance holds at most one
+compute instance, the whole of it (id 0), which is all gpuop creates.
+
+`SimMig` is one GPU's MIG state; `SimNvml` keeps one per GPU and serves `MigControl` with it.
 """
 
 from __future__ import annotations
@@ -13,10 +22,11 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuop.nvml.devices import MIB
-from gpuop.nvml.mig import MigDevice, MigProfile
+from gpuop.nvml.errors import InsufficientResources, InUse, InvalidArgument, NotFound
+from gpuop.nvml.mig import GpuInstance, MigDevice, MigModeState, MigProfile, Placement, fit
 
 COMPUTE_SLICES = 7
 MEMORY_SLICES = 8
@@ -34,19 +44,25 @@ class _Shape:
     decoders: int
     jpeg: int
     ofa: int
+    starts: tuple[int, ...]
+
+    def placements(self) -> tuple[Placement, ...]:
+        return tuple(Placement(start, self.memory_slices) for start in self.starts)
 
 
 _H200 = (
-    _Shape("1g.18gb", 19, 1, 1, 7, 16, 1, 1, 1, 0),
-    _Shape("1g.18gb+me", 20, 1, 1, 1, 16, 1, 1, 1, 1),
-    _Shape("1g.35gb", 15, 1, 2, 4, 16, 1, 1, 1, 0),
-    _Shape("2g.35gb", 14, 2, 2, 3, 32, 2, 2, 2, 0),
-    _Shape("3g.71gb", 9, 3, 4, 2, 60, 3, 3, 3, 0),
-    _Shape("4g.71gb", 5, 4, 4, 1, 64, 4, 4, 4, 0),
-    _Shape("7g.141gb", 0, 7, 8, 1, 132, 8, 7, 7, 1),
+    _Shape("1g.18gb", 19, 1, 1, 7, 16, 1, 1, 1, 0, (0, 1, 2, 3, 4, 5, 6)),
+    _Shape("1g.18gb+me", 20, 1, 1, 1, 16, 1, 1, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
+    _Shape("1g.35gb", 15, 1, 2, 4, 16, 1, 1, 1, 0, (0, 2, 4, 6)),
+    _Shape("2g.35gb", 14, 2, 2, 3, 32, 2, 2, 2, 0, (0, 2, 4)),
+    _Shape("3g.71gb", 9, 3, 4, 2, 60, 3, 3, 3, 0, (0, 4)),
+    _Shape("4g.71gb", 5, 4, 4, 1, 64, 4, 4, 4, 0, (0,)),
+    _Shape("7g.141gb", 0, 7, 8, 1, 132, 8, 7, 7, 1, (0,)),
 )
 H200_PROFILE_NAMES = tuple(shape.name for shape in _H200)
 """Every GPU instance profile a simulated H200 offers."""
+_BY_ID = {shape.profile_id: shape for shape in _H200}
+_BY_NAME = {shape.name: shape for shape in _H200}
 
 
 def h200_profiles(memory_total_bytes: int) -> tuple[MigProfile, ...]:
@@ -65,57 +81,153 @@ def h200_profiles(memory_total_bytes: int) -> tuple[MigProfile, ...]:
             encoders=0,
             jpeg_engines=shape.jpeg,
             ofa_engines=shape.ofa,
+            placements=shape.placements(),
         )
         for shape in _H200
     )
 
 
-def layout(
-    parent_index: int, parent_uuid: str, memory_total_bytes: int, profiles: Sequence[str]
-) -> tuple[MigDevice, ...]:
-    """MIG devices for the profiles, in order, one full compute instance each.
+def gpu_instance_id(placement: Placement) -> int:
+    """NVML's GPU instance id for an instance at `placement`."""
+    first_of_level = MEMORY_SLICES // placement.size - 1
+    return first_of_level + placement.start // placement.size
 
-    Raises `ValueError` when a profile is unknown or the layout does not fit the GPU.
-    """
-    shapes = {shape.name: shape for shape in _H200}
-    unknown = sorted(set(profiles) - shapes.keys())
+
+@dataclass
+class _Instance:
+    shape: _Shape
+    placement: Placement
+    compute: bool = False
+
+
+@dataclass
+class SimMig:
+    """One simulated GPU's MIG mode and instances."""
+
+    mode: MigModeState = field(default_factory=lambda: MigModeState(False, False))
+    instances: dict[int, _Instance] = field(default_factory=dict)
+    reset_required: bool = False
+    """A mode change stays pending until `reset()`, as on a GPU that needs a reset for it."""
+
+    def set_mode(self, enabled: bool, busy: bool) -> MigModeState:
+        if busy:
+            raise InUse("nvmlDeviceSetMigMode: processes are running on the GPU")
+        if self.instances:
+            raise InUse("nvmlDeviceSetMigMode: GPU instances exist; destroy them first")
+        current = self.mode.current if self.reset_required else enabled
+        self.mode = MigModeState(current=current, pending=enabled)
+        return self.mode
+
+    def reset(self) -> None:
+        """A GPU reset: a pending mode takes effect, every instance is gone."""
+        self.instances.clear()
+        self.mode = MigModeState(self.mode.pending, self.mode.pending)
+
+    def create_gpu_instance(self, profile_id: int, placement: Placement) -> int:
+        self._require_mig()
+        shape = _BY_ID.get(profile_id)
+        if shape is None:
+            raise InvalidArgument(f"nvmlDeviceCreateGpuInstance: no profile id {profile_id}")
+        if placement not in shape.placements():
+            raise InvalidArgument(
+                f"nvmlDeviceCreateGpuInstanceWithPlacement: {shape.name} cannot start at "
+                f"slice {placement.start} with size {placement.size}"
+            )
+        same = sum(1 for i in self.instances.values() if i.shape is shape)
+        if same >= shape.instances:
+            raise InsufficientResources(f"at most {shape.instances} of {shape.name} fit a GPU")
+        if any(placement.overlaps(i.placement) for i in self.instances.values()):
+            raise InsufficientResources(
+                f"{shape.name} at slice {placement.start}: overlaps an existing GPU instance"
+            )
+        used = sum(i.shape.slices for i in self.instances.values())
+        if used + shape.slices > COMPUTE_SLICES:
+            raise InsufficientResources(f"{shape.name}: not enough compute slices left")
+        gi_id = gpu_instance_id(placement)
+        self.instances[gi_id] = _Instance(shape, placement)
+        return gi_id
+
+    def destroy_gpu_instance(self, gi_id: int) -> None:
+        instance = self._instance(gi_id)
+        if instance.compute:
+            raise InUse(f"nvmlGpuInstanceDestroy: GPU instance {gi_id} has a compute instance")
+        del self.instances[gi_id]
+
+    def create_compute_instance(self, gi_id: int) -> int:
+        instance = self._instance(gi_id)
+        if instance.compute:
+            raise InsufficientResources(f"GPU instance {gi_id} has its compute instance already")
+        instance.compute = True
+        return 0
+
+    def destroy_compute_instance(self, gi_id: int, ci_id: int) -> None:
+        instance = self._instance(gi_id)
+        if ci_id != 0 or not instance.compute:
+            raise NotFound(f"no compute instance {ci_id} in GPU instance {gi_id}")
+        instance.compute = False
+
+    def gpu_instances(self) -> tuple[GpuInstance, ...]:
+        return tuple(
+            GpuInstance(
+                gpu_instance_id=gi_id,
+                profile_id=instance.shape.profile_id,
+                placement=instance.placement,
+                compute_instance_ids=(0,) if instance.compute else (),
+            )
+            for gi_id, instance in sorted(self.instances.items())
+        )
+
+    def devices(
+        self, parent_index: int, parent_uuid: str, memory_total_bytes: int
+    ) -> tuple[MigDevice, ...]:
+        """The MIG devices: one per GPU instance with its compute instance, by GI id."""
+        if not self.mode.current:
+            return ()
+        slice_bytes = _slice_bytes(memory_total_bytes)
+        ready = [(gi, i) for gi, i in sorted(self.instances.items()) if i.compute]
+        return tuple(
+            _device(parent_index, parent_uuid, position, gi_id, i.shape, slice_bytes)
+            for position, (gi_id, i) in enumerate(ready)
+        )
+
+    def _require_mig(self) -> None:
+        if not self.mode.current:
+            raise InvalidArgument("nvmlDeviceCreateGpuInstance: MIG mode is off")
+
+    def _instance(self, gi_id: int) -> _Instance:
+        instance = self.instances.get(gi_id)
+        if instance is None:
+            raise NotFound(f"no GPU instance {gi_id}")
+        return instance
+
+
+def check_layout(profiles: Sequence[str]) -> None:
+    """`ValueError` when the profiles are not H200 ones or cannot all fit one GPU."""
+    unknown = sorted(set(profiles) - _BY_NAME.keys())
     if unknown:
         raise ValueError(f"not an H200 MIG profile: {', '.join(unknown)}")
-    chosen = [shapes[name] for name in profiles]
+    chosen = [_BY_NAME[name] for name in profiles]
     for name, count in Counter(profiles).items():
-        if count > shapes[name].instances:
-            raise ValueError(f"at most {shapes[name].instances} instances of {name} fit a GPU")
+        if count > _BY_NAME[name].instances:
+            raise ValueError(f"at most {_BY_NAME[name].instances} instances of {name} fit a GPU")
     if sum(s.slices for s in chosen) > COMPUTE_SLICES:
         raise ValueError(f"{', '.join(profiles)} need more than {COMPUTE_SLICES} compute slices")
     if sum(s.memory_slices for s in chosen) > MEMORY_SLICES:
         raise ValueError(f"{', '.join(profiles)} need more than {MEMORY_SLICES} memory slices")
-    slice_bytes = _slice_bytes(memory_total_bytes)
-    devices = []
-    for position, shape in enumerate(chosen):
-        # NVML numbers the whole-GPU instance 0 and smaller ones from 1.
-        gpu_instance_id = 0 if shape.slices == COMPUTE_SLICES else position + 1
-        devices.append(
-            MigDevice(
-                parent_index=parent_index,
-                parent_uuid=parent_uuid,
-                index=position,
-                uuid=mig_uuid(parent_uuid, gpu_instance_id, 0),
-                profile=shape.name,
-                gpu_instance_id=gpu_instance_id,
-                compute_instance_id=0,
-                gpu_instance_profile_id=shape.profile_id,
-                gpu_instance_slices=shape.slices,
-                compute_instance_slices=shape.slices,
-                memory_total_bytes=shape.memory_slices * slice_bytes,
-                multiprocessor_count=shape.multiprocessors,
-                copy_engines=shape.copy,
-                decoders=shape.decoders,
-                encoders=0,
-                jpeg_engines=shape.jpeg,
-                ofa_engines=shape.ofa,
-            )
-        )
-    return tuple(devices)
+
+
+def carve(state: SimMig, memory_total_bytes: int, profiles: Sequence[str]) -> None:
+    """Put MIG on with one full instance per profile, wherever they fit (`enable_mig`)."""
+    check_layout(profiles)
+    by_name = {p.name: p for p in h200_profiles(memory_total_bytes)}
+    placements = fit([by_name[name] for name in profiles])
+    if placements is None:
+        raise ValueError(f"{', '.join(profiles)}: no placement fits them all on one GPU")
+    state.instances.clear()
+    state.mode = MigModeState(True, True)
+    for name, placement in zip(profiles, placements, strict=True):
+        gi_id = state.create_gpu_instance(_BY_NAME[name].profile_id, placement)
+        state.create_compute_instance(gi_id)
 
 
 def mig_uuid(parent_uuid: str, gpu_instance_id: int, compute_instance_id: int) -> str:
@@ -125,6 +237,30 @@ def mig_uuid(parent_uuid: str, gpu_instance_id: int, compute_instance_id: int) -
         f"{parent_uuid}/{gpu_instance_id}/{compute_instance_id}".encode()
     ).hexdigest()
     return f"MIG-{_uuid_body(digest)}"
+
+
+def _device(
+    parent_index: int, parent_uuid: str, position: int, gi_id: int, shape: _Shape, slice_bytes: int
+) -> MigDevice:
+    return MigDevice(
+        parent_index=parent_index,
+        parent_uuid=parent_uuid,
+        index=position,
+        uuid=mig_uuid(parent_uuid, gi_id, 0),
+        profile=shape.name,
+        gpu_instance_id=gi_id,
+        compute_instance_id=0,
+        gpu_instance_profile_id=shape.profile_id,
+        gpu_instance_slices=shape.slices,
+        compute_instance_slices=shape.slices,
+        memory_total_bytes=shape.memory_slices * slice_bytes,
+        multiprocessor_count=shape.multiprocessors,
+        copy_engines=shape.copy,
+        decoders=shape.decoders,
+        encoders=0,
+        jpeg_engines=shape.jpeg,
+        ofa_engines=shape.ofa,
+    )
 
 
 def _uuid_body(digest: str) -> str:

@@ -5,13 +5,20 @@
 HGX wiring (`sim_topology.py`) and MIG (`sim_mig.py`). Tests and the simulated cluster
 drive it: `inject_xid`, `inject_ecc`, `lose_gpu`, `enable_mig`, `start_process`.
 
+MIG changes through `MigControl` as on a real node (`sim_mig`: placements, instance ids,
+`InUse` while processes run); `require_reset_for_mig_mode`, `reset_gpu_mig` and
+`fail_mig_call` let tests make a mode change wait for a reset or an NVML call fail.
+
 Driver coupling, through `modules.ModuleState`: `init()` raises `DriverNotLoaded` while the
 `nvidia` module is not loaded; an open session holds the module as `holder_id` until
 `shutdown()`, so the simulated kernel refuses to unload it meanwhile; the driver version is
 the loaded module's. When a session opens on a different driver version than the last one
 (or after an init found no driver), the GPUs go through a driver reload: volatile ECC
 counters, energy and processes start again from zero. Without a module state the driver is
-always loaded, at `driver_version`.
+always loaded, at `driver_version`. The same happens to one GPU that the driver-manager reset
+alone, or to every GPU after the module was loaded again, even at the same version: the
+module state counts resets (`gpuop_sim.host.simreset`), and a session that opens after one
+finds the GPU clean.
 """
 
 from __future__ import annotations
@@ -27,9 +34,15 @@ from pathlib import Path
 
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.nvml.devices import DeviceInfo
-from gpuop.nvml.errors import DriverNotLoaded, GpuLost, InvalidArgument, NotInitialized
+from gpuop.nvml.errors import (
+    DriverNotLoaded,
+    GpuLost,
+    InvalidArgument,
+    NotInitialized,
+    NvmlError,
+)
 from gpuop.nvml.metrics import DeviceMetrics, FieldValue, PcieThroughput
-from gpuop.nvml.mig import MigDevice, MigProfile
+from gpuop.nvml.mig import GpuInstance, MigDevice, MigModeState, MigProfile, Placement
 from gpuop.nvml.recordings import load_recording
 from gpuop.nvml.topology import NvLink, PeerTopology
 from gpuop.nvml.watching import (
@@ -42,7 +55,7 @@ from gpuop.nvml.watching import (
 )
 from gpuop_sim import recordings
 from gpuop_sim.nvml import sim_mig, sim_topology
-from gpuop_sim.nvml.modules import NVIDIA, ModuleState
+from gpuop_sim.nvml.modules import DRIVER_RESETS, NVIDIA, ModuleState, reset_key
 from gpuop_sim.nvml.sim_fields import field_value, pcie_throughput
 from gpuop_sim.nvml.sim_gpus import SimGpu, identity
 
@@ -102,13 +115,15 @@ class SimNvml:
             )
             for index in range(gpus)
         ]
-        self._mig: dict[int, tuple[MigDevice, ...]] = {}
+        self._mig = [sim_mig.SimMig() for _ in range(gpus)]
+        self._mig_failures: dict[str, list[NvmlError | None]] = {}
         self._lost: set[int] = set()
         self._watchers: WatcherSet[QueueWatcher] = WatcherSet()
         self._lock = threading.RLock()
         self._session_version: str | None = None
         self._last_version: str | None = None
         self._unloaded_seen = False
+        self._resets_seen = self._reset_counts()
 
     # The session and the driver behind it.
 
@@ -126,6 +141,7 @@ class SimNvml:
                 version = self._modules.version(NVIDIA) or version
             if self._unloaded_seen or self._last_version not in (None, version):
                 self._reload_driver()
+            self._apply_resets()
             self._unloaded_seen = False
             self._session_version = self._last_version = version
 
@@ -164,10 +180,14 @@ class SimNvml:
     def device_info(self, index: int) -> DeviceInfo:
         with self._lock:
             gpu = self._gpu(index)
-            if index not in self._mig:
+            mode = self._mig[index].mode
+            if not (mode.current or mode.pending):
                 return gpu.info
             return dataclasses.replace(
-                gpu.info, mig_mode_current=True, mig_mode_pending=True, max_mig_devices=7
+                gpu.info,
+                mig_mode_current=mode.current,
+                mig_mode_pending=mode.pending,
+                max_mig_devices=7 if mode.current else gpu.info.max_mig_devices,
             )
 
     def metrics(self, index: int) -> DeviceMetrics:
@@ -210,8 +230,52 @@ class SimNvml:
 
     def mig_devices(self, index: int) -> tuple[MigDevice, ...]:
         with self._lock:
+            info = self._gpu(index).info
+            return self._mig[index].devices(index, info.uuid, info.memory_total_bytes)
+
+    # MigControl.
+
+    def mig_mode(self, index: int) -> MigModeState:
+        with self._lock:
             self._gpu(index)
-            return self._mig.get(index, ())
+            return self._mig[index].mode
+
+    def set_mig_mode(self, index: int, enabled: bool) -> MigModeState:
+        with self._lock:
+            gpu = self._gpu(index)
+            self._maybe_fail("set_mig_mode")
+            return self._mig[index].set_mode(enabled, busy=bool(gpu.counters.processes))
+
+    def gpu_instances(self, index: int) -> tuple[GpuInstance, ...]:
+        with self._lock:
+            self._gpu(index)
+            return self._mig[index].gpu_instances()
+
+    def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> int:
+        with self._lock:
+            self._gpu(index)
+            self._maybe_fail("create_gpu_instance")
+            return self._mig[index].create_gpu_instance(profile_id, placement)
+
+    def destroy_gpu_instance(self, index: int, gpu_instance_id: int) -> None:
+        with self._lock:
+            self._gpu(index)
+            self._maybe_fail("destroy_gpu_instance")
+            self._mig[index].destroy_gpu_instance(gpu_instance_id)
+
+    def create_compute_instance(self, index: int, gpu_instance_id: int) -> int:
+        with self._lock:
+            self._gpu(index)
+            self._maybe_fail("create_compute_instance")
+            return self._mig[index].create_compute_instance(gpu_instance_id)
+
+    def destroy_compute_instance(
+        self, index: int, gpu_instance_id: int, compute_instance_id: int
+    ) -> None:
+        with self._lock:
+            self._gpu(index)
+            self._maybe_fail("destroy_compute_instance")
+            self._mig[index].destroy_compute_instance(gpu_instance_id, compute_instance_id)
 
     def watch_events(self, indices: Sequence[int] | None = None) -> EventWatcher:
         with self._lock:
@@ -274,13 +338,30 @@ class SimNvml:
         `ValueError` when the layout does not fit an H200."""
         with self._lock:
             info = self._gpus[self._index(index)].info
-            devices = sim_mig.layout(index, info.uuid, info.memory_total_bytes, profiles)
-            self._mig[index] = devices
+            carved = sim_mig.SimMig()
+            sim_mig.carve(carved, info.memory_total_bytes, profiles)
+            self._mig[index] = carved
 
     def disable_mig(self, index: int) -> None:
         """Turn MIG off: the whole GPU is one device again."""
         with self._lock:
-            self._mig.pop(self._index(index), None)
+            self._mig[self._index(index)] = sim_mig.SimMig()
+
+    def require_reset_for_mig_mode(self, index: int, required: bool = True) -> None:
+        """MIG mode changes on the GPU stay pending until `reset_gpu_mig`."""
+        with self._lock:
+            self._mig[self._index(index)].reset_required = required
+
+    def reset_gpu_mig(self, index: int) -> None:
+        """The GPU is reset: a pending MIG mode takes effect, its instances are gone."""
+        with self._lock:
+            self._mig[self._index(index)].reset()
+
+    def fail_mig_call(self, call: str, error: NvmlError, *, after: int = 0) -> None:
+        """The MIG call `call` (`create_gpu_instance`, ...) succeeds `after` more times,
+        then raises `error` once."""
+        with self._lock:
+            self._mig_failures.setdefault(call, []).extend([*([None] * after), error])
 
     def start_process(self, index: int, pid: int, used_memory_bytes: int) -> None:
         """A compute process with `used_memory_bytes` of framebuffer starts on the GPU."""
@@ -315,12 +396,37 @@ class SimNvml:
             raise GpuLost(f"GPU {index} has fallen off the bus")
         return self._gpus[index]
 
+    def _maybe_fail(self, call: str) -> None:
+        queued = self._mig_failures.get(call)
+        if queued:
+            error = queued.pop(0)
+            if error is not None:
+                raise error
+
     def _reload_driver(self) -> None:
         now = self._clock.monotonic()
         for gpu in self._gpus:
             gpu.advance(now)
             gpu.driver_reloaded()
         self._lost.clear()
+
+    def _reset_counts(self) -> dict[str, int]:
+        return dict(self._modules.reset_counts()) if self._modules is not None else {}
+
+    def _apply_resets(self) -> None:
+        """Clear what the resets counted since the last session cleared."""
+        counts = self._reset_counts()
+        seen, self._resets_seen = self._resets_seen, counts
+        if counts.get(DRIVER_RESETS) != seen.get(DRIVER_RESETS):
+            self._reload_driver()
+            return
+        now = self._clock.monotonic()
+        for index, gpu in enumerate(self._gpus):
+            key = reset_key(gpu.info.pci_bus_id)
+            if counts.get(key) != seen.get(key):
+                gpu.advance(now)
+                gpu.driver_reloaded()
+                self._lost.discard(index)
 
     def _publish(self, event: DeviceEvent) -> None:
         for watcher in self._watchers.snapshot():
