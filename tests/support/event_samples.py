@@ -18,6 +18,7 @@ from gpuop.events import (
     hardware,
     ids,
     kube,
+    mig,
     network,
     remediation,
     upgrade,
@@ -374,6 +375,31 @@ SAMPLES: list[Payload] = [
     remediation.ListGpuHolders(gpu_uuids=(GPU_UUID,)),
     remediation.GpuHoldersListed(command_id=CMD, gpu_uuids=(GPU_UUID,), pods=(POD,)),
     remediation.GpuHoldersUnknown(command_id=CMD, message="kubelet pod-resources: no socket"),
+    # MIG
+    mig.ApplyMigLayout(
+        config="all-balanced",
+        layouts=(
+            mig.GpuMigLayout(
+                gpu_index=0,
+                mig_enabled=True,
+                devices=(
+                    mig.MigDeviceCount(profile="1g.18gb", count=2),
+                    mig.MigDeviceCount(profile="2g.35gb", count=1),
+                    mig.MigDeviceCount(profile="3g.71gb", count=1),
+                ),
+            ),
+            mig.GpuMigLayout(gpu_index=1, mig_enabled=False),
+        ),
+        timeout_seconds=120,
+    ),
+    mig.MigLayoutApplied(command_id=CMD, config="all-balanced", changed_gpus=(0,), mig_devices=4),
+    mig.MigLayoutFailed(
+        command_id=CMD,
+        config="all-balanced",
+        reason=mig.MigFailureReason.IN_USE,
+        restored=True,
+        message="GPU 0: pid 4242 (python) holds it",
+    ),
     # saga
     deadlines.DeadlineExpired(
         saga_id=SAGA,
