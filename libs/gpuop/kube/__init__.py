@@ -19,4 +19,5 @@ kubeconfig (or the pod's service account), the same against a real cluster as ag
     leases         LeaderElection on a coordination.k8s.io/v1 Lease
     customobjects  GPUClusterPolicy and other custom objects: get, list, watch, patch status
     recording      EventRecorder: core/v1 Events on nodes
+    conditions     the GPUHealthy Node condition and the gpu-unhealthy taint
 """

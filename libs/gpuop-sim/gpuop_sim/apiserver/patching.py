@@ -9,7 +9,9 @@ containers, env, volumes (by ``name``), conditions and addresses (by ``type``),
 ownerReferences (by ``uid``) merge by key; ``finalizers`` merge as a set; every other list
 (``NodeSpec.taints``, tolerations, ...) is atomic and replaced whole. The directives
 ``$patch: replace|delete``, ``$deleteFromPrimitiveList/<field>``,
-``$setElementOrder/<field>`` and ``$retainKeys`` are honoured.
+``$setElementOrder/<field>`` and ``$retainKeys`` are honoured. A merged list comes back in
+the order a real server gives it (`_server_order`): an item new to the list comes first,
+not last (the contract suite checks it against kube-apiserver).
 """
 
 from __future__ import annotations
@@ -223,12 +225,13 @@ def strategic_merge(original: Any, patch: dict[str, Any]) -> Any:
     retain = patch.get("$retainKeys")
     if isinstance(retain, list):
         result = {key: value for key, value in result.items() if key in retain}
-    orders: dict[str, list[Any]] = {}
+    orders = {
+        key.partition("/")[2]: value
+        for key, value in patch.items()
+        if key.startswith("$setElementOrder/") and isinstance(value, list)
+    }
     for key, value in patch.items():
-        if key in ("$patch", "$retainKeys"):
-            continue
-        if key.startswith("$setElementOrder/"):
-            orders[key.partition("/")[2]] = value
+        if key in ("$patch", "$retainKeys") or key.startswith("$setElementOrder/"):
             continue
         if key.startswith("$deleteFromPrimitiveList/"):
             field = key.partition("/")[2]
@@ -244,24 +247,32 @@ def strategic_merge(original: Any, patch: dict[str, Any]) -> Any:
             else:
                 result[key] = merged
         elif isinstance(value, list):
-            result[key] = _merge_list(key, result.get(key), value)
+            result[key] = _merge_list(key, result.get(key), value, orders.get(key))
         else:
             result[key] = value
     for field, order in orders.items():
-        if isinstance(result.get(field), list):
-            result[field] = _reorder(field, result[field], order)
+        if field not in patch and isinstance(result.get(field), list):
+            result[field] = _merge_list(field, result[field], [], order)
     return result
 
 
-def _merge_list(field: str, original: Any, patch: list[Any]) -> list[Any]:
+def _merge_list(
+    field: str, original: Any, patch: list[Any], order: list[Any] | None = None
+) -> list[Any]:
     current = original if isinstance(original, list) else []
     if field in SET_LISTS:
         merged = list(current)
         merged.extend(item for item in patch if item not in merged)
-        return merged
+        return _server_order(field, merged, current, order or patch)
     merge_key = MERGE_KEYS.get(field)
     if merge_key is None or any(_is_replace(item) for item in patch):
         return [_fresh(item) for item in patch if not _is_replace(item)]
+    merged = _merge_by_key(merge_key, current, patch)
+    kept = [item for item in patch if not (isinstance(item, dict) and "$patch" in item)]
+    return _server_order(field, merged, current, order or kept)
+
+
+def _merge_by_key(merge_key: str, current: list[Any], patch: list[Any]) -> list[Any]:
     merged = copy.deepcopy(current)
     for item in patch:
         if not isinstance(item, dict) or merge_key not in item:
@@ -300,12 +311,32 @@ def _fresh(item: Any) -> Any:
     return copy.deepcopy(item)
 
 
-def _reorder(field: str, items: list[Any], order: list[Any]) -> list[Any]:
+def _server_order(
+    field: str, merged: list[Any], original: list[Any], patch_order: list[Any]
+) -> list[Any]:
+    """The order the API server gives a merged list (apimachinery's strategicpatch
+    `normalizeElementOrder`): the items the patch names (or its `$setElementOrder`) in the
+    patch's order, the others in their stored order, interleaved so that two items both
+    stored keep their stored order and an item new to the list comes as early as it can.
+    So a new condition comes first: `[Ready]` patched with `[GPUHealthy]` is
+    `[GPUHealthy, Ready]`, as on a real server."""
     merge_key = MERGE_KEYS.get(field)
 
     def identity(item: Any) -> str:
         value = item.get(merge_key) if merge_key and isinstance(item, dict) else item
         return json.dumps(value, sort_keys=True)
 
-    rank = {identity(item): position for position, item in enumerate(order)}
-    return sorted(items, key=lambda item: rank.get(identity(item), len(rank)))
+    named = {identity(item): position for position, item in enumerate(patch_order)}
+    stored = {identity(item): position for position, item in enumerate(original)}
+    patched = sorted(
+        (item for item in merged if identity(item) in named), key=lambda i: named[identity(i)]
+    )
+    server_only = [item for item in merged if identity(item) not in named]
+    result: list[Any] = []
+    while patched and server_only:
+        left, right = stored.get(identity(server_only[0])), stored.get(identity(patched[0]))
+        if left is not None and right is not None and left < right:
+            result.append(server_only.pop(0))
+        else:
+            result.append(patched.pop(0))
+    return result + patched + server_only
