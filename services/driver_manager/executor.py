@@ -20,6 +20,8 @@ bugs and bus trouble raise.
     reboot    RebootStarted, then reboot                    RebootStarted
     configure-runtime  the `nvidia` handler's drop-in,       RuntimeConfigured /
               restart, answer or undo (`runtimes`)          RuntimeConfigureFailed
+    apply-mig-layout  refuse busy GPUs, carve, read back;   MigLayoutApplied /
+              restore on failure; CDI spec again (`mig`)    MigLayoutFailed
 
 A reboot's `Outcome` carries the reboot as `after`: the agent publishes `RebootStarted`
 first, then reboots; before either it asks `rebooted_since` (the boot id guard). A rollback
@@ -37,6 +39,7 @@ from typing import Any
 
 from gpuop.events import Command, Event
 from gpuop.events import driver as dm
+from gpuop.events.mig import ApplyMigLayout
 from gpuop.host import packages, system
 from gpuop.host.errors import HostError
 from gpuop.host.protocol import Rebooter
@@ -53,6 +56,7 @@ from gpuop.services.driver_manager.installing import (
     running_kernel,
     serves,
 )
+from gpuop.services.driver_manager.mig import MigApplier
 from gpuop.services.driver_manager.reloading import LoadError, Reloader, UnloadError
 from gpuop.services.driver_manager.runtimes import RuntimeConfigurer
 from gpuop.services.driver_manager.state import ComponentRecord, StepContext
@@ -98,6 +102,9 @@ class Executor:
         self.runtimes = runtimes or RuntimeConfigurer(
             root, SystemdRuntimeService(root), installer.clock
         )
+        self.mig = MigApplier(
+            lambda: validator.nvml(), self.specs, lambda: reloader.loaded_version(dm.Component.GPU)
+        )
 
     async def context_for(self, command: Command) -> StepContext:
         """What the command must remember from before it changed anything."""
@@ -129,6 +136,8 @@ class Executor:
             return Outcome(started, after=self.rebooter.reboot)
         if isinstance(command, dm.ConfigureRuntime):
             return Outcome(await self.runtimes.configure(command_id, command))
+        if isinstance(command, ApplyMigLayout):
+            return Outcome(await self.mig.apply(command_id, command))
         if not isinstance(command, ComponentCommand):
             raise TypeError(f"{type(command).__name__} is not a driver command")
         if command.component not in self.config.components:

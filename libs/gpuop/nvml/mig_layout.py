@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpuop.nvml.errors import InUse, NvmlError
+from gpuop.nvml.metrics import DeviceMetrics
 from gpuop.nvml.mig import (
     GpuInstance,
     MigControl,
@@ -44,6 +45,8 @@ class MigBackend(MigControl, Protocol):
     """An NVML backend that reads and changes MIG (`PynvmlBackend`, `SimNvml`)."""
 
     def device_count(self) -> int: ...
+
+    def metrics(self, index: int) -> DeviceMetrics: ...
 
     def mig_profiles(self, index: int) -> tuple[MigProfile, ...]: ...
 

@@ -9,6 +9,9 @@ from gpuop.nvml.errors import InvalidBackendSpec
 from gpuop_sim.nvml.modules import HostRootModules
 from gpuop_sim.nvml.simulated import MAX_GPUS, SimNvml
 
+MIG_STATE = "run/gpuop/sim-nvml/mig.json"
+"""Where the node's simulated MIG state lives under its host root, shared by its services."""
+
 
 def open_sim(
     argument: str, *, spec: str, host_root: Path, node: str, holder_id: str | None
@@ -19,4 +22,10 @@ def open_sim(
             f"--nvml {spec!r}: the GPU count must be a number from 1 to {MAX_GPUS}"
         )
     modules = HostRootModules(host_root)
-    return SimNvml(int(argument), node=node, module_state=modules, holder_id=holder_id)
+    return SimNvml(
+        int(argument),
+        node=node,
+        module_state=modules,
+        holder_id=holder_id,
+        mig_state=host_root / MIG_STATE,
+    )

@@ -23,6 +23,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuop.nvml.devices import MIB
 from gpuop.nvml.errors import InsufficientResources, InUse, InvalidArgument, NotFound
@@ -117,6 +118,26 @@ class SimMig:
         current = self.mode.current if self.reset_required else enabled
         self.mode = MigModeState(current=current, pending=enabled)
         return self.mode
+
+    def to_json(self) -> dict[str, object]:
+        """The state as JSON, for `SimNvml`'s file shared by a node's services."""
+        return {
+            "mode": [self.mode.current, self.mode.pending],
+            "reset_required": self.reset_required,
+            "instances": [
+                [gi_id, i.shape.profile_id, i.placement.start, i.placement.size, i.compute]
+                for gi_id, i in sorted(self.instances.items())
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SimMig:
+        current, pending = data["mode"]
+        instances = {
+            int(gi_id): _Instance(_BY_ID[int(profile_id)], Placement(start, size), bool(compute))
+            for gi_id, profile_id, start, size, compute in data["instances"]
+        }
+        return cls(MigModeState(bool(current), bool(pending)), instances, data["reset_required"])
 
     def reset(self) -> None:
         """A GPU reset: a pending mode takes effect, every instance is gone."""

@@ -7,7 +7,10 @@ drive it: `inject_xid`, `inject_ecc`, `lose_gpu`, `enable_mig`, `start_process`.
 
 MIG changes through `MigControl` as on a real node (`sim_mig`: placements, instance ids,
 `InUse` while processes run); `require_reset_for_mig_mode`, `reset_gpu_mig` and
-`fail_mig_call` let tests make a mode change wait for a reset or an NVML call fail.
+`fail_mig_call` let tests make a mode change wait for a reset or an NVML call fail. With
+`mig_state` (`--nvml sim:` sets `<host root>/run/gpuop/sim-nvml/mig.json`) the MIG state
+lives in that file, read before and written after every MIG call, so every service of a node
+(each with its own session) sees what the driver-manager carved, as on a real node.
 
 Driver coupling, through `modules.ModuleState`: `init()` raises `DriverNotLoaded` while the
 `nvidia` module is not loaded; an open session holds the module as `holder_id` until
@@ -25,14 +28,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from gpuop.clocks import SYSTEM_CLOCK, Clock
+from gpuop.host.files import write_atomic
 from gpuop.nvml.devices import DeviceInfo
 from gpuop.nvml.errors import (
     DriverNotLoaded,
@@ -93,6 +99,7 @@ class SimNvml:
         clock: Clock = SYSTEM_CLOCK,
         recording: Path | None = None,
         simulate_latency: bool = False,
+        mig_state: Path | None = None,
     ) -> None:
         if not 1 <= gpus <= MAX_GPUS:
             raise ValueError(f"a simulated node has 1 to {MAX_GPUS} GPUs, not {gpus}")
@@ -116,6 +123,7 @@ class SimNvml:
             for index in range(gpus)
         ]
         self._mig = [sim_mig.SimMig() for _ in range(gpus)]
+        self._mig_state = mig_state
         self._mig_failures: dict[str, list[NvmlError | None]] = {}
         self._lost: set[int] = set()
         self._watchers: WatcherSet[QueueWatcher] = WatcherSet()
@@ -180,7 +188,7 @@ class SimNvml:
     def device_info(self, index: int) -> DeviceInfo:
         with self._lock:
             gpu = self._gpu(index)
-            mode = self._mig[index].mode
+            mode = self._load_mig()[index].mode
             if not (mode.current or mode.pending):
                 return gpu.info
             return dataclasses.replace(
@@ -231,43 +239,47 @@ class SimNvml:
     def mig_devices(self, index: int) -> tuple[MigDevice, ...]:
         with self._lock:
             info = self._gpu(index).info
-            return self._mig[index].devices(index, info.uuid, info.memory_total_bytes)
+            return self._load_mig()[index].devices(index, info.uuid, info.memory_total_bytes)
 
     # MigControl.
 
     def mig_mode(self, index: int) -> MigModeState:
         with self._lock:
             self._gpu(index)
-            return self._mig[index].mode
+            return self._load_mig()[index].mode
 
     def set_mig_mode(self, index: int, enabled: bool) -> MigModeState:
         with self._lock:
             gpu = self._gpu(index)
             self._maybe_fail("set_mig_mode")
-            return self._mig[index].set_mode(enabled, busy=bool(gpu.counters.processes))
+            with self._changing_mig() as mig:
+                return mig[index].set_mode(enabled, busy=bool(gpu.counters.processes))
 
     def gpu_instances(self, index: int) -> tuple[GpuInstance, ...]:
         with self._lock:
             self._gpu(index)
-            return self._mig[index].gpu_instances()
+            return self._load_mig()[index].gpu_instances()
 
     def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> int:
         with self._lock:
             self._gpu(index)
             self._maybe_fail("create_gpu_instance")
-            return self._mig[index].create_gpu_instance(profile_id, placement)
+            with self._changing_mig() as mig:
+                return mig[index].create_gpu_instance(profile_id, placement)
 
     def destroy_gpu_instance(self, index: int, gpu_instance_id: int) -> None:
         with self._lock:
             self._gpu(index)
             self._maybe_fail("destroy_gpu_instance")
-            self._mig[index].destroy_gpu_instance(gpu_instance_id)
+            with self._changing_mig() as mig:
+                mig[index].destroy_gpu_instance(gpu_instance_id)
 
     def create_compute_instance(self, index: int, gpu_instance_id: int) -> int:
         with self._lock:
             self._gpu(index)
             self._maybe_fail("create_compute_instance")
-            return self._mig[index].create_compute_instance(gpu_instance_id)
+            with self._changing_mig() as mig:
+                return mig[index].create_compute_instance(gpu_instance_id)
 
     def destroy_compute_instance(
         self, index: int, gpu_instance_id: int, compute_instance_id: int
@@ -275,7 +287,8 @@ class SimNvml:
         with self._lock:
             self._gpu(index)
             self._maybe_fail("destroy_compute_instance")
-            self._mig[index].destroy_compute_instance(gpu_instance_id, compute_instance_id)
+            with self._changing_mig() as mig:
+                mig[index].destroy_compute_instance(gpu_instance_id, compute_instance_id)
 
     def watch_events(self, indices: Sequence[int] | None = None) -> EventWatcher:
         with self._lock:
@@ -340,22 +353,23 @@ class SimNvml:
             info = self._gpus[self._index(index)].info
             carved = sim_mig.SimMig()
             sim_mig.carve(carved, info.memory_total_bytes, profiles)
-            self._mig[index] = carved
+            with self._changing_mig() as mig:
+                mig[index] = carved
 
     def disable_mig(self, index: int) -> None:
         """Turn MIG off: the whole GPU is one device again."""
-        with self._lock:
-            self._mig[self._index(index)] = sim_mig.SimMig()
+        with self._lock, self._changing_mig() as mig:
+            mig[self._index(index)] = sim_mig.SimMig()
 
     def require_reset_for_mig_mode(self, index: int, required: bool = True) -> None:
         """MIG mode changes on the GPU stay pending until `reset_gpu_mig`."""
-        with self._lock:
-            self._mig[self._index(index)].reset_required = required
+        with self._lock, self._changing_mig() as mig:
+            mig[self._index(index)].reset_required = required
 
     def reset_gpu_mig(self, index: int) -> None:
         """The GPU is reset: a pending MIG mode takes effect, its instances are gone."""
-        with self._lock:
-            self._mig[self._index(index)].reset()
+        with self._lock, self._changing_mig() as mig:
+            mig[self._index(index)].reset()
 
     def fail_mig_call(self, call: str, error: NvmlError, *, after: int = 0) -> None:
         """The MIG call `call` (`create_gpu_instance`, ...) succeeds `after` more times,
@@ -395,6 +409,26 @@ class SimNvml:
         if self._index(index) in self._lost:
             raise GpuLost(f"GPU {index} has fallen off the bus")
         return self._gpus[index]
+
+    def _load_mig(self) -> list[sim_mig.SimMig]:
+        """The MIG state, read again from the shared file when there is one."""
+        path = self._mig_state
+        if path is not None and path.exists():
+            gpus = json.loads(path.read_text())
+            self._mig = [sim_mig.SimMig.from_json(gpu) for gpu in gpus[: len(self._gpus)]]
+            self._mig += [sim_mig.SimMig() for _ in range(len(self._gpus) - len(self._mig))]
+        return self._mig
+
+    @contextmanager
+    def _changing_mig(self) -> Iterator[list[sim_mig.SimMig]]:
+        """The MIG state to change, written back to the shared file after (also after a
+        refused call: NVML's refusals change nothing, so the file is as read)."""
+        mig = self._load_mig()
+        try:
+            yield mig
+        finally:
+            if self._mig_state is not None:
+                write_atomic(self._mig_state, json.dumps([m.to_json() for m in mig]).encode())
 
     def _maybe_fail(self, call: str) -> None:
         queued = self._mig_failures.get(call)
