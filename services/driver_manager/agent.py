@@ -44,6 +44,7 @@ from gpuop.events import Command, Envelope, ids, new_event
 from gpuop.events import driver as dm
 from gpuop.host.cuda import CudaProbe, LibcudaProbe
 from gpuop.host.protocol import KernelOps, Rebooter, SimulatedHost
+from gpuop.host.resets import FunctionResets, SysfsFunctionResets
 from gpuop.host.restarting import RuntimeService, SystemdRuntimeService
 from gpuop.host.roots import HostRoot
 from gpuop.host.subprocesses import SubprocessKernelOps
@@ -256,16 +257,19 @@ def build_executor(
     kernel: KernelOps
     rebooter: Rebooter
     cuda: CudaProbe
+    resets: FunctionResets
     if mode is KernelMode.HOST:
         kernel, rebooter = SubprocessKernelOps(root, chroot=True), HostRebooter(root)
         runtime: RuntimeService = SystemdRuntimeService(root)
         cuda = LibcudaProbe(root)
+        resets = SysfsFunctionResets(root)
     else:  # both only ever act on a simulated host root, which the plugin reboots
         simulated: SimulatedHost = plugins.load(
             "gpuop.kernels", "simulated", wanted_for=f"kernel mode {mode.value}"
         )(root)
         rebooter = simulated.rebooter
         runtime = simulated.runtime
+        resets = simulated.function_resets
         kernel = (
             SubprocessKernelOps(root, chroot=False)
             if mode is KernelMode.STANDINS
@@ -280,6 +284,7 @@ def build_executor(
         Validator(root, nvml, clock, cuda),
         rebooter,
         runtimes=RuntimeConfigurer(root, runtime, clock),
+        resets=resets,
     )
 
 

@@ -22,6 +22,8 @@ bugs and bus trouble raise.
               restart, answer or undo (`runtimes`)          RuntimeConfigureFailed
     apply-mig-layout  refuse busy GPUs, carve, read back;   MigLayoutApplied /
               restore on failure; CDI spec again (`mig`)    MigLayoutFailed
+    reset-gpu  each GPU alone, or a driver reload          GpuReset / GpuResetFailed
+              (`resetting`)
 
 A reboot's `Outcome` carries the reboot as `after`: the agent publishes `RebootStarted`
 first, then reboots; before either it asks `rebooted_since` (the boot id guard). A rollback
@@ -37,12 +39,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuop.events import Command, Event
+from gpuop.events import Command, Event, remediation
 from gpuop.events import driver as dm
 from gpuop.events.mig import ApplyMigLayout
 from gpuop.host import packages, system
 from gpuop.host.errors import HostError
 from gpuop.host.protocol import Rebooter
+from gpuop.host.resets import FunctionResets, SysfsFunctionResets
 from gpuop.host.restarting import SystemdRuntimeService
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import answers, prestaging
@@ -58,6 +61,7 @@ from gpuop.services.driver_manager.installing import (
 )
 from gpuop.services.driver_manager.mig import MigApplier
 from gpuop.services.driver_manager.reloading import LoadError, Reloader, UnloadError
+from gpuop.services.driver_manager.resetting import GpuResetter
 from gpuop.services.driver_manager.runtimes import RuntimeConfigurer
 from gpuop.services.driver_manager.state import ComponentRecord, StepContext
 from gpuop.services.driver_manager.validating import ValidationFailed, Validator
@@ -90,6 +94,7 @@ class Executor:
         rebooter: Rebooter,
         specs: SpecWriter | None = None,
         runtimes: RuntimeConfigurer | None = None,
+        resets: FunctionResets | None = None,
     ) -> None:
         self.root = root
         self.config = config
@@ -104,6 +109,9 @@ class Executor:
         )
         self.mig = MigApplier(
             lambda: validator.nvml(), self.specs, lambda: reloader.loaded_version(dm.Component.GPU)
+        )
+        self.resetter = GpuResetter(
+            root, reloader, lambda: validator.nvml(), resets or SysfsFunctionResets(root)
         )
 
     async def context_for(self, command: Command) -> StepContext:
@@ -138,6 +146,8 @@ class Executor:
             return Outcome(await self.runtimes.configure(command_id, command))
         if isinstance(command, ApplyMigLayout):
             return Outcome(await self.mig.apply(command_id, command))
+        if isinstance(command, remediation.ResetGpu):
+            return Outcome(await self.resetter.reset(command_id, command))
         if not isinstance(command, ComponentCommand):
             raise TypeError(f"{type(command).__name__} is not a driver command")
         if command.component not in self.config.components:

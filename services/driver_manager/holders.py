@@ -7,6 +7,8 @@
   under the host root, as `fuser` does; the pod needs the host's PID namespace (hostPID)
   and the privilege to read other processes' descriptors. A GPU process names the GPU
   whose `/dev/nvidia<minor>` it holds.
+- `gpu_holders(root)` lists the processes with any `/dev/nvidia*` open and the GPU minors
+  among them, for a GPU reset (`resetting`), which must know which GPUs are in use.
 - `management_interfaces(root, component)` names the network interfaces that carry a
   default route and sit on a PCI function bound to one of the component's modules:
   reloading that driver resets the interface and the node drops off the network
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from gpuop.events.driver import Component, Process
@@ -63,6 +66,43 @@ def processes_holding(root: HostRoot, component: Component) -> tuple[Process, ..
         found.append(Process(pid=pid, name=name, gpu_uuid=gpu))
         if len(found) == MAX_PROCESSES:
             break
+    return tuple(found)
+
+
+@dataclass(frozen=True)
+class GpuHolder:
+    """A process with the GPU driver's device files open."""
+
+    pid: int
+    name: str
+    minors: frozenset[int]
+    """The GPUs whose `/dev/nvidia<minor>` it holds; empty when it holds only the driver's
+    shared files (`nvidiactl`, `nvidia-uvm`)."""
+
+
+def gpu_holders(root: HostRoot, *, excluding: int | None = None) -> tuple[GpuHolder, ...]:
+    """Processes with a `/dev/nvidia*` file open, by pid, but `excluding` (the agent itself,
+    whose NVML session holds them while it looks)."""
+    proc = root.join("proc")
+    try:
+        pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
+    except OSError:
+        return ()
+    found = []
+    for pid in pids:
+        if pid == excluding:
+            continue
+        held = [
+            t for t in _open_files(proc / str(pid) / "fd") if DEVICE_FILES[Component.GPU].match(t)
+        ]
+        if not held:
+            continue
+        try:
+            name = (proc / str(pid) / "comm").read_text().strip()[:64] or "?"
+        except OSError:
+            name = "?"
+        minors = frozenset(int(m[1]) for t in held if (m := _GPU_MINOR.match(t)))
+        found.append(GpuHolder(pid, name, minors))
     return tuple(found)
 
 

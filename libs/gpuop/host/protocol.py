@@ -14,6 +14,7 @@ from typing import Protocol
 
 from gpuop.host.cuda import CudaProbe
 from gpuop.host.modules import LoadedModule
+from gpuop.host.resets import FunctionResets
 from gpuop.host.restarting import RuntimeService
 
 
@@ -64,6 +65,8 @@ class SimulatedHost(Protocol):
     rebooter: Rebooter
     runtime: RuntimeService
     """The simulated node's container runtime, restarted by the runtime-configure step."""
+    function_resets: FunctionResets
+    """The resets of one GPU alone, which the simulated NVML sees (`ResetGpu`)."""
 
     def cuda_probe(self, count_gpus: Callable[[], int]) -> CudaProbe:
         """The validation ladder's CUDA probe of the simulated node, whose GPUs are those

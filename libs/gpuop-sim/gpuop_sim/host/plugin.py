@@ -1,6 +1,6 @@
 """The simulated host as the driver-manager's plugin (entry point `gpuop.kernels:simulated`):
-`SimKernel` for its kernel, `SimRebooter` to reboot the simulation, and `SimCudaProbe` for
-the validation ladder's CUDA rung.
+`SimKernel` for its kernel, `SimRebooter` to reboot the simulation, `SimCudaProbe` for
+the validation ladder's CUDA rung, and `SimFunctionResets` for the resets of one GPU.
 
 `SimRebooter` ends every module and hold, writes a new boot id, and loads again the modules
 that were loaded before (as a host that loads its drivers at boot would), each at the active
@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from gpuop.host import components, modules
 from gpuop.host.cuda import CudaProbe
 from gpuop.host.protocol import KernelOps, Rebooter
+from gpuop.host.resets import FunctionResets
 from gpuop.host.restarting import RuntimeService
 from gpuop.host.roots import HostRoot
 from gpuop_sim.host.simcuda import SimCudaProbe
 from gpuop_sim.host.simkernel import SimKernel
+from gpuop_sim.host.simreset import SimFunctionResets
 from gpuop_sim.host.simruntime import SimRuntime
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class SimulatedNode:
     rebooter: Rebooter
     root: HostRoot
     runtime: RuntimeService
+    function_resets: FunctionResets
 
     def cuda_probe(self, count_gpus: Callable[[], int]) -> CudaProbe:
         return SimCudaProbe(self.root, count_gpus)
@@ -55,5 +58,7 @@ class SimulatedNode:
 
 def simulated_host(root: HostRoot) -> SimulatedNode:
     """The plugin's entry point: the simulated kernel and reboot of the host under `root`
-    (and its CUDA probe)."""
-    return SimulatedNode(SimKernel(root), SimRebooter(root), root, SimRuntime(root))
+    (and its CUDA probe and GPU resets)."""
+    return SimulatedNode(
+        SimKernel(root), SimRebooter(root), root, SimRuntime(root), SimFunctionResets(root)
+    )

@@ -18,6 +18,8 @@ Rules, as the real kernel and kmod have them:
   simulated NVML holds `nvidia` per open session). A hold ends with `release`, or when the
   process that took it dies, as the kernel closes a dead process's files.
 - `depmod` indexes the active version of each installed component (`gpuop.host.packages`).
+- Each load of `nvidia` counts as a reset of every GPU (`gpuop_sim.host.simreset`), and a GPU
+  wedged by the `stuck` fault keeps it from loading until a reboot.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from gpuop.host.errors import (
 from gpuop.host.files import exclusive_lock, write_atomic
 from gpuop.host.modules import LoadedModule
 from gpuop.host.roots import HostRoot
-from gpuop_sim.host import simstate
+from gpuop_sim.host import simreset, simstate
 
 _EXEC_FORMAT = "Exec format error"
 _UNKNOWN_SYMBOL = "Unknown symbol in module, or unknown parameter (see dmesg)"
@@ -160,6 +162,7 @@ class SimKernel:
             for entry in list(loaded):
                 self._remove(entry.name, loaded)
             write_atomic(self.root.join(system.BOOT_ID), new_boot_id + "\n")
+            simreset.rebooted(self.root)
         for module in load:
             try:
                 self.modprobe(module)
@@ -194,10 +197,13 @@ class SimKernel:
             raise ModuleLoadFailed(name, _EXEC_FORMAT)
         if not all(self._present(needed, loaded) for needed in standin.depends):
             raise ModuleLoadFailed(name, _UNKNOWN_SYMBOL)
+        if name == "nvidia" and simreset.wedged(self.root):
+            raise ModuleLoadFailed(name, "No such device")  # RmInitAdapter failed
         simstate.create_module_dir(self.root, standin)
         loaded.insert(0, LoadedModule(name, standin.size, 0, (), "Live", taints="O"))
         if name == "nvidia":
             simstate.restore_nvidia_procfs(self.root, standin.version)
+            simreset.driver_loaded(self.root)
         if name in simstate.DEVICE_DRIVERS:
             simstate.bind_devices(self.root, name)
         simstate.write_loaded(self.root, loaded)

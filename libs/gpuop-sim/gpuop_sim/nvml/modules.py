@@ -14,6 +14,7 @@ It reaches the kernel only through `ModuleState`:
   file appears by an atomic rename. It interoperates with SimKernel, in this process or
   another; SimKernel drops holds of dead processes and recounts `proc/modules`' use counts
   on its own next change.
+  The resets of GPUs (`reset_counts`) are `gpuop_sim.host.simreset`'s counts in the host root.
 * `InMemoryModules` is the same in a dict, for unit tests.
 """
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuop.nvml.errors import DriverNotLoaded, ModuleInUse
-from gpuop_sim.host import simstate
+from gpuop_sim.host import simreset, simstate
 
 NVIDIA = "nvidia"
 """The kernel module NVML needs."""
@@ -36,6 +37,8 @@ NVIDIA = "nvidia"
 HOLDERS_DIR = Path(simstate.HOLDERS)
 """One file per module holder, named by holder id, holding the owner's pid (the simulated
 kernel's layout, `gpuop_sim.host.simstate`, the one place it is written down)."""
+DRIVER_RESETS = simreset.DRIVER
+"""The count of driver loads among the reset counts: a reset of every GPU."""
 NO_GPUS_DIR = Path(simstate.NO_GPUS)
 """A file per loaded module from a defective build that brings up no GPU."""
 
@@ -65,6 +68,16 @@ class ModuleState(Protocol):
         """Stop counting `holder_id` as a user; idempotent."""
         ...
 
+    def reset_counts(self) -> Mapping[str, int]:
+        """How often each GPU was reset (by `reset_key` of its bus id) and the driver loaded
+        (`DRIVER_RESETS`); a count that grew since a session's last look is a reset."""
+        ...
+
+
+def reset_key(pci_bus_id: str) -> str:
+    """The key of a GPU's reset count: its NVML bus id."""
+    return simreset.count_key(pci_bus_id)
+
 
 class InMemoryModules:
     """Loaded modules and their holders in memory; `unload()` refuses while held, as rmmod."""
@@ -73,6 +86,7 @@ class InMemoryModules:
         self._versions: dict[str, str | None] = dict(loaded or {})
         self._holders: dict[str, set[str]] = {}
         self._inert: set[str] = set()
+        self._resets: dict[str, int] = {}
 
     def is_loaded(self, module: str) -> bool:
         return module in self._versions
@@ -94,6 +108,14 @@ class InMemoryModules:
     def holders(self, module: str) -> frozenset[str]:
         """Who holds the module now."""
         return frozenset(self._holders.get(module, ()))
+
+    def reset_counts(self) -> Mapping[str, int]:
+        return dict(self._resets)
+
+    def reset(self, pci_bus_id: str | None = None) -> None:
+        """Count a reset of the GPU at `pci_bus_id`, or with None a driver load."""
+        key = DRIVER_RESETS if pci_bus_id is None else reset_key(pci_bus_id)
+        self._resets[key] = self._resets.get(key, 0) + 1
 
     def load(self, module: str, version: str | None = None, *, brings_up_gpus: bool = True) -> None:
         """Load the module (or change the recorded version of a loaded one); `brings_up_gpus`
@@ -151,6 +173,9 @@ class HostRootModules:
 
     def release(self, module: str, holder_id: str) -> None:
         self._holder(module, holder_id).unlink(missing_ok=True)
+
+    def reset_counts(self) -> Mapping[str, int]:
+        return simreset.reset_counts(self.host_root)
 
     def holders(self, module: str) -> frozenset[str]:
         """Who holds the module now, by holder file."""
