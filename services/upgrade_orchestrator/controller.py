@@ -52,12 +52,12 @@ from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition, flavour
 from gpuop.policy.conditions import RolloutRecord
 from gpuop.saga import Decision, NodeSaga, folding, new_saga
 from gpuop.saga.records import reinstall_saga_id, start_reason
-from gpuop.services.upgrade_orchestrator import intake, jobs
+from gpuop.services.upgrade_orchestrator import intake, jobs, remediations
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
-from gpuop.services.upgrade_orchestrator.kinds import KindRunner
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore
 from gpuop.services.upgrade_orchestrator.observing import NodeWatcher
 from gpuop.services.upgrade_orchestrator.policies import PolicyWatcher
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
@@ -126,6 +126,7 @@ class Controller:
         self._reporter = RolloutReporter(bus)
         self._resumed = False
         self._runner: Runner | None = None
+        self._remediations: remediations.Starter | None = None
 
     async def kind_runners(
         self, runner: Runner, store: SagaStore, inventories: KeyValue
@@ -133,7 +134,11 @@ class Controller:
         """The saga kinds run beside the driver upgrade, each with its store and the hook
         that starts its sagas (`kinds`); `runner` decides for them, `store` holds the
         upgrades (a kind may fold into the node's upgrade), `inventories` the nodes'."""
-        return []
+        store_ = await KindStore.open(self._bus, remediations.REMEDIATION)
+        self._remediations = remediations.Starter(
+            runner, store, store_, inventories, clock=self._clock
+        )
+        return [self._remediations.runner()]
 
     def _decided(self, decision: Decision) -> None:
         self._wake.set()
@@ -421,9 +426,11 @@ class Controller:
             now=now,
             observed_generation=generation,
         )
+        breaker = () if self._remediations is None else (self._remediations.condition(spec, now),)
         await self.policies.write_status(
             progressing,
             ready,
+            *breaker,
             nodes=current,
             rollout=rollout,
             skipped=len(skipped),

@@ -35,10 +35,11 @@ from typing import Any, Protocol
 from gpuop.events import kube as observed
 from gpuop.events.fields import NamespacedName
 from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT, UpgradeState
-from gpuop.kube import client, draining, errors, nodes, pods, validationpods
+from gpuop.kube import client, conditions, draining, errors, nodes, pods, validationpods
 from gpuop.kube.recording import EventRecorder, EventType
 from gpuop.policy import selectors
 from gpuop.saga import actions
+from gpuop.saga.remediation import actions as remedies
 from gpuop.services.upgrade_orchestrator.nodepods import NodePods
 
 PODS_REPORTED = 64
@@ -48,8 +49,10 @@ PODS_REPORTED = 64
 class KubeActions(Protocol):
     """Something that can carry out the core's Kubernetes actions."""
 
-    async def execute(self, node: str, action: actions.KubeAction) -> observed.KubeEvent | None:
-        """Do `action` on `node`; return its outcome, or None for actions without one.
+    async def execute(self, node: str, action: Any) -> observed.KubeEvent | None:
+        """Do `action` (an upgrade's `actions.KubeAction`, or a remediation's
+        `remedies.RemediationAction`) on `node`; return its outcome, or None for actions
+        without one.
         Raises `errors.KubeError` when the API server could not be reached or refused."""
         ...
 
@@ -151,7 +154,12 @@ class KubeExecutor:
         uid = (known.get("metadata") or {}).get("uid")
         return str(uid) if uid else None
 
-    async def execute(self, node: str, action: actions.KubeAction) -> observed.KubeEvent | None:
+    async def execute(self, node: str, action: Any) -> observed.KubeEvent | None:
+        if isinstance(action, remedies.MirrorHealth):
+            await self._mirror_health(node, action)
+            return None
+        if isinstance(action, remedies.EvictPods):
+            return await self._evict_named(node, action)
         if isinstance(action, actions.Cordon):
             was = await nodes.cordon(
                 self._kube, node, known=self._known(node), labels=_state_label(action.label)
@@ -191,6 +199,49 @@ class KubeExecutor:
         if isinstance(action, actions.RunValidationPod):
             return await self._validation_pod(node, action)
         return await self._drain(node, action)
+
+    async def _mirror_health(self, node: str, action: remedies.MirrorHealth) -> None:
+        """The `GPUHealthy` condition and the taint, as the remediation decided them."""
+        status, reason, message = conditions.gpu_healthy_condition(dict(action.unhealthy))
+        if action.detail:
+            message = f"{message}; {action.detail}"[: conditions.MAX_MESSAGE]
+        await conditions.set_node_condition(
+            self._kube, node, conditions.GPU_HEALTHY_CONDITION, status, reason, message
+        )
+        taint = conditions.GPU_UNHEALTHY_TAINT
+        if action.taint is True:
+            await conditions.add_taint(self._kube, node, taint, "", "NoSchedule")
+        elif action.taint is False:
+            await conditions.remove_taint(self._kube, node, taint)
+        self._written.pop(node, None)
+
+    async def _evict_named(
+        self, node: str, action: remedies.EvictPods
+    ) -> observed.PodsDeleted | observed.PodDeletionFailed:
+        """Evict the pods the remediation named (those holding the affected GPUs), no other."""
+        named = {(pod.namespace, pod.name) for pod in action.pods}
+
+        def holder(pod: Mapping[str, Any]) -> bool:
+            metadata = pod.get("metadata") or {}
+            return (metadata.get("namespace"), metadata.get("name")) in named
+
+        options = draining.DrainOptions(
+            force=action.force,
+            delete_emptydir=action.delete_empty_dir,
+            timeout=float(max(action.timeout_seconds, 1)),
+            pod_filter=holder,
+            retry_interval=1.0,
+        )
+        try:
+            result = await self._remove_pods(node, options)
+        except errors.DrainError as error:
+            return observed.PodDeletionFailed(
+                action_id=action.id,
+                reason=_failure_reason(error),
+                pods=_names(error.pods),
+                message=str(error)[:2048],
+            )
+        return observed.PodsDeleted(action_id=action.id, deleted=len(result.evicted))
 
     async def _validation_pod(
         self, node: str, action: actions.RunValidationPod

@@ -97,6 +97,9 @@ class Runner:
         self._outbox = outbox
         self._deadlines = deadlines
         self._policy = policy
+        self.policy = policy
+        """The policy in force (None: none valid yet), for the kinds' starting hooks."""
+        self.bus = bus
         self._clock = clock
         self._on_change = on_change
         self._announced: dict[str, tuple[int, bool, float]] = {}
@@ -174,25 +177,17 @@ class Runner:
             except RevisionConflict:
                 log.info("%s saga of node %s changed meanwhile; deciding again", kind.name, node)
                 continue
-            await self._act_kind(runner, decision)
+            await self.act_kind(runner, decision)
             return decision
         raise TemporaryError(f"{kind.name} saga of node {node} keeps changing", delay=0.5)
 
-    async def _act_kind(
-        self, runner: KindRunner[Any], decision: machine.Decision[Any, Any]
-    ) -> None:
+    async def act_kind(self, runner: KindRunner[Any], decision: machine.Decision[Any, Any]) -> None:
+        """Carry out a persisted decision of another kind and arm its deadline (a starting
+        hook calls it for the saga it stored, under the node's lock the runner holds)."""
         kind = runner.kind
         saga = decision.saga
         await self._outbox.carry_out_kind(decision, kind.outputs(decision), kind.correlation(saga))
         self._deadlines.schedule(saga, kind.name)
-
-    async def carry_out_kind(
-        self, runner: KindRunner[Any], decision: machine.Decision[Any, Any]
-    ) -> None:
-        """Act on a decision of another kind made outside the intake (a saga just started:
-        its first state's effects), its saga stored already; under the node's lock."""
-        async with self._node_lock(decision.saga.node):
-            await self._act_kind(runner, decision)
 
     async def _decide(
         self,

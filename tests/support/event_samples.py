@@ -21,6 +21,7 @@ from gpuop.events import (
     mig,
     network,
     remediation,
+    remediations,
     upgrade,
 )
 from gpuop.events.fields import NamespacedName
@@ -399,6 +400,22 @@ SAMPLES: list[Payload] = [
         reason=mig.MigFailureReason.IN_USE,
         restored=True,
         message="GPU 0: pid 4242 (python) holds it",
+    ),
+    # the remediation saga
+    remediations.RemediationStarted(
+        saga_id="remediation/gpu-node-1/1764000000",
+        unhealthy={GPU_UUID: (79,)},
+        action=device.XidAction.REBOOT,
+        boot_id=BOOT_ID,
+        driver_version="535.161.08",
+        expected_devices=8,
+    ),
+    remediations.NodeRemediationStateChanged(
+        saga_id="remediation/gpu-node-1/1764000000",
+        from_state=remediations.RemediationState.RESET_REQUIRED,
+        to_state=remediations.RemediationState.REBOOT_REQUIRED,
+        reason="GpuResetFailed reset-failed; rebooting",
+        gpu_uuids=(GPU_UUID,),
     ),
     # saga
     deadlines.DeadlineExpired(

@@ -38,6 +38,7 @@ CATALOGUE = [
     gpuop.events.kube,
     gpuop.events.deadlines,
     gpuop.events.remediation,
+    gpuop.events.remediations,
     gpuop.events.mig,
 ]
 MODELS = [REGISTRY[type_] for type_ in sorted(REGISTRY)]

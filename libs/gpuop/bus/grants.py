@@ -274,6 +274,7 @@ _CLUSTER_PUBLISHES: dict[str, Callable[[str], tuple[str, ...]]] = {
         subjects.events_filter("kube", prefix=p),
         subjects.events_filter("saga", prefix=p),
         subjects.events_filter("upgrade", prefix=p),
+        subjects.events_filter("remediation", prefix=p),
     ),
     "observer": lambda p: (),
 }
@@ -294,6 +295,13 @@ _CLUSTER_DEAD_LETTERS: dict[str, Callable[[str], tuple[str, ...]]] = {
         subjects.events_filter("hardware", name="discovered", prefix=p),
         subjects.events_filter("saga", name="deadline-expired", prefix=p),
         subjects.events_filter("upgrade", name="admitted", prefix=p),
+        # the remediation saga's (`gpuop.saga.remediation.kind.is_inbound`)
+        subjects.events_filter("device", name="health-changed", prefix=p),
+        subjects.events_filter("device", name="gpu-holders-listed", prefix=p),
+        subjects.events_filter("device", name="gpu-holders-unknown", prefix=p),
+        subjects.events_filter("upgrade", name="uncordon-required", prefix=p),
+        subjects.events_filter("upgrade", name="upgrade-done", prefix=p),
+        subjects.events_filter("upgrade", name="upgrade-failed", prefix=p),
     ),
 }
 """Subjects a cluster role's consumers take (and so may dead-letter)."""

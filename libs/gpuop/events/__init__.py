@@ -16,6 +16,7 @@ from gpuop.events import (
     mig,
     network,
     remediation,
+    remediations,
     subjects,
     upgrade,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "new_event",
     "parse_as",
     "remediation",
+    "remediations",
     "strict_validate",
     "subject_of",
     "subjects",

@@ -13,6 +13,7 @@ from typing import Any
 from gpuop.policy.drivers import DriverSpec
 from gpuop.policy.fields import Section
 from gpuop.policy.networks import NetworkSpec
+from gpuop.policy.remediation import RemediationPolicy
 from gpuop.policy.upgrades import UpgradePolicy
 
 GROUP = "gpuop.io"
@@ -34,6 +35,8 @@ class GPUClusterPolicySpec(Section):
     """How a change of the driver versions is rolled across the nodes."""
     network: NetworkSpec = NetworkSpec()
     """Secondary networks, RDMA sharing, and what gpuop may do to the management NIC."""
+    remediation: RemediationPolicy = RemediationPolicy()
+    """What gpuop does when a GPU turns unhealthy: quarantine, reset, reboot, the breaker."""
 
     def to_wire(self) -> dict[str, Any]:
         """The spec as it is written to the API server: camelCase, unset optionals left out."""

@@ -1,0 +1,26 @@
+"""GPU health remediation, the second saga kind (issue 21), on the machinery of
+`gpuop.saga.machine`.
+
+A GPU that telemetry reports unhealthy with an action of `reset-gpu` or worse
+(`DeviceHealthChanged.action`, from the XID catalog) starts a remediation of its node, unless
+one runs there; the circuit breaker (`breaker`, `remediation.maxPerHour`) may refuse it. The
+node is quarantined (`GPUHealthy` False, the taint when the policy quarantines, an Event),
+waits for a slot of the one `maxUnavailable` budget it shares with upgrades, then:
+
+    gpu-holders-required -> gpu-pods-eviction-required (only the pods holding the GPUs)
+    -> operands-pause-required -> gpu-reset-required (-> reboot-required when the reset
+    fails and reboots are allowed, confirmed by a new boot id) -> validation-required (the
+    upgrade's ladder) -> release-required -> remediation-done (condition True, untainted)
+
+and any failure ends in remediation-failed (tainted, condition False with the reason). A
+node already in its upgrade's window is not touched twice: the remediation folds into the
+upgrade (folded-into-upgrade) and ends with it.
+
+    records   RemediationSaga (the KV record), Step, start (from RemediationStarted)
+    table     TABLE
+    phases    each state's behaviour, PHASES
+    drafting  the Draft its phases share, the Kubernetes Events of its moves
+    actions   MirrorHealth (condition and taint), EvictPods (named pods)
+    kind      REMEDIATION and the fold: is_inbound, step, outputs, pending
+    breaker   the sliding hour
+"""

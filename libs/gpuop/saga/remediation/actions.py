@@ -1,0 +1,44 @@
+"""The Kubernetes actions of the remediation saga, besides the upgrade's it reuses
+(`RecordEvent`, `RunValidationPod`, `DeletePods` when the holders are unknown).
+
+The orchestrator's executor carries them out through `gpuop.kube.conditions` (the Node
+condition `GPUHealthy` and the taint `gpuop.io/gpu-unhealthy:NoSchedule`) and the drain
+machinery (the eviction of named pods).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuop.events.fields import NamespacedName
+
+EVENT_REASON = "GPURemediation"
+"""Reason of the Kubernetes Events the remediation records on the node."""
+
+
+@dataclass(frozen=True)
+class MirrorHealth:
+    """Set the node's `GPUHealthy` condition from `unhealthy` (empty: True), with `detail`
+    after the message, and put on (`taint` True) or take off (False) the taint
+    `gpuop.io/gpu-unhealthy:NoSchedule`, or leave it (None); no outcome awaited."""
+
+    id: str
+    unhealthy: tuple[tuple[str, tuple[int, ...]], ...]
+    """GPU uuid and its XIDs, per unhealthy GPU."""
+    taint: bool | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class EvictPods:
+    """Evict exactly these pods of the node (Eviction API, PDBs honoured) and wait until
+    they are gone; reported as `PodsDeleted` or `PodDeletionFailed`."""
+
+    id: str
+    pods: tuple[NamespacedName, ...]
+    force: bool
+    timeout_seconds: int
+    delete_empty_dir: bool
+
+
+RemediationAction = MirrorHealth | EvictPods

@@ -1,0 +1,145 @@
+"""The durable record of one node's GPU remediation, kept in `gpuop_sagas` under the key
+`remediation.<node token>` (`gpuop.services.upgrade_orchestrator.kinds`).
+
+Frozen, JSON; `start` builds the first record from its `RemediationStarted` (the runtime
+and `gpuop replay` alike). Everything the phases need after a crash is here: the state and
+the pending step with its deadline, the GPUs and the XIDs they reported, the pods that held
+them, whether the operands are paused, the boot id a reboot must change.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import AwareDatetime, Field
+
+from gpuop.events.device import OperandService, XidAction
+from gpuop.events.fields import (
+    Attempt,
+    BootId,
+    CorrelationId,
+    Count,
+    GpuUuid,
+    Message,
+    NamespacedName,
+    NodeName,
+    Record,
+    Token,
+    Version,
+)
+from gpuop.events.remediations import MAX_GPUS, RemediationStarted, RemediationState
+from gpuop.saga.machine import Transition
+
+HISTORY_LIMIT = 32
+"""Step outcomes kept in the record (the event log keeps them all)."""
+Xids = tuple[int, ...]
+
+
+class Step(Record):
+    """The pending step: its token names its deadline and seeds its ids."""
+
+    name: Token
+    """`holders`, `evict`, `operands-pause`, `reset`, `reboot`, `validate-gpu`, ..."""
+
+    @property
+    def token(self) -> str:
+        return self.name
+
+
+class Outcome(Record):
+    """One ended step."""
+
+    at: AwareDatetime
+    state: RemediationState
+    step: Token
+    result: Token
+    """`succeeded`, `failed`, `expired`, `skipped`."""
+    detail: Message = ""
+
+
+class RemediationSaga(Record):
+    """Where one node's GPU remediation stands, durable across any crash."""
+
+    saga_id: CorrelationId
+    node: NodeName
+    state: RemediationState = RemediationState.ADMISSION_REQUIRED
+    attempt: Attempt = 1
+    sequence: int = Field(default=0, ge=0)
+    step: Step = Step(name="admission")
+    step_started: AwareDatetime
+    deadline: AwareDatetime | None = None
+    started_at: AwareDatetime
+    """When it started: counted by the circuit breaker for an hour."""
+    earlier_starts: tuple[AwareDatetime, ...] = Field(default=(), max_length=100)
+    """The node's earlier remediations' starts within the hour before this one's, kept for
+    the circuit breaker (this record replaced theirs)."""
+    unhealthy: dict[GpuUuid, Xids] = Field(min_length=1, max_length=MAX_GPUS)
+    """The unhealthy GPUs and their XIDs, for the condition's message."""
+    gpu_uuids: tuple[GpuUuid, ...] = Field(min_length=1, max_length=MAX_GPUS)
+    """The GPUs to reset, sorted."""
+    action: XidAction = XidAction.RESET_GPU
+    """The worst action the faults asked for."""
+    boot_id: BootId | None = None
+    boot_id_at_reboot: BootId | None = None
+    driver_version: Version | None = None
+    expected_devices: Count | None = None
+    folded_into: CorrelationId | None = None
+    """The node's upgrade saga whose reload and validation serve."""
+    holders: tuple[NamespacedName, ...] = Field(default=(), max_length=1024)
+    """The pods the device plugin named as holding the GPUs."""
+    holders_unknown: bool = False
+    """The device plugin could not name them: every GPU pod of the node is evicted."""
+    operands: tuple[OperandService, ...] = tuple(OperandService)
+    paused: tuple[OperandService, ...] = ()
+    """Operands that confirmed the pending pause (or resume)."""
+    operands_paused: bool = False
+    """A pause was sent and no resume since."""
+    rebooted: bool = False
+    failure: Message = ""
+    """Why it failed, in remediation-failed."""
+    last_transitions: tuple[Transition[RemediationState], ...] = Field(default=(), max_length=32)
+    history: tuple[Outcome, ...] = Field(default=(), max_length=HISTORY_LIMIT)
+
+    def ended(self, at: datetime, result: str, detail: str) -> RemediationSaga:
+        outcome = Outcome(
+            at=at, state=self.state, step=self.step.token, result=str(result), detail=detail
+        )
+        return self.model_copy(update={"history": (*self.history, outcome)[-HISTORY_LIMIT:]})
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> RemediationSaga:
+        return cls.model_validate_json(data)
+
+
+def saga_id_for(node: str, now: datetime) -> str:
+    """A new remediation's id: its own per start, so no command id repeats an earlier one's."""
+    return f"remediation/{node}/{int(now.timestamp())}"
+
+
+def starts(saga: RemediationSaga) -> tuple[datetime, ...]:
+    """Every start the record keeps for the circuit breaker."""
+    return (*saga.earlier_starts, saga.started_at)
+
+
+def start(node: str, started: RemediationStarted, now: datetime) -> RemediationSaga:
+    """The first record of the remediation `started` began at `now`: quarantined, waiting
+    for its admission, or folded into the node's upgrade."""
+    folded = started.folded_into is not None
+    return RemediationSaga(
+        saga_id=started.saga_id,
+        node=node,
+        state=RemediationState.FOLDED if folded else RemediationState.ADMISSION_REQUIRED,
+        step=Step(name="folded" if folded else "admission"),
+        step_started=now,
+        started_at=now,
+        unhealthy=dict(started.unhealthy),
+        gpu_uuids=tuple(sorted(started.unhealthy)),
+        action=started.action,
+        boot_id=started.boot_id,
+        driver_version=started.driver_version,
+        expected_devices=started.expected_devices,
+        folded_into=started.folded_into,
+    )

@@ -1,0 +1,199 @@
+"""The GPU remediation run by the orchestrator: its `SagaKind`, and what starts one.
+
+`REMEDIATION` hands the runner the pure kind (`gpuop.saga.remediation`): records under
+`remediation.<node>` in `gpuop_sagas`, the fold, its outputs. `Starter` is its starting hook,
+given every event of the intake before the runner decides it, under the node's lock: a
+health event that calls for a remediation (`kind.calls_for_remediation`) on a node without
+one running starts one, unless the policy disables them or the circuit breaker
+(`breaker.allows` over the starts the records keep) refuses. The start is decided here, once:
+whether the node's upgrade is in its window (then the remediation folds into it), the
+node's boot id and driver from its inventory. It is stored (compare-and-set), recorded as
+`RemediationStarted` (which `gpuop replay` builds the same saga from, and checks the
+breaker against), and its first state's effects (the quarantine) carried out.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from gpuop.bus import KeyExists, KeyValue, RevisionConflict
+from gpuop.clocks import SYSTEM_CLOCK, Clock
+from gpuop.events import Event, ids, subjects
+from gpuop.events import device as dev
+from gpuop.events import hardware as hw
+from gpuop.events.remediations import DOMAIN, TERMINAL_STATES, RemediationStarted
+from gpuop.events.upgrade import UpgradeState
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.policy.conditions import Condition, condition
+from gpuop.saga.remediation import breaker, kind, records
+from gpuop.saga.remediation.records import RemediationSaga
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore, SagaKind
+from gpuop.services.upgrade_orchestrator.publishing import Publisher
+from gpuop.services.upgrade_orchestrator.running import Runner
+from gpuop.services.upgrade_orchestrator.store import SagaStore
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "remediation"
+BREAKER_CONDITION = "RemediationBreaker"
+"""The policy condition the circuit breaker sets: True while it refuses new remediations."""
+_WINDOW_STATES = frozenset(
+    {
+        UpgradeState.CORDON_REQUIRED,
+        UpgradeState.WAIT_FOR_JOBS_REQUIRED,
+        UpgradeState.POD_DELETION_REQUIRED,
+        UpgradeState.DRAIN_REQUIRED,
+        UpgradeState.OPERANDS_PAUSE_REQUIRED,
+        UpgradeState.DRIVER_RELOAD_REQUIRED,
+        UpgradeState.REBOOT_REQUIRED,
+    }
+)
+"""An upgrade in these states reloads the driver and validates it later: a remediation
+folds into it rather than touching the node twice."""
+
+
+def _subjects(prefix: str) -> tuple[str, ...]:
+    def events(domain: str, name: str) -> str:
+        return subjects.events_filter(domain, name=name, prefix=prefix)
+
+    return (
+        events("device", "health-changed"),
+        events("device", "gpu-holders-listed"),
+        events("device", "gpu-holders-unknown"),
+        *(events("upgrade", state) for state in kind.FOLDING_STATES),
+    )
+
+
+REMEDIATION: SagaKind[RemediationSaga] = SagaKind(
+    name=kind.NAME,
+    key_prefix=KEY_PREFIX,
+    decode=RemediationSaga.from_json,
+    inbound=kind.is_inbound,
+    subjects=_subjects,
+    step=kind.step,
+    outputs=kind.outputs,  # type: ignore[arg-type]
+    pending=kind.pending,
+    correlation=lambda saga: saga.saga_id,
+    holds=kind.holds,
+    waiting=kind.waiting,
+)
+"""The remediation as the runtime runs it."""
+
+
+class Starter:
+    """Starts remediations from health events (see the module docstring)."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        upgrades: SagaStore,
+        store: KindStore[RemediationSaga],
+        inventories: KeyValue,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._runner = runner
+        self._upgrades = upgrades
+        self._store = store
+        self._inventories = inventories
+        self._publish = Publisher(runner.bus, clock)
+        self.refused_at: datetime | None = None
+        """When the breaker last refused a start."""
+
+    def runner(self) -> KindRunner[RemediationSaga]:
+        return KindRunner(REMEDIATION, self._store, self)
+
+    def starts(self) -> list[datetime]:
+        return [t for stored in self._store.records() for t in records.starts(stored.saga)]
+
+    async def __call__(self, node: str, event: Event, now: datetime, cause: str | None) -> None:
+        if not kind.calls_for_remediation(event):
+            return
+        assert isinstance(event, dev.DeviceHealthChanged)
+        policy = self._runner.policy()
+        if policy is None or not policy.remediation.enabled:
+            return
+        existing = await self._store.get(node)
+        if existing is not None and existing.saga.state not in TERMINAL_STATES:
+            return  # the running one takes the GPU in (`kind` observes it)
+        limit = policy.remediation.max_per_hour
+        if not breaker.allows(self.starts(), now, limit):
+            self.refused_at = now
+            log.warning(
+                "circuit breaker: %d remediations started in the last hour; %s not remediated",
+                limit, node, extra={"node": node},
+            )  # fmt: skip
+            return
+        await self._start(node, event, policy, now, cause, existing)
+
+    async def _start(
+        self,
+        node: str,
+        event: dev.DeviceHealthChanged,
+        policy: GPUClusterPolicySpec,
+        now: datetime,
+        cause: str | None,
+        existing: object,
+    ) -> None:
+        upgrade = await self._upgrades.get(node)
+        folded = upgrade.saga.saga_id if upgrade and upgrade.saga.state in _WINDOW_STATES else None
+        inventory = await self._inventory(node)
+        saga_id = records.saga_id_for(node, now)
+        started = RemediationStarted(
+            saga_id=saga_id,
+            unhealthy={event.gpu_uuid: (event.xid,) if event.xid is not None else ()},
+            action=event.effective_action,
+            boot_id=inventory.boot_id if inventory else None,
+            driver_version=inventory.driver_version if inventory else None,
+            folded_into=folded,
+        )
+        saga = records.start(node, started, now)
+        earlier = self._store.cached(node)
+        if earlier is not None:
+            kept = breaker.recent(records.starts(earlier.saga), now)
+            saga = saga.model_copy(update={"earlier_starts": tuple(kept)})
+        try:
+            if earlier is None:
+                await self._store.create(saga, node)
+            else:
+                await self._store.replace(saga, node, earlier.revision)
+        except (KeyExists, RevisionConflict):
+            return  # another writer: the next health event looks again
+        await self._publish.event(
+            started, node=node, id=ids.started(saga_id), correlationid=saga_id,
+            causationid=cause, now=now,
+        )  # fmt: skip
+        how = f", folded into {folded}" if folded else ""
+        log.warning("remediating %s on %s%s", event.gpu_uuid, node, how, extra={"node": node})
+        await self._runner.act_kind(self.runner(), kind.pending(saga, policy))
+
+    async def _inventory(self, node: str) -> hw.HardwareDiscovered | None:
+        entry = await self._inventories.get(subjects.encode_node(node))
+        if entry is None:
+            return None
+        try:
+            return hw.HardwareDiscovered.model_validate_json(entry.value)
+        except ValueError:
+            return None
+
+    def condition(self, policy: GPUClusterPolicySpec, now: datetime) -> Condition:
+        """The policy's `RemediationBreaker` condition at `now`."""
+        limit = policy.remediation.max_per_hour
+        reopens = breaker.reopens(self.starts(), now, limit)
+        if reopens is None:
+            return condition(
+                BREAKER_CONDITION, False, "WithinLimit",
+                f"fewer than {limit} remediations started in the last hour" if limit
+                else "no limit (remediation.maxPerHour: 0)",
+                now=now,
+            )  # fmt: skip
+        return condition(
+            BREAKER_CONDITION, True, "Tripped",
+            f"{limit} remediations started in the last hour (remediation.maxPerHour): no "
+            f"other starts until {reopens.isoformat()}",
+            now=now,
+        )  # fmt: skip
+
+
+__all__ = ["DOMAIN", "REMEDIATION", "Starter"]

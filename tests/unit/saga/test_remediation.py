@@ -1,0 +1,324 @@
+"""The GPU remediation kind: its table, each phase's events and deadlines, the reboot
+fallback, the fold into an upgrade, the circuit breaker, and the health events that start
+one (and those that do not)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpuop.events import device as dev
+from gpuop.events import driver as dm
+from gpuop.events import kube
+from gpuop.events import remediation as cmd
+from gpuop.events.deadlines import DeadlineExpired
+from gpuop.events.fields import NamespacedName
+from gpuop.events.remediations import RemediationStarted
+from gpuop.events.remediations import RemediationState as S
+from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeState
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import machine
+from gpuop.saga.remediation import breaker, kind, records
+from gpuop.saga.remediation.actions import EvictPods, MirrorHealth
+from gpuop.saga.remediation.drafting import Draft
+from gpuop.saga.remediation.records import RemediationSaga
+from gpuop.saga.remediation.table import TABLE
+from tests.support.inventories import inventory
+from tests.support.sagas import policy
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+NODE = "gpu-1"
+GPU = "GPU-20bce083-dbf9-2d4f-3c35-c858915accc5"
+BOOT = "6f0e6b1c-3a52-4b8e-9a1d-0c5c2f3e4d5a"
+BOOT_B = "7f0e6b1c-3a52-4b8e-9a1d-0c5c2f3e4d5b"
+POD = NamespacedName(namespace="team", name="trainer-0")
+SPEC = policy()
+
+
+def started(**changes: object) -> RemediationStarted:
+    fields: dict[str, object] = {
+        "saga_id": f"remediation/{NODE}/1", "unhealthy": {GPU: (79,)}, "boot_id": BOOT,
+        "driver_version": "535.161.08",
+    }  # fmt: skip
+    return RemediationStarted.model_validate({**fields, **changes})
+
+
+class Walk:
+    """A remediation fed events one at a time, a second later each."""
+
+    def __init__(self, spec: GPUClusterPolicySpec = SPEC, **changes: object) -> None:
+        self.spec = spec
+        self.now = T0
+        self.saga = records.start(NODE, started(**changes), T0)
+        self.decisions: list[machine.Decision[RemediationSaga, S]] = []
+
+    def feed(self, event: object) -> machine.Decision[RemediationSaga, S] | None:
+        self.now += timedelta(seconds=1)
+        decision = kind.step(self.saga, event, self.spec, self.now)  # type: ignore[arg-type]
+        if decision is not None:
+            self.saga = decision.saga
+            self.decisions.append(decision)
+        return decision
+
+    def state(self) -> S:
+        return self.saga.state
+
+    def step_id(self) -> str:
+        return Draft(kind.REMEDIATION, self.saga, self.spec, self.now).step_id()
+
+    def admit(self) -> None:
+        self.feed(NodeAdmitted(rollout_id=self.saga.saga_id, saga_id=self.saga.saga_id))
+
+    def commands(self) -> list[object]:
+        return [c.payload for d in self.decisions for c in d.commands]
+
+    def actions(self) -> list[object]:
+        return [a for d in self.decisions for a in d.kube_actions]
+
+    def to_reset(self) -> None:
+        self.admit()
+        self.feed(cmd.GpuHoldersListed(command_id=self.step_id(), gpu_uuids=(GPU,), pods=(POD,)))
+        self.feed(kube.PodsDeleted(action_id=self.step_id(), deleted=1))
+        pause = self.step_id()
+        for service in dev.OperandService:
+            self.feed(dev.OperandPaused(command_id=pause, service=service))
+
+    def validate(self) -> None:
+        for _ in range(2):
+            self.feed(dm.DriverValidated(
+                command_id=self.step_id(), component=dm.Component.GPU, version="535.161.08",
+                devices=8,
+            ))  # fmt: skip
+        resume = self.step_id()
+        for service in dev.OperandService:
+            self.feed(dev.OperandResumed(command_id=resume, service=service))
+        pod = NamespacedName(namespace="gpuop", name="gpuop-validate")
+        self.feed(kube.ValidationPodSucceeded(action_id=self.step_id(), pod=pod))
+
+
+def test_the_kind_checks_and_every_state_has_a_row_and_a_phase() -> None:
+    kind.REMEDIATION.check()
+    assert set(TABLE) == set(S)
+    reachable = {S.ADMISSION_REQUIRED, S.FOLDED} | {t for row in TABLE.values() for t in row}
+    assert reachable == set(S)
+
+
+def test_a_start_quarantines_and_waits_for_admission() -> None:
+    walk = Walk()
+    commands, actions = kind.REMEDIATION.effects(walk.saga, SPEC)
+
+    assert walk.state() is S.ADMISSION_REQUIRED and walk.saga.deadline is None
+    assert commands == ()
+    mirror = actions[0]
+    assert isinstance(mirror, MirrorHealth) and mirror.taint is True
+    assert mirror.unhealthy == ((GPU, (79,)),)
+    assert kind.waiting(walk.saga) and not kind.holds(walk.saga)
+
+
+def test_without_quarantine_the_node_is_not_tainted() -> None:
+    spec = SPEC.model_copy(
+        update={"remediation": SPEC.remediation.model_copy(update={"quarantine": False})}
+    )
+    _, actions = kind.REMEDIATION.effects(Walk(spec).saga, spec)
+    assert isinstance(actions[0], MirrorHealth) and actions[0].taint is None
+
+
+def test_the_main_line_evicts_only_the_holders_resets_validates_and_releases() -> None:
+    walk = Walk()
+    walk.admit()
+    assert walk.state() is S.HOLDERS_REQUIRED and walk.saga.deadline == walk.now + timedelta(
+        seconds=60
+    )
+    assert isinstance(walk.commands()[-1], cmd.ListGpuHolders)
+    walk.feed(cmd.GpuHoldersListed(command_id=walk.step_id(), gpu_uuids=(GPU,), pods=(POD,)))
+    assert walk.state() is S.EVICTION_REQUIRED
+    evict = walk.actions()[-1]
+    assert isinstance(evict, EvictPods) and evict.pods == (POD,)
+    walk.feed(kube.PodsDeleted(action_id=walk.step_id(), deleted=1))
+    assert walk.state() is S.OPERANDS_PAUSE_REQUIRED
+    pause = walk.step_id()
+    for service in dev.OperandService:
+        walk.feed(dev.OperandPaused(command_id=pause, service=service))
+    assert walk.state() is S.RESET_REQUIRED
+    reset = walk.commands()[-1]
+    assert isinstance(reset, cmd.ResetGpu) and reset.gpu_uuids == (GPU,)
+    walk.feed(
+        cmd.GpuReset(command_id=walk.step_id(), gpu_uuids=(GPU,), method=cmd.ResetMethod.NVML)
+    )
+    assert walk.state() is S.VALIDATION_REQUIRED and walk.saga.step.name == "validate-gpu"
+    walk.validate()
+
+    assert walk.state() is S.DONE
+    release = walk.actions()[-1]
+    assert isinstance(release, MirrorHealth) and release.taint is False and release.unhealthy == ()
+    walked = [t.to_state for d in walk.decisions for t in d.transitions]
+    assert walked == [
+        S.HOLDERS_REQUIRED, S.EVICTION_REQUIRED, S.OPERANDS_PAUSE_REQUIRED, S.RESET_REQUIRED,
+        S.VALIDATION_REQUIRED, S.RELEASE_REQUIRED, S.DONE,
+    ]  # fmt: skip
+    assert not kind.holds(walk.saga)
+
+
+def test_no_holder_skips_the_eviction_and_unknown_holders_evict_every_gpu_pod() -> None:
+    walk = Walk()
+    walk.admit()
+    walk.feed(cmd.GpuHoldersListed(command_id=walk.step_id(), gpu_uuids=(GPU,), pods=()))
+    assert walk.state() is S.OPERANDS_PAUSE_REQUIRED
+
+    unknown = Walk()
+    unknown.admit()
+    unknown.feed(cmd.GpuHoldersUnknown(command_id=unknown.step_id(), message="no socket"))
+    assert unknown.state() is S.EVICTION_REQUIRED
+    assert type(unknown.actions()[-1]).__name__ == "DeletePods"
+
+
+def test_an_answer_to_another_step_changes_nothing() -> None:
+    walk = Walk()
+    walk.admit()
+    assert walk.feed(cmd.GpuHoldersListed(command_id="other", gpu_uuids=(GPU,), pods=())) is None
+
+
+def test_a_failed_reset_reboots_and_a_new_boot_id_confirms_it() -> None:
+    walk = Walk()
+    walk.to_reset()
+    walk.feed(cmd.GpuResetFailed(
+        command_id=walk.step_id(), gpu_uuids=(GPU,), reason=cmd.ResetFailureReason.RESET_FAILED,
+    ))  # fmt: skip
+    assert walk.state() is S.REBOOT_REQUIRED and walk.saga.boot_id_at_reboot == BOOT
+    reboot = walk.commands()[-1]
+    assert isinstance(reboot, dm.RebootNode) and reboot.boot_id == BOOT
+    assert (
+        walk.feed(kube.NodeObserved(ready=True, unschedulable=False, boot_id=BOOT)) is None
+    )  # the same boot: not yet
+    walk.feed(kube.NodeObserved(ready=True, unschedulable=False, boot_id=BOOT_B))
+    assert walk.state() is S.VALIDATION_REQUIRED and walk.saga.rebooted
+    walk.validate()
+    assert walk.state() is S.DONE
+
+
+def test_a_reboot_not_confirmed_in_time_fails_and_keeps_the_taint() -> None:
+    walk = Walk()
+    walk.to_reset()
+    walk.feed(cmd.GpuResetFailed(
+        command_id=walk.step_id(), gpu_uuids=(GPU,), reason=cmd.ResetFailureReason.TIMEOUT,
+    ))  # fmt: skip
+    expired = machine.deadline_event(walk.saga)
+    assert expired is not None and expired.step == "reboot"
+    walk.feed(expired)
+
+    assert walk.state() is S.FAILED
+    assert "reboot not confirmed" in walk.saga.failure
+    mirror = next(a for a in walk.decisions[-1].kube_actions if isinstance(a, MirrorHealth))
+    assert mirror.taint is True and "remediation failed" in mirror.detail
+    resume = walk.decisions[-1].commands[0].payload
+    assert isinstance(resume, dev.ResumeOperands)  # the node's other GPUs go back to work
+
+
+def test_a_failed_reset_without_reboots_allowed_fails() -> None:
+    policy = SPEC.remediation.model_copy(update={"allow_reboot": False})
+    walk = Walk(SPEC.model_copy(update={"remediation": policy}))
+    walk.to_reset()
+    walk.feed(cmd.GpuResetFailed(
+        command_id=walk.step_id(), gpu_uuids=(GPU,), reason=cmd.ResetFailureReason.NOT_SUPPORTED,
+    ))  # fmt: skip
+    assert walk.state() is S.FAILED and "allowReboot" in walk.saga.failure
+
+
+def test_a_fault_that_asks_for_a_reboot_skips_the_reset() -> None:
+    walk = Walk(action="reboot")
+    walk.to_reset()
+    assert walk.state() is S.REBOOT_REQUIRED
+
+
+def test_every_step_has_its_deadline_and_a_stale_one_changes_nothing() -> None:
+    walk = Walk()
+    walk.admit()
+    expired = machine.deadline_event(walk.saga)
+    assert expired is not None
+    walk.feed(cmd.GpuHoldersListed(command_id=walk.step_id(), gpu_uuids=(GPU,), pods=(POD,)))
+    assert walk.feed(expired) is None  # the holders step ended: its deadline is stale
+    eviction = machine.deadline_event(walk.saga)
+    assert eviction is not None and eviction.step == "evict"
+    walk.feed(eviction)
+    assert walk.state() is S.FAILED and walk.saga.history[-1].result == "expired"
+
+
+def test_a_remediation_folded_into_an_upgrade_ends_when_the_upgrade_validates() -> None:
+    walk = Walk(folded_into="rollout-1/gpu-1")
+    assert walk.state() is S.FOLDED and not kind.holds(walk.saga)
+    changed = NodeUpgradeStateChanged(
+        rollout_id="rollout-1", from_state=UpgradeState.VALIDATION_REQUIRED,
+        to_state=UpgradeState.UNCORDON_REQUIRED, components=(dm.Component.GPU,),
+        target_versions={dm.Component.GPU: "550.54.15"},
+    )  # fmt: skip
+    walk.feed(changed)
+    assert walk.state() is S.DONE
+
+    failing = Walk(folded_into="rollout-1/gpu-1")
+    failing.feed(changed.model_copy(update={"to_state": UpgradeState.UPGRADE_FAILED}))
+    assert failing.state() is S.FAILED
+
+
+def test_a_removed_node_ends_it() -> None:
+    walk = Walk()
+    walk.admit()
+    walk.feed(kube.NodeRemoved())
+    assert walk.state() is S.FAILED
+
+
+def test_another_gpu_failing_before_admission_is_reset_too() -> None:
+    walk = Walk()
+    other = "GPU-30bce083-dbf9-2d4f-3c35-c858915accc5"
+    walk.feed(dev.DeviceHealthChanged(
+        gpu_uuid=other, healthy=False, reason=dev.HealthReason.XID, xid=48,
+        action=dev.XidAction.RESET_GPU,
+    ))  # fmt: skip
+    assert walk.saga.gpu_uuids == (GPU, other) and walk.saga.unhealthy[other] == (48,)
+
+
+@pytest.mark.parametrize(
+    ("action", "healthy", "calls"),
+    [
+        (dev.XidAction.RESTART_APPLICATION, False, False),
+        (dev.XidAction.NONE, False, False),
+        (dev.XidAction.RESET_GPU, False, True),
+        (dev.XidAction.DRAIN_AND_REPLACE, False, True),
+        (None, False, True),  # an old log's event: reset-gpu
+        (None, True, False),
+    ],
+)
+def test_only_a_fault_that_needs_a_reset_or_worse_calls_for_a_remediation(
+    action: dev.XidAction | None, healthy: bool, calls: bool
+) -> None:
+    event = dev.DeviceHealthChanged(
+        gpu_uuid=GPU, healthy=healthy, reason=dev.HealthReason.XID, xid=13, action=action
+    )
+    assert kind.calls_for_remediation(event) is calls
+
+
+def test_the_breaker_trips_at_n_plus_one_and_reopens_an_hour_after() -> None:
+    starts = [T0 + timedelta(minutes=m) for m in (0, 10, 20)]
+    now = T0 + timedelta(minutes=30)
+    assert breaker.allows(starts[:2], now, 3)
+    assert not breaker.allows(starts, now, 3)
+    assert breaker.reopens(starts, now, 3) == T0 + timedelta(hours=1)
+    assert breaker.allows(starts, T0 + timedelta(hours=1), 3)
+    assert breaker.allows(starts * 5, now, 0)
+
+
+def test_a_deadline_of_another_saga_changes_nothing() -> None:
+    walk = Walk()
+    walk.admit()
+    assert walk.saga.deadline is not None
+    other = DeadlineExpired(
+        saga_id="rollout-1/gpu-1", state="gpu-holders-required", step="holders", attempt=1,
+        deadline=walk.saga.deadline,
+    )  # fmt: skip
+    assert walk.feed(other) is None
+
+
+def test_a_new_inventory_boot_id_is_kept_for_the_reboot() -> None:
+    walk = Walk()
+    walk.feed(inventory(boot_id=BOOT_B))
+    assert walk.saga.boot_id == BOOT_B
