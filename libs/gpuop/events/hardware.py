@@ -63,6 +63,39 @@ class MigMode(DocumentedEnum):
     """The GPU cannot do MIG."""
 
 
+class MigInstance(Record):
+    """One MIG device of a GPU (a compute instance in its GPU instance), with what GPU Feature
+    Discovery's per-profile labels (`nvidia.com/mig-<profile>.*`) say of it."""
+
+    uuid: Annotated[str, StringConstraints(pattern=r"^MIG-[0-9a-fA-F-]{36}$")]
+    """`MIG-2e4b5e4c-...`: what the device plugin and CDI name it by."""
+    profile: Annotated[
+        str,
+        StringConstraints(
+            pattern=r"^([0-9]{1,2}c\.)?[0-9]{1,2}g\.[0-9]{1,4}gb([+-][a-z.]{1,16})?$"
+        ),
+    ]
+    """Its profile: `1g.18gb`, `1c.2g.35gb`."""
+    gpu_instance_slices: Annotated[int, Field(ge=1, le=8)]
+    """GPU slices of its GPU instance (`.slices.gi`)."""
+    compute_instance_slices: Annotated[int, Field(ge=1, le=8)]
+    """GPU slices of its compute instance (`.slices.ci`)."""
+    memory_bytes: Bytes
+    """Its framebuffer (`.memory`, in MiB)."""
+    multiprocessors: Count
+    """Streaming multiprocessors."""
+    copy_engines: Count = 0
+    """Copy engines."""
+    decoders: Count = 0
+    """Video decoders."""
+    encoders: Count = 0
+    """Video encoders."""
+    jpeg_engines: Count = 0
+    """JPEG decoders."""
+    ofa_engines: Count = 0
+    """Optical flow accelerators."""
+
+
 class Gpu(Record):
     """One physical GPU as NVML reports it."""
 
@@ -88,6 +121,9 @@ class Gpu(Record):
     """GPU architecture family in lowercase (`hopper`), when NVML names it."""
     clique: Annotated[str, StringConstraints(pattern=r"^[0-9a-f-]{36}\.[0-9]{1,10}$")] | None = None
     """Its multi-node NVLink domain, `<clusterUuid>.<cliqueId>`; absent when it has none."""
+    mig_devices: tuple[MigInstance, ...] = Field(default=(), max_length=7)
+    """Its MIG devices, by position; empty when MIG is off (and in inventories from before
+    gpuop read them)."""
 
 
 class PciFunction(Record):
@@ -160,6 +196,8 @@ class CdiSpec(Record):
 
 ADDED_FIELDS = ("container_runtimes", "cdi_specs")
 """`HardwareDiscovered` fields added after its first release; see `content_hash`."""
+ADDED_GPU_FIELDS = ("mig_devices",)
+"""`Gpu` fields added after its first release, left out of the hash the same way."""
 
 
 class HardwareDiscovered(Event):
@@ -217,6 +255,10 @@ class HardwareDiscovered(Event):
         for name in ADDED_FIELDS:
             if fields.get(name) in ((), [], None):
                 fields.pop(name, None)
+        for gpu in fields.get("gpus", ()):
+            for name in ADDED_GPU_FIELDS:
+                if gpu.get(name) in ((), [], None):
+                    gpu.pop(name, None)
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

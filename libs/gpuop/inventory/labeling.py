@@ -23,6 +23,18 @@ a GPU container can start here: a valid CDI spec and the `nvidia` runtime handle
 `containers`. Upstream has neither (its validator writes files under `/run/nvidia/validations`
 instead); they are not NVML-derived, so a driver reload that keeps the spec keeps them.
 
+MIG labels follow GFD's (k8s-device-plugin `internal/lm`, `internal/resource`), from the MIG
+devices in the inventory. Under the `mixed` strategy each profile on the node gets
+`nvidia.com/mig-<profile>.{count,memory,multiprocessors,slices.gi,slices.ci,product,replicas,
+sharing-strategy}` and `.engines.{copy,decoder,encoder,jpeg,ofa}` (`+` in a profile becomes
+`.`: `mig-1g.18gb.me`; memory in MiB, `slices.gi` the GPU instance's slices, `slices.ci` the
+compute instance's). Under `single`, where every GPU has MIG on with devices of one profile,
+the `nvidia.com/gpu.*` labels describe a MIG device instead: `gpu.product`
+`<model>-MIG-<profile>`, `gpu.count` the MIG devices, `gpu.memory` one device's MiB, plus
+`gpu.multiprocessors`, `gpu.slices.{gi,ci}` and `gpu.engines.*`; a node with MIG on some GPUs
+only, a GPU with MIG on and no device, or two profiles is `<model>-MIG-INVALID` with count 0.
+A node with MIG off everywhere is labelled as under `none`.
+
 `nvidia.com/gpu.clique` names the node's multi-node NVLink domain (`<clusterUuid>.<cliqueId>`,
 from NVML's fabric info) when every GPU of the node is registered in the same one; a node
 whose GPUs have no such fabric (an HGX H200) gets no such label. Waves can order a rollout by
@@ -36,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from gpuop.events.device import DevicePluginConfigApplied, SharingStrategy
-from gpuop.events.hardware import Gpu, HardwareDiscovered, MigMode
+from gpuop.events.hardware import Gpu, HardwareDiscovered, MigInstance, MigMode
 from gpuop.inventory import containers
 
 GFD = "nvidia.com/"
@@ -63,7 +75,11 @@ NVML_DERIVED = (
     f"{GFD}gpu.mode",
     f"{GFD}gpu.machine",
     f"{GFD}gpu.clique",
+    f"{GFD}gpu.multiprocessors",
+    f"{GFD}gpu.slices.",
+    f"{GFD}gpu.engines.",
     f"{GFD}mig.",
+    f"{GFD}mig-",
     f"{GFD}mps.capable",
     f"{GFD}vgpu.present",
 )
@@ -230,6 +246,7 @@ def _gfd(inventory: HardwareDiscovered, settings: LabelSettings) -> dict[str, st
     )
     if first.mig_mode is not MigMode.UNSUPPORTED:
         labels[f"{GFD}mig.strategy"] = settings.mig_strategy
+    labels.update(_mig(inventory, settings, product, labels))
     cliques = {gpu.clique for gpu in inventory.gpus}
     if len(cliques) == 1 and (clique := cliques.pop()) is not None:
         labels[f"{GFD}gpu.clique"] = clique  # only when every GPU is in the one domain
@@ -238,6 +255,71 @@ def _gfd(inventory: HardwareDiscovered, settings: LabelSettings) -> dict[str, st
     if settings.timestamp is not None:
         labels[f"{GFD}gfd.timestamp"] = str(settings.timestamp)
     return labels
+
+
+def _mig(
+    inventory: HardwareDiscovered, settings: LabelSettings, product: str, gpu: Mapping[str, str]
+) -> dict[str, str]:
+    """The MIG labels of the strategy; under `single` they override `gpu.*` labels."""
+    if settings.mig_strategy is MigStrategy.MIXED:
+        return _mig_mixed(inventory, product, gpu)
+    if settings.mig_strategy is MigStrategy.SINGLE:
+        return _mig_single(inventory, product)
+    return {}
+
+
+def _mig_mixed(
+    inventory: HardwareDiscovered, product: str, gpu: Mapping[str, str]
+) -> dict[str, str]:
+    by_profile: dict[str, list[MigInstance]] = {}
+    for device in (d for g in inventory.gpus for d in g.mig_devices):
+        by_profile.setdefault(device.profile, []).append(device)
+    labels = {}
+    for profile, devices in sorted(by_profile.items()):
+        name = _profile_label(profile)
+        prefix = f"{GFD}mig-{name}"
+        labels[f"{prefix}.count"] = str(len(devices))
+        labels[f"{prefix}.product"] = _label_value(f"{product}-MIG-{name}")
+        labels[f"{prefix}.replicas"] = gpu[f"{GFD}gpu.replicas"]
+        labels[f"{prefix}.sharing-strategy"] = gpu[f"{GFD}gpu.sharing-strategy"]
+        labels.update(_mig_attributes(prefix, devices[0]))
+    return labels
+
+
+def _mig_single(inventory: HardwareDiscovered, product: str) -> dict[str, str]:
+    enabled = [gpu.mig_mode is MigMode.ENABLED for gpu in inventory.gpus]
+    if not any(enabled):
+        return {}
+    devices = [d for gpu in inventory.gpus for d in gpu.mig_devices]
+    profiles = {d.profile for d in devices}
+    empty = any(not gpu.mig_devices for gpu in inventory.gpus)
+    if not all(enabled) or empty or len(profiles) != 1:
+        return {f"{GFD}gpu.product": f"{product}-MIG-INVALID", f"{GFD}gpu.count": "0"}
+    name = _profile_label(profiles.pop())
+    return {
+        f"{GFD}gpu.product": _label_value(f"{product}-MIG-{name}"),
+        f"{GFD}gpu.count": str(len(devices)),
+        **_mig_attributes(f"{GFD}gpu", devices[0]),
+    }
+
+
+def _mig_attributes(prefix: str, device: MigInstance) -> dict[str, str]:
+    return {
+        f"{prefix}.memory": str(device.memory_bytes // 2**20),
+        f"{prefix}.multiprocessors": str(device.multiprocessors),
+        f"{prefix}.slices.gi": str(device.gpu_instance_slices),
+        f"{prefix}.slices.ci": str(device.compute_instance_slices),
+        f"{prefix}.engines.copy": str(device.copy_engines),
+        f"{prefix}.engines.decoder": str(device.decoders),
+        f"{prefix}.engines.encoder": str(device.encoders),
+        f"{prefix}.engines.jpeg": str(device.jpeg_engines),
+        f"{prefix}.engines.ofa": str(device.ofa_engines),
+    }
+
+
+def _profile_label(profile: str) -> str:
+    """A profile as resource and label names write it: `1g.18gb+me` -> `1g.18gb.me`."""
+    return profile.replace("+", ".")
 
 
 def _driver_version(version: str) -> dict[str, str]:

@@ -22,13 +22,14 @@ import re
 from pydantic import ValidationError
 
 from gpuop.events.driver import Flavour
-from gpuop.events.hardware import Gpu, HardwareDiscovered, MigMode, PciFunction
+from gpuop.events.hardware import Gpu, HardwareDiscovered, MigInstance, MigMode, PciFunction
 from gpuop.host import modules, nvidia, pci, system
 from gpuop.host.errors import HostReadError
 from gpuop.host.roots import HostRoot
 from gpuop.inventory import containers
 from gpuop.nvml.devices import DeviceInfo
 from gpuop.nvml.errors import DriverNotLoaded, DriverUnavailable, GpuFailure
+from gpuop.nvml.mig import MigDevice
 from gpuop.nvml.protocol import Nvml, opened
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,11 @@ def with_known_gpus(
     return hashed(completed)
 
 
-def gpu_record(info: DeviceInfo, sysfs_numa_node: int | None = None) -> Gpu:
+def gpu_record(
+    info: DeviceInfo,
+    sysfs_numa_node: int | None = None,
+    mig_devices: tuple[MigDevice, ...] = (),
+) -> Gpu:
     """The inventory record of one GPU; the PCI address in sysfs's form (`0000:00:06.0`)."""
     if info.mig_mode_current is None:
         mig_mode = MigMode.UNSUPPORTED
@@ -149,6 +154,24 @@ def gpu_record(info: DeviceInfo, sysfs_numa_node: int | None = None) -> Gpu:
         compute_capability=info.compute_capability,
         architecture=info.architecture,
         clique=info.fabric_clique,
+        mig_devices=tuple(mig_instance(device) for device in mig_devices),
+    )
+
+
+def mig_instance(device: MigDevice) -> MigInstance:
+    """The inventory record of one MIG device."""
+    return MigInstance(
+        uuid=device.uuid,
+        profile=device.profile,
+        gpu_instance_slices=device.gpu_instance_slices,
+        compute_instance_slices=device.compute_instance_slices,
+        memory_bytes=device.memory_total_bytes,
+        multiprocessors=device.multiprocessor_count,
+        copy_engines=device.copy_engines,
+        decoders=device.decoders,
+        encoders=device.encoders,
+        jpeg_engines=device.jpeg_engines,
+        ofa_engines=device.ofa_engines,
     )
 
 
@@ -158,11 +181,12 @@ def _gpus(nvml: Nvml, functions: tuple[pci.PciFunction, ...]) -> tuple[Gpu, ...]
     for index in range(nvml.device_count()):
         try:
             info = nvml.device_info(index)
+            migs = nvml.mig_devices(index) if info.mig_mode_current else ()
         except GpuFailure as error:
             # a GPU that fell off the bus is not one the node can offer
             log.warning("GPU %d does not answer, leaving it out: %s", index, error)
             continue
-        gpus.append(gpu_record(info, numa_by_address.get(info.sysfs_bus_id)))
+        gpus.append(gpu_record(info, numa_by_address.get(info.sysfs_bus_id), migs))
     return tuple(gpus)
 
 

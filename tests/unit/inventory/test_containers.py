@@ -193,7 +193,10 @@ def test_the_labels_stay_through_a_driver_reload_that_keeps_the_spec() -> None:
 
 def test_an_inventory_without_runtimes_or_specs_hashes_as_before_the_fields() -> None:
     plain = inventory()
-    before = plain.model_dump(mode="json", exclude={"inventory_hash", *_ADDED})
+    before = plain.model_dump(
+        mode="json",
+        exclude={"inventory_hash": True, **dict.fromkeys(_ADDED, True), "gpus": _GPU_ADDED},
+    )
 
     assert plain.content_hash() == _sha256(before)
     assert inventory(cdi_specs=(SPEC,)).content_hash() != plain.content_hash()
@@ -211,6 +214,8 @@ def test_an_inventory_written_before_the_fields_parses_with_its_hash(host: HostR
 
 
 _ADDED = ("container_runtimes", "cdi_specs")
+_GPU_ADDED = {"__all__": {"mig_devices"}}
+"""`Gpu.mig_devices`, added later still, left out of each GPU's dump."""
 
 
 def _sha256(fields: dict[str, object]) -> str:
