@@ -24,7 +24,8 @@ NS = fleet.RELEASE_NAMESPACE
 MUST = {
     "upgrade-orchestrator": [
         ("get", "nodes", ""), ("list", "nodes", ""), ("watch", "nodes", ""),
-        ("patch", "nodes", ""), ("list", "pods", ""), ("watch", "pods", ""),
+        ("patch", "nodes", ""), ("patch", "nodes/status", ""),
+        ("list", "pods", ""), ("watch", "pods", ""),
         ("delete", "pods", "ml-serving"), ("create", "pods/eviction", "ml-serving"),
         ("list", "poddisruptionbudgets.policy", ""),
         ("get", "resourceclaims.resource.k8s.io", "ml-serving"),
@@ -50,6 +51,14 @@ MUST = {
 """Role -> (verb, resource, namespace) its code calls."""
 
 
+TAINT = "gpuop.io/gpu-unhealthy"
+GPU_HEALTHY = {
+    "status": {
+        "conditions": [
+            {"type": "GPUHealthy", "status": "False", "reason": "GPUUnhealthy", "message": "x"}
+        ]
+    }
+}
 ISSUER = f"/api/v1/namespaces/{NS}/secrets/{fleet.RELEASE}-nats-issuer"
 """The callout's issuer key, which the chart generates (callout mode, the default)."""
 
@@ -130,7 +139,8 @@ WRITES = [
     (
         "upgrade-orchestrator",
         {"spec": {"taints": [{"key": "x", "value": "y", "effect": "NoSchedule"}]}},
-        "upgrade-orchestrator may change spec.unschedulable (cordon) of a node, nothing else",
+        "upgrade-orchestrator may change spec.unschedulable (cordon) and its taint "
+        "gpuop.io/gpu-unhealthy of a node, nothing else",
     ),
     (
         "upgrade-orchestrator",
@@ -178,6 +188,70 @@ def test_admission_policies_keep_each_node_writer_to_its_own_fields(
     else:
         assert done.returncode != 0, done.stdout
         assert "ValidatingAdmissionPolicy" in done.stderr, done.stderr
+        assert refusal in done.stderr, done.stderr
+
+
+HEALTH_WRITES = [
+    ("upgrade-orchestrator", ["taint", "node", "gpu-node-1", f"{TAINT}=:NoSchedule"], None),
+    ("upgrade-orchestrator", ["taint", "node", "gpu-node-1", f"{TAINT}-"], None),
+    (
+        "upgrade-orchestrator",
+        ["taint", "node", "gpu-node-1", "example.com/other=x:NoSchedule"],
+        "may change spec.unschedulable (cordon) and its taint gpuop.io/gpu-unhealthy",
+    ),
+    ("upgrade-orchestrator", ["patch", "node", "gpu-node-1", "--subresource=status",
+                              "--type=strategic", "-p", json.dumps(GPU_HEALTHY)], None),
+    (
+        "upgrade-orchestrator",
+        ["patch", "node", "gpu-node-1", "--subresource=status", "--type=strategic", "-p",
+         json.dumps({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})],
+        "may change the GPUHealthy condition of a node's status, nothing else",
+    ),
+    (
+        "upgrade-orchestrator",
+        ["patch", "node", "gpu-node-1", "--subresource=status", "--type=merge", "-p",
+         json.dumps({"status": {"capacity": {"nvidia.com/gpu": "99"}}})],
+        "may change the GPUHealthy condition of a node's status, nothing else",
+    ),
+    (
+        "discovery-cluster",
+        ["patch", "node", "gpu-node-1", "--subresource=status", "--type=strategic", "-p",
+         json.dumps(GPU_HEALTHY)],
+        'cannot get resource "nodes/status"',  # nor patch it: kubectl reads it first
+    ),
+]  # fmt: skip
+"""(role, kubectl arguments, None where allowed, else part of the refusal): the GPU health
+signals the orchestrator writes (gpuop.kube.conditions) and nothing beside them."""
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(("role", "command", "refusal"), HEALTH_WRITES)
+def test_the_orchestrator_writes_its_health_condition_and_taint_and_nothing_else(
+    plane: ControlPlane,
+    installed: str,
+    tmp_path: Path,
+    role: str,
+    command: list[str],
+    refusal: str | None,
+) -> None:
+    kubeconfig = fleet.service_account_kubeconfig(plane, role, tmp_path / f"{role}.kubeconfig")
+
+    def attempt() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(binary("kubectl")), "--kubeconfig", str(kubeconfig), *command],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    done = attempt()
+    for _ in range(20):  # the apiserver loads a new policy a moment after its creation
+        if refusal is None or done.returncode != 0:
+            break
+        time.sleep(0.5)
+        done = attempt()
+    if refusal is None:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode != 0, done.stdout
         assert refusal in done.stderr, done.stderr
 
 

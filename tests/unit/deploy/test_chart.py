@@ -269,6 +269,7 @@ def test_rbac_grants_each_role_exactly_what_its_calls_need() -> None:
     }  # fmt: skip
     assert rules_of(rendering, "gpuop-upgrade-orchestrator") == {
         ("*", "nodes"): {"get", "list", "watch", "patch"},
+        ("*", "nodes/status"): {"get", "patch"},  # the GPUHealthy condition
         ("*", "pods"): {"get", "list", "watch", "delete"},
         ("gpuop-system", "pods"): {"create"},  # the validation ladder's pod, here only
         ("*", "pods/eviction"): {"create"},
