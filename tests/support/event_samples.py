@@ -19,6 +19,7 @@ from gpuop.events import (
     ids,
     kube,
     mig,
+    migrequests,
     network,
     remediation,
     remediations,
@@ -222,6 +223,7 @@ SAMPLES: list[Payload] = [
     device.OperandPaused(command_id=CMD, service=device.OperandService.DEVICE_PLUGIN),
     device.OperandResumed(command_id=CMD, service=device.OperandService.TELEMETRY),
     device.DevicePluginConfigSelected(config="time-sliced"),
+    migrequests.MigConfigRequested(config="all-balanced"),
     device.DevicePluginConfigApplied(
         config="shared-4",
         requested="Time_Sliced",

@@ -40,6 +40,7 @@ CATALOGUE = [
     gpuop.events.remediation,
     gpuop.events.remediations,
     gpuop.events.mig,
+    gpuop.events.migrequests,
 ]
 MODELS = [REGISTRY[type_] for type_ in sorted(REGISTRY)]
 TOKEN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")

@@ -227,6 +227,7 @@ def _reads(identity: Identity, prefix: str) -> tuple[str, ...]:
         return (
             subjects.events_filter("device", name="plugin-config-applied", prefix=prefix),
             subjects.events_filter("device", name="plugin-config-selected", prefix=prefix),
+            subjects.events_filter("device", name="mig-config-requested", prefix=prefix),
         )
     if identity.role == "telemetry-cluster":
         return (
@@ -266,6 +267,7 @@ def _node_events(role: str, node: str, prefix: str) -> tuple[str, ...]:
 _CLUSTER_PUBLISHES: dict[str, Callable[[str], tuple[str, ...]]] = {
     "discovery-cluster": lambda p: (
         subjects.events_filter("device", name="plugin-config-selected", prefix=p),
+        subjects.events_filter("device", name="mig-config-requested", prefix=p),
     ),
     "network-manager-cluster": lambda p: (),
     "telemetry-cluster": lambda p: (),

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuop.policy.drivers import DriverSpec
 from gpuop.policy.fields import Section
+from gpuop.policy.mig import MigPolicy
 from gpuop.policy.networks import NetworkSpec
 from gpuop.policy.remediation import RemediationPolicy
 from gpuop.policy.upgrades import UpgradePolicy
@@ -37,6 +38,9 @@ class GPUClusterPolicySpec(Section):
     """Secondary networks, RDMA sharing, and what gpuop may do to the management NIC."""
     remediation: RemediationPolicy = RemediationPolicy()
     """What gpuop does when a GPU turns unhealthy: quarantine, reset, reboot, the breaker."""
+    mig: MigPolicy = MigPolicy()
+    """The MIG layouts the node label `nvidia.com/mig.config` may name, and how a node is
+    re-carved."""
 
     def to_wire(self) -> dict[str, Any]:
         """The spec as it is written to the API server: camelCase, unset optionals left out."""

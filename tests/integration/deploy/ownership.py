@@ -15,6 +15,7 @@ from gpuop.events import (
     bus_subject,
     device,
     ids,
+    migrequests,
     new_command,
     new_event,
     remediation,
@@ -65,8 +66,8 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
     }
     if payload is device.DeviceHealthChanged:
         return user == "telemetry"
-    if payload is device.DevicePluginConfigSelected:
-        return user == "discovery-cluster"  # from the Node's label, which only it watches
+    if payload in (device.DevicePluginConfigSelected, migrequests.MigConfigRequested):
+        return user == "discovery-cluster"  # from the Node's labels, which only it watches
     if payload in (remediation.GpuHoldersListed, remediation.GpuHoldersUnknown):
         return user == "device-plugin"  # the holders of its node's GPUs, from its kubelet
     if payload in (device.DevicePluginConfigApplied, device.MpsDaemonChanged):

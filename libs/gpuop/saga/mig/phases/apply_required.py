@@ -1,0 +1,57 @@
+"""apply-required: the driver-manager gives the GPUs their layouts (`ApplyMigLayout`):
+MIG mode on or off, GPU and compute instances destroyed and created, the result read back,
+the CDI spec regenerated for the new MIG devices.
+
+Its success (`MigLayoutApplied`) goes to verification. Its failure (`MigLayoutFailed`) says
+whether the node put back the layout it read first (`restored`, also true when nothing was
+changed): restored, the operands are resumed and the request fails; not restored, the saga
+restores the layout recorded at its start (`restore-required`) when it knows it, and fails
+with the GPUs as they are when it does not. No answer by the deadline counts as not
+restored: the GPUs may be half re-carved.
+"""
+
+from __future__ import annotations
+
+from gpuop.events import mig
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.mig.drafting import Draft, issue
+from gpuop.saga.mig.phases.common import answers, fail_on_deadline, start, timeout
+from gpuop.saga.mig.records import AppliedAnswer, MigSaga, MigStepKind, StepResult
+from gpuop.saga.mig.states import MigState as S
+
+STATE = S.APPLY_REQUIRED
+
+
+def enter(draft: Draft, retry: bool) -> None:
+    draft.update(applied=True)
+    start(draft, MigStepKind.APPLY)
+
+
+def on_event(draft: Draft, trigger: Trigger) -> None:
+    if isinstance(trigger, mig.MigLayoutApplied) and answers(draft, trigger.command_id):
+        answer = AppliedAnswer(
+            config=trigger.config,
+            changed_gpus=tuple(trigger.changed_gpus),
+            mig_devices=trigger.mig_devices,
+        )
+        draft.update(answer=answer)
+        changed = list(trigger.changed_gpus)
+        draft.outcome(StepResult.SUCCEEDED, f"applied; GPUs changed: {changed}")
+        draft.move(S.VERIFICATION_REQUIRED, "MigLayoutApplied")
+    elif isinstance(trigger, mig.MigLayoutFailed) and answers(draft, trigger.command_id):
+        if trigger.restored:
+            draft.update(restored=True)  # not restored: compensation restores, or says not
+        undone = "the node restored the layout" if trigger.restored else "not restored"
+        detail = f"MigLayoutFailed {trigger.reason} ({undone}): {trigger.message}"
+        draft.fail(detail.rstrip(": "))
+
+
+on_deadline = fail_on_deadline
+
+
+def effects(saga: MigSaga, spec: GPUClusterPolicySpec) -> Effects:
+    apply = mig.ApplyMigLayout(
+        config=saga.config, layouts=saga.plan.layouts, timeout_seconds=timeout(saga, spec)
+    )
+    return (issue(saga, apply, saga.step.token),), ()

@@ -1,0 +1,63 @@
+"""What several MIG phases share: a deadline that fails the step, an answer to the step,
+the executor's timeout, and the operands' confirmations."""
+
+from __future__ import annotations
+
+from gpuop.events import kube
+from gpuop.events.deadlines import DeadlineExpired
+from gpuop.events.device import OperandService
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga.machine import Trigger
+from gpuop.saga.mig.drafting import Draft
+from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind, StepResult
+from gpuop.saga.mig.steps import limit_seconds
+from gpuop.saga.steps import executor_timeout
+
+
+def overdue(draft: Draft) -> str:
+    """Why the pending step failed on its deadline, in words."""
+    saga = draft.saga
+    if saga.deadline is None:
+        raise ValueError(f"{saga.step.token} has no deadline to be overdue on")
+    seconds = (saga.deadline - saga.step_started).total_seconds()
+    return f"{saga.step.token} did not finish within {seconds:g} s"
+
+
+def fail_on_deadline(draft: Draft, expired: DeadlineExpired) -> None:
+    """Most steps' deadline: the step failed; compensate."""
+    draft.fail(overdue(draft), StepResult.EXPIRED)
+
+
+def answers(draft: Draft, command_id: str) -> bool:
+    """Whether an answer carrying `command_id` answers the pending step."""
+    return command_id == draft.step_id()
+
+
+def answers_action(draft: Draft, trigger: Trigger) -> bool:
+    """Whether `trigger` is the outcome of the Kubernetes action of the pending step."""
+    return isinstance(trigger, kube.KubeActionResult) and trigger.action_id == draft.step_id()
+
+
+def timeout(saga: MigSaga, spec: GPUClusterPolicySpec) -> int:
+    """The executor's timeout for the pending step: 90% of its deadline, so it reports its
+    own failure, with its reason, before the saga's deadline fails the step."""
+    limit = limit_seconds(saga.step, spec.mig)
+    if limit is None:
+        raise ValueError(f"step {saga.step.token} has no deadline to take a timeout from")
+    return executor_timeout(limit)
+
+
+def confirmed(
+    draft: Draft, service: OperandService, done: tuple[OperandService, ...]
+) -> tuple[OperandService, ...] | None:
+    """The operands confirmed once `service` is added to `done`, in the saga's order; None
+    when `service` is not one the saga waits for, or confirmed already."""
+    operands = draft.saga.operands
+    if service not in operands or service in done:
+        return None
+    return tuple(s for s in operands if s in {*done, service})
+
+
+def start(draft: Draft, kind: MigStepKind) -> None:
+    """Make a step of `kind` the pending one."""
+    draft.start(MigStep(kind=kind))
