@@ -15,6 +15,8 @@ backend and `plugins.DevicePlugins` from the settings and the `--config` file, a
     ResumeOperands      `DevicePlugins.resume`, then `OperandResumed`
     device.plugin-config-selected   `DevicePlugins.select`, then
                         `device.plugin-config-applied`: the config in force, and why
+    ListGpuHolders      the pods holding the GPUs, from the kubelet's PodResources
+                        (`holders`): `GpuHoldersListed`, or `GpuHoldersUnknown`
     (MPS daemons)       every start, stop and failure of an MPS control daemon
                         (`mpscontrol`) as `device.mps-daemon-changed`, in order
 
@@ -38,14 +40,25 @@ import asyncio
 import logging
 
 from gpuop import operands
-from gpuop.bus import Bus, BusError, ConsumerSpec, Delivery, Subscription, TemporaryError, spans
+from gpuop.bus import (
+    Bus,
+    BusError,
+    ConsumerSpec,
+    Delivery,
+    PermanentError,
+    Subscription,
+    TemporaryError,
+    spans,
+)
 from gpuop.bus.protocol import Handler
-from gpuop.events import Envelope, Event, device, driver, new_event, subjects
+from gpuop.events import Envelope, Event, device, driver, new_event, remediation, subjects
 from gpuop.host.roots import HostRoot
+from gpuop.kubelet import allocations
+from gpuop.kubelet.allocations import KubeletPodResources, PodResources
 from gpuop.nvml import open_backend
 from gpuop.runtime import waiting
 from gpuop.runtime.services import ServiceContext
-from gpuop.services.device_plugin import config, consumers, restoring, selecting
+from gpuop.services.device_plugin import config, consumers, holders, restoring, selecting
 from gpuop.services.device_plugin.config import PluginConfigs
 from gpuop.services.device_plugin.metrics import PluginMetrics
 from gpuop.services.device_plugin.mpscontrol import MpsControl, MpsSupervisor
@@ -64,11 +77,19 @@ class NodeAgent:
     config in force."""
 
     def __init__(
-        self, bus: Bus, node: str, plugins: DevicePlugins, *, retry_delay: float = RETRY_DELAY
+        self,
+        bus: Bus,
+        node: str,
+        plugins: DevicePlugins,
+        *,
+        kubelet: PodResources | None = None,
+        retry_delay: float = RETRY_DELAY,
     ) -> None:
         self._bus = bus
         self._node = subjects.validate_node_name(node)
         self._plugins = plugins
+        self._kubelet = kubelet or KubeletPodResources(allocations.socket_under(plugins.root.path))
+        """Asked which pods hold the GPUs; by default the kubelet's under the host root."""
         self._retry_delay = retry_delay
         self._source = f"/gpuop/{consumers.SERVICE}/{node}"
         self._selection_seq = 0
@@ -86,6 +107,10 @@ class NodeAgent:
         prefix, retry = self._bus.prefix, self._retry_delay
         wanted: list[tuple[ConsumerSpec, Handler]] = [
             (consumers.node_commands(prefix, self._node, retry_delay=retry), self.on_command),
+            (
+                consumers.node_own_commands(prefix, self._node, retry_delay=retry),
+                self.on_own_command,
+            ),
             (consumers.node_health(prefix, self._node, retry_delay=retry), self.on_health),
             (consumers.node_config(prefix, self._node, retry_delay=retry), self.on_config),
         ]
@@ -101,6 +126,7 @@ class NodeAgent:
         finally:
             for subscription in subscriptions:
                 await subscription.stop()
+            await self._kubelet.close()
 
     async def _report_mps(self, stopping: asyncio.Event) -> None:
         """Publish the MPS daemons' changes as they come, until `stopping` is set; while the
@@ -191,6 +217,16 @@ class NodeAgent:
 
     async def _on_command(self, delivery: Delivery) -> None:
         await operands.handle(self, delivery)
+
+    async def on_own_command(self, delivery: Delivery) -> None:
+        """`ListGpuHolders`, in its `handle <verb>` span."""
+        with spans.handling(__name__, delivery):
+            command = delivery.payload
+            if not isinstance(command, remediation.ListGpuHolders):
+                raise PermanentError(f"{delivery.envelope.type} is not a device plugin command")
+            inventory = self._plugins.gpu_inventory
+            found = await holders.answer(delivery.envelope.id, command, self._kubelet, inventory)
+            await self._publish(found, delivery.envelope)
 
     service = device.OperandService.DEVICE_PLUGIN
 

@@ -151,6 +151,11 @@ class DevicePlugins:
         return frozenset(self._paused)
 
     @property
+    def gpu_inventory(self) -> inventory.GpuInventory:
+        """The GPUs and MIG devices last read (kept while paused)."""
+        return self._inventory
+
+    @property
     def gpu_session_open(self) -> bool:
         """Whether NVML is held open."""
         return self._session

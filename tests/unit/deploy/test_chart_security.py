@@ -56,6 +56,7 @@ HOST_PATHS: dict[str, dict[str, tuple[str, bool]]] = {
     },
     "device-plugin": {
         "/var/lib/kubelet/device-plugins": ("Directory", True),
+        "/var/lib/kubelet/pod-resources": ("Directory", False),
         "/var/run/cdi": ("DirectoryOrCreate", True),
         "/dev": ("Directory", False),
         "/proc/driver": ("Directory", False),
@@ -83,6 +84,7 @@ READS: dict[str, tuple[str, ...]] = {
     ),
     "device-plugin": (
         constants.DEVICE_PLUGIN_DIR,
+        constants.POD_RESOURCES_DIR,
         constants.CDI_SPEC_DIR,
         *inventory.CONTROL_DEVICES,
         "proc/driver/nvidia/capabilities",
