@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 import yaml
 
+from gpuop.events.hardware import Gpu, MigMode
 from gpuop.events.mig import GpuMigLayout, MigDeviceCount
 
 VERSION = "v1"
@@ -161,6 +162,17 @@ def check(layout: GpuMigLayout, gpu: GpuFacts, config: str) -> None:
         mig_devices=tuple((d.profile, d.count) for d in layout.devices),
     )
     _check_fits(entry, gpu, f"{config} GPU {gpu.index}")
+
+
+def inventory_layout(gpu: Gpu) -> GpuMigLayout:
+    """The layout an inventoried GPU has: its MIG mode and the profiles of its MIG devices
+    (`Gpu.mig_devices`; an inventory from before gpuop read them has none)."""
+    counts = Counter(device.profile for device in gpu.mig_devices)
+    return GpuMigLayout(
+        gpu_index=gpu.index,
+        mig_enabled=gpu.mig_mode is MigMode.ENABLED,
+        devices=tuple(MigDeviceCount(profile=p, count=n) for p, n in sorted(counts.items())),
+    )
 
 
 def pci_id(vendor_id: str, device_id: str) -> str:

@@ -7,9 +7,11 @@ import textwrap
 
 import pytest
 
+from gpuop.events.hardware import MigInstance, MigMode
 from gpuop.events.mig import GpuMigLayout, MigDeviceCount
 from gpuop.policy import migconfig
 from gpuop.policy.migconfig import GpuFacts, MigConfigError, ProfileShape
+from tests.support.inventories import H200 as H200_GPU
 
 H200 = "0x233510DE"
 H200_SHAPES = {
@@ -205,3 +207,27 @@ def test_the_node_checks_a_resolved_layout_against_its_own_profiles() -> None:
     with pytest.raises(MigConfigError, match="all-7g GPU 0: GPU 0 fits at most 1"):
         migconfig.check(layout, NODE[0], "all-7g")
     assert migconfig.pci_id("10de", "2335") == H200
+
+
+def test_an_inventoried_gpu_reads_as_the_layout_a_config_would_give() -> None:
+    def instance(profile: str, n: int) -> MigInstance:
+        return MigInstance(
+            uuid=f"MIG-{n:08d}-0000-0000-0000-000000000000",
+            profile=profile,
+            gpu_instance_slices=int(profile[0]),
+            compute_instance_slices=int(profile[0]),
+            memory_bytes=2**34,
+            multiprocessors=16,
+        )
+
+    gpu = H200_GPU.model_copy(
+        update={
+            "mig_mode": MigMode.ENABLED,
+            "mig_devices": (instance("3g.71gb", 1), instance("1g.18gb", 2), instance("1g.18gb", 3)),
+        }
+    )
+    (wanted,) = migconfig.resolve(
+        migconfig.parse(entry("[0]", '{"1g.18gb": 2, "3g.71gb": 1}')), "c", NODE
+    )
+    assert migconfig.inventory_layout(gpu) == wanted
+    assert migconfig.inventory_layout(H200_GPU) == GpuMigLayout(gpu_index=0, mig_enabled=False)
