@@ -197,12 +197,11 @@ def _plan(nvml: MigBackend, index: int, layout: GpuLayout) -> Plan:
 def _carve(nvml: MigBackend, plans: Mapping[int, Plan], wanted: Mapping[int, GpuLayout]) -> None:
     for index in plans:
         _clear(nvml, index)
-    pending = []
     for index in plans:
         if nvml.mig_mode(index).pending != wanted[index].mig_enabled:
-            mode = nvml.set_mig_mode(index, wanted[index].mig_enabled)
-            if not mode.settled:
-                pending.append(index)
+            nvml.set_mig_mode(index, wanted[index].mig_enabled)
+    # also a change asked for by an earlier apply and still waiting for its reset
+    pending = [index for index in plans if not nvml.mig_mode(index).settled]
     if pending:
         raise ModePending(
             f"the MIG mode change of GPU {pending} waits for a GPU reset or a reboot",

@@ -139,6 +139,8 @@ def test_a_mode_change_waiting_for_a_reset_is_reported_pending(nvml: SimNvml) ->
     with pytest.raises(ModePending, match=r"GPU \[2\] waits for a GPU reset") as failed:
         apply(nvml, {2: BALANCED})
     assert failed.value.restored is False
+    with pytest.raises(ModePending):  # asked again before the reset: still waiting
+        apply(nvml, {2: BALANCED})
     nvml.reset_gpu_mig(2)
     assert apply(nvml, {2: BALANCED}).changed == (2,)
 
