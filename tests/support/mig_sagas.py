@@ -9,6 +9,7 @@ fires its deadline.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -65,8 +66,32 @@ BALANCED = 4
 """MIG devices per GPU under `all-balanced`."""
 
 
-def gpu(index: int, mig: hw.MigMode = hw.MigMode.DISABLED) -> hw.Gpu:
+SLICES = {"1g.18gb": 1, "2g.35gb": 2, "3g.71gb": 3, "7g.141gb": 7}
+
+
+def carved(index: int, devices: Mapping[str, int]) -> tuple[hw.MigInstance, ...]:
+    """The MIG devices discovery reports of GPU `index` carved as `devices`."""
+    found = []
+    for profile, count in sorted(devices.items()):
+        for _ in range(count):
+            found.append(
+                hw.MigInstance(
+                    uuid=f"MIG-{index:08x}-0000-4000-8000-{len(found):012x}",
+                    profile=profile,
+                    gpu_instance_slices=SLICES[profile],
+                    compute_instance_slices=SLICES[profile],
+                    memory_bytes=SLICES[profile] * 18 * 2**30,
+                    multiprocessors=SLICES[profile] * 16,
+                )
+            )
+    return tuple(found)
+
+
+def gpu(
+    index: int, mig: hw.MigMode = hw.MigMode.DISABLED, devices: Mapping[str, int] | None = None
+) -> hw.Gpu:
     return hw.Gpu(
+        mig_devices=carved(index, devices or {}),
         uuid=UUIDS[index],
         index=index,
         minor_number=index,
@@ -78,10 +103,22 @@ def gpu(index: int, mig: hw.MigMode = hw.MigMode.DISABLED) -> hw.Gpu:
     )
 
 
-def inventory(*enabled: int, count: int = 4, device_id: str = "2335") -> hw.HardwareDiscovered:
-    """A node of `count` H200s, MIG on for the indexes `enabled`."""
+def inventory(
+    *enabled: int,
+    count: int = 4,
+    device_id: str = "2335",
+    devices: Mapping[int, Mapping[str, int]] | None = None,
+) -> hw.HardwareDiscovered:
+    """A node of `count` H200s, MIG on for the indexes `enabled` and those in `devices`
+    (their MIG devices as discovery reports them; none reported for the others)."""
+    devices = devices or {}
     gpus = tuple(
-        gpu(i, hw.MigMode.ENABLED if i in enabled else hw.MigMode.DISABLED) for i in range(count)
+        gpu(
+            i,
+            hw.MigMode.ENABLED if i in enabled or i in devices else hw.MigMode.DISABLED,
+            devices.get(i),
+        )
+        for i in range(count)
     )
     functions = tuple(
         hw.PciFunction(

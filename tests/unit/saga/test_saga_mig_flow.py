@@ -391,3 +391,13 @@ def test_the_admission_only_moves_a_waiting_saga():
     run = MigRun()
     run.until(S.APPLY_REQUIRED)
     assert run.feed(machine.Admitted()).transitions == ()
+
+
+def test_the_restore_puts_back_the_devices_discovery_reported_at_the_start():
+    run = MigRun(node=inventory(devices={0: {"7g.141gb": 1}}))
+    run.until(S.APPLY_REQUIRED)
+    run.apply_failed(restored=False)
+    restore = run.decisions[-1].commands[-1].payload
+    first = restore.layouts[0]
+    assert (first.gpu_index, first.mig_enabled) == (0, True)
+    assert [(d.profile, d.count) for d in first.devices] == [("7g.141gb", 1)]

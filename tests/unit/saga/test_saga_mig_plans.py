@@ -63,3 +63,27 @@ def test_nvml_and_sysfs_addresses_of_one_function_match_and_others_do_not():
     assert plans._same_address("0000:17:00.0", "00000000:17:00.0")
     assert not plans._same_address("0001:17:00.0", "00000000:17:00.0")
     assert not plans._same_address("0000:18:00.0", "00000000:17:00.0")
+
+
+BALANCED_LAYOUT = {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}
+
+
+def test_a_gpu_discovery_reports_carved_as_requested_keeps_its_pods():
+    plan = plan_for("half-balanced", inventory(devices={0: BALANCED_LAYOUT}))
+    assert [gpu.index for gpu in plan.recarved] == [1]
+    assert plan.restorable
+
+
+def test_a_carved_gpu_is_recarved_with_its_reported_devices_as_the_start_layout():
+    node = inventory(devices={0: {"7g.141gb": 1}})
+    plan = plan_for("half-balanced", node)
+    first = plan.recarved[0]
+    assert first.index == 0 and first.previous is not None
+    assert first.previous.mig_enabled
+    assert [(d.profile, d.count) for d in first.previous.devices] == [("7g.141gb", 1)]
+    assert plan.restorable
+
+
+def test_devices_reported_on_the_gpus_left_alone_count_exactly():
+    plan = plan_for("first-two", inventory(devices={3: {"1g.18gb": 7}}))
+    assert plan.expected_mig_devices() == 8 + 7

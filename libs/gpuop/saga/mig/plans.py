@@ -9,10 +9,11 @@ compares each layout with what the GPU has now:
 
     layouts      every GPU the config selects, with its layout: what `ApplyMigLayout` sends
     recarved     the GPUs among them whose layout changes: their pods are evicted, and only
-                 theirs (a GPU whose layout stays keeps its pods)
+                 theirs (a GPU that has its layout already keeps its pods)
     previous     the layout each re-carved GPU had at the start, where the inventory tells
-                 it fully (MIG off: no devices); None when it does not (MIG on, devices not
-                 reported), so only the driver-manager's own restore can put it back
+                 it fully (MIG off: no devices; MIG on: the devices discovery reported);
+                 None when it does not (MIG on, no device reported), so only the
+                 driver-manager's own restore can put it back
     problem      why the request cannot run at all: the file does not parse, it has no config
                  of that name, the config does not fit the node's GPUs, or it turns MIG on
                  for a GPU that cannot do MIG; the saga then
@@ -24,13 +25,14 @@ replay decides on the same plan without reading the ConfigMap again. Pure.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from pydantic import Field
 
 from gpuop.events import hardware as hw
 from gpuop.events.fields import Count, GpuUuid, Message, Record
-from gpuop.events.mig import GpuMigLayout
+from gpuop.events.mig import GpuMigLayout, MigDeviceCount
 from gpuop.policy import migconfig
 from gpuop.saga.mig.states import CONFIG_LABEL
 
@@ -58,8 +60,8 @@ class MigPlan(Record):
     recarved: tuple[RecarvedGpu, ...] = Field(default=(), max_length=MAX_GPUS)
     """The GPUs whose layout changes, by index."""
     other_mig_devices: Count | None = 0
-    """MIG devices on the GPUs the request leaves alone, when known (their MIG is off);
-    None: some of them have MIG on, devices not reported."""
+    """MIG devices on the GPUs the request leaves alone, when known; None: one of them has
+    MIG on and no device reported."""
     problem: Message = ""
     """Why the request cannot run; empty when it can."""
 
@@ -109,13 +111,12 @@ def plan(
         if changes(gpu := by_index[layout.gpu_index], layout)
     )
     selected = {layout.gpu_index for layout in layouts}
-    others = [gpu for gpu in inventory.gpus if gpu.index not in selected]
-    unknown = any(gpu.mig_mode is hw.MigMode.ENABLED for gpu in others)
+    others = [current(gpu) for gpu in inventory.gpus if gpu.index not in selected]
     return MigPlan(
         config=config,
         layouts=layouts,
         recarved=recarved,
-        other_mig_devices=None if unknown else 0,
+        other_mig_devices=_devices_on(others),
     )
 
 
@@ -129,17 +130,29 @@ def facts(inventory: hw.HardwareDiscovered) -> tuple[migconfig.GpuFacts, ...]:
 
 
 def current(gpu: hw.Gpu) -> GpuMigLayout | None:
-    """The GPU's layout as far as the inventory tells it fully: MIG off (or unsupported)
-    is a layout without devices; MIG on is unknown (its devices are not in the inventory)."""
-    if gpu.mig_mode is hw.MigMode.ENABLED:
+    """The GPU's layout as far as the inventory tells it fully: MIG off (or unsupported) is
+    a layout without devices, MIG on with the devices discovery reported is those; MIG on
+    with none reported is unknown (an inventory from before discovery read them, or a GPU
+    left empty: the two look alike)."""
+    if gpu.mig_mode is not hw.MigMode.ENABLED:
+        return GpuMigLayout(gpu_index=gpu.index, mig_enabled=False)
+    if not gpu.mig_devices:
         return None
-    return GpuMigLayout(gpu_index=gpu.index, mig_enabled=False)
+    counts = Counter(device.profile for device in gpu.mig_devices)
+    devices = tuple(MigDeviceCount(profile=p, count=n) for p, n in sorted(counts.items()))
+    return GpuMigLayout(gpu_index=gpu.index, mig_enabled=True, devices=devices)
 
 
 def changes(gpu: hw.Gpu, layout: GpuMigLayout) -> bool:
-    """Whether `layout` changes `gpu`: always, unless both have MIG off (with MIG on, the
-    devices it has are not known here, so it is re-carved to be sure)."""
-    return layout.mig_enabled or gpu.mig_mode is hw.MigMode.ENABLED
+    """Whether `layout` changes `gpu`: unless the GPU is known to have it already."""
+    return current(gpu) != layout
+
+
+def _devices_on(layouts: Sequence[GpuMigLayout | None]) -> int | None:
+    """MIG devices on these GPUs; None when the layout of one is unknown."""
+    if any(layout is None for layout in layouts):
+        return None
+    return sum(d.count for layout in layouts if layout is not None for d in layout.devices)
 
 
 def _pci_id(gpu: hw.Gpu, functions: Sequence[hw.PciFunction]) -> str | None:
