@@ -135,6 +135,7 @@ class Controller:
         that starts its sagas (`kinds`); `runner` decides for them, `store` holds the
         upgrades (a kind may fold into the node's upgrade), `inventories` the nodes'."""
         store_ = await KindStore.open(self._bus, remediations.REMEDIATION)
+        await store_.load()  # the breaker counts the starts before the intake's first event
         self._remediations = remediations.Starter(
             runner, store, store_, inventories, clock=self._clock
         )
@@ -245,7 +246,7 @@ class Controller:
             for node, status in self.nodes.statuses.items()
             if node in selected or node in under_way
         }
-        planned = await runner.admit(managed, now)
+        planned = await runner.admit(managed, now, every=self.nodes.statuses)
         entries = store.sagas()
         all_sagas = [e.saga for e in entries]
         self.pod_watches.follow(all_sagas, spec.upgrade_policy.wait_for_completion.pod_selector)

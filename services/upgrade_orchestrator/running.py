@@ -86,7 +86,7 @@ class Runner:
         policy: Callable[[], GPUClusterPolicySpec | None],
         *,
         clock: Clock = SYSTEM_CLOCK,
-        on_change: Callable[[Decision], None] | None = None,
+        on_change: Callable[[Any], None] | None = None,
         kinds: Sequence[KindRunner[Any]] = (),
     ) -> None:
         self._bus = bus
@@ -188,6 +188,8 @@ class Runner:
         saga = decision.saga
         await self._outbox.carry_out_kind(decision, kind.outputs(decision), kind.correlation(saga))
         self._deadlines.schedule(saga, kind.name)
+        if self._on_change is not None:
+            self._on_change(decision)
 
     async def _decide(
         self,
@@ -346,15 +348,21 @@ class Runner:
         return await self._stored_id(subject) == transition_event_id(saga, saga.sequence)
 
     async def admit(
-        self, nodes: Mapping[str, NodeStatus], now: datetime | None = None
+        self,
+        nodes: Mapping[str, NodeStatus],
+        now: datetime | None = None,
+        *,
+        every: Mapping[str, NodeStatus] | None = None,
     ) -> admission.Admission | None:
-        """Run an admission pass and record each admission as a `NodeAdmitted` event."""
+        """Run an admission pass and record each admission as a `NodeAdmitted` event.
+        `nodes` are the nodes the upgrades manage, `every` all the GPU nodes (default
+        `nodes`): another kind's saga may be on a node the upgrades do not select."""
         policy = self._policy()
         if policy is None:
             return None
         now = now or self._clock.now()
         if self.kinds:
-            nodes = await self._admit_kinds(nodes, policy, now)
+            nodes = await self._admit_kinds(nodes, policy, now, every or nodes)
         # the index, not a listing of KV: the sagas still in play are weighed, the done
         # ones counted, so a pass costs no more as nodes finish (issue 24). It holds this
         # leader's writes as they return, the only writer's; an admission of a saga that
@@ -401,7 +409,11 @@ class Runner:
         return held
 
     async def _admit_kinds(
-        self, nodes: Mapping[str, NodeStatus], policy: GPUClusterPolicySpec, now: datetime
+        self,
+        nodes: Mapping[str, NodeStatus],
+        policy: GPUClusterPolicySpec,
+        now: datetime,
+        every: Mapping[str, NodeStatus],
     ) -> dict[str, NodeStatus]:
         """Admit the other kinds' waiting sagas while the one `maxUnavailable` budget
         allows (a node unavailable already costs nothing more), oldest first; returns
@@ -427,7 +439,7 @@ class Runner:
             free = weighed.max_unavailable - weighed.unavailable
             waiting.sort(key=lambda pair: (pair[1].step_started, pair[1].node))
             for runner, saga in waiting:
-                status = marked.get(saga.node)
+                status = marked.get(saga.node) or every.get(saga.node)
                 if status is None or not status.exists:
                     continue
                 upgrade = self._store.index.get(saga.node)

@@ -9,6 +9,7 @@ command, for the fake agents of the tests and the benchmark.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuop.bus import Buckets, InMemoryBus
 from gpuop.clocks import VirtualClock
@@ -16,9 +17,11 @@ from gpuop.events import Envelope, Event, Payload, decode, subjects
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import kube as observed
+from gpuop.events import remediation as remedies
 from gpuop.events.fields import NamespacedName
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import KubeAction, NodeSaga, actions
+from gpuop.saga import NodeSaga, actions
+from gpuop.saga.remediation import actions as remediation_actions
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.running import Runner
@@ -31,10 +34,12 @@ from tests.support.sagas import GPU_OLD, T0
 class FakeKube:
     """`KubeActions` that succeed at once and remember what they were asked."""
 
-    done: list[tuple[str, KubeAction]] = field(default_factory=list)
+    done: list[tuple[str, Any]] = field(default_factory=list)
 
-    async def execute(self, node: str, action: KubeAction) -> observed.KubeEvent | None:
+    async def execute(self, node: str, action: Any) -> observed.KubeEvent | None:
         self.done.append((node, action))
+        if isinstance(action, remediation_actions.EvictPods):
+            return observed.PodsDeleted(action_id=action.id, deleted=len(action.pods))
         if isinstance(action, actions.Cordon):
             return observed.NodeCordoned(action_id=action.id)
         if isinstance(action, actions.Uncordon):
@@ -78,6 +83,11 @@ def answers(payload: object, command_id: str) -> list[Event]:
         return [dev.OperandPaused(command_id=command_id, service=s) for s in dev.OperandService]
     if isinstance(payload, dev.ResumeOperands):
         return [dev.OperandResumed(command_id=command_id, service=s) for s in dev.OperandService]
+    if isinstance(payload, remedies.ResetGpu):
+        return [remedies.GpuReset(command_id=command_id, gpu_uuids=payload.gpu_uuids,
+                                  method=remedies.ResetMethod.NVML)]  # fmt: skip
+    if isinstance(payload, remedies.ListGpuHolders):
+        return [remedies.GpuHoldersListed(command_id=command_id, gpu_uuids=payload.gpu_uuids)]
     return []
 
 

@@ -58,6 +58,10 @@ async def replay_log(args: argparse.Namespace, environ: Mapping[str, str]) -> in
     log = replaying.parse_log(_read(args.file).splitlines())
     replayed = replaying.replay(log, policy)
     comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
+    if replayed.refused:
+        print("the circuit breaker would have refused remediations the log started:")
+        print("\n".join(f"  {line}" for line in replayed.refused))
+        return 1
     if comparison.identical:
         print(replaying.summary(replayed, comparison))
         return 0

@@ -12,7 +12,12 @@ one line and `parse_log` reads them back.
 `replay` folds the inbound events (`folding.is_inbound`: what the orchestrator's intake
 consumes), in stream order, with each event's recorded time, through the same `folding`
 the runtime uses: `SagaStarted` builds a node's saga (`folding.started_saga`), `folding.step`
-decides, and `folding.outputs` names what each decision publishes. The policy is
+decides, and `folding.outputs` names what each decision publishes. A GPU remediation
+(`gpuop.saga.remediation`) replays alike, beside the node's upgrade: `RemediationStarted`
+builds it (`records.start`), after the circuit breaker's decision is checked against the
+starts before it (`breaker.allows`: a start it would have refused is reported), and the
+remediation's fold (`kind.step`, `kind.outputs`) decides each event it consumes after the
+upgrade's. The policy is
 the latest `PolicyApplied` (one that names an event as its cause was applied just before that
 event was decided), unless an override replaces every recorded one. `compare` then sets the
 commands and state changes it produced against the recorded ones, node by node.
@@ -30,10 +35,14 @@ from pydantic import BaseModel
 
 from gpuop.events import Envelope, Event, Payload, decode
 from gpuop.events.envelope import MalformedMessage, UnknownEventType
+from gpuop.events.remediations import NodeRemediationStateChanged, RemediationStarted
 from gpuop.events.upgrade import NodeUpgradeStateChanged, PolicyApplied, SagaStarted
 from gpuop.policy import GPUClusterPolicySpec, PolicyInvalid, validate_spec
 from gpuop.saga import folding
 from gpuop.saga.records import NodeSaga
+from gpuop.saga.remediation import breaker, records
+from gpuop.saga.remediation import kind as remediation
+from gpuop.saga.remediation.records import RemediationSaga
 
 EVENTS_STREAM = "GPUOP_EVENTS"
 COMMANDS_STREAM = "GPUOP_COMMANDS"
@@ -84,6 +93,8 @@ class Replayed:
     """Inbound events fed to the core."""
     nodes: set[str] = field(default_factory=set)
     outputs: Outputs = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)
+    """Remediations the log started that the circuit breaker would have refused."""
 
 
 @dataclass(frozen=True)
@@ -170,8 +181,12 @@ def load_policy(document: object, where: str) -> GPUClusterPolicySpec:
         raise ReplayInputError(f"{where}: {exc}") from None
 
 
-def _kind(out: folding.Output) -> str:
-    return "transition" if isinstance(out, folding.StateChange) else "command"
+def _kind(out: object) -> str:
+    return (
+        "transition"
+        if isinstance(out, folding.StateChange | remediation.StateChange)
+        else "command"
+    )
 
 
 def _dump(payload: BaseModel) -> dict[str, Any]:
@@ -185,15 +200,15 @@ def recorded_outputs(log: Sequence[Recorded]) -> Outputs:
     for entry in log:
         payload = entry.payload
         if entry.stream == COMMANDS_STREAM:
-            kind = "command"
-        elif isinstance(payload, NodeUpgradeStateChanged):
-            kind = "transition"
+            kind_ = "command"
+        elif isinstance(payload, NodeUpgradeStateChanged | NodeRemediationStateChanged):
+            kind_ = "transition"
         else:
             continue
         if payload is None or entry.envelope.id in seen:
             continue
         seen.add(entry.envelope.id)
-        output = Output(kind, entry.envelope.id, entry.envelope.type, _dump(payload))
+        output = Output(kind_, entry.envelope.id, entry.envelope.type, _dump(payload))
         outputs.setdefault(entry.envelope.node, []).append(output)
     return outputs
 
@@ -209,6 +224,8 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
     result = Replayed()
     current = policy
     sagas: dict[str, NodeSaga] = {}
+    remediations: dict[str, RemediationSaga] = {}
+    starts: list[datetime] = []
     for entry in events:
         payload, envelope = entry.payload, entry.envelope
         if isinstance(payload, PolicyApplied):
@@ -227,22 +244,42 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
             sagas[envelope.node] = _started(envelope, payload, current, entry.line)
             result.nodes.add(envelope.node)
             continue
-        if not isinstance(payload, Event) or not folding.is_inbound(payload):
+        if isinstance(payload, RemediationStarted):
+            limit = current.remediation.max_per_hour if current is not None else 0
+            if not breaker.allows(starts, envelope.time, limit):
+                result.refused.append(
+                    f"line {entry.line}: {payload.saga_id} started with {limit} "
+                    "remediations in the hour before (remediation.maxPerHour)"
+                )
+            starts.append(envelope.time)
+            remediations[envelope.node] = records.start(envelope.node, payload, envelope.time)
+            result.nodes.add(envelope.node)
+            continue
+        if not isinstance(payload, Event) or current is None:
             continue
         saga = sagas.get(envelope.node)
-        if saga is None or current is None:
-            continue
-        if folding.trigger(saga, payload) is None:
-            continue
-        result.events += 1
-        decision = folding.step(saga, payload, current, envelope.time)
-        if decision is None:
-            continue
-        sagas[envelope.node] = decision.saga
-        result.outputs.setdefault(envelope.node, []).extend(
-            Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
-            for out in folding.outputs(decision)
-        )
+        if (
+            saga is not None
+            and folding.is_inbound(payload)
+            and folding.trigger(saga, payload) is not None
+        ):
+            result.events += 1
+            decision = folding.step(saga, payload, current, envelope.time)
+            if decision is not None:
+                sagas[envelope.node] = decision.saga
+                result.outputs.setdefault(envelope.node, []).extend(
+                    Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
+                    for out in folding.outputs(decision)
+                )
+        remedied = remediations.get(envelope.node)
+        if remedied is not None and remediation.is_inbound(payload):
+            remedy = remediation.step(remedied, payload, current, envelope.time)
+            if remedy is not None:
+                remediations[envelope.node] = remedy.saga
+                result.outputs.setdefault(envelope.node, []).extend(
+                    Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
+                    for out in remediation.outputs(remedy)
+                )
     return result
 
 

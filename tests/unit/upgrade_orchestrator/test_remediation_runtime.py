@@ -1,0 +1,276 @@
+"""The remediation kind in the orchestrator's runtime, on the in-memory bus: a fatal XID
+quarantines, evicts only the holders, resets, validates and releases; a failed reset
+reboots; the breaker trips at N+1 and says so; a node in its upgrade's window folds the
+remediation in; a remediation and upgrades share one maxUnavailable budget; the log of each
+replays identically; a restarted runner re-issues the pending step."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuop.bus import Buckets
+from gpuop.events import device as dev
+from gpuop.events import driver as dm
+from gpuop.events import remediation as remedies
+from gpuop.events.remediations import NodeRemediationStateChanged, RemediationStarted
+from gpuop.events.remediations import RemediationState as R
+from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeState
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import NodeStatus, actions, replaying
+from gpuop.saga.remediation.actions import EvictPods, MirrorHealth
+from gpuop.services.upgrade_orchestrator.kinds import KindStore
+from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION
+from gpuop.services.upgrade_orchestrator.store import is_saga_key
+from tests.support.orchestrator import events, messages
+from tests.support.remediations import GPU, HOLDER, Agents, actions_of, remediating
+from tests.support.sagas import BOOT_A, BOOT_B, policy, saga_for
+
+NODE = "gpu-node-1"
+
+
+def with_remediation(spec: GPUClusterPolicySpec, **changes: object) -> GPUClusterPolicySpec:
+    return spec.model_copy(update={"remediation": spec.remediation.model_copy(update=changes)})
+
+
+def replays_identically(lines: list[str]) -> replaying.Replayed:
+    log = replaying.parse_log(lines)
+    replayed = replaying.replay(log)
+    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
+    assert comparison.identical, comparison.report()
+    assert not replayed.refused
+    return replayed
+
+
+async def states(bus_prefix: str, harness: object, node: str = NODE) -> list[R]:
+    found = await messages(harness.bus, events(bus_prefix, "remediation", node))  # type: ignore[attr-defined]
+    return [p.to_state for _, p in found if isinstance(p, NodeRemediationStateChanged)]
+
+
+async def test_a_fatal_xid_ends_with_the_gpu_validated_the_node_released_only_holders_evicted() -> (
+    None
+):
+    async with remediating(policy()) as harness:
+        await harness.fault(NODE)
+        await harness.settle(until_ended=(NODE,))
+        saga = await harness.saga(NODE)
+
+        assert saga is not None and saga.state is R.DONE, saga
+        mirrors = actions_of(harness.stack, MirrorHealth)
+        assert [m.taint for m in mirrors] == [True, False]
+        assert mirrors[0].unhealthy == ((GPU, (79,)),) and mirrors[-1].unhealthy == ()
+        [evicted] = actions_of(harness.stack, EvictPods)
+        assert evicted.pods == (HOLDER,)
+        assert not actions_of(harness.stack, actions.Cordon)  # only the holders move
+        assert actions_of(harness.stack, actions.RunValidationPod)
+        walked = await states(harness.bus.prefix, harness)
+        assert walked == [
+            R.HOLDERS_REQUIRED, R.EVICTION_REQUIRED, R.OPERANDS_PAUSE_REQUIRED,
+            R.RESET_REQUIRED, R.VALIDATION_REQUIRED, R.RELEASE_REQUIRED, R.DONE,
+        ]  # fmt: skip
+        commands = await messages(harness.bus, f"{harness.bus.prefix}.cmd.>")
+        kinds = [type(p) for _, p in commands]
+        assert remedies.ResetGpu in kinds and dm.RebootNode not in kinds
+        replayed = replays_identically(await harness.export())
+        assert NODE in replayed.nodes
+
+
+async def test_an_application_xid_changes_nothing() -> None:
+    async with remediating(policy()) as harness:
+        await harness.fault(NODE, xid=13, action=dev.XidAction.RESTART_APPLICATION)
+        await harness.settle()
+        assert await harness.saga(NODE) is None
+        assert harness.stack.kube.done == []
+
+
+async def test_a_reset_that_fails_reboots_and_the_new_boot_validates() -> None:
+    agents = Agents(reset_fails=remedies.ResetFailureReason.RESET_FAILED)
+    async with remediating(policy(), agents=agents) as harness:
+        await harness.fault(NODE)
+        await harness.settle(until_ended=(NODE,))
+        saga = await harness.saga(NODE)
+
+        assert saga is not None and saga.state is R.DONE and saga.rebooted
+        assert saga.boot_id == BOOT_B
+        [(_, reboot)] = [
+            m for m in await messages(harness.bus, f"{harness.bus.prefix}.cmd.>")
+            if isinstance(m[1], dm.RebootNode)
+        ]  # fmt: skip
+        assert isinstance(reboot, dm.RebootNode) and reboot.boot_id == BOOT_A
+        assert R.REBOOT_REQUIRED in await states(harness.bus.prefix, harness)
+        replays_identically(await harness.export())
+
+
+async def test_a_reset_that_fails_without_reboots_allowed_fails_tainted() -> None:
+    agents = Agents(reset_fails=remedies.ResetFailureReason.NOT_SUPPORTED)
+    spec = with_remediation(policy(), allow_reboot=False)
+    async with remediating(spec, agents=agents) as harness:
+        await harness.fault(NODE)
+        await harness.settle(until_ended=(NODE,))
+        saga = await harness.saga(NODE)
+
+        assert saga is not None and saga.state is R.FAILED
+        last = actions_of(harness.stack, MirrorHealth)[-1]
+        assert last.taint is True and "not-supported" in last.detail
+        replays_identically(await harness.export())
+
+
+async def test_the_breaker_trips_at_n_plus_one_and_the_policy_says_so() -> None:
+    nodes = ("gpu-node-1", "gpu-node-2", "gpu-node-3", "gpu-node-4")
+    spec = with_remediation(policy(max_unavailable=4), max_per_hour=3)
+    async with remediating(spec, nodes) as harness:
+        for node in nodes:
+            await harness.fault(node)
+        await harness.settle(until_ended=nodes[:3])
+
+        started = [await harness.saga(node) for node in nodes]
+        assert [s is not None for s in started] == [True, True, True, False]
+        now = harness.stack.clock.now()
+        tripped = harness.starter.condition(spec, now)
+        assert (tripped.type, tripped.status, tripped.reason) == (
+            "RemediationBreaker", "True", "Tripped",
+        )  # fmt: skip
+        assert harness.starter.refused_at == now
+        lines = await harness.export()
+        replays_identically(lines)
+        assert sum('"type":"io.gpuop.remediation.started.v1"' in line for line in lines) == 3
+
+
+async def test_the_replay_reports_a_start_the_breaker_would_have_refused() -> None:
+    nodes = ("gpu-node-1", "gpu-node-2")
+    spec = with_remediation(policy(max_unavailable=2), max_per_hour=0)
+    async with remediating(spec, nodes) as harness:
+        for node in nodes:
+            await harness.fault(node)
+        await harness.settle(until_ended=nodes)
+        lines = await harness.export()
+
+    log = replaying.parse_log(lines)
+    strict = with_remediation(spec, max_per_hour=1)
+    replayed = replaying.replay(log, strict)
+    assert len(replayed.refused) == 1 and "maxPerHour" in replayed.refused[0]
+
+
+async def test_a_node_in_its_upgrade_window_folds_the_remediation_into_it() -> None:
+    spec = policy()
+    async with remediating(spec) as harness:
+        store = harness.stack.store
+        assert store is not None
+        upgrade = saga_for(spec, node=NODE).model_copy(
+            update={"state": UpgradeState.DRIVER_RELOAD_REQUIRED}
+        )
+        await store.create(upgrade)
+        await harness.fault(NODE)
+        await harness.settle()
+        saga = await harness.saga(NODE)
+        assert saga is not None and saga.state is R.FOLDED
+        assert saga.folded_into == upgrade.saga_id
+        assert not actions_of(harness.stack, EvictPods)  # the upgrade's window moves the pods
+
+        validated = NodeUpgradeStateChanged(
+            rollout_id=upgrade.rollout_id, from_state=UpgradeState.VALIDATION_REQUIRED,
+            to_state=UpgradeState.UNCORDON_REQUIRED, components=upgrade.components,
+            target_versions={c: t.version for c, t in upgrade.targets.items()},
+        )  # fmt: skip
+        await harness.publish(validated, NODE, source="/gpuop/upgrade-orchestrator")
+        await harness.settle(until_ended=(NODE,))
+        done = await harness.saga(NODE)
+        assert done is not None and done.state is R.DONE
+        assert actions_of(harness.stack, MirrorHealth)[-1].taint is False
+
+
+async def test_a_remediation_and_upgrades_share_one_max_unavailable_budget() -> None:
+    nodes = ("gpu-node-1", "gpu-node-2")
+    spec = policy(max_unavailable=1)
+    async with remediating(spec, nodes) as harness:
+        store = harness.stack.store
+        runner = harness.stack.runner
+        assert store is not None and runner is not None
+        for node in nodes:
+            await store.create(saga_for(spec, node=node))
+        await harness.fault("gpu-node-1")
+        await harness.started("gpu-node-1")
+        await harness.settle(until_ended=("gpu-node-1",))
+
+        admitted = await messages(
+            harness.bus, events(harness.bus.prefix, "upgrade", name="admitted")
+        )
+        order = [p.saga_id for _, p in admitted if isinstance(p, NodeAdmitted)]
+        remediation = await harness.saga("gpu-node-1")
+        assert remediation is not None and remediation.state is R.DONE
+        # the remediation took the one slot: no upgrade was admitted while it held its node
+        assert order[0] == remediation.saga_id
+        assert runner.held() == {}  # released once done
+        await harness.settle()
+        admitted = await messages(
+            harness.bus, events(harness.bus.prefix, "upgrade", name="admitted")
+        )
+        later = [p.saga_id for _, p in admitted if isinstance(p, NodeAdmitted)][1:]
+        assert later and all(saga_id.startswith("rollout-1/") for saga_id in later)
+
+
+async def test_a_waiting_remediation_holds_its_node_from_upgrades() -> None:
+    nodes = ("gpu-node-1", "gpu-node-2")
+    spec = policy(max_unavailable=1)
+    # gpu-node-2 is cordoned by someone: the one slot is taken, the remediation waits
+    statuses = {"gpu-node-2": NodeStatus(unschedulable=True)}
+    async with remediating(spec, nodes, statuses=statuses) as harness:
+        runner = harness.stack.runner
+        store = harness.stack.store
+        assert runner is not None and store is not None
+        await store.create(saga_for(spec, node="gpu-node-1"))
+        await harness.fault("gpu-node-1")
+        await harness.started("gpu-node-1")
+        await harness.settle()
+        waiting = await harness.saga("gpu-node-1")
+        assert waiting is not None and waiting.state is R.ADMISSION_REQUIRED
+        assert runner.held() == {"gpu-node-1": "gpu-remediation"}
+        planned = await runner.admit(
+            {"gpu-node-1": NodeStatus(), **harness.statuses}, harness.stack.clock.now()
+        )
+        assert planned is not None and planned.nodes == ()
+        harness.statuses.clear()  # the slot frees: the remediation goes first
+        await harness.settle(until_ended=("gpu-node-1",))
+        done = await harness.saga("gpu-node-1")
+        assert done is not None and done.state is R.DONE
+
+
+async def test_the_remediation_record_lives_under_its_own_key() -> None:
+    async with remediating(policy()) as harness:
+        await harness.fault(NODE)
+        await harness.settle()
+        keys = await (await harness.bus.kv(Buckets.SAGAS)).keys()
+        assert "remediation.gpu-node-1" in keys
+        assert not is_saga_key("remediation.gpu-node-1") and is_saga_key("gpu-node-1")
+        [(_, started)] = await messages(
+            harness.bus, events(harness.bus.prefix, "remediation", NODE, "started")
+        )
+        assert isinstance(started, RemediationStarted) and started.boot_id == BOOT_A
+
+
+async def test_a_restarted_runner_reissues_the_pending_step_with_the_same_ids() -> None:
+    agents = Agents(reboots=False, reset_fails=remedies.ResetFailureReason.TIMEOUT)
+    async with remediating(policy(), agents=agents) as harness:
+        await harness.fault(NODE)
+        await harness.settle()
+        saga = await harness.saga(NODE)
+        assert saga is not None and saga.state is R.REBOOT_REQUIRED
+        before = [m for m in await messages(harness.bus, f"{harness.bus.prefix}.cmd.>")]
+        runner = harness.stack.runner
+        assert runner is not None
+        fresh = KindStore(await harness.bus.kv(Buckets.SAGAS), REMEDIATION)
+        runner.kinds = (harness.starter.runner().__class__(REMEDIATION, fresh, None),)
+        assert await runner.resume() == 1
+        after = [m for m in await messages(harness.bus, f"{harness.bus.prefix}.cmd.>")]
+        assert [e.id for e, _ in after] == [e.id for e, _ in before]  # the reboot, deduped
+        assert harness.stack.deadlines is not None
+        assert NODE in harness.stack.deadlines.pending("gpu-remediation")
+
+
+@pytest.mark.parametrize("quarantine", [True, False])
+async def test_quarantine_is_the_policys_choice(quarantine: bool) -> None:
+    spec = with_remediation(policy(), quarantine=quarantine)
+    async with remediating(spec) as harness:
+        await harness.fault(NODE)
+        await harness.settle()
+        first = actions_of(harness.stack, MirrorHealth)[0]
+        assert first.taint is (True if quarantine else None)
