@@ -63,6 +63,7 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         "kube": "upgrade-orchestrator",
         "saga": "upgrade-orchestrator",
         "upgrade": "upgrade-orchestrator",
+        "remediation": "upgrade-orchestrator",
     }
     if payload is device.DeviceHealthChanged:
         return user == "telemetry"

@@ -168,6 +168,9 @@ def attacks(role: str) -> list[tuple[str, str]]:
     tried += [
         ("publish gpu-2's heartbeat", f"{PREFIX}.evt.hardware.{other}.heartbeat"),
         ("publish gpu-2's driver result", f"{PREFIX}.evt.driver.{other}.loaded"),
+        ("publish gpu-2's GPU reset", f"{PREFIX}.evt.driver.{other}.gpu-reset"),
+        ("publish gpu-2's GPU holders", f"{PREFIX}.evt.device.{other}.gpu-holders-listed"),
+        ("answer gpu-2's holders unknown", f"{PREFIX}.evt.device.{other}.gpu-holders-unknown"),
         ("write gpu-2's inventory", f"$KV.gpuop_nodes.{other}"),
         ("read gpu-2's inventory", f"$JS.API.DIRECT.GET.KV_gpuop_nodes.$KV.gpuop_nodes.{other}"),
         ("read any key", "$JS.API.STREAM.MSG.GET.KV_gpuop_nodes"),
@@ -304,3 +307,47 @@ async def test_a_network_manager_cannot_take_or_outrank_another_nodes_address_cl
 
 def _held(taken: bool) -> str:
     return "HELD" if taken else "lost, withdrawn"
+
+
+REMEDIATION_ANSWERS = {
+    "gpu-reset": ("driver", "driver-manager"),
+    "gpu-reset-failed": ("driver", "driver-manager"),
+    "gpu-holders-listed": ("device", "device-plugin"),
+    "gpu-holders-unknown": ("device", "device-plugin"),
+}
+"""The remediation saga's answers about a node: domain, and the one service that gives them."""
+
+
+@pytest.mark.parametrize("role", NODE_ROLES)
+async def test_only_a_nodes_own_agent_answers_the_remediation_commands(
+    server: PerNodeNats, role: str
+) -> None:
+    identity = grants.Identity(role, MINE)
+    refusals = Refusals()
+    nc = await nats.connect(
+        server.url(user_name(identity)),
+        inbox_prefix=grants.for_identity(identity).inbox_prefix,
+        error_cb=refusals.record,
+        allow_reconnect=False,
+    )
+    refusals.nc = nc
+    token = subjects.encode_node(MINE)
+    tried = {
+        name: (f"{PREFIX}.evt.{domain}.{token}.{name}", owner)
+        for name, (domain, owner) in REMEDIATION_ANSWERS.items()
+    }
+    try:
+        for subject, _ in tried.values():
+            await nc.publish(subject, b"{}")
+        await refusals.settle()
+    finally:
+        await nc.close()
+
+    rows = [
+        (f"{role}@{MINE:<18} {subject:<60}", refusals.refused_publish(subject), owner == role)
+        for subject, owner in tried.values()
+    ]
+    print(
+        "\n" + "\n".join(f"{row} {'refused' if refused else 'ALLOWED'}" for row, refused, _ in rows)
+    )
+    assert [row for row, refused, owns in rows if refused == owns] == []
