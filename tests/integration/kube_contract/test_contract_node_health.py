@@ -154,7 +154,36 @@ async def test_taints_are_an_atomic_list_and_a_duplicate_is_422(api: Api) -> Non
     assert _ours(patched) == [ours]  # OTHER went: the list is replaced whole
     assert (refused, answer["reason"]) == (422, "Invalid")
     assert "taints must be unique by key and effect pair" in answer["message"]
+    assert answer["details"]["causes"][0]["field"] == "metadata.taints[1]"  # sic
     await api.request("DELETE", path)
+
+
+async def test_a_taint_value_that_is_no_label_value_is_422_under_metadata(api: Api) -> None:
+    name = await _node(api)
+    bad = {"key": TAINT, "value": "has space", "effect": "NoSchedule"}
+
+    refused, answer = await api.request(
+        "PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": [bad]}}, content_type=STRATEGIC
+    )
+
+    assert (refused, answer["reason"]) == (422, "Invalid")
+    assert answer["details"]["causes"][0]["field"] == "metadata.taints[0].value"
+    await api.request("DELETE", f"/api/v1/nodes/{name}")
+
+
+async def test_a_condition_without_times_reads_back_with_null_times(api: Api) -> None:
+    name = await _node(api)
+    bare = {"type": "GPUHealthy", "status": "True"}
+
+    _, patched = await api.request(
+        "PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": [bare]}},
+        content_type=STRATEGIC,
+    )  # fmt: skip
+
+    condition = conditions.condition_of(patched, "GPUHealthy")
+    assert condition is not None
+    assert (condition["lastHeartbeatTime"], condition["lastTransitionTime"]) == (None, None)
+    await api.request("DELETE", f"/api/v1/nodes/{name}")
 
 
 async def test_gpuops_condition_and_taint_keep_everyone_elses(api: Api) -> None:

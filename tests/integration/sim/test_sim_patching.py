@@ -177,7 +177,7 @@ async def test_duplicate_taint_is_422(core: client.CoreV1Api) -> None:
 
     body = json.loads(raised.value.body)
     assert raised.value.status == 422
-    assert body["details"]["causes"][0]["field"] == "spec.taints[1]"
+    assert body["details"]["causes"][0]["field"] == "metadata.taints[1]"  # as kube-apiserver
     assert "taints must be unique by key and effect pair" in body["message"]
 
 

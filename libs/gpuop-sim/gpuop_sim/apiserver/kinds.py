@@ -37,10 +37,19 @@ def _namespace_normalize(obj: Obj) -> None:
 
 def _node_normalize(obj: Obj) -> None:
     normalize_times(obj, "Node")
+    # NodeCondition's times have no omitempty: a real server answers null for one not sent.
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if isinstance(condition, dict):
+            condition.setdefault("lastHeartbeatTime", None)
+            condition.setdefault("lastTransitionTime", None)
 
 
 def _node_validate(new: Obj, old: Obj | None) -> list[FieldError]:
-    return validation.validate_taints((new.get("spec") or {}).get("taints") or [], "spec.taints")
+    # kube-apiserver's ValidateNode checks the taints under the path `metadata.taints`, not
+    # `spec.taints` (its field path starts at metadata); clients see that path in the causes.
+    return validation.validate_taints(
+        (new.get("spec") or {}).get("taints") or [], "metadata.taints"
+    )
 
 
 _QOS_RESOURCES = ("cpu", "memory")
