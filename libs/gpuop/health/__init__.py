@@ -1,6 +1,7 @@
 """GPU health rules every node service shares. Telemetry owns the decision: it watches NVML's
-XID and ECC events and publishes `device.health-changed`; the device plugin follows those
-events (and keeps upstream's `health.ignoredXids` key as a filter of its own).
+XID and ECC events and publishes `device.health-changed`, each with the action gpuop's XID
+catalog (`gpuop.health.xids`, the data file `xids.json`) gives it; the device plugin follows
+those events (and keeps upstream's `health.ignoredXids` key as a filter of its own).
 
     APPLICATION_XIDS   the XIDs a faulty application causes, not the GPU: a GPU that
                        reports one stays healthy (the NVIDIA device plugin's default list)

@@ -21,6 +21,10 @@ are idempotent. A taint list that is not a list of taints (no real server stores
 seeded or hand-built object may carry one) is refused with `errors.Invalid` naming the node
 and the entry, rather than written back.
 
+`record_gpu_health` writes the Kubernetes Event that goes with a change of the condition
+(`recording.EventRecorder`: Warning with the condition's reason and message when a GPU
+fails, Normal when all are healthy again), so `kubectl describe node` shows both.
+
 `gpu_healthy_condition` is pure: the condition's status, reason and message for the GPUs
 that are unhealthy now, in the same order every time (a replay writes the same message).
 """
@@ -33,6 +37,7 @@ from typing import Any
 
 from gpuop.kube import errors, nodes
 from gpuop.kube.client import Kube
+from gpuop.kube.recording import EventRecorder, EventType
 
 Obj = dict[str, Any]
 
@@ -76,6 +81,16 @@ def _cut(head: str, named: list[str]) -> str:
         if len(message) <= MAX_MESSAGE:
             return message
     return head[:MAX_MESSAGE]
+
+
+async def record_gpu_health(
+    recorder: EventRecorder, node: str, status: bool, reason: str, message: str
+) -> Obj:
+    """Record the Event of a `GPUHealthy` change (the arguments as `set_node_condition`'s)
+    and return it as written. An Event is a record: a caller that must not fail for one
+    catches `KubeError`."""
+    kind = EventType.NORMAL if status else EventType.WARNING
+    return await recorder.node_event(node, reason, message, event_type=kind)
 
 
 def condition_of(node: Mapping[str, Any], type_: str) -> Obj | None:

@@ -13,6 +13,7 @@ import pytest
 
 from gpuop.clocks import VirtualClock
 from gpuop.kube import client, conditions, errors, nodes
+from gpuop.kube.recording import EventRecorder
 from gpuop_sim import ApiServer
 from tests.support import kube_objects as support
 
@@ -204,3 +205,35 @@ def test_a_message_for_many_gpus_is_cut_and_counts_the_rest() -> None:
     assert len(message) <= conditions.MAX_MESSAGE
     assert message.startswith("64 GPUs unhealthy: GPU-0000-")
     assert message.endswith(" more")
+
+
+async def test_a_health_change_is_recorded_as_an_event_on_the_node(
+    server: ApiServer, kube: client.Kube, clock: VirtualClock
+) -> None:
+    server.seed(support.node("node-1"))
+    recorder = EventRecorder(kube, instance="orchestrator-0", clock=clock)
+
+    sick = await conditions.record_gpu_health(
+        recorder, "node-1", *conditions.gpu_healthy_condition({GPU_A: (79,)})
+    )
+    clock.advance(1)
+    well = await conditions.record_gpu_health(
+        recorder, "node-1", *conditions.gpu_healthy_condition({})
+    )
+
+    assert (sick["type"], sick["reason"], sick["message"]) == (
+        "Warning",
+        "GPUUnhealthy",
+        f"1 GPU unhealthy: {GPU_A} (XID 79)",
+    )
+    assert sick["involvedObject"]["name"] == "node-1" and sick["involvedObject"]["uid"]
+    assert (well["type"], well["reason"]) == ("Normal", "GPUsHealthy")
+
+
+async def test_an_event_the_server_refuses_fails_as_a_kube_error(
+    server: ApiServer, kube: client.Kube, clock: VirtualClock
+) -> None:
+    recorder = EventRecorder(kube, namespace="no-such-namespace", clock=clock)
+
+    with pytest.raises(errors.KubeError):
+        await conditions.record_gpu_health(recorder, "node-1", False, "GPUUnhealthy", "x")
