@@ -7,7 +7,7 @@ paused; `executor.Executor` hands it to `GpuResetter.reset`, which:
    named GPU's bus id and minor, its NVLink peers, the processes NVML sees on it;
 2. refuses with `in-use` while a process holds a named GPU: one with its
    `/dev/nvidia<minor>` open (`holders.gpu_holders`, as `fuser` finds them, the agent's
-   own pid aside) or one NVML lists as computing on it;
+   own pid and `nvidia-persistenced` aside) or one NVML lists as computing on it;
 3. resets each GPU alone when it can be (`gpuop.host.resets`: the kernel's function reset
    through the host root, NVML having no public reset): the host offers a function reset,
    the GPU answers NVML, and either it resets alone beside running NVLink peers (Ampere
@@ -50,6 +50,8 @@ RESETS_ALONE_FROM = 8
 """The compute capability (major) from which a GPU resets alone while its NVLink peers run:
 Ampere (`nvidia-smi(1)`, `-r`); older GPUs reset together with their peers."""
 MAX_MESSAGE = 2048
+PERSISTENCE_DAEMON = "nvidia-persist"
+"""`nvidia-persistenced` as `/proc/<pid>/comm` shows it (cut to 15 characters)."""
 
 Reason = remediation.ResetFailureReason
 Answer = remediation.GpuReset | remediation.GpuResetFailed
@@ -180,10 +182,14 @@ class GpuResetter:
 
     # 2. holders
 
-    def _users(self, gpus: Iterable[Gpu]) -> dict[str, list[str]]:
-        """Who uses each GPU in use, by UUID: `name[pid]` (`?` when only NVML names it)."""
+    def _users(self, gpus: Iterable[Gpu], *, reload: bool = False) -> dict[str, list[str]]:
+        """Who uses each GPU in use, by UUID: `name[pid]` (`?` when only NVML names it).
+        The persistence daemon counts only for a `reload`: it runs no context a reset
+        would kill, but holds the device files an unload needs free."""
         by_minor: dict[int, dict[int, str]] = {}
         for holder in holders.gpu_holders(self.root, excluding=self.own_pid):
+            if holder.name.startswith(PERSISTENCE_DAEMON) and not reload:
+                continue
             for minor in holder.minors:
                 by_minor.setdefault(minor, {})[holder.pid] = holder.name
         users: dict[str, list[str]] = {}
@@ -203,7 +209,7 @@ class GpuResetter:
 
     def _refuse_any_in_use(self, gpus: tuple[Gpu, ...]) -> None:
         """A driver reload resets every GPU: none may be in use, nor the driver's files."""
-        users = self._users(gpus)
+        users = self._users(gpus, reload=True)
         shared = [
             f"{h.name}[{h.pid}]"
             for h in holders.gpu_holders(self.root, excluding=self.own_pid)

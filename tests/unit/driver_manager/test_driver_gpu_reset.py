@@ -367,3 +367,18 @@ async def test_a_wedged_gpu_fails_even_the_driver_reload_until_the_node_reboots(
 def test_an_unknown_fault_word_is_refused(host: HostRoot) -> None:
     with pytest.raises(ValueError, match="unknown GPU reset fault 'melt'"):
         simreset.set_fault(host, "melt")
+
+
+async def test_the_persistence_daemon_keeps_no_gpu_from_its_reset_but_from_a_reload(
+    harness: Harness,
+) -> None:
+    hold_gpu(harness.root, 900, minor=1, name="nvidia-persiste")  # comm is cut at 15
+
+    alone = await harness.send(reset_gpu(1))
+    simreset.set_fault(harness.root, simreset.UNSUPPORTED)
+    reload = await harness.send(reset_gpu(1, reload=True))
+
+    assert isinstance(alone, remediation.GpuReset)
+    assert isinstance(reload, remediation.GpuResetFailed)
+    assert reload.reason is Reason.IN_USE
+    assert "nvidia-persiste[900]" in reload.message
