@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuop.bus import nkeys
+from gpuop.kube import client, conditions, errors, nodes
 from tests.support import fleet
 from tests.support.chart_access import NEVER
 from tests.support.control_plane import ControlPlane, binary
@@ -253,6 +254,36 @@ def test_the_orchestrator_writes_its_health_condition_and_taint_and_nothing_else
     else:
         assert done.returncode != 0, done.stdout
         assert refusal in done.stderr, done.stderr
+
+
+@pytest.mark.security
+async def test_gpuops_own_health_writes_pass_the_orchestrators_policies(
+    plane: ControlPlane, installed: str, tmp_path: Path
+) -> None:
+    """The requests gpuop.kube.conditions makes (patches with the read resourceVersion, the
+    status through its subresource), as the orchestrator's ServiceAccount: its own taint and
+    condition pass RBAC and admission, another taint does not."""
+    role = "upgrade-orchestrator"
+    kubeconfig = fleet.service_account_kubeconfig(plane, role, tmp_path / f"{role}.kubeconfig")
+    async with await client.connect(kubeconfig) as kube:
+        await conditions.add_taint(kube, "gpu-node-1", TAINT, "xid-79", "NoSchedule")
+        await conditions.set_node_condition(
+            kube, "gpu-node-1", conditions.GPU_HEALTHY_CONDITION,
+            *conditions.gpu_healthy_condition({"GPU-1": (79,)}),
+        )  # fmt: skip
+        sick = await nodes.get(kube, "gpu-node-1")
+        await conditions.set_node_condition(
+            kube, "gpu-node-1", "GPUHealthy", *conditions.gpu_healthy_condition({})
+        )
+        await conditions.remove_taint(kube, "gpu-node-1", TAINT)
+        well = await nodes.get(kube, "gpu-node-1")
+        with pytest.raises(errors.KubeError, match="ValidatingAdmissionPolicy"):
+            await conditions.add_taint(kube, "gpu-node-1", "example.com/other", "", "NoSchedule")
+
+    assert {"key": TAINT, "value": "xid-79", "effect": "NoSchedule"} in nodes.taints_of(sick)
+    assert conditions.condition_of(sick, "GPUHealthy")["status"] == "False"  # type: ignore[index]
+    assert all(t["key"] != TAINT for t in nodes.taints_of(well))
+    assert conditions.condition_of(well, "GPUHealthy")["status"] == "True"  # type: ignore[index]
 
 
 def test_the_lease_is_the_orchestrators_only_by_name(plane: ControlPlane, installed: str) -> None:
