@@ -237,3 +237,26 @@ async def test_an_event_the_server_refuses_fails_as_a_kube_error(
 
     with pytest.raises(errors.KubeError):
         await conditions.record_gpu_health(recorder, "node-1", False, "GPUUnhealthy", "x")
+
+
+async def test_conflicts_that_never_end_raise_conflict_after_the_attempts(
+    server: ApiServer, kube: client.Kube, clock: VirtualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.seed(support.node("node-1"))
+    read = nodes.get
+
+    async def read_then_interfere(kube: client.Kube, name: str) -> Obj:
+        node = await read(kube, name)
+        server.seed({**node, "metadata": {**node["metadata"], "labels": {"touched": "yes"}}})
+        return node
+
+    monkeypatch.setattr(nodes, "get", read_then_interfere)
+
+    with pytest.raises(errors.Conflict):
+        await conditions.set_node_condition(kube, "node-1", "GPUHealthy", True, "GPUsHealthy", "")
+    with pytest.raises(errors.Conflict):
+        await conditions.add_taint(kube, "node-1", TAINT, "", "NoSchedule")
+
+    attempts = nodes.CONFLICT_ATTEMPTS
+    assert writes(server, "/api/v1/nodes/node-1/status") == [409] * attempts
+    assert writes(server, "/api/v1/nodes/node-1") == [409] * attempts
