@@ -194,8 +194,11 @@ event, the event's time, the event's envelope id)."""
 
 @dataclass
 class KindRunner(Generic[R]):
-    """A kind the runner runs: its description, its store, and what starts its sagas."""
+    """A kind the runner runs: its description, its store, what starts its sagas, and
+    what makes sure the log records a stored saga's start (called by `resume` first: a
+    leader that stored a saga may have died before it published its start)."""
 
     kind: SagaKind[R]
     store: KindStore[R]
     starter: Starter | None = None
+    recorded: Callable[[R], Awaitable[None]] | None = None

@@ -14,6 +14,7 @@ breaker against), and its first state's effects (the quarantine) carried out.
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime
 
@@ -102,7 +103,26 @@ class Starter:
         """When the breaker last refused a start."""
 
     def runner(self) -> KindRunner[RemediationSaga]:
-        return KindRunner(REMEDIATION, self._store, self)
+        return KindRunner(REMEDIATION, self._store, self, self.record_start)
+
+    async def record_start(self, saga: RemediationSaga) -> None:
+        """Publish the `RemediationStarted` of a saga whose first leader stored it and died
+        before recording it (a replay would have no saga to decide for): rebuilt from the
+        record while it has not moved yet, under the same id (a copy the log holds within
+        the duplicate window is dropped)."""
+        if saga.sequence or saga.attempt > 1:
+            return
+        subject = subjects.event_subject(
+            DOMAIN, saga.node, RemediationStarted.NAME, prefix=self._runner.bus.prefix
+        )
+        found = await self._runner.bus.last(subject)
+        if found is not None and _envelope_id(found.data) == ids.started(saga.saga_id):
+            return
+        log.info("recording the start of %s, which its first leader did not", saga.saga_id)
+        await self._publish.event(
+            records.start_of(saga), node=saga.node, id=ids.started(saga.saga_id),
+            correlationid=saga.saga_id, now=saga.started_at,
+        )  # fmt: skip
 
     def starts(self) -> list[datetime]:
         return [t for stored in self._store.records() for t in records.starts(stored.saga)]
@@ -194,6 +214,15 @@ class Starter:
             f"other starts until {reopens.isoformat()}",
             now=now,
         )  # fmt: skip
+
+
+def _envelope_id(data: bytes) -> str | None:
+    try:
+        stored: object = json.loads(data)
+    except ValueError:
+        return None
+    found = stored.get("id") if isinstance(stored, dict) else None
+    return found if isinstance(found, str) else None
 
 
 __all__ = ["DOMAIN", "REMEDIATION", "Starter"]

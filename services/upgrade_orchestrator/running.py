@@ -255,6 +255,8 @@ class Runner:
             return
         kind = runner.kind
         policy = self._policy()
+        if runner.recorded is not None:
+            await runner.recorded(stored.saga)
         if policy is not None:
             again = kind.pending(stored.saga, policy)
             outputs = kind.outputs(again)

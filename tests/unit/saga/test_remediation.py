@@ -68,7 +68,8 @@ class Walk:
         return Draft(kind.REMEDIATION, self.saga, self.spec, self.now).step_id()
 
     def admit(self) -> None:
-        self.feed(NodeAdmitted(rollout_id=self.saga.saga_id, saga_id=self.saga.saga_id))
+        saga = self.saga
+        self.feed(NodeAdmitted(rollout_id=saga.saga_id, saga_id=saga.saga_id, attempt=saga.attempt))
 
     def commands(self) -> list[object]:
         return [c.payload for d in self.decisions for c in d.commands]
@@ -322,3 +323,29 @@ def test_a_new_inventory_boot_id_is_kept_for_the_reboot() -> None:
     walk = Walk()
     walk.feed(inventory(boot_id=BOOT_B))
     assert walk.saga.boot_id == BOOT_B
+
+
+def test_a_gpu_failing_after_the_holders_were_asked_gets_the_next_attempt() -> None:
+    walk = Walk()
+    walk.admit()
+    other = "GPU-30bce083-dbf9-2d4f-3c35-c858915accc5"
+    walk.feed(dev.DeviceHealthChanged(
+        gpu_uuid=other, healthy=False, reason=dev.HealthReason.XID, xid=48,
+        action=dev.XidAction.RESET_GPU,
+    ))  # fmt: skip
+    assert walk.saga.gpu_uuids == (GPU,) and kind.leftover(walk.saga) == {other: (48,)}
+    walk.feed(cmd.GpuHoldersListed(command_id=walk.step_id(), gpu_uuids=(GPU,), pods=()))
+    pause = walk.step_id()
+    for service in dev.OperandService:
+        walk.feed(dev.OperandPaused(command_id=pause, service=service))
+    nvml = cmd.ResetMethod.NVML
+    walk.feed(cmd.GpuReset(command_id=walk.step_id(), gpu_uuids=(GPU,), method=nvml))
+    walk.validate()
+
+    assert walk.state() is S.ADMISSION_REQUIRED and walk.saga.attempt == 2
+    assert walk.saga.gpu_uuids == (other,) and walk.saga.unhealthy == {other: (48,)}
+    quarantine = walk.actions()[-2]
+    assert isinstance(quarantine, MirrorHealth) and quarantine.unhealthy == ((other, (48,)),)
+    walk.admit()
+    listing = walk.commands()[-1]
+    assert isinstance(listing, cmd.ListGpuHolders) and listing.gpu_uuids == (other,)

@@ -17,8 +17,9 @@ from gpuop.events.remediations import RemediationState as R
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeStatus, actions, replaying
+from gpuop.saga.remediation import records
 from gpuop.saga.remediation.actions import EvictPods, MirrorHealth
-from gpuop.services.upgrade_orchestrator.kinds import KindStore
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION
 from gpuop.services.upgrade_orchestrator.store import is_saga_key
 from tests.support.orchestrator import events, messages
@@ -258,7 +259,7 @@ async def test_a_restarted_runner_reissues_the_pending_step_with_the_same_ids() 
         runner = harness.stack.runner
         assert runner is not None
         fresh = KindStore(await harness.bus.kv(Buckets.SAGAS), REMEDIATION)
-        runner.kinds = (harness.starter.runner().__class__(REMEDIATION, fresh, None),)
+        runner.kinds = (KindRunner(REMEDIATION, fresh),)
         assert await runner.resume() == 1
         after = [m for m in await messages(harness.bus, f"{harness.bus.prefix}.cmd.>")]
         assert [e.id for e, _ in after] == [e.id for e, _ in before]  # the reboot, deduped
@@ -274,3 +275,24 @@ async def test_quarantine_is_the_policys_choice(quarantine: bool) -> None:
         await harness.settle()
         first = actions_of(harness.stack, MirrorHealth)[0]
         assert first.taint is (True if quarantine else None)
+
+
+async def test_a_start_its_leader_did_not_record_is_recorded_on_takeover() -> None:
+    async with remediating(policy()) as harness:
+        runner = harness.stack.runner
+        assert runner is not None
+        started = RemediationStarted(
+            saga_id="remediation/gpu-node-1/1", unhealthy={GPU: (79,)}, boot_id=BOOT_A,
+            driver_version="535.161.08",
+        )  # fmt: skip
+        saga = records.start(NODE, started, harness.stack.clock.now())
+        await harness.store.create(saga, NODE)  # stored, then the leader died
+
+        await runner.resume()
+        await runner.resume()  # a second takeover finds it recorded
+        found = await messages(
+            harness.bus, events(harness.bus.prefix, "remediation", NODE, "started")
+        )
+        assert [p for _, p in found] == [started]
+        await harness.settle(until_ended=(NODE,))
+        replays_identically(await harness.export())

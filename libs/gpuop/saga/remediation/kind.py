@@ -63,7 +63,7 @@ def _observe(draft: Draft, event: Event) -> None:
             xids = (*xids, event.xid)
         unhealthy = {**saga.unhealthy, event.gpu_uuid: xids}
         update: dict[str, object] = {"unhealthy": unhealthy}
-        if saga.state is S.ADMISSION_REQUIRED:  # not asked about yet: reset it too
+        if saga.state in (S.ADMISSION_REQUIRED, S.FOLDED):  # not asked about yet: reset it
             update["gpu_uuids"] = tuple(sorted(unhealthy))
         draft.update(**update)
 
@@ -195,3 +195,9 @@ def holds(saga: RemediationSaga) -> bool:
 
 def waiting(saga: RemediationSaga) -> bool:
     return saga.state is S.ADMISSION_REQUIRED
+
+
+def leftover(saga: RemediationSaga) -> dict[str, tuple[int, ...]]:
+    """GPUs that failed after the remediation had asked which pods hold its GPUs: this
+    attempt does not reset them; the next one (from its admission) does."""
+    return {gpu: xids for gpu, xids in saga.unhealthy.items() if gpu not in saga.gpu_uuids}

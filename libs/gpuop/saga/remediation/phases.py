@@ -383,10 +383,27 @@ def _validation_effects(saga: RemediationSaga, spec: GPUClusterPolicySpec) -> Ef
 
 def _enter_release(draft: Draft, retry: bool) -> None:
     if not draft.saga.operands_paused:
-        draft.skip(Step(name="release"), S.DONE, Result.SKIPPED, "operands running")
+        draft.update(step=Step(name="release"), step_started=draft.now, deadline=None)
+        draft.outcome(Result.SKIPPED, "operands running")
+        _finish(draft, "the GPUs validated, operands running")
         return
     draft.update(paused=())
     draft.start(Step(name="release"))
+
+
+def _finish(draft: Draft, reason: str) -> None:
+    """Done, unless GPUs failed after this attempt asked for its GPUs' holders (too late
+    for its reset): the next attempt remediates those, from its admission."""
+    saga = draft.saga
+    late = {gpu: xids for gpu, xids in saga.unhealthy.items() if gpu not in saga.gpu_uuids}
+    if not late:
+        draft.move(S.DONE, reason)
+        return
+    draft.update(
+        unhealthy=late, gpu_uuids=tuple(sorted(late)), holders=(), holders_unknown=False,
+        rebooted=False, boot_id_at_reboot=None,
+    )  # fmt: skip
+    draft.move(S.ADMISSION_REQUIRED, f"{reason}; {', '.join(sorted(late))} failed meanwhile")
 
 
 def _on_release(draft: Draft, trigger: Trigger) -> None:
@@ -400,7 +417,7 @@ def _on_release(draft: Draft, trigger: Trigger) -> None:
     if len(resumed) == len(saga.operands):
         draft.update(paused=(), operands_paused=False)
         draft.outcome_ok("every operand resumed")
-        draft.move(S.DONE, "operands resumed")
+        _finish(draft, "operands resumed")
 
 
 def _release_effects(saga: RemediationSaga, spec: GPUClusterPolicySpec) -> Effects:

@@ -143,3 +143,16 @@ def start(node: str, started: RemediationStarted, now: datetime) -> RemediationS
         expected_devices=started.expected_devices,
         folded_into=started.folded_into,
     )
+
+
+def start_of(saga: RemediationSaga) -> RemediationStarted:
+    """The `RemediationStarted` that `start` rebuilds `saga` from, as it was first stored."""
+    return RemediationStarted(
+        saga_id=saga.saga_id,
+        unhealthy=dict(saga.unhealthy),
+        action=saga.action,
+        boot_id=saga.boot_id,
+        driver_version=saga.driver_version,
+        expected_devices=saga.expected_devices,
+        folded_into=saga.folded_into,
+    )

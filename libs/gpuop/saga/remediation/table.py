@@ -7,7 +7,8 @@
     gpu-reset-required -(reset)-> validation-required; -(failed)-> reboot-required
     reboot-required -(new boot id)-> validation-required
     validation-required -(validated)-> release-required
-    release-required -(resumed)-> remediation-done
+    release-required -(resumed)-> remediation-done, or the next attempt's admission for
+        GPUs that failed after the holders were asked (too late for this reset)
     folded-into-upgrade -(the upgrade validated)-> remediation-done
 
 Any state but the ends may fail (remediation-failed); the node's removal ends it there too.
@@ -46,7 +47,11 @@ TABLE: Mapping[S, Mapping[S, str]] = MappingProxyType(
         },
         S.REBOOT_REQUIRED: {S.VALIDATION_REQUIRED: "a new boot id", S.FAILED: _FAIL},
         S.VALIDATION_REQUIRED: {S.RELEASE_REQUIRED: "every rung passed", S.FAILED: _FAIL},
-        S.RELEASE_REQUIRED: {S.DONE: "operands resumed", S.FAILED: _FAIL},
+        S.RELEASE_REQUIRED: {
+            S.DONE: "operands resumed",
+            S.ADMISSION_REQUIRED: "GPUs failed after the holders were asked: the next attempt",
+            S.FAILED: _FAIL,
+        },
         S.FOLDED: {
             S.DONE: "the upgrade validated the node's GPUs",
             S.FAILED: "the upgrade failed",
