@@ -108,7 +108,10 @@ class Executor:
             root, SystemdRuntimeService(root), installer.clock
         )
         self.mig = MigApplier(
-            lambda: validator.nvml(), self.specs, lambda: reloader.loaded_version(dm.Component.GPU)
+            lambda: validator.nvml(),
+            self.specs,
+            lambda: reloader.loaded_version(dm.Component.GPU),
+            root,
         )
         self.resetter = GpuResetter(
             root, reloader, lambda: validator.nvml(), resets or SysfsFunctionResets(root)

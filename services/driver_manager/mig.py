@@ -7,7 +7,9 @@ and simulated ones do, not the recorded one):
 
     in use     a GPU whose layout changes still runs processes: refused (`in-use`), nothing
                changed; NVML would refuse the mode change anyway, and destroying instances
-               under a process kills it
+               under a process kills it. A process counts when NVML lists it computing on
+               the GPU or it holds the GPU's `/dev/nvidia<minor>` (`holders.gpu_holders`,
+               the agent itself and the persistence daemon aside)
     apply      `gpuop.nvml.mig_layout.apply`: only the GPUs whose layout differs, read back;
                on failure the layout read at the start is put back (`restored`)
     CDI        after an apply that changed a GPU, and after a restore, the node's CDI spec is
@@ -23,11 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Mapping
 from typing import cast
 
 from gpuop.events import mig
 from gpuop.events.driver import Component
+from gpuop.host.roots import HostRoot
 from gpuop.nvml import NvmlError, opened
 from gpuop.nvml.mig import MigControl
 from gpuop.nvml.mig_layout import (
@@ -40,7 +44,9 @@ from gpuop.nvml.mig_layout import (
     current_layout,
 )
 from gpuop.nvml.mig_layout import apply as apply_layout
+from gpuop.services.driver_manager import holders
 from gpuop.services.driver_manager.cdi import SpecFailed, SpecWriter
+from gpuop.services.driver_manager.resetting import PERSISTENCE_DAEMON
 from gpuop.services.driver_manager.validating import NvmlFactory
 
 log = logging.getLogger(__name__)
@@ -61,11 +67,19 @@ class MigApplier:
     """Applies MIG layouts to this node's GPUs and keeps the CDI spec in step."""
 
     def __init__(
-        self, nvml: NvmlFactory, specs: SpecWriter, driver_version: Callable[[], str | None]
+        self,
+        nvml: NvmlFactory,
+        specs: SpecWriter,
+        driver_version: Callable[[], str | None],
+        root: HostRoot | None = None,
+        own_pid: int | None = None,
     ) -> None:
         self.nvml = nvml
         self.specs = specs
         self.driver_version = driver_version
+        self.root = root
+        """Where to look for device file holders; None: NVML's processes only."""
+        self.own_pid = os.getpid() if own_pid is None else own_pid
 
     async def apply(
         self, command_id: str, command: mig.ApplyMigLayout
@@ -107,11 +121,23 @@ class MigApplier:
                 if not isinstance(nvml, MigControl):
                     raise Refused(Reason.NOT_SUPPORTED, "this NVML backend cannot change MIG")
                 backend = cast(MigBackend, nvml)  # an Nvml that changes MIG is one
-                _refuse_busy(backend, wanted)
+                _refuse_busy(backend, wanted, self._file_holders())
                 applied = apply_layout(backend, wanted)
                 return applied.changed, applied.mig_devices
         except NvmlError as exc:
             raise Refused(Reason.APPLY_FAILED, f"NVML: {exc}") from exc
+
+    def _file_holders(self) -> dict[int, list[str]]:
+        """`name[pid]` of the processes holding each GPU's device file, by minor."""
+        if self.root is None:
+            return {}
+        by_minor: dict[int, list[str]] = {}
+        for holder in holders.gpu_holders(self.root, excluding=self.own_pid):
+            if holder.name.startswith(PERSISTENCE_DAEMON):
+                continue
+            for minor in holder.minors:
+                by_minor.setdefault(minor, []).append(f"{holder.name}[{holder.pid}]")
+        return by_minor
 
     async def _spec_after(self, what: str, command: mig.ApplyMigLayout) -> str:
         """Write the CDI spec again; '' when written, else why not (for the message)."""
@@ -136,16 +162,19 @@ def wanted_layouts(command: mig.ApplyMigLayout) -> dict[int, GpuLayout]:
     return wanted
 
 
-def _refuse_busy(backend: MigBackend, wanted: Mapping[int, GpuLayout]) -> None:
+def _refuse_busy(
+    backend: MigBackend, wanted: Mapping[int, GpuLayout], file_holders: Mapping[int, list[str]]
+) -> None:
     """`Refused(in-use)` when a GPU whose layout changes runs processes."""
     count = backend.device_count()
     busy = []
     for index, layout in sorted(wanted.items()):
         if not 0 <= index < count or current_layout(backend, index) == layout:
             continue
-        pids = [p.pid for p in backend.metrics(index).processes]
-        if pids:
-            busy.append(f"GPU {index} (pid {', '.join(map(str, pids))})")
+        users = [f"pid {p.pid}" for p in backend.metrics(index).processes]
+        users += file_holders.get(backend.device_info(index).minor_number, [])
+        if users:
+            busy.append(f"GPU {index} ({', '.join(users)})")
     if busy:
         raise Refused(Reason.IN_USE, f"processes hold GPUs to re-carve: {'; '.join(busy)}")
 

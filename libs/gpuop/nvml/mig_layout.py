@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpuop.nvml.devices import DeviceInfo
 from gpuop.nvml.errors import InUse, NvmlError
 from gpuop.nvml.metrics import DeviceMetrics
 from gpuop.nvml.mig import (
@@ -45,6 +46,8 @@ class MigBackend(MigControl, Protocol):
     """An NVML backend that reads and changes MIG (`PynvmlBackend`, `SimNvml`)."""
 
     def device_count(self) -> int: ...
+
+    def device_info(self, index: int) -> DeviceInfo: ...
 
     def metrics(self, index: int) -> DeviceMetrics: ...
 

@@ -109,6 +109,26 @@ async def test_busy_gpus_to_re_carve_are_refused_before_anything_changes(
     assert sim.mig_devices(0) == sim.mig_devices(1) == ()
 
 
+def hold_gpu(root: HostRoot, pid: int, minor: int, name: str) -> None:
+    """A host process with `/dev/nvidia<minor>` open."""
+    fd = root.join(f"proc/{pid}/fd")
+    fd.mkdir(parents=True, exist_ok=True)
+    (fd / "4").symlink_to(f"/dev/nvidia{minor}")
+    root.join(f"proc/{pid}/comm").write_text(f"{name}\n")
+
+
+async def test_a_process_holding_the_device_file_of_a_gpu_to_re_carve_refuses(
+    harness: Harness, host: HostRoot
+) -> None:
+    hold_gpu(host, 5150, 1, "dcgm-exporter")
+    hold_gpu(host, 5151, 0, "nvidia-persistenced")  # keeps the files open, runs nothing
+    answer = await harness.send(command(BALANCED, SEVEN))
+    assert isinstance(answer, mig.MigLayoutFailed)
+    assert (answer.reason, answer.restored) == (Reason.IN_USE, True)
+    assert answer.message.endswith("GPU 1 (dcgm-exporter[5150])")
+    assert not host.join(MIG_STATE).exists()  # nothing was changed
+
+
 async def test_a_failure_part_way_restores_the_layout_and_its_spec(
     host: HostRoot, sim: SimNvml
 ) -> None:
