@@ -21,7 +21,7 @@ from gpuop.services.discovery import selections as discovery_selections
 from gpuop.services.network_manager import consumers as network_manager
 from gpuop.services.network_manager.addressing import Addresses
 from gpuop.services.telemetry import consumers as telemetry
-from gpuop.services.upgrade_orchestrator import intake
+from gpuop.services.upgrade_orchestrator import intake, remediations
 from tests.integration.deploy.ownership import (
     NODE,
     PREFIX,
@@ -151,7 +151,7 @@ def flows() -> dict[str, Flow]:
             ]
         ),
         "upgrade-orchestrator": Flow(
-            consumers=[intake.consumer_spec(PREFIX)],
+            consumers=[intake.consumer_spec(PREFIX, kinds=[remediations.REMEDIATION])],
             kv={
                 Buckets.SAGAS: ("get", "create", "update", "delete", "keys", "watch"),
                 Buckets.NODES: ("get", "keys"),
