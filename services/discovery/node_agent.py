@@ -11,7 +11,9 @@ a boot id that differs from the last inventory's means the node rebooted, and it
 once.
 
 It also scans when asked (`RescanHardware`, which publishes even an unchanged inventory)
-and after the driver-manager changed the node's loaded driver (`driver.*` results). On
+and after the driver-manager changed the node's loaded driver or its GPUs' MIG layout
+(`driver.*` results; the inventory carries each GPU's MIG devices, which the MIG labels
+follow). On
 `PauseOperands` for the GPU driver it stops touching NVML, reading the host root only, and
 confirms with `OperandPaused`; `ResumeOperands` undoes it, confirmed by `OperandResumed`.
 A restarted agent learns whether it is paused from the node's last pause or resume command
@@ -27,7 +29,7 @@ from pydantic import ValidationError
 
 from gpuop import operands
 from gpuop.bus import Buckets, Bus, BusError, Delivery, TemporaryError, spans
-from gpuop.events import Envelope, Event, device, driver, hardware, new_event, subjects
+from gpuop.events import Envelope, Event, device, driver, hardware, mig, new_event, subjects
 from gpuop.events.driver import Component
 from gpuop.host import system
 from gpuop.host.errors import HostError
@@ -43,15 +45,18 @@ log = logging.getLogger(__name__)
 
 NVML_HOLDER = "discovery"
 """Who discovery's NVML session holds the simulated `nvidia` module as."""
-RESCAN_AFTER: tuple[type[driver.DriverResult], ...] = (
+RESCAN_AFTER: tuple[type[Event], ...] = (
     driver.DriverLoaded,
     driver.DriverUnloaded,
     driver.DriverRolledBack,
     driver.DriverLoadFailed,
     driver.DriverUnloadFailed,
     driver.DriverRollbackFailed,
+    mig.MigLayoutApplied,
+    mig.MigLayoutFailed,
 )
-"""Driver-manager results after which the loaded driver (or part of it) may have changed."""
+"""Driver-manager results after which the loaded driver (or part of it) or the MIG devices
+may have changed."""
 
 ScanErrors = (HostError, NvmlError)
 

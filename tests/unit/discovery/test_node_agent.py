@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuop.bus import Buckets, Delivery, InMemoryBus
-from gpuop.events import device, driver, hardware, new_event, subjects
+from gpuop.events import device, driver, hardware, mig, new_event, subjects
 from gpuop.host.roots import HostRoot
 from gpuop.services.discovery.config import DiscoveryConfig
 from gpuop.services.discovery.node_agent import NodeAgent
@@ -171,7 +171,7 @@ async def test_a_driver_result_makes_the_agent_scan_again(
     assert envelope.correlationid == "saga-1"
 
 
-async def test_only_driver_results_that_change_what_is_loaded_make_it_scan(
+async def test_only_driver_results_that_change_what_is_loaded_or_carved_make_it_scan(
     make_agent: Agents, nvml: CountingNvml
 ) -> None:
     agent = make_agent()
@@ -188,6 +188,13 @@ async def test_only_driver_results_that_change_what_is_loaded_make_it_scan(
         ): 1,
         driver.DriverRolledBack(
             command_id="c-4", component=driver.Component.GPU, version="580.159.04"
+        ): 1,
+        mig.MigLayoutApplied(command_id="c-5", config="all-balanced", changed_gpus=(0,)): 1,
+        mig.MigLayoutFailed(
+            command_id="c-6",
+            config="all-balanced",
+            reason=mig.MigFailureReason.APPLY_FAILED,
+            restored=True,
         ): 1,
     }
 
