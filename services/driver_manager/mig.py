@@ -32,7 +32,7 @@ from typing import cast
 from gpuop.events import mig
 from gpuop.events.driver import Component
 from gpuop.host.roots import HostRoot
-from gpuop.nvml import NvmlError, opened
+from gpuop.nvml import NotSupported, NvmlError, opened
 from gpuop.nvml.mig import MigControl
 from gpuop.nvml.mig_layout import (
     GpuLayout,
@@ -124,6 +124,8 @@ class MigApplier:
                 _refuse_busy(backend, wanted, self._file_holders())
                 applied = apply_layout(backend, wanted)
                 return applied.changed, applied.mig_devices
+        except NotSupported as exc:
+            raise Refused(Reason.NOT_SUPPORTED, f"NVML: {exc}") from exc
         except NvmlError as exc:
             raise Refused(Reason.APPLY_FAILED, f"NVML: {exc}") from exc
 

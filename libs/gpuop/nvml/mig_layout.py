@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpuop.nvml.devices import DeviceInfo
-from gpuop.nvml.errors import InUse, NvmlError
+from gpuop.nvml.errors import InUse, NotSupported, NvmlError
 from gpuop.nvml.metrics import DeviceMetrics
 from gpuop.nvml.mig import (
     GpuInstance,
@@ -117,7 +117,10 @@ class Applied:
 
 def current_layout(nvml: MigBackend, index: int) -> GpuLayout:
     """The GPU's layout now; MIG off when the GPU cannot do MIG."""
-    mode = nvml.mig_mode(index)
+    try:
+        mode = nvml.mig_mode(index)
+    except NotSupported:
+        return GpuLayout(False)
     return GpuLayout.of(mode.current, [d.profile for d in nvml.mig_devices(index)])
 
 

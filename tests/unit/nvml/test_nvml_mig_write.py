@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpuop.nvml import errors
-from gpuop.nvml.mig import MigControl, Placement, fit
+from gpuop.nvml.mig import MigControl, MigModeState, MigProfile, Placement, fit
 from gpuop.nvml.mig_layout import (
     GpuLayout,
     InvalidLayout,
@@ -161,3 +161,24 @@ def test_a_restore_that_fails_says_so(nvml: SimNvml) -> None:
     with pytest.raises(MigApplyFailed, match="first; restore failed") as failed:
         apply(nvml, {0: SEVEN})
     assert failed.value.restored is False
+
+
+class WithoutMig(SimNvml):
+    """GPU 0 cannot do MIG, as an older GPU answers NVML."""
+
+    def mig_mode(self, index: int) -> MigModeState:
+        if index == 0:
+            raise errors.NotSupported("nvmlDeviceGetMigMode: not supported")
+        return super().mig_mode(index)
+
+    def mig_profiles(self, index: int) -> tuple[MigProfile, ...]:
+        return () if index == 0 else super().mig_profiles(index)
+
+
+def test_a_gpu_that_cannot_do_mig_is_off_and_refuses_to_be_carved(clock: ManualClock) -> None:
+    nvml = WithoutMig(2, node="gpu-node-1", clock=clock, recording=NVML_JSON)
+    nvml.init()
+    assert apply(nvml, {0: OFF}).changed == ()
+    with pytest.raises(InvalidLayout, match="GPU 0 cannot do MIG"):
+        apply(nvml, {0: SEVEN, 1: SEVEN})
+    assert nvml.mig_devices(1) == ()
