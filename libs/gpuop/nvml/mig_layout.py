@@ -5,7 +5,10 @@ and works on the GPUs whose layout differs from it, leaving the others untouched
 
     snapshot   each GPU's mode and GPU instances (profile, placement, compute instances)
     plan       every wanted profile known to the GPU, and a placement for each instance
-               (`mig.fit`), before anything changes: a layout that cannot fit changes nothing
+               (`mig.fit`), before anything changes: a layout that cannot fit changes nothing.
+               A real GPU names its profiles only while MIG is on (NVML answers NotSupported
+               before), so a GPU turning MIG on is planned after the mode step; a layout
+               that does not fit it then is put back like any failure
     clear      compute instances, then GPU instances, of the changing GPUs
     mode       MIG on or off where it differs; a change NVML leaves pending (it needs a GPU
                reset or a reboot) stops here with `ModePending`, nothing put back: the
@@ -91,10 +94,11 @@ class MigApplyFailed(Exception):
 
 
 class InvalidLayout(MigApplyFailed):
-    """A GPU cannot take its layout; nothing was changed."""
+    """A GPU cannot take its layout; nothing was changed (unless found only once MIG was on:
+    then `changed`, and restored as any failure)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, restored=True, changed=False)
+    def __init__(self, message: str, *, restored: bool = True, changed: bool = False) -> None:
+        super().__init__(message, restored=restored, changed=changed)
 
 
 class ModePending(MigApplyFailed):
@@ -135,7 +139,7 @@ def apply(nvml: MigBackend, wanted: Mapping[int, GpuLayout]) -> Applied:
     if missing:
         raise InvalidLayout(f"no GPU at index {missing}: the node has {count}")
     changing = [i for i in sorted(wanted) if current_layout(nvml, i) != wanted[i]]
-    plans = {i: _plan(nvml, i, wanted[i]) for i in changing}
+    plans = {i: _plan_now(nvml, i, wanted[i]) for i in changing}
     before = [snapshot(nvml, i) for i in changing]
     try:
         _carve(nvml, plans, wanted)
@@ -143,13 +147,12 @@ def apply(nvml: MigBackend, wanted: Mapping[int, GpuLayout]) -> Applied:
     except ModePending:
         raise
     except (NvmlError, MigApplyFailed) as exc:
-        message = exc.message
         restored = restore(nvml, before)
+        message = f"{exc.message}; {'the layout before is back' if restored else 'restore failed'}"
+        if isinstance(exc, InvalidLayout):
+            raise InvalidLayout(message, restored=restored, changed=True) from exc
         failure = LayoutInUse if isinstance(exc, InUse) else MigApplyFailed
-        raise failure(
-            f"{message}; {'the layout before is back' if restored else 'restore failed'}",
-            restored=restored,
-        ) from exc
+        raise failure(message, restored=restored) from exc
     devices = sum(len(nvml.mig_devices(i)) for i in wanted)
     return Applied(tuple(changing), devices)
 
@@ -173,6 +176,17 @@ def restore(nvml: MigBackend, snapshots: Sequence[Snapshot]) -> bool:
 
 Plan = tuple[tuple[MigProfile, Placement], ...]
 """The GPU instances to create on one GPU, each at its placement."""
+
+
+def _plan_now(nvml: MigBackend, index: int, layout: GpuLayout) -> Plan | None:
+    """The plan, or None for a GPU turning MIG on that names no profile while it is off."""
+    if layout.mig_enabled and not nvml.mig_profiles(index):
+        try:
+            if not nvml.mig_mode(index).current:
+                return None
+        except NotSupported:
+            pass  # it cannot do MIG at all: `_plan` says so
+    return _plan(nvml, index, layout)
 
 
 def _plan(nvml: MigBackend, index: int, layout: GpuLayout) -> Plan:
@@ -200,7 +214,9 @@ def _plan(nvml: MigBackend, index: int, layout: GpuLayout) -> Plan:
     return tuple(zip(profiles, placements, strict=True))
 
 
-def _carve(nvml: MigBackend, plans: Mapping[int, Plan], wanted: Mapping[int, GpuLayout]) -> None:
+def _carve(
+    nvml: MigBackend, plans: Mapping[int, Plan | None], wanted: Mapping[int, GpuLayout]
+) -> None:
     for index in plans:
         _clear(nvml, index)
     for index in plans:
@@ -213,7 +229,8 @@ def _carve(nvml: MigBackend, plans: Mapping[int, Plan], wanted: Mapping[int, Gpu
             f"the MIG mode change of GPU {pending} waits for a GPU reset or a reboot",
             restored=False,
         )
-    for index, plan in plans.items():
+    for index, planned in plans.items():
+        plan = _plan(nvml, index, wanted[index]) if planned is None else planned
         for profile, placement in plan:
             gi_id = nvml.create_gpu_instance(index, profile.profile_id, placement)
             nvml.create_compute_instance(index, gi_id)

@@ -217,6 +217,8 @@ class PynvmlBackend:
 
     def gpu_instances(self, index: int) -> tuple[GpuInstance, ...]:
         h = self._handle(index)
+        if not real_mig.mig_enabled(self._nvml, h):
+            return ()  # NVML lists instances only while MIG is on
         profiles = real_mig.read_profiles(self._nvml, h)
         return real_mig.gpu_instances(self._nvml, h, profiles, self.mig_devices(index))
 

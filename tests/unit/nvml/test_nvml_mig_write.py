@@ -182,3 +182,27 @@ def test_a_gpu_that_cannot_do_mig_is_off_and_refuses_to_be_carved(clock: ManualC
     with pytest.raises(InvalidLayout, match="GPU 0 cannot do MIG"):
         apply(nvml, {0: SEVEN, 1: SEVEN})
     assert nvml.mig_devices(1) == ()
+
+
+class LikeARealGpu(SimNvml):
+    """Names its MIG profiles only while MIG is on, as NVML does on a real GPU."""
+
+    def mig_profiles(self, index: int) -> tuple[MigProfile, ...]:
+        return super().mig_profiles(index) if self.mig_mode(index).current else ()
+
+
+def test_a_gpu_naming_its_profiles_only_with_mig_on_is_planned_after_the_mode(
+    clock: ManualClock,
+) -> None:
+    nvml = LikeARealGpu(2, node="gpu-node-1", clock=clock, recording=NVML_JSON)
+    nvml.init()
+    assert nvml.mig_profiles(0) == ()
+    assert apply(nvml, {0: BALANCED}).changed == (0,)
+    assert current_layout(nvml, 0) == BALANCED
+    wrong = GpuLayout.of(True, ["4g.71gb", "3g.71gb", "1g.18gb"])
+    with pytest.raises(
+        InvalidLayout, match="do not fit together; the layout before is back"
+    ) as failed:
+        apply(nvml, {1: wrong})
+    assert (failed.value.changed, failed.value.restored) == (True, True)
+    assert nvml.mig_mode(1) == MigModeState(False, False)
