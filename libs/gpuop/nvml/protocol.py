@@ -5,6 +5,8 @@ and `RecordedNvml` (the answers recorded on a real H200) all satisfy `Nvml`; ser
 one with `backends.open_backend()` from `--nvml` and receive it in their constructor.
 Discovery reads inventory, the device plugin inventory, topology, MIG devices and health
 events, telemetry metrics and events, the driver manager's validation the versions and count.
+The one writer is the driver-manager's MIG step: the real and simulated backends also satisfy
+`mig.MigControl` (mode, GPU and compute instances), which `mig_layout.apply` drives.
 
 An `Nvml` is a session. `init()` opens it and holds the GPU device files, which is what keeps
 the `nvidia` kernel module in use: a driver reload needs every node service to `shutdown()`
