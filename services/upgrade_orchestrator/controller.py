@@ -52,7 +52,7 @@ from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition, flavour
 from gpuop.policy.conditions import RolloutRecord
 from gpuop.saga import Decision, NodeSaga, folding, new_saga
 from gpuop.saga.records import reinstall_saga_id, start_reason
-from gpuop.services.upgrade_orchestrator import intake, jobs, remediations
+from gpuop.services.upgrade_orchestrator import intake, jobs, migs, remediations
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
@@ -139,7 +139,12 @@ class Controller:
         self._remediations = remediations.Starter(
             runner, store, store_, inventories, clock=self._clock
         )
-        return [self._remediations.runner()]
+        migs_ = await KindStore.open(self._bus, migs.MIG_RECONFIGURATION)
+        reconfigurations = migs.Starter(
+            runner, migs_, inventories, kube=self._kube,
+            namespace=self._config.lease_namespace, clock=self._clock,
+        )  # fmt: skip
+        return [self._remediations.runner(), reconfigurations.runner()]
 
     def _decided(self, decision: Decision) -> None:
         self._wake.set()

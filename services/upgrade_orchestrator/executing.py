@@ -39,6 +39,7 @@ from gpuop.kube import client, conditions, draining, errors, nodes, pods, valida
 from gpuop.kube.recording import EventRecorder, EventType
 from gpuop.policy import selectors
 from gpuop.saga import actions
+from gpuop.saga.mig import actions as mig_actions
 from gpuop.saga.remediation import actions as remedies
 from gpuop.services.upgrade_orchestrator.nodepods import NodePods
 
@@ -160,6 +161,10 @@ class KubeExecutor:
             return None
         if isinstance(action, remedies.EvictPods):
             return await self._evict_named(node, action)
+        if isinstance(action, mig_actions.SetConfigState):
+            self._written.pop(node, None)
+            await nodes.set_labels(self._kube, node, {action.key: action.value.value})
+            return None
         if isinstance(action, actions.Cordon):
             was = await nodes.cordon(
                 self._kube, node, known=self._known(node), labels=_state_label(action.label)

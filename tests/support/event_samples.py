@@ -21,6 +21,7 @@ from gpuop.events import (
     mig,
     migrequests,
     network,
+    reconfigurations,
     remediation,
     remediations,
     upgrade,
@@ -224,6 +225,36 @@ SAMPLES: list[Payload] = [
     device.OperandResumed(command_id=CMD, service=device.OperandService.TELEMETRY),
     device.DevicePluginConfigSelected(config="time-sliced"),
     migrequests.MigConfigRequested(config="all-balanced"),
+    reconfigurations.MigReconfigurationStarted(
+        saga_id=SAGA,
+        request_id=CMD,
+        plan=reconfigurations.MigPlan(
+            config="all-balanced",
+            layouts=(
+                mig.GpuMigLayout(
+                    gpu_index=0,
+                    mig_enabled=True,
+                    devices=(mig.MigDeviceCount(profile="3g.71gb", count=2),),
+                ),
+            ),
+            recarved=(
+                reconfigurations.RecarvedGpu(
+                    index=0,
+                    uuid=GPU_UUID,
+                    previous=mig.GpuMigLayout(gpu_index=0, mig_enabled=False),
+                ),
+            ),
+            other_mig_devices=0,
+        ),
+    ),
+    reconfigurations.NodeMigStateChanged(
+        saga_id=SAGA,
+        config="all-balanced",
+        from_state=reconfigurations.MigState.APPLY_REQUIRED,
+        to_state=reconfigurations.MigState.RESTORE_REQUIRED,
+        config_state=reconfigurations.ConfigState.PENDING,
+        reason="MigLayoutFailed apply-failed (not restored)",
+    ),
     device.DevicePluginConfigApplied(
         config="shared-4",
         requested="Time_Sliced",

@@ -41,6 +41,7 @@ CATALOGUE = [
     gpuop.events.remediations,
     gpuop.events.mig,
     gpuop.events.migrequests,
+    gpuop.events.reconfigurations,
 ]
 MODELS = [REGISTRY[type_] for type_ in sorted(REGISTRY)]
 TOKEN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")

@@ -277,6 +277,7 @@ _CLUSTER_PUBLISHES: dict[str, Callable[[str], tuple[str, ...]]] = {
         subjects.events_filter("saga", prefix=p),
         subjects.events_filter("upgrade", prefix=p),
         subjects.events_filter("remediation", prefix=p),
+        subjects.events_filter("mig", prefix=p),
     ),
     "observer": lambda p: (),
 }
@@ -304,6 +305,8 @@ _CLUSTER_DEAD_LETTERS: dict[str, Callable[[str], tuple[str, ...]]] = {
         subjects.events_filter("upgrade", name="uncordon-required", prefix=p),
         subjects.events_filter("upgrade", name="upgrade-done", prefix=p),
         subjects.events_filter("upgrade", name="upgrade-failed", prefix=p),
+        # the MIG reconfiguration's (`gpuop.saga.mig.folding.is_inbound`)
+        subjects.events_filter("device", name="mig-config-requested", prefix=p),
     ),
 }
 """Subjects a cluster role's consumers take (and so may dead-letter)."""

@@ -64,6 +64,7 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         "saga": "upgrade-orchestrator",
         "upgrade": "upgrade-orchestrator",
         "remediation": "upgrade-orchestrator",
+        "mig": "upgrade-orchestrator",
     }
     if payload is device.DeviceHealthChanged:
         return user == "telemetry"

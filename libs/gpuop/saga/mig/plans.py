@@ -19,8 +19,9 @@ compares each layout with what the GPU has now:
                  for a GPU that cannot do MIG; the saga then
                  fails at once with it as the reason, touching nothing
 
-The plan is part of the saga's record from its first moment (`records.new_saga`), so a
-replay decides on the same plan without reading the ConfigMap again. Pure.
+The plan (`gpuop.events.reconfigurations.MigPlan`) is part of the saga's record from its
+first moment (`records.new_saga`) and of the `MigReconfigurationStarted` the runtime
+records, so a replay decides on the same plan without reading the ConfigMap again. Pure.
 """
 
 from __future__ import annotations
@@ -28,54 +29,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from pydantic import Field
-
 from gpuop.events import hardware as hw
-from gpuop.events.fields import Count, GpuUuid, Message, Record
 from gpuop.events.mig import GpuMigLayout, MigDeviceCount
+from gpuop.events.reconfigurations import MigPlan, RecarvedGpu
 from gpuop.policy import migconfig
 from gpuop.saga.mig.states import CONFIG_LABEL
 
-MAX_GPUS = 64
-
-
-class RecarvedGpu(Record):
-    """A GPU whose layout the request changes."""
-
-    index: int = Field(ge=0, le=63)
-    """NVML index on the node."""
-    uuid: GpuUuid
-    """What the device plugin names it by (`ListGpuHolders`)."""
-    previous: GpuMigLayout | None = None
-    """Its layout at the start when fully known; None: MIG on, devices not reported."""
-
-
-class MigPlan(Record):
-    """What a request does to one node; see the module docstring."""
-
-    config: str = Field(max_length=63)
-    """The label's value: the config name requested."""
-    layouts: tuple[GpuMigLayout, ...] = Field(default=(), max_length=MAX_GPUS)
-    """Every GPU the config selects, with its layout, by index."""
-    recarved: tuple[RecarvedGpu, ...] = Field(default=(), max_length=MAX_GPUS)
-    """The GPUs whose layout changes, by index."""
-    other_mig_devices: Count | None = 0
-    """MIG devices on the GPUs the request leaves alone, when known; None: one of them has
-    MIG on and no device reported."""
-    problem: Message = ""
-    """Why the request cannot run; empty when it can."""
-
-    @property
-    def restorable(self) -> bool:
-        """Whether the saga itself can put the start's layout back on every re-carved GPU."""
-        return all(gpu.previous is not None for gpu in self.recarved)
-
-    def expected_mig_devices(self) -> int | None:
-        """MIG devices the node has once the layouts are applied, when known."""
-        if self.other_mig_devices is None:
-            return None
-        wanted = sum(d.count for layout in self.layouts for d in layout.devices)
-        return wanted + self.other_mig_devices
+__all__ = ["MigPlan", "RecarvedGpu", "changes", "current", "facts", "plan"]
 
 
 def plan(

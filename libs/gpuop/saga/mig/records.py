@@ -30,8 +30,8 @@ from gpuop.events.fields import (
     NodeName,
     Record,
 )
+from gpuop.events.reconfigurations import MigPlan
 from gpuop.saga.machine import Transition
-from gpuop.saga.mig.plans import MigPlan
 from gpuop.saga.mig.states import MigState
 
 HISTORY_LIMIT = 32

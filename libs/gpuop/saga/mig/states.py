@@ -17,7 +17,8 @@ the layout recorded at the start, then resumes and fails. A request that cannot 
 leads out of done or failed: a new request starts a new saga.
 
 Upstream's MIG manager shows its progress in the node label `nvidia.com/mig.config.state`
-(`CONFIG_STATE_LABEL`); `config_state` maps every state to one of its values.
+(`CONFIG_STATE_LABEL`); `config_state` maps every state to one of its values. The states
+and the label's values are public (`gpuop.events.reconfigurations`): each move is published.
 """
 
 from __future__ import annotations
@@ -25,51 +26,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from gpuop.events.fields import DocumentedEnum
 from gpuop.events.migrequests import MIG_CONFIG_LABEL
+from gpuop.events.reconfigurations import ConfigState, MigState
 
 CONFIG_LABEL = MIG_CONFIG_LABEL
 """The Node label naming the MIG config a node should have, as upstream's."""
 CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
 """The Node label showing where the node's reconfiguration stands, as upstream's."""
-
-
-class MigState(DocumentedEnum):
-    """Where one node's MIG reconfiguration stands: the action still pending."""
-
-    MIG_CONFIG_REQUIRED = "mig-config-required"
-    """A config was requested; waits for a slot under `maxUnavailable` -> operands-pause."""
-    OPERANDS_PAUSE_REQUIRED = "operands-pause-required"
-    """The node's operands are to release the GPUs -> holders-eviction."""
-    HOLDERS_EVICTION_REQUIRED = "holders-eviction-required"
-    """The pods holding the GPUs being re-carved are to be listed and evicted -> apply."""
-    APPLY_REQUIRED = "apply-required"
-    """The driver-manager is to apply the layout -> verification, or restore/resume on failure."""
-    VERIFICATION_REQUIRED = "verification-required"
-    """The layout the node reported is compared with the request -> resume, or restore."""
-    RESTORE_REQUIRED = "restore-required"
-    """The layout recorded at the start is to be put back -> operands-resume (then failed)."""
-    OPERANDS_RESUME_REQUIRED = "operands-resume-required"
-    """The operands are to use the GPUs again -> done, or failed after a failure."""
-    MIG_CONFIG_DONE = "mig-config-done"
-    """The node has the requested layout; final."""
-    MIG_CONFIG_FAILED = "mig-config-failed"
-    """The request failed with its reason; final (a new label value starts a new saga)."""
-
-
-class ConfigState(DocumentedEnum):
-    """Values of `nvidia.com/mig.config.state`, upstream's."""
-
-    PENDING = "pending"
-    """A reconfiguration is under way (or waiting for its slot)."""
-    REBOOTING = "rebooting"
-    """Upstream's manager reboots the node for a MIG mode change; gpuop never does (the
-    driver-manager resets the GPUs it re-carves, and a failure restores instead), so never
-    set by gpuop, listed for the readers that know it."""
-    SUCCESS = "success"
-    """The node has the layout its label names."""
-    FAILED = "failed"
-    """The last reconfiguration failed; the reason is in the node's Event and the saga."""
 
 
 S = MigState
@@ -119,6 +82,17 @@ TABLE: Mapping[MigState, Mapping[MigState, str]] = MappingProxyType(
     }
 )
 """State -> the states it may move to -> the trigger of that move."""
+
+
+__all__ = [
+    "CONFIG_LABEL",
+    "CONFIG_STATE_LABEL",
+    "TABLE",
+    "TERMINAL_STATES",
+    "ConfigState",
+    "MigState",
+    "config_state",
+]
 
 
 def config_state(state: MigState) -> ConfigState:

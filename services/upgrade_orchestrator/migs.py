@@ -1,0 +1,174 @@
+"""The MIG reconfiguration run by the orchestrator: its `SagaKind`, and what starts one.
+
+`MIG_RECONFIGURATION` hands the runner the pure kind (`gpuop.saga.mig`): records under
+`mig.<node>` in `gpuop_sagas`, the fold (`gpuop.saga.mig.folding`), its outputs. `Starter`
+is its starting hook, given every event of the intake before the runner decides it, under
+the node's lock:
+
+- a `MigConfigRequested` naming a config on a node without a reconfiguration under way
+  starts one: the plan is made here, once (`plans.plan`: the policy's mig-parted file, or
+  the ConfigMap it names, read now, against the node's inventory from KV), stored
+  (compare-and-set), recorded as `MigReconfigurationStarted` (which `gpuop replay` builds
+  the same saga from, without the ConfigMap), and its first decision (`kind.begin`: fail
+  at once, done at once, or `pending` and wait for admission) carried out. On a node with
+  one under way the kind itself queues the request (`MigSaga.queued`);
+- any event of a node whose reconfiguration ended with a request queued starts that one,
+  under the request id the ended saga derives (`kind.next_request`).
+
+A request whose label is removed (`config` None) starts nothing: the layout stays.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from gpuop.bus import KeyExists, KeyValue, RevisionConflict
+from gpuop.clocks import SYSTEM_CLOCK, Clock
+from gpuop.events import Event, ids, subjects
+from gpuop.events import hardware as hw
+from gpuop.events.migrequests import MigConfigRequested
+from gpuop.events.reconfigurations import DOMAIN
+from gpuop.kube import client, errors
+from gpuop.policy import GPUClusterPolicySpec, migconfig
+from gpuop.policy.mig import parse_configs
+from gpuop.saga.mig import folding, kind, plans, records
+from gpuop.saga.mig.records import MigSaga
+from gpuop.saga.mig.states import TERMINAL_STATES
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore, SagaKind
+from gpuop.services.upgrade_orchestrator.publishing import Publisher
+from gpuop.services.upgrade_orchestrator.running import Runner
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "mig"
+
+
+def _subjects(prefix: str) -> tuple[str, ...]:
+    def events(domain: str, name: str) -> str:
+        return subjects.events_filter(domain, name=name, prefix=prefix)
+
+    return (
+        events("device", "mig-config-requested"),
+        events("device", "gpu-holders-listed"),
+        events("device", "gpu-holders-unknown"),
+    )
+
+
+MIG_RECONFIGURATION: SagaKind[MigSaga] = SagaKind(
+    name=kind.NAME,
+    key_prefix=KEY_PREFIX,
+    decode=MigSaga.from_json,
+    inbound=folding.is_inbound,
+    subjects=_subjects,
+    step=folding.step,
+    outputs=folding.outputs,  # type: ignore[arg-type]
+    pending=kind.pending,
+    correlation=lambda saga: saga.saga_id,
+    holds=folding.holds,
+    waiting=folding.waiting,
+)
+"""The MIG reconfiguration as the runtime runs it."""
+
+
+class Starter:
+    """Starts reconfigurations from the node label's requests (see the module docstring)."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        store: KindStore[MigSaga],
+        inventories: KeyValue,
+        *,
+        kube: client.Kube | None = None,
+        namespace: str = "default",
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._runner = runner
+        self._store = store
+        self._inventories = inventories
+        self._kube = kube
+        self._namespace = namespace
+        self._publish = Publisher(runner.bus, clock)
+
+    def runner(self) -> KindRunner[MigSaga]:
+        return KindRunner(MIG_RECONFIGURATION, self._store, self)
+
+    async def __call__(self, node: str, event: Event, now: datetime, cause: str | None) -> None:
+        existing = await self._store.get(node)
+        ended = existing is None or existing.saga.state in TERMINAL_STATES
+        if isinstance(event, MigConfigRequested):
+            if event.config is not None and ended:
+                request = cause or ids.step(f"mig-label/{node}", event.config, 1)
+                await self._start(node, event.config, request, now, cause)
+            return
+        if existing is not None and ended:
+            queued = kind.next_request(existing.saga)
+            if queued is not None:
+                await self._start(node, queued[0], queued[1], now, cause)
+
+    async def _start(
+        self, node: str, config: str, request_id: str, now: datetime, cause: str | None
+    ) -> None:
+        policy = self._runner.policy()
+        if policy is None:
+            return
+        file, source = await self._configs(policy)
+        plan = plans.plan(config, file, source, await self._inventory(node))
+        saga = records.new_saga(node=node, request_id=request_id, plan=plan, now=now)
+        first = kind.begin(saga, policy, now)
+        earlier = self._store.cached(node)
+        try:
+            if earlier is None:
+                await self._store.create(first.saga, node)
+            else:
+                await self._store.replace(first.saga, node, earlier.revision)
+        except (KeyExists, RevisionConflict):
+            return  # another writer: the next event of the node looks again
+        started = folding.start_of(saga)
+        await self._publish.event(
+            started, node=node, id=ids.started(saga.saga_id), correlationid=saga.saga_id,
+            causationid=cause, now=now,
+        )  # fmt: skip
+        log.info("re-carving %s to %s", node, config, extra={"node": node})
+        await self._runner.act_kind(self.runner(), first)
+
+    async def _configs(
+        self, policy: GPUClusterPolicySpec
+    ) -> tuple[migconfig.MigConfigFile | None, str]:
+        """The policy's mig-parted file, parsed, with where it came from; None (and why,
+        in the source) when there is none or it cannot be read or parsed."""
+        mig = policy.mig
+        source = mig.configs_source
+        text = mig.config
+        if mig.config_map is not None:
+            try:
+                text = await self._config_map_text(mig.config_map, mig.config_map_key)
+            except (errors.KubeError, KeyError, TypeError) as error:
+                return None, f"{source}: cannot be read: {error}"
+        if text is None:
+            return None, source
+        try:
+            return parse_configs(text, source), source
+        except ValueError as error:
+            return None, str(error)
+
+    async def _config_map_text(self, name: str, key: str) -> str:
+        if self._kube is None:
+            raise errors.KubeError("no Kubernetes API to read it from")
+        kube = self._kube
+        found: Any = await kube.call(kube.core.read_namespaced_config_map, name, self._namespace)
+        return str(found["data"][key])
+
+    async def _inventory(self, node: str) -> hw.HardwareDiscovered | None:
+        entry = await self._inventories.get(subjects.encode_node(node))
+        if entry is None:
+            return None
+        try:
+            return hw.HardwareDiscovered.model_validate_json(entry.value)
+        except ValueError:
+            return None
+
+
+__all__ = ["DOMAIN", "MIG_RECONFIGURATION", "Starter"]

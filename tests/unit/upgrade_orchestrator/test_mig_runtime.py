@@ -1,0 +1,122 @@
+"""The MIG reconfiguration kind in the orchestrator's runtime, on the in-memory bus: the
+node label's request re-carves the node evicting only the holders of the re-carved GPUs,
+never cordoning it, and sets `nvidia.com/mig.config.state`; a failed apply the node did not
+undo restores the recorded layout and ends failed; an unknown config fails at once; a
+relabel while a reconfiguration runs is started after it, not interleaved."""
+
+from __future__ import annotations
+
+from gpuop.events import kube
+from gpuop.events import mig as migev
+from gpuop.events.reconfigurations import (
+    ConfigState,
+    MigReconfigurationStarted,
+    MigState,
+    NodeMigStateChanged,
+)
+from gpuop.saga import actions
+from gpuop.saga.mig.actions import EvictPods, SetConfigState
+from gpuop.saga.mig.folding import started
+from tests.support.mig_runtime import MigAgents, actions_of, reconfiguring
+from tests.support.mig_sagas import POD_A, policy
+from tests.support.orchestrator import events, messages
+
+NODE = "gpu-node-1"
+S = MigState
+
+
+async def published_states(harness: object) -> list[MigState]:
+    bus = harness.bus  # type: ignore[attr-defined]
+    found = await messages(bus, events(bus.prefix, "mig", NODE))
+    return [p.to_state for _, p in found if isinstance(p, NodeMigStateChanged)]
+
+
+async def test_a_relabel_recarves_the_node_evicting_only_the_holders_and_says_success():
+    async with reconfiguring(policy()) as harness:
+        await harness.relabel(NODE, "half-balanced")
+        await harness.started(NODE)
+        await harness.settle(until_ended=(NODE,))
+        saga = await harness.saga(NODE)
+
+        assert saga is not None and saga.state is S.MIG_CONFIG_DONE, saga
+        [evicted] = actions_of(harness.stack, EvictPods)
+        assert evicted.pods == (POD_A,)
+        assert not actions_of(harness.stack, actions.Cordon)
+        labels = [a.value for a in actions_of(harness.stack, SetConfigState)]
+        assert labels == [ConfigState.PENDING, ConfigState.SUCCESS]
+        assert await published_states(harness) == [
+            S.OPERANDS_PAUSE_REQUIRED, S.HOLDERS_EVICTION_REQUIRED, S.APPLY_REQUIRED,
+            S.VERIFICATION_REQUIRED, S.OPERANDS_RESUME_REQUIRED, S.MIG_CONFIG_DONE,
+        ]  # fmt: skip
+        [apply] = harness.agents.applied
+        assert apply.config == "half-balanced"
+
+
+async def test_the_recorded_start_rebuilds_the_same_saga():
+    async with reconfiguring(policy()) as harness:
+        await harness.relabel(NODE, "half-balanced")
+        saga = await harness.started(NODE)
+        await harness.settle(until_ended=(NODE,))
+        found = await messages(harness.bus, events(harness.bus.prefix, "mig", NODE, "started"))
+        [(envelope, start)] = found
+        assert isinstance(start, MigReconfigurationStarted)
+        rebuilt = started(NODE, start, saga.step_started)
+        assert (rebuilt.saga_id, rebuilt.plan) == (saga.saga_id, saga.plan)
+        assert envelope.correlationid == saga.saga_id
+
+
+async def test_a_failed_apply_the_node_did_not_undo_is_restored_and_fails():
+    agents = MigAgents(fails=migev.MigFailureReason.APPLY_FAILED, restored=False)
+    async with reconfiguring(policy(), agents=agents) as harness:
+        await harness.relabel(NODE, "half-balanced")
+        await harness.started(NODE)
+        await harness.settle(until_ended=(NODE,))
+        saga = await harness.saga(NODE)
+
+        assert saga is not None and saga.state is S.MIG_CONFIG_FAILED
+        assert saga.restored is True
+        _, restore = agents.applied
+        assert [layout.mig_enabled for layout in restore.layouts] == [False, False]
+        assert S.RESTORE_REQUIRED in await published_states(harness)
+        labels = [a.value for a in actions_of(harness.stack, SetConfigState)]
+        assert labels[-1] is ConfigState.FAILED
+
+
+async def test_an_unknown_config_fails_at_once_without_a_command():
+    async with reconfiguring(policy()) as harness:
+        await harness.relabel(NODE, "no-such-layout")
+        saga = await harness.started(NODE)
+        await harness.settle()
+        assert saga.state is S.MIG_CONFIG_FAILED
+        assert "no MIG config named 'no-such-layout'" in (
+            saga.failure.reason if saga.failure else ""
+        )
+        assert harness.agents.applied == []
+        labels = [a.value for a in actions_of(harness.stack, SetConfigState)]
+        assert labels == [ConfigState.FAILED]
+
+
+async def test_a_removed_label_starts_nothing():
+    async with reconfiguring(policy()) as harness:
+        await harness.relabel(NODE, None)
+        await harness.settle()
+        assert await harness.saga(NODE) is None
+
+
+async def test_a_relabel_while_running_is_started_after_it_not_interleaved():
+    async with reconfiguring(policy()) as harness:
+        await harness.relabel(NODE, "half-balanced")
+        await harness.relabel(NODE, "all-balanced")
+        await harness.started(NODE)
+        await harness.settle(until_ended=(NODE,))
+        first = await harness.saga(NODE)
+        assert first is not None and first.state is S.MIG_CONFIG_DONE
+        assert (first.config, first.queued) == ("half-balanced", "all-balanced")
+
+        # the node's next event (its label write observed, a new inventory) starts it
+        await harness.publish(kube.NodeObserved(ready=True, unschedulable=False), NODE)
+        await harness.settle(until_ended=(NODE,))
+        second = await harness.saga(NODE)
+        assert second is not None and second.config == "all-balanced", second
+        assert second.state is S.MIG_CONFIG_DONE and second.saga_id != first.saga_id
+        assert [a.config for a in harness.agents.applied] == ["half-balanced", "all-balanced"]
