@@ -10,7 +10,10 @@ MIG changes through `MigControl` as on a real node (`sim_mig`: placements, insta
 `fail_mig_call` let tests make a mode change wait for a reset or an NVML call fail. With
 `mig_state` (`--nvml sim:` sets `<host root>/run/gpuop/sim-nvml/mig.json`) the MIG state
 lives in that file, read before and written after every MIG call, so every service of a node
-(each with its own session) sees what the driver-manager carved, as on a real node.
+(each with its own session) sees what the driver-manager carved, as on a real node. With
+`xid_feed` (`--nvml sim:` sets `<host root>/run/gpuop/sim-nvml/xids.jsonl`) the XIDs another
+process puts there (`sim_xids.inject`: the demo's fault knob) reach this one's open watchers
+too, within one of their waits.
 
 Driver coupling, through `modules.ModuleState`: `init()` raises `DriverNotLoaded` while the
 `nvidia` module is not loaded; an open session holds the module as `holder_id` until
@@ -33,7 +36,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -60,7 +63,7 @@ from gpuop.nvml.watching import (
     XidEvent,
 )
 from gpuop_sim import recordings
-from gpuop_sim.nvml import sim_mig, sim_topology
+from gpuop_sim.nvml import sim_mig, sim_topology, sim_xids
 from gpuop_sim.nvml.modules import DRIVER_RESETS, NVIDIA, ModuleState, reset_key
 from gpuop_sim.nvml.sim_fields import field_value, pcie_throughput
 from gpuop_sim.nvml.sim_gpus import SimGpu, identity
@@ -100,6 +103,7 @@ class SimNvml:
         recording: Path | None = None,
         simulate_latency: bool = False,
         mig_state: Path | None = None,
+        xid_feed: Path | None = None,
     ) -> None:
         if not 1 <= gpus <= MAX_GPUS:
             raise ValueError(f"a simulated node has 1 to {MAX_GPUS} GPUs, not {gpus}")
@@ -127,6 +131,7 @@ class SimNvml:
         self._mig_failures: dict[str, list[NvmlError | None]] = {}
         self._lost: set[int] = set()
         self._watchers: WatcherSet[QueueWatcher] = WatcherSet()
+        self._xid_feed = sim_xids.XidFeed(xid_feed) if xid_feed is not None else None
         self._lock = threading.RLock()
         self._session_version: str | None = None
         self._last_version: str | None = None
@@ -296,7 +301,11 @@ class SimNvml:
             chosen = range(len(self._gpus)) if indices is None else indices
             for index in chosen:
                 self._gpu(index)
-            return self._watchers.add(QueueWatcher(chosen, on_close=self._watchers.discard))
+            if self._xid_feed is None:
+                watcher = QueueWatcher(chosen, on_close=self._watchers.discard)
+            else:
+                watcher = _FeedWatcher(chosen, self._watchers.discard, self._take_fed_xids)
+            return self._watchers.add(watcher)
 
     # What tests and the simulated cluster do to the GPUs; none needs an open session.
 
@@ -462,6 +471,14 @@ class SimNvml:
                 gpu.driver_reloaded()
                 self._lost.discard(index)
 
+    def _take_fed_xids(self) -> None:
+        """Deliver the XIDs another process put in the feed since the last look."""
+        assert self._xid_feed is not None
+        for uuid, xid in self._xid_feed.take():
+            index = next((i for i, g in enumerate(self._gpus) if g.info.uuid == uuid), None)
+            if index is not None:
+                self.inject_xid(index, xid)
+
     def _publish(self, event: DeviceEvent) -> None:
         for watcher in self._watchers.snapshot():
             watcher.deliver(event)
@@ -469,3 +486,20 @@ class SimNvml:
     def _slow(self, query: str) -> None:
         if self._latency:
             time.sleep(SLOW_QUERY_SECONDS[query])
+
+
+class _FeedWatcher(QueueWatcher):
+    """A watcher that, before each wait, takes in what the node's XID feed got since."""
+
+    def __init__(
+        self,
+        indices: Collection[int],
+        on_close: Callable[[QueueWatcher], None],
+        take_fed: Callable[[], None],
+    ) -> None:
+        super().__init__(indices, on_close=on_close)
+        self._take_fed = take_fed
+
+    def wait(self, timeout_ms: int) -> DeviceEvent | None:
+        self._take_fed()
+        return super().wait(timeout_ms)
