@@ -4,6 +4,8 @@ one (and those that do not)."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -19,7 +21,7 @@ from gpuop.events.remediations import RemediationState as S
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine
-from gpuop.saga.remediation import breaker, kind, records
+from gpuop.saga.remediation import breaker, kind, phases, records
 from gpuop.saga.remediation.actions import EvictPods, MirrorHealth
 from gpuop.saga.remediation.drafting import Draft
 from gpuop.saga.remediation.records import RemediationSaga
@@ -96,6 +98,21 @@ class Walk:
             self.feed(dev.OperandResumed(command_id=resume, service=service))
         pod = NamespacedName(namespace="gpuop", name="gpuop-validate")
         self.feed(kube.ValidationPodSucceeded(action_id=self.step_id(), pod=pod))
+
+
+def test_every_state_has_exactly_one_phase_module_named_for_it() -> None:
+    found = {}
+    for info in pkgutil.iter_modules(phases.__path__):
+        module = importlib.import_module(f"{phases.__name__}.{info.name}")
+        state = getattr(module, "STATE", None)
+        if state is None:
+            assert info.name == "common", f"{info.name} is neither a phase nor shared"
+            continue
+        assert state not in found and info.name == state.value.replace("-", "_")
+        found[state] = info.name
+        for hook in ("enter", "on_event", "on_deadline", "effects"):
+            assert callable(getattr(module, hook)), f"{info.name} lacks {hook}"
+    assert set(found) == set(S) == set(phases.PHASES)
 
 
 def test_the_kind_checks_and_every_state_has_a_row_and_a_phase() -> None:

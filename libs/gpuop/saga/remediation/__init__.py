@@ -18,7 +18,7 @@ upgrade (folded-into-upgrade) and ends with it.
 
     records   RemediationSaga (the KV record), Step, start (from RemediationStarted)
     table     TABLE
-    phases    each state's behaviour, PHASES
+    phases    one module per state (enter, on_event, on_deadline, effects), PHASES
     drafting  the Draft its phases share, the Kubernetes Events of its moves
     actions   MirrorHealth (condition and taint), EvictPods (named pods)
     kind      REMEDIATION and the fold: is_inbound, step, outputs, pending

@@ -1,0 +1,124 @@
+"""validation-required: the upgrade's validation ladder (`upgradePolicy.validation`) for the
+driver the node runs: NVML, a CUDA context on every GPU, the operands resumed and a GPU pod
+on the still-quarantined node; each rung a step with its deadline, any failure fails the
+remediation (there is no other driver to roll back to)."""
+
+from __future__ import annotations
+
+from gpuop.events import device as dev
+from gpuop.events import driver as dm
+from gpuop.events import kube
+from gpuop.events.remediations import RemediationState as S
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import actions as upgrade_actions
+from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.remediation.drafting import Draft
+from gpuop.saga.remediation.phases.common import (
+    action_id,
+    answers_action,
+    fail_on_deadline,
+    issue,
+    on_operands,
+    timeout,
+)
+from gpuop.saga.remediation.records import RemediationSaga, Step
+
+STATE = S.VALIDATION_REQUIRED
+RESUME = "validate-resume"
+
+
+def plan(spec: GPUClusterPolicySpec, operands_paused: bool) -> tuple[str, ...]:
+    """The rungs' step tokens, in order (peermem is an OFED window's rung, not run here)."""
+    tokens: list[str] = []
+    for rung in spec.upgrade_policy.validation.ladder():
+        if rung == "nvml":
+            tokens.append("validate-gpu")
+        elif rung == "cuda":
+            tokens.append("validate-cuda-gpu")
+        elif rung == "pod":
+            if operands_paused:
+                tokens.append(RESUME)
+            tokens.append("validate-pod")
+    return tuple(tokens)
+
+
+def enter(draft: Draft, retry: bool) -> None:
+    if draft.saga.driver_version is None:
+        draft.fail("no GPU driver version known to validate")
+        return
+    draft.update(paused=())
+    draft.start(Step(name=plan(draft.spec, draft.saga.operands_paused)[0]))
+
+
+def _next_rung(draft: Draft) -> None:
+    saga = draft.saga
+    tokens = plan(draft.spec, True)
+    index = tokens.index(saga.step.name) if saga.step.name in tokens else len(tokens)
+    following = [t for t in tokens[index + 1 :] if t != RESUME or saga.operands_paused]
+    if following:
+        draft.start(Step(name=following[0]))
+    else:
+        draft.move(S.RELEASE_REQUIRED, "the GPUs validated")
+
+
+def _resumed(draft: Draft) -> None:
+    draft.update(operands_paused=False)
+    draft.outcome_ok("every operand resumed")
+    _next_rung(draft)
+
+
+def _on_pod(draft: Draft, trigger: Trigger) -> None:
+    if not answers_action(draft, trigger):
+        return
+    if isinstance(trigger, kube.ValidationPodFailed):
+        draft.fail(f"validate-pod: pod {trigger.pod} {trigger.reason}: {trigger.message}")
+    elif isinstance(trigger, kube.ValidationPodSucceeded):
+        draft.outcome_ok(f"pod {trigger.pod} Succeeded")
+        _next_rung(draft)
+
+
+def _on_driver(draft: Draft, trigger: Trigger) -> None:
+    if not isinstance(trigger, dm.DriverValidated | dm.DriverValidationFailed):
+        return
+    if trigger.command_id != draft.step_id():
+        return
+    if isinstance(trigger, dm.DriverValidationFailed):
+        name = draft.saga.step.name
+        draft.fail(f"{name} ({trigger.reason}): {trigger.message}".rstrip(": "))
+        return
+    draft.outcome_ok(f"{trigger.devices} GPUs validated")
+    _next_rung(draft)
+
+
+def on_event(draft: Draft, trigger: Trigger) -> None:
+    name = draft.saga.step.name
+    if name == RESUME:
+        on_operands(draft, trigger, dev.OperandResumed, _resumed)
+    elif name == "validate-pod":
+        _on_pod(draft, trigger)
+    else:
+        _on_driver(draft, trigger)
+
+
+on_deadline = fail_on_deadline
+
+
+def effects(saga: RemediationSaga, spec: GPUClusterPolicySpec) -> Effects:
+    name = saga.step.name
+    if name == RESUME:
+        return (issue(saga, dev.ResumeOperands(reason=f"validation of {saga.saga_id}")),), ()
+    if name == "validate-pod":
+        pod = spec.upgrade_policy.validation.pod
+        run = upgrade_actions.RunValidationPod(
+            id=action_id(saga), image=pod.image, command=pod.command, namespace=pod.namespace,
+            runtime_class_name=pod.runtime_class_name, timeout_seconds=timeout(saga, spec),
+        )  # fmt: skip
+        return (), (run,)
+    if saga.driver_version is None:
+        raise ValueError("no GPU driver version to validate")
+    check = dm.ValidationCheck.CUDA if name == "validate-cuda-gpu" else dm.ValidationCheck.NVML
+    validate = dm.ValidateDriver(
+        component=dm.Component.GPU, version=saga.driver_version,
+        expected_devices=saga.expected_devices, timeout_seconds=timeout(saga, spec), check=check,
+    )  # fmt: skip
+    return (issue(saga, validate),), ()
