@@ -17,7 +17,10 @@ decides, and `folding.outputs` names what each decision publishes. A GPU remedia
 builds it (`records.start`), after the circuit breaker's decision is checked against the
 starts before it (`breaker.allows`: a start it would have refused is reported), and the
 remediation's fold (`kind.step`, `kind.outputs`) decides each event it consumes after the
-upgrade's. The policy is
+upgrade's. A MIG reconfiguration (`gpuop.saga.mig`) too: `MigReconfigurationStarted`
+carries its plan, so it is rebuilt without the ConfigMap (`mig.folding.started`), its first
+decision made as the runtime made it (`mig.kind.begin`), then `mig.folding.step` decides
+after the remediation's. The policy is
 the latest `PolicyApplied` (one that names an event as its cause was applied just before that
 event was decided), unless an override replaces every recorded one. `compare` then sets the
 commands and state changes it produced against the recorded ones, node by node.
@@ -35,10 +38,14 @@ from pydantic import BaseModel
 
 from gpuop.events import Envelope, Event, Payload, decode
 from gpuop.events.envelope import MalformedMessage, UnknownEventType
+from gpuop.events.reconfigurations import MigReconfigurationStarted, NodeMigStateChanged
 from gpuop.events.remediations import NodeRemediationStateChanged, RemediationStarted
 from gpuop.events.upgrade import NodeUpgradeStateChanged, PolicyApplied, SagaStarted
 from gpuop.policy import GPUClusterPolicySpec, PolicyInvalid, validate_spec
 from gpuop.saga import folding
+from gpuop.saga.mig import folding as mig_folding
+from gpuop.saga.mig import kind as mig_kind
+from gpuop.saga.mig.records import MigSaga
 from gpuop.saga.records import NodeSaga
 from gpuop.saga.remediation import breaker, records
 from gpuop.saga.remediation import kind as remediation
@@ -184,7 +191,7 @@ def load_policy(document: object, where: str) -> GPUClusterPolicySpec:
 def _kind(out: object) -> str:
     return (
         "transition"
-        if isinstance(out, folding.StateChange | remediation.StateChange)
+        if isinstance(out, folding.StateChange | remediation.StateChange | mig_folding.StateChange)
         else "command"
     )
 
@@ -201,7 +208,9 @@ def recorded_outputs(log: Sequence[Recorded]) -> Outputs:
         payload = entry.payload
         if entry.stream == COMMANDS_STREAM:
             kind_ = "command"
-        elif isinstance(payload, NodeUpgradeStateChanged | NodeRemediationStateChanged):
+        elif isinstance(
+            payload, NodeUpgradeStateChanged | NodeRemediationStateChanged | NodeMigStateChanged
+        ):
             kind_ = "transition"
         else:
             continue
@@ -225,6 +234,7 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
     current = policy
     sagas: dict[str, NodeSaga] = {}
     remediations: dict[str, RemediationSaga] = {}
+    reconfigurations: dict[str, MigSaga] = {}
     starts: list[datetime] = []
     for entry in events:
         payload, envelope = entry.payload, entry.envelope
@@ -255,6 +265,17 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
             remediations[envelope.node] = records.start(envelope.node, payload, envelope.time)
             result.nodes.add(envelope.node)
             continue
+        if isinstance(payload, MigReconfigurationStarted) and current is not None:
+            # the runtime carried out the first decision as it recorded the start
+            saga_ = mig_folding.started(envelope.node, payload, envelope.time)
+            first = mig_kind.begin(saga_, current, envelope.time)
+            reconfigurations[envelope.node] = first.saga
+            result.nodes.add(envelope.node)
+            result.outputs.setdefault(envelope.node, []).extend(
+                Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
+                for out in mig_folding.outputs(first)
+            )
+            continue
         if not isinstance(payload, Event) or current is None:
             continue
         saga = sagas.get(envelope.node)
@@ -279,6 +300,15 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
                 result.outputs.setdefault(envelope.node, []).extend(
                     Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
                     for out in remediation.outputs(remedy)
+                )
+        carving = reconfigurations.get(envelope.node)
+        if carving is not None and mig_folding.is_inbound(payload):
+            carved = mig_folding.step(carving, payload, current, envelope.time)
+            if carved is not None:
+                reconfigurations[envelope.node] = carved.saga
+                result.outputs.setdefault(envelope.node, []).extend(
+                    Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
+                    for out in mig_folding.outputs(carved)
                 )
     return result
 

@@ -6,6 +6,7 @@ relabel while a reconfiguration runs is started after it, not interleaved."""
 
 from __future__ import annotations
 
+from gpuop.cli.events import export_lines
 from gpuop.events import kube
 from gpuop.events import mig as migev
 from gpuop.events.reconfigurations import (
@@ -14,7 +15,7 @@ from gpuop.events.reconfigurations import (
     MigState,
     NodeMigStateChanged,
 )
-from gpuop.saga import actions
+from gpuop.saga import actions, replaying
 from gpuop.saga.mig.actions import EvictPods, SetConfigState
 from gpuop.saga.mig.folding import started
 from tests.support.mig_runtime import MigAgents, actions_of, reconfiguring
@@ -120,3 +121,31 @@ async def test_a_relabel_while_running_is_started_after_it_not_interleaved():
         assert second is not None and second.config == "all-balanced", second
         assert second.state is S.MIG_CONFIG_DONE and second.saga_id != first.saga_id
         assert [a.config for a in harness.agents.applied] == ["half-balanced", "all-balanced"]
+
+
+def replays_identically(lines: list[str]) -> replaying.Replayed:
+    log = replaying.parse_log(lines)
+    replayed = replaying.replay(log)
+    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
+    assert comparison.identical, comparison.report()
+    return replayed
+
+
+async def test_gpuop_replay_reproduces_every_decision_of_each_reconfiguration():
+    agents = MigAgents(fails=migev.MigFailureReason.APPLY_FAILED, restored=False)
+    async with reconfiguring(policy(), ("gpu-node-1", "gpu-node-2"), agents=agents) as harness:
+        await harness.relabel("gpu-node-1", "half-balanced")  # fails, restored by the saga
+        await harness.relabel("gpu-node-2", "no-such-layout")  # fails at once
+        await harness.relabel("gpu-node-1", "all-balanced")  # queued behind the first
+        await harness.started("gpu-node-1")
+        await harness.settle(until_ended=("gpu-node-1", "gpu-node-2"))
+        await harness.publish(kube.NodeObserved(ready=True, unschedulable=False), NODE)
+        await harness.settle(until_ended=("gpu-node-1",))
+        lines = await export_lines(harness.bus)
+
+    replayed = replays_identically(lines)
+    assert replayed.nodes == {"gpu-node-1", "gpu-node-2"}
+    recorded = replaying.recorded_outputs(replaying.parse_log(lines))
+    node_1 = [o.type for o in recorded["gpu-node-1"] if o.kind == "command"]
+    assert node_1.count("io.gpuop.cmd.driver-manager.apply-mig-layout.v1") == 3
+    assert any(o.kind == "transition" for o in recorded["gpu-node-2"])
