@@ -119,6 +119,8 @@ class Executor:
 
     async def context_for(self, command: Command) -> StepContext:
         """What the command must remember from before it changed anything."""
+        if isinstance(command, remediation.ResetGpu):
+            return await self.resetter.context()
         if not isinstance(command, dm.UnloadDriver | dm.RollbackDriver):
             return StepContext()
         if command.component not in self.config.components:
@@ -150,7 +152,7 @@ class Executor:
         if isinstance(command, ApplyMigLayout):
             return Outcome(await self.mig.apply(command_id, command))
         if isinstance(command, remediation.ResetGpu):
-            return Outcome(await self.resetter.reset(command_id, command))
+            return Outcome(await self.resetter.reset(command_id, command, context))
         if not isinstance(command, ComponentCommand):
             raise TypeError(f"{type(command).__name__} is not a driver command")
         if command.component not in self.config.components:

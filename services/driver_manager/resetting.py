@@ -23,7 +23,9 @@ paused; `executor.Executor` hands it to `GpuResetter.reset`, which:
 
 The command's timeout bounds everything before the unload; a driver once unloaded is always
 loaded again, whatever the time, so the node is never left without its driver by a
-deadline. A timeout answers `timeout`.
+deadline. A timeout answers `timeout`. The driver running when the command began is its
+recorded context (`context`): a run resumed after a crash between the unload and the load
+loads it again before anything else.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from gpuop.nvml import DeviceInfo, Nvml, NvmlError, opened
 from gpuop.nvml.errors import GpuFailure
 from gpuop.services.driver_manager import holders
 from gpuop.services.driver_manager.reloading import LoadError, Reloader, UnloadError
+from gpuop.services.driver_manager.state import StepContext
 from gpuop.services.driver_manager.validating import NvmlFactory
 
 log = logging.getLogger(__name__)
@@ -102,7 +105,17 @@ class GpuResetter:
         self.resets = resets
         self.own_pid = os.getpid() if own_pid is None else own_pid
 
-    async def reset(self, command_id: str, command: remediation.ResetGpu) -> Answer:
+    async def context(self) -> StepContext:
+        """The GPU driver running before the reset: what a run resumed after a crash in the
+        middle of a driver reload loads again."""
+        return StepContext(
+            from_version=self.reloader.loaded_version(Component.GPU),
+            modules=await self.reloader.loaded_modules(Component.GPU),
+        )
+
+    async def reset(
+        self, command_id: str, command: remediation.ResetGpu, context: StepContext | None = None
+    ) -> Answer:
         wanted = tuple(dict.fromkeys(command.gpu_uuids))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + command.timeout_seconds
@@ -122,6 +135,10 @@ class GpuResetter:
                 command_id=command_id, gpu_uuids=command.gpu_uuids, method=method
             )
 
+        try:
+            await self._load_again(context or StepContext())
+        except ResetRefused as refused:
+            return failed(refused.reason, refused.message)
         try:
             async with asyncio.timeout_at(deadline):
                 gpus, unanswered = await asyncio.to_thread(self._look)
@@ -276,6 +293,17 @@ class GpuResetter:
         return "; ".join(problems) or None
 
     # 4. the driver reload
+
+    async def _load_again(self, context: StepContext) -> None:
+        """Load the driver an interrupted run of the same command unloaded, if it did."""
+        if context.from_version is None or self.reloader.loaded_version(Component.GPU):
+            return
+        log.warning("the GPU driver is not loaded: loading %s again", context.from_version)
+        try:
+            await self.reloader.load(Component.GPU, context.from_version, context.modules)
+        except LoadError as exc:
+            message = f"the GPU driver {context.from_version} did not load again: {exc.message}"
+            raise ResetRefused(Reason.RESET_FAILED, message) from None
 
     async def _reload(self, timeout: float) -> None:
         version = self.reloader.loaded_version(Component.GPU)

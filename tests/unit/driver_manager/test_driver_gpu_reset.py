@@ -382,3 +382,20 @@ async def test_the_persistence_daemon_keeps_no_gpu_from_its_reset_but_from_a_rel
     assert isinstance(reload, remediation.GpuResetFailed)
     assert reload.reason is Reason.IN_USE
     assert "nvidia-persiste[900]" in reload.message
+
+
+async def test_a_reset_resumed_after_a_crash_mid_reload_loads_the_driver_again(
+    host: HostRoot,
+) -> None:
+    nvml = SimNvml(GPUS, node=NODE, module_state=HostRootModules(host.path))
+    resets = resetter(host, nvml)
+    context = await resets.context()
+    for module in ("nvidia_uvm", "nvidia"):  # the first run unloaded, then the agent died
+        SimKernel(host).rmmod(module)
+
+    answer = await resets.reset("cmd-1", reset_gpu(2), context)
+
+    assert context.from_version == OLD
+    assert modules.module_version(host, "nvidia") == OLD
+    assert {"nvidia", "nvidia_uvm"} <= {m.name for m in modules.loaded_modules(host)}
+    assert isinstance(answer, remediation.GpuReset)
