@@ -146,7 +146,7 @@ class GpuResetter:
                 if missing and not unanswered:
                     message = f"not GPUs of this node: {' '.join(missing)}"
                     return failed(Reason.NOT_SUPPORTED, message)
-                self._refuse_in_use(gpus, named)
+                self._refuse_in_use(named)
                 blocked = self._blockers(gpus, named)
                 if missing:
                     blocked.append(
@@ -219,7 +219,7 @@ class GpuResetter:
                 users[gpu.uuid] = [f"{name}[{pid}]" for pid, name in sorted(found.items())]
         return users
 
-    def _refuse_in_use(self, gpus: tuple[Gpu, ...], named: tuple[Gpu, ...]) -> None:
+    def _refuse_in_use(self, named: tuple[Gpu, ...]) -> None:
         users = self._users(named)
         if users:
             raise ResetRefused(Reason.IN_USE, "in use: " + _listing(users))
