@@ -122,8 +122,10 @@ async def reconfiguring(
     nodes: tuple[str, ...] = ("gpu-node-1",),
     *,
     agents: MigAgents | None = None,
+    kube: Any = None,
 ) -> AsyncIterator[Reconfiguring]:
-    """The runtime with the MIG kind, each node's inventory (four H200s, MIG off) in KV."""
+    """The runtime with the MIG kind, each node's inventory (four H200s, MIG off) in KV;
+    `kube` answers the read of a policy's ConfigMap (namespace `gpuop`)."""
     agents = agents or MigAgents()
     bus = InMemoryBus()
     await bus.start()
@@ -133,7 +135,7 @@ async def reconfiguring(
     for node in nodes:
         await inventories.put(subjects.encode_node(node), inventory().model_dump_json().encode())
     store = await KindStore.open(bus, MIG_RECONFIGURATION)
-    starter = Starter(runner, store, inventories, clock=stack.clock)
+    starter = Starter(runner, store, inventories, kube=kube, namespace="gpuop", clock=stack.clock)
     runner.kinds = (starter.runner(),)
 
     async def agent(delivery: Delivery) -> None:
@@ -162,3 +164,24 @@ async def reconfiguring(
 def actions_of(stack: Stack, kind: type[Any]) -> list[Any]:
     """The Kubernetes actions of `kind` the fake API server was asked for, in order."""
     return [action for _, action in stack.kube.done if isinstance(action, kind)]
+
+
+class ConfigMaps:
+    """Enough of `gpuop.kube.client.Kube` to read ConfigMaps: `data` by (namespace, name),
+    or the error every read raises."""
+
+    def __init__(self, maps: dict[tuple[str, str], dict[str, str]], error: Exception | None = None):
+        self.maps = maps
+        self.error = error
+        self.reads: list[tuple[str, str]] = []
+        self.core = self
+
+    def read_namespaced_config_map(self, name: str, namespace: str) -> None:
+        raise AssertionError("called through Kube.call")
+
+    async def call(self, method: Any, name: str, namespace: str) -> dict[str, Any]:
+        assert method == self.read_namespaced_config_map
+        self.reads.append((namespace, name))
+        if self.error is not None:
+            raise self.error
+        return {"data": self.maps[(namespace, name)]}

@@ -278,6 +278,7 @@ def test_rbac_grants_each_role_exactly_what_its_calls_need() -> None:
         ("*", "gpuop.io/gpuclusterpolicies"): {"get", "list", "watch"},
         ("*", "gpuop.io/gpuclusterpolicies/status"): {"get", "patch"},
         (NAMESPACE, "coordination.k8s.io/leases"): {"create", *lease.split(",")},
+        (NAMESPACE, "configmaps"): {"get"},  # mig.configMap, the MIG configs
         ("default", "events"): {"create"},
     }
     service_accounts = {s["metadata"]["name"]: s for s in rendering.all("ServiceAccount")}

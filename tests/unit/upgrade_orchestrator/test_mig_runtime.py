@@ -15,11 +15,12 @@ from gpuop.events.reconfigurations import (
     MigState,
     NodeMigStateChanged,
 )
+from gpuop.kube import errors
 from gpuop.saga import actions, replaying
 from gpuop.saga.mig.actions import EvictPods, SetConfigState
 from gpuop.saga.mig.folding import started
-from tests.support.mig_runtime import MigAgents, actions_of, reconfiguring
-from tests.support.mig_sagas import POD_A, policy
+from tests.support.mig_runtime import ConfigMaps, MigAgents, actions_of, reconfiguring
+from tests.support.mig_sagas import CONFIG, POD_A, policy
 from tests.support.orchestrator import events, messages
 
 NODE = "gpu-node-1"
@@ -149,3 +150,34 @@ async def test_gpuop_replay_reproduces_every_decision_of_each_reconfiguration():
     node_1 = [o.type for o in recorded["gpu-node-1"] if o.kind == "command"]
     assert node_1.count("io.gpuop.cmd.driver-manager.apply-mig-layout.v1") == 3
     assert any(o.kind == "transition" for o in recorded["gpu-node-2"])
+
+
+async def test_the_configs_of_a_configmap_are_read_when_a_reconfiguration_starts():
+    maps = ConfigMaps({("gpuop", "default-mig-parted-config"): {"config.yaml": CONFIG}})
+    spec = policy(config=None, config_map="default-mig-parted-config")
+    async with reconfiguring(spec, kube=maps) as harness:
+        await harness.relabel(NODE, "half-balanced")
+        await harness.started(NODE)
+        await harness.settle(until_ended=(NODE,))
+        saga = await harness.saga(NODE)
+        assert saga is not None and saga.state is S.MIG_CONFIG_DONE
+        assert maps.reads == [("gpuop", "default-mig-parted-config")]
+
+
+async def test_a_configmap_that_cannot_be_read_or_parsed_fails_naming_it():
+    forbidden = errors.KubeError("configmaps is forbidden", code=403, reason="Forbidden")
+    spec = policy(config=None, config_map="layouts", config_map_key="mig.yaml")
+    async with reconfiguring(spec, kube=ConfigMaps({}, forbidden)) as harness:
+        await harness.relabel(NODE, "half-balanced")
+        saga = await harness.started(NODE)
+        assert saga.state is S.MIG_CONFIG_FAILED
+        assert saga.failure is not None
+        assert "ConfigMap layouts key mig.yaml: cannot be read: configmaps is forbidden" in (
+            saga.failure.reason
+        )
+    garbled = ConfigMaps({("gpuop", "layouts"): {"mig.yaml": "version: v2\n"}})
+    async with reconfiguring(spec, kube=garbled) as harness:
+        await harness.relabel(NODE, "half-balanced")
+        saga = await harness.started(NODE)
+        assert saga.failure is not None
+        assert "ConfigMap layouts key mig.yaml: version must be 'v1'" in saga.failure.reason
