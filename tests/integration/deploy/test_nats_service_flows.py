@@ -21,7 +21,7 @@ from gpuop.services.discovery import selections as discovery_selections
 from gpuop.services.network_manager import consumers as network_manager
 from gpuop.services.network_manager.addressing import Addresses
 from gpuop.services.telemetry import consumers as telemetry
-from gpuop.services.upgrade_orchestrator import intake, remediations
+from gpuop.services.upgrade_orchestrator import intake, migs, remediations
 from tests.integration.deploy.ownership import (
     NODE,
     PREFIX,
@@ -96,9 +96,10 @@ def flows() -> dict[str, Flow]:
         ),
         "discovery-cluster": Flow(
             consumers=[discovery.labeler(PREFIX, retry_delay=RETRY)],
-            # at start: what it told each node's plugin, and what each plugin runs
+            # at start: what it told each node's plugin and MIG saga, what each plugin runs
             reads=[
                 discovery_selections.selections_filter(PREFIX),
+                discovery_selections.MIG_CONFIG.filter(PREFIX),
                 discovery.plugin_configs_filter(PREFIX),
             ],
             kv={Buckets.NODES: ("get",)},
@@ -151,7 +152,11 @@ def flows() -> dict[str, Flow]:
             ]
         ),
         "upgrade-orchestrator": Flow(
-            consumers=[intake.consumer_spec(PREFIX, kinds=[remediations.REMEDIATION])],
+            consumers=[
+                intake.consumer_spec(
+                    PREFIX, kinds=[remediations.REMEDIATION, migs.MIG_RECONFIGURATION]
+                )
+            ],
             kv={
                 Buckets.SAGAS: ("get", "create", "update", "delete", "keys", "watch"),
                 Buckets.NODES: ("get", "keys"),
