@@ -90,6 +90,9 @@ class Stack:
     """How each agent was started, to start it again."""
     nats_replicas: int = 1
     """Replicas of the streams and buckets every service is told to keep."""
+    kubelets: dict[str, KubeletGrpc] = field(default_factory=dict)
+    """With `operands`: each node's simulated kubelet gRPC side, by node name (a test
+    allocates a GPU to a pod through it, for PodResources to name the pod)."""
     role_kubeconfigs: dict[str, Path] = field(default_factory=dict)
     """The cluster roles' own kubeconfigs by role ("upgrade-orchestrator",
     "discovery-cluster"): on a real cluster their chart ServiceAccount's token, so a missing
@@ -200,9 +203,15 @@ class Stack:
         await self.wait_until(f"{name} started again", up, STARTUP)
 
     async def start_rollout(
-        self, upgrade_policy: dict[str, Any], *, ofed: str | None = None
+        self,
+        upgrade_policy: dict[str, Any],
+        *,
+        ofed: str | None = None,
+        version: str = NEW,
+        remediation: dict[str, Any] | None = None,
     ) -> None:
-        """Install the CRD and create the policy asking for driver `NEW` (and OFED `ofed`)."""
+        """Install the CRD and create the policy asking for driver `version` (`NEW`; `OLD`:
+        no rollout) and OFED `ofed`, with `remediation` as its remediation section."""
         definition = yaml.safe_load((REPO / crd.COMMITTED).read_text(encoding="utf-8"))
         extensions = k8s.ApiextensionsV1Api(self.kube.api_client)
         # On a real cluster Helm installed it with the chart.
@@ -210,14 +219,17 @@ class Stack:
             await self.kube.call(extensions.create_custom_resource_definition, definition)
         await self._established(extensions, definition["metadata"]["name"])
         signed = {"source": str(self.source), "publicKeys": [keys.PUBLIC_KEY]}
-        driver: dict[str, Any] = {"gpu": {"version": NEW, **signed}}
+        driver: dict[str, Any] = {"gpu": {"version": version, **signed}}
         if ofed is not None:
             driver["ofed"] = {"version": ofed, **signed}
+        spec: dict[str, Any] = {"driver": driver, "upgradePolicy": upgrade_policy}
+        if remediation is not None:
+            spec["remediation"] = remediation
         policy = {
             "apiVersion": specs.API_VERSION,
             "kind": specs.KIND,
             "metadata": {"name": "default"},
-            "spec": {"driver": driver, "upgradePolicy": upgrade_policy},
+            "spec": spec,
         }
         await self.kube.call(
             self.kube.custom_objects.create_cluster_custom_object,
@@ -319,6 +331,7 @@ async def stack(
         kube = await exits.enter_async_context(await client.connect(kubeconfig))
         source = work / "driver-source"
         roots: dict[str, HostRoot] = {}
+        kubelets: dict[str, KubeletGrpc] = {}
         for index, node in enumerate(cluster.node_names):
             machine = cluster.machine(node)
             roots[node] = hosts.build_host_root(
@@ -329,7 +342,8 @@ async def stack(
             if prepare is not None:
                 prepare(index, roots[node])
             if operands:
-                await exits.enter_async_context(KubeletGrpc.under(roots[node].path))
+                kubelet = KubeletGrpc.under(roots[node].path)
+                kubelets[node] = await exits.enter_async_context(kubelet)
         releases = sorted({system.kernel_release(root) or "" for root in roots.values()})
         wanted = [("gpu", version) for version in (OLD, NEW)]
         wanted += [("ofed", version) for version in (OFED_OLD, OFED_NEW) if ofed]
@@ -341,6 +355,7 @@ async def stack(
         running = Stack(cluster, kube, bus, nats_url, kubeconfig, work, source, roots)
         running.nats_replicas = nats_replicas
         running.role_kubeconfigs = role_kubeconfigs
+        running.kubelets = kubelets
         exits.push_async_callback(_stop_all, running)
         agents = []
         for index, (node, root) in enumerate(roots.items()):
