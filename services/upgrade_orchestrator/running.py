@@ -447,11 +447,14 @@ class Runner:
                 upgrade = self._store.index.get(saga.node)
                 if upgrade is not None and _in_window(upgrade.saga):
                     continue  # the node's upgrade window is open: the kind waits for it
+                if saga.node in holding:
+                    continue  # another kind's saga holds the node: one saga at a time
                 down = not status.ready or status.unschedulable
                 if not down and free <= 0:
                     continue
                 if not down:
                     free -= 1
+                holding[saga.node] = runner.kind.name
                 await self._admit_kind(runner, saga, now)
         for runner in self.kinds:
             for stored in runner.store.records():

@@ -15,12 +15,17 @@ from gpuop.events.reconfigurations import (
     MigState,
     NodeMigStateChanged,
 )
+from gpuop.events.remediations import RemediationStarted, RemediationState
 from gpuop.kube import errors
+from gpuop.policy import UpgradePolicy
 from gpuop.saga import actions, replaying
 from gpuop.saga.mig.actions import EvictPods, SetConfigState
 from gpuop.saga.mig.folding import started
+from gpuop.saga.remediation import records as remediation_records
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore
+from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION
 from tests.support.mig_runtime import ConfigMaps, MigAgents, actions_of, reconfiguring
-from tests.support.mig_sagas import CONFIG, POD_A, policy
+from tests.support.mig_sagas import CONFIG, POD_A, UUIDS, policy
 from tests.support.orchestrator import events, messages
 
 NODE = "gpu-node-1"
@@ -181,3 +186,30 @@ async def test_a_configmap_that_cannot_be_read_or_parsed_fails_naming_it():
         saga = await harness.started(NODE)
         assert saga.failure is not None
         assert "ConfigMap layouts key mig.yaml: version must be 'v1'" in saga.failure.reason
+
+
+async def test_a_node_another_kind_holds_is_not_reconfigured_until_it_ends():
+    roomy = policy().model_copy(update={"upgrade_policy": UpgradePolicy(max_unavailable=2)})
+    async with reconfiguring(roomy, ("gpu-node-1", "gpu-node-2")) as harness:
+        runner = harness.stack.runner
+        assert runner is not None
+        remediations = await KindStore.open(harness.bus, REMEDIATION)
+        start = RemediationStarted(saga_id=f"remediation/{NODE}/1", unhealthy={UUIDS[0]: (79,)})
+        holding = remediation_records.start(NODE, start, harness.stack.clock.now())
+        holding = holding.model_copy(update={"state": RemediationState.RESET_REQUIRED})
+        await remediations.create(holding, NODE)
+        runner.kinds = (KindRunner(REMEDIATION, remediations), *runner.kinds)
+
+        await harness.relabel(NODE, "half-balanced")
+        await harness.started(NODE)
+        await harness.settle()
+        waiting = await harness.saga(NODE)
+        assert waiting is not None and waiting.state is S.MIG_CONFIG_REQUIRED, waiting
+
+        stored = await remediations.get(NODE)
+        assert stored is not None
+        ended = stored.saga.model_copy(update={"state": RemediationState.DONE})
+        await remediations.replace(ended, NODE, stored.revision)
+        await harness.settle(until_ended=(NODE,))
+        done = await harness.saga(NODE)
+        assert done is not None and done.state is S.MIG_CONFIG_DONE
