@@ -23,6 +23,7 @@ from gpuop.events import remediation as remedies
 from gpuop.events.remediations import NodeRemediationStateChanged, RemediationState
 from gpuop.kube import conditions, nodes, pods
 from gpuop.saga import replaying
+from gpuop_sim.host import simreset
 from tests.support.rollouts import log_of
 from tests.support.stack import OLD, Stack, stack
 
@@ -129,6 +130,36 @@ async def test_a_fatal_xid_under_load_ends_healthy_and_only_the_holder_moves(
     assert {k: after[sick].get(k) for k in untouched} == untouched
     # the well node's pods stay (the holder's replacement may land there: the sick one is tainted)
     assert {k: after[well].get(k) for k in before[well]} == before[well]
+    replayed = replaying.replay(log)
+    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
+    assert comparison.identical, comparison.report()
+
+
+@pytest.mark.timeout(480)
+async def test_a_gpu_reset_that_fails_reboots_the_node_and_the_new_boot_validates(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    async with stack(
+        tmp_path, nats_server.url, nodes_count=1, gpus=2, operands=True, seed=22
+    ) as running:
+        (node,) = running.node_names
+        simreset.set_fault(running.roots[node], simreset.FAIL)
+        await running.start_replica()
+        await running.start_rollout(POLICY, version=OLD, remediation=REMEDIATION)
+        gpu = await gpu_of(running, node)
+        await asyncio.sleep(5)  # the orchestrator leads and consumes before the fault
+        await publish_fault(running, node, gpu, 48, dev.XidAction.RESET_GPU)
+
+        async def released() -> bool:
+            return await marks(running, node) == ("True", False)
+
+        await running.wait_until("the node released after its reboot", released, 300)
+        log = log_of(await running.export(), tmp_path / "log.jsonl")
+
+    walked = moves(log, node)
+    assert walked[-1] is R.DONE and R.REBOOT_REQUIRED in walked, walked
+    failed = [e.payload for e in log if isinstance(e.payload, remedies.GpuResetFailed)]
+    assert [f.reason for f in failed] == [remedies.ResetFailureReason.RESET_FAILED]
     replayed = replaying.replay(log)
     comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
     assert comparison.identical, comparison.report()
