@@ -209,9 +209,10 @@ class Stack:
         ofed: str | None = None,
         version: str = NEW,
         remediation: dict[str, Any] | None = None,
+        mig: dict[str, Any] | None = None,
     ) -> None:
         """Install the CRD and create the policy asking for driver `version` (`NEW`; `OLD`:
-        no rollout) and OFED `ofed`, with `remediation` as its remediation section."""
+        no rollout) and OFED `ofed`, with `remediation` and `mig` as those sections."""
         definition = yaml.safe_load((REPO / crd.COMMITTED).read_text(encoding="utf-8"))
         extensions = k8s.ApiextensionsV1Api(self.kube.api_client)
         # On a real cluster Helm installed it with the chart.
@@ -225,6 +226,8 @@ class Stack:
         spec: dict[str, Any] = {"driver": driver, "upgradePolicy": upgrade_policy}
         if remediation is not None:
             spec["remediation"] = remediation
+        if mig is not None:
+            spec["mig"] = mig
         policy = {
             "apiVersion": specs.API_VERSION,
             "kind": specs.KIND,

@@ -1,0 +1,121 @@
+"""MIG reconfiguration end to end (`stack`, with the operands): the node label
+`nvidia.com/mig.config` re-carves the GPUs its config names through the whole stack
+(discovery's cluster role tells the request, the orchestrator pauses the operands, the device
+plugin names the pod holding a re-carved GPU, only that pod is evicted, the driver-manager
+applies the layout on the simulated NVML and regenerates the CDI spec, the operands resume)
+and the node shows `nvidia.com/mig.config.state=success`, its inventory the new MIG devices;
+a config the GPUs cannot take fails with the driver-manager's reason, the layout untouched,
+and `failed`; the log replays identically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuop.bus import Buckets, NatsServer
+from gpuop.events import hardware, subjects
+from gpuop.events.reconfigurations import MigState, NodeMigStateChanged
+from gpuop.kube import nodes, pods
+from gpuop.saga import replaying
+from gpuop.saga.mig.states import CONFIG_LABEL, CONFIG_STATE_LABEL
+from tests.support.rollouts import log_of
+from tests.support.stack import OLD, Stack, stack
+
+pytestmark = [pytest.mark.nats, pytest.mark.slow]
+
+POLICY: dict[str, Any] = {"maxUnavailable": 2}
+CONFIG = """\
+version: v1
+mig-configs:
+  first-two:
+    - devices: [0, 1]
+      mig-enabled: true
+      mig-devices: {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}
+  too-big:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"7g.141gb": 2}
+"""
+
+
+async def inventory_of(running: Stack, node: str) -> hardware.HardwareDiscovered:
+    entries = await running.bus.kv(Buckets.NODES)
+    entry = await entries.get(subjects.encode_node(node))
+    assert entry is not None, f"no inventory of {node}"
+    return hardware.HardwareDiscovered.model_validate_json(entry.value)
+
+
+async def uids(running: Stack, node: str) -> dict[tuple[str, str], str]:
+    return {
+        (p["metadata"]["namespace"], p["metadata"]["name"]): p["metadata"]["uid"]
+        for p in await pods.gpu_pods_on(running.kube, node)
+    }
+
+
+async def state_label(running: Stack, node: str) -> str | None:
+    return nodes.labels_of(await nodes.get(running.kube, node)).get(CONFIG_STATE_LABEL)
+
+
+def moves(log: list[replaying.Recorded], node: str) -> list[MigState]:
+    return [
+        entry.payload.to_state
+        for entry in log
+        if isinstance(entry.payload, NodeMigStateChanged) and entry.envelope.node == node
+    ]
+
+
+@pytest.mark.timeout(480)
+async def test_a_relabel_recarves_only_its_gpus_and_a_config_that_does_not_fit_fails(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    async with stack(
+        tmp_path, nats_server.url, nodes_count=2, gpus=4, operands=True, seed=21
+    ) as running:
+        await running.start_replica()
+        await running.start_rollout(POLICY, version=OLD, mig={"config": CONFIG})
+
+        async def loaded() -> bool:
+            return all([len(await uids(running, node)) >= 1 for node in running.node_names])
+
+        await running.wait_until("GPU pods on the nodes", loaded, 120)
+        carved, refused = running.node_names
+        before = await uids(running, carved)
+        holder = sorted(before)[0]
+        first_gpu = (await inventory_of(running, carved)).gpus[0].uuid
+        kubelet = running.kubelets[carved]
+        await kubelet.wait_for_devices("nvidia.com/gpu", lambda found: len(found) >= 4, timeout=60)
+        device = next(d.ID for d in kubelet.devices("nvidia.com/gpu") if first_gpu in d.ID)
+        await kubelet.allocate("nvidia.com/gpu", [device], pod=holder[1], namespace=holder[0])
+        await asyncio.sleep(5)  # the orchestrator leads and consumes before the relabels
+
+        await nodes.set_labels(running.kube, carved, {CONFIG_LABEL: "first-two"})
+        await nodes.set_labels(running.kube, refused, {CONFIG_LABEL: "too-big"})
+
+        async def ended() -> bool:
+            states = [await state_label(running, n) for n in (carved, refused)]
+            return states == ["success", "failed"]
+
+        await running.wait_until("both reconfigurations ended", ended, 300)
+
+        async def rescanned() -> bool:
+            found = await inventory_of(running, carved)
+            return [len(g.mig_devices) for g in found.gpus] == [4, 4, 0, 0]
+
+        await running.wait_until("the new MIG devices in the inventory", rescanned, 60)
+        after = await uids(running, carved)
+        untouched = (await inventory_of(running, refused)).gpus
+        log = log_of(await running.export(), tmp_path / "log.jsonl")
+
+    assert moves(log, carved)[-1] is MigState.MIG_CONFIG_DONE, moves(log, carved)
+    assert moves(log, refused)[-1] is MigState.MIG_CONFIG_FAILED, moves(log, refused)
+    assert after.get(holder) != before[holder]  # evicted (or recreated anew)
+    others = {k: v for k, v in before.items() if k != holder}
+    assert {k: after.get(k) for k in others} == others, "only the holder of GPU 0 moved"
+    assert [g.mig_mode for g in untouched] == [hardware.MigMode.DISABLED] * 4
+    replayed = replaying.replay(log)
+    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
+    assert comparison.identical, comparison.report()
