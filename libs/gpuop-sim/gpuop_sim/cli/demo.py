@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 import time
@@ -53,7 +54,7 @@ from gpuop.kube import nodes as kubenodes
 from gpuop.policy import crd, specs
 from gpuop.runtime import services
 from gpuop.runtime.settings import Role
-from gpuop_sim.cli import rollout_view, screens
+from gpuop_sim.cli import rollout_view, scenarios, screens
 from gpuop_sim.cli.processes import Process, Stop, Stopped, show, spawn, stop_all, watching
 from gpuop_sim.cluster.cluster import SimCluster
 from gpuop_sim.cluster.hosts import build_host_root
@@ -61,6 +62,7 @@ from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
 from gpuop_sim.cluster.kwok import KwokFleet
 from gpuop_sim.host import keys, seeding
 
+UPGRADE = "upgrade"
 NEW_VERSION = "580.200.01"
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 LABELS_SHOWN = ("nvidia.com/gpu.count", "nvidia.com/gpu.product", DRIVER_LABEL)
@@ -77,6 +79,14 @@ def add_parser(verbs: Any) -> None:
         description="Start nats-server, a simulated GPU cluster and every service locally, "
         "then roll a driver upgrade across the nodes and report how it went.",
     )
+    demo.add_argument(
+        "--scenario",
+        choices=scenarios.SCENARIOS,
+        default=UPGRADE,
+        help="upgrade: roll a new driver across the nodes (default); remediation: a fatal "
+        "XID on two nodes, quarantine to recovery; mig: two nodes relabelled to a mixed MIG "
+        "layout, and their new resources",
+    )
     demo.add_argument("--nodes", type=int, default=8, help="simulated nodes (default 8)")
     demo.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
     demo.add_argument("--max-parallel", type=int, default=2, help="maxParallelUpgrades")
@@ -84,7 +94,8 @@ def add_parser(verbs: Any) -> None:
         "--headless",
         action="store_true",
         help="plain progress lines for CI, then one JSON line (nodes, done, failed, "
-        "seconds); exit 0 only when every node is done",
+        "seconds; a scenario's adds what happened on each target node); exit 0 only when "
+        "every node is done (a scenario: both targets, as the scenario expects)",
     )
     demo.add_argument("--timeout", type=float, default=300, help="seconds for the rollout")
     demo.add_argument(
@@ -152,6 +163,14 @@ async def _run(args: argparse.Namespace, stop: Stop) -> int:
             await _install_crd(kube)
             start = Start(processes, cluster, nats_url, kubeconfig, args, work)
             source = await start.hosts(stack)
+            scenario = None
+            if args.scenario != UPGRADE:
+                assert isinstance(cluster, SimCluster)  # _check refuses --kubeconfig
+                stage = scenarios.Stage(kube, cluster, start.roots, start.kubelets, args.gpus)
+                scenario = scenarios.make(args.scenario, stage)
+                start.add_configs(scenario.configs())
+                tracker.targets = []  # chosen once the stack runs
+                tracker.echo = not live
             await start.wave(first=True)
             await stop.unless_stopped(_wait_for_labels(kube, cluster.node_names, args.headless))
             await start.wave(first=False)
@@ -160,20 +179,22 @@ async def _run(args: argparse.Namespace, stop: Stop) -> int:
             bus = NatsBus(nats_url, name="gpuop-demo", replicas=args.nats_replicas)
             await bus.start()
             stack.push_async_callback(bus.close)
-            await _start_rollout(kube, source, args)
+            await _start_rollout(kube, source, args, scenario)
             if args.kubeconfig is not None:
                 stack.push_async_callback(_delete_policy, kube)
-            title = (
-                f"GPU driver {seeding.RECORDED_DRIVER_VERSION} -> {NEW_VERSION}, "
-                f"{args.nodes} nodes, {args.max_parallel or 'all'} at a time"
-            )
+            title = _title(args)
             footer = _footer(processes, nats_url, kubeconfig)
+            play = _follow(bus, tracker, args, scenario, print_lines=not live)
             if live:
                 async with screens.LiveScreen(tracker, title=title, footer=footer).showing():
-                    await stop.unless_stopped(_follow(bus, tracker, args, print_lines=False))
+                    await stop.unless_stopped(play)
             else:
-                print(f"rolling {title}", flush=True)
-                await stop.unless_stopped(_follow(bus, tracker, args, print_lines=True))
+                print(f"{'rolling' if scenario is None else 'playing'} {title}", flush=True)
+                await stop.unless_stopped(play)
+            ok, summary = tracker.outcome.done == len(cluster.node_names), None
+            if scenario is not None:
+                ok, found = await scenario.conclude(tracker)
+                summary = json.dumps(found)
             if args.record is not None:
                 lines = await events.export_lines(bus)
                 args.record.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -181,25 +202,62 @@ async def _run(args: argparse.Namespace, stop: Stop) -> int:
                 print(f"  gpuop replay {args.record}")
             if not live and (args.hold or not args.headless):
                 print("", *footer, sep="\n")
-            outcome = tracker.outcome
+            summary = summary or tracker.outcome.summary()
             if args.hold:
-                print(outcome.summary(), "", "Running; Ctrl-C (or SIGTERM) stops it.", sep="\n")
+                print(summary, "", "Running; Ctrl-C (or SIGTERM) stops it.", sep="\n")
                 sys.stdout.flush()
                 await stop.unless_stopped(asyncio.Event().wait())
-    print(outcome.summary(), flush=True)
-    return 0 if outcome.done == len(outcome.nodes) else 1
+    print(summary, flush=True)
+    return 0 if ok else 1
+
+
+def _title(args: argparse.Namespace) -> str:
+    if args.scenario == rollout_view.REMEDIATION:
+        return (
+            f"GPU remediation: XID {scenarios.XID} on {scenarios.TARGETS} of {args.nodes} "
+            "nodes, quarantine to recovery"
+        )
+    if args.scenario == rollout_view.MIG:
+        return (
+            f"MIG reconfiguration: {scenarios.TARGETS} of {args.nodes} nodes to "
+            f"{scenarios.MIG_CONFIG}"
+        )
+    return (
+        f"GPU driver {seeding.RECORDED_DRIVER_VERSION} -> {NEW_VERSION}, "
+        f"{args.nodes} nodes, {args.max_parallel or 'all'} at a time"
+    )
 
 
 async def _follow(
-    bus: NatsBus, tracker: rollout_view.Tracker, args: argparse.Namespace, *, print_lines: bool
+    bus: NatsBus,
+    tracker: rollout_view.Tracker,
+    args: argparse.Namespace,
+    scenario: scenarios.Scenario | None,
+    *,
+    print_lines: bool,
 ) -> None:
+    """Follow the rollout, or play the scenario and follow its sagas, within `--timeout`."""
+    following = rollout_view.follow(bus, tracker, print_lines=print_lines)
     try:
-        await asyncio.wait_for(
-            rollout_view.follow(bus, tracker, print_lines=print_lines), args.timeout
-        )
+        async with asyncio.timeout(args.timeout):
+            if scenario is None:
+                await following
+                return
+            task = asyncio.create_task(following)
+            try:
+                await scenario.begin(tracker)
+                await task
+            finally:
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
     except TimeoutError:
         tracker.outcome.seconds = tracker.elapsed
-        print(f"the rollout did not finish within {args.timeout:g} s", file=sys.stderr)
+        what = "rollout" if scenario is None else f"{args.scenario} scenario"
+        print(f"the {what} did not finish within {args.timeout:g} s", file=sys.stderr)
+    except scenarios.ScenarioFailed as failed:
+        tracker.outcome.seconds = tracker.elapsed
+        print(f"the {args.scenario} scenario cannot go on: {failed}", file=sys.stderr)
 
 
 def _footer(processes: list[Process], nats_url: str, kubeconfig: Path) -> list[str]:
@@ -228,6 +286,11 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--nodes {args.nodes}: expected 1 to 16")
     if args.max_parallel < 0:
         raise ValueError(f"--max-parallel {args.max_parallel}: expected 0 (no limit) or more")
+    if args.scenario != UPGRADE and args.kubeconfig is not None:
+        raise ValueError(
+            f"--scenario {args.scenario}: runs on the simulated cluster only, not with "
+            "--kubeconfig (its faults and MIG changes go through the simulated nodes)"
+        )
     servers = [url for url in (args.nats or "").split(",") if url.strip()]
     if args.nats is not None and not servers:
         raise ValueError("--nats: expected one or more URLs, comma separated")
@@ -263,6 +326,7 @@ class Start:
         self.work = work
         self.built = list(services.installed().values())
         self.roots: dict[str, Path] = {}
+        self.kubelets: dict[str, KubeletGrpc] = {}
         operands = [d.name for d in self.built if d.name in set(OperandService)]
         (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
         (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
@@ -289,7 +353,7 @@ class Start:
                 product_name=machine.type.name,
             )
             self.roots[node] = root.path
-            await stack.enter_async_context(KubeletGrpc.under(root.path))
+            self.kubelets[node] = await stack.enter_async_context(KubeletGrpc.under(root.path))
             if not source.exists():
                 kernel = system.kernel_release(root) or ""
                 versions = (seeding.RECORDED_DRIVER_VERSION, NEW_VERSION)
@@ -297,6 +361,13 @@ class Start:
                     source, [("gpu", v, kernel) for v in versions], signing_key=keys.SIGNING_KEY
                 )
         return source
+
+    def add_configs(self, configs: dict[str, str]) -> None:
+        """Configuration files for these services, by service (a scenario's)."""
+        for service, text in configs.items():
+            path = self.work / f"{service}.yaml"
+            path.write_text(text)
+            self.configs[service] = path
 
     async def wave(self, *, first: bool) -> None:
         """Start the services of the first wave, or of the second."""
@@ -384,9 +455,16 @@ async def _delete_policy(kube: kubeclient.Kube) -> None:
         )
 
 
-async def _start_rollout(kube: kubeclient.Kube, source: Path, args: argparse.Namespace) -> None:
-    """Create a GPUClusterPolicy asking for the new driver."""
-    policy = {
+async def _start_rollout(
+    kube: kubeclient.Kube,
+    source: Path,
+    args: argparse.Namespace,
+    scenario: scenarios.Scenario | None,
+) -> None:
+    """Create a GPUClusterPolicy asking for the new driver; for a scenario, the running one
+    (no upgrade) with what the scenario adds."""
+    version = NEW_VERSION if scenario is None else seeding.RECORDED_DRIVER_VERSION
+    policy: dict[str, Any] = {
         "apiVersion": specs.API_VERSION,
         "kind": specs.KIND,
         "metadata": {"name": "default"},
@@ -395,7 +473,7 @@ async def _start_rollout(kube: kubeclient.Kube, source: Path, args: argparse.Nam
             # nodes verify its index as they would a real mirror's
             "driver": {
                 "gpu": {
-                    "version": NEW_VERSION,
+                    "version": version,
                     "source": str(source),
                     "publicKeys": [keys.PUBLIC_KEY],
                 }
@@ -415,6 +493,8 @@ async def _start_rollout(kube: kubeclient.Kube, source: Path, args: argparse.Nam
             },
         },
     }
+    if scenario is not None:
+        scenario.policy(policy["spec"])
     for _ in range(50):  # the API server serves a new CRD a moment after creating it
         try:
             await kube.call(

@@ -1,12 +1,16 @@
 """Follows a rollout through the public events, as any external tool would: `gpuop demo`'s
-view of the upgrade.
+view of its sagas.
 
 `follow` reads `<prefix>.evt.>` from the start of the stream and feeds each event to a
-`Tracker`, which keeps what the views show: every node's upgrade state, attempt, running
-driver (from discovery's inventories) and the reason of its last move, the latest events,
-and the `RolloutOutcome`. Without a terminal (or with `--headless`) `follow` prints one line
-per node transition; the live view (`gpuop_sim.cli.screens`) redraws from the tracker instead.
-It returns once every node is done or failed.
+`Tracker`, which keeps what the views show: every node's saga (its kind, `upgrade`,
+`remediation` or `mig`, and state), attempt, running driver (from discovery's inventories)
+and the reason of its last move, the latest events, and the `RolloutOutcome`. For the
+demo's other scenarios it also keeps each node's remediation or MIG reconfiguration
+(`SagaRun`: states, times, GPUs) and the pods the device plugin named as holders of its
+GPUs. Without a terminal (or with `--headless`) `follow` prints one line per node
+transition; the live view (`gpuop_sim.cli.screens`) redraws from the tracker instead. It
+returns once every node's upgrade is done or failed, or, with `Tracker.targets`, once every
+target's saga of `Tracker.kind` is.
 """
 
 from __future__ import annotations
@@ -29,9 +33,22 @@ from gpuop.events import (
     decode,
     subjects,
 )
+from gpuop.events.device import DeviceHealthChanged
 from gpuop.events.driver import Component, DriverLoaded
 from gpuop.events.hardware import HardwareDiscovered, HardwareHeartbeat
 from gpuop.events.kube import NodeObserved
+from gpuop.events.reconfigurations import (
+    MigReconfigurationStarted,
+    MigState,
+    NodeMigStateChanged,
+)
+from gpuop.events.remediation import GpuHoldersListed
+from gpuop.events.remediations import TERMINAL_STATES as REMEDIATION_TERMINAL_STATES
+from gpuop.events.remediations import (
+    NodeRemediationStateChanged,
+    RemediationStarted,
+    RemediationState,
+)
 from gpuop.events.upgrade import (
     TERMINAL_STATES,
     NodeUpgradeStateChanged,
@@ -81,11 +98,48 @@ class RolloutOutcome:
         )
 
 
+SagaState = UpgradeState | RemediationState | MigState
+UPGRADE, REMEDIATION, MIG = "upgrade", "remediation", "mig"
+"""The saga kinds the view names."""
+DONE_STATES = frozenset(
+    {UpgradeState.UPGRADE_DONE, RemediationState.DONE, MigState.MIG_CONFIG_DONE}
+)
+FAILED_STATES = frozenset(
+    {UpgradeState.UPGRADE_FAILED, RemediationState.FAILED, MigState.MIG_CONFIG_FAILED}
+)
+MIG_TERMINAL_STATES = frozenset({MigState.MIG_CONFIG_DONE, MigState.MIG_CONFIG_FAILED})
+
+
+@dataclass
+class SagaRun:
+    """One node's remediation or MIG reconfiguration, as its public events told it."""
+
+    saga_id: str
+    started: datetime
+    """When it started (its start event's own time, else its first state change's)."""
+    state: RemediationState | MigState
+    ended: datetime | None = None
+    """When it reached a terminal state."""
+    reason: str = ""
+    gpus: tuple[str, ...] = ()
+    """The GPUs remediated (none for a MIG reconfiguration)."""
+    config_state: str = ""
+    """`nvidia.com/mig.config.state` the last move set (MIG only)."""
+    states: list[str] = field(default_factory=list)
+    """Every state it went through, in order."""
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.ended is None else (self.ended - self.started).total_seconds()
+
+
 @dataclass
 class NodeRow:
     """One node as the live view shows it."""
 
-    state: UpgradeState | None = None
+    kind: str = ""
+    """The kind of the saga whose state the row shows (`upgrade`, `remediation`, `mig`)."""
+    state: SagaState | None = None
     attempt: int | None = None
     driver: str | None = None
     """The GPU driver discovery last saw loaded; None while none is."""
@@ -119,6 +173,19 @@ class Tracker:
     outcome: RolloutOutcome = field(init=False)
     wall_started: datetime = field(init=False)
     """The wall-clock time of `started`, to place the events' own times."""
+    kind: str = UPGRADE
+    """The kind of saga the demo's scenario follows."""
+    targets: list[str] | None = None
+    """The nodes whose saga of `kind` ends the follow; None: every node's upgrade; empty:
+    not chosen yet (the follow goes on)."""
+    runs: dict[str, SagaRun] = field(default_factory=dict)
+    """Each node's latest remediation or MIG reconfiguration."""
+    holders: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per node, the pods (`namespace/name`) the device plugin last named as holders."""
+    unhealthy: dict[str, set[str]] = field(default_factory=dict)
+    """Per node, the GPUs telemetry reported unhealthy and not yet healthy again."""
+    echo: bool = False
+    """Print each `note` as a progress line (no live view)."""
 
     def __post_init__(self) -> None:
         self.outcome = RolloutOutcome(self.nodes)
@@ -130,6 +197,39 @@ class Tracker:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    @property
+    def finished(self) -> bool:
+        """Every node's upgrade ended, or, with `targets`, every target's saga of `kind`."""
+        if self.targets is None:
+            return self.outcome.finished
+        return bool(self.targets) and all(
+            (run := self.runs.get(node)) is not None and run.ended is not None
+            for node in self.targets
+        )
+
+    def counts(self) -> tuple[int, int, int]:
+        """Done, failed and under way: of the upgrades, or of the targets' sagas."""
+        if self.targets is None:
+            outcome = self.outcome
+            moving = sum(
+                1
+                for state in outcome.states.values()
+                if state not in (UpgradeState.UPGRADE_DONE, UpgradeState.UPGRADE_FAILED)
+                and state is not UpgradeState.UPGRADE_REQUIRED
+            )
+            return outcome.done, outcome.failed, moving
+        runs = [self.runs[n] for n in self.targets if n in self.runs]
+        done = sum(1 for run in runs if run.state in DONE_STATES)
+        failed = sum(1 for run in runs if run.state in FAILED_STATES)
+        return done, failed, len(runs) - done - failed
+
+    def note(self, node: str, what: str, detail: str) -> None:
+        """Something seen outside the events (a node's taint, its condition), as one of the
+        latest events; printed as a progress line too when `echo`."""
+        self.latest.append(Seen(self.elapsed, node, what, detail))
+        if self.echo:
+            print(f"[{self.elapsed:6.1f}s] {node:<14} {what}: {detail}", flush=True)
+
     def observe(self, envelope: Envelope, payload: Payload) -> str | None:
         """Take in one event; returns the progress line it makes, if any."""
         node = envelope.node
@@ -137,6 +237,7 @@ class Tracker:
         line = None
         if isinstance(payload, NodeUpgradeStateChanged) and row is not None:
             row.state, row.attempt, row.reason = payload.to_state, payload.attempt, payload.reason
+            row.kind = UPGRADE
             self.outcome.states[node] = payload.to_state
             if payload.to_state is UpgradeState.UPGRADE_FAILED:
                 self.outcome.reasons[node] = payload.reason
@@ -144,6 +245,18 @@ class Tracker:
                 f"{node:<14} {payload.from_state or '-'} -> {payload.to_state}"
                 f"  (attempt {payload.attempt}; {payload.reason})"
             )
+        elif isinstance(payload, NodeRemediationStateChanged | NodeMigStateChanged) and row:
+            line = self._saga_moved(node, row, envelope.time, payload)
+        elif isinstance(payload, RemediationStarted | MigReconfigurationStarted) and row:
+            self._saga_started(node, row, envelope.time, payload)
+        elif isinstance(payload, GpuHoldersListed):
+            self.holders[node] = tuple(f"{p.namespace}/{p.name}" for p in payload.pods)
+        elif isinstance(payload, DeviceHealthChanged):
+            unhealthy = self.unhealthy.setdefault(node, set())
+            if payload.healthy:
+                unhealthy.discard(payload.gpu_uuid)
+            else:
+                unhealthy.add(payload.gpu_uuid)
         elif isinstance(payload, HardwareDiscovered) and row is not None:
             row.driver = payload.driver_version
         elif (
@@ -166,9 +279,53 @@ class Tracker:
             self.latest.append(Seen(max(at, 0.0), where, kind, _detail(payload)))
         return None if line is None else f"[{self.elapsed:6.1f}s] {line}"
 
+    def _saga_started(
+        self,
+        node: str,
+        row: NodeRow,
+        at: datetime,
+        payload: RemediationStarted | MigReconfigurationStarted,
+    ) -> None:
+        if isinstance(payload, RemediationStarted):
+            first: RemediationState | MigState = RemediationState.ADMISSION_REQUIRED
+            row.kind, gpus = REMEDIATION, tuple(payload.unhealthy)
+        else:
+            first, gpus = MigState.MIG_CONFIG_REQUIRED, ()
+            row.kind = MIG
+        row.state, row.attempt, row.reason = first, 1, "started"
+        self.runs[node] = SagaRun(payload.saga_id, at, first, gpus=gpus, states=[str(first)])
+
+    def _saga_moved(
+        self,
+        node: str,
+        row: NodeRow,
+        at: datetime,
+        payload: NodeRemediationStateChanged | NodeMigStateChanged,
+    ) -> str:
+        kind = REMEDIATION if isinstance(payload, NodeRemediationStateChanged) else MIG
+        row.kind, row.state = kind, payload.to_state
+        row.attempt, row.reason = payload.attempt, payload.reason
+        run = self.runs.get(node)
+        if run is None or run.saga_id != payload.saga_id:
+            run = self.runs[node] = SagaRun(payload.saga_id, at, payload.to_state)
+        run.state, run.reason = payload.to_state, payload.reason
+        run.states.append(str(payload.to_state))
+        if isinstance(payload, NodeRemediationStateChanged):
+            run.gpus = payload.gpu_uuids or run.gpus
+            ended = payload.to_state in REMEDIATION_TERMINAL_STATES
+        else:
+            run.config_state = str(payload.config_state)
+            ended = payload.to_state in MIG_TERMINAL_STATES
+        if ended:
+            run.ended = at
+        return (
+            f"{node:<14} {kind}: {payload.from_state or '-'} -> {payload.to_state}"
+            f"  (attempt {payload.attempt}; {payload.reason})"
+        )
+
 
 def _detail(payload: Payload) -> str:
-    if isinstance(payload, NodeUpgradeStateChanged):
+    if isinstance(payload, NodeUpgradeStateChanged | NodeRemediationStateChanged):
         return f"{payload.from_state or '-'} -> {payload.to_state}"
     for name in ("version", "driver_version", "reason", "message", "service"):
         value = getattr(payload, name, None)
@@ -197,7 +354,7 @@ async def follow(bus: Bus, tracker: Tracker, *, print_lines: bool = True) -> Rol
                 line = tracker.observe(envelope, payload)
                 if line is not None and print_lines:
                     print(line, flush=True)
-                if tracker.outcome.finished:
+                if tracker.finished:
                     tracker.outcome.seconds = tracker.elapsed
                     return tracker.outcome
         except BusError:

@@ -5,11 +5,12 @@ otherwise). The view is drawn below what was printed before it, so the process t
 in the scrollback: each frame moves the cursor back to the frame's first line, rewrites
 every line (clearing the rest of it) and clears what is below. Lines are cut to the
 terminal's width and the frame to its height, so the cursor never has to reach into the
-scrollback. A frame shows a table of the nodes (state, attempt, driver, last reason), a
-progress bar (done, failed, under way), the latest events and the caller's footer (where
-the metrics are, how to tail the events). `showing` redraws a few times a second from the
-`rollout_view.Tracker` and, however it ends (Ctrl-C included), leaves the last frame on the
-screen and the cursor visible.
+scrollback. A frame shows a table of the nodes (state, attempt, driver, last reason; in the
+remediation and MIG scenarios also the kind of saga each state belongs to), a progress bar
+(done, failed, under way: of the upgrades, or of the scenario's target nodes), the latest
+events and the caller's footer (where the metrics are, how to tail the events). `showing`
+redraws a few times a second from the `rollout_view.Tracker` and, however it ends (Ctrl-C
+included), leaves the last frame on the screen and the cursor visible.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TextIO
 
 from gpuop.events.upgrade import UpgradeState
-from gpuop_sim.cli.rollout_view import Tracker
+from gpuop_sim.cli.rollout_view import (
+    DONE_STATES,
+    FAILED_STATES,
+    MIG,
+    REMEDIATION,
+    SagaState,
+    Tracker,
+)
 
 REDRAW_SECONDS = 0.25
 BAR_WIDTH = 40
@@ -60,10 +68,14 @@ def clock(seconds: float) -> str:
     return f"{minutes}:{secs:02d}"
 
 
-def _colour(state: UpgradeState | None) -> str:
-    if state is UpgradeState.UPGRADE_DONE:
+MOVING = {REMEDIATION: "remediating", MIG: "re-carving"}
+"""What the progress bar calls a target's saga under way, by the scenario's kind."""
+
+
+def _colour(state: SagaState | None) -> str:
+    if state in DONE_STATES:
         return GREEN
-    if state is UpgradeState.UPGRADE_FAILED:
+    if state in FAILED_STATES:
         return RED
     if state is None or state is UpgradeState.UPGRADE_REQUIRED:
         return DIM
@@ -94,13 +106,19 @@ class LiveScreen:
         events give way first."""
         tracker = self._tracker
         top = [f"{BOLD}{self._title}{RESET}   {clock(tracker.elapsed)} elapsed", ""]
-        top.append(f"{'NODE':<14} {'STATE':<24} {'ATTEMPT':<7}  {'DRIVER':<12} LAST REASON")
+        kinds = tracker.targets is not None
+        saga = f"{'SAGA':<12} " if kinds else ""
+        width = 30 if kinds else 24
+        top.append(
+            f"{'NODE':<14} {saga}{'STATE':<{width}} {'ATTEMPT':<7}  {'DRIVER':<12} LAST REASON"
+        )
         for node in tracker.nodes:
             row = tracker.rows[node]
             state = str(row.state) if row.state else "-"
             attempt = str(row.attempt) if row.attempt else "-"
+            kind = f"{row.kind or '-':<12} " if kinds else ""
             top.append(
-                f"{node:<14} {_colour(row.state)}{state:<24}{RESET} {attempt:<7}  "
+                f"{node:<14} {kind}{_colour(row.state)}{state:<{width}}{RESET} {attempt:<7}  "
                 f"{row.driver or '(unloaded)':<12} {row.reason}"
             )
         top.extend(["", self._bar()])
@@ -116,15 +134,10 @@ class LiveScreen:
         return [*top, *events, *bottom][:height]
 
     def _bar(self) -> str:
-        outcome = self._tracker.outcome
-        total = max(len(outcome.nodes), 1)
-        done, failed = outcome.done, outcome.failed
-        moving = sum(
-            1
-            for state in outcome.states.values()
-            if state not in (UpgradeState.UPGRADE_DONE, UpgradeState.UPGRADE_FAILED)
-            and state is not UpgradeState.UPGRADE_REQUIRED
-        )
+        tracker = self._tracker
+        nodes = len(tracker.outcome.nodes if tracker.targets is None else tracker.targets)
+        total = max(nodes, 1)
+        done, failed, moving = tracker.counts()
         full_done = round(BAR_WIDTH * done / total)
         full_failed = round(BAR_WIDTH * (done + failed) / total) - full_done
         rest = BAR_WIDTH - full_done - full_failed
@@ -133,7 +146,8 @@ class LiveScreen:
             f"{GREEN}{done_glyph * full_done}{RED}{failed_glyph * full_failed}"
             f"{DIM}{rest_glyph * rest}{RESET}"
         )
-        return f"[{bar}] {done}/{len(outcome.nodes)} done, {failed} failed, {moving} upgrading"
+        verb = MOVING.get(tracker.kind, "upgrading")
+        return f"[{bar}] {done}/{nodes} done, {failed} failed, {moving} {verb}"
 
     def draw(self, *, last: bool = False) -> None:
         """Replace the previous frame with the current one; the `last` frame shows the

@@ -66,6 +66,11 @@ class Machine:
     machine_id: str
     system_uuid: str
     boot_id: str
+    device_resources: dict[str, tuple[int, int]] | None = None
+    """The device plugins' resources as the kubelet's device manager counts them, resource
+    -> (capacity: devices advertised, allocatable: the healthy ones), which the kubelet's
+    status reports in place of the machine's `nvidia.com/gpu`; None: that count alone (no
+    device manager joined to this machine: `gpuop demo`'s scenarios join one)."""
 
     @staticmethod
     def create(name: str, index: int, kind: MachineType, rng: random.Random) -> Machine:
@@ -95,7 +100,8 @@ class Machine:
         return f"10.244.{self.index}.{host}"
 
 
-def _resources(kind: MachineType, *, allocatable: bool) -> Obj:
+def _resources(machine: Machine, *, allocatable: bool) -> Obj:
+    kind = machine.type
     memory_ki = kind.memory_gib * 1024 * 1024 - (1_700_000 if allocatable else 0)
     storage_ki = 1_000_000_000
     resources: Obj = {
@@ -106,7 +112,10 @@ def _resources(kind: MachineType, *, allocatable: bool) -> Obj:
         "memory": f"{memory_ki}Ki",
         "pods": str(MAX_PODS),
     }
-    if kind.gpus:
+    if machine.device_resources is not None:
+        for resource, counts in sorted(machine.device_resources.items()):
+            resources[resource] = str(counts[1] if allocatable else counts[0])
+    elif kind.gpus:
         resources[GPU_RESOURCE] = str(kind.gpus)
     return resources
 
@@ -142,8 +151,8 @@ def node_object(machine: Machine, now: datetime) -> Obj:
             "providerID": f"sim:///sim-1/{name}",
         },
         "status": {
-            "capacity": _resources(kind, allocatable=False),
-            "allocatable": _resources(kind, allocatable=True),
+            "capacity": _resources(machine, allocatable=False),
+            "allocatable": _resources(machine, allocatable=True),
             "conditions": reported_conditions([], now),
             "addresses": [
                 {"type": "InternalIP", "address": machine.internal_ip},
@@ -187,7 +196,9 @@ def _transition_time(previous: list[Obj], kind: str, status: str, now: str) -> s
 
 
 def reported_conditions(previous: list[Obj], now: datetime) -> list[Obj]:
-    """A running kubelet's conditions, heartbeat ``now``; transitions keep their time."""
+    """A running kubelet's conditions, heartbeat ``now``; transitions keep their time. The
+    conditions of other types (another component's, such as ``GPUHealthy``) are kept, as
+    the kubelet's status patch keeps them."""
     stamp = format_time(now)
     return [
         {
@@ -199,7 +210,13 @@ def reported_conditions(previous: list[Obj], now: datetime) -> list[Obj]:
             "message": f"kubelet {message}",
         }
         for kind, status, reason, message in _HEALTHY
-    ]
+    ] + _others(previous)
+
+
+def _others(previous: list[Obj]) -> list[Obj]:
+    """The conditions the kubelet does not own, as they were."""
+    owned = {kind for kind, *_ in _HEALTHY}
+    return [c for c in previous if c.get("type") not in owned]
 
 
 def unknown_conditions(previous: list[Obj], now: datetime) -> list[Obj]:
@@ -218,7 +235,7 @@ def unknown_conditions(previous: list[Obj], now: datetime) -> list[Obj]:
             "message": NODE_STATUS_UNKNOWN,
         }
         for kind, *_ in _HEALTHY
-    ]
+    ] + _others(previous)
 
 
 def unreachable_taints(now: datetime) -> list[Obj]:
