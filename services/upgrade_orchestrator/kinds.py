@@ -202,3 +202,6 @@ class KindRunner(Generic[R]):
     store: KindStore[R]
     starter: Starter | None = None
     recorded: Callable[[R], Awaitable[None]] | None = None
+    after: Starter | None = None
+    """Called once the runner decided an event for every kind, under the node's lock: a
+    kind may start what the decision made due (a request queued behind a saga that ended)."""

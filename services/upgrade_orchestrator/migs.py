@@ -12,14 +12,19 @@ the node's lock:
   the same saga from, without the ConfigMap), and its first decision (`kind.begin`: fail
   at once, done at once, or `pending` and wait for admission) carried out. On a node with
   one under way the kind itself queues the request (`MigSaga.queued`);
-- any event of a node whose reconfiguration ended with a request queued starts that one,
-  under the request id the ended saga derives (`kind.next_request`).
+- once the runner decided an event (`KindRunner.after`), a reconfiguration the decision
+  ended with a request queued starts that one at once, under the request id the ended saga
+  derives (`kind.next_request`); any later event of the node does the same, should a crash
+  have come between the two;
+- a leader that takes over records the start of a saga its predecessor stored and died
+  before recording (`record_start`, called by the runner's resume).
 
 A request whose label is removed (`config` None) starts nothing: the layout stays.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime
 from typing import Any
@@ -29,7 +34,7 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, ids, subjects
 from gpuop.events import hardware as hw
 from gpuop.events.migrequests import MigConfigRequested
-from gpuop.events.reconfigurations import DOMAIN
+from gpuop.events.reconfigurations import DOMAIN, MigReconfigurationStarted
 from gpuop.kube import client, errors
 from gpuop.policy import GPUClusterPolicySpec, migconfig
 from gpuop.policy.mig import parse_configs
@@ -93,20 +98,50 @@ class Starter:
         self._publish = Publisher(runner.bus, clock)
 
     def runner(self) -> KindRunner[MigSaga]:
-        return KindRunner(MIG_RECONFIGURATION, self._store, self)
+        return KindRunner(
+            MIG_RECONFIGURATION, self._store, self, self.record_start, self.start_queued
+        )
 
     async def __call__(self, node: str, event: Event, now: datetime, cause: str | None) -> None:
-        existing = await self._store.get(node)
-        ended = existing is None or existing.saga.state in TERMINAL_STATES
-        if isinstance(event, MigConfigRequested):
-            if event.config is not None and ended:
-                request = cause or ids.step(f"mig-label/{node}", event.config, 1)
-                await self._start(node, event.config, request, now, cause)
+        """Before the runner decides `event`: start the request it is, on a node without a
+        reconfiguration under way (one under way queues it as it decides it)."""
+        if not isinstance(event, MigConfigRequested) or event.config is None:
+            await self.start_queued(node, event, now, cause)  # one a crash left unstarted
             return
-        if existing is not None and ended:
-            queued = kind.next_request(existing.saga)
-            if queued is not None:
-                await self._start(node, queued[0], queued[1], now, cause)
+        existing = await self._store.get(node)
+        if existing is None or existing.saga.state in TERMINAL_STATES:
+            request = cause or ids.step(f"mig-label/{node}", event.config, 1)
+            await self._start(node, event.config, request, now, cause)
+
+    async def start_queued(self, node: str, event: Event, now: datetime, cause: str | None) -> None:
+        """After the runner decided `event`: start the request queued behind the node's
+        reconfiguration if the decision ended it."""
+        existing = await self._store.get(node)
+        if existing is None or existing.saga.state not in TERMINAL_STATES:
+            return
+        queued = kind.next_request(existing.saga)
+        if queued is not None:
+            await self._start(node, queued[0], queued[1], now, cause)
+
+    async def record_start(self, saga: MigSaga) -> None:
+        """Publish the `MigReconfigurationStarted` of a saga whose first leader stored it and
+        died before recording it (a replay would have no saga to decide for): rebuilt from
+        the record while it waits for its admission (its start time then still its step's),
+        under the same id (a copy the log holds within the duplicate window is dropped)."""
+        if saga.sequence:
+            return
+        bus = self._runner.bus
+        subject = subjects.event_subject(
+            DOMAIN, saga.node, MigReconfigurationStarted.NAME, prefix=bus.prefix
+        )
+        found = await bus.last(subject)
+        if found is not None and _envelope_id(found.data) == ids.started(saga.saga_id):
+            return
+        log.info("recording the start of %s, which its first leader did not", saga.saga_id)
+        await self._publish.event(
+            folding.start_of(saga), node=saga.node, id=ids.started(saga.saga_id),
+            correlationid=saga.saga_id, now=saga.step_started,
+        )  # fmt: skip
 
     async def _start(
         self, node: str, config: str, request_id: str, now: datetime, cause: str | None
@@ -169,6 +204,15 @@ class Starter:
             return hw.HardwareDiscovered.model_validate_json(entry.value)
         except ValueError:
             return None
+
+
+def _envelope_id(data: bytes) -> str | None:
+    try:
+        stored: object = json.loads(data)
+    except ValueError:
+        return None
+    found = stored.get("id") if isinstance(stored, dict) else None
+    return found if isinstance(found, str) else None
 
 
 __all__ = ["DOMAIN", "MIG_RECONFIGURATION", "Starter"]

@@ -153,6 +153,9 @@ class Runner:
             for runner in self.kinds:
                 if runner.kind.inbound(event):
                     await self._decide_kind(runner, node, event, policy, now)
+            for runner in self.kinds:
+                if runner.after is not None:
+                    await runner.after(node, event, now, cause)
             return decided
 
     async def _decide_kind(

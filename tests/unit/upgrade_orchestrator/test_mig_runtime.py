@@ -19,13 +19,14 @@ from gpuop.events.remediations import RemediationStarted, RemediationState
 from gpuop.kube import errors
 from gpuop.policy import UpgradePolicy
 from gpuop.saga import actions, replaying
+from gpuop.saga.mig import records
 from gpuop.saga.mig.actions import EvictPods, SetConfigState
 from gpuop.saga.mig.folding import started
 from gpuop.saga.remediation import records as remediation_records
 from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION
 from tests.support.mig_runtime import ConfigMaps, MigAgents, actions_of, reconfiguring
-from tests.support.mig_sagas import CONFIG, POD_A, UUIDS, policy
+from tests.support.mig_sagas import CONFIG, POD_A, UUIDS, plan_for, policy
 from tests.support.orchestrator import events, messages
 
 NODE = "gpu-node-1"
@@ -114,19 +115,31 @@ async def test_a_relabel_while_running_is_started_after_it_not_interleaved():
     async with reconfiguring(policy()) as harness:
         await harness.relabel(NODE, "half-balanced")
         await harness.relabel(NODE, "all-balanced")
-        await harness.started(NODE)
-        await harness.settle(until_ended=(NODE,))
-        first = await harness.saga(NODE)
-        assert first is not None and first.state is S.MIG_CONFIG_DONE
-        assert (first.config, first.queued) == ("half-balanced", "all-balanced")
-
-        # the node's next event (its label write observed, a new inventory) starts it
-        await harness.publish(kube.NodeObserved(ready=True, unschedulable=False), NODE)
-        await harness.settle(until_ended=(NODE,))
+        first = await harness.started(NODE)
+        await harness.settle()
         second = await harness.saga(NODE)
         assert second is not None and second.config == "all-balanced", second
         assert second.state is S.MIG_CONFIG_DONE and second.saga_id != first.saga_id
         assert [a.config for a in harness.agents.applied] == ["half-balanced", "all-balanced"]
+        labels = [a.value for a in actions_of(harness.stack, SetConfigState)]
+        assert labels == [ConfigState.PENDING, ConfigState.SUCCESS] * 2
+
+
+async def test_a_leader_records_the_start_its_predecessor_stored_and_did_not_record():
+    async with reconfiguring(policy(), ("gpu-node-1", "gpu-node-2")) as harness:
+        plan = plan_for("half-balanced")
+        stored = records.new_saga(
+            node="gpu-node-2", request_id="f" * 32, plan=plan, now=harness.stack.clock.now()
+        )
+        await harness.store.create(stored, "gpu-node-2")
+        runner = harness.stack.runner
+        assert runner is not None
+        await runner.resume()
+        await runner.resume()  # a second leader finds it recorded
+        found = await messages(
+            harness.bus, events(harness.bus.prefix, "mig", "gpu-node-2", "started")
+        )
+        assert [p.saga_id for _, p in found] == [stored.saga_id]
 
 
 def replays_identically(lines: list[str]) -> replaying.Replayed:
