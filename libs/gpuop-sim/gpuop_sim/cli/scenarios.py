@@ -23,9 +23,9 @@ resource, the `Machine.device_resources` the simulated kubelet posts).
   mixed`), the policy carries the default mig-parted configs, and two nodes are labelled
   `nvidia.com/mig.config=all-balanced` (per H200: 2x 1g.18gb, 1x 2g.35gb, 1x 3g.71gb). The
   orchestrator re-carves them; the summary gives per node the states, how long, the pods
-  evicted, `nvidia.com/mig.config.state` and the node's allocatable GPU resources before
-  and after; it succeeds when both are done with state `success` and the new resources
-  counted in allocatable.
+  evicted, `nvidia.com/mig.config.state`, the node's allocatable GPU resources before and
+  after, and discovery's `nvidia.com/mig-<profile>.count` labels; it succeeds when both
+  are done with state `success` and the new resources counted in allocatable.
 """
 
 from __future__ import annotations
@@ -436,6 +436,7 @@ class MigReconfiguration:
                 "kept": sorted(a.pod for a in allocations if a.pod not in gone),
                 "allocatable_before": self.before.get(node, {}),
                 "allocatable_after": after,
+                "labels_after": _mig_count_labels(labels),
             }
             ok = ok and (
                 run is not None
@@ -462,6 +463,15 @@ def _expected_mig(gpus: int) -> dict[str, int]:
     file = migconfig.load_default()
     (entry,) = file.configs[MIG_CONFIG]
     return {f"{MIG_RESOURCE}{profile}": n * gpus for profile, n in entry.mig_devices}
+
+
+def _mig_count_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """GFD's `nvidia.com/mig-<profile>.count` labels, as discovery last wrote them."""
+    return {
+        key: value
+        for key, value in sorted(labels.items())
+        if key.startswith(MIG_RESOURCE) and key.endswith(".count")
+    }
 
 
 async def _gpu_allocatable(kube: kubeclient.Kube, node: str) -> dict[str, str]:

@@ -1,0 +1,104 @@
+"""`gpuop demo --scenario remediation|mig` as a person runs it, headless: real processes, a
+real nats-server, the simulated cluster; each ends with its JSON summary checked for what
+must have happened, and its recorded log replays identically."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.processes import gpuop
+
+SIZE = ("--nodes", "2", "--gpus", "8")
+"""Two nodes of eight GPUs: each runs two GPU pods (llm-inference, embeddings) on different
+GPUs, so a fault on one GPU has a pod to evict and one to keep."""
+
+
+async def play(scenario: str, record: Path) -> tuple[str, dict[str, Any]]:
+    code, out, err = await gpuop(
+        "demo", "--scenario", scenario, "--headless", *SIZE, "--record", str(record),
+        timeout=300,
+    )  # fmt: skip
+    assert code == 0, err + out
+    return out, json.loads(out.strip().splitlines()[-1])
+
+
+async def replays_identically(record: Path) -> None:
+    code, out, err = await gpuop("replay", str(record))
+    assert code == 0, err + out
+    assert "for 2 nodes" in out and "identical" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+async def test_a_fatal_xid_on_two_nodes_ends_healthy_untainted_with_only_its_pods_evicted(
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "remediation.jsonl"
+    out, summary = await play("remediation", record)
+
+    assert (summary["scenario"], summary["targets"], summary["done"], summary["failed"]) == (
+        "remediation", 2, 2, 0,
+    )  # fmt: skip
+    for node, seen in summary["remediated"].items():
+        assert seen["state"] == "remediation-done", seen
+        assert seen["states"][0] == "remediation-admission-required"
+        assert "gpu-reset-required" in seen["states"] and "reboot-required" not in seen["states"]
+        assert seen["quarantined"], seen
+        assert seen["quarantine_condition"]["status"] == "False"
+        assert f"{seen['gpu']} (XID 48)" in seen["quarantine_condition"]["message"]
+        assert seen["condition"]["status"] == "True" and not seen["tainted"], seen
+        assert seen["evicted"] == seen["on_faulty_gpu"] == seen["holders"] != [], seen
+        assert seen["kept"] and not set(seen["kept"]) & set(seen["evicted"]), seen
+        assert re.search(rf"\] {node}\s+remediation: release-required -> remediation-done", out)
+        assert re.search(rf"\] {node}\s+node.health: gpuop.io/gpu-unhealthy on", out), out
+    await replays_identically(record)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+async def test_two_nodes_relabelled_to_a_mixed_layout_advertise_its_mig_devices(
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "mig.jsonl"
+    out, summary = await play("mig", record)
+
+    expected = {"nvidia.com/mig-1g.18gb": 16, "nvidia.com/mig-2g.35gb": 8,
+                "nvidia.com/mig-3g.71gb": 8}  # fmt: skip
+    assert summary["expected"] == expected
+    assert (summary["scenario"], summary["targets"], summary["done"], summary["failed"]) == (
+        "mig", 2, 2, 0,
+    )  # fmt: skip
+    for node, seen in summary["reconfigured"].items():
+        assert (seen["state"], seen["config_state"]) == ("mig-config-done", "success"), seen
+        assert seen["allocatable_before"] == {"nvidia.com/gpu": "8"}, seen
+        after = seen["allocatable_after"]
+        assert {r: int(n) for r, n in after.items() if "mig-" in r} == expected, seen
+        assert after["nvidia.com/gpu"] == "0"
+        assert seen["evicted"] == seen["holders"] != [] and not seen["kept"], seen
+        assert re.search(rf"\] {node}\s+mig: operands-resume-required -> mig-config-done", out)
+    await replays_identically(record)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--scenario", "reboot"], "--scenario"),
+        (["--scenario", "mig", "--kubeconfig", "/nonexistent"], "simulated cluster only"),
+    ],
+)
+async def test_the_demo_refuses_an_unknown_scenario_and_one_on_a_real_cluster(
+    flags: list[str], named: str
+) -> None:
+    code, _, err = await gpuop("demo", *flags)
+    assert code == 2 and named in err, err
+
+
+async def test_help_names_the_scenarios() -> None:
+    code, out, _ = await gpuop("demo", "--help")
+    assert code == 0
+    assert "--scenario {upgrade,remediation,mig}" in out.replace("\n", " "), out

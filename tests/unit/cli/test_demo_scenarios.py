@@ -1,0 +1,128 @@
+"""The demo scenarios' choices, on fakes of the cluster: the two nodes running the most GPU
+pods are the targets (a scenario with too few GPU pods fails saying how many ran where), each
+GPU pod gets its GPUs in device order (a plugin that never advertises its GPUs fails naming
+the node), the MIG layout's expected resources, and an unknown scenario."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from gpuop_sim.cli import scenarios
+from gpuop_sim.cli.scenarios import ScenarioFailed, Stage
+
+
+def pod(name: str, node: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return {
+        "metadata": {"namespace": "ml", "name": name},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "main", "resources": {"limits": limits}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+class FakeKube:
+    """Lists the pods of a node by its field selector."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.core = self
+
+    def list_pod_for_all_namespaces(self) -> None: ...
+
+    async def call(self, method: object, *, field_selector: str) -> dict[str, Any]:
+        node = field_selector.removeprefix("spec.nodeName=")
+        return {"items": [p for p in self.pods if p["spec"]["nodeName"] == node]}
+
+
+@dataclass
+class Device:
+    ID: str
+    health: str = "Healthy"
+
+
+@dataclass
+class FakeKubelet:
+    devices: list[Device] | None
+    """None: the plugin never advertises."""
+    allocated: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+
+    async def wait_for_devices(
+        self, resource: str, check: Callable[[tuple[Device, ...]], bool], *, timeout: float
+    ) -> tuple[Device, ...]:
+        if self.devices is None or not check(tuple(self.devices)):
+            raise TimeoutError
+        return tuple(self.devices)
+
+    async def allocate(self, resource: str, ids: list[str], *, pod: str, namespace: str) -> None:
+        self.allocated.append((f"{namespace}/{pod}", tuple(ids)))
+
+
+@dataclass
+class FakeCluster:
+    node_names: list[str]
+
+
+def stage(pods: list[dict[str, Any]], kubelets: dict[str, FakeKubelet] | None = None) -> Stage:
+    nodes = sorted(
+        {p["spec"]["nodeName"] for p in pods} | {"gpu-node-1", "gpu-node-2", "gpu-node-3"}
+    )
+    return Stage(
+        kube=cast(Any, FakeKube(pods)),
+        cluster=cast(Any, FakeCluster(nodes)),
+        roots={n: Path("/nonexistent") for n in nodes},
+        kubelets=cast(Any, kubelets or {}),
+        gpus=4,
+    )
+
+
+async def test_the_targets_are_the_nodes_with_the_most_gpu_pods_then_by_name() -> None:
+    pods = [
+        pod("a", "gpu-node-3", 1), pod("b", "gpu-node-3", 2), pod("c", "gpu-node-2", 1),
+        pod("d", "gpu-node-1", 1), pod("cpu", "gpu-node-1", 0),
+        pod("done", "gpu-node-1", 1, "Succeeded"),
+    ]  # fmt: skip
+    assert await scenarios.busiest_nodes(stage(pods), 2) == ["gpu-node-1", "gpu-node-3"]
+
+
+async def test_too_few_nodes_with_gpu_pods_fails_naming_the_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scenarios, "PODS_WAIT", 0.0)
+    with pytest.raises(ScenarioFailed, match=r"no GPU pods run on 2 nodes .*'gpu-node-2': 0"):
+        await scenarios.busiest_nodes(stage([pod("a", "gpu-node-1", 1)]), 2)
+
+
+async def test_gpu_pods_get_their_gpus_in_device_order_while_they_last() -> None:
+    kubelet = FakeKubelet([Device(f"GPU-{i}") for i in range(4)])
+    pods = [pod("a", "gpu-node-1", 2), pod("b", "gpu-node-1", 1), pod("c", "gpu-node-1", 2)]
+    allocations = await scenarios.allocate(stage(pods, {"gpu-node-1": kubelet}), "gpu-node-1")
+    assert [(a.pod, a.gpus) for a in allocations] == [
+        ("ml/a", ("GPU-0", "GPU-1")), ("ml/b", ("GPU-2",)),
+    ]  # fmt: skip
+    assert kubelet.allocated == [(a.pod, a.gpus) for a in allocations]
+
+
+async def test_a_plugin_that_never_advertises_its_gpus_fails_naming_the_node() -> None:
+    kubelets = {"gpu-node-1": FakeKubelet([Device("GPU-0")])}  # 1 of 4
+    with pytest.raises(ScenarioFailed, match="gpu-node-1: the device plugin did not advertise 4"):
+        await scenarios.allocate(stage([pod("a", "gpu-node-1", 1)], kubelets), "gpu-node-1")
+
+
+def test_the_mixed_layout_gives_each_gpu_two_1g_one_2g_and_one_3g() -> None:
+    assert scenarios._expected_mig(8) == {
+        "nvidia.com/mig-1g.18gb": 16, "nvidia.com/mig-2g.35gb": 8, "nvidia.com/mig-3g.71gb": 8,
+    }  # fmt: skip
+
+
+def test_an_unknown_scenario_is_refused_and_a_replica_names_its_gpu() -> None:
+    with pytest.raises(ValueError, match="--scenario reboot"):
+        scenarios.make("reboot", stage([]))
+    assert scenarios._uuid_of("GPU-a::3") == scenarios._uuid_of("GPU-a") == "GPU-a"
