@@ -14,6 +14,7 @@ breaker against), and its first state's effects (the quarantine) carried out.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from datetime import datetime
@@ -99,6 +100,7 @@ class Starter:
         self._store = store
         self._inventories = inventories
         self._publish = Publisher(runner.bus, clock)
+        self._starting = asyncio.Lock()
         self.refused_at: datetime | None = None
         """When the breaker last refused a start."""
 
@@ -137,15 +139,19 @@ class Starter:
         existing = await self._store.get(node)
         if existing is not None and existing.saga.state not in TERMINAL_STATES:
             return  # the running one takes the GPU in (`kind` observes it)
-        limit = policy.remediation.max_per_hour
-        if not breaker.allows(self.starts(), now, limit):
-            self.refused_at = now
-            log.warning(
-                "circuit breaker: %d remediations started in the last hour; %s not remediated",
-                limit, node, extra={"node": node},
-            )  # fmt: skip
-            return
-        await self._start(node, event, policy, now, cause, existing)
+        # one start decided at a time across the nodes (the runner holds only this node's
+        # lock): the breaker counts every start before it, and the log records them in the
+        # order they were decided, the order a replay checks them in
+        async with self._starting:
+            limit = policy.remediation.max_per_hour
+            if not breaker.allows(self.starts(), now, limit):
+                self.refused_at = now
+                log.warning(
+                    "circuit breaker: %d remediations started in the last hour; %s not "
+                    "remediated", limit, node, extra={"node": node},
+                )  # fmt: skip
+                return
+            await self._start(node, event, policy, now, cause, existing)
 
     async def _start(
         self,

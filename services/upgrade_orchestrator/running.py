@@ -439,8 +439,14 @@ class Runner:
             for node, status in nodes.items()
         }
         if waiting:
+            # over every GPU node, not only those the upgrades select: a kind's saga may be on
+            # any of them, and the budget is the cluster's
+            cluster = {
+                node: replace(status, held_by=holding.get(node, status.held_by))
+                for node, status in {**every, **nodes}.items()
+            }
             sagas = [entry.saga for entry in self._store.index.live()]
-            weighed = admission.plan(sagas, marked, policy, now, done=self._store.index.done)
+            weighed = admission.plan(sagas, cluster, policy, now, done=self._store.index.done)
             free = weighed.max_unavailable - weighed.unavailable
             waiting.sort(key=lambda pair: (pair[1].step_started, pair[1].node))
             for runner, saga in waiting:

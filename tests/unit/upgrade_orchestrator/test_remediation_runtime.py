@@ -6,9 +6,12 @@ replays identically; a restarted runner re-issues the pending step."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any, cast
+
 import pytest
 
-from gpuop.bus import Buckets
+from gpuop.bus import Buckets, KeyValue
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import remediation as remedies
@@ -20,7 +23,7 @@ from gpuop.saga import NodeStatus, actions, replaying
 from gpuop.saga.remediation import records
 from gpuop.saga.remediation.actions import EvictPods, MirrorHealth
 from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore
-from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION
+from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION, Starter
 from gpuop.services.upgrade_orchestrator.store import is_saga_key
 from tests.support.orchestrator import events, messages
 from tests.support.remediations import GPU, HOLDER, Agents, actions_of, remediating
@@ -296,3 +299,47 @@ async def test_a_start_its_leader_did_not_record_is_recorded_on_takeover() -> No
         assert [p for _, p in found] == [started]
         await harness.settle(until_ended=(NODE,))
         replays_identically(await harness.export())
+
+
+async def test_faults_on_two_nodes_at_once_start_no_more_than_the_breaker_allows() -> None:
+    nodes = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
+    spec = with_remediation(policy(max_unavailable=3), max_per_hour=1)
+    async with remediating(spec, nodes) as harness:
+        runner = harness.stack.runner
+        assert runner is not None and harness.stack.store is not None
+
+        class Slow:
+            """The inventories, read slowly: every start in flight at once."""
+
+            def __init__(self, kv: Any) -> None:
+                self.kv = kv
+
+            async def get(self, key: str) -> Any:
+                await asyncio.sleep(0.05)
+                return await self.kv.get(key)
+
+        inventories = cast(KeyValue, Slow(await harness.bus.kv(Buckets.NODES)))
+        starter = Starter(runner, harness.stack.store, harness.store, inventories)
+        runner.kinds = (starter.runner(),)
+        fault = dev.DeviceHealthChanged(
+            gpu_uuid=GPU, healthy=False, reason=dev.HealthReason.XID, xid=48,
+            action=dev.XidAction.RESET_GPU,
+        )  # fmt: skip
+        now = harness.stack.clock.now()
+        await asyncio.gather(*(runner.apply(node, fault, now) for node in nodes))
+        started = [await harness.saga(node) for node in nodes]
+        assert sum(saga is not None for saga in started) == 1
+
+
+async def test_a_remediation_on_a_node_the_upgrades_do_not_select_is_admitted() -> None:
+    async with remediating(policy(), ("gpu-node-1", "gpu-node-2")) as harness:
+        runner = harness.stack.runner
+        assert runner is not None
+        await harness.fault("gpu-node-2")
+        await harness.started("gpu-node-2")
+        every = {node: NodeStatus() for node in harness.nodes}
+        await runner.admit({"gpu-node-1": NodeStatus()}, harness.stack.clock.now(), every=every)
+        admitted = await messages(
+            harness.bus, events(harness.bus.prefix, "upgrade", "gpu-node-2", "admitted")
+        )
+        assert [p.saga_id for _, p in admitted] == [(await harness.started("gpu-node-2")).saga_id]
