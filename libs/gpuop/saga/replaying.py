@@ -279,12 +279,14 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
         if not isinstance(payload, Event) or current is None:
             continue
         saga = sagas.get(envelope.node)
+        counted = False
         if (
             saga is not None
             and folding.is_inbound(payload)
             and folding.trigger(saga, payload) is not None
         ):
             result.events += 1
+            counted = True
             decision = folding.step(saga, payload, current, envelope.time)
             if decision is not None:
                 sagas[envelope.node] = decision.saga
@@ -303,6 +305,8 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
                 )
         carving = reconfigurations.get(envelope.node)
         if carving is not None and mig_folding.is_inbound(payload):
+            if not counted and mig_folding.trigger(carving, payload) is not None:
+                result.events += 1  # decided for the node's reconfiguration alone
             carved = mig_folding.step(carving, payload, current, envelope.time)
             if carved is not None:
                 reconfigurations[envelope.node] = carved.saga

@@ -164,6 +164,7 @@ async def test_gpuop_replay_reproduces_every_decision_of_each_reconfiguration():
 
     replayed = replays_identically(lines)
     assert replayed.nodes == {"gpu-node-1", "gpu-node-2"}
+    assert replayed.events >= 10, "every answer the reconfigurations decided is counted"
     recorded = replaying.recorded_outputs(replaying.parse_log(lines))
     node_1 = [o.type for o in recorded["gpu-node-1"] if o.kind == "command"]
     assert node_1.count("io.gpuop.cmd.driver-manager.apply-mig-layout.v1") == 3
