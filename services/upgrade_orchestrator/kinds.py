@@ -20,11 +20,12 @@ runner, outbox, deadlines and intake:
                 decides the event, under the node's lock
 
 How a kind is added (the MIG reconfiguration, for one): write the pure kind under
-`gpuop.saga.<kind>/` (states, table, phases, record) and its `SagaKind` (the remediation's
-`gpuop.saga.remediation.runtime.REMEDIATION` is the model), add its `KindRunner` where the
-controller builds them (`Controller.kind_runners`), and its starting hook if an event starts
-it; its public events go into `gpuop.events` like any, and `gpuop replay` folds it through
-`replaying.KINDS`. Nothing of the upgrade's is touched.
+`gpuop.saga.<kind>/` (states, table, one phase module per state, record, its fold) and its
+`SagaKind` in a module of this service (the remediation's `remediations.REMEDIATION`, with
+its starting hook `remediations.Starter`, is the model); add its `KindRunner` where the
+controller builds them (`Controller.kind_runners`); its public events go into `gpuop.events`
+like any; `gpuop replay` folds it beside the upgrade (`gpuop.saga.replaying`). Nothing of the
+upgrade's is touched.
 """
 
 from __future__ import annotations
