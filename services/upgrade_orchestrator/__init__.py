@@ -13,6 +13,7 @@ The cluster role. How it flows, module by module:
     intake      the one durable consumer of what the decision core needs
     running     event -> folding.step -> compare-and-set -> outbox; resume after a crash
     kinds       the saga kinds beside the upgrade (remediation, MIG): store, fold, outputs
+    remediations  the GPU remediation kind and what starts one (a GPU's health, the breaker)
     store       the sagas in KV `gpuop_sagas`
     acting      the outbox: commands, Kubernetes actions, public state changes
     executing   Kubernetes actions through gpuop.kube, outcomes as events
