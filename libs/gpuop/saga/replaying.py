@@ -314,26 +314,6 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
                     Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
                     for out in mig_folding.outputs(carved)
                 )
-        carving = reconfigurations.get(envelope.node)
-        if carving is not None and mig_folding.is_inbound(payload):
-            carved = mig_folding.step(carving, payload, current, envelope.time)
-            if carved is not None:
-                reconfigurations[envelope.node] = carved.saga
-                result.outputs.setdefault(envelope.node, []).extend(
-                    Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
-                    for out in mig_folding.outputs(carved)
-                )
-        carving = reconfigurations.get(envelope.node)
-        if carving is not None and mig_folding.is_inbound(payload):
-            if not counted and mig_folding.trigger(carving, payload) is not None:
-                result.events += 1  # decided for the node's reconfiguration alone
-            carved = mig_folding.step(carving, payload, current, envelope.time)
-            if carved is not None:
-                reconfigurations[envelope.node] = carved.saga
-                result.outputs.setdefault(envelope.node, []).extend(
-                    Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
-                    for out in mig_folding.outputs(carved)
-                )
     return result
 
 
