@@ -14,6 +14,7 @@ The cluster role. How it flows, module by module:
     running     event -> folding.step -> compare-and-set -> outbox; resume after a crash
     kinds       the saga kinds beside the upgrade (remediation, MIG): store, fold, outputs
     remediations  the GPU remediation kind and what starts one (a GPU's health, the breaker)
+    migs        the MIG reconfiguration kind and what starts one (the node's mig.config label)
     store       the sagas in KV `gpuop_sagas`
     acting      the outbox: commands, Kubernetes actions, public state changes
     executing   Kubernetes actions through gpuop.kube, outcomes as events

@@ -1,7 +1,8 @@
 """The machinery every saga kind runs on: a table of states, one phase per state, a draft.
 
-A saga kind (the driver upgrade is the first: `gpuop.saga.upgrade.UPGRADE`; GPU remediation
-and MIG reconfiguration are to come) is a `Kind`: its states (a `StrEnum`), the table of the
+A saga kind (the driver upgrade is the first: `gpuop.saga.upgrade.UPGRADE`; GPU remediation,
+`gpuop.saga.remediation`, and MIG reconfiguration, `gpuop.saga.mig`, the others) is a
+`Kind`: its states (a `StrEnum`), the table of the
 moves between them, and one `Phase` per state, each the behaviour of that state written in
 one module: what entering it does (`enter`), what an event means in it (`on_event`), what
 its deadline's expiry does (`on_deadline`). The machinery is the same for every kind:
