@@ -79,6 +79,8 @@ async def test_two_nodes_relabelled_to_a_mixed_layout_advertise_its_mig_devices(
         after = seen["allocatable_after"]
         assert {r: int(n) for r, n in after.items() if "mig-" in r} == expected, seen
         assert after["nvidia.com/gpu"] == "0"
+        labels = {k.removesuffix(".count"): int(v) for k, v in seen["labels_after"].items()}
+        assert labels == expected, seen  # GFD's nvidia.com/mig-<profile>.count
         assert seen["evicted"] == seen["holders"] != [] and not seen["kept"], seen
         assert re.search(rf"\] {node}\s+mig: operands-resume-required -> mig-config-done", out)
     await replays_identically(record)

@@ -267,7 +267,7 @@ def _footer(processes: list[Process], nats_url: str, kubeconfig: Path) -> list[s
         f"{'metrics' if i == 0 else '':<9} {p.service:<21} {p.metrics_url}"
         for i, p in enumerate(cluster)
     ]
-    first = processes[0].node if processes else None
+    first = next((p.node for p in processes if p.node is not None), None)
     ports = "  ".join(f"{p.service} :{p.port}" for p in processes if first and p.node == first)
     lines += [
         f"          on {first}: {ports} (every service: table above)",
@@ -363,10 +363,12 @@ class Start:
         return source
 
     def add_configs(self, configs: dict[str, str]) -> None:
-        """Configuration files for these services, by service (a scenario's)."""
+        """More configuration for these services, by service (a scenario's): appended to
+        the demo's own file of the service, or its file."""
         for service, text in configs.items():
             path = self.work / f"{service}.yaml"
-            path.write_text(text)
+            before = path.read_text() if service in self.configs else ""
+            path.write_text(before + text)
             self.configs[service] = path
 
     async def wave(self, *, first: bool) -> None:

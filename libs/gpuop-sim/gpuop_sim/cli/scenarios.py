@@ -24,8 +24,9 @@ resource, the `Machine.device_resources` the simulated kubelet posts).
   `nvidia.com/mig.config=all-balanced` (per H200: 2x 1g.18gb, 1x 2g.35gb, 1x 3g.71gb). The
   orchestrator re-carves them; the summary gives per node the states, how long, the pods
   evicted, `nvidia.com/mig.config.state`, the node's allocatable GPU resources before and
-  after, and discovery's `nvidia.com/mig-<profile>.count` labels; it succeeds when both
-  are done with state `success` and the new resources counted in allocatable.
+  after, and discovery's `nvidia.com/mig-<profile>.count` labels (discovery labels `mixed`);
+  it succeeds when both are done with state `success` and the new devices counted in
+  allocatable and in those labels.
 """
 
 from __future__ import annotations
@@ -69,7 +70,12 @@ XID_TRIES = 40
 DEVICE_STATUS_SECONDS = 0.5
 SIGNALS_SECONDS = 0.2
 """How often the remediation scenario reads its nodes' taint and GPUHealthy condition."""
+RELEASE_WAIT = 15.0
+"""Seconds a node whose remediation is done has to show it: remediation-done is published
+first, then the orchestrator sets GPUHealthy True and removes the taint (its effects)."""
 DEVICE_PLUGIN_MIXED = "flags:\n  migStrategy: mixed\n"
+DISCOVERY_MIXED = "mig_strategy: mixed\n"
+"""GFD's labels for the MIG devices the device plugin advertises (`mixed`)."""
 
 
 class ScenarioFailed(RuntimeError):
@@ -259,6 +265,18 @@ class Signals:
         shown = {k: condition.get(k) for k in ("status", "reason", "message")}
         return tainted, shown
 
+    @classmethod
+    async def released(cls, kube: kubeclient.Kube, node: str) -> tuple[bool, dict[str, Any]]:
+        """The signals once the node is released (untainted, condition True), or as they are
+        after `RELEASE_WAIT`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RELEASE_WAIT
+        while True:
+            tainted, condition = await cls.read(kube, node)
+            if (not tainted and condition.get("status") == "True") or loop.time() > deadline:
+                return tainted, condition
+            await asyncio.sleep(SIGNALS_SECONDS)
+
     async def follow(self, kube: kubeclient.Kube, node: str, tracker: Tracker) -> None:
         """Read the node's signals until cancelled, noting each change on the tracker."""
         while True:
@@ -336,7 +354,10 @@ class Remediation:
             on_gpu = sorted(a.pod for a in allocations if gpu in map(_uuid_of, a.gpus))
             gone = [a.pod for a in allocations if not await pod_exists(kube, a.pod)]
             kept = sorted(a.pod for a in allocations if a.pod not in gone)
-            tainted, condition = await Signals.read(kube, node)
+            if run is not None and run.state in DONE_STATES:
+                tainted, condition = await Signals.released(kube, node)
+            else:
+                tainted, condition = await Signals.read(kube, node)
             signals = self.signals.get(node, Signals())
             for pod in gone:
                 namespace, name = pod.split("/", 1)
@@ -392,7 +413,7 @@ class MigReconfiguration:
         }
 
     def configs(self) -> dict[str, str]:
-        return {"device-plugin": DEVICE_PLUGIN_MIXED}
+        return {"device-plugin": DEVICE_PLUGIN_MIXED, "discovery": DISCOVERY_MIXED}
 
     async def begin(self, tracker: Tracker) -> None:
         count = min(TARGETS, len(self.stage.cluster.node_names))
@@ -411,17 +432,13 @@ class MigReconfiguration:
             await kubenodes.set_labels(self.stage.kube, node, {MIG_CONFIG_LABEL: MIG_CONFIG})
 
     async def conclude(self, tracker: Tracker) -> tuple[bool, dict[str, Any]]:
-        await asyncio.sleep(DEVICE_STATUS_SECONDS * 3)  # the last re-advertisement posted
-        for task in self.background:
-            task.cancel()
         kube = self.stage.kube
         expected = _expected_mig(self.stage.gpus)
         nodes: dict[str, Any] = {}
         ok = True
         for node, allocations in sorted(self.allocations.items()):
             run = tracker.runs.get(node)
-            after = await _gpu_allocatable(kube, node)
-            labels = kubenodes.labels_of(await kubenodes.get(kube, node))
+            after, labels = await self._settled(node, expected, run)
             gone = sorted([a.pod for a in allocations if not await pod_exists(kube, a.pod)])
             for pod in gone:
                 namespace, name = pod.split("/", 1)
@@ -443,7 +460,10 @@ class MigReconfiguration:
                 and run.state in DONE_STATES
                 and labels.get(MIG_STATE_LABEL) == "success"
                 and mig_after == expected
+                and _mig_counts(labels) == expected
             )
+        for task in self.background:
+            task.cancel()
         done, failed, _ = tracker.counts()
         summary = {
             "scenario": MIG,
@@ -456,6 +476,27 @@ class MigReconfiguration:
             "reconfigured": nodes,
         }
         return ok, summary
+
+    async def _settled(
+        self, node: str, expected: dict[str, int], run: SagaRun | None
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """The node's allocatable `nvidia.com/*` and its labels once a done reconfiguration
+        shows (`mig.config.state` success, the device plugin's new devices counted), or as
+        they are after `RELEASE_WAIT`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RELEASE_WAIT
+        while True:
+            after = await _gpu_allocatable(self.stage.kube, node)
+            labels = kubenodes.labels_of(await kubenodes.get(self.stage.kube, node))
+            mig = {r: int(n) for r, n in after.items() if r.startswith(MIG_RESOURCE)}
+            shown = (
+                labels.get(MIG_STATE_LABEL) == "success"
+                and mig == expected
+                and _mig_counts(labels) == expected
+            )
+            if shown or run is None or run.state not in DONE_STATES or loop.time() > deadline:
+                return after, labels
+            await asyncio.sleep(DEVICE_STATUS_SECONDS)
 
 
 def _expected_mig(gpus: int) -> dict[str, int]:
@@ -471,6 +512,15 @@ def _mig_count_labels(labels: Mapping[str, str]) -> dict[str, str]:
         key: value
         for key, value in sorted(labels.items())
         if key.startswith(MIG_RESOURCE) and key.endswith(".count")
+    }
+
+
+def _mig_counts(labels: Mapping[str, str]) -> dict[str, int]:
+    """GFD's MIG device counts by resource name (`nvidia.com/mig-<profile>`)."""
+    return {
+        key.removesuffix(".count"): int(value)
+        for key, value in _mig_count_labels(labels).items()
+        if value.isdigit()
     }
 
 
