@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from gpuop_sim.cli import screens
 from tests.support.processes import gpuop
+from tests.support.terminals import Terminal
 
 SIZE = ("--nodes", "2", "--gpus", "8")
 """Two nodes of eight GPUs: each runs two GPU pods (llm-inference, embeddings) on different
@@ -104,3 +106,22 @@ async def test_help_names_the_scenarios() -> None:
     code, out, _ = await gpuop("demo", "--help")
     assert code == 0
     assert "--scenario {upgrade,remediation,mig}" in out.replace("\n", " "), out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_the_remediation_shows_live_with_each_nodes_saga_kind_and_state() -> None:
+    async with Terminal("demo", "--scenario", "remediation", *SIZE) as terminal:
+        code = await terminal.exit_code(240)
+    out = terminal.text
+    assert code == 0, out
+    assert screens.HIDE_CURSOR in out and out.count("\x1b[") > 50  # redrawn in place
+    last = out[out.rindex("GPU remediation: XID 48 on 2 of 2 nodes") :]
+    frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", last)
+    assert re.search(r"^NODE\s+SAGA\s+STATE\s+ATTEMPT", frame, re.M), frame
+    for node in ("gpu-node-1", "gpu-node-2"):
+        assert re.search(rf"^{node}\s+remediation\s+remediation-done\s+1\s", frame, re.M), frame
+    assert "] 2/2 done, 0 failed, 0 remediating" in frame
+    assert "remediation.state-changed" in frame
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert (summary["scenario"], summary["done"]) == ("remediation", 2)
