@@ -1,19 +1,26 @@
-"""The demo scenarios' choices, on fakes of the cluster: the two nodes running the most GPU
-pods are the targets (a scenario with too few GPU pods fails saying how many ran where), each
-GPU pod gets its GPUs in device order (a plugin that never advertises its GPUs fails naming
-the node), the MIG layout's expected resources, and an unknown scenario."""
+"""The demo scenarios' choices and verdicts, on fakes of the cluster: the two nodes running
+the most GPU pods are the targets (a scenario with too few GPU pods fails saying how many ran
+where), each GPU pod gets its GPUs in device order (a plugin that never advertises its GPUs
+fails naming the node), the MIG layout's expected resources, an unknown scenario; a
+remediation succeeds only done, quarantined then released, with exactly the faulty GPU's
+pods evicted, and a MIG change only with state success and the new devices counted."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
+from gpuop.events.reconfigurations import MigState
+from gpuop.events.remediations import RemediationState
+from gpuop.kube.errors import NotFound
 from gpuop_sim.cli import scenarios
-from gpuop_sim.cli.scenarios import ScenarioFailed, Stage
+from gpuop_sim.cli.rollout_view import MIG, REMEDIATION, SagaRun, Tracker
+from gpuop_sim.cli.scenarios import Allocation, ScenarioFailed, Signals, Stage
 
 
 def pod(name: str, node: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
@@ -29,15 +36,28 @@ def pod(name: str, node: str, gpus: int, phase: str = "Running") -> dict[str, An
 
 
 class FakeKube:
-    """Lists the pods of a node by its field selector."""
+    """Lists the pods of a node by its field selector, reads pods and nodes."""
 
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         self.pods = pods
+        self.nodes: dict[str, dict[str, Any]] = {}
         self.core = self
 
     def list_pod_for_all_namespaces(self) -> None: ...
 
-    async def call(self, method: object, *, field_selector: str) -> dict[str, Any]:
+    def read_namespaced_pod(self) -> None: ...
+
+    def read_node(self) -> None: ...
+
+    async def call(self, method: Any, *args: str, field_selector: str = "") -> dict[str, Any]:
+        if method == self.read_node:
+            return self.nodes[args[0]]
+        if method == self.read_namespaced_pod:
+            name, namespace = args
+            for found in self.pods:
+                if (found["metadata"]["namespace"], found["metadata"]["name"]) == (namespace, name):
+                    return found
+            raise NotFound(f"pods {name!r} not found")
         node = field_selector.removeprefix("spec.nodeName=")
         return {"items": [p for p in self.pods if p["spec"]["nodeName"] == node]}
 
@@ -126,3 +146,83 @@ def test_an_unknown_scenario_is_refused_and_a_replica_names_its_gpu() -> None:
     with pytest.raises(ValueError, match="--scenario reboot"):
         scenarios.make("reboot", stage([]))
     assert scenarios._uuid_of("GPU-a::3") == scenarios._uuid_of("GPU-a") == "GPU-a"
+
+
+T0 = datetime(2026, 12, 3, 17, 0, tzinfo=UTC)
+
+
+def node(tainted: bool, healthy: str | None, labels: dict[str, str] | None = None,
+         allocatable: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    taints = [{"key": "gpuop.io/gpu-unhealthy", "effect": "NoSchedule"}] if tainted else []
+    conditions = [{"type": "GPUHealthy", "status": healthy}] if healthy else []
+    return {
+        "metadata": {"name": "gpu-node-1", "labels": labels or {}},
+        "spec": {"taints": taints},
+        "status": {"conditions": conditions, "allocatable": allocatable or {}},
+    }
+
+
+def remediated(state: RemediationState) -> tuple[scenarios.Remediation, Tracker, FakeKube]:
+    """gpu-node-1 remediated to `state`; pods a (GPU-0, faulty) and b (GPU-1) allocated,
+    a gone, b running, the node released."""
+    kubelets = {"gpu-node-1": cast(Any, FakeKubelet([]))}
+    kubelets["gpu-node-1"].release_pod = lambda namespace, name: None
+    played = scenarios.Remediation(stage([pod("b", "gpu-node-1", 1)], kubelets))
+    played.allocations["gpu-node-1"] = [
+        Allocation("ml/a", ("GPU-0",)),
+        Allocation("ml/b", ("GPU-1",)),
+    ]
+    played.faulty["gpu-node-1"] = "GPU-0"
+    played.signals["gpu-node-1"] = Signals(quarantined=True)
+    kube = cast(FakeKube, played.stage.kube)
+    kube.nodes["gpu-node-1"] = node(tainted=False, healthy="True")
+    tracker = Tracker(["gpu-node-1"], kind=REMEDIATION, targets=["gpu-node-1"])
+    tracker.runs["gpu-node-1"] = SagaRun("r1", T0, state, ended=T0 + timedelta(seconds=3))
+    return played, tracker, kube
+
+
+async def test_a_remediation_done_released_with_only_the_faulty_gpus_pod_evicted_succeeds() -> None:
+    played, tracker, _ = remediated(RemediationState.DONE)
+    ok, summary = await played.conclude(tracker)
+    seen = summary["remediated"]["gpu-node-1"]
+    assert ok, summary
+    assert (seen["evicted"], seen["kept"], seen["on_faulty_gpu"]) == (["ml/a"], ["ml/b"], ["ml/a"])
+    assert (seen["seconds"], seen["condition"]["status"], seen["tainted"]) == (3.0, "True", False)
+
+
+@pytest.mark.parametrize("fault", ["failed", "tainted", "other-pod-evicted", "no-quarantine"])
+async def test_a_remediation_that_did_not_go_as_it_should_fails(
+    fault: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scenarios, "RELEASE_WAIT", 0.0)
+    failed = fault == "failed"
+    played, tracker, kube = remediated(RemediationState.FAILED if failed else RemediationState.DONE)
+    if fault == "tainted":
+        kube.nodes["gpu-node-1"] = node(tainted=True, healthy="True")
+    if fault == "other-pod-evicted":
+        kube.pods.clear()
+    if fault == "no-quarantine":
+        played.signals["gpu-node-1"] = Signals()
+    ok, summary = await played.conclude(tracker)
+    assert not ok, summary
+
+
+@pytest.mark.parametrize("counted", [True, False])
+async def test_a_mig_change_succeeds_only_with_its_new_devices_counted(
+    counted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scenarios, "RELEASE_WAIT", 0.0)
+    played = scenarios.MigReconfiguration(stage([]))
+    played.stage.gpus = 1
+    played.allocations["gpu-node-1"] = []
+    expected = {"nvidia.com/mig-1g.18gb": "2", "nvidia.com/mig-2g.35gb": "1",
+                "nvidia.com/mig-3g.71gb": "1"}  # fmt: skip
+    labels = {"nvidia.com/mig.config.state": "success"}
+    labels |= {f"{r}.count": n for r, n in expected.items()}
+    allocatable = {"nvidia.com/gpu": "0", **(expected if counted else {})}
+    cast(FakeKube, played.stage.kube).nodes["gpu-node-1"] = node(False, None, labels, allocatable)
+    tracker = Tracker(["gpu-node-1"], kind=MIG, targets=["gpu-node-1"])
+    tracker.runs["gpu-node-1"] = SagaRun("m1", T0, MigState.MIG_CONFIG_DONE, ended=T0)
+    ok, summary = await played.conclude(tracker)
+    assert ok is counted, summary
+    assert summary["reconfigured"]["gpu-node-1"]["config_state"] == "success"
