@@ -10,7 +10,10 @@ what labelling the nodes and admitting the first ones needs (the orchestrator, d
 labeler, each node's discovery), then, once every node is labelled, the rest (the other node
 agents and cluster roles): 44 Python processes starting at once on two cores would all be
 slow together. Then it creates a policy asking for a newer driver (from a driver source it
-built): the orchestrator rolls the upgrade across the nodes.
+built): the orchestrator rolls the upgrade across the nodes. That is the default scenario,
+`--scenario upgrade`; `remediation` (a fatal XID on two nodes, quarantine to recovery) and
+`mig` (two nodes relabelled to a mixed MIG layout) keep the running driver and act on two
+nodes instead (`gpuop_sim.cli.scenarios`), with the same view and their own summary.
 
 On a terminal the rollout is shown live (`gpuop_sim.cli.screens`): the nodes' states, a progress
 bar, the latest events, and where the metrics are and how to tail the events. Otherwise, or
