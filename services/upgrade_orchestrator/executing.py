@@ -6,8 +6,11 @@ action of a persisted decision and publishes the returned outcome (`NodeCordoned
 `NodeUncordoned`, `NodeUntainted`, `PodsDeleted` / `PodDeletionFailed`, `DrainCompleted` /
 `DrainFailed`, `ValidationPodSucceeded` / `ValidationPodFailed`) carrying the action's id
 as `action_id`; the core then reads that outcome from
-the log like any other event. Labels, the taint a new node is brought up behind and
-Kubernetes Events have no outcome the core waits for.
+the log like any other event; a remediation's release (`MirrorHealth` with `taint` False)
+reports `NodeUntainted` once the condition and the taint were both written, so the
+remediation is done only after the API server shows the node released. Labels, the taint a
+new node is brought up behind, the remediation's other marks and Kubernetes Events have no
+outcome the core waits for.
 
 Every request counts (the API requests test and the scale benchmark hold them per upgraded
 node), so nothing here reads what it can know: a cordon or uncordon decides on the node as the
@@ -158,7 +161,7 @@ class KubeExecutor:
     async def execute(self, node: str, action: Any) -> observed.KubeEvent | None:
         if isinstance(action, remedies.MirrorHealth):
             await self._mirror_health(node, action)
-            return None
+            return observed.NodeUntainted(action_id=action.id) if action.taint is False else None
         if isinstance(action, remedies.EvictPods):
             return await self._evict_named(node, action)
         if isinstance(action, mig_actions.SetConfigState):
@@ -206,7 +209,8 @@ class KubeExecutor:
         return await self._drain(node, action)
 
     async def _mirror_health(self, node: str, action: remedies.MirrorHealth) -> None:
-        """The `GPUHealthy` condition and the taint, as the remediation decided them."""
+        """The `GPUHealthy` condition and the taint, as the remediation decided them; both
+        written when this returns."""
         status, reason, message = conditions.gpu_healthy_condition(dict(action.unhealthy))
         if action.detail:
             message = f"{message}; {action.detail}"[: conditions.MAX_MESSAGE]

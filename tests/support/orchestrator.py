@@ -35,9 +35,18 @@ class FakeKube:
     """`KubeActions` that succeed at once and remember what they were asked."""
 
     done: list[tuple[str, Any]] = field(default_factory=list)
+    marks: dict[str, tuple[bool, bool]] = field(default_factory=dict)
+    """Node -> whether a remediation's `GPUHealthy` is True, and its taint on, as the
+    `MirrorHealth` actions executed so far left them."""
+
+    def _tainted(self, node: str, taint: bool | None) -> bool:
+        return self.marks.get(node, (True, False))[1] if taint is None else taint
 
     async def execute(self, node: str, action: Any) -> observed.KubeEvent | None:
         self.done.append((node, action))
+        if isinstance(action, remediation_actions.MirrorHealth):
+            self.marks[node] = (not action.unhealthy, self._tainted(node, action.taint))
+            return observed.NodeUntainted(action_id=action.id) if action.taint is False else None
         if isinstance(action, remediation_actions.EvictPods):
             return observed.PodsDeleted(action_id=action.id, deleted=len(action.pods))
         if isinstance(action, actions.Cordon):

@@ -99,8 +99,10 @@ class NodeUncordoned(KubeActionResult):
 
 
 class NodeUntainted(KubeActionResult):
-    """The node no longer carries the taint a new node is brought up behind
-    (`gpuop.io/driver-not-ready`)."""
+    """The node no longer carries the taint its action removed.
+
+    The one a new node is brought up behind (`gpuop.io/driver-not-ready`), or a GPU
+    remediation's quarantine (`gpuop.io/gpu-unhealthy`, its `GPUHealthy` set True first)."""
 
     NAME: ClassVar[str] = "untainted"
 

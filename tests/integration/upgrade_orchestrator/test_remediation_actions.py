@@ -1,8 +1,8 @@
 """The remediation's Kubernetes actions on the simulated API server through the official
 client: the quarantine marks the node (condition `GPUHealthy` False naming the GPU and its
-XID, the taint `gpuop.io/gpu-unhealthy:NoSchedule`), the release clears both, each as often
-as it is repeated; a failure keeps the taint and says why; the eviction takes exactly the
-named pods, the node's other GPU pods stay."""
+XID, the taint `gpuop.io/gpu-unhealthy:NoSchedule`), the release clears both and reports
+`NodeUntainted` once it did, each as often as it is repeated; a failure keeps the taint and
+says why; the eviction takes exactly the named pods, the node's other GPU pods stay."""
 
 from __future__ import annotations
 
@@ -60,10 +60,11 @@ async def test_quarantine_and_release_mark_and_clear_the_node(
     taints = [t for t in nodes.taints_of(await nodes.get(kube, node))]
     assert sum(t.get("key") == conditions.GPU_UNHEALTHY_TAINT for t in taints) == 1
 
-    for _ in range(2):
-        await executor.execute(node, MirrorHealth(id="r-1", unhealthy=(), taint=False))
-    status, _, tainted = await marks(kube, node)
-    assert status == "True" and not tainted
+    for _ in range(2):  # the release's outcome says the API server took both writes
+        outcome = await executor.execute(node, MirrorHealth(id="r-1", unhealthy=(), taint=False))
+        assert outcome == observed.NodeUntainted(action_id="r-1")
+        status, _, tainted = await marks(kube, node)
+        assert status == "True" and not tainted
 
 
 async def test_a_failure_keeps_the_taint_and_says_why(
@@ -76,7 +77,7 @@ async def test_a_failure_keeps_the_taint_and_says_why(
         id="f-1", unhealthy=((GPU, (79,)),), taint=True,
         detail="remediation failed: reboot not confirmed",
     )  # fmt: skip
-    await executor.execute(node, failed)
+    assert await executor.execute(node, failed) is None  # only the release has an outcome
     status, message, tainted = await marks(kube, node)
     assert status == "False" and tainted and "reboot not confirmed" in message
 

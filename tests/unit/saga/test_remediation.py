@@ -99,6 +99,11 @@ class Walk:
         pod = NamespacedName(namespace="gpuop", name="gpuop-validate")
         self.feed(kube.ValidationPodSucceeded(action_id=self.step_id(), pod=pod))
 
+    def release(self) -> None:
+        """The executor confirms the release (condition True, taint off)."""
+        assert self.state() is S.RELEASE_REQUIRED and self.saga.step.name == "untaint"
+        self.feed(kube.NodeUntainted(action_id=self.step_id()))
+
 
 def test_every_state_has_exactly_one_phase_module_named_for_it() -> None:
     found = {}
@@ -167,9 +172,13 @@ def test_the_main_line_evicts_only_the_holders_resets_validates_and_releases() -
     assert walk.state() is S.VALIDATION_REQUIRED and walk.saga.step.name == "validate-gpu"
     walk.validate()
 
-    assert walk.state() is S.DONE
+    assert walk.state() is S.RELEASE_REQUIRED and walk.saga.step.name == "untaint"
     release = walk.actions()[-1]
     assert isinstance(release, MirrorHealth) and release.taint is False and release.unhealthy == ()
+    assert release.id == walk.step_id()
+    walk.release()
+    assert walk.state() is S.DONE
+    assert kind.REMEDIATION.effects(walk.saga, SPEC) == ((), ())  # done issues nothing more
     walked = [t.to_state for d in walk.decisions for t in d.transitions]
     assert walked == [
         S.HOLDERS_REQUIRED, S.EVICTION_REQUIRED, S.OPERANDS_PAUSE_REQUIRED, S.RESET_REQUIRED,
@@ -212,7 +221,52 @@ def test_a_failed_reset_reboots_and_a_new_boot_id_confirms_it() -> None:
     walk.feed(kube.NodeObserved(ready=True, unschedulable=False, boot_id=BOOT_B))
     assert walk.state() is S.VALIDATION_REQUIRED and walk.saga.rebooted
     walk.validate()
+    walk.release()
     assert walk.state() is S.DONE
+
+
+def test_done_waits_for_the_release_to_be_confirmed() -> None:
+    walk = Walk()
+    walk.to_reset()
+    walk.feed(
+        cmd.GpuReset(command_id=walk.step_id(), gpu_uuids=(GPU,), method=cmd.ResetMethod.NVML)
+    )
+    walk.validate()
+    assert walk.state() is S.RELEASE_REQUIRED
+
+    for unrelated in (
+        kube.NodeUntainted(action_id="another-action"),
+        kube.NodeObserved(ready=True, unschedulable=False, boot_id=BOOT),
+        kube.NodeUncordoned(action_id=walk.step_id()),
+    ):
+        walk.feed(unrelated)
+        assert walk.state() is S.RELEASE_REQUIRED and walk.saga.step.name == "untaint"
+    pending = kind.pending(walk.saga, SPEC)  # after a crash: the same release again
+    assert [type(a) for a in pending.kube_actions] == [MirrorHealth]
+    assert pending.kube_actions[0] == walk.actions()[-1]
+    walk.release()
+    assert walk.state() is S.DONE
+
+
+def test_a_release_not_confirmed_in_time_fails_and_puts_the_taint_back() -> None:
+    walk = Walk()
+    walk.to_reset()
+    walk.feed(
+        cmd.GpuReset(command_id=walk.step_id(), gpu_uuids=(GPU,), method=cmd.ResetMethod.NVML)
+    )
+    walk.validate()
+    release_id = walk.step_id()
+    expired = machine.deadline_event(walk.saga)
+    assert expired is not None and expired.step == "untaint"
+    assert expired.deadline == walk.now + timedelta(
+        seconds=SPEC.remediation.deadlines.operands_pause
+    )
+    walk.feed(expired)
+
+    assert walk.state() is S.FAILED and "untaint did not finish in time" in walk.saga.failure
+    mirror = next(a for a in walk.decisions[-1].kube_actions if isinstance(a, MirrorHealth))
+    assert mirror.taint is True and mirror.unhealthy == ((GPU, (79,)),)
+    assert walk.feed(kube.NodeUntainted(action_id=release_id)) is None  # too late: it ended
 
 
 def test_a_reboot_not_confirmed_in_time_fails_and_keeps_the_taint() -> None:
@@ -271,7 +325,13 @@ def test_a_remediation_folded_into_an_upgrade_ends_when_the_upgrade_validates() 
         target_versions={dm.Component.GPU: "550.54.15"},
     )  # fmt: skip
     walk.feed(changed)
+    assert walk.state() is S.RELEASE_REQUIRED and walk.saga.step.name == "untaint"
+    release = walk.actions()[-1]
+    assert isinstance(release, MirrorHealth) and release.taint is False
+    walk.release()
     assert walk.state() is S.DONE
+    walked = [t.to_state for d in walk.decisions for t in d.transitions]
+    assert walked == [S.RELEASE_REQUIRED, S.DONE]
 
     failing = Walk(folded_into="rollout-1/gpu-1")
     failing.feed(changed.model_copy(update={"to_state": UpgradeState.UPGRADE_FAILED}))
@@ -366,3 +426,22 @@ def test_a_gpu_failing_after_the_holders_were_asked_gets_the_next_attempt() -> N
     walk.admit()
     listing = walk.commands()[-1]
     assert isinstance(listing, cmd.ListGpuHolders) and listing.gpu_uuids == (other,)
+
+
+def test_a_gpu_failing_while_the_release_is_pending_gets_the_next_attempt() -> None:
+    walk = Walk(folded_into="rollout-1/gpu-1")
+    walk.feed(NodeUpgradeStateChanged(
+        rollout_id="rollout-1", from_state=UpgradeState.VALIDATION_REQUIRED,
+        to_state=UpgradeState.UPGRADE_DONE, components=(dm.Component.GPU,),
+        target_versions={dm.Component.GPU: "550.54.15"},
+    ))  # fmt: skip
+    other = "GPU-30bce083-dbf9-2d4f-3c35-c858915accc5"
+    walk.feed(dev.DeviceHealthChanged(
+        gpu_uuid=other, healthy=False, reason=dev.HealthReason.XID, xid=48,
+        action=dev.XidAction.RESET_GPU,
+    ))  # fmt: skip
+    walk.release()
+
+    assert walk.state() is S.ADMISSION_REQUIRED and walk.saga.gpu_uuids == (other,)
+    quarantine = next(a for a in walk.decisions[-1].kube_actions if isinstance(a, MirrorHealth))
+    assert quarantine.taint is True and quarantine.unhealthy == ((other, (48,)),)

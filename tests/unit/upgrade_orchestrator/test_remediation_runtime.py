@@ -11,7 +11,8 @@ from typing import Any, cast
 
 import pytest
 
-from gpuop.bus import Buckets, KeyValue
+from gpuop.bus import Buckets, KeyValue, PublishAck
+from gpuop.events import Envelope
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import remediation as remedies
@@ -26,7 +27,7 @@ from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION, Starter
 from gpuop.services.upgrade_orchestrator.store import is_saga_key
 from tests.support.orchestrator import events, messages
-from tests.support.remediations import GPU, HOLDER, Agents, actions_of, remediating
+from tests.support.remediations import GPU, HOLDER, Agents, Remediating, actions_of, remediating
 from tests.support.sagas import BOOT_A, BOOT_B, policy, saga_for
 
 NODE = "gpu-node-1"
@@ -76,6 +77,42 @@ async def test_a_fatal_xid_ends_with_the_gpu_validated_the_node_released_only_ho
         assert remedies.ResetGpu in kinds and dm.RebootNode not in kinds
         replayed = replays_identically(await harness.export())
         assert NODE in replayed.nodes
+
+
+def marks_when_done_is_published(harness: Remediating) -> list[tuple[bool, bool]]:
+    """Each time remediation-done is published: the node's marks as the executor left them
+    (`GPUHealthy` True, the taint on), read at that very moment."""
+    seen: list[tuple[bool, bool]] = []
+    publish = harness.bus.publish
+
+    async def watching(envelope: Envelope, *, republish: bool = False) -> PublishAck:
+        if (
+            envelope.type == NodeRemediationStateChanged.TYPE
+            and envelope.data.get("to_state") == R.DONE.value
+        ):
+            seen.append(harness.stack.kube.marks.get(envelope.subject, (False, True)))
+        return await publish(envelope, republish=republish)
+
+    harness.bus.publish = watching  # type: ignore[method-assign]
+    return seen
+
+
+@pytest.mark.parametrize("folded", [False, True])
+async def test_done_is_published_only_once_the_node_is_released(folded: bool) -> None:
+    async with remediating(policy()) as harness:
+        seen = marks_when_done_is_published(harness)
+        if folded:
+            await fold_and_validate(harness)
+        else:
+            await harness.fault(NODE)
+            await harness.settle(until_ended=(NODE,))
+
+        saga = await harness.saga(NODE)
+        assert saga is not None and saga.state is R.DONE
+        assert seen == [(True, False)], "remediation-done went out before the node's release"
+        assert saga.last_transitions[-1].from_state is R.RELEASE_REQUIRED
+        if not folded:  # the folded case's upgrade move is the test's, not a replayed saga's
+            replays_identically(await harness.export())
 
 
 async def test_an_application_xid_changes_nothing() -> None:
@@ -154,32 +191,37 @@ async def test_the_replay_reports_a_start_the_breaker_would_have_refused() -> No
     assert len(replayed.refused) == 1 and "maxPerHour" in replayed.refused[0]
 
 
-async def test_a_node_in_its_upgrade_window_folds_the_remediation_into_it() -> None:
-    spec = policy()
-    async with remediating(spec) as harness:
-        store = harness.stack.store
-        assert store is not None
-        upgrade = saga_for(spec, node=NODE).model_copy(
-            update={"state": UpgradeState.DRIVER_RELOAD_REQUIRED}
-        )
-        await store.create(upgrade)
-        await harness.fault(NODE)
-        await harness.settle()
-        saga = await harness.saga(NODE)
-        assert saga is not None and saga.state is R.FOLDED
-        assert saga.folded_into == upgrade.saga_id
-        assert not actions_of(harness.stack, EvictPods)  # the upgrade's window moves the pods
+async def fold_and_validate(harness: Remediating) -> None:
+    """A fault on a node in its upgrade's window (folded in), then the upgrade validates."""
+    store = harness.stack.store
+    assert store is not None
+    upgrade = saga_for(harness.stack.policy, node=NODE).model_copy(
+        update={"state": UpgradeState.DRIVER_RELOAD_REQUIRED}
+    )
+    await store.create(upgrade)
+    await harness.fault(NODE)
+    await harness.settle()
+    saga = await harness.saga(NODE)
+    assert saga is not None and saga.state is R.FOLDED
+    assert saga.folded_into == upgrade.saga_id
+    assert not actions_of(harness.stack, EvictPods)  # the upgrade's window moves the pods
 
-        validated = NodeUpgradeStateChanged(
-            rollout_id=upgrade.rollout_id, from_state=UpgradeState.VALIDATION_REQUIRED,
-            to_state=UpgradeState.UNCORDON_REQUIRED, components=upgrade.components,
-            target_versions={c: t.version for c, t in upgrade.targets.items()},
-        )  # fmt: skip
-        await harness.publish(validated, NODE, source="/gpuop/upgrade-orchestrator")
-        await harness.settle(until_ended=(NODE,))
+    validated = NodeUpgradeStateChanged(
+        rollout_id=upgrade.rollout_id, from_state=UpgradeState.VALIDATION_REQUIRED,
+        to_state=UpgradeState.UNCORDON_REQUIRED, components=upgrade.components,
+        target_versions={c: t.version for c, t in upgrade.targets.items()},
+    )  # fmt: skip
+    await harness.publish(validated, NODE, source="/gpuop/upgrade-orchestrator")
+    await harness.settle(until_ended=(NODE,))
+
+
+async def test_a_node_in_its_upgrade_window_folds_the_remediation_into_it() -> None:
+    async with remediating(policy()) as harness:
+        await fold_and_validate(harness)
         done = await harness.saga(NODE)
         assert done is not None and done.state is R.DONE
         assert actions_of(harness.stack, MirrorHealth)[-1].taint is False
+        assert await states(harness.bus.prefix, harness) == [R.RELEASE_REQUIRED, R.DONE]
 
 
 async def test_a_remediation_and_upgrades_share_one_max_unavailable_budget() -> None:
@@ -342,4 +384,5 @@ async def test_a_remediation_on_a_node_the_upgrades_do_not_select_is_admitted() 
         admitted = await messages(
             harness.bus, events(harness.bus.prefix, "upgrade", "gpu-node-2", "admitted")
         )
-        assert [p.saga_id for _, p in admitted] == [(await harness.started("gpu-node-2")).saga_id]
+        ids = [p.saga_id for _, p in admitted if isinstance(p, NodeAdmitted)]
+        assert ids == [(await harness.started("gpu-node-2")).saga_id]

@@ -10,11 +10,12 @@ waits for a slot of the one `maxUnavailable` budget it shares with upgrades, the
     gpu-holders-required -> gpu-pods-eviction-required (only the pods holding the GPUs)
     -> operands-pause-required -> gpu-reset-required (-> reboot-required when the reset
     fails and reboots are allowed, confirmed by a new boot id) -> validation-required (the
-    upgrade's ladder) -> release-required -> remediation-done (condition True, untainted)
+    upgrade's ladder) -> release-required (operands resumed, condition True, untainted,
+    each confirmed) -> remediation-done
 
 and any failure ends in remediation-failed (tainted, condition False with the reason). A
 node already in its upgrade's window is not touched twice: the remediation folds into the
-upgrade (folded-into-upgrade) and ends with it.
+upgrade (folded-into-upgrade) and ends with it (its release through release-required).
 
     records   RemediationSaga (the KV record), Step, start (from RemediationStarted)
     table     TABLE

@@ -20,7 +20,8 @@ EVENT_REASON = "GPURemediation"
 class MirrorHealth:
     """Set the node's `GPUHealthy` condition from `unhealthy` (empty: True), with `detail`
     after the message, and put on (`taint` True) or take off (False) the taint
-    `gpuop.io/gpu-unhealthy:NoSchedule`, or leave it (None); no outcome awaited."""
+    `gpuop.io/gpu-unhealthy:NoSchedule`, or leave it (None). The release (`taint` False)
+    is reported as `NodeUntainted` once both are written; the other marks have no outcome."""
 
     id: str
     unhealthy: tuple[tuple[str, tuple[int, ...]], ...]

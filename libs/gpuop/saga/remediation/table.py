@@ -7,9 +7,10 @@
     gpu-reset-required -(reset)-> validation-required; -(failed)-> reboot-required
     reboot-required -(new boot id)-> validation-required
     validation-required -(validated)-> release-required
-    release-required -(resumed)-> remediation-done, or the next attempt's admission for
-        GPUs that failed after the holders were asked (too late for this reset)
-    folded-into-upgrade -(the upgrade validated)-> remediation-done
+    release-required -(resumed, then GPUHealthy True and the taint off, confirmed)->
+        remediation-done, or the next attempt's admission for GPUs that failed after the
+        holders were asked (too late for this reset)
+    folded-into-upgrade -(the upgrade validated)-> release-required
 
 Any state but the ends may fail (remediation-failed); the node's removal ends it there too.
 """
@@ -48,12 +49,12 @@ TABLE: Mapping[S, Mapping[S, str]] = MappingProxyType(
         S.REBOOT_REQUIRED: {S.VALIDATION_REQUIRED: "a new boot id", S.FAILED: _FAIL},
         S.VALIDATION_REQUIRED: {S.RELEASE_REQUIRED: "every rung passed", S.FAILED: _FAIL},
         S.RELEASE_REQUIRED: {
-            S.DONE: "operands resumed",
+            S.DONE: "operands resumed, the node untainted (NodeUntainted)",
             S.ADMISSION_REQUIRED: "GPUs failed after the holders were asked: the next attempt",
             S.FAILED: _FAIL,
         },
         S.FOLDED: {
-            S.DONE: "the upgrade validated the node's GPUs",
+            S.RELEASE_REQUIRED: "the upgrade validated the node's GPUs",
             S.FAILED: "the upgrade failed",
         },
         S.DONE: {},

@@ -12,8 +12,8 @@ Each module names its `STATE` and defines `enter`, `on_event`, `on_deadline` and
     gpu_reset_required              the GPUs reset             -> validation | reboot
     reboot_required                 a new boot id              -> validation-required
     validation_required             the ladder's rungs         -> release-required
-    release_required                operands resumed           -> done | the next attempt
-    folded_into_upgrade             the upgrade's own window   -> done | failed
+    release_required                resumed, then untainted    -> done | the next attempt
+    folded_into_upgrade             the upgrade's own window   -> release | failed
     remediation_done                released
     remediation_failed              marked, with the reason
 """

@@ -52,6 +52,7 @@ def limit_seconds(saga: RemediationSaga, step: Step, spec: GPUClusterPolicySpec)
         "evict": deadlines.eviction,
         "operands-pause": deadlines.operands_pause,
         "release": deadlines.operands_pause,
+        "untaint": deadlines.operands_pause,
         "validate-resume": deadlines.operands_pause,
         "reset": deadlines.reset,
         "reboot": deadlines.reboot,

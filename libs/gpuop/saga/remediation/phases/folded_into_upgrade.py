@@ -1,7 +1,8 @@
 """folded-into-upgrade: the node's upgrade was in its window when the fault came; its
 reload and validation serve, so the remediation only marks the node (`quarantine`) and ends
 with the upgrade's moves (`NodeUpgradeStateChanged` from the log): validated
-(uncordon-required, or upgrade-done) releases it, upgrade-failed fails it."""
+(uncordon-required, or upgrade-done) moves it to release-required, whose untaint ends it;
+upgrade-failed fails it."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def on_event(draft: Draft, trigger: Trigger) -> None:
         return
     if trigger.to_state in VALIDATED:
         draft.outcome_ok(f"the upgrade moved to {trigger.to_state}")
-        draft.move(S.DONE, "the upgrade's reload and validation served")
+        draft.move(S.RELEASE_REQUIRED, "the upgrade's reload and validation served")
     elif trigger.to_state is UpgradeState.UPGRADE_FAILED:
         draft.fail(f"the upgrade it folded into failed: {trigger.reason}")
 

@@ -1,13 +1,13 @@
-"""remediation-done: the node released: `GPUHealthy` True, the taint removed."""
+"""remediation-done: the node released; release-required issued the release (`GPUHealthy`
+True, the taint removed) and entered this state only once the executor confirmed it, so
+nothing is left to do here."""
 
 from __future__ import annotations
 
 from gpuop.events.remediations import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.machine import Effects, ignore
-from gpuop.saga.remediation.actions import MirrorHealth
 from gpuop.saga.remediation.drafting import Draft
-from gpuop.saga.remediation.phases.common import action_id
 from gpuop.saga.remediation.records import RemediationSaga, Step
 
 STATE = S.DONE
@@ -22,4 +22,4 @@ on_deadline = ignore
 
 
 def effects(saga: RemediationSaga, spec: GPUClusterPolicySpec) -> Effects:
-    return (), (MirrorHealth(id=action_id(saga, "release"), unhealthy=(), taint=False),)
+    return (), ()
