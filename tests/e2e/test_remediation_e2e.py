@@ -1,7 +1,8 @@
 """GPU remediation end to end (`stack`, with the operands): a fatal XID on a node under load
 ends with that GPU reset and validated, the node's `GPUHealthy` condition True and the
-taint gone, only the pod holding the GPU evicted (its other GPU pods, and the other node,
-untouched); an application XID changes nothing; the log replays identically.
+taint gone by the time the remediation is stored done, only the pod holding the GPU
+evicted (its other GPU pods, and the other node, untouched); an application XID changes
+nothing; the log replays identically.
 
 The fault is published as telemetry publishes it (the simulated NVML of a node's telemetry
 process cannot be reached from the test); the pod holding the GPU is the one the simulated
@@ -23,6 +24,9 @@ from gpuop.events import remediation as remedies
 from gpuop.events.remediations import NodeRemediationStateChanged, RemediationState
 from gpuop.kube import conditions, nodes, pods
 from gpuop.saga import replaying
+from gpuop.saga.remediation.records import RemediationSaga
+from gpuop.services.upgrade_orchestrator.kinds import KindStore
+from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION as REMEDIATION_KIND
 from gpuop_sim.host import simreset
 from tests.support.rollouts import log_of
 from tests.support.stack import OLD, Stack, stack
@@ -70,6 +74,13 @@ async def uids(running: Stack, node: str) -> dict[tuple[str, str], str]:
     }
 
 
+async def remediation_of(running: Stack, node: str) -> RemediationSaga | None:
+    """The node's remediation record as the orchestrator stored it."""
+    store = KindStore(await running.bus.kv(Buckets.SAGAS), REMEDIATION_KIND)
+    stored = await store.get(node)
+    return None if stored is None else stored.saga
+
+
 def moves(log: list[replaying.Recorded], node: str) -> list[R]:
     return [
         entry.payload.to_state
@@ -113,10 +124,13 @@ async def test_a_fatal_xid_under_load_ends_healthy_and_only_the_holder_moves(
 
         await running.wait_until("the node quarantined", quarantined, 120)
 
-        async def released() -> bool:
-            return await marks(running, sick) == ("True", False)
+        async def done() -> bool:
+            saga = await remediation_of(running, sick)
+            return saga is not None and saga.state is R.DONE
 
-        await running.wait_until("the node released", released, 300)
+        await running.wait_until("the remediation done", done, 300)
+        # stored done (and so published after) only once the release was written: no wait
+        assert await marks(running, sick) == ("True", False)
         after = {node: await uids(running, node) for node in (sick, well)}
         log = log_of(await running.export(), tmp_path / "log.jsonl")
 

@@ -15,10 +15,11 @@ resource, the `Machine.device_resources` the simulated kubelet posts).
   repeated until telemetry reports the GPU unhealthy. The orchestrator quarantines the node
   (taint `gpuop.io/gpu-unhealthy`, condition `GPUHealthy` False), evicts the pods holding
   that GPU, pauses the operands, resets the GPU, validates, and releases (untaint,
-  condition True). The summary gives per node the GPU and XID, the states it went through,
-  how long it took, the holders, the pods evicted and kept, the condition and the taint;
-  it succeeds when both nodes are done, healthy, untainted, and exactly the pods on the
-  faulty GPUs were evicted.
+  condition True) before it publishes remediation-done, so the summary reads the node once,
+  without waiting, and a node still tainted then fails the scenario. The summary gives per
+  node the GPU and XID, the states it went through, how long it took, the holders, the pods
+  evicted and kept, the condition and the taint; it succeeds when both nodes are done,
+  healthy, untainted, and exactly the pods on the faulty GPUs were evicted.
 - `mig` (`MigReconfiguration`): the device plugin advertises MIG devices (`migStrategy:
   mixed`), the policy carries the default mig-parted configs, and two nodes are labelled
   `nvidia.com/mig.config=all-balanced` (per H200: 2x 1g.18gb, 1x 2g.35gb, 1x 3g.71gb). The
@@ -70,9 +71,12 @@ XID_TRIES = 40
 DEVICE_STATUS_SECONDS = 0.5
 SIGNALS_SECONDS = 0.2
 """How often the remediation scenario reads its nodes' taint and GPUHealthy condition."""
-RELEASE_WAIT = 15.0
-"""Seconds a node whose remediation is done has to show it: remediation-done is published
-first, then the orchestrator sets GPUHealthy True and removes the taint (its effects)."""
+MIG_SETTLE_WAIT = 15.0
+"""Seconds a node whose reconfiguration is done has to show it: the new devices reach the
+node's allocatable through the kubelet's status, and GFD's counts through its next labelling,
+each after mig-config-done. A remediation needs no such wait: remediation-done is published
+only once the orchestrator's writes of GPUHealthy True and the untaint returned, so one read
+after it must find the node released."""
 DEVICE_PLUGIN_MIXED = "flags:\n  migStrategy: mixed\n"
 DISCOVERY_MIXED = "mig_strategy: mixed\n"
 """GFD's labels for the MIG devices the device plugin advertises (`mixed`)."""
@@ -265,18 +269,6 @@ class Signals:
         shown = {k: condition.get(k) for k in ("status", "reason", "message")}
         return tainted, shown
 
-    @classmethod
-    async def released(cls, kube: kubeclient.Kube, node: str) -> tuple[bool, dict[str, Any]]:
-        """The signals once the node is released (untainted, condition True), or as they are
-        after `RELEASE_WAIT`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + RELEASE_WAIT
-        while True:
-            tainted, condition = await cls.read(kube, node)
-            if (not tainted and condition.get("status") == "True") or loop.time() > deadline:
-                return tainted, condition
-            await asyncio.sleep(SIGNALS_SECONDS)
-
     async def follow(self, kube: kubeclient.Kube, node: str, tracker: Tracker) -> None:
         """Read the node's signals until cancelled, noting each change on the tracker."""
         while True:
@@ -354,10 +346,7 @@ class Remediation:
             on_gpu = sorted(a.pod for a in allocations if gpu in map(_uuid_of, a.gpus))
             gone = [a.pod for a in allocations if not await pod_exists(kube, a.pod)]
             kept = sorted(a.pod for a in allocations if a.pod not in gone)
-            if run is not None and run.state in DONE_STATES:
-                tainted, condition = await Signals.released(kube, node)
-            else:
-                tainted, condition = await Signals.read(kube, node)
+            tainted, condition = await Signals.read(kube, node)  # released when done: no wait
             signals = self.signals.get(node, Signals())
             for pod in gone:
                 namespace, name = pod.split("/", 1)
@@ -482,9 +471,9 @@ class MigReconfiguration:
     ) -> tuple[dict[str, str], dict[str, str]]:
         """The node's allocatable `nvidia.com/*` and its labels once a done reconfiguration
         shows (`mig.config.state` success, the device plugin's new devices counted), or as
-        they are after `RELEASE_WAIT`."""
+        they are after `MIG_SETTLE_WAIT`."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + RELEASE_WAIT
+        deadline = loop.time() + MIG_SETTLE_WAIT
         while True:
             after = await _gpu_allocatable(self.stage.kube, node)
             labels = kubenodes.labels_of(await kubenodes.get(self.stage.kube, node))
