@@ -13,7 +13,9 @@ lives in that file, read before and written after every MIG call, so every servi
 (each with its own session) sees what the driver-manager carved, as on a real node. With
 `xid_feed` (`--nvml sim:` sets `<host root>/run/gpuop/sim-nvml/xids.jsonl`) the XIDs another
 process puts there (`sim_xids.inject`: the demo's fault knob) reach this one's open watchers
-too, within one of their waits.
+too, within one of their waits. With `mig_fault` (`--nvml sim:` sets
+`<host root>/run/gpuop/sim-nvml/mig-fault`) a MIG call another process asked to fail there
+(`sim_mig_fault.set_fault`) fails here, as `fail_mig_call` does within one process.
 
 Driver coupling, through `modules.ModuleState`: `init()` raises `DriverNotLoaded` while the
 `nvidia` module is not loaded; an open session holds the module as `holder_id` until
@@ -63,7 +65,7 @@ from gpuop.nvml.watching import (
     XidEvent,
 )
 from gpuop_sim import recordings
-from gpuop_sim.nvml import sim_mig, sim_topology, sim_xids
+from gpuop_sim.nvml import sim_mig, sim_mig_fault, sim_topology, sim_xids
 from gpuop_sim.nvml.modules import DRIVER_RESETS, NVIDIA, ModuleState, reset_key
 from gpuop_sim.nvml.sim_fields import field_value, pcie_throughput
 from gpuop_sim.nvml.sim_gpus import SimGpu, identity
@@ -104,6 +106,7 @@ class SimNvml:
         simulate_latency: bool = False,
         mig_state: Path | None = None,
         xid_feed: Path | None = None,
+        mig_fault: Path | None = None,
     ) -> None:
         if not 1 <= gpus <= MAX_GPUS:
             raise ValueError(f"a simulated node has 1 to {MAX_GPUS} GPUs, not {gpus}")
@@ -129,6 +132,7 @@ class SimNvml:
         self._mig = [sim_mig.SimMig() for _ in range(gpus)]
         self._mig_state = mig_state
         self._mig_failures: dict[str, list[NvmlError | None]] = {}
+        self._mig_fault = mig_fault
         self._lost: set[int] = set()
         self._watchers: WatcherSet[QueueWatcher] = WatcherSet()
         self._xid_feed = sim_xids.XidFeed(xid_feed) if xid_feed is not None else None
@@ -445,6 +449,10 @@ class SimNvml:
             error = queued.pop(0)
             if error is not None:
                 raise error
+        if self._mig_fault is not None:
+            fault = sim_mig_fault.take(self._mig_fault, call)
+            if fault is not None:
+                raise fault
 
     def _reload_driver(self) -> None:
         now = self._clock.monotonic()
