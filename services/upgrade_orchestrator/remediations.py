@@ -9,7 +9,10 @@ one running starts one, unless the policy disables them or the circuit breaker
 whether the node's upgrade is in its window (then the remediation folds into it), the
 node's boot id and driver from its inventory. It is stored (compare-and-set), recorded as
 `RemediationStarted` (which `gpuop replay` builds the same saga from, and checks the
-breaker against), and its first state's effects (the quarantine) carried out.
+breaker against), and its first state's effects (the quarantine) carried out. A start the
+breaker refuses is recorded as `RemediationRefused`, with an id derived from the health
+event's: once per refused event, however often it is redelivered or retried (the bus drops
+the copy within its duplicate window), so `gpuop replay` refuses it again.
 """
 
 from __future__ import annotations
@@ -24,7 +27,12 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, ids, subjects
 from gpuop.events import device as dev
 from gpuop.events import hardware as hw
-from gpuop.events.remediations import DOMAIN, TERMINAL_STATES, RemediationStarted
+from gpuop.events.remediations import (
+    DOMAIN,
+    TERMINAL_STATES,
+    RemediationRefused,
+    RemediationStarted,
+)
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.policy.conditions import Condition, condition
@@ -145,13 +153,31 @@ class Starter:
         async with self._starting:
             limit = policy.remediation.max_per_hour
             if not breaker.allows(self.starts(), now, limit):
-                self.refused_at = now
-                log.warning(
-                    "circuit breaker: %d remediations started in the last hour; %s not "
-                    "remediated", limit, node, extra={"node": node},
-                )  # fmt: skip
+                await self._refuse(node, event, limit, now, cause)
                 return
             await self._start(node, event, policy, now, cause, existing)
+
+    async def _refuse(
+        self, node: str, event: dev.DeviceHealthChanged, limit: int, now: datetime,
+        cause: str | None,
+    ) -> None:  # fmt: skip
+        self.refused_at = now
+        starts = self.starts()
+        log.warning(
+            "circuit breaker: %d remediations started in the last hour; %s not "
+            "remediated", limit, node, extra={"node": node},
+        )  # fmt: skip
+        refused = RemediationRefused(
+            unhealthy={event.gpu_uuid: (event.xid,) if event.xid is not None else ()},
+            action=event.effective_action,
+            starts=len(breaker.recent(starts, now)),
+            max_per_hour=limit,
+            reopens=breaker.reopens(starts, now, limit),
+        )
+        owner = cause or f"{node}/{event.gpu_uuid}/{now.isoformat()}"
+        await self._publish.event(
+            refused, node=node, id=ids.refused(owner), causationid=cause, now=now
+        )
 
     async def _start(
         self,

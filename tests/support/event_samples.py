@@ -443,6 +443,13 @@ SAMPLES: list[Payload] = [
         driver_version="535.161.08",
         expected_devices=8,
     ),
+    remediations.RemediationRefused(
+        unhealthy={GPU_UUID: (79,)},
+        action=device.XidAction.RESET_GPU,
+        starts=3,
+        max_per_hour=3,
+        reopens=datetime(2026, 11, 29, 21, 0, tzinfo=UTC),
+    ),
     remediations.NodeRemediationStateChanged(
         saga_id="remediation/gpu-node-1/1764000000",
         from_state=remediations.RemediationState.RESET_REQUIRED,

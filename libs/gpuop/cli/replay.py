@@ -1,7 +1,8 @@
 """`gpuop replay FILE [--policy FILE]`: replay an exported log through a fresh decision core.
 
 Reads the JSON lines of `gpuop events export`, replays them (`gpuop.saga.replaying`) and
-compares the commands and state changes produced with the recorded ones. Exit 0 with one
+compares the commands and state changes produced with the recorded ones, and the circuit
+breaker's decisions (each recorded start and refusal) with the replayed breaker's. Exit 0 with one
 summary line when they are identical; 1 with the first divergences per node (expected vs
 got) when not; 2 when the file or the policy cannot be read (the message names the line).
 """
@@ -58,9 +59,8 @@ async def replay_log(args: argparse.Namespace, environ: Mapping[str, str]) -> in
     log = replaying.parse_log(_read(args.file).splitlines())
     replayed = replaying.replay(log, policy)
     comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
-    if replayed.refused:
-        print("the circuit breaker would have refused remediations the log started:")
-        print("\n".join(f"  {line}" for line in replayed.refused))
+    if replayed.breaker_differs:
+        _print_breaker(replayed)
         return 1
     if comparison.identical:
         print(replaying.summary(replayed, comparison))
@@ -68,3 +68,15 @@ async def replay_log(args: argparse.Namespace, environ: Mapping[str, str]) -> in
     print(f"replay diverged on {len(comparison.divergences)} nodes:")
     print(comparison.report())
     return 1
+
+
+def _print_breaker(replayed: replaying.Replayed) -> None:
+    sections = (
+        ("would have refused remediations the log started", replayed.refused),
+        ("would have started remediations the log refused", replayed.allowed),
+        ("refuses remediations whose refusal the log does not record", replayed.unrecorded),
+    )
+    for heading, lines in sections:
+        if lines:
+            print(f"the circuit breaker {heading}:")
+            print("\n".join(f"  {line}" for line in lines))

@@ -63,6 +63,12 @@ def started(saga_id: str) -> str:
     return _derive(saga_id, "started", 1)
 
 
+def refused(cause: str) -> str:
+    """The `RemediationRefused` of the health event `cause`: one per event, however often
+    it is redelivered."""
+    return _derive(cause, "remediation-refused", 1)
+
+
 def admitted(saga_id: str, attempt: int) -> str:
     """The `NodeAdmitted` of the saga's `attempt`."""
     return _derive(saga_id, "admitted", attempt)

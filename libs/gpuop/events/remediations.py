@@ -7,14 +7,16 @@ commands the saga sends node agents, and their answers, are in `gpuop.events.rem
 changes are, so a tool subscribes to exactly the states it cares about
 (`gpuop.evt.remediation.*.remediation-failed`). `RemediationStarted` records what the saga
 was started from, so `gpuop replay` builds the same saga, and the circuit breaker's
-decision, taken from the starts before it, replays too.
+decision, taken from the starts before it, replays too. `RemediationRefused` records the
+breaker's other answer: a health event that called for a remediation it did not start, once
+per health event (its id is derived from that event's), so a replay refuses it again.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from gpuop.events.device import XidAction
 from gpuop.events.envelope import Event, MalformedMessage
@@ -90,6 +92,28 @@ class RemediationStarted(Event):
     """GPUs validation must find; absent: any number."""
     folded_into: CorrelationId | None = None
     """The node's upgrade saga under way that the remediation folded into; absent: none."""
+
+
+class RemediationRefused(Event):
+    """The circuit breaker refused the remediation a health event (the envelope's
+    `causationid`) called for: the node stays as it is, its GPUs unremediated. Published once
+    per refused health event, with an id derived from it, however often it is redelivered."""
+
+    DOMAIN: ClassVar[str] = DOMAIN
+    NAME: ClassVar[str] = "refused"
+
+    unhealthy: dict[GpuUuid, tuple[Annotated[int, Field(ge=0, le=65535)], ...]] = Field(
+        min_length=1, max_length=MAX_GPUS
+    )
+    """The unhealthy GPU and the XIDs it reported (none for an ECC or unreachable fault)."""
+    action: XidAction = XidAction.RESET_GPU
+    """The action the fault asked for."""
+    starts: Count
+    """Remediations started in the hour before (the breaker's sliding window)."""
+    max_per_hour: Count
+    """The limit in force (`remediation.maxPerHour`)."""
+    reopens: AwareDatetime | None = None
+    """When the breaker lets a start through again."""
 
 
 class NodeRemediationStateChanged(Event):

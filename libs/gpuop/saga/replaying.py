@@ -15,8 +15,11 @@ the runtime uses: `SagaStarted` builds a node's saga (`folding.started_saga`), `
 decides, and `folding.outputs` names what each decision publishes. A GPU remediation
 (`gpuop.saga.remediation`) replays alike, beside the node's upgrade: `RemediationStarted`
 builds it (`records.start`), after the circuit breaker's decision is checked against the
-starts before it (`breaker.allows`: a start it would have refused is reported), and the
-remediation's fold (`kind.step`, `kind.outputs`) decides each event it consumes after the
+starts before it (`breaker.allows`: a start it would have refused is reported); a
+`RemediationRefused` must be refused again (one the breaker would have started is reported),
+and a health event calling for a remediation (`kind.calls_for_remediation`) on a node without
+one running, which the log neither started nor refused, is reported when the breaker refuses
+it at the event's time (the refusal is missing from the log); the remediation's fold (`kind.step`, `kind.outputs`) decides each event it consumes after the
 upgrade's. A MIG reconfiguration (`gpuop.saga.mig`) too: `MigReconfigurationStarted`
 carries its plan, so it is rebuilt without the ConfigMap (`mig.folding.started`), its first
 decision made as the runtime made it (`mig.kind.begin`), then `mig.folding.step` decides
@@ -39,7 +42,13 @@ from pydantic import BaseModel
 from gpuop.events import Envelope, Event, Payload, decode
 from gpuop.events.envelope import MalformedMessage, UnknownEventType
 from gpuop.events.reconfigurations import MigReconfigurationStarted, NodeMigStateChanged
-from gpuop.events.remediations import NodeRemediationStateChanged, RemediationStarted
+from gpuop.events.device import DeviceHealthChanged
+from gpuop.events.remediations import (
+    TERMINAL_STATES,
+    NodeRemediationStateChanged,
+    RemediationRefused,
+    RemediationStarted,
+)
 from gpuop.events.upgrade import NodeUpgradeStateChanged, PolicyApplied, SagaStarted
 from gpuop.policy import GPUClusterPolicySpec, PolicyInvalid, validate_spec
 from gpuop.saga import folding
@@ -102,6 +111,15 @@ class Replayed:
     outputs: Outputs = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)
     """Remediations the log started that the circuit breaker would have refused."""
+    allowed: list[str] = field(default_factory=list)
+    """Refusals in the log that the circuit breaker would have started."""
+    unrecorded: list[str] = field(default_factory=list)
+    """Health events the circuit breaker refuses whose refusal the log does not record."""
+
+    @property
+    def breaker_differs(self) -> bool:
+        """Whether the replayed circuit breaker decided any start otherwise than the log."""
+        return bool(self.refused or self.allowed or self.unrecorded)
 
 
 @dataclass(frozen=True)
@@ -236,7 +254,14 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
     remediations: dict[str, RemediationSaga] = {}
     reconfigurations: dict[str, MigSaga] = {}
     starts: list[datetime] = []
-    for entry in events:
+    decided = {
+        r.envelope.causationid
+        for r in events
+        if isinstance(r.payload, RemediationStarted | RemediationRefused)
+        and r.envelope.causationid
+    }
+    undecided: list[tuple[int, int]] = []
+    for index, entry in enumerate(events):
         payload, envelope = entry.payload, entry.envelope
         if isinstance(payload, PolicyApplied):
             if policy is None and not envelope.causationid:
@@ -265,6 +290,18 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
             remediations[envelope.node] = records.start(envelope.node, payload, envelope.time)
             result.nodes.add(envelope.node)
             continue
+        if isinstance(payload, RemediationRefused):
+            limit = current.remediation.max_per_hour if current is not None else 0
+            if breaker.allows(starts, envelope.time, limit):
+                result.allowed.append(
+                    f"line {entry.line}: a remediation of {envelope.node} refused with fewer "
+                    f"than {limit} in the hour before (remediation.maxPerHour)"
+                )
+            result.nodes.add(envelope.node)
+            continue
+        if _undecided(entry, remediations.get(envelope.node), current, decided):
+            assert current is not None
+            undecided.append((index, current.remediation.max_per_hour))
         if isinstance(payload, MigReconfigurationStarted) and current is not None:
             # the runtime carried out the first decision as it recorded the start
             saga_ = mig_folding.started(envelope.node, payload, envelope.time)
@@ -314,7 +351,57 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
                     Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
                     for out in mig_folding.outputs(carved)
                 )
+    result.unrecorded = _missing_refusals(events, undecided)
     return result
+
+
+def _undecided(
+    entry: Recorded,
+    running: RemediationSaga | None,
+    policy: GPUClusterPolicySpec | None,
+    decided: set[str],
+) -> bool:
+    """Whether `entry` is a health event the runtime's starter would have put to the
+    breaker, and the log records no start or refusal for."""
+    if not isinstance(entry.payload, DeviceHealthChanged) or entry.envelope.id in decided:
+        return False
+    if policy is None or not policy.remediation.enabled:
+        return False
+    if not remediation.calls_for_remediation(entry.payload):
+        return False
+    return running is None or running.state in TERMINAL_STATES
+
+
+def _missing_refusals(
+    events: Sequence[Recorded], undecided: Sequence[tuple[int, int]]
+) -> list[str]:
+    """The undecided health events (index in `events`, limit) the breaker refuses.
+
+    The starter decides in stream order, after the event is stored, so a start decided
+    before an event is one recorded, or caused by an event stored, before it; and the
+    starter's clock then was no earlier than those starts. A node whose start was decided
+    before the event but recorded after it had a remediation running: not put to the
+    breaker."""
+    where = {r.envelope.id: i for i, r in enumerate(events)}
+    starts = [
+        (min(i, where.get(r.envelope.causationid or "", i)), i, r)
+        for i, r in enumerate(events)
+        if isinstance(r.payload, RemediationStarted)
+    ]
+    missing = []
+    for index, limit in undecided:
+        entry = events[index]
+        node = entry.envelope.node
+        if any(d < index < i and r.envelope.node == node for d, i, r in starts):
+            continue
+        before = [r.envelope.time for d, _, r in starts if d < index]
+        now = max([entry.envelope.time, *before])
+        if not breaker.allows(before, now, limit):
+            missing.append(
+                f"line {entry.line}: {node}'s health event {entry.envelope.id} called for a "
+                "remediation the circuit breaker refuses, and the log records no refusal"
+            )
+    return missing
 
 
 def _started(

@@ -1,22 +1,31 @@
 """The remediation kind in the orchestrator's runtime, on the in-memory bus: a fatal XID
 quarantines, evicts only the holders, resets, validates and releases; a failed reset
-reboots; the breaker trips at N+1 and says so; a node in its upgrade's window folds the
+reboots; the breaker trips at N+1, says so and records the refusal once, which replays
+(and a log whose refusal was removed, or whose start became a refusal, is reported); a node in its upgrade's window folds the
 remediation in; a remediation and upgrades share one maxUnavailable budget; the log of each
 replays identically; a restarted runner re-issues the pending step."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
 from gpuop.bus import Buckets, KeyValue, PublishAck
+from gpuop.cli.replay import replay_log
 from gpuop.events import Envelope
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import remediation as remedies
-from gpuop.events.remediations import NodeRemediationStateChanged, RemediationStarted
+from gpuop.events.remediations import (
+    NodeRemediationStateChanged,
+    RemediationRefused,
+    RemediationStarted,
+)
 from gpuop.events.remediations import RemediationState as R
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
@@ -42,7 +51,7 @@ def replays_identically(lines: list[str]) -> replaying.Replayed:
     replayed = replaying.replay(log)
     comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
     assert comparison.identical, comparison.report()
-    assert not replayed.refused
+    assert not replayed.breaker_differs, (replayed.refused, replayed.allowed, replayed.unrecorded)
     return replayed
 
 
@@ -174,6 +183,90 @@ async def test_the_breaker_trips_at_n_plus_one_and_the_policy_says_so() -> None:
         lines = await harness.export()
         replays_identically(lines)
         assert sum('"type":"io.gpuop.remediation.started.v1"' in line for line in lines) == 3
+        [(envelope, refused)] = await refusals(harness)
+        assert envelope.node == "gpu-node-4" and envelope.causationid
+        assert (refused.starts, refused.max_per_hour) == (3, 3)
+        assert refused.unhealthy == {GPU: (79,)} and refused.reopens is not None
+        assert refused.reopens > envelope.time
+
+
+async def refusals(harness: Remediating) -> list[tuple[Envelope, RemediationRefused]]:
+    found = await messages(harness.bus, f"{harness.bus.prefix}.evt.remediation.>")
+    return [(e, p) for e, p in found if isinstance(p, RemediationRefused)]
+
+
+async def tripped_log() -> list[str]:
+    """The exported log of two faults under `maxPerHour: 1`: one start, one refusal."""
+    nodes = ("gpu-node-1", "gpu-node-2")
+    spec = with_remediation(policy(max_unavailable=2), max_per_hour=1)
+    async with remediating(spec, nodes) as harness:
+        for node in nodes:
+            await harness.fault(node)
+        await harness.settle(until_ended=nodes[:1])
+        assert len(await refusals(harness)) == 1
+        return await harness.export()
+
+
+def is_type(line: str, type_: str) -> bool:
+    return bool(json.loads(line)["message"]["type"] == type_)
+
+
+async def test_a_refused_health_event_redelivered_is_recorded_once() -> None:
+    nodes = ("gpu-node-1", "gpu-node-2")
+    spec = with_remediation(policy(max_unavailable=2), max_per_hour=1)
+    async with remediating(spec, nodes) as harness:
+        for node in nodes:
+            await harness.fault(node)
+        await harness.settle(until_ended=nodes[:1])
+        [(envelope, _)] = await refusals(harness)
+        health = dev.DeviceHealthChanged(
+            gpu_uuid=GPU, healthy=False, reason=dev.HealthReason.XID, xid=79
+        )
+        later = harness.stack.clock.now()
+        for _ in range(3):  # redelivered after a crash: the same cause each time
+            await harness.starter("gpu-node-2", health, later, envelope.causationid)
+        assert len(await refusals(harness)) == 1
+        replays_identically(await harness.export())
+
+
+async def test_a_log_with_its_refusal_removed_is_reported(tmp_path: Path) -> None:
+    lines = [
+        line for line in await tripped_log()
+        if not is_type(line, RemediationRefused.TYPE)
+    ]  # fmt: skip
+    replayed = replaying.replay(replaying.parse_log(lines))
+    [missing] = replayed.unrecorded
+    assert "gpu-node-2" in missing and "no refusal" in missing
+    assert not replayed.refused and not replayed.allowed
+
+    tampered = tmp_path / "log.jsonl"
+    tampered.write_text("\n".join(lines))
+    assert await replay_log(argparse.Namespace(file=str(tampered), policy=None), {}) == 1
+
+
+async def test_a_log_whose_start_became_a_refusal_is_reported(tmp_path: Path) -> None:
+    lines = await tripped_log()
+    [index] = [i for i, line in enumerate(lines) if is_type(line, RemediationStarted.TYPE)]
+    line = json.loads(lines[index])
+    started = RemediationStarted.model_validate(line["message"]["data"])
+    refused = RemediationRefused(unhealthy=started.unhealthy, starts=1, max_per_hour=1)
+    line["message"]["type"] = RemediationRefused.TYPE
+    line["message"]["data"] = refused.model_dump(mode="json")
+    line["subject"] = line["subject"].replace(".started", ".refused")
+    lines[index] = json.dumps(line)
+
+    replayed = replaying.replay(replaying.parse_log(lines))
+    assert replayed.allowed and "gpu-node-1" in replayed.allowed[0]
+    assert "maxPerHour" in replayed.allowed[0]
+    tampered = tmp_path / "log.jsonl"
+    tampered.write_text("\n".join(lines))
+    assert await replay_log(argparse.Namespace(file=str(tampered), policy=None), {}) == 1
+
+
+async def test_the_untampered_tripped_log_replays_through_the_cli(tmp_path: Path) -> None:
+    recorded = tmp_path / "log.jsonl"
+    recorded.write_text("\n".join(await tripped_log()))
+    assert await replay_log(argparse.Namespace(file=str(recorded), policy=None), {}) == 0
 
 
 async def test_the_replay_reports_a_start_the_breaker_would_have_refused() -> None:
