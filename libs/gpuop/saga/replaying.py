@@ -10,23 +10,24 @@ when the server stored it, `message` the envelope exactly as published. `export_
 one line and `parse_log` reads them back.
 
 `replay` folds the inbound events (`folding.is_inbound`: what the orchestrator's intake
-consumes), in stream order, with each event's recorded time, through the same `folding`
-the runtime uses: `SagaStarted` builds a node's saga (`folding.started_saga`), `folding.step`
+consumes), in stream order, with each event's recorded time, through the same `folding` the
+runtime uses: `SagaStarted` builds a node's saga (`folding.started_saga`), `folding.step`
 decides, and `folding.outputs` names what each decision publishes. A GPU remediation
 (`gpuop.saga.remediation`) replays alike, beside the node's upgrade: `RemediationStarted`
 builds it (`records.start`), after the circuit breaker's decision is checked against the
 starts before it (`breaker.allows`: a start it would have refused is reported); a
 `RemediationRefused` must be refused again (one the breaker would have started is reported),
-and a health event calling for a remediation (`kind.calls_for_remediation`) on a node without
-one running, which the log neither started nor refused, is reported when the breaker refuses
-it at the event's time (the refusal is missing from the log); the remediation's fold (`kind.step`, `kind.outputs`) decides each event it consumes after the
-upgrade's. A MIG reconfiguration (`gpuop.saga.mig`) too: `MigReconfigurationStarted`
-carries its plan, so it is rebuilt without the ConfigMap (`mig.folding.started`), its first
-decision made as the runtime made it (`mig.kind.begin`), then `mig.folding.step` decides
-after the remediation's. The policy is
-the latest `PolicyApplied` (one that names an event as its cause was applied just before that
-event was decided), unless an override replaces every recorded one. `compare` then sets the
-commands and state changes it produced against the recorded ones, node by node.
+and a health event calling for a remediation (`kind.calls_for_remediation`) on a node
+without one running, which the log neither started nor refused, is reported when the breaker
+refuses it (`_missing_refusals`: the refusal is missing from the log). The remediation's
+fold (`kind.step`, `kind.outputs`) decides each event it consumes after the upgrade's. A MIG
+reconfiguration (`gpuop.saga.mig`) too: `MigReconfigurationStarted` carries its plan, so it
+is rebuilt without the ConfigMap (`mig.folding.started`), its first decision made as the
+runtime made it (`mig.kind.begin`), then `mig.folding.step` decides after the remediation's.
+The policy is the latest `PolicyApplied` (one that names an event as its cause was applied
+just before that event was decided), unless an override replaces every recorded one.
+`compare` then sets the commands and state changes it produced against the recorded ones,
+node by node.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from gpuop.events import Envelope, Event, Payload, decode
+from gpuop.events.device import DeviceHealthChanged
 from gpuop.events.envelope import MalformedMessage, UnknownEventType
 from gpuop.events.reconfigurations import MigReconfigurationStarted, NodeMigStateChanged
-from gpuop.events.device import DeviceHealthChanged
 from gpuop.events.remediations import (
     TERMINAL_STATES,
     NodeRemediationStateChanged,
@@ -257,8 +258,7 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
     decided = {
         r.envelope.causationid
         for r in events
-        if isinstance(r.payload, RemediationStarted | RemediationRefused)
-        and r.envelope.causationid
+        if isinstance(r.payload, RemediationStarted | RemediationRefused) and r.envelope.causationid
     }
     undecided: list[tuple[int, int]] = []
     for index, entry in enumerate(events):

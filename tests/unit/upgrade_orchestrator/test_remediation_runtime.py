@@ -1,9 +1,10 @@
 """The remediation kind in the orchestrator's runtime, on the in-memory bus: a fatal XID
 quarantines, evicts only the holders, resets, validates and releases; a failed reset
-reboots; the breaker trips at N+1, says so and records the refusal once, which replays
-(and a log whose refusal was removed, or whose start became a refusal, is reported); a node in its upgrade's window folds the
-remediation in; a remediation and upgrades share one maxUnavailable budget; the log of each
-replays identically; a restarted runner re-issues the pending step."""
+reboots; the breaker trips at N+1, says so and records the refusal once, which replays (and
+a log whose refusal was removed, or whose start became a refusal, is reported); a node in
+its upgrade's window folds the remediation in; a remediation and upgrades share one
+maxUnavailable budget; the log of each replays identically; a restarted runner re-issues the
+pending step."""
 
 from __future__ import annotations
 
