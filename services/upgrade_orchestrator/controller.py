@@ -57,7 +57,7 @@ from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
-from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore, is_a_node
 from gpuop.services.upgrade_orchestrator.observing import NodeWatcher
 from gpuop.services.upgrade_orchestrator.policies import PolicyWatcher
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
@@ -137,14 +137,21 @@ class Controller:
         store_ = await KindStore.open(self._bus, remediations.REMEDIATION)
         await store_.load()  # the breaker counts the starts before the intake's first event
         self._remediations = remediations.Starter(
-            runner, store, store_, inventories, clock=self._clock
+            runner, store, store_, inventories, clock=self._clock, known=self._watched
         )
         migs_ = await KindStore.open(self._bus, migs.MIG_RECONFIGURATION)
         reconfigurations = migs.Starter(
             runner, migs_, inventories, kube=self._kube,
-            namespace=self._config.lease_namespace, clock=self._clock,
+            namespace=self._config.lease_namespace, clock=self._clock, known=self._watched,
         )  # fmt: skip
         return [self._remediations.runner(), reconfigurations.runner()]
+
+    def _watched(self, node: str) -> bool:
+        """Whether `node` is a GPU node the node watch knows (before its first listing is
+        in: any node at all), for the kinds' starters."""
+        if not self.nodes.synced:
+            return is_a_node(node)
+        return node in self.nodes.statuses
 
     def _decided(self, decision: Decision) -> None:
         self._wake.set()

@@ -183,6 +183,13 @@ class KindStore(Generic[R]):
         return [self._index[node] for node in sorted(self._index)]
 
 
+def is_a_node(node: str) -> bool:
+    """Whether an event's node names a node at all (not `_cluster`, the subject of events
+    about none): what a kind's starter knows of a node before the node watch has listed
+    the GPU nodes."""
+    return node != subjects.CLUSTER
+
+
 def _encoded(saga: Any) -> bytes:
     encoded: str = saga.model_dump_json()
     return encoded.encode()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -41,7 +42,12 @@ from gpuop.policy.mig import parse_configs
 from gpuop.saga.mig import folding, kind, plans, records
 from gpuop.saga.mig.records import MigSaga
 from gpuop.saga.mig.states import TERMINAL_STATES
-from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore, SagaKind
+from gpuop.services.upgrade_orchestrator.kinds import (
+    KindRunner,
+    KindStore,
+    SagaKind,
+    is_a_node,
+)
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 from gpuop.services.upgrade_orchestrator.running import Runner
 
@@ -89,8 +95,13 @@ class Starter:
         kube: client.Kube | None = None,
         namespace: str = "default",
         clock: Clock = SYSTEM_CLOCK,
+        known: Callable[[str], bool] = is_a_node,
     ) -> None:
         self._runner = runner
+        self._known = known
+        """Whether a node is one of the GPU nodes the orchestrator watches: a request about
+        another starts nothing (the hostile-input e2e found requests about `_cluster`, which
+        no Node can be labelled, stored as sagas and redelivered until dead-lettered)."""
         self._store = store
         self._inventories = inventories
         self._kube = kube
@@ -107,6 +118,9 @@ class Starter:
         reconfiguration under way (one under way queues it as it decides it)."""
         if not isinstance(event, MigConfigRequested) or event.config is None:
             await self.start_queued(node, event, now, cause)  # one a crash left unstarted
+            return
+        if not self._known(node):
+            log.info("%s is not a GPU node the orchestrator watches: not re-carved", node)
             return
         existing = await self._store.get(node)
         if existing is None or existing.saga.state in TERMINAL_STATES:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime
 
 from gpuop.bus import KeyExists, KeyValue, RevisionConflict
@@ -38,7 +39,12 @@ from gpuop.policy import GPUClusterPolicySpec
 from gpuop.policy.conditions import Condition, condition
 from gpuop.saga.remediation import breaker, kind, records
 from gpuop.saga.remediation.records import RemediationSaga
-from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore, SagaKind
+from gpuop.services.upgrade_orchestrator.kinds import (
+    KindRunner,
+    KindStore,
+    SagaKind,
+    is_a_node,
+)
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
@@ -102,9 +108,14 @@ class Starter:
         inventories: KeyValue,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        known: Callable[[str], bool] = is_a_node,
     ) -> None:
         self._runner = runner
         self._upgrades = upgrades
+        self._known = known
+        """Whether a node is one of the GPU nodes the orchestrator watches: a health event
+        about another (none, or a name no watched node has) starts nothing and is not put to
+        the breaker, so a stray event cannot use up the hour's remediations."""
         self._store = store
         self._inventories = inventories
         self._publish = Publisher(runner.bus, clock)
@@ -139,6 +150,9 @@ class Starter:
 
     async def __call__(self, node: str, event: Event, now: datetime, cause: str | None) -> None:
         if not kind.calls_for_remediation(event):
+            return
+        if not self._known(node):
+            log.info("%s is not a GPU node the orchestrator watches: not remediated", node)
             return
         assert isinstance(event, dev.DeviceHealthChanged)
         policy = self._runner.policy()

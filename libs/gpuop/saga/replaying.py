@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gpuop.events import Envelope, Event, Payload, decode
+from gpuop.events import Envelope, Event, Payload, decode, subjects
 from gpuop.events.device import DeviceHealthChanged
 from gpuop.events.envelope import MalformedMessage, UnknownEventType
 from gpuop.events.reconfigurations import MigReconfigurationStarted, NodeMigStateChanged
@@ -365,6 +365,8 @@ def _undecided(
     breaker, and the log records no start or refusal for."""
     if not isinstance(entry.payload, DeviceHealthChanged) or entry.envelope.id in decided:
         return False
+    if entry.envelope.node == subjects.CLUSTER:
+        return False  # about no node: the starter puts it to no breaker
     if policy is None or not policy.remediation.enabled:
         return False
     if not remediation.calls_for_remediation(entry.payload):

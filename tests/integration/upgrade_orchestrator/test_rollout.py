@@ -261,5 +261,10 @@ async def test_a_new_gpu_driver_in_the_policy_rolls_across_every_node(
     assert max(in_maintenance) == 1, "maxParallelUpgrades 1 and maxUnavailable 1 were exceeded"
     assert [c.done for c in completed] == [NODES]
     conditions = {c["type"]: c["status"] for c in stored["status"]["conditions"]}
-    assert conditions == {"Valid": "True", "Progressing": "False", "Ready": "True"}
+    assert conditions == {
+        "Valid": "True",
+        "Progressing": "False",
+        "Ready": "True",
+        "RemediationBreaker": "False",
+    }
     assert all(code == 0 for code in exit_codes.values()), sorted(exit_codes.items())

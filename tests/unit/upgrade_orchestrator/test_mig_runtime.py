@@ -7,7 +7,7 @@ relabel while a reconfiguration runs is started after it, not interleaved."""
 from __future__ import annotations
 
 from gpuop.cli.events import export_lines
-from gpuop.events import kube
+from gpuop.events import kube, subjects
 from gpuop.events import mig as migev
 from gpuop.events.reconfigurations import (
     ConfigState,
@@ -227,3 +227,16 @@ async def test_a_node_another_kind_holds_is_not_reconfigured_until_it_ends():
         await harness.settle(until_ended=(NODE,))
         done = await harness.saga(NODE)
         assert done is not None and done.state is S.MIG_CONFIG_DONE
+
+
+async def test_a_request_about_no_node_starts_nothing_and_is_settled():
+    """Discovery never sends one, but a `MigConfigRequested` on the `_cluster` subject (a
+    valid event about no node) must be taken and ignored, not redelivered until it is
+    dead-lettered (the hostile-input e2e found it)."""
+    for spec in (policy(), policy(config=None)):
+        async with reconfiguring(spec) as harness:
+            await harness.relabel(subjects.CLUSTER, "all-balanced")
+            await harness.settle()
+            assert await harness.saga(subjects.CLUSTER) is None
+            await harness.relabel(NODE, "half-balanced")
+            await harness.started(NODE)  # the intake went on past it
