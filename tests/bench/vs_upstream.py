@@ -102,8 +102,6 @@ DRAINING = frozenset({"cordon-required", "wait-for-jobs-required", "pod-deletion
                       "drain-required"})  # fmt: skip
 """Upgrade states between cordon and the end of the drain, the same names on both sides."""
 POLL_SECONDS = 0.25
-TIMEOUT_SECONDS = 20.0 * 60
-"""Seconds one side's rollout may take before the run gives up on it."""
 
 
 @dataclass(frozen=True)
@@ -115,9 +113,13 @@ class Size:
     """The upstream controller's planned requeue. The GPU Operator's is 2 minutes, and it
     watches no pods: a restarted driver pod that became ready waits for it. Quick mode makes
     it 15 s (in favour of upstream) to fit in ten minutes."""
+    timeout_seconds: float
+    """Seconds one side's rollout may take before the run gives up on it: upstream's full
+    rollout waits up to a requeue per wave, ten waves of 100 nodes at 10 at a time, so past
+    20 minutes."""
 
 
-SIZES = {True: Size(20, 5, 5.0, 15.0), False: Size(100, 10, 30.0, 120.0)}
+SIZES = {True: Size(20, 5, 5.0, 15.0, 20.0 * 60), False: Size(100, 10, 30.0, 120.0, 60.0 * 60)}
 
 
 # The pure parts: audit log, stages, figures.
@@ -727,7 +729,7 @@ async def _run_upstream(
             healthy = set(nodes_and_labels(plane, UPSTREAM_STATE_LABEL)) - {scenario.broken or ""}
             await follow(
                 lambda: asyncio.to_thread(upstream_states, plane, scenario.broken),
-                healthy, side, watched, kill if scenario.kill else None, TIMEOUT_SECONDS,
+                healthy, side, watched, kill if scenario.kill else None, size.timeout_seconds,
             )  # fmt: skip
             end_time = datetime.datetime.now(datetime.UTC)
         finally:
@@ -890,7 +892,7 @@ async def _run_gpuop(
                 healthy = set(made.node_names) - {scenario.broken or ""}
                 await follow(
                     lambda: asyncio.to_thread(states), healthy, side, watched,
-                    kill if scenario.kill else None, TIMEOUT_SECONDS,
+                    kill if scenario.kill else None, size.timeout_seconds,
                 )  # fmt: skip
                 end_time = datetime.datetime.now(datetime.UTC)
             finally:
