@@ -236,9 +236,20 @@ def cell(value: object) -> str:
     return str(value).replace("|", "\\|")
 
 
+QUICK_TITLE = " (quick)"
+"""What a quick run's section title adds to the benchmark's name: a benchmark's full and quick
+sections are kept side by side (a 100-node run does not replace the 20-node table)."""
+
+
+def title(name: str, command: str) -> str:
+    """A section's title: the benchmark's name, marked when its command ran it `--quick`."""
+    return name + (QUICK_TITLE if "--quick" in shlex.split(command) else "")
+
+
 def section(outcome: Outcome) -> list[str]:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"## {outcome.name}", "", "```", outcome.command, "```", "", f"Run: {now}.", ""]
+    heading = title(outcome.name, outcome.command)
+    lines = [f"## {heading}", "", "```", outcome.command, "```", "", f"Run: {now}.", ""]
     if outcome.load is not None:
         lines += [outcome.load.sentence(), ""]
     if outcome.result is None:
@@ -300,14 +311,26 @@ def report(outcomes: list[Outcome], quick: bool) -> str:
 
 def merged(previous: str, fresh: str, names: set[str]) -> str:
     """`fresh` (a report of `names` only) folded into `previous`: its sections replace those
-    of the same name, in the order of the scripts; every other section is kept as it was."""
+    of the same title (a benchmark's full and quick sections are two), in the order of the
+    scripts; every other section is kept as it was."""
 
     def sections(text: str) -> dict[str, str]:
-        parts = text.split("\n## ")
-        return {part.split("\n", 1)[0].strip(): "## " + part for part in parts[1:]}
+        found = {}
+        for part in text.split("\n## ")[1:]:
+            heading, _, rest = part.partition("\n")
+            name = heading.strip().removesuffix(QUICK_TITLE)
+            # a report written before quick sections had their own title says so only in
+            # its command, the first fenced line
+            command = rest.split("```\n", 1)[1].split("\n", 1)[0] if "```\n" in rest else ""
+            named = title(name, command) if command else heading.strip()
+            found[named] = f"## {named}\n{rest}"
+        return found
 
     kept, new = sections(previous), sections(fresh)
-    order = [script.stem for script in benchmarks()]
+    order = [
+        name + suffix for script in benchmarks() for name in [script.stem]
+        for suffix in ("", QUICK_TITLE)
+    ]  # fmt: skip
     combined = {**kept, **new}
     header = fresh.split("\n## ", 1)[0]
     lines = previous.splitlines()
@@ -320,6 +343,10 @@ def merged(previous: str, fresh: str, names: set[str]) -> str:
     if before:
         again = ", ".join(sorted(names))
         header = header.replace("- Date: ", f"- Re-run alone: {again}{marker}{before}\n- Date: ", 1)
+    header = "\n".join(
+        "- Mode: each section's own (a quick run's title says so)" if line.startswith("- Mode: ")
+        else line for line in header.splitlines()
+    )  # fmt: skip
     body = [combined[name].rstrip() + "\n" for name in order if name in combined]
     return header.rstrip() + "\n\n" + "\n".join(body)
 

@@ -13,6 +13,7 @@ from tests.bench.run_all import (
     merged,
     script_args,
     section,
+    title,
 )
 
 
@@ -77,6 +78,32 @@ def test_a_second_partial_run_keeps_the_date_of_the_sections_it_did_not_run() ->
     again = merged(once, fresh.replace("02:45", "02:53"), {"rollout"})
     assert "the other sections are from 2026-11-30 04:02 UTC" in again
     assert "old bus" in again and "\nnew\n" in again
+
+
+def test_a_full_run_and_a_quick_run_of_one_benchmark_keep_a_section_each() -> None:
+    command = "```\n.venv/bin/python -m tests.bench.rollout{}\n```\n\n"
+    original = (
+        "# B\n\n- Date: 2026-11-30 04:02 UTC\n- Mode: quick\n\n"
+        f"## bus\n\n{command.format('')}old bus\n\n"
+        f"## rollout\n\n{command.format(' --quick')}old quick\n"
+    )
+    full = (
+        "# B\n\n- Date: 2026-12-03 20:10 UTC\n- Mode: full\n\n"
+        f"## rollout\n\n{command.format('')}new full\n"
+    )
+    once = merged(original, full, {"rollout"})
+    # the section written before quick ones had their title is recognised by its command
+    assert "## rollout (quick)\n" in once and "old quick" in once
+    assert "## rollout\n" in once and "new full" in once and "old bus" in once
+    assert once.index("new full") < once.index("old quick")
+    assert "- Mode: full" not in once and "- Mode: each section's own" in once
+    quick = full.replace("new full", "new quick").replace("rollout\n```", "rollout --quick\n```")
+    quick = quick.replace("## rollout\n", "## rollout (quick)\n")
+    again = merged(once, quick, {"rollout"})
+    assert "new quick" in again and "old quick" not in again and "new full" in again
+    assert again.count("## rollout (quick)") == 1
+    assert title("rollout", ".venv/bin/python -m tests.bench.rollout --quick") == "rollout (quick)"
+    assert title("rollout", ".venv/bin/python -m tests.bench.rollout") == "rollout"
 
 
 def test_script_args_give_each_named_benchmark_its_own_arguments() -> None:
