@@ -119,7 +119,10 @@ class InMemoryModules:
 
     def load(self, module: str, version: str | None = None, *, brings_up_gpus: bool = True) -> None:
         """Load the module (or change the recorded version of a loaded one); `brings_up_gpus`
-        False loads a defective build that initialises no GPU."""
+        False loads a defective build that initialises no GPU. Loading `nvidia` counts a
+        driver load, as `SimKernel` does: every GPU comes up from a reset."""
+        if module == NVIDIA and module not in self._versions:
+            self.reset()
         self._versions[module] = version
         if brings_up_gpus:
             self._inert.discard(module)

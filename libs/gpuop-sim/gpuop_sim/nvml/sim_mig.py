@@ -14,6 +14,13 @@ instance ids are the slot's node in NVML's binary split of the memory (0 for the
 placements has the same ids and MIG device UUIDs. Each GPU instance holds at most one
 compute instance, the whole of it (id 0), which is all gpuop creates.
 
+Instances live as long as the driver that made them, as on a real GPU: the MIG mode persists
+across a driver reload and a reboot, GPU and compute instances do not (NVIDIA's mig-manager
+applies its config again after every boot for that reason). `SimMig.epoch` is the driver load
+and GPU reset the instances were made under (`SimNvml` keeps them from the host's reset
+counts, `gpuop_sim.host.simreset`); `expire` clears the instances of an older epoch and
+keeps the mode, a pending one taking effect.
+
 `SimMig` is one GPU's MIG state; `SimNvml` keeps one per GPU and serves `MigControl` with it.
 """
 
@@ -109,6 +116,9 @@ class SimMig:
     instances: dict[int, _Instance] = field(default_factory=dict)
     reset_required: bool = False
     """A mode change stays pending until `reset()`, as on a GPU that needs a reset for it."""
+    epoch: tuple[int, int] | None = None
+    """The driver loads and this GPU's resets counted when the instances were made; None
+    until a session that knows the counts adopts the state (one carved without a kernel)."""
 
     def set_mode(self, enabled: bool, busy: bool) -> MigModeState:
         if busy:
@@ -124,6 +134,7 @@ class SimMig:
         return {
             "mode": [self.mode.current, self.mode.pending],
             "reset_required": self.reset_required,
+            "epoch": None if self.epoch is None else list(self.epoch),
             "instances": [
                 [gi_id, i.shape.profile_id, i.placement.start, i.placement.size, i.compute]
                 for gi_id, i in sorted(self.instances.items())
@@ -137,7 +148,24 @@ class SimMig:
             int(gi_id): _Instance(_BY_ID[int(profile_id)], Placement(start, size), bool(compute))
             for gi_id, profile_id, start, size, compute in data["instances"]
         }
-        return cls(MigModeState(bool(current), bool(pending)), instances, data["reset_required"])
+        epoch = data.get("epoch")  # absent in a file written before epochs
+        return cls(
+            MigModeState(bool(current), bool(pending)),
+            instances,
+            data["reset_required"],
+            None if epoch is None else (int(epoch[0]), int(epoch[1])),
+        )
+
+    def expire(self, epoch: tuple[int, int]) -> bool:
+        """Catch up with the driver loads and resets counted now (`epoch`): after another
+        load or reset the instances are gone and a pending mode is current; a state of no
+        epoch adopts this one. Whether anything changed."""
+        if self.epoch == epoch:
+            return False
+        if self.epoch is not None:
+            self.reset()
+        self.epoch = epoch
+        return True
 
     def reset(self) -> None:
         """A GPU reset: a pending mode takes effect, every instance is gone."""

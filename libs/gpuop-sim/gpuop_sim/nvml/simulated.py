@@ -26,7 +26,10 @@ counters, energy and processes start again from zero. Without a module state the
 always loaded, at `driver_version`. The same happens to one GPU that the driver-manager reset
 alone, or to every GPU after the module was loaded again, even at the same version: the
 module state counts resets (`gpuop_sim.host.simreset`), and a session that opens after one
-finds the GPU clean.
+finds the GPU clean. MIG instances go with the driver, the mode stays: a session that
+finds a driver load or a GPU reset counted since the instances were made finds them gone
+(`sim_mig.SimMig.expire`), in the shared MIG file too, as a real node after a driver reload
+or a reboot comes back with MIG on and no MIG device until its config is applied again.
 """
 
 from __future__ import annotations
@@ -424,13 +427,32 @@ class SimNvml:
         return self._gpus[index]
 
     def _load_mig(self) -> list[sim_mig.SimMig]:
-        """The MIG state, read again from the shared file when there is one."""
+        """The MIG state, read again from the shared file when there is one, without the
+        instances an unload, reboot or reset since took away."""
         path = self._mig_state
-        if path is not None and path.exists():
+        shared = path is not None and path.exists()
+        if shared:
+            assert path is not None
             gpus = json.loads(path.read_text())
             self._mig = [sim_mig.SimMig.from_json(gpu) for gpu in gpus[: len(self._gpus)]]
             self._mig += [sim_mig.SimMig() for _ in range(len(self._gpus) - len(self._mig))]
+        if self._expire_mig(self._mig) and shared:
+            assert path is not None
+            write_atomic(path, json.dumps([m.to_json() for m in self._mig]).encode())
         return self._mig
+
+    def _expire_mig(self, mig: list[sim_mig.SimMig]) -> bool:
+        """Each GPU's MIG state caught up with the reset counts; whether any changed. Without
+        a module state nothing reloads the driver and the state keeps no epoch."""
+        if self._modules is None:
+            return False
+        counts = self._modules.reset_counts()
+        loads = counts.get(DRIVER_RESETS, 0)
+        changed = False
+        for gpu, state in zip(self._gpus, mig, strict=True):
+            epoch = (loads, counts.get(reset_key(gpu.info.pci_bus_id), 0))
+            changed = state.expire(epoch) or changed
+        return changed
 
     @contextmanager
     def _changing_mig(self) -> Iterator[list[sim_mig.SimMig]]:
@@ -440,6 +462,7 @@ class SimNvml:
         try:
             yield mig
         finally:
+            self._expire_mig(mig)  # a GPU carved anew here is of the driver running now
             if self._mig_state is not None:
                 write_atomic(self._mig_state, json.dumps([m.to_json() for m in mig]).encode())
 
