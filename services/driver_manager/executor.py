@@ -10,9 +10,12 @@ bugs and bus trouble raise.
     install   fetch, verify, stage, rename, depmod;         DriverInstalled / DriverInstallFailed
               the same for the host's other kernels (prestaging)
     load      select the version, depmod, modprobe, check,  DriverLoaded / DriverLoadFailed
+              put the recorded MIG layout back (`mig`),
               write the CDI spec (`cdi`)
-    validate  NVML (GPU) or sysfs (OFED): version, devices  DriverValidated / ...ValidationFailed
+    validate  the recorded MIG layout back (after a reboot), DriverValidated / ...ValidationFailed
+              NVML (GPU) or sysfs (OFED): version, devices
     rollback  install if missing, unload, load the version, DriverRolledBack / ...RollbackFailed
+              the recorded MIG layout back,
               restore its CDI spec (`cdi`),
               uninstall the version rolled back from; the
               other kernels get their version from before
@@ -59,7 +62,7 @@ from gpuop.services.driver_manager.installing import (
     running_kernel,
     serves,
 )
-from gpuop.services.driver_manager.mig import MigApplier
+from gpuop.services.driver_manager.mig import MigApplier, ReapplyFailed
 from gpuop.services.driver_manager.reloading import LoadError, Reloader, UnloadError
 from gpuop.services.driver_manager.resetting import GpuResetter
 from gpuop.services.driver_manager.runtimes import RuntimeConfigurer
@@ -114,7 +117,11 @@ class Executor:
             root,
         )
         self.resetter = GpuResetter(
-            root, reloader, lambda: validator.nvml(), resets or SysfsFunctionResets(root)
+            root,
+            reloader,
+            lambda: validator.nvml(),
+            resets or SysfsFunctionResets(root),
+            after_reset=self._mig_after_reset,
         )
 
     async def context_for(self, command: Command) -> StepContext:
@@ -188,6 +195,10 @@ class Executor:
             except LoadError as exc:
                 return Outcome(answers.load_failed(command_id, command, exc))
             try:
+                await self._reapply_mig(command.component, command.timeout_seconds)
+            except LoadError as exc:
+                return Outcome(answers.load_failed(command_id, command, exc), changes)
+            try:
                 await self.specs.after_load(
                     command.component, command.version, command.timeout_seconds
                 )
@@ -207,6 +218,14 @@ class Executor:
             expected = command.expected_devices
             if expected is None:
                 expected = record.devices
+            try:
+                # after a reboot the driver came up with the MIG mode and no instances
+                await self._reapply_mig(command.component, command.timeout_seconds, spec=True)
+            except LoadError as not_back:
+                unusable = ValidationFailed(
+                    not_back.reason, not_back.message, retryable=not_back.retryable
+                )
+                return Outcome(answers.validation_failed(command_id, command, unusable))
             try:
                 devices = await self.validator.validate(
                     command.component,
@@ -388,6 +407,10 @@ class Executor:
         except LoadError as exc:
             return failed(dm.DriverStep.LOAD, exc.message, exc.retryable)
         try:
+            await self._reapply_mig(component, command.timeout_seconds)
+        except LoadError as exc:
+            return failed(dm.DriverStep.LOAD, exc.message, exc.retryable)
+        try:
             await self.specs.after_rollback(component, version, command.timeout_seconds)
         except SpecFailed as exc:
             return failed(dm.DriverStep.LOAD, exc.message, exc.retryable)
@@ -405,6 +428,26 @@ class Executor:
             kernels_not_restored=tuple(sorted(others.not_restored))[:32],
         )
         return Outcome(answer, {**updates, **changes, "prestaged": others.kept})
+
+    async def _mig_after_reset(self, timeout: float) -> str | None:
+        try:
+            await self.mig.reapply(timeout, spec=True)
+        except ReapplyFailed as exc:
+            return exc.message
+        return None
+
+    async def _reapply_mig(
+        self, component: dm.Component, timeout: float, *, spec: bool = False
+    ) -> None:
+        """The GPU driver's MIG layout as recorded before it was unloaded (`mig.reapply`);
+        `LoadError` when it cannot be put back. Only the GPU driver has one."""
+        if component is not dm.Component.GPU:
+            return
+        try:
+            await self.mig.reapply(timeout, spec=spec)
+        except ReapplyFailed as exc:
+            log.error("%s", exc.message)
+            raise LoadError(dm.LoadFailureReason.OTHER, exc.message, retryable=True) from None
 
     def _snapshot(self, component: str) -> dict[str, Any]:
         try:

@@ -19,6 +19,17 @@ and simulated ones do, not the recorded one):
 NVML's MIG calls block for up to seconds on a real GPU and run in a thread. A mode change
 NVML leaves pending answers `mode-pending`, not restored: the saga reboots the node (state
 `rebooting`, as upstream's mig-manager does) and sends the same command again.
+
+The MIG mode survives a driver reload and a reboot, the GPU and compute instances do not
+(upstream's mig-manager applies its config again after every boot). So each apply that ends
+applied records the node's layout on the host, `<host root>/var/lib/gpuop/mig-layout.json`
+(`LAYOUT_FILE`: the config and, per GPU, MIG on or off and each instance's profile and
+placement), and `reapply` puts it back after the driver came up again: the executor calls it
+after a `LoadDriver`, a rollback's load and a reboot (from `ValidateDriver`) and the resetter
+after a GPU reset, before answering, each writing the CDI spec after it. A restarted
+driver-manager reads the same file. `reapply` changes only the GPUs whose layout differs
+from the record, at the recorded placements (so the simulated GPUs' MIG devices keep their
+UUIDs), and raises `ReapplyFailed` when it cannot: the step then fails with that message.
 """
 
 from __future__ import annotations
@@ -26,14 +37,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping
-from typing import cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, Literal, cast
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuop.events import mig
 from gpuop.events.driver import Component
+from gpuop.host.files import write_atomic
 from gpuop.host.roots import HostRoot
 from gpuop.nvml import NotSupported, NvmlError, opened
-from gpuop.nvml.mig import MigControl
+from gpuop.nvml.mig import GpuInstance, MigControl, MigModeState, Placement
 from gpuop.nvml.mig_layout import (
     GpuLayout,
     InvalidLayout,
@@ -41,7 +55,9 @@ from gpuop.nvml.mig_layout import (
     MigApplyFailed,
     MigBackend,
     ModePending,
+    Snapshot,
     current_layout,
+    restore,
 )
 from gpuop.nvml.mig_layout import apply as apply_layout
 from gpuop.services.driver_manager import holders
@@ -52,6 +68,64 @@ from gpuop.services.driver_manager.validating import NvmlFactory
 log = logging.getLogger(__name__)
 
 Reason = mig.MigFailureReason
+LAYOUT_FILE = "var/lib/gpuop/mig-layout.json"
+LAYOUT_FORMAT: Final = "gpuop-mig-layout/1"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class RecordedInstance(_Frozen):
+    """One GPU instance as an apply left it."""
+
+    gpu_instance_id: int
+    profile: str
+    profile_id: int
+    start: int
+    size: int
+    compute_instance_ids: tuple[int, ...]
+
+
+class RecordedGpu(_Frozen):
+    """One GPU's MIG mode and instances as an apply left them."""
+
+    index: int
+    mig_enabled: bool
+    instances: tuple[RecordedInstance, ...] = ()
+
+    def layout(self) -> GpuLayout:
+        return GpuLayout.of(self.mig_enabled, [i.profile for i in self.instances])
+
+    def snapshot(self) -> Snapshot:
+        """What `mig_layout.restore` puts back."""
+        instances = tuple(
+            GpuInstance(
+                gpu_instance_id=i.gpu_instance_id,
+                profile_id=i.profile_id,
+                placement=Placement(i.start, i.size),
+                compute_instance_ids=i.compute_instance_ids,
+            )
+            for i in self.instances
+        )
+        return Snapshot(self.index, MigModeState(self.mig_enabled, self.mig_enabled), instances)
+
+
+class AppliedLayout(_Frozen):
+    """The whole `LAYOUT_FILE`: the node's layout after the last apply."""
+
+    format: Literal["gpuop-mig-layout/1"] = LAYOUT_FORMAT
+    config: str
+    """The mig-parted config applied last (`nvidia.com/mig.config`)."""
+    gpus: tuple[RecordedGpu, ...]
+
+
+class ReapplyFailed(Exception):
+    """The recorded layout could not be put back; the message says why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class Refused(Exception):
@@ -95,7 +169,7 @@ class MigApplier:
 
         try:
             wanted = wanted_layouts(command)
-            changed, devices = await asyncio.to_thread(self._apply, wanted)
+            changed, devices = await asyncio.to_thread(self._apply, command.config, wanted)
         except Refused as refused:
             return failed(refused.reason, refused.message, True)
         except MigApplyFailed as exc:
@@ -115,7 +189,7 @@ class MigApplier:
             mig_devices=devices,
         )
 
-    def _apply(self, wanted: Mapping[int, GpuLayout]) -> tuple[tuple[int, ...], int]:
+    def _apply(self, config: str, wanted: Mapping[int, GpuLayout]) -> tuple[tuple[int, ...], int]:
         try:
             with opened(self.nvml()) as nvml:
                 if not isinstance(nvml, MigControl):
@@ -123,11 +197,73 @@ class MigApplier:
                 backend = cast(MigBackend, nvml)  # an Nvml that changes MIG is one
                 _refuse_busy(backend, wanted, self._file_holders())
                 applied = apply_layout(backend, wanted)
+                self._record(config, backend)
                 return applied.changed, applied.mig_devices
         except NotSupported as exc:
             raise Refused(Reason.NOT_SUPPORTED, f"NVML: {exc}") from exc
         except NvmlError as exc:
             raise Refused(Reason.APPLY_FAILED, f"NVML: {exc}") from exc
+
+    async def reapply(self, timeout: float, *, spec: bool = False) -> tuple[int, ...]:
+        """Put the recorded layout back where the GPUs lost it (a driver reload, a reboot, a
+        reset); the GPUs changed. With `spec`, the CDI spec is written again after a change.
+        `ReapplyFailed` when it cannot be put back."""
+        recorded = self.recorded()
+        if recorded is None:
+            return ()
+        changed = await asyncio.to_thread(self._reapply, recorded)
+        if changed:
+            log.warning("MIG config %s applied again on GPUs %s", recorded.config, changed)
+        if changed and spec:
+            version = self.driver_version() or "in use"
+            try:
+                await self.specs.after_load(Component.GPU, version, timeout)
+            except SpecFailed as exc:
+                raise ReapplyFailed(
+                    f"MIG config {recorded.config} applied again, but the CDI spec could not "
+                    f"be written: {exc.message}"
+                ) from None
+        return changed
+
+    def recorded(self) -> AppliedLayout | None:
+        """The layout the last apply left; None when none was recorded (or no host root).
+        `ReapplyFailed` when the file is not one."""
+        if self.root is None:
+            return None
+        path = self.root.join(LAYOUT_FILE)
+        try:
+            return AppliedLayout.model_validate_json(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValidationError) as exc:
+            raise ReapplyFailed(f"the recorded MIG layout {path} is unreadable: {exc}") from None
+
+    def _reapply(self, recorded: AppliedLayout) -> tuple[int, ...]:
+        what = f"the MIG config {recorded.config} applied before"
+        try:
+            with opened(self.nvml()) as nvml:
+                if not isinstance(nvml, MigControl):
+                    raise ReapplyFailed(f"{what}: this NVML backend cannot change MIG")
+                backend = cast(MigBackend, nvml)
+                return _put_back(backend, recorded.gpus, what)
+        except NvmlError as exc:
+            raise ReapplyFailed(f"{what} could not be put back: NVML: {exc}") from exc
+
+    def _record(self, config: str, backend: MigBackend) -> None:
+        """Write the node's layout now as the one to put back after a reload."""
+        if self.root is None:
+            return
+        gpus = tuple(_recorded_gpu(backend, i) for i in range(backend.device_count()))
+        layout = AppliedLayout(config=config, gpus=gpus)
+        try:
+            write_atomic(self.root.join(LAYOUT_FILE), layout.model_dump_json(indent=1) + "\n")
+        except OSError as exc:
+            log.error(
+                "MIG config %s applied but not recorded (%s): a driver reload or a "
+                "reboot will not bring it back",
+                config,
+                exc,
+            )
 
     def _file_holders(self) -> dict[int, list[str]]:
         """`name[pid]` of the processes holding each GPU's device file, by minor."""
@@ -150,6 +286,50 @@ class MigApplier:
             log.error("no CDI spec for %s: %s", what, exc.message)
             return f"; the CDI spec for {what} could not be written: {exc.message}"
         return ""
+
+
+def _recorded_gpu(backend: MigBackend, index: int) -> RecordedGpu:
+    layout = current_layout(backend, index)
+    if not layout.mig_enabled:
+        return RecordedGpu(index=index, mig_enabled=False)
+    names = {p.profile_id: p.name for p in backend.mig_profiles(index)}
+    instances = tuple(
+        RecordedInstance(
+            gpu_instance_id=i.gpu_instance_id,
+            profile=names.get(i.profile_id, str(i.profile_id)),
+            profile_id=i.profile_id,
+            start=i.placement.start,
+            size=i.placement.size,
+            compute_instance_ids=i.compute_instance_ids,
+        )
+        for i in backend.gpu_instances(index)
+    )
+    return RecordedGpu(index=index, mig_enabled=True, instances=instances)
+
+
+def _put_back(backend: MigBackend, gpus: Sequence[RecordedGpu], what: str) -> tuple[int, ...]:
+    """Restore each recorded GPU whose layout differs; the GPUs restored."""
+    count = backend.device_count()
+    missing = [gpu.index for gpu in gpus if gpu.index >= count]
+    if missing:
+        raise ReapplyFailed(f"{what} names GPUs {missing}, and NVML sees {count}")
+    stale = [gpu for gpu in gpus if current_layout(backend, gpu.index) != gpu.layout()]
+    restore(backend, [gpu.snapshot() for gpu in stale])
+    wrong = [gpu for gpu in stale if current_layout(backend, gpu.index) != gpu.layout()]
+    if wrong:
+        found = "; ".join(
+            f"GPU {gpu.index} has {_describe(current_layout(backend, gpu.index))}, not "
+            f"{_describe(gpu.layout())}"
+            for gpu in wrong
+        )
+        raise ReapplyFailed(f"{what} could not be put back: {found}")
+    return tuple(gpu.index for gpu in stale)
+
+
+def _describe(layout: GpuLayout) -> str:
+    if not layout.mig_enabled:
+        return "MIG disabled"
+    return f"MIG enabled with {', '.join(layout.profiles) or 'no devices'}"
 
 
 def wanted_layouts(command: mig.ApplyMigLayout) -> dict[int, GpuLayout]:

@@ -19,7 +19,10 @@ paused; `executor.Executor` hands it to `GpuResetter.reset`, which:
    version it runs (`reloading.Reloader`, the modules loaded before), which resets every
    GPU of the node and so needs none of them in use, and checks again:
    `GpuReset(method=driver-reload)`; without it, `not-supported` (could not be reset
-   alone) or `reset-failed` (tried, and failed).
+   alone) or `reset-failed` (tried, and failed);
+5. after either, `after_reset` puts back what the reset took (the MIG instances: the
+   executor's `mig.MigApplier.reapply`, which also writes the CDI spec); when it cannot, the
+   answer is `reset-failed` with its reason.
 
 The command's timeout bounds everything before the unload; a driver once unloaded is always
 loaded again, whatever the time, so the node is never left without its driver by a
@@ -33,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from gpuop.events import remediation
@@ -58,6 +61,8 @@ PERSISTENCE_DAEMON = "nvidia-persist"
 
 Reason = remediation.ResetFailureReason
 Answer = remediation.GpuReset | remediation.GpuResetFailed
+AfterReset = Callable[[float], Awaitable[str | None]]
+"""Called with the seconds left once the GPUs are back; what it could not put back, or None."""
 
 
 class ResetRefused(Exception):
@@ -98,12 +103,15 @@ class GpuResetter:
         resets: FunctionResets,
         *,
         own_pid: int | None = None,
+        after_reset: AfterReset | None = None,
     ) -> None:
         self.root = root
         self.reloader = reloader
         self.nvml = nvml
         self.resets = resets
         self.own_pid = os.getpid() if own_pid is None else own_pid
+        self.after_reset = after_reset
+        """Puts back what a reset takes from the GPUs (their MIG instances, `mig.reapply`)."""
 
     async def context(self) -> StepContext:
         """The GPU driver running before the reset: what a run resumed after a crash in the
@@ -129,7 +137,11 @@ class GpuResetter:
                 message=message[:MAX_MESSAGE],
             )
 
-        def reset(method: remediation.ResetMethod) -> remediation.GpuReset:
+        async def reset(method: remediation.ResetMethod) -> Answer:
+            if self.after_reset is not None:
+                problem = await self.after_reset(max(deadline - loop.time(), 1.0))
+                if problem is not None:
+                    return failed(Reason.RESET_FAILED, f"reset ({method}), but {problem}")
             log.info("reset %s (%s)", " ".join(wanted), method)
             return remediation.GpuReset(
                 command_id=command_id, gpu_uuids=command.gpu_uuids, method=method
@@ -156,7 +168,7 @@ class GpuResetter:
                 if not blocked:
                     trouble = await self._reset_alone(named)
                     if trouble is None:
-                        return reset(remediation.ResetMethod.NVML)
+                        return await reset(remediation.ResetMethod.NVML)
                     if not command.allow_driver_reload:
                         return failed(Reason.RESET_FAILED, trouble)
                     log.warning("%s; reloading the GPU driver instead", trouble)
@@ -177,7 +189,7 @@ class GpuResetter:
             return failed(refused.reason, refused.message)
         if trouble is not None:
             return failed(Reason.RESET_FAILED, f"after the driver reload: {trouble}")
-        return reset(remediation.ResetMethod.DRIVER_RELOAD)
+        return await reset(remediation.ResetMethod.DRIVER_RELOAD)
 
     # 1. looking
 
