@@ -52,6 +52,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from gpuop.bus import KeyExists, KeyValue, KvEntry, RevisionConflict
 from gpuop.events import subjects
 from gpuop.policy import IpamPool, SecondaryNetwork
+from gpuop.services.network_manager import blocks
+from gpuop.services.network_manager.blocks import (
+    Block,
+    SubnetBlocks,
+    address_token,
+    live_entries,
+    pool_token,
+)
 from gpuop.services.network_manager.netlink import Interface
 
 log = logging.getLogger(__name__)
@@ -73,6 +81,31 @@ class PoolExhausted(Exception):
         self.network = network
 
 
+class BlockExhausted(PoolExhausted):
+    """Every address of this node's block is held by another node or excluded."""
+
+    def __init__(self, network: str, pool: IpamPool, node: str, block: Block) -> None:
+        Exception.__init__(
+            self,
+            f"block {block} of pool {pool.cidr} (network {network}) given to node {node} has "
+            "no free address: each is excluded or held by a claim made before the pool had "
+            "blocks; raise perNodeBlockSize",
+        )
+        self.network = network
+
+
+class BlockPending(Exception):
+    """The pool has per-node blocks and this node has none yet: it claims nothing until
+    network-manager's cluster role gives it one."""
+
+    def __init__(self, network: str, pool: IpamPool, node: str) -> None:
+        super().__init__(
+            f"pool {pool.cidr} of network {network} is cut into per-node blocks and node "
+            f"{node} has none yet: waiting for network-manager's cluster role to give it one"
+        )
+        self.network = network
+
+
 class ClaimValue(BaseModel):
     """What a claim and a node's record say."""
 
@@ -82,11 +115,6 @@ class ClaimValue(BaseModel):
     network: str
     address: str
     """With its prefix length: `10.10.0.5/24`."""
-
-
-def pool_token(subnet: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
-    """The key token of a subnet: `10.10.0.0_24`."""
-    return f"{_address_token(subnet.network_address)}_{subnet.prefixlen}"
 
 
 def claim_key(address: Interface, node: str) -> str:
@@ -105,13 +133,7 @@ def claims_filter(address: Interface) -> str:
 
 
 def _address_part(address: Interface) -> str:
-    return f"{pool_token(address.network)}.{_address_token(address.ip)}"
-
-
-def _address_token(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
-    if address.version == 6:
-        return address.exploded.replace(":", "-")
-    return str(address)
+    return f"{pool_token(address.network)}.{address_token(address.ip)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +151,8 @@ class Holding:
 
     claims: tuple[tuple[str, KvEntry, ClaimValue | None], ...]
     """(node token, entry, value) of every live claim, earliest first."""
+    counting: frozenset[int] = frozenset()
+    """The revisions of the claims that count (`blocks.SubnetBlocks.counts`)."""
     legacy: bool = False
     """Whether an old claim (`addr.<subnet>.<address>`) holds the address."""
     legacy_value: ClaimValue | None = None
@@ -142,10 +166,10 @@ class Holding:
             if value is None:
                 return Holder(None, None)
             return Holder(subjects.encode_node(value.node), value.network)
-        if not self.claims:
-            return None
-        token, _, value = self.claims[0]
-        return Holder(token, None if value is None else value.network)
+        for token, entry, value in self.claims:
+            if entry.revision in self.counting:
+                return Holder(token, None if value is None else value.network)
+        return None
 
     def claim_of(self, token: str) -> tuple[KvEntry, ClaimValue | None] | None:
         for owner, entry, value in self.claims:
@@ -198,14 +222,22 @@ class Addresses:
         return False
 
     async def claim(self, network: SecondaryNetwork) -> Interface:
-        """Claim a free address of the network's pool; `PoolExhausted` when none is left."""
+        """Claim a free address of the network's pool, inside this node's block when the
+        pool has blocks; `PoolExhausted` when none is left, `BlockPending` while the node
+        has no block."""
         pool = network.ipam
-        held = await self._pool(pool.network)
+        cut = await blocks.read(self._kv, pool.network)
+        held = await self._pool(pool.network, cut)
         for lost in held.values():  # claims it lost, left by a crash
             await self._withdraw(lost)
-        for candidate in self._walk(pool):
+        block: Block | None = None
+        if pool.per_node_block_size is not None or cut.epoch is not None:
+            block = cut.of(self._token)
+            if block is None:
+                raise BlockPending(network.name, pool, self._node)
+        for candidate in self._walk(pool, block):
             address = ipaddress.ip_interface(f"{candidate}/{pool.network.prefixlen}")
-            holding = held.get(_address_token(address.ip))
+            holding = held.get(address_token(address.ip))
             if holding is not None and holding.holder is not None:
                 if holding.holder == Holder(self._token, network.name):
                     return address  # this node's, from before a crash
@@ -213,6 +245,8 @@ class Addresses:
             if await self._take(address, network.name):
                 log.info("claimed %s for network %s", address, network.name)
                 return address
+        if block is not None:
+            raise BlockExhausted(network.name, pool, self._node, block)
         raise PoolExhausted(network.name, pool)
 
     async def record(self, network: str, address: Interface) -> None:
@@ -250,9 +284,13 @@ class Addresses:
         await self._kv.delete(self.record_key(network))
         return address
 
-    def _walk(self, pool: IpamPool) -> Iterator[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    def _walk(self, pool: IpamPool, block: Block | None = None) -> Iterator[blocks.Address]:
+        """The pool's candidates (the block's, when it has one) from this node's start."""
         digest = hashlib.sha256(self._node.encode()).digest()
-        return pool.candidates(start=int.from_bytes(digest[:8], "big") % pool.size)
+        start = int.from_bytes(digest[:8], "big")
+        if block is None:
+            return pool.candidates(start=start % pool.size)
+        return _block_candidates(pool, block, start)
 
     async def _take(self, address: Interface, network: str) -> bool:
         """Claim `address` and keep the claim if it is the earliest; withdraw it if not."""
@@ -287,12 +325,14 @@ class Addresses:
 
     async def _holding(self, address: Interface) -> Holding:
         """The live claims of `address`, as they are now."""
+        cut = await blocks.read(self._kv, address.network)
         claims = await self._entries(claims_filter(address))
         legacy = await self._kv.get(legacy_claim_key(address))
-        return self._holding_of([(entry.key.split(".", 2)[1], entry) for entry in claims], legacy)
+        found = [(entry.key.split(".", 2)[1], entry) for entry in claims]
+        return self._holding_of(address.ip, found, legacy, cut)
 
     async def _pool(
-        self, subnet: ipaddress.IPv4Network | ipaddress.IPv6Network
+        self, subnet: ipaddress.IPv4Network | ipaddress.IPv6Network, cut: SubnetBlocks
     ) -> dict[str, Holding]:
         """The claims of every address of `subnet`, by address token."""
         pool = pool_token(subnet)
@@ -304,15 +344,30 @@ class Addresses:
             entry.key.removeprefix(f"{LEGACY_CLAIMS}.{pool}."): entry
             for entry in await self._entries(f"{LEGACY_CLAIMS}.{pool}.>")
         }
-        return {
-            address: self._holding_of(claims.get(address, []), legacy.get(address))
-            for address in claims.keys() | legacy.keys()
-        }
+        found: dict[str, Holding] = {}
+        for token in claims.keys() | legacy.keys():
+            address = _address_of_token(token)
+            if address is not None:
+                found[token] = self._holding_of(
+                    address, claims.get(token, []), legacy.get(token), cut
+                )
+        return found
 
-    def _holding_of(self, claims: list[tuple[str, KvEntry]], legacy: KvEntry | None) -> Holding:
+    def _holding_of(
+        self,
+        address: blocks.Address,
+        claims: list[tuple[str, KvEntry]],
+        legacy: KvEntry | None,
+        cut: SubnetBlocks,
+    ) -> Holding:
         ordered = sorted(claims, key=lambda claim: claim[1].revision)
         return Holding(
             tuple((token, entry, self._value_of(entry)) for token, entry in ordered),
+            frozenset(
+                entry.revision
+                for token, entry in ordered
+                if cut.counts(token, entry.revision, address)
+            ),
             legacy is not None,
             None if legacy is None else self._value_of(legacy),
         )
@@ -335,18 +390,20 @@ class Addresses:
             return None
 
     async def _entries(self, pattern: str) -> list[KvEntry]:
-        """The live entries whose keys match `pattern`, as they are now."""
-        found: list[KvEntry] = []
-        watch = self._kv.watch(pattern)
-        try:
-            async for entry in watch:
-                if entry is None:
-                    break
-                if not entry.deleted:
-                    found.append(entry)
-        finally:
-            # both buckets' watches are async generators: closing one stops its watcher
-            close = getattr(watch, "aclose", None)
-            if close is not None:
-                await close()
-        return found
+        return await live_entries(self._kv, pattern)
+
+
+def _block_candidates(pool: IpamPool, block: Block, start: int) -> Iterator[blocks.Address]:
+    first, size = int(block.first), int(block.last) - int(block.first) + 1
+    kind = type(block.first)
+    for step in range(size):
+        address = kind(first + (start + step) % size)
+        if address in pool.network and pool.assignable(address):
+            yield address
+
+
+def _address_of_token(token: str) -> blocks.Address | None:
+    try:
+        return ipaddress.ip_address(token.replace("-", ":"))
+    except ValueError:
+        return None

@@ -31,7 +31,7 @@ from gpuop.host.netdevs import NetDevice
 from gpuop.host.roots import HostRoot
 from gpuop.policy import NetworkSpec, SecondaryNetwork
 from gpuop.services.network_manager import planning
-from gpuop.services.network_manager.addressing import Addresses, PoolExhausted
+from gpuop.services.network_manager.addressing import Addresses, BlockPending, PoolExhausted
 from gpuop.services.network_manager.netlink import (
     Interface,
     Link,
@@ -69,7 +69,7 @@ class NodeNetworks:
                 outcomes.append(await run.converge(network))
         for line in run.changes:
             log.info("%s", line)
-        return Pass(tuple(outcomes), cut_off, tuple(run.changes))
+        return Pass(tuple(outcomes), cut_off, tuple(run.changes), run.waiting)
 
     def _facts(self, snapshot: Snapshot) -> dict[str, NetDevice]:
         """What sysfs says of each link (PCI function, ids, driver), by name."""
@@ -97,6 +97,7 @@ class _Run:
         self.spec = spec
         self.facts = facts
         self.changes: list[str] = []
+        self.waiting = False
 
     async def remove_unwanted(self, snapshot: Snapshot) -> list[Outcome]:
         wanted = {network.name for network in self.spec.networks}
@@ -157,6 +158,10 @@ class _Run:
             return Failed(
                 network.name, events.NetworkFailureReason.ADDRESSES_EXHAUSTED, str(exhausted)
             )
+        except BlockPending as pending:
+            log.warning("%s", pending)
+            self.waiting = True
+            return Failed(network.name, events.NetworkFailureReason.OTHER, str(pending))
         before = len(self.changes)
         renamed = planning.owned_links(snapshot).get(network.name)
         try:

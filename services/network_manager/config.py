@@ -4,6 +4,7 @@ roles look again. Read from the `--config` YAML file (`GPUOP_CONFIG`); every key
     netns: null                      # node role: network namespace of the node's links
     resync_interval_seconds: 300     # converge again even when nothing announced a change
     retry_interval_seconds: 5        # after a failure to reach NATS or Kubernetes
+    block_node_selector: ""          # cluster role: the Nodes that get address blocks
 
 In production the node role runs with `hostNetwork: true` and `netns` unset: its own
 network namespace is the host's. Tests and the simulated cluster give each simulated node a
@@ -35,6 +36,10 @@ class NetworkManagerConfig(BaseModel):
     read again) or of the cluster (NetworkAttachmentDefinitions written again)."""
     retry_interval_seconds: float = Field(default=5.0, gt=0, le=3600)
     """Seconds before a pass that could not reach NATS or Kubernetes is tried again."""
+    block_node_selector: str = Field(default="", max_length=1024)
+    """Cluster role: a Kubernetes label selector of the Nodes that get a block of each pool
+    with a `perNodeBlockSize` (those the node role runs on; the chart passes its
+    `nicNodeSelector`); empty: every Node."""
 
 
 def load_config(path: Path | None) -> NetworkManagerConfig:

@@ -10,9 +10,12 @@ rest of the spec being wrong does not hold the networks back). Then it:
    compare-and-set and only when the section changed, so node agents converge once per
    change; with no policy at all it publishes an empty section, and the nodes take their
    networks down;
-2. makes the cluster's NetworkAttachmentDefinitions match (`attachments.reconcile`).
+2. gives every node (of `block_node_selector`) one address block of each pool with a
+   `perNodeBlockSize`, and frees the blocks of nodes that are gone (`blocks`);
+3. makes the cluster's NetworkAttachmentDefinitions match (`attachments.reconcile`).
 
-Passes run at start, on every change of a policy (a watch wakes the loop), and every
+Passes run at start, on every change of a policy and every Node added or deleted (watches
+wake the loop), and every
 `resync_interval_seconds` to repair attachments someone edited or deleted. Kubernetes or
 NATS being unreachable ends the pass; it is tried again after `retry_interval_seconds`.
 Without the GPUClusterPolicy CRD there is no policy; without Multus' CRD the nodes still
@@ -29,11 +32,12 @@ from typing import Any
 from gpuop.bus import Buckets, Bus, BusError, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube import client, customobjects, errors
+from gpuop.kube.watching import ListWatch
 from gpuop.policy import NetworkSpec, PolicyInvalid, PublishedNetwork, validate_spec
 from gpuop.policy.networks import CONFIG_KEY
 from gpuop.runtime import waiting
 from gpuop.runtime.services import ServiceContext
-from gpuop.services.network_manager import attachments
+from gpuop.services.network_manager import attachments, blocks
 from gpuop.services.network_manager.config import NetworkManagerConfig
 
 log = logging.getLogger(__name__)
@@ -80,7 +84,10 @@ class NetworkController:
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Reconcile until `stopping` is set."""
-        watcher = asyncio.create_task(self._watch_policies(), name="network-policy-watch")
+        watcher = asyncio.gather(
+            asyncio.create_task(self._watch_policies(), name="network-policy-watch"),
+            asyncio.create_task(self._watch_nodes(), name="network-node-watch"),
+        )
         try:
             while not stopping.is_set():
                 interval = self._config.resync_interval_seconds
@@ -113,6 +120,7 @@ class NetworkController:
                 policy=metadata["name"], generation=metadata.get("generation"), spec=spec
             )
         await self.publish(published)
+        await self.allocate(published.spec)
         try:
             report = await attachments.reconcile(self._kube, published.spec)
         except errors.NotFound:
@@ -154,6 +162,37 @@ class NetworkController:
             )
             return True
         raise BusError(f"{CONFIG_KEY} keeps changing under this writer")
+
+    async def allocate(self, spec: NetworkSpec) -> blocks.Allocation | None:
+        """Give the nodes their blocks of every pool with a `perNodeBlockSize`; None when
+        no pool has one (nothing is read or written)."""
+        pools = [network.ipam for network in spec.networks]
+        if all(pool.per_node_block_size is None for pool in pools):
+            return None
+        allocator = blocks.BlockAllocator(await self._bus.kv(Buckets.IPAM))
+        return await allocator.reconcile(pools, self._node_names)
+
+    async def _node_names(self) -> list[str]:
+        selector = self._config.block_node_selector
+        if selector:
+            listed = await self._kube.call(self._kube.core.list_node, label_selector=selector)
+        else:
+            listed = await self._kube.call(self._kube.core.list_node)
+        return [str(item["metadata"]["name"]) for item in listed.get("items") or []]
+
+    async def _watch_nodes(self) -> None:
+        selector = self._config.block_node_selector or None
+        while True:
+            try:
+                async with ListWatch(
+                    self._kube, self._kube.core.list_node, label_selector=selector
+                ) as watch:
+                    async for change in watch:
+                        if change.type in ("ADDED", "DELETED"):
+                            self._wake.set()
+            except errors.KubeError as error:
+                log.warning("watching the Nodes failed: %s", error)
+            await self._clock.sleep(self._config.retry_interval_seconds)
 
     async def _watch_policies(self) -> None:
         while True:

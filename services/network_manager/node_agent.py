@@ -191,7 +191,9 @@ class NodeAgent:
         while not stopping.is_set():
             interval = self._config.resync_interval_seconds
             try:
-                await self.converge()
+                result = await self.converge()
+                if result is not None and result.waiting:
+                    interval = self._config.retry_interval_seconds
             except BusError as error:
                 log.warning("NATS unreachable, links left as they are: %s", error)
                 interval = self._config.retry_interval_seconds

@@ -84,3 +84,6 @@ class Pass:
     """Default-route interfaces an OFED reload would reset (for the RDMA inventory)."""
     changes: tuple[str, ...] = ()
     """Every netlink change made, in order, for the log and for tests."""
+    waiting: bool = False
+    """Whether a network waits for its node's address block (`addressing.BlockPending`):
+    the agent then tries again after its retry interval, not its resync interval."""

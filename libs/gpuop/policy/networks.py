@@ -188,7 +188,24 @@ class NetworkSpec(Section):
                     "{what} {name} is used more than once",
                     {"field": field, "what": what, "name": repeated[0]},
                 )
+        self._blocks_agree()
         return self
+
+    def _blocks_agree(self) -> None:
+        """Networks sharing a subnet share its blocks, so they must cut them alike."""
+        cut: dict[str, tuple[str, str, int | None, str]] = {}
+        for network in self.networks:
+            pool = network.ipam
+            mine = (str(pool.first), str(pool.last), pool.per_node_block_size, network.name)
+            other = cut.setdefault(str(pool.network), mine)
+            blocked = other[2] is not None or mine[2] is not None
+            if blocked and other[:3] != mine[:3]:
+                raise PydanticCustomError(
+                    "network_blocks",
+                    "networks {a} and {b} share the subnet {cidr}: they must have the same "
+                    "perNodeBlockSize, rangeStart and rangeEnd when either has a block size",
+                    {"field": "networks", "a": other[3], "b": network.name, "cidr": pool.cidr},
+                )
 
     def network(self, name: str) -> SecondaryNetwork | None:
         """The network called `name`, if the section has one."""

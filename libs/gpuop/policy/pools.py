@@ -11,6 +11,11 @@ Everything an address needs is checked when the policy is read, so a node never 
 in the middle of a rollout that its pool is malformed: every address must lie in the subnet,
 the range must run forwards, and it may hold at most `MAX_POOL_SIZE` addresses so that an
 exhausted pool is found by a bounded walk.
+
+`perNodeBlockSize` (nv-ipam's name) splits the range into blocks of that many addresses,
+counted from `rangeStart`; network-manager's cluster role gives each node one block and a
+node's claims count only inside its block (`gpuop.services.network_manager.blocks`), so no
+node can take the whole pool. The block size must fit the range at least once.
 """
 
 from __future__ import annotations
@@ -101,6 +106,11 @@ class IpamPool(Section):
     exclude: list[Block] = Field(default=[], max_length=64)
     """Addresses and subnets that are never given out: `192.168.100.7`,
     `192.168.100.64/28`."""
+    per_node_block_size: int | None = Field(default=None, ge=1, le=MAX_POOL_SIZE)
+    """How many addresses of the range each node gets as its own block (nv-ipam's
+    `perNodeBlockSize`); a node's address comes from its block only, so one node cannot
+    claim the whole pool. Unset: any node may claim any free address of the range. Set it
+    on every pool of a cluster with per-node NATS identities."""
 
     @model_validator(mode="after")
     def _consistent(self) -> IpamPool:
@@ -130,6 +140,7 @@ class IpamPool(Section):
                 "rangeStart and rangeEnd",
                 {"field": "cidr", "size": self.size, "limit": MAX_POOL_SIZE},
             )
+        self._check_block_size()
         if not any(True for _ in self.candidates()):
             raise PydanticCustomError(
                 "network_pool_empty",
@@ -138,9 +149,42 @@ class IpamPool(Section):
             )
         return self
 
+    def _check_block_size(self) -> None:
+        block = self.per_node_block_size
+        if block is not None and block > self.size:
+            raise PydanticCustomError(
+                "network_block_size",
+                "the pool {cidr} has {size} addresses in {first}-{last}, fewer than one "
+                "block of {block}",
+                {
+                    "field": "perNodeBlockSize",
+                    "cidr": self.cidr,
+                    "size": self.size,
+                    "first": str(self.first),
+                    "last": str(self.last),
+                    "block": block,
+                },
+            )
+
     @property
     def network(self) -> Network:
         return parse_network(self.cidr)
+
+    @property
+    def block_count(self) -> int:
+        """How many whole blocks the range holds (0 without a block size)."""
+        if self.per_node_block_size is None:
+            return 0
+        return self.size // self.per_node_block_size
+
+    def block(self, index: int) -> tuple[Address, Address]:
+        """The first and last address of block `index` (from 0)."""
+        size = self.per_node_block_size
+        if size is None or not 0 <= index < self.block_count:
+            raise ValueError(f"pool {self.cidr} has no block {index}")
+        kind = type(self.first)
+        start = int(self.first) + index * size
+        return kind(start), kind(start + size - 1)
 
     @property
     def first(self) -> Address:

@@ -263,6 +263,7 @@ def test_rbac_grants_each_role_exactly_what_its_calls_need() -> None:
     }
     assert rules_of(rendering, "gpuop-network-manager-cluster") == {
         ("*", "gpuop.io/gpuclusterpolicies"): {"get", "list", "watch"},
+        ("*", "nodes"): {"list", "watch"},  # the address blocks' nodes
         ("*", "k8s.cni.cncf.io/network-attachment-definitions"): {
             "get", "list", "watch", "create", "patch", "delete",
         },

@@ -143,6 +143,19 @@ INVALID = [
     ),
     pytest.param(roce(ipam=None), f"{PREFIX}.ipam: must be an object", id="ipam-null"),
     pytest.param(
+        roce(ipam={"cidr": "192.168.100.0/24", "perNodeBlockSize": 0}),
+        f"{PREFIX}.ipam.perNodeBlockSize: must be >= 1",
+        id="block-size-zero",
+    ),
+    pytest.param(
+        roce(
+            ipam={"cidr": "192.168.100.0/28", "rangeStart": "192.168.100.8", "perNodeBlockSize": 8}
+        ),
+        f"{PREFIX}.ipam.perNodeBlockSize: the pool 192.168.100.0/28 has 7 addresses in "
+        "192.168.100.8-192.168.100.14, fewer than one block of 8",
+        id="block-larger-than-the-range",
+    ),
+    pytest.param(
         roce(masterInterface="eth0"), f"{PREFIX}.masterInterface: unknown field", id="typo"
     ),
 ]
@@ -165,6 +178,28 @@ def test_two_networks_on_one_link_name_are_refused() -> None:
     assert problems(with_network(roce(), roce(name="roce-b", interface="gpuop-roce-a"))) == [
         "spec.network.networks: the link name gpuop-roce-a is used more than once"
     ]
+
+
+def test_networks_sharing_a_subnet_must_cut_it_into_the_same_blocks() -> None:
+    blocked = {"cidr": "192.168.100.0/24", "perNodeBlockSize": 4}
+    assert problems(
+        with_network(roce(ipam=blocked), roce(name="roce-b", ipam={"cidr": "192.168.100.0/24"}))
+    ) == [
+        "spec.network.networks: networks roce-a and roce-b share the subnet 192.168.100.0/24: "
+        "they must have the same perNodeBlockSize, rangeStart and rangeEnd when either has a "
+        "block size"
+    ]
+    validate_spec(with_network(roce(ipam=blocked), roce(name="roce-b", ipam=blocked)))
+
+
+def test_blocks_are_cut_from_the_range_start() -> None:
+    pool = IpamPool.model_validate(
+        {"cidr": "192.168.100.0/24", "rangeStart": "192.168.100.10", "perNodeBlockSize": 4}
+    )
+    assert pool.block_count == 61  # .10-.254: 245 addresses
+    assert [str(a) for a in pool.block(1)] == ["192.168.100.14", "192.168.100.17"]
+    with pytest.raises(ValueError, match="has no block 61"):
+        pool.block(61)
 
 
 def test_rdma_resources_need_a_selector_and_a_unique_name() -> None:

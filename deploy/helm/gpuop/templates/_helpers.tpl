@@ -460,6 +460,11 @@ its Lease in the release's namespace and the pausing operands that are deployed.
 {{- $defaults := dict "lease_namespace" .root.Release.Namespace "event_namespace" "default" "operands" $operands -}}
 {{- $config = merge $config $defaults -}}
 {{- end -}}
+{{- if eq .service "network-manager" -}}
+{{- $selector := list -}}
+{{- range $key, $value := .root.Values.nicNodeSelector }}{{ $selector = append $selector (printf "%s=%s" $key $value) }}{{ end -}}
+{{- $config = merge $config (dict "block_node_selector" (join "," $selector)) -}}
+{{- end -}}
 {{- if $config -}}
 {{- toYaml $config -}}
 {{- else -}}
