@@ -5,6 +5,7 @@ the node roles once per change; a wrong section or a foreign attachment changes 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from gpuop.bus import Buckets, InMemoryBus
 from gpuop.kube import client, customobjects, errors
 from gpuop.policy import PublishedNetwork, crd, specs
 from gpuop.policy.networks import CONFIG_KEY
-from gpuop.services.network_manager import attachments
+from gpuop.services.network_manager import attachments, blocks
 from gpuop.services.network_manager.config import NetworkManagerConfig
 from gpuop.services.network_manager.controller import NetworkController
 from gpuop_sim import ApiServer
@@ -249,3 +250,28 @@ async def test_without_multus_the_nodes_still_get_their_networks(
     assert result is not None and [n.name for n in result.spec.networks] == ["roce-a"]
     stored = await published(bus)
     assert stored is not None and stored[1] == result
+
+
+async def test_the_nodes_of_the_selector_get_blocks_and_a_deleted_one_gives_its_back(
+    kube: client.Kube, bus: InMemoryBus
+) -> None:
+    for name, labels in (("gpu-1", {"nic": "cx7"}), ("gpu-2", {"nic": "cx7"}), ("cp-1", {})):
+        await kube.call(kube.core.create_node, {"metadata": {"name": name, "labels": labels}})
+    ipam = {"cidr": "10.10.0.0/24", "rangeStart": "10.10.0.10", "perNodeBlockSize": 8}
+    await apply_policy(kube, policy_spec(wire(ipam=ipam)))
+    controller = NetworkController(
+        bus, kube, QUICK.model_copy(update={"block_node_selector": "nic=cx7"})
+    )
+    kv = await bus.kv(Buckets.IPAM)
+    subnet = ipaddress.ip_network("10.10.0.0/24")
+
+    await controller.reconcile()
+
+    cut = await blocks.read(kv, subnet)
+    assert {b.node: str(b) for b in cut.blocks} == {
+        "gpu-1": "10.10.0.10-10.10.0.17",
+        "gpu-2": "10.10.0.18-10.10.0.25",
+    }
+    await kube.call(kube.core.delete_node, "gpu-1")
+    await controller.reconcile()
+    assert [b.node for b in (await blocks.read(kv, subnet)).blocks] == ["gpu-2"]
