@@ -5,16 +5,18 @@ what each role's code calls must be allowed, and a set nobody needs must not be.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuop.bus import nkeys
-from gpuop.kube import client, conditions, errors, nodes
+from gpuop.kube import client, conditions, errors, nodes, validationpods
 from tests.support import fleet
 from tests.support.chart_access import NEVER
 from tests.support.control_plane import ControlPlane, binary
@@ -294,3 +296,113 @@ def test_the_lease_is_the_orchestrators_only_by_name(plane: ControlPlane, instal
     assert not fleet.allowed(
         plane, "discovery-cluster", "patch", lease, NS, "gpuop-upgrade-orchestrator"
     )
+
+
+def _validation_pod(name: str) -> dict[str, Any]:
+    spec = validationpods.PodSpec(image="busybox", command=("true",), namespace=NS)
+    return validationpods.manifest("gpu-node-1", name, spec)
+
+
+def _with(pod: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    changed = copy.deepcopy(pod)
+    changed["spec"].update(spec)
+    return changed
+
+
+def _container_with(pod: dict[str, Any], **container: Any) -> dict[str, Any]:
+    changed = copy.deepcopy(pod)
+    changed["spec"]["containers"][0].update(container)
+    return changed
+
+
+ISSUER_SECRET, USERS_SECRET = f"{fleet.RELEASE}-nats-issuer", f"{fleet.RELEASE}-nats-users"
+POD_CREATES = [
+    ("its validation pod", lambda pod: pod, None),
+    (
+        "the issuer key as a volume",
+        lambda pod: _with(pod, volumes=[{"name": "k", "secret": {"secretName": ISSUER_SECRET}}]),
+        "no volume but their ServiceAccount token",
+    ),
+    (
+        "the issuer key in a projected volume",
+        lambda pod: _with(pod, volumes=[{"name": "k", "projected": {
+            "sources": [{"secret": {"name": ISSUER_SECRET}}]}}]),
+        "no volume but their ServiceAccount token",
+    ),
+    (
+        "the NATS passwords as environment",
+        lambda pod: _container_with(pod, envFrom=[{"secretRef": {"name": USERS_SECRET}}]),
+        "take nothing from a Secret",
+    ),
+    (
+        "the issuer key as one variable",
+        lambda pod: _container_with(pod, env=[{"name": "K", "valueFrom": {
+            "secretKeyRef": {"name": ISSUER_SECRET, "key": "key.pem"}}}]),
+        "take nothing from a Secret",
+    ),
+    (
+        "the callout's ServiceAccount",
+        lambda pod: _with(pod, serviceAccountName=fleet.service_account("nats-auth")),
+        "default ServiceAccount only",
+    ),
+    (
+        "the node's root",
+        lambda pod: _with(pod, volumes=[{"name": "root", "hostPath": {"path": "/"}}]),
+        "no volume but their ServiceAccount token",
+    ),
+    (
+        "a privileged container",
+        lambda pod: _container_with(pod, securityContext={"privileged": True}),
+        "no host namespace, privilege or added capability",
+    ),
+    ("the node's network", lambda pod: _with(pod, hostNetwork=True), "no host namespace"),
+]  # fmt: skip
+"""(what the pod takes, how it differs from a validation pod, None where it may be created,
+else part of the refusal)."""
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    ("what", "change", "refusal"), POD_CREATES, ids=[p[0] for p in POD_CREATES]
+)
+def test_the_orchestrator_creates_validation_pods_and_no_pod_that_reads_a_secret(
+    plane: ControlPlane,
+    installed: str,
+    tmp_path: Path,
+    what: str,
+    change: Callable[[dict[str, Any]], dict[str, Any]],
+    refusal: str | None,
+) -> None:
+    """`create pods` in the release namespace is the orchestrator's for its validation pod
+    (gpuop.kube.validationpods); the chart's admission policy refuses every other pod, which
+    could read the issuer key (and sign NATS users of any role), the NATS passwords, act as
+    another ServiceAccount or reach a node's root."""
+    role = "upgrade-orchestrator"
+    kubeconfig = fleet.service_account_kubeconfig(plane, role, tmp_path / f"{role}.kubeconfig")
+    name = f"gpuop-validate-attack-{POD_CREATES.index((what, change, refusal))}"
+    pod = json.dumps(change(_validation_pod(name)))
+
+    def attempt() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(binary("kubectl")), "--kubeconfig", str(kubeconfig), "create", "-f", "-"],
+            input=pod, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    try:
+        done = attempt()
+        for _ in range(20):  # the apiserver loads a new policy a moment after its creation
+            if refusal is None or done.returncode != 0:
+                break
+            plane.request(f"/api/v1/namespaces/{NS}/pods/{name}", method="DELETE")
+            time.sleep(0.5)
+            done = attempt()
+    finally:
+        plane.request(f"/api/v1/namespaces/{NS}/pods/{name}", method="DELETE")
+    outcome = "created" if done.returncode == 0 else done.stderr.strip()
+    print(f"\n{role} creates a pod with {what}: {outcome}")
+    if refusal is None:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode != 0, done.stdout
+        assert "ValidatingAdmissionPolicy" in done.stderr, done.stderr
+        assert refusal in done.stderr, done.stderr
