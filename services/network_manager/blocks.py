@@ -32,7 +32,14 @@ only come after it (revisions grow), so it never stops being the earliest, and t
 deletes a node's earliest block only when the node is gone. A claim made before its node's
 block was created (`r` above the epoch) never counts, not even once the block exists. When
 a node is deleted its blocks go and so does every claim it made after the epoch; those are
-the only claims whose status changes, and their node no longer uses them.
+the only claims whose status changes, and their node no longer uses them. A reader reads the
+blocks after its own claim exists (`addressing.Addresses`), so it sees the epoch and every
+block that decides a claim made before its own: a block decides a claim only if it is
+earlier than the claim.
+
+Changing a blocked pool's range or block size keeps the blocks already given (their value
+holds their range); new blocks are cut the new way. Removing `perNodeBlockSize` keeps the
+subnet blocked (the epoch stays): nodes without a block then wait.
 """
 
 from __future__ import annotations

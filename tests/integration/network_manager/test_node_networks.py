@@ -5,13 +5,13 @@ carrying the default route is never touched."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 
 import pytest
 
 from gpuop.bus import KeyValue
 from gpuop.events.network import LinkMode, NetworkFailureReason
-from gpuop.services.network_manager import netlink
+from gpuop.services.network_manager import blocks, netlink
 from gpuop.services.network_manager.outcomes import Configured, Failed, Removed
 from tests.support.networks import (
     DATA_NIC,
@@ -320,3 +320,35 @@ async def test_renaming_the_link_replaces_it(make_node: MakeNode, ipam: KeyValue
     assert isinstance(outcome, Configured) and outcome.interface == "rdma-a"
     assert node.link("gpuop-roce-a") is None
     assert addresses_of(node.link("rdma-a") or {}) == [str(outcome.address)]
+
+
+async def test_a_blocked_pool_waits_for_the_nodes_block_then_numbers_the_link_from_it(
+    make_node: MakeNode, ipam: KeyValue
+) -> None:
+    node = make_node("gpu-node-1")
+    blocked = wire(ipam={**POOL, "perNodeBlockSize": 3})
+    networks = node.networks(ipam)
+    allocator = blocks.BlockAllocator(ipam)
+    await allocator.reconcile([spec(blocked).networks[0].ipam], _listing("gpu-node-0"))
+
+    waiting = await networks.apply(spec(blocked))
+
+    (failed,) = waiting.outcomes
+    assert isinstance(failed, Failed) and failed.reason is NetworkFailureReason.OTHER
+    assert "node gpu-node-1 has none yet" in failed.message and waiting.waiting
+    assert node.link("gpuop-roce-a") is None
+    assert not [key for key in await ipam.keys() if key.startswith("claim.")]
+
+    await allocator.reconcile([spec(blocked).networks[0].ipam], _listing("gpu-node-0", node.name))
+    numbered = await networks.apply(spec(blocked))
+
+    (configured,) = numbered.outcomes
+    assert isinstance(configured, Configured) and not numbered.waiting
+    assert str(configured.address.ip) in {"192.168.100.13", "192.168.100.14", "192.168.100.15"}
+
+
+def _listing(*names: str) -> Callable[[], Awaitable[Collection[str]]]:
+    async def listed() -> Collection[str]:
+        return names
+
+    return listed
