@@ -9,7 +9,10 @@ and `failed`; the log replays identically. An apply that fails midway (the secon
 GPU's instance creation, through the simulated NVML's fault file `sim_mig_fault`) ends
 `failed` with the layout at the start back on the node, in the simulated state and in what
 the device plugin advertises, only the holders of the re-carved GPUs evicted, the operands
-resumed.
+resumed. A driver upgrade of a MIG node (the policy's version raised after the re-carve)
+ends with the MIG devices the device plugin advertised before: the simulated driver reload
+takes the instances, as a real one does, and the driver-manager's load puts its recorded
+layout back.
 """
 
 from __future__ import annotations
@@ -22,17 +25,20 @@ from typing import Any
 import pytest
 
 from gpuop.bus import Buckets, NatsServer
+from gpuop.events import driver as dm
 from gpuop.events import hardware, subjects
 from gpuop.events.reconfigurations import MigState, NodeMigStateChanged
 from gpuop.host.roots import HostRoot
 from gpuop.kube import nodes, pods
+from gpuop.policy import specs
 from gpuop.saga import replaying
+from gpuop.saga.actions import STATE_LABEL
 from gpuop.saga.mig.states import CONFIG_LABEL, CONFIG_STATE_LABEL
 from gpuop_sim.nvml.backend import MIG_STATE
 from gpuop_sim.nvml.sim_mig_fault import MIG_FAULT, set_fault
 from gpuop_sim.nvml.simulated import SimNvml
 from tests.support.rollouts import log_of
-from tests.support.stack import OLD, Stack, stack
+from tests.support.stack import NEW, OLD, Stack, stack
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 
@@ -211,3 +217,67 @@ async def test_an_apply_failing_midway_restores_the_layout_and_evicts_only_its_g
     replayed = replaying.replay(log)
     comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
     assert comparison.identical, comparison.report()
+
+
+def advertised_all(running: Stack, node: str) -> dict[str, list[tuple[str, str]]]:
+    """Every resource's devices (id, health) as the node's kubelet last heard them."""
+    kubelet = running.kubelets[node]
+    return {r: sorted((d.ID, d.health) for d in kubelet.devices(r)) for r in kubelet.resources}
+
+
+async def mig_uuids(running: Stack, node: str) -> list[list[str]]:
+    """The MIG devices of each GPU in the node's inventory, by UUID."""
+    return [[d.uuid for d in g.mig_devices] for g in (await inventory_of(running, node)).gpus]
+
+
+@pytest.mark.timeout(480)
+async def test_a_driver_upgrade_of_a_mig_node_keeps_its_mig_devices(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    async with stack(
+        tmp_path, nats_server.url, nodes_count=1, gpus=4, operands=True, seed=21
+    ) as running:
+        await running.start_replica()
+        await running.start_rollout(POLICY, version=OLD, mig={"config": CONFIG})
+        (node,) = running.node_names
+        await running.kubelets[node].wait_for_devices(
+            "nvidia.com/gpu", lambda found: len(found) >= 4, timeout=120
+        )
+        await asyncio.sleep(5)  # the orchestrator leads and consumes before the relabel
+        await nodes.set_labels(running.kube, node, {CONFIG_LABEL: "first-two"})
+
+        async def advertising() -> bool:
+            found = advertised_all(running, node).get("nvidia.com/gpu", [])
+            return len(found) >= 4 and all(h == "Healthy" for _, h in found)
+
+        async def carved() -> bool:
+            counts = [len(g) for g in await mig_uuids(running, node)]
+            return await state_label(running, node) == "success" and counts == [4, 4, 0, 0]
+
+        await running.wait_until("the node re-carved", carved, 120)
+        await running.wait_until("the device plugin advertising", advertising, 60)
+        before, devices_before = await mig_uuids(running, node), advertised_all(running, node)
+        await running.kube.call(
+            running.kube.custom_objects.patch_cluster_custom_object,
+            specs.GROUP, specs.VERSION, specs.PLURAL, "default",
+            {"spec": {"driver": {"gpu": {"version": NEW}}}},
+        )  # fmt: skip
+
+        async def upgraded() -> bool:
+            return (await running.labels())[node].get(STATE_LABEL) == "upgrade-done"
+
+        await running.wait_until("the node upgraded", upgraded, 240)
+
+        async def same_again() -> bool:
+            return await mig_uuids(running, node) == before and await advertising()
+
+        try:
+            await running.wait_until("the same MIG devices again", same_again, 45)
+        finally:
+            after, devices_after = await mig_uuids(running, node), advertised_all(running, node)
+            log = log_of(await running.export(), tmp_path / "log.jsonl")
+
+    assert after == before, "the upgrade's driver reload lost the MIG devices"
+    assert devices_after == devices_before
+    loads = [e.payload.version for e in log if isinstance(e.payload, dm.DriverLoaded)]
+    assert loads == [NEW]
