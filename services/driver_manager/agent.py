@@ -2,8 +2,10 @@
 
 `main` (the service's entry point, run by `gpuop run driver-manager`) builds the host-side
 collaborators from the settings and the `--config` file, takes the host's state lock, removes
-what interrupted installs left behind, and consumes `gpuop.cmd.driver-manager.<node>.*`
-with a durable consumer of its own node, so no other node's command ever reaches it.
+what interrupted installs left behind, puts the recorded MIG layout back if the running
+driver lost it (`executor.Executor.catch_up_mig`: the node rebooted), and consumes
+`gpuop.cmd.driver-manager.<node>.*` with a durable consumer of its own node, so no other
+node's command ever reaches it.
 
 `CommandAgent.handle` is the one path of every command:
 
@@ -77,6 +79,8 @@ from gpuop.services.driver_manager.validating import NvmlFactory, Validator
 log = logging.getLogger(__name__)
 
 LOCK_RETRY_SECONDS = 2.0
+STARTUP_MIG_SECONDS = 120.0
+"""How long the CDI spec written after putting the MIG layout back at start may take."""
 NVML_HOLDER = "driver-manager"
 
 
@@ -323,6 +327,7 @@ async def main(context: ServiceContext) -> None:
                 log.warning(
                     "%s %s was interrupted; it resumes when redelivered", record.verb, command_id
                 )
+        await executor.catch_up_mig(STARTUP_MIG_SECONDS)
         agent = CommandAgent(context.bus, settings.node, executor, store, context.registry)
         subscription = await context.bus.consume(agent.consumer_spec(config), agent.handle)
         try:

@@ -429,6 +429,19 @@ class Executor:
         )
         return Outcome(answer, {**updates, **changes, "prestaged": others.kept})
 
+    async def catch_up_mig(self, timeout: float) -> None:
+        """At start: the recorded MIG layout back if the GPU driver runs without it (the node
+        rebooted while no saga was about to validate it); a failure is logged, the next
+        load, validation or reset reports it."""
+        if dm.Component.GPU not in self.config.components:
+            return
+        if self.reloader.loaded_version(dm.Component.GPU) is None:
+            return
+        try:
+            await self.mig.reapply(timeout, spec=True)
+        except ReapplyFailed as exc:
+            log.error("at start: %s", exc.message)
+
     async def _mig_after_reset(self, timeout: float) -> str | None:
         try:
             await self.mig.reapply(timeout, spec=True)

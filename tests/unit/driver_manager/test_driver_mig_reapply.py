@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gpuop.clocks import VirtualClock
 from gpuop.events import driver as dm
 from gpuop.events import mig, remediation
 from gpuop.host import cdi
 from gpuop.host.roots import HostRoot
 from gpuop.nvml import opened
+from gpuop.services.driver_manager import agent as agents
+from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop.services.driver_manager.mig import LAYOUT_FILE
 from gpuop_sim.host.simkernel import SimKernel
 from gpuop_sim.nvml.backend import MIG_STATE
@@ -22,7 +25,15 @@ from gpuop_sim.nvml.sim_gpus import gpu_uuid
 from gpuop_sim.nvml.sim_mig_fault import set_fault
 from gpuop_sim.nvml.simulated import SimNvml
 from tests.support import cdi as support
-from tests.support.driver_manager import KERNEL, NEW, NODE, OLD, Harness, source_of
+from tests.support.driver_manager import (
+    KERNEL,
+    NEW,
+    NODE,
+    OLD,
+    Harness,
+    settings_for,
+    source_of,
+)
 
 GPU = dm.Component.GPU
 LAYOUT = (
@@ -151,3 +162,26 @@ async def test_an_unreadable_record_fails_the_load_and_none_changes_nothing(
     answer = await harness.send(dm.LoadDriver(component=GPU, version=OLD))
     assert isinstance(answer, dm.DriverLoadFailed), answer
     assert "recorded MIG layout" in answer.message and "unreadable" in answer.message
+
+
+async def test_a_driver_manager_starting_after_a_reboot_puts_it_back(
+    harness: Harness, host: HostRoot
+) -> None:
+    names, before = await carved(harness, host)
+    SimKernel(host).reboot(load=("nvidia", "nvidia_uvm"))
+    executor = agents.build_executor(settings_for(host), DriverManagerConfig(), VirtualClock())
+    await executor.catch_up_mig(10)
+    assert (instances(host), mig_names(host)) == (before, names)
+
+
+async def test_starting_without_a_driver_leaves_it_to_the_load(
+    harness: Harness, host: HostRoot
+) -> None:
+    await carved(harness, host)
+    SimKernel(host).reboot()  # nothing loaded at boot
+    executor = agents.build_executor(settings_for(host), DriverManagerConfig(), VirtualClock())
+    await executor.catch_up_mig(10)  # no NVML to ask: nothing done, nothing raised
+    assert isinstance(
+        await harness.send(dm.LoadDriver(component=GPU, version=OLD)), dm.DriverLoaded
+    )
+    assert len(mig_names(host)) == 5
