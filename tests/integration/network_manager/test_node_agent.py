@@ -14,6 +14,7 @@ import pytest
 
 from gpuop.bus import Buckets, BusError, Delivery, InMemoryBus, NatsBus, NatsServer, TemporaryError
 from gpuop.events import decode, driver, network, new_command, new_event
+from gpuop.services.network_manager import blocks
 from gpuop.services.network_manager.node_agent import NodeAgent
 from tests.support.networks import MANAGEMENT_NIC, spec, wire
 from tests.support.waiting import eventually
@@ -195,3 +196,37 @@ async def test_while_nats_is_down_the_links_stay_and_the_agent_catches_up(
     assert result is not None
     link = node.link("gpuop-roce-a")
     assert link is not None and link["mtu"] == 1400
+
+
+async def test_an_agent_without_its_block_says_so_and_tries_again_soon(
+    make_node: MakeNode, bus: InMemoryBus
+) -> None:
+    node = make_node("gpu-node-1")
+    ipam = await bus.kv(Buckets.IPAM)
+    blocked = spec(wire(ipam={**POOL, "perNodeBlockSize": 4}))
+    await publish_policy(bus, blocked)
+
+    async def listed() -> list[str]:
+        return [node.name]
+
+    # the resync interval is far away: only the retry of a waiting pass gets the link up
+    async with running(agent(bus, node, ipam, resync_interval_seconds=3600)):
+
+        async def waiting() -> bool:
+            return bool(of_type(await network_events(bus), network.NetworkFailed))
+
+        await eventually(waiting)
+        await asyncio.sleep(0.5)  # the wake-ups of the start (the policy's watch) are spent
+        await blocks.BlockAllocator(ipam).reconcile([blocked.networks[0].ipam], listed)
+
+        async def configured() -> bool:
+            return bool(of_type(await network_events(bus), network.NetworkConfigured))
+
+        await eventually(configured)
+
+    (failed,) = of_type(await network_events(bus), network.NetworkFailed)
+    assert isinstance(failed, network.NetworkFailed)
+    assert failed.reason is network.NetworkFailureReason.OTHER
+    assert "node gpu-node-1 has none yet: waiting for network-manager's cluster role" in (
+        failed.message
+    )
