@@ -19,7 +19,13 @@ starts before it (`breaker.allows`: a start it would have refused is reported); 
 `RemediationRefused` must be refused again (one the breaker would have started is reported),
 and a health event calling for a remediation (`kind.calls_for_remediation`) on a node
 without one running, which the log neither started nor refused, is reported when the breaker
-refuses it (`_missing_refusals`: the refusal is missing from the log). The remediation's
+refuses it (`_missing_refusals`: the refusal is missing from the log). The starter puts to
+the breaker only events about GPU nodes the orchestrator's node watch knows
+(`kinds.is_a_node` and the controller's `_watched`), and the log records what the watch knew:
+each node it lists is a `NodeObserved` and each it loses a `NodeRemoved` (`Watched`). So a
+health event is put to the breaker only when its node was observed and not removed before it,
+or, before the log records any observation (the watch had not listed the nodes yet: the
+starter takes any node then), when it is about a node at all. The remediation's
 fold (`kind.step`, `kind.outputs`) decides each event it consumes after the upgrade's. A MIG
 reconfiguration (`gpuop.saga.mig`) too: `MigReconfigurationStarted` carries its plan, so it
 is rebuilt without the ConfigMap (`mig.folding.started`), its first decision made as the
@@ -27,7 +33,8 @@ runtime made it (`mig.kind.begin`), then `mig.folding.step` decides after the re
 The policy is the latest `PolicyApplied` (one that names an event as its cause was applied
 just before that event was decided), unless an override replaces every recorded one.
 `compare` then sets the commands and state changes it produced against the recorded ones,
-node by node.
+node by node. `Replayed.events` counts each event folded: one that started, refused or built
+a saga of any kind, or that a kind's fold decided, once however many kinds decided it.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from pydantic import BaseModel
 from gpuop.events import Envelope, Event, Payload, decode, subjects
 from gpuop.events.device import DeviceHealthChanged
 from gpuop.events.envelope import MalformedMessage, UnknownEventType
+from gpuop.events.kube import NodeObserved, NodeRemoved
 from gpuop.events.reconfigurations import MigReconfigurationStarted, NodeMigStateChanged
 from gpuop.events.remediations import (
     TERMINAL_STATES,
@@ -107,7 +115,7 @@ class Replayed:
     """What the replay produced."""
 
     events: int = 0
-    """Inbound events fed to the core."""
+    """Events folded: each that started, refused or built a saga, or that a kind decided."""
     nodes: set[str] = field(default_factory=set)
     outputs: Outputs = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)
@@ -121,6 +129,29 @@ class Replayed:
     def breaker_differs(self) -> bool:
         """Whether the replayed circuit breaker decided any start otherwise than the log."""
         return bool(self.refused or self.allowed or self.unrecorded)
+
+
+@dataclass
+class Watched:
+    """The GPU nodes the orchestrator's node watch knew, as far as the log has told so far."""
+
+    nodes: set[str] = field(default_factory=set)
+    listed: bool = False
+    """The log recorded an observation: the watch had listed the nodes."""
+
+    def see(self, payload: Payload | None, node: str) -> None:
+        if isinstance(payload, NodeObserved):
+            self.listed = True
+            self.nodes.add(node)
+        elif isinstance(payload, NodeRemoved):
+            self.listed = True
+            self.nodes.discard(node)
+
+    def knows(self, node: str) -> bool:
+        """Whether the starter would take an event about `node` (as `_watched`)."""
+        if not self.listed:
+            return node != subjects.CLUSTER
+        return node in self.nodes
 
 
 @dataclass(frozen=True)
@@ -261,8 +292,10 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
         if isinstance(r.payload, RemediationStarted | RemediationRefused) and r.envelope.causationid
     }
     undecided: list[tuple[int, int]] = []
+    watched = Watched()
     for index, entry in enumerate(events):
         payload, envelope = entry.payload, entry.envelope
+        watched.see(payload, envelope.node)
         if isinstance(payload, PolicyApplied):
             if policy is None and not envelope.causationid:
                 current = load_policy(payload.spec, f"line {entry.line}")
@@ -278,6 +311,7 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
                 )
             sagas[envelope.node] = _started(envelope, payload, current, entry.line)
             result.nodes.add(envelope.node)
+            result.events += 1
             continue
         if isinstance(payload, RemediationStarted):
             limit = current.remediation.max_per_hour if current is not None else 0
@@ -289,6 +323,7 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
             starts.append(envelope.time)
             remediations[envelope.node] = records.start(envelope.node, payload, envelope.time)
             result.nodes.add(envelope.node)
+            result.events += 1
             continue
         if isinstance(payload, RemediationRefused):
             limit = current.remediation.max_per_hour if current is not None else 0
@@ -298,8 +333,9 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
                     f"than {limit} in the hour before (remediation.maxPerHour)"
                 )
             result.nodes.add(envelope.node)
+            result.events += 1
             continue
-        if _undecided(entry, remediations.get(envelope.node), current, decided):
+        if _undecided(entry, remediations.get(envelope.node), current, decided, watched):
             assert current is not None
             undecided.append((index, current.remediation.max_per_hour))
         if isinstance(payload, MigReconfigurationStarted) and current is not None:
@@ -308,6 +344,7 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
             first = mig_kind.begin(saga_, current, envelope.time)
             reconfigurations[envelope.node] = first.saga
             result.nodes.add(envelope.node)
+            result.events += 1
             result.outputs.setdefault(envelope.node, []).extend(
                 Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
                 for out in mig_folding.outputs(first)
@@ -316,14 +353,13 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
         if not isinstance(payload, Event) or current is None:
             continue
         saga = sagas.get(envelope.node)
-        counted = False
+        folded = False
         if (
             saga is not None
             and folding.is_inbound(payload)
             and folding.trigger(saga, payload) is not None
         ):
-            result.events += 1
-            counted = True
+            folded = True
             decision = folding.step(saga, payload, current, envelope.time)
             if decision is not None:
                 sagas[envelope.node] = decision.saga
@@ -335,6 +371,7 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
         if remedied is not None and remediation.is_inbound(payload):
             remedy = remediation.step(remedied, payload, current, envelope.time)
             if remedy is not None:
+                folded = True
                 remediations[envelope.node] = remedy.saga
                 result.outputs.setdefault(envelope.node, []).extend(
                     Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
@@ -342,8 +379,7 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
                 )
         carving = reconfigurations.get(envelope.node)
         if carving is not None and mig_folding.is_inbound(payload):
-            if not counted and mig_folding.trigger(carving, payload) is not None:
-                result.events += 1  # decided for the node's reconfiguration alone
+            folded = folded or mig_folding.trigger(carving, payload) is not None
             carved = mig_folding.step(carving, payload, current, envelope.time)
             if carved is not None:
                 reconfigurations[envelope.node] = carved.saga
@@ -351,6 +387,7 @@ def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) 
                     Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
                     for out in mig_folding.outputs(carved)
                 )
+        result.events += folded
     result.unrecorded = _missing_refusals(events, undecided)
     return result
 
@@ -360,13 +397,14 @@ def _undecided(
     running: RemediationSaga | None,
     policy: GPUClusterPolicySpec | None,
     decided: set[str],
+    watched: Watched,
 ) -> bool:
     """Whether `entry` is a health event the runtime's starter would have put to the
     breaker, and the log records no start or refusal for."""
     if not isinstance(entry.payload, DeviceHealthChanged) or entry.envelope.id in decided:
         return False
-    if entry.envelope.node == subjects.CLUSTER:
-        return False  # about no node: the starter puts it to no breaker
+    if not watched.knows(entry.envelope.node):
+        return False  # about no GPU node the watch knew: the starter puts it to no breaker
     if policy is None or not policy.remediation.enabled:
         return False
     if not remediation.calls_for_remediation(entry.payload):
