@@ -152,7 +152,7 @@ class Runner:
                 decided = await self._decide(node, event, policy, now, cause, started)
             for runner in self.kinds:
                 if runner.kind.inbound(event):
-                    await self._decide_kind(runner, node, event, policy, now)
+                    await self._decide_kind(runner, node, event, policy, now, cause, started)
             for runner in self.kinds:
                 if runner.after is not None:
                     await runner.after(node, event, now, cause)
@@ -165,8 +165,10 @@ class Runner:
         event: Event,
         policy: GPUClusterPolicySpec,
         now: datetime,
+        cause: str | None = None,
+        started: int | None = None,
     ) -> machine.Decision[Any, Any] | None:
-        """`_decide` for the node's saga of another kind."""
+        """`_decide` for the node's saga of another kind, in its `decide <event>` span."""
         kind = runner.kind
         for _ in range(CONFLICT_RETRIES):
             stored = await runner.store.get(node)
@@ -180,7 +182,13 @@ class Runner:
             except RevisionConflict:
                 log.info("%s saga of node %s changed meanwhile; deciding again", kind.name, node)
                 continue
-            await self.act_kind(runner, decision)
+            after = decision.saga
+            with traces.deciding_kind(
+                kind.name, stored.saga, decision, event,
+                ended=not (kind.holds(after) or kind.waiting(after)),
+                now=now, cause=cause, started_ns=started or traces.now_ns(),
+            ):  # fmt: skip
+                await self.act_kind(runner, decision)
             return decision
         raise TemporaryError(f"{kind.name} saga of node {node} keeps changing", delay=0.5)
 

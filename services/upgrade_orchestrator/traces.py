@@ -18,6 +18,12 @@ decided under the step it concerns. A step is recorded by whoever decides its en
 start the record kept; terminal steps (upgrade-done, a final upgrade-failed) when entered.
 What is lost: the span of a step whose deciding leader crashed between persisting and
 recording it (its children then point at a span that is not there).
+
+The other kinds (`kinds`: a GPU remediation, a MIG reconfiguration) trace alike, with ids
+derived the same way (their commands already carry `step_traceparent`): `deciding_kind` is
+the `decide <event>` span of one of their decisions, after it records the steps the decision
+ended, each `step <token>` a child of the root, `<kind> saga`, which is the saga's first step
+(`admission`, or a remediation's `folded`) and is recorded when that step ends.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from opentelemetry import trace
 
 from gpuop.events import Event
 from gpuop.observability import tracing
-from gpuop.saga import Decision, NodeSaga
+from gpuop.saga import Decision, NodeSaga, machine
 from gpuop.saga.machine import SagaRecord
 from gpuop.saga.records import Outcome, StepResult
 from gpuop.saga.steps import StepKind
@@ -126,6 +132,52 @@ def deciding(
 
 
 @contextmanager
+def deciding_kind(
+    kind: str,
+    before: SagaRecord[Any],
+    decision: machine.Decision[Any, Any],
+    event: Event,
+    *,
+    ended: bool,
+    now: datetime,
+    cause: str | None,
+    started_ns: int,
+) -> Iterator[None]:
+    """`deciding` for a saga of another kind (`kind`: its name); `ended`: the decision
+    ended the saga, so its last step is recorded too."""
+    if not tracing.recording():
+        yield
+        return
+    _record_kind_steps(kind, before, decision, now, ended)
+    ours = trace_id(before.saga_id, before.attempt)
+    received = trace.get_current_span().get_span_context()
+    links: list[trace.Link] = []
+    parent = None
+    if not (received.is_valid and received.trace_id == ours):
+        parent = step_context(before.saga_id, before.attempt, before.step.token)
+        if received.is_valid:
+            links.append(trace.Link(received))
+    attributes: dict[str, str | int] = {
+        **_kind_attributes(kind, before),
+        "gpuop.saga.state": str(before.state),
+        "gpuop.saga.next_state": str(decision.saga.state),
+        "gpuop.saga.step": before.step.token,
+        "gpuop.message.type": event.TYPE,
+    }
+    if cause is not None:
+        attributes["messaging.message.id"] = cause
+    with tracing.tracer(__name__).start_as_current_span(
+        f"decide {event.DOMAIN}.{event.NAME}",
+        context=parent,
+        kind=trace.SpanKind.CONSUMER,
+        links=links,
+        attributes=attributes,
+        start_time=started_ns,
+    ):
+        yield
+
+
+@contextmanager
 def acting(node: str, action: Any, traceparent: str | None) -> Iterator[None]:
     """The `kube <action>` span around a Kubernetes action, child of the step that issued it
     (`traceparent`, taken when it was queued)."""
@@ -186,6 +238,67 @@ def _record_step(
         attributes=attributes,
         failed=failed,
     )
+
+
+def _record_kind_steps(
+    kind: str,
+    before: SagaRecord[Any],
+    decision: machine.Decision[Any, Any],
+    now: datetime,
+    ended: bool,
+) -> None:
+    after = decision.saga
+    root = _first_step(after)
+    pending = (after.attempt, after.step.token)
+    if (before.attempt, before.step.token) != pending:
+        _record_kind_step(kind, before, before.step.token, before.step_started, now, root)
+    passed = {(c.attempt, c.step) for c in decision.commands} - {pending}
+    for _, token in sorted(passed):
+        _record_kind_step(kind, after, token, now, now, root)
+    if ended and pending != (before.attempt, before.step.token):
+        _record_kind_step(kind, after, after.step.token, now, now, root)
+
+
+def _first_step(saga: Any) -> str:
+    """The token of the saga's first step (the root of its trace), from its history."""
+    history = getattr(saga, "history", ())
+    return str(history[0].step) if history else str(saga.step.token)
+
+
+def _record_kind_step(
+    kind: str, saga: SagaRecord[Any], token: str, start: datetime, end: datetime, root: str
+) -> None:
+    outcome = next(
+        (o for o in reversed(getattr(saga, "history", ())) if str(o.step) == token), None
+    )
+    attributes: dict[str, str | int] = {**_kind_attributes(kind, saga), "gpuop.saga.step": token}
+    failed = None
+    if outcome is not None:
+        attributes["gpuop.saga.state"] = str(outcome.state)
+        attributes["gpuop.step.result"] = str(outcome.result)
+        if str(outcome.result) in _UNSUCCESSFUL:
+            failed = str(outcome.detail) or str(outcome.result)
+    is_root = token == root
+    tracing.record_span(
+        __name__,
+        f"{kind} saga" if is_root else f"step {token}",
+        trace_id=trace_id(saga.saga_id, saga.attempt),
+        span_id=step_span_id(saga.saga_id, saga.attempt, token),
+        parent=None if is_root else step_context(saga.saga_id, saga.attempt, root),
+        start=start,
+        end=end,
+        attributes=attributes,
+        failed=failed,
+    )
+
+
+def _kind_attributes(kind: str, saga: SagaRecord[Any]) -> dict[str, str | int]:
+    return {
+        "k8s.node.name": saga.node,
+        "gpuop.saga.kind": kind,
+        "gpuop.saga.id": saga.saga_id,
+        "gpuop.saga.attempt": saga.attempt,
+    }
 
 
 def _outcome(saga: NodeSaga, attempt: int, token: str) -> Outcome | None:
