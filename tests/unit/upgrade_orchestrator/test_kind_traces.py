@@ -1,13 +1,18 @@
-"""The other saga kinds trace as the upgrade does: a GPU remediation's decisions and its
-ended steps form one trace rooted at `<kind> saga` (its first step), every command it issued
-parented on a step recorded in that trace; nothing is recorded when tracing is off."""
+"""The other saga kinds trace as the upgrade does: a GPU remediation's (and a MIG
+reconfiguration's) decisions and ended steps form one trace rooted at `<kind> saga` (its
+first step), every command it issued parented on a step recorded in that trace; nothing is
+recorded when tracing is off."""
 
 from __future__ import annotations
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from gpuop.events.reconfigurations import MigState
 from gpuop.events.remediations import RemediationState as R
+from gpuop.saga.mig import kind as mig
 from gpuop.saga.remediation import kind as remediation
+from tests.support import mig_sagas
+from tests.support.mig_runtime import reconfiguring
 from tests.support.remediations import remediating
 from tests.support.sagas import policy
 from tests.support.spans import ancestry, one_tree, recorded_spans, untraced
@@ -16,13 +21,11 @@ NODE = "gpu-node-1"
 ROOT = f"{remediation.NAME} saga"
 
 
-def of_kind(spans: tuple[ReadableSpan, ...]) -> list[ReadableSpan]:
-    """The spans of the traces the remediation's own spans are in (its Kubernetes actions'
+def of_kind(spans: tuple[ReadableSpan, ...], name: str = remediation.NAME) -> list[ReadableSpan]:
+    """The spans of the traces the kind's own spans are in (its Kubernetes actions'
     `kube <action>` spans too)."""
     traces = {
-        s.context.trace_id
-        for s in spans
-        if (s.attributes or {}).get("gpuop.saga.kind") == remediation.NAME
+        s.context.trace_id for s in spans if (s.attributes or {}).get("gpuop.saga.kind") == name
     }
     return [s for s in spans if s.context.trace_id in traces]
 
@@ -65,3 +68,19 @@ async def test_nothing_is_recorded_when_tracing_is_off() -> None:
                 await harness.fault(NODE)
                 await harness.settle(until_ended=(NODE,))
         assert of_kind(exporter.get_finished_spans()) == []
+
+
+async def test_a_mig_reconfiguration_is_one_trace_rooted_at_its_saga() -> None:
+    with recorded_spans("upgrade-orchestrator") as exporter:
+        async with reconfiguring(mig_sagas.policy()) as harness:
+            await harness.relabel(NODE, "half-balanced")
+            await harness.started(NODE)
+            await harness.settle(until_ended=(NODE,))
+            saga = await harness.saga(NODE)
+        found = exporter.get_finished_spans()
+
+    assert saga is not None and saga.state is MigState.MIG_CONFIG_DONE, saga
+    spans = of_kind(found, mig.NAME)
+    assert one_tree(spans).name == f"{mig.NAME} saga"
+    steps = [s.name for s in spans if s.name.startswith("step ")]
+    assert len(steps) >= 4 and len(steps) == len(set(steps)), steps
