@@ -123,3 +123,19 @@ def test_a_file_without_epochs_is_adopted_not_cleared(tmp_path: Path, clock: Man
     nvml = sim(modules, clock, state)
     nvml.init()
     assert profiles(nvml, 0) == ["4g.71gb"]
+
+
+def test_a_change_after_a_reload_starts_from_the_cleared_state(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """The first call after the reload changes MIG (no read before it): the stale instances
+    are gone first, so the mode can change, as on a freshly loaded driver."""
+    modules = InMemoryModules({NVIDIA: VERSION})
+    state = tmp_path / "mig.json"
+    nvml = sim(modules, clock, state)
+    nvml.init()
+    nvml.enable_mig(0, ["3g.71gb"])
+    reload(modules, nvml)
+    assert nvml.set_mig_mode(0, False) == MigModeState(False, False)
+    assert json.loads(state.read_text())[0]["instances"] == []
+    assert state.with_name("mig.json.lock").exists()  # changes went through the file's lock

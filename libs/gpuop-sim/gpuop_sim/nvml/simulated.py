@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.host.files import write_atomic
+from gpuop.host.files import exclusive_lock, write_atomic
 from gpuop.nvml.devices import DeviceInfo
 from gpuop.nvml.errors import (
     DriverNotLoaded,
@@ -428,18 +428,40 @@ class SimNvml:
 
     def _load_mig(self) -> list[sim_mig.SimMig]:
         """The MIG state, read again from the shared file when there is one, without the
-        instances an unload, reboot or reset since took away."""
-        path = self._mig_state
-        shared = path is not None and path.exists()
-        if shared:
-            assert path is not None
-            gpus = json.loads(path.read_text())
-            self._mig = [sim_mig.SimMig.from_json(gpu) for gpu in gpus[: len(self._gpus)]]
-            self._mig += [sim_mig.SimMig() for _ in range(len(self._gpus) - len(self._mig))]
-        if self._expire_mig(self._mig) and shared:
-            assert path is not None
-            write_atomic(path, json.dumps([m.to_json() for m in self._mig]).encode())
+        instances an unload, reboot or reset since took away (written back under the file's
+        lock, read again there: another session may have carved anew meanwhile)."""
+        self._read_mig()
+        if self._expire_mig(self._mig) and self._shared():
+            with self._mig_locked():
+                self._read_mig()
+                if self._expire_mig(self._mig):
+                    self._write_mig(self._mig)
         return self._mig
+
+    def _shared(self) -> bool:
+        return self._mig_state is not None and self._mig_state.exists()
+
+    def _read_mig(self) -> None:
+        path = self._mig_state
+        if path is None or not path.exists():
+            return
+        gpus = json.loads(path.read_text())
+        self._mig = [sim_mig.SimMig.from_json(gpu) for gpu in gpus[: len(self._gpus)]]
+        self._mig += [sim_mig.SimMig() for _ in range(len(self._gpus) - len(self._mig))]
+
+    def _write_mig(self, mig: list[sim_mig.SimMig]) -> None:
+        if self._mig_state is not None:
+            write_atomic(self._mig_state, json.dumps([m.to_json() for m in mig]).encode())
+
+    @contextmanager
+    def _mig_locked(self) -> Iterator[None]:
+        """The shared file's lock (`<file>.lock`), held from a read to its write back, so two
+        sessions' changes never overwrite each other; nothing without a shared file."""
+        if self._mig_state is None:
+            yield
+            return
+        with exclusive_lock(self._mig_state.with_name(self._mig_state.name + ".lock")):
+            yield
 
     def _expire_mig(self, mig: list[sim_mig.SimMig]) -> bool:
         """Each GPU's MIG state caught up with the reset counts; whether any changed. Without
@@ -456,15 +478,17 @@ class SimNvml:
 
     @contextmanager
     def _changing_mig(self) -> Iterator[list[sim_mig.SimMig]]:
-        """The MIG state to change, written back to the shared file after (also after a
-        refused call: NVML's refusals change nothing, so the file is as read)."""
-        mig = self._load_mig()
-        try:
-            yield mig
-        finally:
-            self._expire_mig(mig)  # a GPU carved anew here is of the driver running now
-            if self._mig_state is not None:
-                write_atomic(self._mig_state, json.dumps([m.to_json() for m in mig]).encode())
+        """The MIG state to change, under the shared file's lock, written back after (also
+        after a refused call: NVML's refusals change nothing, so the file is as read)."""
+        with self._mig_locked():
+            self._read_mig()
+            mig = self._mig
+            self._expire_mig(mig)
+            try:
+                yield mig
+            finally:
+                self._expire_mig(mig)  # a GPU carved anew here is of the driver running now
+                self._write_mig(mig)
 
     def _maybe_fail(self, call: str) -> None:
         queued = self._mig_failures.get(call)
