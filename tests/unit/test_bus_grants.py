@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.bus import ConsumerSpec, InMemoryBus, grants, streams
+from gpuop.bus import Buckets, ConsumerSpec, InMemoryBus, grants, streams
 from gpuop.bus.grants import Identity
 from gpuop.services.device_plugin import consumers as device_plugin
 from gpuop.services.discovery import consumers as discovery
@@ -268,3 +268,16 @@ def test_the_orchestrator_reads_the_last_upgrade_event_by_direct_get_only() -> N
     assert not allowed(publish, f"{api}.gpuop.evt.hardware.gpu-1.discovered")
     assert not allowed(publish, api)  # by sequence, subject in the body
     assert not allowed(publish, "$JS.API.STREAM.MSG.GET.GPUOP_EVENTS")
+
+
+@pytest.mark.parametrize("role", sorted(grants.ROLES))
+def test_no_user_may_read_the_info_of_a_kv_watchs_consumer(role: str) -> None:
+    """A watch learns what it has to catch up on from its consumer's creation
+    (gpuop.bus.watching): the info of a watch's consumer, whose name is random, would show
+    any other watch's filter."""
+    node = NODE if role in grants.NODE_ROLES else None
+    for granted in (grants.for_identity(Identity(role, node)), grants.for_service(role)):
+        for bucket in Buckets:
+            stream = f"KV_{streams.bucket_name(PREFIX, bucket)}"
+            subject = f"$JS.API.CONSUMER.INFO.{stream}.gpuop-watch-0123456789abcdef"
+            assert not allowed(granted.publish, subject), (role, subject)

@@ -76,4 +76,9 @@ async def test_a_bucket_without_peers_yet_is_placement_pending() -> None:
     refusing = RefusingJetStream(NO_PEERS, refusals=1)
 
     with pytest.raises(PlacementPending, match="cannot place bucket KV_x yet"):
-        await open_bucket(refusing, "KV_x", replicas=3)  # type: ignore[arg-type]
+        await open_bucket(
+            refusing,  # type: ignore[arg-type]
+            "KV_x",
+            new_inbox=lambda: "_INBOX.x",
+            replicas=3,
+        )

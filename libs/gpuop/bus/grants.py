@@ -329,11 +329,11 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
     def watching(name: Buckets, *keys: str) -> tuple[str, ...]:
         # a watch (or key listing) is an ordered consumer of a fresh name, created with its
         # filter in the subject (gpuop.bus.watching), so only over `keys`; it answers the
-        # server's flow control and reads its own consumer's info
+        # server's flow control and never asks a consumer's info (a grant for its random
+        # name would show every other watch's filter)
         b = bucket(name)
         return (
             *(f"{JS_API}.CONSUMER.CREATE.KV_{b}.*.$KV.{b}.{key}" for key in keys),
-            f"{JS_API}.CONSUMER.INFO.KV_{b}.*",
             f"$JS.FC.KV_{b}.>",
         )
 

@@ -545,12 +545,18 @@ class NatsBus:
         if subscription in self._subscriptions:
             self._subscriptions.remove(subscription)
 
+    def _new_inbox(self) -> str:
+        if self._nc is None:
+            raise BusUnavailable("bus not started")
+        return self._nc.new_inbox()
+
     async def kv(self, bucket: Buckets | str) -> NatsKeyValue:
         name = streams.bucket_name(self._prefix, bucket)
         if name not in self._buckets:
             self._buckets[name] = await open_bucket(
                 self.js,
                 name,
+                new_inbox=self._new_inbox,
                 replicas=self.replicas,
                 placement=self.placement,
                 share=self.limits.share(bucket) if bucket in streams.SHARES else None,

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import nats.errors
 import nats.js.errors
@@ -65,6 +65,7 @@ async def open_bucket(
     js: JetStreamContext,
     name: str,
     *,
+    new_inbox: Callable[[], str],
     replicas: int = 1,
     placement: Placement | None = None,
     share: int | None = None,
@@ -79,7 +80,8 @@ async def open_bucket(
     keeping less history, stops the start with the reason. With `direct`, keys are read by
     direct gets, which a permission can limit to one key (a replica may answer one write
     behind: the sagas, which the orchestrator reads to write back with compare-and-set, keep
-    reading from the stream's leader)."""
+    reading from the stream's leader). Watches and key listings are delivered to inboxes
+    from `new_inbox` (the connection's)."""
     try:
         raw = await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
@@ -94,7 +96,7 @@ async def open_bucket(
     else:
         if await _reconcile(js, name, replicas, share, direct):
             raw = await js.key_value(name)  # it reads by direct get now
-    return NatsKeyValue(name, raw, js)
+    return NatsKeyValue(name, raw, js, new_inbox)
 
 
 def _bucket_stream(
@@ -208,10 +210,13 @@ async def _reconcile(
 class NatsKeyValue:
     """One bucket; raw nats errors are translated at this boundary."""
 
-    def __init__(self, name: str, raw: RawKeyValue, js: JetStreamContext) -> None:
+    def __init__(
+        self, name: str, raw: RawKeyValue, js: JetStreamContext, new_inbox: Callable[[], str]
+    ) -> None:
         self._name = name
         self._raw = raw
         self._js = js
+        self._new_inbox = new_inbox
 
     @property
     def bucket(self) -> str:
@@ -273,10 +278,11 @@ class NatsKeyValue:
         try:
             if not (await self._js.stream_info(stream)).state.messages:
                 return []
-            listing = await watching.named_ordered(
+            listing, _ = await watching.named_ordered(
                 self._js,
                 f"{prefix}>",
                 stream=stream,
+                deliver=self._new_inbox(),
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
                 headers_only=True,
                 inactive_threshold=KEYS_CONSUMER_TTL,
@@ -322,22 +328,21 @@ class NatsKeyValue:
                 entries.put_nowait(None)
 
         try:
-            watcher = await watching.named_ordered(
+            watcher, created = await watching.named_ordered(
                 self._js,
                 prefix + pattern,
                 stream=stream,
+                deliver=self._new_inbox(),
                 cb=delivered,
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
                 inactive_threshold=WATCH_CONSUMER_TTL,
             )
-            info = await watcher.consumer_info()
         except (nats.errors.Error, TimeoutError) as exc:
             raise _bus_error("watch", pattern, exc) from exc
-        # Nothing to catch up on only if the server has sent nothing: what it counts as sent
-        # may still be on its way (this client's count, `watcher.delivered`, can read 0 then,
-        # and a listing taken as complete would miss every key)
-        sent = info.delivered.consumer_seq if info.delivered is not None else 0
-        if info.num_pending == 0 and not sent and not caught_up:
+        # Nothing to catch up on only if the consumer had nothing to send when it was made
+        # (its creation's answer, taken before any delivery; a later look at its info would
+        # need a grant that shows every watch's filter, `watching`)
+        if created.num_pending == 0 and not caught_up:
             caught_up = True
             entries.put_nowait(None)
         try:

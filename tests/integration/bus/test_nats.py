@@ -371,10 +371,14 @@ async def test_a_watch_recreated_after_a_gap_takes_a_new_name_and_carries_on(
         async def saw(*values: bytes) -> bool:
             return seen == list(values)
 
-        subscription = await watching.named_ordered(
-            client.jetstream(), f"$KV.{bus.prefix}_{Buckets.SAGAS}.>", stream=stream, cb=record
+        subscription, created = await watching.named_ordered(
+            client.jetstream(),
+            f"$KV.{bus.prefix}_{Buckets.SAGAS}.>",
+            stream=stream,
+            deliver=client.new_inbox(),
+            cb=record,
         )
-        first = (await subscription.consumer_info()).name
+        first = created.name
         assert first.startswith(watching.NAME_PREFIX)
         await wait_until(lambda: saw(b"1"))
         # what nats-py does on a gap: a new consumer from the sequence after the last seen

@@ -351,8 +351,8 @@ async def test_a_node_agent_watches_its_nodes_kv_keys_and_not_another_nodes(
     api = "$JS.API.CONSUMER.CREATE.KV_gpuop_ipam"
     rows = []
     try:
-        own = await watching.named_ordered(
-            js, "$KV.gpuop_ipam.node.gpu-1.>", stream="KV_gpuop_ipam"
+        own, _ = await watching.named_ordered(
+            js, "$KV.gpuop_ipam.node.gpu-1.>", stream="KV_gpuop_ipam", deliver=client.nc.new_inbox()
         )
         seen = await own.next_msg(timeout=5)
         assert (seen.subject, seen.data) == ("$KV.gpuop_ipam.node.gpu-1.rdma", b"gpu-1")
@@ -365,7 +365,10 @@ async def test_a_node_agent_watches_its_nodes_kv_keys_and_not_another_nodes(
         ):
             with pytest.raises(nats.errors.TimeoutError):
                 await watching.named_ordered(
-                    js, f"$KV.gpuop_ipam.{pattern}", stream="KV_gpuop_ipam"
+                    js,
+                    f"$KV.gpuop_ipam.{pattern}",
+                    stream="KV_gpuop_ipam",
+                    deliver=client.nc.new_inbox(),
                 )
             await client.settle()
             named = f"{api}.{watching.NAME_PREFIX}".lower()

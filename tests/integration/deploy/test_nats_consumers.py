@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.bus import IdTaken, NatsBus, grants, streams
+from gpuop.bus import Buckets, IdTaken, NatsBus, grants, streams, tokens, watching
 from gpuop.bus.publishing import id_key, message_id
 from gpuop.events import driver, subjects
 from gpuop.observability.metrics import registry
@@ -33,6 +33,11 @@ API = "$JS.API"
 EVENTS, COMMANDS = "GPUOP_EVENTS", "GPUOP_COMMANDS"
 OTHER_NODE = "gpu-2.example.com"
 CLUSTER_CONSUMERS = ("upgrade-orchestrator", "discovery-labeler")
+WATCHED_BUCKETS = tuple(
+    f"KV_{streams.bucket_name(PREFIX, b)}" for b in (Buckets.IPAM, Buckets.CONFIG, Buckets.SAGAS)
+)
+WATCH = f"{watching.NAME_PREFIX}0123456789abcdef"
+"""A watch's consumer name, as `gpuop.bus.watching` makes them."""
 
 
 def node_filters() -> dict[str, set[str]]:
@@ -107,6 +112,15 @@ def attempts(user: str) -> list[tuple[str, str]]:
         ("a consumer over every command", f"{API}.CONSUMER.DURABLE.CREATE.{COMMANDS}.spy"),
         ("a consumer over every event", f"{API}.CONSUMER.CREATE.{EVENTS}.spy.{PREFIX}.evt.>"),
         ("a consumer over every event", f"{API}.CONSUMER.CREATE.{EVENTS}"),
+    ]
+    tried += [
+        # a watch's consumer has a random name, so a grant of its info could only be for
+        # every consumer of the bucket, and would show every other watch's filter
+        (
+            f"read a watch's consumer info on {bucket}",
+            f"{API}.CONSUMER.INFO.{bucket}.{WATCH}",
+        )
+        for bucket in WATCHED_BUCKETS
     ]
     token = subjects.encode_node(NODE)
     other = subjects.encode_node(OTHER_NODE)
@@ -305,4 +319,75 @@ async def test_a_squatted_message_id_is_an_alarm_for_the_real_publisher(
         f"\ndriver-manager@{OTHER_NODE} stores the id of {subject_of(loaded)} on {elsewhere}: "
         f"the real publisher gets {type(alarm.value).__name__}: {alarm.value}"
     )
+    assert registry().get_sample_value("gpuop_bus_ids_taken_total", {"kind": "evt"}) == taken + 1
+
+
+async def test_in_callout_mode_another_nodes_driver_manager_cannot_squat_a_result_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The static squat above, with each driver-manager a user of its own node (callout
+    mode): gpu-2's agent stores, on its own node's subject, every id of gpu-1's next driver
+    result it can compute (the envelope id, and that id keyed with its own key file); the
+    real result is stored all the same. Only gpu-1's key makes its ids, and that key never
+    leaves gpu-1's pod: were it leaked, the squat would drop the real result, and the real
+    publisher's first try is then an alarm (`IdTaken`, counted), never a success."""
+    victim_id = grants.Identity("driver-manager", NODE)
+    squatter_id = grants.Identity("driver-manager", OTHER_NODE)
+    loaded = next(p for p in SAMPLES if isinstance(p, driver.DriverLoaded))
+    result, next_result = envelope_of(loaded), envelope_of(loaded)
+    subject = subject_of(loaded)
+    elsewhere = subjects.event_subject(driver.DriverLoaded.DOMAIN, OTHER_NODE, "loaded")
+    taken = registry().get_sample_value("gpuop_bus_ids_taken_total", {"kind": "evt"}) or 0.0
+    async with callout_nats.running(tmp_path / "nats") as server:
+        monkeypatch.setenv("SSL_CERT_FILE", str(server.ca_file))
+
+        def agent(identity: grants.Identity) -> tuple[NatsBus, Path]:
+            token, key = tmp_path / f"{identity.node}.token", tmp_path / f"{identity.node}.key"
+            token.write_text(server.token(identity.role, identity.node))
+            bus = NatsBus(
+                server.url,
+                name=f"test-{identity}",
+                identity=identity,
+                token_file=str(token),
+                id_key_file=str(key),
+            )
+            return bus, key
+
+        admin = NatsBus(
+            server.url.replace("tls://", f"tls://admin:{server.passwords['admin']}@"),
+            name="test-admin",
+        )
+        await admin.start()
+        await admin.close()
+        (victim, victim_key), (squatter, squatter_key) = agent(victim_id), agent(squatter_id)
+        await victim.connect()
+        await squatter.connect()
+        rows: list[tuple[str, str, str]] = []
+        try:
+            own = id_key([server.url], tokens.id_key(squatter_key))
+            computable = {
+                "squat gpu-1's result id: the envelope id": result.id,
+                "squat gpu-1's result id: keyed by its own key": message_id(
+                    own, subject, result.id
+                ),
+            }
+            for what, squat in computable.items():
+                await squatter.publish_raw(elsewhere, b"{}", {"Nats-Msg-Id": squat})
+                rows.append((what, squat, "no effect"))
+            stored = await victim.publish(result)
+            rows = [(w, s, f"{o}: the real result is stored") for w, s, o in rows]
+            leaked = id_key([server.url], tokens.id_key(victim_key))
+            squat = message_id(leaked, subject, next_result.id)
+            await squatter.publish_raw(elsewhere, b"{}", {"Nats-Msg-Id": squat})
+            with pytest.raises(IdTaken, match="driver") as alarm:
+                await victim.publish(next_result)
+            outcome = f"alarm for the real publisher: {type(alarm.value).__name__}"
+            rows.append(("squat with gpu-1's key (were it leaked)", squat, outcome))
+        finally:
+            await squatter.close()
+            await victim.close()
+    lines = [f"callout mode (the chart's default), {squatter_id} against {victim_id}:"]
+    lines += [f"{'driver-manager':<24} {w:<50} {s:<100} {o}" for w, s, o in rows]
+    print("\n" + "\n".join(lines))
+    assert not stored.duplicate
     assert registry().get_sample_value("gpuop_bus_ids_taken_total", {"kind": "evt"}) == taken + 1
