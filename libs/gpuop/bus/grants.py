@@ -350,9 +350,12 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
             f"$KV.{ipam}.claim.{identity.node_token}.>",
             # every node's claims are watched, one address or one pool at a time; the claims
             # made before the node was in the key (`addr.<subnet>.<address>`) read, never
-            # written
+            # written; a pool's per-node blocks (`block.<subnet>.*`, the cluster role's)
+            # watched, never written
             *reading(Buckets.IPAM, "addr.>"),
-            *watching(Buckets.IPAM, f"node.{identity.node_token}.>", "claim.>", "addr.>"),
+            *watching(
+                Buckets.IPAM, f"node.{identity.node_token}.>", "claim.>", "addr.>", "block.>"
+            ),
             f"{JS_API}.STREAM.INFO.KV_{ipam}",
             *reading(Buckets.CONFIG),
             *watching(Buckets.CONFIG, ">"),
@@ -360,7 +363,13 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
     if role == "discovery-cluster":
         return reading(Buckets.NODES)
     if role == "network-manager-cluster":
-        return (*key(Buckets.CONFIG, ">"),)
+        return (
+            *key(Buckets.CONFIG, ">"),
+            # the per-node address blocks and each subnet's epoch, its keys alone, listed by
+            # a watch (the direct get is nats.py's, when a create finds the key there)
+            *key(Buckets.IPAM, "block.>"),
+            *watching(Buckets.IPAM, "block.>"),
+        )
     if role == "upgrade-orchestrator":
         return (
             f"$KV.{bucket(Buckets.SAGAS)}.>",

@@ -6,7 +6,7 @@ must have been needed on the way: a permission nothing uses is a permission too 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 
 import pytest
@@ -20,6 +20,7 @@ from gpuop.services.discovery import consumers as discovery
 from gpuop.services.discovery import selections as discovery_selections
 from gpuop.services.network_manager import consumers as network_manager
 from gpuop.services.network_manager.addressing import Addresses
+from gpuop.services.network_manager.blocks import BlockAllocator
 from gpuop.services.telemetry import consumers as telemetry
 from gpuop.services.upgrade_orchestrator import intake, migs, remediations
 from tests.integration.deploy.ownership import (
@@ -139,7 +140,9 @@ def flows() -> dict[str, Flow]:
                 Buckets.IPAM: ("get", "put", "create", "delete", "watch", "claim"),
             },
         ),
-        "network-manager-cluster": Flow(kv={Buckets.CONFIG: ("get", "create", "update")}),
+        "network-manager-cluster": Flow(
+            kv={Buckets.CONFIG: ("get", "create", "update"), Buckets.IPAM: ("blocks",)}
+        ),
         "telemetry": Flow(
             consumers=[telemetry.node_commands(PREFIX, NODE, retry_delay=RETRY)],
             reads=[subjects.commands_filter(device.OPERANDS, NODE, prefix=PREFIX)],
@@ -195,10 +198,22 @@ async def run_kv(bus: NatsBus, bucket: Buckets, operations: tuple[str, ...]) -> 
             held = await addresses.claim(network(ipam={"cidr": "10.10.0.0/24"}))
             assert await addresses.confirm(network(ipam={"cidr": "10.10.0.0/24"}), held)
             await addresses.give_back("roce-a", held)
+        elif operation == "blocks":  # two nodes' blocks given, one node's freed
+            pool = network(ipam={"cidr": "10.10.0.0/24", "perNodeBlockSize": 8}).ipam
+            allocator = BlockAllocator(kv)
+            for names in ((NODE, f"{NODE}-2"), (NODE,)):
+                await allocator.reconcile([pool], _listing(names))
         elif operation == "keys":
             await kv.keys()
         elif operation == "watch":
             await first_of(kv.watch(key))
+
+
+def _listing(names: tuple[str, ...]) -> Callable[[], Awaitable[Collection[str]]]:
+    async def listed() -> Collection[str]:
+        return names
+
+    return listed
 
 
 async def first_of(watch: AsyncIterator[KvEntry | None]) -> None:
