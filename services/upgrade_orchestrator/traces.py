@@ -101,33 +101,13 @@ def deciding(
         yield
         return
     _record_ended_steps(before, decision, now)
-    ours = trace_id(before.saga_id, before.attempt)
-    received = trace.get_current_span().get_span_context()
-    links: list[trace.Link] = []
-    parent = None
-    if not (received.is_valid and received.trace_id == ours):
-        # decided under the step it concerns; whatever trace the event came in stays linked
-        parent = step_context(before.saga_id, before.attempt, before.step.token)
-        if received.is_valid:
-            links.append(trace.Link(received))
-    after = decision.saga
     attributes: dict[str, str | int] = {
         **_saga_attributes(before),
         "gpuop.upgrade.state": str(before.state),
-        "gpuop.upgrade.next_state": str(after.state),
+        "gpuop.upgrade.next_state": str(decision.saga.state),
         "gpuop.upgrade.step": before.step.token,
-        "gpuop.message.type": event.TYPE,
     }
-    if cause is not None:
-        attributes["messaging.message.id"] = cause
-    with tracing.tracer(__name__).start_as_current_span(
-        f"decide {event.DOMAIN}.{event.NAME}",
-        context=parent,
-        kind=trace.SpanKind.CONSUMER,
-        links=links,
-        attributes=attributes,
-        start_time=started_ns,
-    ):
+    with _decide_span(before, event, attributes, cause, started_ns):
         yield
 
 
@@ -149,21 +129,35 @@ def deciding_kind(
         yield
         return
     _record_kind_steps(kind, before, decision, now, ended)
-    ours = trace_id(before.saga_id, before.attempt)
-    received = trace.get_current_span().get_span_context()
-    links: list[trace.Link] = []
-    parent = None
-    if not (received.is_valid and received.trace_id == ours):
-        parent = step_context(before.saga_id, before.attempt, before.step.token)
-        if received.is_valid:
-            links.append(trace.Link(received))
     attributes: dict[str, str | int] = {
         **_kind_attributes(kind, before),
         "gpuop.saga.state": str(before.state),
         "gpuop.saga.next_state": str(decision.saga.state),
         "gpuop.saga.step": before.step.token,
-        "gpuop.message.type": event.TYPE,
     }
+    with _decide_span(before, event, attributes, cause, started_ns):
+        yield
+
+
+@contextmanager
+def _decide_span(
+    before: SagaRecord[Any],
+    event: Event,
+    attributes: dict[str, str | int],
+    cause: str | None,
+    started_ns: int,
+) -> Iterator[None]:
+    """The `decide <event>` span of any kind's decision about `before`."""
+    ours = trace_id(before.saga_id, before.attempt)
+    received = trace.get_current_span().get_span_context()
+    links: list[trace.Link] = []
+    parent = None
+    if not (received.is_valid and received.trace_id == ours):
+        # decided under the step it concerns; whatever trace the event came in stays linked
+        parent = step_context(before.saga_id, before.attempt, before.step.token)
+        if received.is_valid:
+            links.append(trace.Link(received))
+    attributes = {**attributes, "gpuop.message.type": event.TYPE}
     if cause is not None:
         attributes["messaging.message.id"] = cause
     with tracing.tracer(__name__).start_as_current_span(
