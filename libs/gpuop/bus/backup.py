@@ -34,6 +34,7 @@ were; so do durable consumers and their positions.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -61,6 +62,11 @@ FORMAT = 1
 SNAPSHOT_CHUNK = 128 * 1024
 """Bytes per chunk the server is asked to send."""
 RESTORE_CHUNK = 128 * 1024
+DELIVER_INTEREST_SECONDS = 5.0
+"""How long a restore waits for the server's chunk subscription to be known where it is
+connected: in a cluster the stream's leader may sit on another server, whose interest in the
+deliver subject reaches this one a moment after it answered (until then a chunk has no
+responders, so nobody received it and it is sent again)."""
 """Bytes per chunk sent to the server (at most its max_payload)."""
 TIMEOUT = 30.0
 """Seconds to wait for one answer of the server, or for its next chunk."""
@@ -469,7 +475,7 @@ async def _restore_stream(
     chunk_size = max(1024, min(RESTORE_CHUNK, int(nc.max_payload) - 1024))
     try:
         for chunk in _chunks(directory / entry.snapshot_file, chunk_size):
-            reply = await nc.request(deliver, chunk, timeout=timeout)
+            reply = await _deliver(nc, deliver, chunk, timeout)
             if reply.data:  # an error, as JSON or as the server's -ERR text
                 raise BusError(f"restore of {entry.name} refused: {_describe(reply.data)}")
         final = await nc.request(deliver, b"", timeout=max(timeout, FINISH_TIMEOUT))
@@ -483,6 +489,19 @@ async def _restore_stream(
     if not isinstance(restored, dict):
         raise BusError(f"restore of {entry.name}: the server's last answer has no state")
     return restored
+
+
+async def _deliver(nc: Client, subject: str, chunk: bytes, timeout: float) -> Any:
+    """`chunk` sent to a restore's deliver subject, again while it has no responders yet."""
+    waited = 0.0
+    while True:
+        try:
+            return await nc.request(subject, chunk, timeout=timeout)
+        except nats.errors.NoRespondersError:
+            if waited >= DELIVER_INTEREST_SECONDS:
+                raise
+        await asyncio.sleep(0.1)
+        waited += 0.1
 
 
 # the JetStream API
