@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lock sbom test test-security test-slow test-all test-cluster cluster-tools cluster demo lint schemas bench proto clean
+.PHONY: setup lock sbom test test-security test-slow test-all test-cluster test-node cluster-tools cluster demo lint schemas bench proto clean
 
 setup: $(STAMP)
 
@@ -45,8 +45,11 @@ sbom: $(STAMP)
 		--output-reproducible -o $(SBOM)
 
 # `test` is everything but the suites marked slow (end to end with real processes, faults,
-# chaos) and those marked real_cluster (the real Kubernetes control plane, built from its Go
-# modules by `cluster-tools`); CI runs all three (.ci/run), `test-all` too. `test` needs no Go.
+# chaos), those marked real_cluster (the real Kubernetes control plane, built from its Go
+# modules by `cluster-tools`) and those marked real_node (a real kubelet, containerd and runc
+# registered with that control plane: `test-node`, root and Debian's runc, iptables and
+# busybox-static); CI runs all four (.ci/run), `test-all` too. `test` needs no Go. A test
+# marked real_node runs only in `test-node`, whatever other marker it carries.
 # It includes the attack tests (marker `security`), so a change that opens a hole fails where
 # it is made; `test-security` runs those alone and prints their tables of attempts and
 # outcomes. CI runs them in a stage of their own and so leaves them out of its `test`
@@ -54,22 +57,26 @@ sbom: $(STAMP)
 # run with those suites.
 # The 25 slowest tests are printed, so a test that grew shows in CI's log (the suite's budget is
 # 10 minutes on two cores; a test of real processes that takes many seconds is marked `slow`).
-TEST_MARKERS ?= not slow and not real_cluster
+TEST_MARKERS ?= not slow and not real_cluster and not real_node
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "$(TEST_MARKERS)" --durations=25
 
 test-security: $(STAMP)
-	$(BIN)/python -m pytest -q -s -m "security and not slow and not real_cluster"
+	$(BIN)/python -m pytest -q -s -m "security and not slow and not real_cluster and not real_node"
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m "slow and not real_cluster" --durations=15
+	$(BIN)/python -m pytest -q -m "slow and not real_cluster and not real_node" --durations=15
 
 test-cluster: $(STAMP) cluster-tools
-	$(BIN)/python -m pytest -q -m real_cluster --durations=15
+	$(BIN)/python -m pytest -q -m "real_cluster and not real_node" --durations=15
 
-test-all: test test-slow test-cluster
+test-node: $(STAMP) cluster-tools
+	$(BIN)/python -m pytest -q -m real_node --durations=15
 
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, KWOK and Helm, from
+test-all: test test-slow test-cluster test-node
+
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, KWOK and Helm, the
+# real node's kubelet, kube-proxy, containerd (shim, ctr), CNI plugins, crictl and CoreDNS, from
 # the Go modules pinned under tests/cluster/ (versions in tests/cluster/versions.env), into
 # .cache/cluster-tools/bin; a second run builds nothing.
 cluster-tools:

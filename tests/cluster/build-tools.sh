@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Builds the real control plane's test tools from their pinned Go modules into one ignored
-# cache directory: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
-# (k8s.io/kubernetes), etcd, kwok and kwokctl, helm, containerd 2.x (whose `config dump`
-# reads the runtime drop-ins gpuop writes), and cdi-validate (the CDI project's library
-# reading the CDI specs gpuop writes). Go is a test tool here; the product stays Python.
+# Builds the real control plane's and the real node's test tools from their pinned Go modules
+# into one ignored cache directory: kube-apiserver, kube-controller-manager, kube-scheduler,
+# kubectl, and the node's kubelet and kube-proxy (k8s.io/kubernetes, one release), etcd, kwok
+# and kwokctl, helm, containerd 2.x (whose `config dump` reads the runtime drop-ins gpuop
+# writes) with its runc shim and ctr, the CNI plugins the node's bridge network uses (under
+# bin/cni), crictl, a CoreDNS with only the plugins the node's cluster DNS uses, and
+# cdi-validate (the CDI project's library reading the CDI specs gpuop writes). runc is
+# Debian's (its Go module needs cgo and libseccomp). Go is a test tool here; the product
+# stays Python.
 #
 # Each module directory beside this script pins one tool set with its own go.mod and go.sum
 # (their dependency graphs do not mix: KWOK and Helm are built against other k8s.io releases
@@ -25,7 +29,7 @@ command -v go >/dev/null || {
     echo "build-tools: no go on PATH: install Go 1.26 (see DEVELOPERS.md)" >&2
     exit 1
 }
-mkdir -p "$out/bin" "$out/stamps"
+mkdir -p "$out/bin/cni" "$out/stamps"
 export CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
 # stamp_of MODULE COMMAND...: the hash of what the module's build depends on (its go.mod and
@@ -63,10 +67,11 @@ k8s_minor=${KUBERNETES#*.}
 k8s_flags="$k8s_flags -X $version_pkg.gitMinor=${k8s_minor%%.*} -X $version_pkg.gitTreeState=clean"
 k8s_flags="$k8s_flags -X k8s.io/client-go/pkg/version.gitVersion=v$KUBERNETES"
 
-build kubernetes "kube-apiserver kube-controller-manager kube-scheduler kubectl" \
+build kubernetes "kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy" \
     go build -trimpath -tags selinux,notest -ldflags "$k8s_flags" -o "$out/bin/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
 # A package path ending in /v3 would be named "server": name the binary.
 build etcd etcd go build -trimpath -ldflags "-s -w" -o "$out/bin/etcd" go.etcd.io/etcd/server/v3
 build kwok "kwok kwokctl" \
@@ -90,11 +95,25 @@ fi
 build helm helm \
     go build -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v$HELM" \
     -o "$out/bin/helm" helm.sh/helm/v4/cmd/helm
-# containerd 2.x, static (CGO_ENABLED=0: no btrfs snapshotter, which `config dump` needs not)
-build containerd containerd \
+# containerd 2.x, static (CGO_ENABLED=0: no btrfs snapshotter, which neither `config dump`
+# nor the real node's overlayfs needs), its runc shim and ctr
+containerd_cmd=github.com/containerd/containerd/v2/cmd
+build containerd "containerd containerd-shim-runc-v2 ctr" \
     go build -trimpath \
     -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=v$CONTAINERD" \
-    -o "$out/bin/containerd" github.com/containerd/containerd/v2/cmd/containerd
+    -o "$out/bin/" "$containerd_cmd/containerd" "$containerd_cmd/containerd-shim-runc-v2" \
+    "$containerd_cmd/ctr"
+# The CNI plugins of the real node's pod network, in their own directory (containerd's
+# bin_dir): a bridge with host-local addresses, the loopback, and portmap.
+cni_plugins=github.com/containernetworking/plugins/plugins
+build cni "cni/bridge cni/host-local cni/loopback cni/portmap" \
+    go build -trimpath -ldflags "-s -w" -o "$out/bin/cni/" "$cni_plugins/main/bridge" \
+    "$cni_plugins/ipam/host-local" "$cni_plugins/main/loopback" "$cni_plugins/meta/portmap"
+build cri-tools crictl \
+    go build -trimpath -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v$CRI_TOOLS" \
+    -o "$out/bin/crictl" sigs.k8s.io/cri-tools/cmd/crictl
+# The real node's cluster DNS: tests/cluster/coredns/main.go (no forward plugin).
+build coredns coredns go build -trimpath -ldflags "-s -w" -o "$out/bin/coredns" .
 # The CDI project's own library (tags.cncf.io/container-device-interface) reading specs, as
 # a runtime loads them: tests/cluster/cdi/main.go.
 build cdi cdi-validate go build -trimpath -ldflags "-s -w" -o "$out/bin/cdi-validate" .

@@ -32,9 +32,10 @@ from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -143,12 +144,19 @@ class Pki:
     def key(self, name: str) -> Path:
         return self.directory / f"{name}.key"
 
+    def authority(self) -> certificates.Authority:
+        """The CA, to issue more certificates (a real node's kubelet and kube-proxy)."""
+        key = serialization.load_pem_private_key(self.key("ca").read_bytes(), password=None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey)
+        return certificates.Authority(key, x509.load_pem_x509_certificate(self.ca.read_bytes()))
+
     @staticmethod
     def create(directory: Path) -> Pki:
         directory.mkdir(parents=True, exist_ok=True)
         pki = Pki(directory)
         authority = certificates.Authority.create("gpuop-test-ca")
         pki.ca.write_bytes(authority.pem)
+        pki.key("ca").write_bytes(certificates.pem_key(authority.key))
         hosts = ("localhost", "kubernetes.default.svc", "127.0.0.1", "10.96.0.1")
         issued = {
             "apiserver": authority.sign("kube-apiserver", hosts=hosts),
@@ -204,8 +212,73 @@ class Component:
         return self.log.read_text(errors="replace")[-keep:]
 
 
+class Launcher:
+    """Components started in their own process groups, their output in `work/<name>.log`:
+    `with launcher:` starts them (stopping whatever started when that fails) and stops them
+    last first, SIGKILL after `STOP_GRACE` (the apiserver stops cleanly only while etcd still
+    answers)."""
+
+    work: Path
+    components: list[Component]
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        for component in reversed(list(self.components)):
+            self._stop_component(component)
+
+    def _spawn(self, name: str, arguments: list[str], env: dict[str, str] | None = None) -> None:
+        log = self.work / f"{name}.log"
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                arguments,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.work,
+                env=env,
+                start_new_session=True,  # its own process group, stopped as one
+            )
+        self.components.append(Component(name, process, log))
+
+    def _stop_component(self, component: Component, number: int = signal.SIGTERM) -> None:
+        """SIGTERM (or `number`) to its group, SIGKILL after `STOP_GRACE`, and to whatever
+        it left in its group."""
+        _signal(component.process, number)
+        try:
+            component.process.wait(STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            _signal(component.process, signal.SIGKILL)
+            component.process.wait()
+        _signal(component.process, signal.SIGKILL)
+        self.components.remove(component)
+
+    def _check_running(self) -> None:
+        for component in self.components:
+            code = component.process.poll()
+            if code is not None:
+                raise ControlPlaneError(
+                    f"{component.name} exited {code}:\n{component.tail()}\n(logs in {self.work})"
+                )
+
+    def report(self) -> str:
+        return "\n".join(f"--- {c.name}.log\n{c.tail(1500)}" for c in self.components)
+
+
 @dataclass
-class ControlPlane:
+class ControlPlane(Launcher):
     """The control plane in `work`; start it with `with ControlPlane(work) as plane`.
 
     `kwok`: run KWOK for the nodes (`tests.support.fleet` creates them); `controllers`:
@@ -255,17 +328,6 @@ class ControlPlane:
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.pki.ca))
 
-    def __enter__(self) -> ControlPlane:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
-
     def start(self) -> None:
         for name in BINARIES if self.kwok else BINARIES[:-1]:
             binary(name)
@@ -287,19 +349,6 @@ class ControlPlane:
             self._start_controllers(pki)
         if self.kwok:
             self._start_kwok()
-
-    def _spawn(self, name: str, arguments: list[str]) -> None:
-        log = self.work / f"{name}.log"
-        with log.open("ab") as out:
-            process = subprocess.Popen(
-                arguments,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.work,
-                start_new_session=True,  # its own process group, stopped as one
-            )
-        self.components.append(Component(name, process, log))
 
     def _start_etcd(self) -> None:
         client = f"http://127.0.0.1:{self.ports['etcd']}"
@@ -350,6 +399,11 @@ class ControlPlane:
                 "--profiling=false",
                 "--max-requests-inflight=1000",
                 "--max-mutating-requests-inflight=500",
+                # A real node's kubelet (tests.support.real_node) is reached by its InternalIP,
+                # never by a name the host's resolver would look up, as the admin.
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={pki.cert('admin')}",
+                f"--kubelet-client-key={pki.key('admin')}",
             ],
         )
 
@@ -456,31 +510,6 @@ class ControlPlane:
         raise ControlPlaneError(
             f"kube-apiserver not ready within {timeout:g} s (last: {last})\n{self.report()}"
         )
-
-    def _check_running(self) -> None:
-        for component in self.components:
-            code = component.process.poll()
-            if code is not None:
-                raise ControlPlaneError(
-                    f"{component.name} exited {code}:\n{component.tail()}\n(logs in {self.work})"
-                )
-
-    def report(self) -> str:
-        return "\n".join(f"--- {c.name}.log\n{c.tail(1500)}" for c in self.components)
-
-    def stop(self) -> None:
-        """One component after another, last started first: the apiserver stops cleanly only
-        while etcd still answers. SIGKILL after `STOP_GRACE`, and to whatever a component
-        left in its process group."""
-        for component in reversed(self.components):
-            _signal(component.process, signal.SIGTERM)
-            try:
-                component.process.wait(STOP_GRACE)
-            except subprocess.TimeoutExpired:
-                _signal(component.process, signal.SIGKILL)
-                component.process.wait()
-            _signal(component.process, signal.SIGKILL)
-        self.components.clear()
 
     def audit_events(self) -> Iterator[dict[str, Any]]:
         """The audit log's events so far (each request once, at ResponseComplete)."""

@@ -1,0 +1,45 @@
+"""One real node for the real-node suites (module scope): a control plane without KWOK (its
+manage-all-nodes would take the real node over) and the node registered with it
+(`tests.support.real_node`). DNS leaving the machine is captured for the whole module; the
+node's stop is checked to leave nothing behind."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import real_node
+from tests.support.control_plane import ControlPlane
+from tests.support.dns_capture import DnsCapture
+from tests.support.real_node import RealNode
+
+
+@pytest.fixture(scope="module")
+def dns_capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DnsCapture]:
+    """Every DNS packet (port 53) on the machine's own interfaces, from before the node
+    starts; the module's last test reads it."""
+    with DnsCapture(tmp_path_factory.mktemp("dns-capture")) as capture:
+        yield capture
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, dns_capture: DnsCapture) -> Iterator[RealNode]:
+    absent = real_node.missing()
+    if absent:
+        pytest.fail("the real node needs: " + ", ".join(absent))
+    with ControlPlane(tmp_path_factory.mktemp("control-plane"), kwok=False) as plane:
+        running = RealNode(plane, tmp_path_factory.mktemp("real-node"))
+        with running:
+            yield running
+        left = running.leftovers()
+        assert left == [], f"the real node left behind: {left}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The module's control plane and node start inside the first test's time."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(400))
