@@ -17,6 +17,7 @@ from tests.support.control_plane import Component, Launcher
 OWN_LINKS = ("lo", "gpuop-", "veth", "cni")
 """Prefixes of links whose traffic never leaves the machine."""
 START_TIMEOUT = 30.0
+IFF_UP = 0x1
 _PACKET = re.compile(r"^\d\d:\d\d:\d\d\.\d+ ")
 """A packet's line in tcpdump's output (its other lines say what it listens on)."""
 
@@ -26,11 +27,12 @@ class CaptureError(RuntimeError):
 
 
 def outward_interfaces() -> list[str]:
-    """The machine's interfaces a packet could leave by."""
+    """The machine's interfaces a packet could leave by: those up (a link down sends
+    nothing; tcpdump refuses it), loopback and the node's own left out."""
     return sorted(
         link.name
         for link in Path("/sys/class/net").iterdir()
-        if not link.name.startswith(OWN_LINKS)
+        if not link.name.startswith(OWN_LINKS) and int((link / "flags").read_text(), 16) & IFF_UP
     )
 
 

@@ -208,8 +208,11 @@ class RealNode(Launcher):
         self._start_containerd()
         self._import_images()
         self._start_dns()
-        self._start_kube_proxy()
         self._start_kubelet()
+        # kube-proxy once the Node has its address: it restarts itself when the node's
+        # addresses change, and waits 30 s for a Node that is not there yet
+        self._until(f"node {self.name} registered", self._registered)
+        self._start_kube_proxy()
         self.wait_ready()
 
     def _env(self) -> dict[str, str]:
@@ -564,6 +567,10 @@ disabled_plugins = [{", ".join(_toml(p) for p in CONTAINERD_DISABLED)}]
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
         """Until the Node object reports Ready."""
         self._until(f"node {self.name} Ready", self.ready, timeout)
+
+    def _registered(self) -> bool:
+        status, body = self.plane.request(f"/api/v1/nodes/{self.name}")
+        return status == 200 and bool(json.loads(body).get("status", {}).get("addresses"))
 
     def ready(self) -> bool:
         status, body = self.plane.request(f"/api/v1/nodes/{self.name}")

@@ -95,7 +95,9 @@ async def test_a_plain_pod_runs_and_its_log_shows_its_output(node: RealNode) -> 
     await eventually(
         lambda: node.plane.request(f"{path}/{POD}")[0] == 404, timeout=60, interval=0.5
     )
-    assert node.crictl("pods", "--name", POD, "--quiet").stdout.strip() == ""
+    # the kubelet stopped the pod's sandbox (it removes stopped ones later, in its GC)
+    ready = ("pods", "--name", POD, "--state", "ready", "--quiet")
+    await eventually(lambda: node.crictl(*ready).stdout.strip() == "", timeout=60, interval=0.5)
 
 
 def _has_default_account(node: RealNode) -> bool:
