@@ -1,7 +1,8 @@
 """Every DNS packet (UDP or TCP port 53) on the machine's own network interfaces, for as long
 as a block runs: one `tcpdump` (Debian's package) per interface that was there when it
 started, loopback and the real node's own links left out (what stays on them stays on the
-machine). A test that must send nothing off the machine asserts `packets()` is empty."""
+machine). A test that must send nothing off the machine asserts `packets()` is empty, or,
+on a machine shared with other work, that none of `queries()` is a name it could have asked."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ START_TIMEOUT = 30.0
 IFF_UP = 0x1
 _PACKET = re.compile(r"^\d\d:\d\d:\d\d\.\d+ ")
 """A packet's line in tcpdump's output (its other lines say what it listens on)."""
+_QUESTION = re.compile(r" [A-Z0-9]+\? (\S+?)\.? \(")
+"""A query's name in tcpdump's line: `... 25561+ A? pypi.org. (26)`."""
 
 
 class CaptureError(RuntimeError):
@@ -65,6 +68,10 @@ class DnsCapture(Launcher):
     def stop(self) -> None:
         for component in reversed(list(self.components)):
             self._stop_component(component, signal.SIGINT)  # tcpdump flushes what it saw
+
+    def queries(self) -> list[str]:
+        """The names asked in the captured queries (answers left out), as written."""
+        return [found.group(1) for line in self.packets() if (found := _QUESTION.search(line))]
 
     def packets(self) -> list[str]:
         """What was captured so far, one line per packet, `interface: line`."""

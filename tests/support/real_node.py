@@ -66,6 +66,9 @@ POD_BRIDGE = "gpuop-cni0"
 POD_SUBNET = "10.199.1.0/24"
 POD_GATEWAY = "10.199.1.1"
 CLUSTER_DNS = "10.96.0.10"
+NO_REGISTRY = "http://127.0.0.1:9"
+"""Where containerd's pulls go, for every registry: nothing listens there, and no name is
+looked up (a pull of `gpuop.invalid/...` would otherwise ask the host's resolver)."""
 CLUSTER_DOMAIN = "cluster.local"
 RUNC = Path("/usr/sbin/runc")
 """Debian's runc (package `runc`): the pinned Go module needs cgo and libseccomp."""
@@ -293,6 +296,8 @@ disabled_plugins = [{", ".join(_toml(p) for p in CONTAINERD_DISABLED)}]
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
+[plugins.'io.containerd.cri.v1.images'.registry]
+  config_path = {_toml(work / "hosts")}
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = {_toml(tiny_images.PAUSE)}
 
@@ -304,6 +309,11 @@ disabled_plugins = [{", ".join(_toml(p) for p in CONTAINERD_DISABLED)}]
   socket_dir = {_toml(SHIM_SOCKETS)}
 """,
             encoding="utf-8",
+        )
+        # every registry is one that refuses at once: a pull never looks a name up
+        (work / "hosts" / "_default").mkdir(parents=True, exist_ok=True)
+        (work / "hosts" / "_default" / "hosts.toml").write_text(
+            f'server = "{NO_REGISTRY}"\n', encoding="utf-8"
         )
         # gpuop's own drop-in, as the driver-manager writes it on a node: the `nvidia`
         # handler with CDI. It names the host's /etc/cdi and /var/run/cdi; this node's CDI

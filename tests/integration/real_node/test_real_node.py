@@ -2,32 +2,46 @@
 real apiserver and the node becomes Ready at its own address; a plain pod (Debian's static
 busybox, imported into containerd) is scheduled there, reaches Running, and its log, read
 through the apiserver from the kubelet, shows what it printed, including the cluster DNS
-answering a Service name through kube-proxy; no DNS query leaves the machine meanwhile."""
+answering a Service name through kube-proxy and refusing any other; a pod of the RuntimeClass
+`nvidia` runs on the handler gpuop's own containerd drop-in adds; a pull goes nowhere; and no
+DNS query leaves the machine meanwhile."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 
 from tests.support import tiny_images
 from tests.support.dns_capture import DnsCapture
-from tests.support.real_node import CLUSTER_DNS, NODE_IP, POD_SUBNET, RealNode
+from tests.support.real_node import (
+    CLUSTER_DNS,
+    CLUSTER_DOMAIN,
+    NO_REGISTRY,
+    NODE_IP,
+    POD_SUBNET,
+    RealNode,
+)
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.real_node]
 
-POD = "hello"
-SCRIPT = (
+PODS = "/api/v1/namespaces/default/pods"
+WAIT = {"timeout": 120, "interval": 0.5}
+FOREVER = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+DNS_SCRIPT = (
     "echo hello from $(hostname); "
     "nslookup kubernetes.default.svc.cluster.local; "
     "echo nslookup exited $?; "
-    "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+    "nslookup example.com; "
+    "echo done; "
 )
 
 
-def pod(name: str) -> dict[str, Any]:
+def pod(name: str, script: str, **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -39,65 +53,42 @@ def pod(name: str) -> dict[str, Any]:
                     "name": "main",
                     "image": tiny_images.BUSYBOX,
                     "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", SCRIPT],
+                    "command": ["sh", "-c", script + FOREVER],
                 }
             ],
+            **spec,
         },
     }
 
 
-def node_object(node: RealNode) -> dict[str, Any]:
-    answer: dict[str, Any] = node.plane.call("GET", f"/api/v1/nodes/{node.name}")
-    return answer
-
-
-def test_the_node_registers_and_is_ready_at_its_own_address(node: RealNode) -> None:
-    registered = node_object(node)
-    addresses = {a["type"]: a["address"] for a in registered["status"]["addresses"]}
-    ready = next(c for c in registered["status"]["conditions"] if c["type"] == "Ready")
-
-    assert ready["status"] == "True"
-    assert addresses["InternalIP"] == NODE_IP
-    assert registered["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.")
-    assert registered["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
-
-
-async def test_a_plain_pod_runs_and_its_log_shows_its_output(node: RealNode) -> None:
-    path = "/api/v1/namespaces/default/pods"
-    await eventually(lambda: _has_default_account(node), timeout=60, interval=0.5)
-    node.plane.call("POST", path, pod(POD))
+@asynccontextmanager
+async def running(node: RealNode, manifest: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """The pod created, until Running and its log says `done`; deleted after, until the
+    kubelet has stopped its sandbox. Yields the pod with its log under `log`."""
+    name = manifest["metadata"]["name"]
+    await eventually(lambda: _has_default_account(node), **WAIT)
+    node.plane.call("POST", PODS, manifest)
     try:
 
-        def running() -> dict[str, Any] | None:
-            current: dict[str, Any] = node.plane.call("GET", f"{path}/{POD}")
-            if current["status"].get("phase") == "Running":
-                return current
-            return None
-
-        current = await eventually(running, timeout=120, interval=0.5)
-        assert current["spec"]["nodeName"] == node.name
-        pod_ip = current["status"]["podIP"]
-        assert pod_ip.startswith(POD_SUBNET.rsplit(".", 1)[0] + ".")
+        def started() -> dict[str, Any] | None:
+            current: dict[str, Any] = node.plane.call("GET", f"{PODS}/{name}")
+            return current if current["status"].get("phase") == "Running" else None
 
         def logged() -> str | None:
-            status, body = node.plane.request(f"{path}/{POD}/log")
+            status, body = node.plane.request(f"{PODS}/{name}/log")
             text = body.decode(errors="replace")
-            return text if status == 200 and "nslookup exited" in text else None
+            return text if status == 200 and "done" in text.splitlines() else None
 
-        log = await eventually(logged, timeout=60, interval=0.5)
-        print(f"pod {POD} ({pod_ip}) log:\n{log}")
-        assert f"hello from {POD}" in log
-        assert CLUSTER_DNS in log  # the server that answered, through kube-proxy
-        assert "10.96.0.1" in log  # the Service `kubernetes`, from the cluster DNS
-        assert "nslookup exited 0" in log
+        current = await eventually(started, **WAIT)
+        current["log"] = await eventually(logged, **WAIT)
+        print(f"pod {name} ({current['status']['podIP']}) log:\n{current['log']}")
+        yield current
     finally:
-        node.plane.request(f"{path}/{POD}", method="DELETE", body={"gracePeriodSeconds": 0})
-    await eventually(
-        lambda: node.plane.request(f"{path}/{POD}")[0] == 404, timeout=60, interval=0.5
-    )
+        node.plane.request(f"{PODS}/{name}", method="DELETE", body={"gracePeriodSeconds": 0})
+    await eventually(lambda: node.plane.request(f"{PODS}/{name}")[0] == 404, **WAIT)
     # the kubelet stopped the pod's sandbox (it removes stopped ones later, in its GC)
-    ready = ("pods", "--name", POD, "--state", "ready", "--quiet")
-    await eventually(lambda: node.crictl(*ready).stdout.strip() == "", timeout=60, interval=0.5)
+    ready = ("pods", "--name", name, "--state", "ready", "--quiet")
+    await eventually(lambda: node.crictl(*ready).stdout.strip() == "", **WAIT)
 
 
 def _has_default_account(node: RealNode) -> bool:
@@ -105,8 +96,82 @@ def _has_default_account(node: RealNode) -> bool:
     return status == 200
 
 
+def test_the_node_registers_and_is_ready_at_its_own_address(node: RealNode) -> None:
+    registered: dict[str, Any] = node.plane.call("GET", f"/api/v1/nodes/{node.name}")
+    addresses = {a["type"]: a["address"] for a in registered["status"]["addresses"]}
+    ready = next(c for c in registered["status"]["conditions"] if c["type"] == "Ready")
+    info = registered["status"]["nodeInfo"]
+
+    assert ready["status"] == "True"
+    assert addresses["InternalIP"] == NODE_IP
+    assert info["kubeletVersion"].startswith("v1.")
+    assert info["containerRuntimeVersion"].startswith("containerd://2.")
+
+
+async def test_a_plain_pod_runs_and_its_log_shows_its_output(node: RealNode) -> None:
+    async with running(node, pod("hello", DNS_SCRIPT)) as current:
+        log = current["log"]
+
+    assert current["spec"]["nodeName"] == node.name
+    assert current["status"]["podIP"].startswith(POD_SUBNET.rsplit(".", 1)[0] + ".")
+    assert "hello from hello" in log
+    assert CLUSTER_DNS in log  # the server that answered, through kube-proxy
+    assert "10.96.0.1" in log  # the Service `kubernetes`, from the cluster DNS
+    assert "nslookup exited 0" in log
+    assert "can't find example.com: REFUSED" in log  # the cluster domain only
+
+
+async def test_a_pod_of_runtime_class_nvidia_runs_on_gpuops_drop_in_handler(
+    node: RealNode,
+) -> None:
+    runtime_class = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": "nvidia"},
+        "handler": "nvidia",
+    }
+    node.plane.call("POST", "/apis/node.k8s.io/v1/runtimeclasses", runtime_class)
+    drop_in = node.containerd_config.parent / "conf.d" / "99-nvidia.toml"
+    try:
+        async with running(node, pod("handled", "echo done; ", runtimeClassName="nvidia")):
+            (sandbox,) = node.crictl("pods", "--name", "handled", "--quiet").stdout.split()
+            inspected = json.loads(node.crictl("inspectp", sandbox).stdout)
+    finally:
+        node.plane.request("/apis/node.k8s.io/v1/runtimeclasses/nvidia", method="DELETE")
+
+    assert inspected["status"]["runtimeHandler"] == "nvidia"
+    assert "runtimes.nvidia" in drop_in.read_text()  # the handler is gpuop's, not ours
+
+
+def test_an_image_pull_goes_nowhere(node: RealNode) -> None:
+    """Every registry is NO_REGISTRY: a pull is refused on loopback, nothing is looked up
+    (the capture below would see the query)."""
+    answer = node.crictl("pull", "registry.k8s.io/pause:3.10", check=False)
+
+    assert answer.returncode != 0
+    assert NO_REGISTRY.removeprefix("http://") in answer.stderr
+
+
 def test_no_dns_query_left_the_machine(node: RealNode, dns_capture: DnsCapture) -> None:
-    """Last in the module: everything above ran with the capture on."""
+    """Last in the module: everything above ran with the capture on. The machine may be
+    shared (CI runs this stage alone; a developer's machine does other work), so a query
+    fails the test when it names something this suite could have asked: the cluster's
+    domain, the node, the images and registries, the names its pods look up."""
     dns_capture.stop()  # each tcpdump writes out what it saw
+    ours = [name for name in dns_capture.queries() if _asked_here(name, node)]
+
     assert dns_capture.interfaces, "no outward interface to watch"
-    assert dns_capture.packets() == [], json.dumps(dns_capture.packets(), indent=1)
+    assert ours == [], json.dumps(dns_capture.packets(), indent=1)
+
+
+def _asked_here(name: str, node: RealNode) -> bool:
+    name = name.lower().rstrip(".")
+    mine = (CLUSTER_DOMAIN, "invalid", node.name, "example.com", "registry.k8s.io", "kubernetes")
+    return any(name == m or name.endswith("." + m) or name.startswith(m + ".") for m in mine)
+
+
+def test_a_suite_query_would_be_told_from_other_traffic(node: RealNode) -> None:
+    assert _asked_here("kubernetes.default.svc.cluster.local", node)
+    assert _asked_here("gpuop.invalid", node)
+    assert _asked_here(node.name, node)
+    assert not _asked_here("pypi.org", node)
