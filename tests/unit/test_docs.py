@@ -26,13 +26,27 @@ def _pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
+def anchors(markdown: str) -> set[str]:
+    """The anchors of `markdown`'s headings, as GitHub makes them."""
+    headings = re.findall(r"^#+ (.+)$", markdown, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 def missing_links(page: Path, text: str) -> list[str]:
-    """The relative links of `text` (the Markdown of `page`) that name no file or folder."""
+    """The relative links of `text` (the Markdown of `page`) that name no file or folder, or
+    a heading their page lacks."""
     missing = []
     for target in LINK.findall(text):
-        if re.match(r"[a-z][a-z+.-]*:", target) or target.startswith("#"):
-            continue  # a URL, or a heading of the same page
-        if not (page.parent / target.split("#", 1)[0]).exists():
+        if re.match(r"[a-z][a-z+.-]*:", target):
+            continue  # a URL
+        path, _, anchor = target.partition("#")
+        linked = page.parent / path if path else page
+        found = linked.exists() and not (
+            anchor
+            and linked.suffix == ".md"
+            and anchor not in anchors(linked.read_text() if path else text)
+        )
+        if not found:
             missing.append(f"{page.relative_to(ROOT)}: {target}")
     return missing
 
@@ -116,8 +130,14 @@ def test_the_checks_see_what_they_refuse() -> None:
     assert citations_outside("see docs/events.md and the README.md beside it", present) == []
 
     page = ROOT / "README.md"
-    text = "[a](docs/gone.md) [b](tests/) [c](#x) [d](https://x.org/a.md) [e](BENCHMARKS.md#y)"
-    assert missing_links(page, text) == ["README.md: docs/gone.md"]
+    text = "[a](docs/gone.md) [b](tests/) [c](#x) [d](https://x.org/a.md) [e](DEVELOPERS.md#y)"
+    assert missing_links(page, text) == [
+        "README.md: docs/gone.md",
+        "README.md: #x",
+        "README.md: DEVELOPERS.md#y",
+    ]
+    text = "## A node's `first` look: here\n[a](#a-nodes-first-look-here) [b](DEVELOPERS.md)"
+    assert missing_links(page, text) == []
 
     listed = "Packages, each importing only those below it:\n```\ngpuop.cli\ngpuop.a | gpuop.b  x\n"
     assert readme_layers(listed + "gpuop_sim.cli\n```", "gpuop") == [{"cli"}, {"a", "b"}]
