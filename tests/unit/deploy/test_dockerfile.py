@@ -113,7 +113,6 @@ def test_every_copied_source_is_in_the_build_context() -> None:
         "README.md",
         "requirements/runtime.lock",
         "libs",
-        "services",
     ]
     for source in sources:
         assert (REPO / source).exists(), source
@@ -127,14 +126,14 @@ def test_the_context_leaves_out_what_the_image_does_not_need() -> None:
                  "libs/gpuop/__pycache__/x.pyc", "libs/gpuop.egg-info/PKG-INFO"):  # fmt: skip
         assert not in_context(path, patterns), path
     assert in_context("libs/gpuop/bus/jetstream.py", patterns)
-    assert in_context("services/telemetry/catalog.py", patterns)
+    assert in_context("libs/gpuop/services/telemetry/catalog.py", patterns)
 
 
 @pytest.mark.timeout(120)
 def test_the_build_context_builds_a_wheel_with_every_service(tmp_path: Path) -> None:
     patterns = ignore_patterns()
     context = tmp_path / "context"
-    for source in ("pyproject.toml", "README.md", "libs", "services"):
+    for source in ("pyproject.toml", "README.md", "libs"):
         target = context / source
         if (REPO / source).is_dir():
             shutil.copytree(
