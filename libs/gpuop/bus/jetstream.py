@@ -177,7 +177,8 @@ class NatsBus:
         republish: bool = False,
     ) -> PublishAck:
         """Publish bytes no model produced: replaying dead letters, hostile-input tests."""
-        return await self._publisher.publish_raw(subject, data, headers, republish=republish)
+        out = publishing.raw(self._prefix, subject, data, headers)
+        return await self._publisher.publish_outgoing(out, republish=republish)
 
     async def consume(self, spec: ConsumerSpec, handler: Handler) -> NatsSubscription:
         return await self._consumers.consume(spec, handler)
