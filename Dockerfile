@@ -9,7 +9,6 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY requirements/runtime.lock ./requirements/
 COPY libs ./libs
-COPY services ./services
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
     && cp requirements/runtime.lock /wheels/
 

@@ -11,7 +11,7 @@ from tests import skips
 from tests.support import checkout
 
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = ("libs", "services", "tests", "deploy", "proto", ".ci", "Makefile", "pyproject.toml")
+SCANNED = ("libs", "tests", "deploy", "proto", ".ci", "Makefile", "pyproject.toml")
 OUTSIDE = re.compile(r"\.\./shared|shared/(fixtures|reference)|/work/|\bROOT\.parent\b")
 """What code reaching past the checkout looks like: the team's shared folder beside it, this
 workplace's paths, or a search above the repository root."""
