@@ -11,8 +11,8 @@ import nats.js.errors
 import pytest
 
 from gpuop.bus import NatsBus
+from gpuop.bus.connection import START_RETRIED, patiently
 from gpuop.bus.errors import BusError, BusUnavailable, PlacementPending
-from gpuop.bus.jetstream import START_RETRIED
 from gpuop.bus.kv import open_bucket
 from gpuop.bus.streams import layouts
 
@@ -43,32 +43,32 @@ class RefusingJetStream:
 async def test_a_stream_without_peers_yet_is_placement_pending_and_retried() -> None:
     bus = NatsBus("nats://127.0.0.1:1", retry_for=5.0)
     refusing = RefusingJetStream(NO_PEERS, refusals=2)
-    bus._js = refusing  # type: ignore[assignment]
+    bus._connection._js = refusing  # type: ignore[assignment]
     layout = layouts("gpuop")[0]
 
     with pytest.raises(PlacementPending, match=f"cannot place stream {layout.name} yet"):
-        await bus._ensure_stream(layout)
+        await bus._manager.ensure(layout)
     assert PlacementPending in START_RETRIED
-    await bus._patiently(lambda: bus._ensure_stream(layout), time.monotonic() + 5.0)
+    await patiently(lambda: bus._manager.ensure(layout), time.monotonic() + 5.0)
     assert refusing.calls == 3  # twice refused, then created
 
 
 async def test_placement_still_pending_at_the_deadline_fails_the_start() -> None:
     bus = NatsBus("nats://127.0.0.1:1")
-    bus._js = RefusingJetStream(NO_PEERS, refusals=1000)  # type: ignore[assignment]
+    bus._connection._js = RefusingJetStream(NO_PEERS, refusals=1000)  # type: ignore[assignment]
     layout = layouts("gpuop")[0]
 
     with pytest.raises(BusUnavailable, match="no suitable peers for placement"):
-        await bus._patiently(lambda: bus._ensure_stream(layout), time.monotonic() + 0.5)
+        await patiently(lambda: bus._manager.ensure(layout), time.monotonic() + 0.5)
 
 
 async def test_other_refusals_stop_at_once() -> None:
     other = nats.js.errors.APIError(code=400, err_code=10052, description="invalid config")
     bus = NatsBus("nats://127.0.0.1:1")
-    bus._js = RefusingJetStream(other, refusals=1)  # type: ignore[assignment]
+    bus._connection._js = RefusingJetStream(other, refusals=1)  # type: ignore[assignment]
 
     with pytest.raises(BusError, match="cannot create stream") as raised:
-        await bus._ensure_stream(layouts("gpuop")[0])
+        await bus._manager.ensure(layouts("gpuop")[0])
     assert not isinstance(raised.value, PlacementPending)
 
 

@@ -1,7 +1,8 @@
 """The steps of `gpuop driver` (`gpuop.cli.driver` reads the flags): the driver-manager's
 collaborators built on a host root as its service builds them (`Host`), each command run and
-recorded through `agent.execute_recorded` under the host's state lock, and the host's driver
-status per kernel (`status_of`).
+recorded through the agent's own path (`driver_manager.run_recorded`) under the host's state
+lock, and the host's driver status per kernel (`status_of`). Everything of the driver-manager
+comes through its public face, `gpuop.services.driver_manager.facade`.
 """
 
 from __future__ import annotations
@@ -21,11 +22,7 @@ from gpuop.events import driver as dm
 from gpuop.host import components, modules, packages, system
 from gpuop.host.roots import HostRoot
 from gpuop.runtime.settings import Settings
-from gpuop.services.driver_manager import agent, installing
-from gpuop.services.driver_manager import config as configuration
-from gpuop.services.driver_manager.answers import ComponentCommand
-from gpuop.services.driver_manager.executor import Executor
-from gpuop.services.driver_manager.state import StateCorrupt, StateLock, StateStore
+from gpuop.services.driver_manager import facade as driver_manager
 
 SOURCE = "/gpuop/driver-manager/{node}/cli"
 """The `source` of the answers the CLI records: told apart from the agent's."""
@@ -47,16 +44,15 @@ class Host:
             nvml=args.nvml,
             config=args.config,
         )
-        self.config = configuration.load(args.config)
-        self.executor: Executor = agent.build_executor(self.settings, self.config)
+        self.executor = driver_manager.open_executor(self.settings)
         self.root: HostRoot = self.executor.root
         self.component = dm.Component(args.component)
         self.timeout: int | None = args.timeout
         """Every command's `timeout_seconds` when `--timeout` says, else their defaults."""
-        self.store = StateStore(self.root)
+        self.store = driver_manager.StateStore(self.root)
         try:
             self.store.load()
-        except StateCorrupt as exc:
+        except driver_manager.StateCorrupt as exc:
             raise CommandFailed(f"the driver state is unreadable, refusing to act: {exc}") from None
         self.source = SOURCE.format(node=node)
         self.steps: list[Event] = []
@@ -68,35 +64,31 @@ class Host:
                     "installs and loads for the running kernel"
                 )
 
-    async def run(self, command: ComponentCommand) -> Event:
+    async def run(self, command: driver_manager.ComponentCommand) -> Event:
         """`command` through the agent's path: recorded started, executed, recorded done."""
-        command_id = f"cli-{uuid.uuid4().hex}"
         if self.timeout is not None:
             command = command.model_copy(update={"timeout_seconds": self.timeout})
         assert self.settings.node is not None
-        answer, outcome, component = await agent.execute_recorded(
+        result = await driver_manager.run_recorded(
             self.executor,
             self.store,
-            command_id,
+            f"cli-{uuid.uuid4().hex}",
             command,
-            None,
             node=self.settings.node,
             source=self.source,
-            correlationid=command_id,
         )
-        self.store.finish(command_id, answer, component, outcome.changes)
-        self.steps.append(outcome.result)
-        return outcome.result
+        self.steps.append(result)
+        return result
 
 
-def _locked(host: Host) -> StateLock:
-    lock = StateLock(host.root)
+def _locked(host: Host) -> driver_manager.StateLock:
+    lock = driver_manager.StateLock(host.root)
     if not lock.try_acquire():
         raise CommandFailed(
             f"a driver-manager holds {lock.path}: stop the one on this node first (or let the "
             "orchestrator do it: gpuop upgrade)"
         )
-    for path in installing.clean_staging(host.root):
+    for path in driver_manager.clean_staging(host.root):
         print(f"removed what an interrupted install left: {path}")
     return lock
 
@@ -185,7 +177,7 @@ async def _validate(host: Host, version: str, output: str) -> None:
     )
 
 
-async def _step(host: Host, command: ComponentCommand, output: str) -> None:
+async def _step(host: Host, command: driver_manager.ComponentCommand, output: str) -> None:
     """Run `command`; a failure stops the command with its answer's words (exit 1)."""
     result = await host.run(command)
     if output == "text":
@@ -251,7 +243,10 @@ def _public_key(key: str) -> str:
 
 
 def status_of(
-    root: HostRoot, store: StateStore, component: dm.Component, kernel: str | None = None
+    root: HostRoot,
+    store: driver_manager.StateStore,
+    component: dm.Component,
+    kernel: str | None = None,
 ) -> dict[str, Any]:
     """What the host has of `component`: per kernel (only `kernel` when given) the versions
     installed and the active one; the version loaded and its modules; the user-space switch;
@@ -282,7 +277,7 @@ def status_of(
         "running_kernel": running,
         "loaded": modules.module_version(root, names[0]),
         "modules_loaded": [name for name in names if name in loaded],
-        "userspace": installing.active_userspace(root, component),
+        "userspace": driver_manager.active_userspace(root, component),
         "previous": record.previous,
         "kernels": kernels,
     }

@@ -7,13 +7,13 @@ version whose source lacks some node's kernel would cordon and drain that node, 
 at the install; the plan refuses it instead, naming the nodes and their kernels. The GPU
 driver's package must also be of the kernel modules the node is to run (its target's
 flavour: the policy's `kernelModuleType`, `auto` resolved per node by `gpuop.policy.flavours`),
-chosen as the node chooses (`sources.select`: a format-1 package serves either); a kernel
+chosen as the node chooses (`driver_manager.select`: a format-1 package serves either); a kernel
 with builds of the other modules only is named with the flavours the source has for it.
 
 `missing` is pure: the nodes (with the kernel each runs, `status.nodeInfo.kernelVersion` or
 discovery's inventory), the components and versions they are to run, and the sources'
 indexes. `read_indexes` reads each source named in the policy once, through the
-driver-manager's own source code (`sources.open_source`), so the index is trusted exactly
+driver-manager's own source code (`driver_manager.open_source`), so the index is trusted exactly
 as a node trusts it (the policy's keys, `allowUnsigned`). A source this machine cannot
 reach (a directory that exists only on the nodes, a URL behind their network) is reported
 as not checked, not as a refusal. A component without a source (the package must already be
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from gpuop.events import driver as dm
 from gpuop.events.driver import Component, InstallFailureReason
 from gpuop.saga.records import Target
-from gpuop.services.driver_manager import sources
+from gpuop.services.driver_manager import facade as driver_manager
 
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 30.0
@@ -121,13 +121,13 @@ class Coverage:
 
 def missing(
     wanted: Iterable[Wanted],
-    indexes: Mapping[str, sources.SourceIndex],
+    indexes: Mapping[str, driver_manager.SourceIndex],
     unchecked: Mapping[str, str] | None = None,
     refused: Mapping[str, str] | None = None,
 ) -> Coverage:
     """The nodes of `wanted` whose kernel has no package of their target (of its flavour,
     when it names one) in its source's index (`indexes`, by source URI; a source absent
-    from it is not checked), by the driver-manager's own selection (`sources.select`)."""
+    from it is not checked), by the driver-manager's own selection (`driver_manager.select`)."""
     gaps = []
     unknown = set()
     for item in wanted:
@@ -141,9 +141,9 @@ def missing(
         index = indexes[source]
         try:
             # the node's own choice (a format-1 package serves either flavour)
-            sources.select(index, source, item.component, version, item.kernel, flavour)
-        except sources.SourceError:
-            has = sources.flavours_for(index, item.component, version, item.kernel)
+            driver_manager.select(index, source, item.component, version, item.kernel, flavour)
+        except driver_manager.SourceError:
+            has = driver_manager.flavours_for(index, item.component, version, item.kernel)
             gap = Gap(item.node, item.kernel, item.component, version, source, flavour, has)
             gaps.append(gap)
     return Coverage(
@@ -164,10 +164,10 @@ async def check(wanted: Iterable[Wanted]) -> Coverage:
 
 async def read_indexes(
     targets: Mapping[str, Target],
-) -> tuple[dict[str, sources.SourceIndex], dict[str, str], dict[str, str]]:
+) -> tuple[dict[str, driver_manager.SourceIndex], dict[str, str], dict[str, str]]:
     """Each source's index, trusted with its target's keys; the sources not reachable from
     here, and those whose index a node would refuse, each with why."""
-    indexes: dict[str, sources.SourceIndex] = {}
+    indexes: dict[str, driver_manager.SourceIndex] = {}
     unchecked: dict[str, str] = {}
     refused: dict[str, str] = {}
     for uri, target in targets.items():
@@ -178,14 +178,14 @@ async def read_indexes(
             ca_bundle=target.ca_bundle,
         )
         try:
-            source = sources.open_source(
+            source = driver_manager.open_source(
                 trust,
                 connect_timeout=CONNECT_TIMEOUT,
                 read_timeout=READ_TIMEOUT,
                 max_bytes=MAX_INDEX_BYTES,
             )
             indexes[uri] = await source.index()
-        except sources.SourceError as error:
+        except driver_manager.SourceError as error:
             if error.reason is InstallFailureReason.SOURCE_UNREACHABLE:
                 unchecked[uri] = f"not checked: {error}"
             else:

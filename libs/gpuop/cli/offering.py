@@ -15,7 +15,7 @@ nodes) is not checked.
 
 The GPU driver's version must also come in the kernel modules the policy's
 `kernelModuleType` names (a format-1 package serves either, as a node's selection has it:
-`sources.select`); with `auto`, which each node resolves from its own GPUs, the flavour the
+`driver_manager.select`); with `auto`, which each node resolves from its own GPUs, the flavour the
 version's branch recommends is checked and a source without it is noted, not refused.
 """
 
@@ -27,12 +27,12 @@ from gpuop.cli import coverage
 from gpuop.cli.errors import CommandFailed
 from gpuop.events.driver import Component
 from gpuop.saga.records import Target
-from gpuop.services.driver_manager import sources
+from gpuop.services.driver_manager import facade as driver_manager
 
 UNCHANGED = "the policy is unchanged"
 
 
-def offered(index: sources.SourceIndex, component: Component) -> list[str]:
+def offered(index: driver_manager.SourceIndex, component: Component) -> list[str]:
     """The versions of `component` the index lists, for any kernel, oldest first."""
     found = {e.version for e in index.packages if e.component == component}
     return sorted(found, key=_version_key)
@@ -80,23 +80,29 @@ async def require(
     )
 
 
-def in_flavour(index: sources.SourceIndex, uri: str, component: Component, target: Target) -> bool:
+def in_flavour(
+    index: driver_manager.SourceIndex, uri: str, component: Component, target: Target
+) -> bool:
     """Whether a node of some kernel the index has `target.version` for would find a package
-    of `target.flavour` there, by the node's own selection (`sources.select`)."""
+    of `target.flavour` there, by the node's own selection (`driver_manager.select`)."""
     kernels = {e.kernel_release for e in index.packages if e.component == component}
     for kernel in sorted(kernels):
         try:
-            sources.select(index, uri, component, target.version, kernel, target.flavour)
-        except sources.SourceError:
+            driver_manager.select(index, uri, component, target.version, kernel, target.flavour)
+        except driver_manager.SourceError:
             continue
         return True
     return False
 
 
-def flavours_offered(index: sources.SourceIndex, component: Component, version: str) -> list[str]:
+def flavours_offered(
+    index: driver_manager.SourceIndex, component: Component, version: str
+) -> list[str]:
     """The flavours `version` of `component` comes in, over every kernel the index lists."""
     kernels = {e.kernel_release for e in index.packages if e.component == component}
     found = {
-        f for kernel in kernels for f in sources.flavours_for(index, component, version, kernel)
+        f
+        for kernel in kernels
+        for f in driver_manager.flavours_for(index, component, version, kernel)
     }
     return sorted(found)

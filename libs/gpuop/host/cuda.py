@@ -51,7 +51,7 @@ SYSTEM_LIBRARY_DIRS = (
 )
 """Where distributions put `libcuda.so.1`, under the host root."""
 USERSPACE_LIBRARIES = "opt/gpuop/gpu/{version}/lib"
-"""A format 2 package's user space libraries (`services/driver_manager/installing.py`)."""
+"""A format 2 package's user space libraries (`gpuop.services.driver_manager.installing`)."""
 
 
 def error_name(code: int) -> str:

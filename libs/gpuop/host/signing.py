@@ -1,7 +1,7 @@
 """minisign keys and signatures: how a driver source's `index.json` is authenticated.
 
 `gpuop.host.packaging.sign_driver_source` signs an index (admins, the demo, the tests); the
-driver-manager verifies it (`services/driver_manager/sources.py`) against the public keys
+driver-manager verifies it (`gpuop.services.driver_manager.sources`) against the public keys
 the policy trusts for that source before it believes any digest in it. The files are
 minisign's (jedisct1/minisign `src/minisign.c`), so `minisign -Vm index.json -P RW...`
 checks what gpuop signed, and gpuop checks what `minisign -S` signed:

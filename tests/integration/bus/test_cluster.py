@@ -94,7 +94,7 @@ async def test_every_stream_and_bucket_has_three_replicas_sharing_its_byte_limit
 
 async def test_a_comma_separated_setting_is_the_server_list(cluster: NatsCluster) -> None:
     bus = NatsBus(cluster.url)
-    assert bus._servers == cluster.urls
+    assert bus._connection.servers == cluster.urls
     with pytest.raises(ValueError, match="replicas must be 1 to 5"):
         NatsBus(cluster.url, replicas=7)
 

@@ -18,7 +18,7 @@ from gpuop.bus import (
     KeyExists,
     NatsBus,
     NatsServer,
-    jetstream,
+    consumers,
     streams,
     watching,
 )
@@ -281,7 +281,7 @@ async def test_an_idle_consumer_asks_again_as_soon_as_the_connection_is_back(
 ) -> None:
     """Its pull request died with the old connection: waiting out that pull (made 60 s long
     here) would deliver nothing for a minute after every NATS restart."""
-    monkeypatch.setattr(jetstream, "IDLE_FETCH_SECONDS", 60.0)
+    monkeypatch.setattr(consumers, "IDLE_FETCH_SECONDS", 60.0)
     server = NatsServer(tmp_path / "nats")
     await server.start()
     bus = NatsBus(server.url, retry_for=20.0)

@@ -32,6 +32,11 @@ A reboot's `Outcome` carries the reboot as `after`: the agent publishes `RebootS
 first, then reboots; before either it asks `rebooted_since` (the boot id guard). A rollback
 unloads without the management-interface check: it follows an unload the orchestrator
 already opted into in the same maintenance window.
+
+`execute` finds each command's handler in one table (`Executor._handlers`, command type to
+handler). The recorded MIG layout goes back in one place (`_layout_back`): a load and a
+rollback come up through `_bring_up` (load, layout, CDI spec), a validation puts it back
+before it checks, a reset after it, and the agent's start once.
 """
 
 from __future__ import annotations
@@ -84,6 +89,22 @@ class Outcome:
     """Run after the result is published (the reboot itself)."""
 
 
+@dataclass(frozen=True)
+class _Up:
+    """A load's or a rollback's way up (`Executor._bring_up`)."""
+
+    loaded: tuple[str, ...]
+    changes: dict[str, Any]
+    failure: LoadError | None = None
+    """The MIG layout or the CDI spec not back: the driver runs without them."""
+
+
+_Handler = Callable[[str, Any, StepContext, ComponentRecord], Awaitable[Outcome]]
+"""A verb's handler: the command's id, the command, what it saw first, its component's record."""
+
+_OTHER = dm.LoadFailureReason.OTHER
+
+
 class Executor:
     """Runs driver commands on one host."""
 
@@ -121,8 +142,21 @@ class Executor:
             reloader,
             lambda: validator.nvml(),
             resets or SysfsFunctionResets(root),
-            after_reset=self._mig_after_reset,
+            after_reset=self._layout_back,
         )
+        self._handlers: dict[type[Command], _Handler] = {
+            dm.StageDriver: self._stage,
+            dm.UnloadDriver: self._unload,
+            dm.InstallDriver: self._install,
+            dm.LoadDriver: self._load,
+            dm.ValidateDriver: self._validate,
+            dm.RollbackDriver: self._rollback,
+            dm.RebootNode: self._reboot,
+            dm.ConfigureRuntime: self._configure_runtime,
+            ApplyMigLayout: self._apply_mig_layout,
+            remediation.ResetGpu: self._reset_gpu,
+        }
+        """Each command type's handler: the verbs of the module's table."""
 
     async def context_for(self, command: Command) -> StepContext:
         """What the command must remember from before it changed anything."""
@@ -151,102 +185,124 @@ class Executor:
     async def execute(
         self, command_id: str, command: Command, context: StepContext, record: ComponentRecord
     ) -> Outcome:
-        if isinstance(command, dm.RebootNode):
-            started = dm.RebootStarted(command_id=command_id, boot_id=command.boot_id)
-            return Outcome(started, after=self.rebooter.reboot)
-        if isinstance(command, dm.ConfigureRuntime):
-            return Outcome(await self.runtimes.configure(command_id, command))
-        if isinstance(command, ApplyMigLayout):
-            return Outcome(await self.mig.apply(command_id, command))
-        if isinstance(command, remediation.ResetGpu):
-            return Outcome(await self.resetter.reset(command_id, command, context))
-        if not isinstance(command, ComponentCommand):
+        """`command` by its verb's handler (`_handlers`). A component's command is answered
+        `not managed here` for a component this agent does not manage, a host error becomes
+        its retryable failure, and its outcome carries the component's packages after it."""
+        handler = self._handlers.get(type(command))
+        if handler is None:
             raise TypeError(f"{type(command).__name__} is not a driver command")
+        if not isinstance(command, ComponentCommand):
+            return await handler(command_id, command, context, record)
         if command.component not in self.config.components:
             managed = ", ".join(self.config.components)
             message = f"{command.component} is not managed here (this agent manages: {managed})"
             return Outcome(answers.failure(command_id, command, message))
         try:
-            outcome = await self._run(command_id, command, context, record)
+            outcome = await handler(command_id, command, context, record)
         except HostError as exc:
             failure = answers.failure(command_id, command, f"host error: {exc}", retryable=True)
             outcome = Outcome(failure)
         changes = {**self._snapshot(command.component), **outcome.changes}
         return Outcome(outcome.result, changes, outcome.after)
 
-    async def _run(
+    async def _reboot(
+        self, command_id: str, command: dm.RebootNode, context: StepContext, record: ComponentRecord
+    ) -> Outcome:
+        started = dm.RebootStarted(command_id=command_id, boot_id=command.boot_id)
+        return Outcome(started, after=self.rebooter.reboot)
+
+    async def _configure_runtime(
         self,
         command_id: str,
-        command: ComponentCommand,
+        command: dm.ConfigureRuntime,
         context: StepContext,
         record: ComponentRecord,
     ) -> Outcome:
-        if isinstance(command, dm.UnloadDriver):
-            return await self._unload(command_id, command, context)
-        if isinstance(command, dm.StageDriver):
-            return await self._stage(command_id, command)
-        if isinstance(command, dm.InstallDriver):
-            return await self._install(command_id, command, record)
-        if isinstance(command, dm.LoadDriver):
-            try:
-                loaded, changes = await self._load_version(
-                    command.component, command.version, record, command.timeout_seconds
-                )
-            except LoadError as exc:
-                return Outcome(answers.load_failed(command_id, command, exc))
-            try:
-                await self._reapply_mig(command.component, command.timeout_seconds)
-            except LoadError as exc:
-                return Outcome(answers.load_failed(command_id, command, exc), changes)
-            try:
-                await self.specs.after_load(
-                    command.component, command.version, command.timeout_seconds
-                )
-            except SpecFailed as exc:
-                failure = LoadError(
-                    dm.LoadFailureReason.OTHER, exc.message, retryable=exc.retryable
-                )
-                return Outcome(answers.load_failed(command_id, command, failure), changes)
-            answer = dm.DriverLoaded(
-                command_id=command_id,
-                component=command.component,
-                version=command.version,
-                modules=loaded,
+        return Outcome(await self.runtimes.configure(command_id, command))
+
+    async def _apply_mig_layout(
+        self,
+        command_id: str,
+        command: ApplyMigLayout,
+        context: StepContext,
+        record: ComponentRecord,
+    ) -> Outcome:
+        return Outcome(await self.mig.apply(command_id, command))
+
+    async def _reset_gpu(
+        self,
+        command_id: str,
+        command: remediation.ResetGpu,
+        context: StepContext,
+        record: ComponentRecord,
+    ) -> Outcome:
+        return Outcome(await self.resetter.reset(command_id, command, context))
+
+    async def _load(
+        self, command_id: str, command: dm.LoadDriver, context: StepContext, record: ComponentRecord
+    ) -> Outcome:
+        try:
+            up = await self._bring_up(
+                command.component,
+                command.version,
+                record,
+                command.timeout_seconds,
+                self.specs.after_load,
             )
-            return Outcome(answer, changes)
-        if isinstance(command, dm.ValidateDriver):
-            expected = command.expected_devices
-            if expected is None:
-                expected = record.devices
-            try:
-                # after a reboot the driver came up with the MIG mode and no instances
-                await self._reapply_mig(command.component, command.timeout_seconds, spec=True)
-            except LoadError as not_back:
-                unusable = ValidationFailed(
-                    not_back.reason, not_back.message, retryable=not_back.retryable
-                )
-                return Outcome(answers.validation_failed(command_id, command, unusable))
-            try:
-                devices = await self.validator.validate(
-                    command.component,
-                    command.version,
-                    expected,
-                    command.timeout_seconds,
-                    command.check,
-                )
-            except ValidationFailed as exc:
-                return Outcome(answers.validation_failed(command_id, command, exc))
-            validated = dm.DriverValidated(
-                command_id=command_id,
-                component=command.component,
-                version=command.version,
-                devices=devices,
+        except LoadError as exc:
+            return Outcome(answers.load_failed(command_id, command, exc))
+        if up.failure is not None:
+            return Outcome(answers.load_failed(command_id, command, up.failure), up.changes)
+        answer = dm.DriverLoaded(
+            command_id=command_id,
+            component=command.component,
+            version=command.version,
+            modules=up.loaded,
+        )
+        return Outcome(answer, up.changes)
+
+    async def _validate(
+        self,
+        command_id: str,
+        command: dm.ValidateDriver,
+        context: StepContext,
+        record: ComponentRecord,
+    ) -> Outcome:
+        expected = command.expected_devices
+        if expected is None:
+            expected = record.devices
+        try:
+            # after a reboot the driver came up with the MIG mode and no instances
+            await self._mig_back(command.component, command.timeout_seconds, spec=True)
+        except LoadError as not_back:
+            unusable = ValidationFailed(
+                not_back.reason, not_back.message, retryable=not_back.retryable
             )
-            return Outcome(validated)
-        return await self._rollback(command_id, command, context, record)
+            return Outcome(answers.validation_failed(command_id, command, unusable))
+        try:
+            devices = await self.validator.validate(
+                command.component,
+                command.version,
+                expected,
+                command.timeout_seconds,
+                command.check,
+            )
+        except ValidationFailed as exc:
+            return Outcome(answers.validation_failed(command_id, command, exc))
+        validated = dm.DriverValidated(
+            command_id=command_id,
+            component=command.component,
+            version=command.version,
+            devices=devices,
+        )
+        return Outcome(validated)
 
     async def _unload(
-        self, command_id: str, command: dm.UnloadDriver, context: StepContext
+        self,
+        command_id: str,
+        command: dm.UnloadDriver,
+        context: StepContext,
+        record: ComponentRecord,
     ) -> Outcome:
         try:
             removed = await self.reloader.unload(
@@ -271,7 +327,13 @@ class Executor:
         )
         return Outcome(unloaded, changes)
 
-    async def _stage(self, command_id: str, command: dm.StageDriver) -> Outcome:
+    async def _stage(
+        self,
+        command_id: str,
+        command: dm.StageDriver,
+        context: StepContext,
+        record: ComponentRecord,
+    ) -> Outcome:
         try:
             async with asyncio.timeout(command.timeout_seconds):
                 staged = await self.installer.stage(
@@ -297,7 +359,11 @@ class Executor:
         return Outcome(answer)
 
     async def _install(
-        self, command_id: str, command: dm.InstallDriver, record: ComponentRecord
+        self,
+        command_id: str,
+        command: dm.InstallDriver,
+        context: StepContext,
+        record: ComponentRecord,
     ) -> Outcome:
         try:
             async with asyncio.timeout(command.timeout_seconds):
@@ -401,19 +467,17 @@ class Executor:
         if context.modules:
             updates["modules"] = context.modules
         try:
-            _, changes = await self._load_version(
-                component, version, record.model_copy(update=updates), command.timeout_seconds
+            up = await self._bring_up(
+                component,
+                version,
+                record.model_copy(update=updates),
+                command.timeout_seconds,
+                self.specs.after_rollback,
             )
         except LoadError as exc:
             return failed(dm.DriverStep.LOAD, exc.message, exc.retryable)
-        try:
-            await self._reapply_mig(component, command.timeout_seconds)
-        except LoadError as exc:
-            return failed(dm.DriverStep.LOAD, exc.message, exc.retryable)
-        try:
-            await self.specs.after_rollback(component, version, command.timeout_seconds)
-        except SpecFailed as exc:
-            return failed(dm.DriverStep.LOAD, exc.message, exc.retryable)
+        if up.failure is not None:
+            return failed(dm.DriverStep.LOAD, up.failure.message, up.failure.retryable)
         if context.from_version not in (None, version):
             # the rejected build goes: a retry fetches the package again, fixed or not
             self.installer.remove(component, context.from_version)
@@ -427,7 +491,29 @@ class Executor:
             restored_kernels=others.restored[:32],
             kernels_not_restored=tuple(sorted(others.not_restored))[:32],
         )
-        return Outcome(answer, {**updates, **changes, "prestaged": others.kept})
+        return Outcome(answer, {**updates, **up.changes, "prestaged": others.kept})
+
+    async def _bring_up(
+        self,
+        component: dm.Component,
+        version: str,
+        record: ComponentRecord,
+        timeout: float,
+        write_spec: Callable[[dm.Component, str, float], Awaitable[None]],
+    ) -> _Up:
+        """A load's and a rollback's way up: `version` loaded (`_load_version`; `LoadError`
+        when it is not), the GPU's MIG layout put back, then its CDI spec (`write_spec`:
+        written afresh, or restored by a rollback). A layout or spec not back is the
+        outcome's `failure`: the driver runs, and its record's changes stand."""
+        loaded, changes = await self._load_version(component, version, record, timeout)
+        try:
+            await self._mig_back(component, timeout, spec=False)
+            await write_spec(component, version, timeout)
+        except LoadError as exc:
+            return _Up(loaded, changes, exc)
+        except SpecFailed as exc:
+            return _Up(loaded, changes, LoadError(_OTHER, exc.message, retryable=exc.retryable))
+        return _Up(loaded, changes)
 
     async def catch_up_mig(self, timeout: float) -> None:
         """At start: the recorded MIG layout back if the GPU driver runs without it (the node
@@ -437,30 +523,29 @@ class Executor:
             return
         if self.reloader.loaded_version(dm.Component.GPU) is None:
             return
-        try:
-            await self.mig.reapply(timeout, spec=True)
-        except ReapplyFailed as exc:
-            log.error("at start: %s", exc.message)
+        not_back = await self._layout_back(timeout)
+        if not_back is not None:
+            log.error("at start: %s", not_back)
 
-    async def _mig_after_reset(self, timeout: float) -> str | None:
-        try:
-            await self.mig.reapply(timeout, spec=True)
-        except ReapplyFailed as exc:
-            return exc.message
-        return None
-
-    async def _reapply_mig(
-        self, component: dm.Component, timeout: float, *, spec: bool = False
-    ) -> None:
-        """The GPU driver's MIG layout as recorded before it was unloaded (`mig.reapply`);
-        `LoadError` when it cannot be put back. Only the GPU driver has one."""
+    async def _mig_back(self, component: dm.Component, timeout: float, *, spec: bool) -> None:
+        """The GPU driver's MIG layout as recorded before it was unloaded, for a load, a
+        rollback and a validation; `LoadError` when it cannot be put back. Only the GPU
+        driver has one."""
         if component is not dm.Component.GPU:
             return
+        not_back = await self._layout_back(timeout, spec=spec)
+        if not_back is not None:
+            log.error("%s", not_back)
+            raise LoadError(_OTHER, not_back, retryable=True)
+
+    async def _layout_back(self, timeout: float, *, spec: bool = True) -> str | None:
+        """The one place the recorded MIG layout goes back (`mig.reapply`), after a load, a
+        rollback, a reboot (validation, start) or a reset; why it could not, or None."""
         try:
             await self.mig.reapply(timeout, spec=spec)
         except ReapplyFailed as exc:
-            log.error("%s", exc.message)
-            raise LoadError(dm.LoadFailureReason.OTHER, exc.message, retryable=True) from None
+            return exc.message
+        return None
 
     def _snapshot(self, component: str) -> dict[str, Any]:
         try:
