@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from contextlib import suppress
@@ -45,6 +46,7 @@ import yaml
 
 from gpuop.host import runtimes
 from gpuop.host.roots import HostRoot
+from gpuop_sim.cluster import hosts
 from tests.support import control_plane, tiny_images
 from tests.support.control_plane import (
     SERVICE_CIDR,
@@ -122,6 +124,17 @@ CONTAINERD_DISABLED = (
 )
 
 
+def device_nodes(gpus: int) -> dict[str, tuple[int, int]]:
+    """The character devices NVIDIA's driver makes for `gpus` GPUs, by name under /dev: one
+    per GPU and the control device (major 195), the unified memory pair (a dynamic major;
+    235 here). Made for real on the node's host root; nothing answers behind them."""
+    nodes = {f"nvidia{index}": (195, index) for index in range(gpus)}
+    nodes["nvidiactl"] = (195, 255)
+    nodes["nvidia-uvm"] = (235, 0)
+    nodes["nvidia-uvm-tools"] = (235, 1)
+    return nodes
+
+
 class RealNodeError(ControlPlaneError):
     """The real node could not start (or stop clean); the message says why and where."""
 
@@ -148,6 +161,9 @@ class RealNode(Launcher):
     plane: ControlPlane
     work: Path
     name: str = NAME
+    gpus: int = 0
+    """With GPUs, the host root is a simulated GPU node's (`gpuop sim host`: the recorded H200
+    node, its driver loaded) with its NVIDIA device nodes made for real (`DEVICE_NODES`)."""
     components: list[Component] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
     _before: dict[str, Any] = field(default_factory=dict)
@@ -207,6 +223,7 @@ class RealNode(Launcher):
             "coredns-ready",
         ):
             self.ports[name] = free_port()
+        self._host_root()
         self._network()
         self._start_containerd()
         self._import_images()
@@ -222,6 +239,16 @@ class RealNode(Launcher):
         """containerd finds its shim on PATH; runc, iptables and mount are Debian's."""
         path = f"{control_plane.BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         return {"PATH": path, "HOME": str(self.work), "LANG": "C.UTF-8"}
+
+    def _host_root(self) -> None:
+        if self.gpus == 0:
+            self.host_root.mkdir(parents=True, exist_ok=True)
+            return
+        hosts.build_host_root(self.host_root, self.name, self.gpus)
+        devices = self.host_root / "dev"
+        devices.mkdir(exist_ok=True)
+        for name, (major, minor) in device_nodes(self.gpus).items():
+            os.mknod(devices / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
 
     # The node's addresses: a bridge with no ports holds the node IP.
 

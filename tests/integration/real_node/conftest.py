@@ -1,7 +1,8 @@
 """One real node for the real-node suites (module scope): a control plane without KWOK (its
 manage-all-nodes would take the real node over) and the node registered with it
-(`tests.support.real_node`). DNS leaving the machine is captured for the whole module; the
-node's stop is checked to leave nothing behind."""
+(`tests.support.real_node`), its host root a simulated node's with 8 GPUs. DNS leaving the
+machine is captured for the whole module; the node's stop is checked to leave nothing
+behind."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from tests.support import real_node
 from tests.support.control_plane import ControlPlane
 from tests.support.dns_capture import DnsCapture
 from tests.support.real_node import RealNode
+
+GPUS = 8
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +33,7 @@ def node(tmp_path_factory: pytest.TempPathFactory, dns_capture: DnsCapture) -> I
     if absent:
         pytest.fail("the real node needs: " + ", ".join(absent))
     with ControlPlane(tmp_path_factory.mktemp("control-plane"), kwok=False) as plane:
-        running = RealNode(plane, tmp_path_factory.mktemp("real-node"))
+        running = RealNode(plane, tmp_path_factory.mktemp("real-node"), gpus=GPUS)
         with running:
             yield running
         left = running.leftovers()

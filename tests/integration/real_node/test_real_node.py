@@ -9,13 +9,16 @@ DNS query leaves the machine meanwhile."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 
-from tests.support import tiny_images
+from tests.integration.real_node.conftest import GPUS
+from tests.support import real_node, tiny_images
 from tests.support.dns_capture import DnsCapture
 from tests.support.real_node import (
     CLUSTER_DNS,
@@ -141,6 +144,18 @@ async def test_a_pod_of_runtime_class_nvidia_runs_on_gpuops_drop_in_handler(
 
     assert inspected["status"]["runtimeHandler"] == "nvidia"
     assert "runtimes.nvidia" in drop_in.read_text()  # the handler is gpuop's, not ours
+
+
+def test_the_host_root_is_a_gpu_nodes_with_real_device_nodes(node: RealNode) -> None:
+    devices = node.host_root / "dev"
+    made = {path.name: path.stat() for path in devices.iterdir()}
+
+    assert set(made) == set(real_node.device_nodes(GPUS))
+    assert set(real_node.device_nodes(GPUS)) >= {"nvidia0", "nvidia7", "nvidiactl", "nvidia-uvm"}
+    for name, (major, minor) in real_node.device_nodes(GPUS).items():
+        assert stat.S_ISCHR(made[name].st_mode), name
+        assert (os.major(made[name].st_rdev), os.minor(made[name].st_rdev)) == (major, minor)
+    assert (node.host_root / "proc" / "driver" / "nvidia" / "version").is_file()
 
 
 def test_an_image_pull_goes_nowhere(node: RealNode) -> None:
