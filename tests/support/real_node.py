@@ -253,6 +253,8 @@ class RealNode(Launcher):
     # The node's addresses: a bridge with no ports holds the node IP.
 
     def _network(self) -> None:
+        for link in (POD_BRIDGE, NODE_BRIDGE):  # a killed run's (this node holds the lock)
+            subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
         _run("ip", "link", "add", NODE_BRIDGE, "type", "bridge")
         _run("ip", "addr", "add", f"{NODE_IP}/32", "dev", NODE_BRIDGE)
         _run("ip", "link", "set", NODE_BRIDGE, "up")
