@@ -42,9 +42,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuop.events import Command, Event, remediation
+from gpuop.events import Command, Event, remediation_commands
 from gpuop.events import driver as dm
-from gpuop.events.mig import ApplyMigLayout
+from gpuop.events.mig_commands import ApplyMigLayout
 from gpuop.host import packages, system
 from gpuop.host.errors import HostError
 from gpuop.host.protocol import Rebooter
@@ -126,7 +126,7 @@ class Executor:
 
     async def context_for(self, command: Command) -> StepContext:
         """What the command must remember from before it changed anything."""
-        if isinstance(command, remediation.ResetGpu):
+        if isinstance(command, remediation_commands.ResetGpu):
             return await self.resetter.context()
         if not isinstance(command, dm.UnloadDriver | dm.RollbackDriver):
             return StepContext()
@@ -158,7 +158,7 @@ class Executor:
             return Outcome(await self.runtimes.configure(command_id, command))
         if isinstance(command, ApplyMigLayout):
             return Outcome(await self.mig.apply(command_id, command))
-        if isinstance(command, remediation.ResetGpu):
+        if isinstance(command, remediation_commands.ResetGpu):
             return Outcome(await self.resetter.reset(command_id, command, context))
         if not isinstance(command, ComponentCommand):
             raise TypeError(f"{type(command).__name__} is not a driver command")

@@ -2,8 +2,8 @@
 move it makes.
 
 The upgrade orchestrator publishes these, and only it, in the domain `mig` (the request
-that starts one is discovery's `gpuop.events.migrequests.MigConfigRequested`; the command
-the saga sends and its answers are the driver-manager's, `gpuop.events.mig`).
+that starts one is discovery's `gpuop.events.mig_requests.MigConfigRequested`; the command
+the saga sends and its answers are the driver-manager's, `gpuop.events.mig_commands`).
 `NodeMigStateChanged` goes out on every move, on the subject `gpuop.evt.mig.<node>.<state>`
 named after the new state, as the upgrade's and the remediation's do, so a tool subscribes
 to the states it cares about (`gpuop.evt.mig.*.mig-config-failed`).
@@ -31,7 +31,7 @@ from gpuop.events.fields import (
     MessageId,
     Record,
 )
-from gpuop.events.mig import GpuMigLayout
+from gpuop.events.mig_commands import GpuMigLayout
 
 DOMAIN = "mig"
 

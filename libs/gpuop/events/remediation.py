@@ -1,7 +1,7 @@
 """The remediation saga's public face: a node's remediation started, and each move it makes.
 
 The upgrade orchestrator publishes these, and only it, in the domain `remediation` (the
-commands the saga sends node agents, and their answers, are in `gpuop.events.remediation`).
+commands the saga sends node agents, and their answers, are in `gpuop.events.remediation_commands`).
 `NodeRemediationStateChanged` goes out on every move of a node's remediation, on the subject
 `gpuop.evt.remediation.<node>.<state>` named after the new state, as the upgrade's state
 changes are, so a tool subscribes to exactly the states it cares about

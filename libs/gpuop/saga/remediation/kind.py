@@ -19,10 +19,10 @@ from gpuop.events import Event, ids, kube
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import hardware as hw
-from gpuop.events import remediation as cmd
+from gpuop.events import remediation_commands as cmd
 from gpuop.events.deadlines import DeadlineExpired
-from gpuop.events.remediations import TERMINAL_STATES, NodeRemediationStateChanged
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import TERMINAL_STATES, NodeRemediationStateChanged
+from gpuop.events.remediation import RemediationState as S
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine

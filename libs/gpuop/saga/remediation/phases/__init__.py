@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType, ModuleType
 
-from gpuop.events.remediations import RemediationState
+from gpuop.events.remediation import RemediationState
 from gpuop.saga.machine import Phase
 from gpuop.saga.remediation.drafting import Draft
 from gpuop.saga.remediation.phases import (

@@ -6,7 +6,7 @@ upgrade-failed fails it."""
 
 from __future__ import annotations
 
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 from gpuop.events.upgrade import NodeUpgradeStateChanged, UpgradeState
 from gpuop.saga.machine import Trigger, ignore
 from gpuop.saga.remediation.drafting import Draft
