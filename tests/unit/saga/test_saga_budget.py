@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuop.policy import Budget, validate_spec
 from gpuop.policy.specs import GPUClusterPolicySpec
@@ -12,12 +13,49 @@ from gpuop.saga import admission
 from gpuop.saga.admission import NodeStatus
 from gpuop.saga.records import NodeSaga
 from tests.support.sagas import GPU_NEW, SOURCE, T0, S, saga_for
-from tests.unit.saga.test_saga_admission_pass import PROPERTY_TIMEOUT, fleets
+
+# Hundreds of fleets: seconds alone, more on a busy machine.
+PROPERTY_TIMEOUT = 120
+
+
+@st.composite
+def weighed_fleets(
+    draw: st.DrawFn,
+) -> tuple[GPUClusterPolicySpec, list[NodeSaga], dict[str, NodeStatus]]:
+    """Fleets that vary what the budget counts: node conditions, holds, removed nodes, and
+    the sagas' states and cordons."""
+    spec = validate_spec(
+        {
+            "driver": {"gpu": {"version": GPU_NEW, "source": SOURCE}},
+            "upgradePolicy": {
+                "maxUnavailable": draw(st.sampled_from(("1%", "34%", "100%", 1, 4, 20))),
+                "failedNodesHoldSlot": draw(st.booleans()),
+            },
+        }
+    )
+    sagas: list[NodeSaga] = []
+    statuses: dict[str, NodeStatus] = {}
+    for i in range(draw(st.integers(0, 12))):
+        node = f"node-{i:02d}"
+        if draw(st.booleans()):
+            state = draw(st.sampled_from(list(S)))
+            cordoned = draw(st.booleans())
+            saga = saga_for(spec, node=node).model_copy(
+                update={"state": state, "cordoned": cordoned}
+            )
+            sagas.append(saga)
+        statuses[node] = NodeStatus(
+            ready=draw(st.booleans()),
+            unschedulable=draw(st.booleans()),
+            exists=draw(st.integers(0, 5)) > 0,
+            held_by=draw(st.sampled_from((None, None, "remediation"))),
+        )
+    return spec, sagas, statuses
 
 
 @pytest.mark.timeout(PROPERTY_TIMEOUT)
 @settings(max_examples=300, deadline=None)
-@given(fleets())
+@given(weighed_fleets())
 def test_the_cluster_budget_is_the_one_the_admission_pass_weighs(
     fleet: tuple[GPUClusterPolicySpec, list[NodeSaga], dict[str, NodeStatus]],
 ) -> None:
