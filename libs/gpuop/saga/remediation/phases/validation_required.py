@@ -28,7 +28,7 @@ RESUME = "validate-resume"
 
 
 def plan(spec: GPUClusterPolicySpec, operands_paused: bool) -> tuple[str, ...]:
-    """The rungs' step tokens, in order (peermem is an OFED window's rung, not run here)."""
+    """The rungs' step tokens, in order (peermem is an OFED upgrade's rung, not run here)."""
     tokens: list[str] = []
     for rung in spec.upgrade_policy.validation.ladder():
         if rung == "nvml":
