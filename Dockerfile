@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# One image for every gpuop service: `gpuop run <service>` (DESIGN.md section 6). The Helm
+# One image for every gpuop service: `gpuop run <service>` (docs/operations.md). The Helm
 # chart (deploy/helm/gpuop) runs it as the unprivileged user below everywhere it can, and as
 # root only for the node agents that change the host (driver-manager, network-manager) or use
 # the kubelet's root-owned sockets (device-plugin, telemetry).

@@ -54,17 +54,23 @@ sbom: $(STAMP)
 # run with those suites.
 # The 25 slowest tests are printed, so a test that grew shows in CI's log (the suite's budget is
 # 10 minutes on two cores; a test of real processes that takes many seconds is marked `slow`).
+# Each first installs the Debian tools its suites run (tests/debian-tools.sh: with root and apt,
+# otherwise it stops and prints the command that installs them).
 TEST_MARKERS ?= not slow and not real_cluster
 test: $(STAMP)
+	@tests/debian-tools.sh test
 	$(BIN)/python -m pytest -q -m "$(TEST_MARKERS)" --durations=25
 
 test-security: $(STAMP)
+	@tests/debian-tools.sh test
 	$(BIN)/python -m pytest -q -s -m "security and not slow and not real_cluster"
 
 test-slow: $(STAMP)
+	@tests/debian-tools.sh slow
 	$(BIN)/python -m pytest -q -m "slow and not real_cluster" --durations=15
 
 test-cluster: $(STAMP) cluster-tools
+	@tests/debian-tools.sh test
 	$(BIN)/python -m pytest -q -m real_cluster --durations=15
 
 test-all: test test-slow test-cluster

@@ -1,4 +1,4 @@
-"""Time, as a dependency of everything in gpuop that waits: the one clock (STYLE.md).
+"""Time, as a dependency of everything in gpuop that waits: the one clock.
 
 Drain timeouts, eviction retries, watch backoffs, lease expiry and the node agents' polls
 read `monotonic()` and wait with `sleep()`; lease and event timestamps come from `now()`.

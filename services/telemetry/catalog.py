@@ -1,5 +1,5 @@
 """The GPU metrics telemetry exports: dcgm-exporter's names, types, help and labels, each
-with the NVML answer it comes from (reference/gpu-metrics.md §1 and §2).
+with the NVML answer it comes from (dcgm-exporter's default metric set and labels).
 
 `exposition` renders a `Reading` of every GPU with this table once per collection. A metric
 whose source the GPU answers NotSupported is left out for that GPU, never exported as zero;

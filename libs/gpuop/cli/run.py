@@ -1,4 +1,4 @@
-"""`gpuop run <service>`: start one service with the flags of DESIGN.md section 6."""
+"""`gpuop run <service>`: start one service with the flags all share (docs/operations.md)."""
 
 from __future__ import annotations
 

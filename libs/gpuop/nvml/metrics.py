@@ -7,7 +7,7 @@ GPUs every second. `PcieThroughput` and `FieldValue` come from the two slow quer
 those on their own slower loop, never on the collection path and never per scrape.
 
 A field is `None` when the GPU answers NotSupported: exporters leave such series out rather
-than export zeros (reference/gpu-metrics.md §1).
+than export zeros, as dcgm-exporter does.
 """
 
 from __future__ import annotations

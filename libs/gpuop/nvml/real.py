@@ -2,8 +2,8 @@
 
 Built by `backends.open_backend("real")` in the node services. Every pynvml call goes
 through `binding.Binding`, which maps NVML's return codes to `errors.py`; a query the GPU
-answers NotSupported becomes `None` in the returned dataclass. The deprecated calls of
-reference/gpu-metrics.md §5 are avoided: temperature through `nvmlDeviceGetTemperatureV`,
+answers NotSupported becomes `None` in the returned dataclass. NVML's deprecated
+calls are avoided: temperature through `nvmlDeviceGetTemperatureV`,
 clock reasons through `nvmlDeviceGetCurrentClocksEventReasons`, memory through the v2 query
 (falling back to v1 on drivers that predate it, which leaves `memory_reserved_bytes` empty).
 """

@@ -9,7 +9,8 @@ the step starts and the decision core fails the step when `DeadlineExpired` arri
 
 `Retry` is how a node in `upgrade-failed` gets another try: after a backoff that doubles per
 failed attempt up to a cap, and at most `maxAttempts` tries in all. Both are read by the
-decision core; neither sleeps (time is a dependency, STYLE.md): backoffs become deadlines too.
+decision core; neither sleeps (time is a dependency, `gpuop.clocks`): backoffs become
+deadlines too.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ class Deadlines(Section):
     """The longest each step of a node's upgrade may take, in seconds (all at least 1).
 
     A step still running at its deadline fails, with the step and the deadline in the
-    reason; the saga then compensates (DESIGN.md section 4). These bound every wait, also
-    where an upstream `timeoutSeconds` is 0 ("forever")."""
+    reason; the saga then compensates (`gpuop.saga.compensation`). These bound every wait,
+    also where an upstream `timeoutSeconds` is 0 ("forever")."""
 
     cordon: DeadlineSeconds = 120
     """Marking the node unschedulable, until the API server confirms it."""

@@ -9,8 +9,8 @@ refused when the policy is read (`Valid=False` naming both pools and such labels
 node's pool never depends on the order of the list. A pool leaves a component it does not
 set to the default (its version and source).
 
-A change of `driver.gpu.version` or `driver.ofed.version` is what starts a rollout (DESIGN.md
-section 4); the orchestrator puts the version and source into the driver-manager commands
+A change of `driver.gpu.version` or `driver.ofed.version` is what starts a rollout
+(docs/saga-kinds.md); the orchestrator puts the version and source into the driver-manager commands
 (`gpuop.events.driver.InstallDriver`), so the version syntax here is the one those commands
 accept, and the source is one that driver-manager can read (`services/driver_manager/
 sources.py`): an absolute directory, a `file://` URL, or an http(s) URL holding `index.json`.

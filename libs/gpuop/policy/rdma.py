@@ -2,7 +2,7 @@
 
 Each entry is one extended resource, `<resourcePrefix>/<resourceName>`, with `rdmaHcaMax`
 interchangeable ids; every pod given one gets the RDMA character devices of all the HCAs
-the selectors pick (reference/network-operator.md section 2). The fields and the selector
+the selectors pick. The fields and the selector
 rules are the Mellanox RDMA shared device plugin's `configList`, so an upstream
 configuration carries over: values inside one selector are ORed, different selectors are
 ANDed, an empty selector is ignored. `NicSelectors` is shared with the secondary networks'

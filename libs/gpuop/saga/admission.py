@@ -4,8 +4,9 @@ Pure. The orchestrator's runtime calls `plan` (or `admit`) with the sagas of the
 the managed nodes whenever a saga or a node changes, then feeds each admitted node's saga
 `core.Admitted(canary=...)`; the done sagas it counts instead of passing them
 (`tallies.DoneSagas`), so a pass costs no more as nodes finish. The arithmetic is upstream's
-`GetUpgradesAvailable`; its budget part, the one `maxUnavailable` budget every saga kind
-shares, is `gpuop.policy.unavailable_budget` (`cluster_budget` weighs it without a pass):
+`GetUpgradesAvailable` (k8s-operator-libs, `upgrade_inplace.go`); its budget part, the one
+`maxUnavailable` budget every saga kind shares, is `gpuop.policy.unavailable_budget`
+(`cluster_budget` weighs it without a pass):
 
     total        managed nodes (that exist)
     in_progress  sagas past upgrade-required and not done (upgrade-failed only when

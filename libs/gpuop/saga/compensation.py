@@ -1,8 +1,8 @@
 """What a failed step leads to: compensation, rollback, the end of an attempt, a retry.
 
 Called by the decision core (`gpuop.saga.core`) when a step's executor reports a failure or
-its deadline passes. Where the failure happened decides what must be undone (DESIGN.md
-section 4):
+its deadline passes. Where the failure happened decides what must be undone
+(docs/saga-kinds.md):
 
     drivers untouched (no unload yet)   -> uncordon-required: resume the operands and uncordon
                                            (unless cordoned before), then upgrade-failed

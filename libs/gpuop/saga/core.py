@@ -11,7 +11,7 @@ returned saga with compare-and-set, then publishes the commands and executes the
 actions. Replaying the same events with the same times therefore makes the same decisions
 with the same ids (`gpuop replay`).
 
-The flow (DESIGN.md section 4), one pending step at a time, each with a deadline:
+The flow (upstream's state names), one pending step at a time, each with a deadline:
 
     upgrade-required -(Admitted)-> cordon-required -(cordoned)-> wait-for-jobs-required
     -(no job left / no selector / deadline)-> pod-deletion-required -(deleted)->

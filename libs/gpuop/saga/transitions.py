@@ -4,7 +4,7 @@
 it. The machinery (`gpuop.saga.machine.Draft.move`) checks every move a phase makes against
 it, so a move absent from this table is a bug that raises `IllegalTransition` instead of
 reaching a node;
-a test walks every edge through the core. The main line is upstream's (DESIGN.md section 4);
+a test walks every edge through the core. The main line is upstream's (its label values);
 the other edges are gpuop's compensation:
 
 - a failure while the node's drivers are untouched goes to `uncordon-required`, which

@@ -49,6 +49,7 @@ from kubernetes.aio import client as k8s
 
 from gpuop.bus import NatsBus, NatsServer
 from gpuop.cli import events
+from gpuop.cli.errors import CommandFailed
 from gpuop.events.device import OperandService
 from gpuop.host import packaging, system
 from gpuop.kube import client as kubeclient
@@ -62,7 +63,7 @@ from gpuop_sim.cli.processes import Process, Stop, Stopped, show, spawn, stop_al
 from gpuop_sim.cluster.cluster import SimCluster
 from gpuop_sim.cluster.hosts import build_host_root
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
-from gpuop_sim.cluster.kwok import KwokFleet
+from gpuop_sim.cluster.kwok import FleetError, KwokFleet
 from gpuop_sim.host import keys, seeding
 
 UPGRADE = "upgrade"
@@ -131,6 +132,8 @@ async def run_demo(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             print(f"stopped by {stopped.signum.name}; every process it started is stopped",
                   file=sys.stderr)  # fmt: skip
             return 128 + stopped.signum
+        except FleetError as refused:  # the cluster cannot take the demo's nodes: one line
+            raise CommandFailed(str(refused)) from None
 
 
 async def _run(args: argparse.Namespace, stop: Stop) -> int:

@@ -1,6 +1,7 @@
 """The MIG reconfiguration's states, its one transition table, and the label it shows.
 
-A state names the pending action, as the upgrade's do (STYLE.md). The main line:
+A state names the pending action (`apply-required`, not `applied`), as the upgrade's do.
+The main line:
 
     mig-config-required -(admitted)-> operands-pause-required -(every operand paused: the
     device plugin advertises the node's GPUs Unhealthy, so no new pod is given one)->
