@@ -27,7 +27,7 @@ import pytest
 from gpuop.bus import Buckets, NatsServer
 from gpuop.events import driver as dm
 from gpuop.events import hardware, subjects
-from gpuop.events.reconfigurations import MigState, NodeMigStateChanged
+from gpuop.events.mig import MigState, NodeMigStateChanged
 from gpuop.host.roots import HostRoot
 from gpuop.kube import nodes, pods
 from gpuop.policy import specs

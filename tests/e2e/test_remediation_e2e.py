@@ -20,8 +20,8 @@ import pytest
 from gpuop.bus import Buckets, NatsServer
 from gpuop.events import device as dev
 from gpuop.events import hardware, new_event, subjects
-from gpuop.events import remediation as remedies
-from gpuop.events.remediations import NodeRemediationStateChanged, RemediationState
+from gpuop.events import remediation_commands as remedies
+from gpuop.events.remediation import NodeRemediationStateChanged, RemediationState
 from gpuop.kube import conditions, nodes, pods
 from gpuop.saga import replaying
 from gpuop.saga.remediation.records import RemediationSaga

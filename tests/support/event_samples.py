@@ -19,11 +19,11 @@ from gpuop.events import (
     ids,
     kube,
     mig,
-    migrequests,
+    mig_commands,
+    mig_requests,
     network,
-    reconfigurations,
     remediation,
-    remediations,
+    remediation_commands,
     upgrade,
 )
 from gpuop.events.fields import NamespacedName
@@ -224,35 +224,35 @@ SAMPLES: list[Payload] = [
     device.OperandPaused(command_id=CMD, service=device.OperandService.DEVICE_PLUGIN),
     device.OperandResumed(command_id=CMD, service=device.OperandService.TELEMETRY),
     device.DevicePluginConfigSelected(config="time-sliced"),
-    migrequests.MigConfigRequested(config="all-balanced"),
-    reconfigurations.MigReconfigurationStarted(
+    mig_requests.MigConfigRequested(config="all-balanced"),
+    mig.MigReconfigurationStarted(
         saga_id=SAGA,
         request_id=CMD,
-        plan=reconfigurations.MigPlan(
+        plan=mig.MigPlan(
             config="all-balanced",
             layouts=(
-                mig.GpuMigLayout(
+                mig_commands.GpuMigLayout(
                     gpu_index=0,
                     mig_enabled=True,
-                    devices=(mig.MigDeviceCount(profile="3g.71gb", count=2),),
+                    devices=(mig_commands.MigDeviceCount(profile="3g.71gb", count=2),),
                 ),
             ),
             recarved=(
-                reconfigurations.RecarvedGpu(
+                mig.RecarvedGpu(
                     index=0,
                     uuid=GPU_UUID,
-                    previous=mig.GpuMigLayout(gpu_index=0, mig_enabled=False),
+                    previous=mig_commands.GpuMigLayout(gpu_index=0, mig_enabled=False),
                 ),
             ),
             other_mig_devices=0,
         ),
     ),
-    reconfigurations.NodeMigStateChanged(
+    mig.NodeMigStateChanged(
         saga_id=SAGA,
         config="all-balanced",
-        from_state=reconfigurations.MigState.APPLY_REQUIRED,
-        to_state=reconfigurations.MigState.RESTORE_REQUIRED,
-        config_state=reconfigurations.ConfigState.PENDING,
+        from_state=mig.MigState.APPLY_REQUIRED,
+        to_state=mig.MigState.RESTORE_REQUIRED,
+        config_state=mig.ConfigState.PENDING,
         reason="MigLayoutFailed apply-failed (not restored)",
     ),
     device.DevicePluginConfigApplied(
@@ -396,46 +396,52 @@ SAMPLES: list[Payload] = [
     ),
     kube.ValidationObserved(validator_pods=1, ready_pods=0, not_ready=(POD,)),
     # remediation
-    remediation.ResetGpu(gpu_uuids=(GPU_UUID,), allow_driver_reload=True, timeout_seconds=120),
-    remediation.GpuReset(
-        command_id=CMD, gpu_uuids=(GPU_UUID,), method=remediation.ResetMethod.DRIVER_RELOAD
+    remediation_commands.ResetGpu(
+        gpu_uuids=(GPU_UUID,), allow_driver_reload=True, timeout_seconds=120
     ),
-    remediation.GpuResetFailed(
+    remediation_commands.GpuReset(
+        command_id=CMD, gpu_uuids=(GPU_UUID,), method=remediation_commands.ResetMethod.DRIVER_RELOAD
+    ),
+    remediation_commands.GpuResetFailed(
         command_id=CMD,
         gpu_uuids=(GPU_UUID,),
-        reason=remediation.ResetFailureReason.IN_USE,
+        reason=remediation_commands.ResetFailureReason.IN_USE,
         message="pid 4242 (python) holds GPU-20bce083",
     ),
-    remediation.ListGpuHolders(gpu_uuids=(GPU_UUID,)),
-    remediation.GpuHoldersListed(command_id=CMD, gpu_uuids=(GPU_UUID,), pods=(POD,)),
-    remediation.GpuHoldersUnknown(command_id=CMD, message="kubelet pod-resources: no socket"),
+    remediation_commands.ListGpuHolders(gpu_uuids=(GPU_UUID,)),
+    remediation_commands.GpuHoldersListed(command_id=CMD, gpu_uuids=(GPU_UUID,), pods=(POD,)),
+    remediation_commands.GpuHoldersUnknown(
+        command_id=CMD, message="kubelet pod-resources: no socket"
+    ),
     # MIG
-    mig.ApplyMigLayout(
+    mig_commands.ApplyMigLayout(
         config="all-balanced",
         layouts=(
-            mig.GpuMigLayout(
+            mig_commands.GpuMigLayout(
                 gpu_index=0,
                 mig_enabled=True,
                 devices=(
-                    mig.MigDeviceCount(profile="1g.18gb", count=2),
-                    mig.MigDeviceCount(profile="2g.35gb", count=1),
-                    mig.MigDeviceCount(profile="3g.71gb", count=1),
+                    mig_commands.MigDeviceCount(profile="1g.18gb", count=2),
+                    mig_commands.MigDeviceCount(profile="2g.35gb", count=1),
+                    mig_commands.MigDeviceCount(profile="3g.71gb", count=1),
                 ),
             ),
-            mig.GpuMigLayout(gpu_index=1, mig_enabled=False),
+            mig_commands.GpuMigLayout(gpu_index=1, mig_enabled=False),
         ),
         timeout_seconds=120,
     ),
-    mig.MigLayoutApplied(command_id=CMD, config="all-balanced", changed_gpus=(0,), mig_devices=4),
-    mig.MigLayoutFailed(
+    mig_commands.MigLayoutApplied(
+        command_id=CMD, config="all-balanced", changed_gpus=(0,), mig_devices=4
+    ),
+    mig_commands.MigLayoutFailed(
         command_id=CMD,
         config="all-balanced",
-        reason=mig.MigFailureReason.IN_USE,
+        reason=mig_commands.MigFailureReason.IN_USE,
         restored=True,
         message="GPU 0: pid 4242 (python) holds it",
     ),
     # the remediation saga
-    remediations.RemediationStarted(
+    remediation.RemediationStarted(
         saga_id="remediation/gpu-node-1/1764000000",
         unhealthy={GPU_UUID: (79,)},
         action=device.XidAction.REBOOT,
@@ -443,17 +449,17 @@ SAMPLES: list[Payload] = [
         driver_version="535.161.08",
         expected_devices=8,
     ),
-    remediations.RemediationRefused(
+    remediation.RemediationRefused(
         unhealthy={GPU_UUID: (79,)},
         action=device.XidAction.RESET_GPU,
         starts=3,
         max_per_hour=3,
         reopens=datetime(2026, 11, 29, 21, 0, tzinfo=UTC),
     ),
-    remediations.NodeRemediationStateChanged(
+    remediation.NodeRemediationStateChanged(
         saga_id="remediation/gpu-node-1/1764000000",
-        from_state=remediations.RemediationState.RESET_REQUIRED,
-        to_state=remediations.RemediationState.REBOOT_REQUIRED,
+        from_state=remediation.RemediationState.RESET_REQUIRED,
+        to_state=remediation.RemediationState.REBOOT_REQUIRED,
         reason="GpuResetFailed reset-failed; rebooting",
         gpu_uuids=(GPU_UUID,),
     ),

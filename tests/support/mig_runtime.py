@@ -15,10 +15,10 @@ from typing import Any
 
 from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus
 from gpuop.events import Event, new_event, subjects
-from gpuop.events import mig as migev
-from gpuop.events import remediation as remedies
+from gpuop.events import mig_commands as migev
+from gpuop.events import remediation_commands as remedies
 from gpuop.events.fields import NamespacedName
-from gpuop.events.migrequests import MigConfigRequested
+from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeStatus
 from gpuop.saga.mig.records import MigSaga

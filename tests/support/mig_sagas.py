@@ -16,8 +16,8 @@ from typing import Any
 from gpuop.events import device as dev
 from gpuop.events import hardware as hw
 from gpuop.events import ids, kube
-from gpuop.events import mig as migev
-from gpuop.events import remediation as rem
+from gpuop.events import mig_commands as migev
+from gpuop.events import remediation_commands as rem
 from gpuop.events.fields import NamespacedName
 from gpuop.policy import DriverSpec, GPUClusterPolicySpec
 from gpuop.policy.drivers import ComponentSpec

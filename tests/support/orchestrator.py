@@ -17,7 +17,7 @@ from gpuop.events import Envelope, Event, Payload, decode, subjects
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import kube as observed
-from gpuop.events import remediation as remedies
+from gpuop.events import remediation_commands as remedies
 from gpuop.events.fields import NamespacedName
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeSaga, actions

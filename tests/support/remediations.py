@@ -18,9 +18,9 @@ from gpuop.cli.events import export_lines
 from gpuop.events import Event, new_event, subjects
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
-from gpuop.events import remediation as remedies
+from gpuop.events import remediation_commands as remedies
 from gpuop.events.fields import NamespacedName
-from gpuop.events.remediations import TERMINAL_STATES
+from gpuop.events.remediation import TERMINAL_STATES
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeStatus
 from gpuop.saga.remediation.records import RemediationSaga

@@ -37,11 +37,11 @@ CATALOGUE = [
     gpuop.events.upgrade,
     gpuop.events.kube,
     gpuop.events.deadlines,
+    gpuop.events.remediation_commands,
     gpuop.events.remediation,
-    gpuop.events.remediations,
+    gpuop.events.mig_commands,
+    gpuop.events.mig_requests,
     gpuop.events.mig,
-    gpuop.events.migrequests,
-    gpuop.events.reconfigurations,
 ]
 MODELS = [REGISTRY[type_] for type_ in sorted(REGISTRY)]
 TOKEN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")

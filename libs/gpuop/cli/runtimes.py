@@ -1,7 +1,7 @@
 """`gpuop runtime configure`: the container runtime's `nvidia` handler with CDI, by hand.
 
-The same plan the driver-manager's runtime-configure step applies in the saga's maintenance
-window (`gpuop.host.runtimes`), for an admin at a node: `--dry-run` prints the drop-in and
+The same plan the driver-manager's runtime-configure step applies while the saga holds the
+node cordoned (`gpuop.host.runtimes`), for an admin at a node: `--dry-run` prints the drop-in and
 what would change, and writes nothing; without it the files are written atomically, and
 `--restart` also restarts the runtime through the host's systemd and waits for it to answer,
 putting the earlier files back if it does not. Like `nvidia-ctk runtime configure`, it does

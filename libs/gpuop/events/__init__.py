@@ -3,6 +3,14 @@
 The bottom layer: it imports no NATS. Import the catalogue modules as namespaces,
 `from gpuop.events import driver` then `driver.DriverLoaded`. Importing this package imports
 every catalogue module, so `REGISTRY` holds every payload type.
+
+Each saga kind's contract is named one way: `<kind>` is the kind's public face (its domain,
+published by the upgrade orchestrator alone: `upgrade`, `remediation`, `mig`),
+`<kind>_commands` the commands its saga sends node agents and their answers
+(`remediation_commands`, `mig_commands`; the upgrade's are the driver-manager's own
+`driver`), and `<kind>_requests` what another service publishes to start one
+(`mig_requests`). The other modules are one domain each (`device`, `driver`, `hardware`,
+`kube`, `network`) or the shared parts (`envelope`, `fields`, `ids`, `subjects`).
 """
 
 from gpuop.events import (
@@ -14,11 +22,11 @@ from gpuop.events import (
     ids,
     kube,
     mig,
-    migrequests,
+    mig_commands,
+    mig_requests,
     network,
-    reconfigurations,
     remediation,
-    remediations,
+    remediation_commands,
     subjects,
     upgrade,
 )
@@ -57,14 +65,14 @@ __all__ = [
     "ids",
     "kube",
     "mig",
-    "migrequests",
+    "mig_commands",
+    "mig_requests",
     "network",
     "new_command",
     "new_event",
     "parse_as",
-    "reconfigurations",
     "remediation",
-    "remediations",
+    "remediation_commands",
     "strict_validate",
     "subject_of",
     "subjects",

@@ -1,127 +1,169 @@
-"""MIG reconfiguration on one node: `ApplyMigLayout` to its driver-manager, and the answer.
+"""The MIG reconfiguration saga's public face: a node's reconfiguration started, and each
+move it makes.
 
-The MIG saga resolves the node's `nvidia.com/mig.config` label against a config in
-mig-parted's format (`gpuop.policy.migconfig`) into one layout per GPU, pauses the node's
-operands, evicts the pods of the GPUs being re-carved and sends `ApplyMigLayout`. The
-driver-manager refuses while processes still hold those GPUs (`in-use`), else turns MIG mode
-on or off and destroys and creates GPU and compute instances on the GPUs whose layout
-changes, reads the result back and regenerates the node's CDI spec. Any failure puts back
-the layout it read at the start (`restored`), and regenerates the spec for that.
-
-Both answers are in domain `driver`, like every answer of the driver-manager, so they travel
-on the subjects the driver-manager already publishes on and the orchestrator already reads.
+The upgrade orchestrator publishes these, and only it, in the domain `mig` (the request
+that starts one is discovery's `gpuop.events.mig_requests.MigConfigRequested`; the command
+the saga sends and its answers are the driver-manager's, `gpuop.events.mig_commands`).
+`NodeMigStateChanged` goes out on every move, on the subject `gpuop.evt.mig.<node>.<state>`
+named after the new state, as the upgrade's and the remediation's do, so a tool subscribes
+to the states it cares about (`gpuop.evt.mig.*.mig-config-failed`).
+`MigReconfigurationStarted` records the plan the saga was started with (`MigPlan`: the
+layouts resolved from the policy's configs or its ConfigMap against the node's GPUs, and
+the layout each re-carved GPU had), so `gpuop replay` builds the same saga without the
+ConfigMap.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Any, ClassVar
 
-from pydantic import Field, StringConstraints
+from pydantic import Field
 
-from gpuop.events import driver
-from gpuop.events.envelope import Command, Event
+from gpuop.events.device import OperandService
+from gpuop.events.envelope import Event, MalformedMessage
 from gpuop.events.fields import (
+    Attempt,
+    CorrelationId,
     Count,
     DocumentedEnum,
+    GpuUuid,
     Message,
     MessageId,
     Record,
-    TimeoutSeconds,
 )
+from gpuop.events.mig_commands import GpuMigLayout
 
-ConfigName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
-"""A mig-parted config name, as the `nvidia.com/mig.config` label value names it."""
-ProfileName = Annotated[
-    str,
-    StringConstraints(pattern=r"^([0-9]{1,2}c\.)?[0-9]{1,2}g\.[0-9]{1,4}gb([+-][a-z.]{1,16})?$"),
-]
-"""A MIG device profile: `1g.18gb`, `1g.18gb+me`, `1c.2g.35gb`."""
-GpuIndex = Annotated[int, Field(ge=0, le=63)]
+DOMAIN = "mig"
 
 
-class MigDeviceCount(Record):
-    """How many MIG devices of one profile a GPU is to have."""
+class MigState(DocumentedEnum):
+    """Where one node's MIG reconfiguration stands: the action still pending."""
 
-    profile: ProfileName
-    """The profile: `1g.18gb`."""
-    count: Annotated[int, Field(ge=1, le=7)]
-    """How many."""
-
-
-class GpuMigLayout(Record):
-    """What one GPU is to look like."""
-
-    gpu_index: GpuIndex
-    """NVML index of the GPU on the node."""
-    mig_enabled: bool
-    """MIG mode on or off."""
-    devices: tuple[MigDeviceCount, ...] = Field(default=(), max_length=16)
-    """MIG devices by profile, sorted by profile; empty when MIG is off (or on, but empty)."""
-
-
-class MigFailureReason(DocumentedEnum):
-    """Why a MIG layout was not applied."""
-
-    IN_USE = "in-use"
-    """Processes hold a GPU that was to be re-carved; nothing was changed."""
-    INVALID_LAYOUT = "invalid-layout"
-    """A GPU cannot take its layout (unknown profile, too many, no such GPU); unchanged."""
-    NOT_SUPPORTED = "not-supported"
-    """This node's GPUs or NVML backend cannot change MIG; nothing was changed."""
-    MODE_PENDING = "mode-pending"
-    """The MIG mode change waits for a GPU reset or a reboot (NVML says it is pending)."""
-    APPLY_FAILED = "apply-failed"
-    """NVML refused a step, or the layout read back differs from the one asked for."""
-    CDI_FAILED = "cdi-failed"
-    """The layout is applied but the CDI spec for its devices could not be written."""
+    MIG_CONFIG_REQUIRED = "mig-config-required"
+    """A config was requested; waits for a slot under `maxUnavailable` -> operands-pause."""
+    OPERANDS_PAUSE_REQUIRED = "operands-pause-required"
+    """The node's operands are to release the GPUs -> holders-eviction."""
+    HOLDERS_EVICTION_REQUIRED = "holders-eviction-required"
+    """The pods holding the GPUs being re-carved are to be listed and evicted -> apply."""
+    APPLY_REQUIRED = "apply-required"
+    """The driver-manager is to apply the layout -> verification, or restore/resume on failure."""
+    VERIFICATION_REQUIRED = "verification-required"
+    """The layout the node reported is compared with the request -> resume, or restore."""
+    RESTORE_REQUIRED = "restore-required"
+    """The layout recorded at the start is to be put back -> operands-resume (then failed)."""
+    OPERANDS_RESUME_REQUIRED = "operands-resume-required"
+    """The operands are to use the GPUs again -> done, or failed after a failure."""
+    MIG_CONFIG_DONE = "mig-config-done"
+    """The node has the requested layout; final."""
+    MIG_CONFIG_FAILED = "mig-config-failed"
+    """The request failed with its reason; final (a new label value starts a new saga)."""
 
 
-class ApplyMigLayout(Command):
-    """Give the node's GPUs these MIG layouts; GPUs not listed are left as they are. Sent by
-    the MIG saga once the operands holding the GPUs are paused and their pods evicted."""
+class ConfigState(DocumentedEnum):
+    """Values of `nvidia.com/mig.config.state`, upstream's. Upstream's manager reboots the
+    node for a MIG mode change (`rebooting`); gpuop never does (the driver-manager resets
+    the GPUs it re-carves, and a failure restores instead), so it never sets that value."""
 
-    SERVICE: ClassVar[str] = driver.SERVICE
-    VERB: ClassVar[str] = "apply-mig-layout"
-
-    config: ConfigName
-    """The mig-parted config the layouts come from (the `nvidia.com/mig.config` value)."""
-    layouts: tuple[GpuMigLayout, ...] = Field(min_length=1, max_length=64)
-    """One layout per GPU to set, by index, each index at most once."""
-    timeout_seconds: TimeoutSeconds = 300
-    """How long the regeneration of the CDI spec may wait for NVML."""
-
-
-class MigLayoutApplied(Event):
-    """The node's GPUs have the layouts asked for, read back, and the CDI spec names their
-    MIG devices."""
-
-    DOMAIN: ClassVar[str] = "driver"
-    NAME: ClassVar[str] = "mig-layout-applied"
-
-    command_id: MessageId
-    """Envelope id of the command this answers."""
-    config: ConfigName
-    """The config applied."""
-    changed_gpus: tuple[GpuIndex, ...] = Field(default=(), max_length=64)
-    """GPUs whose layout changed; empty when every GPU had its layout already."""
-    mig_devices: Count = 0
-    """MIG devices on the node afterwards."""
+    PENDING = "pending"
+    """A reconfiguration is under way (or waiting for its slot)."""
+    REBOOTING = "rebooting"
+    """Upstream's: the node reboots for a MIG mode change (never set by gpuop)."""
+    SUCCESS = "success"
+    """The node has the layout its label names."""
+    FAILED = "failed"
+    """The last reconfiguration failed; the reason is in the node's Event and the saga."""
 
 
-class MigLayoutFailed(Event):
-    """The layouts were not applied; the node has the layout it had before when `restored`."""
+MAX_GPUS = 64
 
-    DOMAIN: ClassVar[str] = "driver"
-    NAME: ClassVar[str] = "mig-layout-failed"
 
-    command_id: MessageId
-    """Envelope id of the command this answers."""
-    config: ConfigName
-    """The config asked for."""
-    reason: MigFailureReason
-    """Why."""
-    restored: bool
-    """Whether the GPUs have the layout read before the command again (true also when
-    nothing was changed)."""
-    message: Message = ""
-    """What went wrong, naming the GPU and the NVML step, for operators."""
+class RecarvedGpu(Record):
+    """A GPU whose layout the request changes."""
+
+    index: int = Field(ge=0, le=63)
+    """NVML index on the node."""
+    uuid: GpuUuid
+    """What the device plugin names it by (`ListGpuHolders`)."""
+    previous: GpuMigLayout | None = None
+    """Its layout at the start when fully known; None: MIG on, devices not reported."""
+
+
+class MigPlan(Record):
+    """What a request does to one node; see the module docstring."""
+
+    config: str = Field(max_length=63)
+    """The label's value: the config name requested."""
+    layouts: tuple[GpuMigLayout, ...] = Field(default=(), max_length=MAX_GPUS)
+    """Every GPU the config selects, with its layout, by index."""
+    recarved: tuple[RecarvedGpu, ...] = Field(default=(), max_length=MAX_GPUS)
+    """The GPUs whose layout changes, by index."""
+    other_mig_devices: Count | None = 0
+    """MIG devices on the GPUs the request leaves alone, when known; None: one of them has
+    MIG on and no device reported."""
+    problem: Message = ""
+    """Why the request cannot run; empty when it can."""
+
+    @property
+    def restorable(self) -> bool:
+        """Whether the saga itself can put the start's layout back on every re-carved GPU."""
+        return all(gpu.previous is not None for gpu in self.recarved)
+
+    def expected_mig_devices(self) -> int | None:
+        """MIG devices the node has once the layouts are applied, when known."""
+        if self.other_mig_devices is None:
+            return None
+        wanted = sum(d.count for layout in self.layouts for d in layout.devices)
+        return wanted + self.other_mig_devices
+
+
+class MigReconfigurationStarted(Event):
+    """A node's MIG reconfiguration started, with the plan it runs."""
+
+    DOMAIN: ClassVar[str] = DOMAIN
+    NAME: ClassVar[str] = "started"
+
+    saga_id: CorrelationId
+    """The reconfiguration (also the envelope's `correlationid`)."""
+    request_id: MessageId
+    """The request it answers (a `MigConfigRequested`'s envelope id, or one derived for a
+    request queued behind an earlier reconfiguration)."""
+    plan: MigPlan
+    """The layouts requested and the one each re-carved GPU had."""
+    operands: tuple[OperandService, ...] = tuple(OperandService)
+    """The operand services that must confirm a pause."""
+
+
+class NodeMigStateChanged(Event):
+    """A node's MIG reconfiguration moved to a new state; published on that state's subject."""
+
+    DOMAIN: ClassVar[str] = DOMAIN
+    NAME: ClassVar[str] = "state-changed"
+    SUBJECT_FIELD: ClassVar[str] = "to_state"
+    """The field whose value is the subject's last token instead of `NAME`."""
+    SUBJECT_PARAMETER: ClassVar[str] = "state"
+    """Name of that token in the AsyncAPI channel address."""
+
+    saga_id: CorrelationId
+    """The reconfiguration (also the envelope's `correlationid`)."""
+    config: str = Field(max_length=63)
+    """The config requested."""
+    from_state: MigState | None = None
+    """State before the change."""
+    to_state: MigState
+    """State after the change: the last token of the subject."""
+    config_state: ConfigState
+    """`nvidia.com/mig.config.state` after the change."""
+    reason: Message = ""
+    """Why the saga moved, in words."""
+    attempt: Attempt = 1
+    """The reconfiguration's attempt."""
+
+    def subject_token(self) -> str:
+        return self.to_state.value
+
+    @classmethod
+    def subject_token_of(cls, data: dict[str, Any]) -> str:
+        try:
+            return MigState(data[cls.SUBJECT_FIELD]).value
+        except (KeyError, TypeError, ValueError):
+            raise MalformedMessage(f"{cls.TYPE} data has no valid {cls.SUBJECT_FIELD}") from None

@@ -1,152 +1,150 @@
-"""Commands the remediation saga sends to one node's agents, and their answers.
+"""The remediation saga's public face: a node's remediation started, and each move it makes.
 
-The upgrade orchestrator's remediation saga (issue 21) acts on a GPU that telemetry reported
-unhealthy. Two node agents take part:
-
-- the device plugin knows which pods hold which GPUs (its allocations and the kubelet's
-  PodResources), so the saga asks it with `ListGpuHolders`
-  (`gpuop.cmd.device-plugin.<node>.list-gpu-holders`) which pods to wait for or evict; it
-  answers `GpuHoldersListed`, or `GpuHoldersUnknown` when the kubelet cannot be asked;
-- the driver-manager resets the GPUs with `ResetGpu`
-  (`gpuop.cmd.driver-manager.<node>.reset-gpu`) once they are free, alone through the
-  kernel's function reset, or, when allowed, by unloading and loading the GPU driver when a
-  GPU cannot be reset alone; it answers `GpuReset` or `GpuResetFailed`, whose `reason` tells
-  the saga whether to wait (`in-use`), reboot (`not-supported`, `reset-failed`, `timeout`).
-
-Each answer carries the id of the command it answers (`command_id`) and the GPUs it was
-about, as the driver results do. The driver-manager's answers are in its domain `driver`
-and the device plugin's in `device`, so the NATS permissions that let only a node's own
-driver-manager publish `driver` events about it, and only its device plugin its named
-`device` events, bind each answer to the agent that may give it.
+The upgrade orchestrator publishes these, and only it, in the domain `remediation` (the
+commands the saga sends node agents, and their answers, are in `gpuop.events.remediation_commands`).
+`NodeRemediationStateChanged` goes out on every move of a node's remediation, on the subject
+`gpuop.evt.remediation.<node>.<state>` named after the new state, as the upgrade's state
+changes are, so a tool subscribes to exactly the states it cares about
+(`gpuop.evt.remediation.*.remediation-failed`). `RemediationStarted` records what the saga
+was started from, so `gpuop replay` builds the same saga, and the circuit breaker's
+decision, taken from the starts before it, replays too. `RemediationRefused` records the
+breaker's other answer: a health event that called for a remediation it did not start, once
+per health event (its id is derived from that event's), so a replay refuses it again.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
-from gpuop.events import driver
-from gpuop.events.envelope import Command, Event
+from gpuop.events.device import XidAction
+from gpuop.events.envelope import Event, MalformedMessage
 from gpuop.events.fields import (
+    Attempt,
+    BootId,
+    CorrelationId,
+    Count,
     DocumentedEnum,
     GpuUuid,
     Message,
-    MessageId,
-    NamespacedName,
-    TimeoutSeconds,
+    Version,
 )
 
-DEVICE_PLUGIN = "device-plugin"
-"""The service the holder listing goes to: one node's device plugin."""
+DOMAIN = "remediation"
 MAX_GPUS = 64
-"""GPUs one command may name: more than any node carries."""
-MAX_PODS = 1024
-"""Pods one listing names: far more than one node's GPUs can be allocated to."""
+MAX_XIDS = 16
 
 
-class ResetMethod(DocumentedEnum):
-    """How the driver-manager reset the GPUs."""
+class RemediationState(DocumentedEnum):
+    """Where a node is in its GPU remediation; each state names the action still pending."""
 
-    NVML = "nvml"
-    """Each GPU alone (the kernel's function reset of its PCI device); the others run on."""
-    DRIVER_RELOAD = "driver-reload"
-    """The GPU driver's modules unloaded and loaded again: every GPU of the node reset."""
-
-
-class ResetFailureReason(DocumentedEnum):
-    """Why the GPUs were not reset."""
-
-    IN_USE = "in-use"
-    """Processes hold the GPUs (for a driver reload: any GPU of the node)."""
-    NOT_SUPPORTED = "not-supported"
-    """A GPU cannot be reset alone (NVLink peers, no function reset); no reload allowed."""
-    RESET_FAILED = "reset-failed"
-    """The reset was tried and failed, or the GPU reports its errors after it."""
-    TIMEOUT = "timeout"
-    """The reset did not finish within the command's timeout."""
-
-
-class ResetGpu(Command):
-    """Reset the named GPUs of the node, which must be free: refused with `in-use` while any
-    process holds one. Each GPU is reset alone when it can be; when one cannot (NVLink peers
-    in use, no function reset, or its reset failed) and `allow_driver_reload`, the GPU
-    driver is unloaded and loaded again instead."""
-
-    SERVICE: ClassVar[str] = driver.SERVICE
-    VERB: ClassVar[str] = "reset-gpu"
-
-    gpu_uuids: tuple[GpuUuid, ...] = Field(min_length=1, max_length=MAX_GPUS)
-    """The GPUs to reset."""
-    allow_driver_reload: bool = False
-    """Whether a driver unload and load may stand in for a reset of one GPU alone (it
-    resets every GPU of the node, so every GPU must be free)."""
-    timeout_seconds: TimeoutSeconds = 300
-    """How long the whole reset, a driver reload included, may take."""
+    ADMISSION_REQUIRED = "remediation-admission-required"
+    """Quarantined (tainted, condition False); waits for a slot of `maxUnavailable`."""
+    HOLDERS_REQUIRED = "gpu-holders-required"
+    """Admitted; the device plugin names the pods holding the affected GPUs."""
+    EVICTION_REQUIRED = "gpu-pods-eviction-required"
+    """Those pods, and only those, are evicted; then operands-pause-required."""
+    OPERANDS_PAUSE_REQUIRED = "operands-pause-required"
+    """The node's operands release the GPUs; then gpu-reset-required."""
+    RESET_REQUIRED = "gpu-reset-required"
+    """The driver-manager resets the GPUs; reboot-required when that fails and is allowed."""
+    REBOOT_REQUIRED = "reboot-required"
+    """The node reboots; a new boot id moves it to validation-required."""
+    VALIDATION_REQUIRED = "validation-required"
+    """The validation ladder after the reset or the reboot; then release-required."""
+    FOLDED = "folded-into-upgrade"
+    """The node's upgrade was under way: its reload and validation serve, and end it."""
+    RELEASE_REQUIRED = "release-required"
+    """Validated: operands resumed, taint removed, condition True; then remediation-done."""
+    DONE = "remediation-done"
+    """The GPUs validated again and the node is back in service."""
+    FAILED = "remediation-failed"
+    """A step failed: the node stays tainted, its condition False with the reason."""
 
 
-class ListGpuHolders(Command):
-    """Name the pods that have any of the named GPUs allocated, from the device plugin's
-    allocations and the kubelet's PodResources."""
-
-    SERVICE: ClassVar[str] = DEVICE_PLUGIN
-    VERB: ClassVar[str] = "list-gpu-holders"
-
-    gpu_uuids: tuple[GpuUuid, ...] = Field(min_length=1, max_length=MAX_GPUS)
-    """The physical GPUs asked about (a MIG device or a shared replica counts as its GPU)."""
+TERMINAL_STATES = frozenset({RemediationState.DONE, RemediationState.FAILED})
+"""States in which a remediation takes no further action."""
 
 
-class GpuReset(Event):
-    """The GPUs were reset; telemetry reports them `recovered` once they answer clean."""
+class RemediationStarted(Event):
+    """The orchestrator started remediating a node (its first record, from these inputs and
+    the policy in force): recorded so a replay builds the same saga and checks the circuit
+    breaker's decision against the starts before it."""
 
-    DOMAIN: ClassVar[str] = "driver"
-    NAME: ClassVar[str] = "gpu-reset"
+    DOMAIN: ClassVar[str] = DOMAIN
+    NAME: ClassVar[str] = "started"
 
-    command_id: MessageId
-    """Envelope id of the `ResetGpu` this answers."""
-    gpu_uuids: tuple[GpuUuid, ...] = Field(min_length=1, max_length=MAX_GPUS)
-    """The GPUs the command named."""
-    method: ResetMethod
-    """How they were reset."""
-
-
-class GpuResetFailed(Event):
-    """The GPUs were not reset (or not all of them)."""
-
-    DOMAIN: ClassVar[str] = "driver"
-    NAME: ClassVar[str] = "gpu-reset-failed"
-
-    command_id: MessageId
-    """Envelope id of the `ResetGpu` this answers."""
-    gpu_uuids: tuple[GpuUuid, ...] = Field(min_length=1, max_length=MAX_GPUS)
-    """The GPUs the command named."""
-    reason: ResetFailureReason
-    """Why."""
-    message: Message = ""
-    """What went wrong, for operators: the holders, the GPU that failed, the kernel's error."""
+    saga_id: CorrelationId
+    """The remediation's id (also the envelope's `correlationid`)."""
+    unhealthy: dict[GpuUuid, tuple[Annotated[int, Field(ge=0, le=65535)], ...]] = Field(
+        min_length=1, max_length=MAX_GPUS
+    )
+    """The unhealthy GPUs and the XIDs each reported (none for an ECC or unreachable
+    fault)."""
+    action: XidAction = XidAction.RESET_GPU
+    """The worst action the faults asked for: `reboot` or worse skips the reset."""
+    boot_id: BootId | None = None
+    """The node's boot id when it started: a reboot is confirmed by another."""
+    driver_version: Version | None = None
+    """The GPU driver the node runs, which the validation ladder checks."""
+    expected_devices: Count | None = None
+    """GPUs validation must find; absent: any number."""
+    folded_into: CorrelationId | None = None
+    """The node's upgrade saga under way that the remediation folded into; absent: none."""
 
 
-class GpuHoldersListed(Event):
-    """The pods that hold the GPUs asked about (none: the GPUs are free of pods)."""
+class RemediationRefused(Event):
+    """The circuit breaker refused the remediation a health event (the envelope's
+    `causationid`) called for: the node stays as it is, its GPUs unremediated. Published once
+    per refused health event, with an id derived from it, however often it is redelivered."""
 
-    DOMAIN: ClassVar[str] = "device"
-    NAME: ClassVar[str] = "gpu-holders-listed"
+    DOMAIN: ClassVar[str] = DOMAIN
+    NAME: ClassVar[str] = "refused"
 
-    command_id: MessageId
-    """Envelope id of the `ListGpuHolders` this answers."""
-    gpu_uuids: tuple[GpuUuid, ...] = Field(min_length=1, max_length=MAX_GPUS)
-    """The GPUs the command named."""
-    pods: tuple[NamespacedName, ...] = Field(default=(), max_length=MAX_PODS)
-    """Pods with any of those GPUs allocated, each once, sorted by namespace and name."""
+    unhealthy: dict[GpuUuid, tuple[Annotated[int, Field(ge=0, le=65535)], ...]] = Field(
+        min_length=1, max_length=MAX_GPUS
+    )
+    """The unhealthy GPU and the XIDs it reported (none for an ECC or unreachable fault)."""
+    action: XidAction = XidAction.RESET_GPU
+    """The action the fault asked for."""
+    starts: Count
+    """Remediations started in the hour before (the breaker's sliding window)."""
+    max_per_hour: Count
+    """The limit in force (`remediation.maxPerHour`)."""
+    reopens: AwareDatetime | None = None
+    """When the breaker lets a start through again."""
 
 
-class GpuHoldersUnknown(Event):
-    """The device plugin could not tell which pods hold the GPUs."""
+class NodeRemediationStateChanged(Event):
+    """A node's remediation moved to a new state; published on the subject of that state."""
 
-    DOMAIN: ClassVar[str] = "device"
-    NAME: ClassVar[str] = "gpu-holders-unknown"
+    DOMAIN: ClassVar[str] = DOMAIN
+    NAME: ClassVar[str] = "state-changed"
+    SUBJECT_FIELD: ClassVar[str] = "to_state"
+    """The field whose value is the subject's last token instead of `NAME`."""
+    SUBJECT_PARAMETER: ClassVar[str] = "state"
+    """Name of that token in the AsyncAPI channel address."""
 
-    command_id: MessageId
-    """Envelope id of the `ListGpuHolders` this answers."""
-    message: Message = ""
-    """Why: the kubelet's PodResources socket did not answer, or answered an error."""
+    saga_id: CorrelationId
+    """The remediation (also the envelope's `correlationid`)."""
+    from_state: RemediationState | None = None
+    """State before the change."""
+    to_state: RemediationState
+    """State after the change: the last token of the subject."""
+    reason: Message = ""
+    """Why the saga moved, in words."""
+    attempt: Attempt = 1
+    """The remediation's attempt."""
+    gpu_uuids: tuple[GpuUuid, ...] = Field(default=(), max_length=MAX_GPUS)
+    """The GPUs being remediated."""
+
+    def subject_token(self) -> str:
+        return self.to_state.value
+
+    @classmethod
+    def subject_token_of(cls, data: dict[str, Any]) -> str:
+        try:
+            return RemediationState(data[cls.SUBJECT_FIELD]).value
+        except (KeyError, TypeError, ValueError):
+            raise MalformedMessage(f"{cls.TYPE} data has no valid {cls.SUBJECT_FIELD}") from None

@@ -1,8 +1,8 @@
 """Drain a node the way `kubectl drain` does, with a deadline on every wait.
 
 Called by the upgrade orchestrator in `drain-required` (every pod but the skipped ones) and
-in `pod-deletion-required` (only the pods holding the window's devices:
-`DrainOptions(pod_filter_from=...)` with `pods.window_filter`, which reads the pods'
+in `pod-deletion-required` (only the pods holding the upgraded components' devices:
+`DrainOptions(pod_filter_from=...)` with `pods.holders_filter`, which reads the pods'
 ResourceClaims first).
 
 1. List the node's pods, narrowed by `pod_selector`, with a list-watch (`pods.watch_on_node`)
@@ -59,7 +59,7 @@ def skip_label(driver: str) -> str:
 
 
 DEFAULT_SKIP_LABELS = (skip_label("gpu"), skip_label("ofed"))
-"""Both drivers' labels: a node's GPU and NIC driver upgrades share one maintenance window."""
+"""Both drivers' labels: a node's GPU and NIC driver upgrades share one cordon and drain."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Pods: which run on a node, which of them hold the devices of a driver, deleting one safely.
 
 Called by the upgrade orchestrator (`wait-for-jobs-required` watches the pods of the nodes
-that wait, `pod-deletion-required` removes the pods holding the window's devices) and by
-`draining`.
+that wait, `pod-deletion-required` removes the pods holding a device of the components it
+upgrades) and by `draining`.
 
 GPU pods are selected as the GPU Operator's `gpuPodSpecFilter` does: a container or init
 container whose requests or limits name a resource starting with `nvidia.com/gpu` (which
@@ -11,7 +11,7 @@ also catches `nvidia.com/gpu.shared` and other renamed shared resources) or
 selector strings, applied by the server.
 
 The pod-deletion step of a driver upgrade deletes the pods that hold a device of a driver it
-reloads (`holds`, `window_filter`), per component (`WINDOW_RESOURCE_PREFIXES`):
+reloads (`holds`, `holders_filter`), per component (`COMPONENT_RESOURCE_PREFIXES`):
 
     gpu   the GPU resources above, and DRA ResourceClaims (resource.k8s.io/v1) allocated
           by NVIDIA's DRA drivers `gpu.nvidia.com` and `compute-domain.nvidia.com`
@@ -20,7 +20,7 @@ reloads (`holds`, `window_filter`), per component (`WINDOW_RESOURCE_PREFIXES`):
           `status.allocation.devices.results[].driver` is one of them
     ofed  RDMA and SR-IOV resources (`RDMA_RESOURCE_PREFIXES`, `SRIOV_RESOURCE_PREFIXES`)
 
-So a GPU-only window leaves a pod that holds only an RDMA device running, and an OFED window
+So a GPU-only upgrade leaves a pod that holds only an RDMA device running, and an OFED upgrade
 deletes it before the NIC driver is unloaded under it. The Network Operator can also publish
 SR-IOV and RDMA resources under `nvidia.com/` (its `resourcePrefix` setting, e.g.
 `nvidia.com/hostdev`): those names cannot be told from the GPU Operator's own `nvidia.com/`
@@ -54,7 +54,7 @@ SRIOV_RESOURCE_PREFIXES = ("openshift.io/", "intel.com/")
 them: the SR-IOV Network Operator's (`openshift.io/`, as in `openshift.io/mlxnics` for
 ConnectX VFs) and the SR-IOV Network Device Plugin's own `--resource-prefix` (`intel.com/`,
 whatever the NIC's vendor, as in its `intel.com/mlnx_sriov_rdma` example)."""
-WINDOW_RESOURCE_PREFIXES: Mapping[Component, tuple[str, ...]] = MappingProxyType(
+COMPONENT_RESOURCE_PREFIXES: Mapping[Component, tuple[str, ...]] = MappingProxyType(
     {
         Component.GPU: GPU_RESOURCE_PREFIXES,
         Component.OFED: RDMA_RESOURCE_PREFIXES + SRIOV_RESOURCE_PREFIXES,
@@ -64,7 +64,7 @@ WINDOW_RESOURCE_PREFIXES: Mapping[Component, tuple[str, ...]] = MappingProxyType
 GPU_DRA_DRIVERS = frozenset({"gpu.nvidia.com", "compute-domain.nvidia.com"})
 """NVIDIA's DRA drivers (k8s-dra-driver-gpu): GPUs and MIG devices, and IMEX channels of a
 compute domain; both stop working when the GPU driver is unloaded."""
-WINDOW_DRA_DRIVERS: Mapping[Component, frozenset[str]] = MappingProxyType(
+COMPONENT_DRA_DRIVERS: Mapping[Component, frozenset[str]] = MappingProxyType(
     {Component.GPU: GPU_DRA_DRIVERS, Component.OFED: frozenset()}
 )
 """Per component: the DRA drivers whose allocations its driver serves."""
@@ -184,27 +184,27 @@ def holds(
     claims: Mapping[ClaimRef, frozenset[str]] | None = None,
 ) -> bool:
     """Whether the pod, Running or Pending, holds a device of one of `components`' drivers:
-    it requests one of their resources (`WINDOW_RESOURCE_PREFIXES`), or one of its claims is
+    it requests one of their resources (`COMPONENT_RESOURCE_PREFIXES`), or one of its claims is
     allocated by one of their DRA drivers (`claims`: the allocated drivers of each claim, as
     `claim_drivers` reads them; a claim not in it counts as holding nothing)."""
     if phase(pod) not in ACTIVE_PHASES:
         return False
-    prefixes = tuple(p for c in components for p in WINDOW_RESOURCE_PREFIXES[c])
+    prefixes = tuple(p for c in components for p in COMPONENT_RESOURCE_PREFIXES[c])
     if any(name.startswith(prefixes) for name in requested_resources(pod)):
         return True
-    dra = frozenset().union(*(WINDOW_DRA_DRIVERS[c] for c in components))
+    dra = frozenset().union(*(COMPONENT_DRA_DRIVERS[c] for c in components))
     known = claims or {}
     return any(known.get(ref, frozenset()) & dra for ref in claims_of(pod))
 
 
-async def window_filter(
+async def holders_filter(
     kube: Kube, components: Collection[Component], node_pods: Iterable[Mapping[str, Any]]
 ) -> Callable[[Mapping[str, Any]], bool]:
     """`holds` for `components`, as a drain's pod filter over `node_pods`: the claims the
     unfinished ones use are read first, once each, so a node whose pods use no claim costs
     no request."""
     wanted = [ref for pod in node_pods if phase(pod) in ACTIVE_PHASES for ref in claims_of(pod)]
-    needs_claims = any(WINDOW_DRA_DRIVERS[c] for c in components)
+    needs_claims = any(COMPONENT_DRA_DRIVERS[c] for c in components)
     claims = await claim_drivers(kube, wanted) if wanted and needs_claims else {}
     chosen = frozenset(components)
 

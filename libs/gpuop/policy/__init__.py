@@ -39,10 +39,19 @@ from gpuop.policy.networks import Master, NetworkSpec, PublishedNetwork, Seconda
 from gpuop.policy.pools import IpamPool
 from gpuop.policy.rdma import NicSelectors, RdmaSelectors, RdmaSharedDevice
 from gpuop.policy.specs import GPUClusterPolicySpec
-from gpuop.policy.upgrades import Canary, Drain, PodDeletion, UpgradePolicy, WaitForCompletion
+from gpuop.policy.upgrades import (
+    Budget,
+    Canary,
+    Drain,
+    PodDeletion,
+    UpgradePolicy,
+    WaitForCompletion,
+    unavailable_budget,
+)
 from gpuop.policy.validation import FieldProblem, PolicyInvalid, valid_condition, validate_spec
 
 __all__ = [
+    "Budget",
     "Canary",
     "ComponentSpec",
     "Condition",
@@ -70,6 +79,7 @@ __all__ = [
     "WaitForCompletion",
     "condition",
     "set_condition",
+    "unavailable_budget",
     "valid_condition",
     "validate_spec",
 ]

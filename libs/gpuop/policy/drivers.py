@@ -233,7 +233,7 @@ class PoolUpgradePolicy(Section):
     on nodes of its own)."""
     paused: bool = False
     """Admit none of the pool's nodes (what `gpuop upgrade pause --pool` sets); the pool's
-    sagas under way finish their windows, and the other pools go on."""
+    sagas under way finish their upgrades, and the other pools go on."""
 
 
 class DriverPool(Section):

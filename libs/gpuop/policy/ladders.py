@@ -9,7 +9,7 @@ the ladder's order whatever order the policy lists them in:
     nvml      driver-manager: module and user space version, NVML sees the GPUs (always)
     cuda      driver-manager: `cuInit`, device count, a context on every GPU
     peermem   driver-manager: `nvidia_peermem` registered with the RDMA core; only when
-              OFED is upgraded in the window
+              OFED is among the components upgraded
     pod       the orchestrator: a pod requesting one GPU, placed on the cordoned node,
               Succeeded
 

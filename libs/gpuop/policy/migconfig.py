@@ -45,7 +45,7 @@ from typing import Any, Literal
 import yaml
 
 from gpuop.events.hardware import Gpu, MigMode
-from gpuop.events.mig import GpuMigLayout, MigDeviceCount
+from gpuop.events.mig_commands import GpuMigLayout, MigDeviceCount
 
 VERSION = "v1"
 TOP_KEYS = frozenset({"version", "mig-configs"})

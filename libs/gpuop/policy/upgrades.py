@@ -9,11 +9,12 @@ sets), what to do with nodes someone else cordoned (`cordonedNodes`), a reboot w
 driver will not unload, rollback, whether failed nodes hold a slot, retries, deadlines for
 every wait (`gpuop.policy.deadlines`) and a canary.
 
-The orchestrator's controller reads `node_selector` when it picks the managed nodes. The
-decision core reads an `UpgradePolicy` for admission (`paused`, `max_unavailable_of`,
-`max_parallel_upgrades`, `failed_nodes_hold_slot`, `canary`, `cordoned_nodes`, `waves`,
-`maintenance_windows`), for the
-waits of each step (`wait_for_jobs_limit`, `pod_deletion_limit`, `drain_limit`,
+`unavailable_budget` is the `maxUnavailable` arithmetic (the one place it is done): every
+saga kind's admission takes the budget from it. The orchestrator's controller reads
+`node_selector` when it picks the managed nodes. The decision core reads an `UpgradePolicy`
+for admission (`paused`, `max_unavailable`, `max_parallel_upgrades`,
+`failed_nodes_hold_slot`, `canary`, `cordoned_nodes`, `waves`, `maintenance_windows`), for
+the waits of each step (`wait_for_jobs_limit`, `pod_deletion_limit`, `drain_limit`,
 `deadlines`) and for retries (`backoff`, `retry.max_attempts`).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import re
 import zoneinfo
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -35,6 +37,47 @@ from gpuop.policy.selectors import LabelSelector
 PERCENT_PATTERN = r"^(100|[1-9][0-9]?)%$"
 """A percentage of nodes for `maxUnavailable`: `1%` to `100%`."""
 _PERCENT = re.compile(PERCENT_PATTERN)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The cluster's one `maxUnavailable` budget at one moment, shared by every saga kind."""
+
+    total: int
+    """Managed nodes (that exist)."""
+    max_unavailable: int
+    """`maxUnavailable` as a number of nodes out of `total`."""
+    unavailable: int
+    """Nodes unavailable now (NotReady, cordoned, or held by a saga)."""
+    free: int
+    """How many more nodes may become unavailable now."""
+
+
+def unavailable_budget(max_unavailable: int | str, total: int, unavailable: int) -> Budget:
+    """The `maxUnavailable` arithmetic, the one place it is done: `max_unavailable` (a
+    count, or a percentage of `total` like `"25%"`) as a node count, and how many more nodes
+    may go down while `unavailable` are down already.
+
+    Upstream's `GetUpgradesAvailable` arithmetic: a percentage is rounded up, and is at
+    least 1 whenever there is a node; a count (or a percentage over 100) is capped at
+    `total`. Nothing is free once `unavailable` reaches the count; otherwise what is left of
+    it, or all of it when the count covers every node (upstream cuts only a budget smaller
+    than the cluster). No node, no budget."""
+    if total <= 0:
+        count = 0
+    elif isinstance(max_unavailable, int):
+        count = max(0, min(max_unavailable, total))
+    else:
+        percent = int(max_unavailable.removesuffix("%"))
+        count = max(1, min(total, -(-total * percent // 100)))
+    if unavailable >= count:
+        free = 0
+    elif count < total:
+        free = count - unavailable
+    else:
+        free = count
+    return Budget(total=total, max_unavailable=count, unavailable=unavailable, free=free)
+
 
 CordonedNodes = Literal["upgradeFirst", "skip"]
 """What admission does with a node someone else cordoned (`cordonedNodes`)."""
@@ -245,15 +288,9 @@ class UpgradePolicy(Section):
         return value
 
     def max_unavailable_of(self, total_nodes: int) -> int:
-        """`maxUnavailable` as a number of nodes out of `total_nodes`: a percentage is
-        rounded up (as upstream scales it), a number is capped at the total; at least 1
-        whenever there is a node."""
-        if total_nodes <= 0:
-            return 0
-        if isinstance(self.max_unavailable, int):
-            return min(self.max_unavailable, total_nodes)
-        percent = int(self.max_unavailable.removesuffix("%"))
-        return max(1, min(total_nodes, -(-total_nodes * percent // 100)))
+        """`maxUnavailable` as a number of nodes out of `total_nodes` (`unavailable_budget`:
+        a percentage rounded up, a number capped at the total)."""
+        return unavailable_budget(self.max_unavailable, total_nodes, 0).max_unavailable
 
     def backoff(self, attempt: int) -> float:
         """Seconds before the next try after try number `attempt` (from 1) failed."""

@@ -4,7 +4,9 @@ Pure. The orchestrator's runtime calls `plan` (or `admit`) with the sagas of the
 the managed nodes whenever a saga or a node changes, then feeds each admitted node's saga
 `core.Admitted(canary=...)`; the done sagas it counts instead of passing them
 (`tallies.DoneSagas`), so a pass costs no more as nodes finish. The arithmetic is upstream's
-`GetUpgradesAvailable` (k8s-operator-libs, `upgrade_inplace.go`):
+`GetUpgradesAvailable` (k8s-operator-libs, `upgrade_inplace.go`); its budget part, the one
+`maxUnavailable` budget every saga kind shares, is `gpuop.policy.unavailable_budget`
+(`cluster_budget` weighs it without a pass):
 
     total        managed nodes (that exist)
     in_progress  sagas past upgrade-required and not done (upgrade-failed only when
@@ -70,7 +72,7 @@ from types import MappingProxyType
 
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
-from gpuop.policy import GPUClusterPolicySpec, UpgradePolicy
+from gpuop.policy import Budget, GPUClusterPolicySpec, UpgradePolicy, unavailable_budget
 from gpuop.saga.records import NodeSaga, desired_targets
 from gpuop.saga.tallies import DoneSagas
 
@@ -112,6 +114,12 @@ class NodeStatus:
     labels: Mapping[str, str] = field(default_factory=dict, compare=False)
     """The node's labels, for the waves' topology label."""
 
+    @property
+    def unavailable(self) -> bool:
+        """Unavailable whatever its saga: NotReady, cordoned by someone else, or held by
+        another kind's saga."""
+        return not self.ready or self.unschedulable or self.held_by is not None
+
 
 @dataclass(frozen=True)
 class Admission:
@@ -143,8 +151,8 @@ class Admission:
     """Waiting nodes left out, each with why (a skip label, `cordonedNodes: skip`), whatever
     else held the pass back."""
     components: Mapping[str, tuple[Component, ...]] = field(default_factory=dict)
-    """Admitted nodes whose window is narrower than their saga (a skip label covers some of
-    its components): the components this window upgrades."""
+    """Admitted nodes let upgrade fewer components than their saga has (a skip label covers
+    some of them): the components each may upgrade (`admitted_components`)."""
     outside_window: bool = False
     """The policy has maintenance windows and none is open: nothing is admitted."""
     wave: str | None = None
@@ -184,11 +192,15 @@ def skip_reason(
     return None
 
 
-def window(saga: NodeSaga, status: NodeStatus) -> tuple[Component, ...]:
+def admitted_components(saga: NodeSaga, status: NodeStatus) -> tuple[Component, ...]:
     """The components an admission now lets the saga upgrade: its own, less those the
     node's skip labels keep out, but never one a failed attempt touched (its driver must be
     finished or rolled back)."""
     return tuple(c for c in saga.components if c not in status.skip or c in saga.touched)
+
+
+Pool = str | None
+"""A driver pool's name; None: the default drivers."""
 
 
 @dataclass(frozen=True)
@@ -202,7 +214,7 @@ class _PoolRules:
     """The versions the pool's nodes should run; None: the policy has no such pool now."""
 
 
-def _rules(policy: GPUClusterPolicySpec, pool: str | None) -> _PoolRules:
+def _rules(policy: GPUClusterPolicySpec, pool: Pool) -> _PoolRules:
     upgrade = policy.upgrade_policy
     try:
         found = policy.driver.pool(pool)
@@ -219,14 +231,244 @@ def _rules(policy: GPUClusterPolicySpec, pool: str | None) -> _PoolRules:
     return _PoolRules(parallel, canary, own is not None and own.paused, versions)
 
 
-def _budget(total: int, unavailable: int, max_unavailable: int) -> int:
-    """How many more nodes may become unavailable: upstream's arithmetic, shared by every
-    pool (and every saga kind)."""
-    if unavailable >= max_unavailable:
-        return 0
-    if max_unavailable < total:
-        return max_unavailable - unavailable
-    return max_unavailable
+@dataclass
+class _Tally:
+    """The sagas in play, sorted by what admission does with them, and the counts behind
+    the budget: one cheap look per node and one pass over the sagas (issue 24), since a
+    pass early in a rollout weighs nearly every node's saga, most of them waiting."""
+
+    nodes: Mapping[str, NodeStatus]
+    by_node: dict[str, NodeSaga]
+    """The sagas of nodes that exist, by node."""
+    total: int
+    unavailable: int
+    in_progress: int = 0
+    required: list[NodeSaga] = field(default_factory=list)
+    bringing_up: list[NodeSaga] = field(default_factory=list)
+    """New nodes' waiting sagas: admitted without a slot."""
+    cordoned_waiting: list[NodeSaga] = field(default_factory=list)
+    """Waiting sagas of cordoned nodes: admitted first, they need no slot."""
+    in_play: set[Pool] = field(default_factory=set)
+    required_in: Counter[Pool] = field(default_factory=Counter)
+    busy: Counter[Pool] = field(default_factory=Counter)
+    canaries_in: dict[Pool, list[NodeSaga]] = field(default_factory=dict)
+
+    def counted_done(self, name: str) -> bool:
+        """The node's saga is counted in `DoneSagas` rather than passed."""
+        return name in self.nodes and self.nodes[name].exists and name not in self.by_node
+
+    def add(self, saga: NodeSaga, failed_hold: bool) -> None:
+        pool = saga.pool
+        self.in_play.add(pool)
+        if saga.bring_up:
+            if saga.state is S.UPGRADE_REQUIRED:
+                self.bringing_up.append(saga)
+            return
+        status = self.nodes[saga.node]
+        if saga.state is S.UPGRADE_REQUIRED:
+            self.required.append(saga)
+            self.required_in[pool] += 1
+            if saga.cordoned or status.unschedulable:
+                self.cordoned_waiting.append(saga)
+        elif _holds_slot(saga, failed_hold):
+            self.in_progress += 1
+            self.busy[pool] += 1
+        # a saga staging its packages holds its place in the budget: it cordons next
+        if (saga.cordoned or saga.state is S.CORDON_REQUIRED) and not status.unavailable:
+            self.unavailable += 1
+        if saga.canary:
+            self.canaries_in.setdefault(pool, []).append(saga)
+
+
+def _tally(sagas: Iterable[NodeSaga], nodes: Mapping[str, NodeStatus], failed_hold: bool) -> _Tally:
+    existing = [status for status in nodes.values() if status.exists]
+    tally = _Tally(
+        nodes=nodes,
+        by_node={s.node: s for s in sagas if s.node in nodes and nodes[s.node].exists},
+        total=len(existing),
+        unavailable=sum(status.unavailable for status in existing),
+    )
+    for saga in tally.by_node.values():
+        tally.add(saga, failed_hold)
+    return tally
+
+
+def cluster_budget(
+    sagas: Iterable[NodeSaga], nodes: Mapping[str, NodeStatus], policy: UpgradePolicy
+) -> Budget:
+    """The one `maxUnavailable` budget now, as `plan` weighs it (`Admission.max_unavailable`,
+    `Admission.unavailable`), without the rest of the pass: for the admission of the other
+    saga kinds, which share it. `nodes` with `held_by` set on the nodes they hold."""
+    tally = _tally(sagas, nodes, policy.failed_nodes_hold_slot)
+    return unavailable_budget(policy.max_unavailable, tally.total, tally.unavailable)
+
+
+def _skips(tally: _Tally, upgrade: UpgradePolicy) -> tuple[dict[str, str], Counter[Pool]]:
+    """The waiting nodes left out, each with why, and how many of each pool's."""
+    nodes = tally.nodes
+    skip_by_cordon = upgrade.cordoned_nodes == "skip"
+    skipped: dict[str, str] = {}
+    skipped_in: Counter[Pool] = Counter()
+    # only a node with a skip label, or cordoned by someone else, can be left out
+    for saga in sorted(
+        (
+            s
+            for s in (*tally.required, *tally.bringing_up)
+            if nodes[s.node].skip or (skip_by_cordon and nodes[s.node].unschedulable)
+        ),
+        key=_by_node,
+    ):
+        why = skip_reason(
+            saga.components, nodes[saga.node], upgrade, cordoned_by_saga=saga.cordoned
+        )
+        if why is not None:
+            skipped[saga.node] = why
+            if not saga.bring_up:
+                skipped_in[saga.pool] += 1
+    return skipped, skipped_in
+
+
+def _pool_slots(
+    tally: _Tally,
+    rules: Mapping[Pool, _PoolRules],
+    skipped_in: Counter[Pool],
+    budget: int,
+) -> dict[Pool, int]:
+    """Each pool's free parallel slots (its waiting nodes when it has no limit), none above
+    the cluster's budget."""
+    free: dict[Pool, int] = {}
+    for pool, rule in rules.items():
+        waiting = tally.required_in[pool] - skipped_in[pool]
+        parallel = rule.max_parallel
+        free[pool] = min(waiting if parallel == 0 else parallel - tally.busy[pool], budget)
+    return free
+
+
+@dataclass(frozen=True)
+class _Canaries:
+    """The canary gate of each pool."""
+
+    failed: Mapping[Pool, tuple[str, ...]]
+    """The pool's canary nodes in upgrade-failed."""
+    open: Mapping[Pool, int]
+    """Canary places not yet given to a node."""
+    held: frozenset[Pool]
+    """Pools whose other nodes wait for their canary nodes."""
+
+
+def _canaries(tally: _Tally, rules: Mapping[Pool, _PoolRules], done: DoneSagas | None) -> _Canaries:
+    canaries = {pool: tally.canaries_in.get(pool, []) for pool in rules}
+    done_canaries = {
+        pool: done.canaries_where(pool, tally.counted_done) if done is not None else 0
+        for pool in rules
+    }
+    failed = {
+        pool: tuple(sorted(s.node for s in canaries[pool] if s.state is S.UPGRADE_FAILED))
+        for pool in rules
+    }
+    open_places = {
+        pool: max(0, rule.canary - len(canaries[pool]) - done_canaries[pool]) if rule.canary else 0
+        for pool, rule in rules.items()
+    }
+    held = frozenset(
+        pool
+        for pool, rule in rules.items()
+        if rule.canary > 0
+        and (open_places[pool] > 0 or not all(s.state is S.UPGRADE_DONE for s in canaries[pool]))
+    )
+    return _Canaries(failed, open_places, held)
+
+
+@dataclass
+class _Choice:
+    """The choice of the nodes to admit, as it is made: what is left of the budget, of each
+    pool's slots and of its canary places, and what was chosen so far."""
+
+    nodes: Mapping[str, NodeStatus]
+    rules: Mapping[Pool, _PoolRules]
+    canaries: _Canaries
+    free: dict[Pool, int]
+    budget: int
+    skipped: Mapping[str, str]
+    wave: tuple[int, str] | None
+    label: str
+    open_canary: dict[Pool, int] = field(init=False)
+    admitted: list[str] = field(default_factory=list)
+    admitted_canary: list[str] = field(default_factory=list)
+    components: dict[str, tuple[Component, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.open_canary = dict(self.canaries.open)
+
+    def may_start(self, saga: NodeSaga) -> bool:
+        """Ready, free of other kinds, wanted and not skipped."""
+        status = self.nodes[saga.node]
+        versions = self.rules[saga.pool].versions
+        return (
+            status.ready
+            and status.held_by is None
+            and versions is not None
+            and _wanted(saga, versions)
+            and saga.node not in self.skipped
+        )
+
+    def candidate(self, saga: NodeSaga) -> bool:
+        """May be admitted now, slots aside."""
+        return self.may_start(saga) and (
+            self.wave is None or _wave_of(self.nodes[saga.node], self.label) == self.wave
+        )
+
+    def no_slot_left(self) -> bool:
+        return self.budget <= 0 or max(self.free.values(), default=0) <= 0
+
+    def admit(self, saga: NodeSaga, *, is_cordoned: bool) -> None:
+        """Admit the candidate `saga` if its pool's gate, slots and the budget allow."""
+        pool = saga.pool
+        if self.canaries.failed[pool] or self.rules[pool].paused:
+            return  # a failed canary, or a pause, holds its own pool back
+        as_canary = saga.canary or self.open_canary[pool] > 0
+        if pool in self.canaries.held and not as_canary:
+            return
+        if (self.free[pool] <= 0 or self.budget <= 0) and not is_cordoned:
+            return
+        self.admitted.append(saga.node)
+        self.free[pool] -= 1
+        self.budget -= 1
+        narrowed = admitted_components(saga, self.nodes[saga.node])
+        if narrowed != saga.components:
+            self.components[saga.node] = narrowed
+        if as_canary:
+            self.admitted_canary.append(saga.node)
+            if not saga.canary:
+                self.open_canary[pool] -= 1
+
+
+def _by_node(saga: NodeSaga) -> str:
+    return saga.node
+
+
+def _choose(choice: _Choice, tally: _Tally, *, paused: bool, outside: bool) -> None:
+    """Admitted in order: new nodes (no slot), then the cordoned nodes (they need no slot),
+    then the others by name. Free slots and the budget only shrink, so once neither is left
+    no uncordoned node is even looked at, let alone sorted: the waiting nodes of a full
+    rollout cost nothing here."""
+    if not paused:
+        for saga in sorted(tally.bringing_up, key=_by_node):
+            if choice.may_start(saga):
+                choice.admitted.append(saga.node)
+    if paused or outside:
+        return
+    for saga in sorted(tally.cordoned_waiting, key=_by_node):
+        if choice.candidate(saga):
+            choice.admit(saga, is_cordoned=True)
+    if choice.no_slot_left():
+        return
+    first = {s.node for s in tally.cordoned_waiting}
+    for saga in sorted((s for s in tally.required if s.node not in first), key=_by_node):
+        if choice.no_slot_left():
+            break
+        if choice.candidate(saga):
+            choice.admit(saga, is_cordoned=False)
 
 
 def plan(
@@ -242,192 +484,41 @@ def plan(
     `done`: settled sagas counted instead of passed in `sagas` (`tallies`), the result the
     same as with every saga passed; a node in both is taken from `sagas`."""
     upgrade = policy.upgrade_policy
-    existing = [status for status in nodes.values() if status.exists]
-    by_node = {s.node: s for s in sagas if s.node in nodes and nodes[s.node].exists}
-
-    def counted_done(name: str) -> bool:
-        return name in nodes and nodes[name].exists and name not in by_node
-
-    done_pools = done.pools_where(counted_done) if done is not None else set()
-    total = len(existing)
-    hold = upgrade.failed_nodes_hold_slot
-
-    def down(status: NodeStatus) -> bool:
-        """Unavailable whatever its saga: NotReady, cordoned by someone else, held."""
-        return not status.ready or status.unschedulable or status.held_by is not None
-
-    # one cheap look per node, and one pass over the sagas in play (issue 24): a pass early
-    # in a rollout weighs nearly every node's saga, most of them waiting
-    unavailable = sum(map(down, existing))
-    in_progress = 0
-    required: list[NodeSaga] = []
-    bringing_up: list[NodeSaga] = []  # new nodes: admitted without a slot
-    cordoned_waiting: list[NodeSaga] = []  # admitted first: they need no slot
-    in_play: set[str | None] = set()
-    required_in: Counter[str | None] = Counter()
-    busy: Counter[str | None] = Counter()
-    canaries_in: dict[str | None, list[NodeSaga]] = {}
-    for s in by_node.values():
-        pool = s.pool
-        in_play.add(pool)
-        if s.bring_up:
-            if s.state is S.UPGRADE_REQUIRED:
-                bringing_up.append(s)
-            continue
-        if s.state is S.UPGRADE_REQUIRED:
-            required.append(s)
-            required_in[pool] += 1
-            if s.cordoned or nodes[s.node].unschedulable:
-                cordoned_waiting.append(s)
-        elif _holds_slot(s, hold):
-            in_progress += 1
-            busy[pool] += 1
-        # a saga staging its packages holds its place in the budget: it cordons next
-        if (s.cordoned or s.state is S.CORDON_REQUIRED) and not down(nodes[s.node]):
-            unavailable += 1
-        if s.canary:
-            canaries_in.setdefault(pool, []).append(s)
-    skip_by_cordon = upgrade.cordoned_nodes == "skip"
-    skipped: dict[str, str] = {}
-    skipped_in: Counter[str | None] = Counter()
-    # only a node with a skip label, or cordoned by someone else, can be left out
-    for saga in sorted(
-        (
-            s
-            for s in (*required, *bringing_up)
-            if nodes[s.node].skip or (skip_by_cordon and nodes[s.node].unschedulable)
-        ),
-        key=lambda s: s.node,
-    ):
-        why = skip_reason(
-            saga.components, nodes[saga.node], upgrade, cordoned_by_saga=saga.cordoned
-        )
-        if why is not None:
-            skipped[saga.node] = why
-            if not saga.bring_up:
-                skipped_in[saga.pool] += 1
-    max_unavailable = upgrade.max_unavailable_of(total)
-    budget = _budget(total, unavailable, max_unavailable)
-    pools = sorted(in_play | done_pools, key=lambda p: (p is not None, p or ""))
+    tally = _tally(sagas, nodes, upgrade.failed_nodes_hold_slot)
+    skipped, skipped_in = _skips(tally, upgrade)
+    budget = unavailable_budget(upgrade.max_unavailable, tally.total, tally.unavailable)
+    done_pools = done.pools_where(tally.counted_done) if done is not None else set()
+    pools = sorted(tally.in_play | done_pools, key=lambda p: (p is not None, p or ""))
     rules = {pool: _rules(policy, pool) for pool in pools}
-    free: dict[str | None, int] = {}
-    for pool in pools:
-        waiting = required_in[pool] - skipped_in[pool]
-        parallel = rules[pool].max_parallel
-        free[pool] = min(waiting if parallel == 0 else parallel - busy[pool], budget)
-    slots = min(sum(free.values()), budget) if pools else min(upgrade.max_parallel_upgrades, budget)
-    canaries = {pool: canaries_in.get(pool, []) for pool in pools}
-    done_canaries = {
-        pool: done.canaries_where(pool, counted_done) if done is not None else 0 for pool in pools
-    }
-    failed_canaries = {
-        pool: tuple(sorted(s.node for s in canaries[pool] if s.state is S.UPGRADE_FAILED))
-        for pool in pools
-    }
-    canary_failed = tuple(sorted(n for nodes_ in failed_canaries.values() for n in nodes_))
-    open_canary = {
-        pool: max(0, rules[pool].canary - len(canaries[pool]) - done_canaries[pool])
-        if rules[pool].canary
-        else 0
-        for pool in pools
-    }
-    held_pools = {
-        pool
-        for pool in pools
-        if rules[pool].canary > 0
-        and (open_canary[pool] > 0 or not all(s.state is S.UPGRADE_DONE for s in canaries[pool]))
-    }
-    wave = _current_wave(by_node.values(), nodes, upgrade.waves.topology_label, skipped)
+    free = _pool_slots(tally, rules, skipped_in, budget.free)
+    if pools:
+        slots = min(sum(free.values()), budget.free)
+    else:
+        slots = min(upgrade.max_parallel_upgrades, budget.free)
+    canaries = _canaries(tally, rules, done)
     label = upgrade.waves.topology_label
-
-    def candidate(saga: NodeSaga) -> bool:
-        """May be admitted now, slots aside."""
-        status = nodes[saga.node]
-        versions = rules[saga.pool].versions
-        return (
-            status.ready
-            and status.held_by is None
-            and versions is not None
-            and _wanted(saga, versions)
-            and saga.node not in skipped
-            and (wave is None or _wave_of(status, label) == wave)
-        )
-
-    def no_slot_left() -> bool:
-        return budget <= 0 or max(free.values(), default=0) <= 0
-
-    # admitted in order, the cordoned nodes first (they need no slot), then by name; free
-    # slots and the budget only shrink, so once neither is left no uncordoned node is even
-    # looked at, let alone sorted: the waiting nodes of a full rollout cost nothing here
-    cordoned_first = sorted(cordoned_waiting, key=lambda s: s.node)
+    wave = _current_wave(tally.by_node.values(), nodes, label, skipped)
     windows = upgrade.maintenance_windows
     outside = bool(windows) and not any(w.contains(now) for w in windows)
-    admitted: list[str] = []
-    admitted_canary: list[str] = []
-    components: dict[str, tuple[Component, ...]] = {}
-
-    def try_admit(saga: NodeSaga, *, is_cordoned: bool) -> None:
-        nonlocal budget
-        pool = saga.pool
-        if failed_canaries[pool] or rules[pool].paused:
-            return  # a failed canary, or a pause, holds its own pool back
-        as_canary = saga.canary or open_canary[pool] > 0
-        if pool in held_pools and not as_canary:
-            return
-        if (free[pool] <= 0 or budget <= 0) and not is_cordoned:
-            return
-        admitted.append(saga.node)
-        free[pool] -= 1
-        budget -= 1
-        narrowed = window(saga, nodes[saga.node])
-        if narrowed != saga.components:
-            components[saga.node] = narrowed
-        if as_canary:
-            admitted_canary.append(saga.node)
-            if not saga.canary:
-                open_canary[pool] -= 1
-
-    if not upgrade.paused:
-        for saga in sorted(bringing_up, key=lambda s: s.node):
-            status = nodes[saga.node]
-            versions = rules[saga.pool].versions
-            if (
-                status.ready
-                and status.held_by is None
-                and versions is not None
-                and _wanted(saga, versions)
-                and saga.node not in skipped
-            ):
-                admitted.append(saga.node)
-    if not (upgrade.paused or outside):
-        for saga in cordoned_first:
-            if candidate(saga):
-                try_admit(saga, is_cordoned=True)
-        if not no_slot_left():
-            first = {s.node for s in cordoned_waiting}
-            others = sorted((s for s in required if s.node not in first), key=lambda s: s.node)
-            for saga in others:
-                if no_slot_left():
-                    break
-                if candidate(saga):
-                    try_admit(saga, is_cordoned=False)
+    choice = _Choice(nodes, rules, canaries, free, budget.free, skipped, wave, label)
+    _choose(choice, tally, paused=upgrade.paused, outside=outside)
     return Admission(
         at=now,
-        nodes=tuple(admitted),
-        canary=tuple(admitted_canary),
-        total=total,
-        in_progress=in_progress,
-        max_unavailable=max_unavailable,
-        unavailable=unavailable,
+        nodes=tuple(choice.admitted),
+        canary=tuple(choice.admitted_canary),
+        total=budget.total,
+        in_progress=tally.in_progress,
+        max_unavailable=budget.max_unavailable,
+        unavailable=budget.unavailable,
         slots=slots,
-        held_by_canary=bool(held_pools),
-        canary_failed=canary_failed,
+        held_by_canary=bool(canaries.held),
+        canary_failed=tuple(sorted(n for failed in canaries.failed.values() for n in failed)),
         paused=upgrade.paused,
         skipped=skipped,
-        components=components,
+        components=choice.components,
         outside_window=outside,
         wave=None if wave is None else wave[1],
-        held_pools=tuple(sorted(p for p in held_pools if p is not None)),
+        held_pools=tuple(sorted(p for p in canaries.held if p is not None)),
     )
 
 

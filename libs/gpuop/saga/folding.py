@@ -5,7 +5,7 @@ event, written once, so that a replay equals the runtime by construction.
                `INBOUND_TYPES`; the intake builds its subject filters from them)
     trigger    what an inbound event means to a node's saga (`NodeAdmitted` becomes
                `Admitted` for the saga and attempt it names, with the components it lets
-               the window upgrade, or nothing)
+               the saga upgrade, or nothing)
     started    a saga built from its `SagaStarted`, and the `SagaStarted` of a new saga
     step       one decision, or None when the saga is left as it was
     outputs    a decision's state changes and commands, in publishing order, with their ids

@@ -4,7 +4,7 @@ The upgrade orchestrator keeps one `NodeSaga` per node and rollout; the decision
 (`gpuop.saga.core`) reads one and returns the next, and the orchestrator's runtime writes
 that with compare-and-set before it acts (outbox). Everything the core needs to carry on
 after a crash is here, and nothing else: the state and the pending step with its deadline,
-what was done to the node's drivers in this maintenance window, and what to undo.
+what was done to the node's drivers in this upgrade, and what to undo.
 
 The record is frozen and serialises to JSON (`to_json` / `from_json`). `new_saga` builds the
 first record of a rollout for one node from the policy and what the node runs now.
@@ -166,7 +166,7 @@ class NodeSaga(Record):
     deadline: AwareDatetime | None = None
     """When the pending step fails (or, in wait-for-jobs, moves on); None: no time limit."""
     components: tuple[Component, ...] = Field(min_length=1, max_length=2)
-    """Driver stacks upgraded in this saga's one maintenance window, in `COMPONENT_ORDER`."""
+    """Driver stacks this saga upgrades, in one cordon and drain, in `COMPONENT_ORDER`."""
     targets: dict[Component, Target] = Field(min_length=1, max_length=2)
     """Driver each component in `components` is upgraded to."""
     previous_versions: dict[Component, Version] = Field(default_factory=dict, max_length=2)

@@ -51,8 +51,8 @@ from gpuop.events import Envelope, Event, Payload, decode, subjects
 from gpuop.events.device import DeviceHealthChanged
 from gpuop.events.envelope import MalformedMessage, UnknownEventType
 from gpuop.events.kube import NodeObserved, NodeRemoved
-from gpuop.events.reconfigurations import MigReconfigurationStarted, NodeMigStateChanged
-from gpuop.events.remediations import (
+from gpuop.events.mig import MigReconfigurationStarted, NodeMigStateChanged
+from gpuop.events.remediation import (
     TERMINAL_STATES,
     NodeRemediationStateChanged,
     RemediationRefused,

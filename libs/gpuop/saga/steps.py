@@ -7,14 +7,14 @@ token names its deadline (`DeadlineExpired.step`) and, with the saga's attempt, 
 of the command or action it issues (`ids.step(saga_id, token, attempt)`), so deciding the
 same step again after a crash issues the same ids.
 
-Before the window opens, while the node is still schedulable, cordon-required stages the
+Before the cordon, while the node is still schedulable, cordon-required stages the
 new packages (`stage_plan`):
 
     stage-gpu, stage-ofed          fetch, verify and check against the node's kernel, so a
                                    package that cannot be installed fails the node before it
                                    is cordoned or drained (nothing to undo)
 
-The maintenance window reloads every component of the saga at once, in this order:
+Once the node is cordoned and drained, the saga reloads all its components at once, in order:
 
     install-gpu, install-ofed      install the staged packages while the old drivers still
                                    run, so a failed install needs no rollback (only an uncordon)
@@ -26,7 +26,7 @@ The maintenance window reloads every component of the saga at once, in this orde
     validate-gpu, validate-ofed    in validation-required, the ladder's rungs (the policy's
     validate-cuda-gpu              `upgradePolicy.validation`): NVML per component, then a
     validate-peermem-gpu           CUDA context on every GPU, nvidia_peermem on the RDMA
-    validate-pod                   core (OFED in the window), a GPU pod on the cordoned node
+    validate-pod                   core (OFED upgraded too), a GPU pod on the cordoned node
 
 After a confirmed reboot the next round repeats the unloads and loads (the installs are on
 disk already) with the round in the token: `unload-gpu-2`. A rollback restores the touched

@@ -15,10 +15,10 @@ from gpuop.events import (
     bus_subject,
     device,
     ids,
-    migrequests,
+    mig_requests,
     new_command,
     new_event,
-    remediation,
+    remediation_commands,
     subjects,
 )
 
@@ -68,9 +68,9 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
     }
     if payload is device.DeviceHealthChanged:
         return user == "telemetry"
-    if payload in (device.DevicePluginConfigSelected, migrequests.MigConfigRequested):
+    if payload in (device.DevicePluginConfigSelected, mig_requests.MigConfigRequested):
         return user == "discovery-cluster"  # from the Node's labels, which only it watches
-    if payload in (remediation.GpuHoldersListed, remediation.GpuHoldersUnknown):
+    if payload in (remediation_commands.GpuHoldersListed, remediation_commands.GpuHoldersUnknown):
         return user == "device-plugin"  # the holders of its node's GPUs, from its kubelet
     if payload in (device.DevicePluginConfigApplied, device.MpsDaemonChanged):
         return user == "device-plugin"

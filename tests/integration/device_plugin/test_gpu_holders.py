@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.events import remediation
+from gpuop.events import remediation_commands
 from gpuop.events.fields import NamespacedName
 from gpuop.host.roots import HostRoot
 from gpuop_sim.nvml import sim_gpus
@@ -33,8 +33,8 @@ async def test_the_pods_on_time_sliced_replicas_of_a_gpu_are_its_holders(host: H
         await node.kubelet.allocate(GPU, [f"{gpu(3)}::2", f"{gpu(4)}::1"], pod="trainer-1")
         await node.kubelet.allocate(GPU, [f"{gpu(5)}::0"], pod="other", namespace="ml")
 
-        await node.command(remediation.ListGpuHolders(gpu_uuids=(gpu(3),)), "holders")
-        (answer,) = await node.confirmations(remediation.GpuHoldersListed)
+        await node.command(remediation_commands.ListGpuHolders(gpu_uuids=(gpu(3),)), "holders")
+        (answer,) = await node.confirmations(remediation_commands.GpuHoldersListed)
 
     assert answer.gpu_uuids == (gpu(3),)
     assert answer.pods == (
@@ -53,15 +53,17 @@ async def test_the_pods_on_mig_devices_of_a_gpu_are_its_holders(host: HostRoot) 
         devices = await node.kubelet.wait_for_devices(resource, healthy(2))
         await node.kubelet.allocate(resource, [devices[1].ID], pod="inference", namespace="ml")
 
-        await node.command(remediation.ListGpuHolders(gpu_uuids=(gpu(2), gpu(6))), "holders")
-        (answer,) = await node.confirmations(remediation.GpuHoldersListed)
+        await node.command(
+            remediation_commands.ListGpuHolders(gpu_uuids=(gpu(2), gpu(6))), "holders"
+        )
+        (answer,) = await node.confirmations(remediation_commands.GpuHoldersListed)
 
     assert answer.pods == (NamespacedName(namespace="ml", name="inference"),)
 
 
 async def test_a_kubelet_that_is_down_makes_the_holders_unknown(host: HostRoot) -> None:
     async with running_node(host, start_kubelet=False) as node:
-        await node.command(remediation.ListGpuHolders(gpu_uuids=(gpu(0),)), "holders")
-        (answer,) = await node.confirmations(remediation.GpuHoldersUnknown)
+        await node.command(remediation_commands.ListGpuHolders(gpu_uuids=(gpu(0),)), "holders")
+        (answer,) = await node.confirmations(remediation_commands.GpuHoldersUnknown)
 
     assert "PodResources" in answer.message

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gpuop.bus import InMemoryBus
-from gpuop.events import decode, migrequests, new_event
+from gpuop.events import decode, mig_requests, new_event
 from gpuop.kube import client, nodes
 from gpuop.services.discovery.selections import (
     CONFIG_LABEL,
@@ -38,7 +38,7 @@ async def requested(bus: InMemoryBus) -> list[tuple[str, str | None]]:
     found = []
     async for message in bus.read(MIG_CONFIG.filter(bus.prefix)):
         envelope, payload = decode(message.data)
-        assert isinstance(payload, migrequests.MigConfigRequested)
+        assert isinstance(payload, mig_requests.MigConfigRequested)
         found.append((envelope.node, payload.config))
     return found
 
@@ -83,7 +83,7 @@ async def test_a_restarted_cluster_role_requests_only_what_changed_meanwhile(
     server: ApiServer, kube: client.Kube, bus: InMemoryBus
 ) -> None:
     source = "/gpuop/discovery-labeler"
-    earlier = migrequests.MigConfigRequested(config="all-balanced")
+    earlier = mig_requests.MigConfigRequested(config="all-balanced")
     await bus.publish(new_event(earlier, node=NODE, source=source))
     await bus.publish(new_event(earlier, node=OTHER, source=source))
     server.seed(node_object(labels={MIG_CONFIG_LABEL: "all-balanced"}))  # unchanged

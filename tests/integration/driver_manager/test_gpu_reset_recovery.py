@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuop.bus import InMemoryBus
-from gpuop.events import Command, device, driver, new_command, remediation
+from gpuop.events import Command, device, driver, new_command, remediation_commands
 from gpuop.events.device import DeviceHealthChanged, HealthReason
 from gpuop.host.roots import HostRoot
 from gpuop.services.telemetry.node_exporter import NodeExporter
@@ -44,11 +44,11 @@ async def command(bus: InMemoryBus, payload: Command, id: str) -> None:
 
 async def reset_answer(
     bus: InMemoryBus, command_id: str
-) -> remediation.GpuReset | remediation.GpuResetFailed:
+) -> remediation_commands.GpuReset | remediation_commands.GpuResetFailed:
     """The driver-manager's answer to `command_id`, once published."""
     async with asyncio.timeout(10):
         while True:
-            for kind in (remediation.GpuReset, remediation.GpuResetFailed):
+            for kind in (remediation_commands.GpuReset, remediation_commands.GpuResetFailed):
                 for envelope, answer in await published(bus, kind):
                     if envelope.causationid == command_id:
                         return answer
@@ -56,8 +56,8 @@ async def reset_answer(
 
 
 async def pause_reset_resume(
-    bus: InMemoryBus, reset: remediation.ResetGpu
-) -> remediation.GpuReset | remediation.GpuResetFailed:
+    bus: InMemoryBus, reset: remediation_commands.ResetGpu
+) -> remediation_commands.GpuReset | remediation_commands.GpuResetFailed:
     """The saga's middle: pause the operands, reset, resume; the reset's answer."""
     await command(bus, device.PauseOperands(components=(driver.Component.GPU,)), "pause-1")
     await wait_for(bus, device.OperandPaused, 1)
@@ -81,7 +81,7 @@ async def test_a_reset_gpu_is_recovered_for_telemetry_and_a_failed_one_is_not(
         telemetry_nvml.inject_ecc(3, volatile_uncorrected=1)
         await wait_for(bus, DeviceHealthChanged, 1)
 
-        answer = await pause_reset_resume(bus, remediation.ResetGpu(gpu_uuids=(broken,)))
+        answer = await pause_reset_resume(bus, remediation_commands.ResetGpu(gpu_uuids=(broken,)))
 
         if fault is None:
             events = await wait_for(bus, DeviceHealthChanged, 2)
@@ -91,12 +91,12 @@ async def test_a_reset_gpu_is_recovered_for_telemetry_and_a_failed_one_is_not(
 
     changes = [(e.gpu_uuid, e.healthy, e.reason) for _, e in events]
     if fault is None:
-        assert isinstance(answer, remediation.GpuReset)
+        assert isinstance(answer, remediation_commands.GpuReset)
         assert changes == [
             (broken, False, HealthReason.ECC),
             (broken, True, HealthReason.RECOVERED),
         ]
     else:
-        assert isinstance(answer, remediation.GpuResetFailed)
-        assert answer.reason is remediation.ResetFailureReason.RESET_FAILED
+        assert isinstance(answer, remediation_commands.GpuResetFailed)
+        assert answer.reason is remediation_commands.ResetFailureReason.RESET_FAILED
         assert changes == [(broken, False, HealthReason.ECC)]

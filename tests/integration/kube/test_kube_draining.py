@@ -313,7 +313,7 @@ async def test_a_filter_built_from_the_listed_pods_narrows_the_removal_too(
 
     async def gpu_window(listed):
         seen.append([pod["metadata"]["name"] for pod in listed])
-        return await pods.window_filter(kube, [Component.GPU], listed)
+        return await pods.holders_filter(kube, [Component.GPU], listed)
 
     options = DrainOptions(
         pod_filter=lambda pod: pod["metadata"]["name"] != "web",

@@ -166,7 +166,7 @@ def test_a_claim_allocated_by_nvidias_dra_drivers_holds_gpus() -> None:
     assert pods.allocated_drivers(support.claim("pending")) == frozenset()
 
 
-async def test_the_window_filter_reads_each_claim_once_and_only_when_pods_use_one(
+async def test_the_holders_filter_reads_each_claim_once_and_only_when_pods_use_one(
     server: ApiServer, kube: client.Kube
 ) -> None:
     server.seed(support.claim("gpus", "gpu.nvidia.com"))
@@ -178,7 +178,7 @@ async def test_the_window_filter_reads_each_claim_once_and_only_when_pods_use_on
     listed = [trainer, also, nic, gone, support.pod("web")]
     before = len(server.request_log)
 
-    accept = await pods.window_filter(kube, [GPU], listed)
+    accept = await pods.holders_filter(kube, [GPU], listed)
 
     assert [p["metadata"]["name"] for p in listed if accept(p)] == ["trainer", "also"]
     reads = [r.path for r in server.request_log[before:]]
@@ -188,6 +188,6 @@ async def test_the_window_filter_reads_each_claim_once_and_only_when_pods_use_on
         "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/nics",
     ]
     before = len(server.request_log)
-    await pods.window_filter(kube, [OFED], listed)  # no DRA driver of the OFED's to look for
-    await pods.window_filter(kube, [GPU], [support.pod("web")])
+    await pods.holders_filter(kube, [OFED], listed)  # no DRA driver of the OFED's to look for
+    await pods.holders_filter(kube, [GPU], [support.pod("web")])
     assert server.request_log[before:] == []

@@ -16,9 +16,9 @@ from gpuop.events import Envelope, decode, new_event
 from gpuop.events.device import DeviceHealthChanged, HealthReason, XidAction
 from gpuop.events.driver import Component
 from gpuop.events.fields import NamespacedName
-from gpuop.events.reconfigurations import ConfigState, MigState, NodeMigStateChanged
-from gpuop.events.remediation import GpuHoldersListed
-from gpuop.events.remediations import NodeRemediationStateChanged, RemediationState
+from gpuop.events.mig import ConfigState, MigState, NodeMigStateChanged
+from gpuop.events.remediation import NodeRemediationStateChanged, RemediationState
+from gpuop.events.remediation_commands import GpuHoldersListed
 from gpuop.events.upgrade import NodeUpgradeStateChanged, UpgradeState
 from gpuop_sim.cli import rollout_view, screens
 from gpuop_sim.cli.rollout_view import Tracker

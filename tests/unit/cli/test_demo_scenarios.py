@@ -15,8 +15,8 @@ from typing import Any, cast
 
 import pytest
 
-from gpuop.events.reconfigurations import MigState
-from gpuop.events.remediations import RemediationState
+from gpuop.events.mig import MigState
+from gpuop.events.remediation import RemediationState
 from gpuop.kube.errors import NotFound
 from gpuop_sim.cli import scenarios
 from gpuop_sim.cli.rollout_view import MIG, REMEDIATION, SagaRun, Tracker

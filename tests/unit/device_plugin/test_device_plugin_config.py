@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuop.health import APPLICATION_XIDS
 from gpuop.runtime.settings import SettingsError
 from gpuop.services.device_plugin.config import (
-    DEFAULT_IGNORED_XIDS,
     DeviceListStrategy,
     MigStrategy,
     load_config,
@@ -52,7 +52,7 @@ def test_no_file_gives_upstreams_defaults() -> None:
     config = load_config(None)
     assert config.flags.mig_strategy is MigStrategy.NONE
     assert config.flags.plugin.device_list_strategy == (DeviceListStrategy.ENVVAR,)
-    assert config.health.ignored_xids == DEFAULT_IGNORED_XIDS == (13, 31, 43, 45, 68, 109)
+    assert config.health.ignored_xids == APPLICATION_XIDS == (13, 31, 43, 45, 68, 109)
     assert config.sharing.time_slicing.replicas("nvidia.com/gpu") == 1
     assert config.rdma.config_list == ()
 

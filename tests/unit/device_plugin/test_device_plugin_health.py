@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuop.events import device
-from gpuop.services.device_plugin.config import DEFAULT_IGNORED_XIDS
+from gpuop.health import APPLICATION_XIDS
 from gpuop.services.device_plugin.health import HealthBook
 
 GPU = "GPU-20bce083-dbf9-2d4f-3c35-c858915accc5"
@@ -17,16 +17,16 @@ def xid(number: int, uuid: str = GPU) -> device.DeviceHealthChanged:
     )
 
 
-@pytest.mark.parametrize("number", DEFAULT_IGNORED_XIDS)
+@pytest.mark.parametrize("number", APPLICATION_XIDS)
 def test_an_application_xid_leaves_the_gpu_healthy(number: int) -> None:
-    book = HealthBook(DEFAULT_IGNORED_XIDS)
+    book = HealthBook(APPLICATION_XIDS)
     assert not book.apply(xid(number))
     assert book.is_healthy(GPU)
 
 
 @pytest.mark.parametrize("number", [48, 79, 94, 95])
 def test_a_critical_xid_makes_the_gpu_unhealthy(number: int) -> None:
-    book = HealthBook(DEFAULT_IGNORED_XIDS)
+    book = HealthBook(APPLICATION_XIDS)
     assert book.apply(xid(number))
     assert not book.is_healthy(GPU)
     assert book.unhealthy == {GPU: f"XID {number}"}
@@ -41,14 +41,14 @@ def test_the_ignored_list_is_configurable() -> None:
 
 @pytest.mark.parametrize("reason", [device.HealthReason.ECC, device.HealthReason.UNREACHABLE])
 def test_ecc_errors_and_a_lost_gpu_make_it_unhealthy(reason: device.HealthReason) -> None:
-    book = HealthBook(DEFAULT_IGNORED_XIDS)
+    book = HealthBook(APPLICATION_XIDS)
     event = device.DeviceHealthChanged(gpu_uuid=GPU, healthy=False, reason=reason, message="x")
     assert book.apply(event)
     assert book.unhealthy == {GPU: f"{reason}: x"}
 
 
 def test_a_reported_recovery_does_not_make_it_healthy() -> None:
-    book = HealthBook(DEFAULT_IGNORED_XIDS)
+    book = HealthBook(APPLICATION_XIDS)
     book.apply(xid(79))
     recovered = device.DeviceHealthChanged(
         gpu_uuid=GPU, healthy=True, reason=device.HealthReason.RECOVERED
@@ -59,7 +59,7 @@ def test_a_reported_recovery_does_not_make_it_healthy() -> None:
 
 def test_a_validated_driver_reload_makes_every_gpu_healthy() -> None:
     other = "GPU-00000000-0000-0000-0000-000000000001"
-    book = HealthBook(DEFAULT_IGNORED_XIDS)
+    book = HealthBook(APPLICATION_XIDS)
     book.apply(xid(79))
     book.apply(xid(48, other))
     assert book.reset() == sorted([GPU, other])

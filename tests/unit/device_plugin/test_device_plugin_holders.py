@@ -8,7 +8,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from gpuop.events import remediation
+from gpuop.events import remediation_commands
 from gpuop.events.fields import NamespacedName
 from gpuop.host.roots import HostRoot
 from gpuop.kubelet.allocations import (
@@ -133,21 +133,21 @@ def test_a_gpu_id_that_names_no_gpu_counts_its_pod_as_a_holder(inventory: GpuInv
 async def test_the_answer_lists_the_holders_of_the_gpus_asked(inventory: GpuInventory) -> None:
     gpu0, gpu4 = uuid(inventory, 0), uuid(inventory, 4)
     kubelet = Kubelet(given("ml/a", gpu0), given("ml/b", gpu4), given("ml/c", uuid(inventory, 5)))
-    command = remediation.ListGpuHolders(gpu_uuids=(gpu0, gpu4))
+    command = remediation_commands.ListGpuHolders(gpu_uuids=(gpu0, gpu4))
 
     answer = await holders.answer("cmd-1", command, kubelet, inventory)
 
-    assert answer == remediation.GpuHoldersListed(
+    assert answer == remediation_commands.GpuHoldersListed(
         command_id="cmd-1", gpu_uuids=(gpu0, gpu4), pods=pods("ml/a", "ml/b")
     )
 
 
 async def test_free_gpus_are_listed_with_no_pods(inventory: GpuInventory) -> None:
-    command = remediation.ListGpuHolders(gpu_uuids=(uuid(inventory, 6),))
+    command = remediation_commands.ListGpuHolders(gpu_uuids=(uuid(inventory, 6),))
 
     answer = await holders.answer("cmd-1", command, Kubelet(), inventory)
 
-    assert isinstance(answer, remediation.GpuHoldersListed)
+    assert isinstance(answer, remediation_commands.GpuHoldersListed)
     assert answer.pods == ()
 
 
@@ -155,11 +155,11 @@ async def test_a_kubelet_that_does_not_answer_makes_the_holders_unknown(
     inventory: GpuInventory,
 ) -> None:
     kubelet = Kubelet(unavailable="PodResources List: UNAVAILABLE: connection refused")
-    command = remediation.ListGpuHolders(gpu_uuids=(uuid(inventory, 0),))
+    command = remediation_commands.ListGpuHolders(gpu_uuids=(uuid(inventory, 0),))
 
     answer = await holders.answer("cmd-1", command, kubelet, inventory)
 
-    assert answer == remediation.GpuHoldersUnknown(
+    assert answer == remediation_commands.GpuHoldersUnknown(
         command_id="cmd-1", message="PodResources List: UNAVAILABLE: connection refused"
     )
 
@@ -175,4 +175,4 @@ async def test_a_missing_pod_resources_socket_says_what_to_mount(tmp_path: Path)
 @pytest.mark.parametrize("fields", [{"gpu_uuids": ()}, {"gpu_uuids": ("GPU-0",)}, {}])
 def test_a_malformed_holder_listing_is_refused(fields: dict[str, object]) -> None:
     with pytest.raises(pydantic.ValidationError):
-        remediation.ListGpuHolders.model_validate(fields)
+        remediation_commands.ListGpuHolders.model_validate(fields)

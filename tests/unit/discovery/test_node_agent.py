@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuop.bus import Buckets, Delivery, InMemoryBus
-from gpuop.events import device, driver, hardware, mig, new_event, subjects
+from gpuop.events import device, driver, hardware, mig_commands, new_event, subjects
 from gpuop.host.roots import HostRoot
 from gpuop.services.discovery.config import DiscoveryConfig
 from gpuop.services.discovery.node_agent import NodeAgent
@@ -189,11 +189,13 @@ async def test_only_driver_results_that_change_what_is_loaded_or_carved_make_it_
         driver.DriverRolledBack(
             command_id="c-4", component=driver.Component.GPU, version="580.159.04"
         ): 1,
-        mig.MigLayoutApplied(command_id="c-5", config="all-balanced", changed_gpus=(0,)): 1,
-        mig.MigLayoutFailed(
+        mig_commands.MigLayoutApplied(
+            command_id="c-5", config="all-balanced", changed_gpus=(0,)
+        ): 1,
+        mig_commands.MigLayoutFailed(
             command_id="c-6",
             config="all-balanced",
-            reason=mig.MigFailureReason.APPLY_FAILED,
+            reason=mig_commands.MigFailureReason.APPLY_FAILED,
             restored=True,
         ): 1,
     }

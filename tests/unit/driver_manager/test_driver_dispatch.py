@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuop.clocks import VirtualClock
-from gpuop.events import Command, remediation
+from gpuop.events import Command, remediation_commands
 from gpuop.events import driver as dm
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import agent as agents
@@ -35,7 +35,7 @@ def test_every_driver_manager_command_has_a_handler(host: HostRoot) -> None:
 
 
 async def test_a_command_of_another_service_is_not_run(host: HostRoot) -> None:
-    other = remediation.ListGpuHolders.model_construct()
+    other = remediation_commands.ListGpuHolders.model_construct()
 
     with pytest.raises(TypeError, match="ListGpuHolders is not a driver command"):
         await _executor(host).execute("cmd-1", other, StepContext(), ComponentRecord())

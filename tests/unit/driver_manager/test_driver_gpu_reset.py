@@ -11,7 +11,7 @@ import pydantic
 import pytest
 
 from gpuop.clocks import VirtualClock
-from gpuop.events import remediation
+from gpuop.events import remediation_commands
 from gpuop.host import modules
 from gpuop.host.resets import FunctionResetFailed, SysfsFunctionResets, reset_file, sysfs_address
 from gpuop.host.roots import HostRoot
@@ -26,8 +26,8 @@ from gpuop_sim.nvml.simulated import SimNvml
 from tests.support.driver_manager import NODE, OLD, Harness
 
 GPUS = 8
-Reason = remediation.ResetFailureReason
-Method = remediation.ResetMethod
+Reason = remediation_commands.ResetFailureReason
+Method = remediation_commands.ResetMethod
 
 
 def uuid(index: int) -> str:
@@ -52,8 +52,10 @@ def hold_gpu(root: HostRoot, pid: int, minor: int | None, name: str = "python") 
     root.join(f"proc/{pid}/comm").write_text(f"{name}\n")
 
 
-def reset_gpu(*indices: int, reload: bool = False, timeout: int = 60) -> remediation.ResetGpu:
-    return remediation.ResetGpu(
+def reset_gpu(
+    *indices: int, reload: bool = False, timeout: int = 60
+) -> remediation_commands.ResetGpu:
+    return remediation_commands.ResetGpu(
         gpu_uuids=tuple(uuid(i) for i in indices),
         allow_driver_reload=reload,
         timeout_seconds=timeout,
@@ -63,7 +65,7 @@ def reset_gpu(*indices: int, reload: bool = False, timeout: int = 60) -> remedia
 async def test_a_free_gpu_is_reset_alone_and_only_it(harness: Harness) -> None:
     answer = await harness.send(reset_gpu(3))
 
-    assert isinstance(answer, remediation.GpuReset)
+    assert isinstance(answer, remediation_commands.GpuReset)
     assert answer.method is Method.NVML
     assert answer.gpu_uuids == (uuid(3),)
     assert [resets_of(harness.root, i) for i in range(GPUS)] == [0, 0, 0, 1, 0, 0, 0, 0]
@@ -81,7 +83,7 @@ async def test_the_reset_clears_the_gpus_errors_for_the_next_nvml_session(
 
     answer = await harness.send(reset_gpu(3))
 
-    assert isinstance(answer, remediation.GpuReset)
+    assert isinstance(answer, remediation_commands.GpuReset)
     with opened(telemetry):
         reset, untouched = telemetry.metrics(3), telemetry.metrics(4)
     assert (reset.ecc_volatile_uncorrected, reset.remapped_rows_pending) == (0, False)
@@ -94,7 +96,7 @@ async def test_a_gpu_a_process_holds_is_refused_in_use_naming_it(harness: Harnes
 
     answer = await harness.send(reset_gpu(2, 5, reload=True))
 
-    assert isinstance(answer, remediation.GpuResetFailed)
+    assert isinstance(answer, remediation_commands.GpuResetFailed)
     assert answer.reason is Reason.IN_USE
     assert f"{uuid(2)}: python[4242]" in answer.message
     assert resets_of(harness.root, 2) == resets_of(harness.root, 5) == 0
@@ -108,7 +110,7 @@ async def test_processes_on_other_gpus_do_not_keep_a_gpu_from_its_reset(
 
     answer = await harness.send(reset_gpu(2))
 
-    assert isinstance(answer, remediation.GpuReset)
+    assert isinstance(answer, remediation_commands.GpuReset)
     assert answer.method is Method.NVML
 
 
@@ -119,7 +121,7 @@ async def test_no_function_reset_without_a_driver_reload_is_not_supported(
 
     answer = await harness.send(reset_gpu(1))
 
-    assert isinstance(answer, remediation.GpuResetFailed)
+    assert isinstance(answer, remediation_commands.GpuResetFailed)
     assert answer.reason is Reason.NOT_SUPPORTED
     assert "offers no function reset" in answer.message
     assert "not allowed" in answer.message
@@ -134,7 +136,7 @@ async def test_no_function_reset_with_a_driver_reload_reloads_the_running_driver
 
     answer = await harness.send(reset_gpu(1, reload=True))
 
-    assert isinstance(answer, remediation.GpuReset)
+    assert isinstance(answer, remediation_commands.GpuReset)
     assert answer.method is Method.DRIVER_RELOAD
     assert driver_loads(harness.root) == 2
     assert modules.module_version(harness.root, "nvidia") == OLD
@@ -147,7 +149,7 @@ async def test_a_driver_reload_is_refused_while_any_gpu_is_in_use(harness: Harne
 
     answer = await harness.send(reset_gpu(1, reload=True))
 
-    assert isinstance(answer, remediation.GpuResetFailed)
+    assert isinstance(answer, remediation_commands.GpuResetFailed)
     assert answer.reason is Reason.IN_USE
     assert "a driver reload resets every GPU" in answer.message
     assert "trainer[777]" in answer.message
@@ -166,7 +168,7 @@ async def test_a_driver_reload_an_nvml_session_holds_up_is_in_use_and_keeps_the_
     finally:
         operand.shutdown()
 
-    assert isinstance(answer, remediation.GpuResetFailed)
+    assert isinstance(answer, remediation_commands.GpuResetFailed)
     assert answer.reason is Reason.IN_USE
     assert "did not unload" in answer.message
     assert modules.module_version(harness.root, "nvidia") == OLD
@@ -180,10 +182,10 @@ async def test_a_failed_reset_is_reset_failed_without_a_reload_and_reloads_with_
     refused = await harness.send(reset_gpu(0))
     reloaded = await harness.send(reset_gpu(0, reload=True))
 
-    assert isinstance(refused, remediation.GpuResetFailed)
+    assert isinstance(refused, remediation_commands.GpuResetFailed)
     assert refused.reason is Reason.RESET_FAILED
     assert "Input/output error" in refused.message
-    assert isinstance(reloaded, remediation.GpuReset)
+    assert isinstance(reloaded, remediation_commands.GpuReset)
     assert reloaded.method is Method.DRIVER_RELOAD
 
 
@@ -192,7 +194,7 @@ async def test_a_reset_that_hangs_answers_timeout(harness: Harness) -> None:
 
     answer = await harness.send(reset_gpu(0, reload=True, timeout=1), timeout=10)
 
-    assert isinstance(answer, remediation.GpuResetFailed)
+    assert isinstance(answer, remediation_commands.GpuResetFailed)
     assert answer.reason is Reason.TIMEOUT
     assert "within 1 s" in answer.message
     assert driver_loads(harness.root) == 1  # a timeout does not go on to reload
@@ -201,9 +203,9 @@ async def test_a_reset_that_hangs_answers_timeout(harness: Harness) -> None:
 async def test_a_gpu_of_another_node_is_not_supported(harness: Harness) -> None:
     stranger = gpu_uuid("another-node", 0)
 
-    answer = await harness.send(remediation.ResetGpu(gpu_uuids=(uuid(0), stranger)))
+    answer = await harness.send(remediation_commands.ResetGpu(gpu_uuids=(uuid(0), stranger)))
 
-    assert isinstance(answer, remediation.GpuResetFailed)
+    assert isinstance(answer, remediation_commands.GpuResetFailed)
     assert answer.reason is Reason.NOT_SUPPORTED
     assert stranger in answer.message
     assert resets_of(harness.root, 0) == 0
@@ -216,7 +218,7 @@ async def test_a_redelivered_reset_answers_again_without_resetting_again(
     await harness.bus.publish(envelope)
     await harness.result(envelope.id)
     # the same command again, past the bus's duplicate window (another Nats-Msg-Id)
-    subject = f"gpuop.cmd.driver-manager.{NODE}.{remediation.ResetGpu.VERB}"
+    subject = f"gpuop.cmd.driver-manager.{NODE}.{remediation_commands.ResetGpu.VERB}"
     await harness.bus.publish_raw(subject, envelope.to_bytes(), {"Nats-Msg-Id": "redelivered"})
     await harness.wait_counted("reset-gpu", "replayed", 1)
 
@@ -234,7 +236,7 @@ async def test_a_redelivered_reset_answers_again_without_resetting_again(
 )
 def test_a_malformed_reset_command_is_refused(fields: dict[str, object]) -> None:
     with pytest.raises(pydantic.ValidationError):
-        remediation.ResetGpu.model_validate(fields, strict=False)
+        remediation_commands.ResetGpu.model_validate(fields, strict=False)
 
 
 # the rule for NVLink peers, on GPUs older than Ampere
@@ -258,7 +260,7 @@ async def test_an_older_gpu_whose_nvlink_peer_computes_is_not_reset_alone(host: 
 
     answer = await resetter(host, nvml).reset("cmd-1", reset_gpu(2))
 
-    assert isinstance(answer, remediation.GpuResetFailed)
+    assert isinstance(answer, remediation_commands.GpuResetFailed)
     assert answer.reason is Reason.NOT_SUPPORTED
     assert f"resets only with its NVLink peers, in use: {uuid(5)}" in answer.message
 
@@ -268,7 +270,7 @@ async def test_an_older_gpu_resets_alone_when_its_peers_are_idle(host: HostRoot)
 
     answer = await resetter(host, nvml).reset("cmd-1", reset_gpu(2))
 
-    assert isinstance(answer, remediation.GpuReset)
+    assert isinstance(answer, remediation_commands.GpuReset)
     assert answer.method is Method.NVML
 
 
@@ -278,7 +280,7 @@ async def test_a_process_nvml_lists_on_the_gpu_is_in_use(host: HostRoot) -> None
 
     answer = await resetter(host, nvml).reset("cmd-1", reset_gpu(2))
 
-    assert isinstance(answer, remediation.GpuResetFailed)
+    assert isinstance(answer, remediation_commands.GpuResetFailed)
     assert answer.reason is Reason.IN_USE
     assert "?[31337]" in answer.message
 
@@ -290,7 +292,7 @@ async def test_a_gpu_still_failing_after_its_reset_is_reset_failed(host: HostRoo
 
     answer = await resetter(host, nvml).reset("cmd-1", reset_gpu(2))
 
-    assert isinstance(answer, remediation.GpuResetFailed)
+    assert isinstance(answer, remediation_commands.GpuResetFailed)
     assert answer.reason is Reason.RESET_FAILED
     assert "uncorrectable ECC errors" in answer.message
 
@@ -304,10 +306,10 @@ async def test_a_gpu_fallen_off_the_bus_answers_again_after_a_driver_reload(
 
     reloaded = await resetter(host, nvml).reset("cmd-2", reset_gpu(4, reload=True))
 
-    assert isinstance(alone, remediation.GpuResetFailed)
+    assert isinstance(alone, remediation_commands.GpuResetFailed)
     assert alone.reason is Reason.NOT_SUPPORTED
     assert "GPU 4 does not answer" in alone.message
-    assert isinstance(reloaded, remediation.GpuReset)
+    assert isinstance(reloaded, remediation_commands.GpuReset)
     assert reloaded.method is Method.DRIVER_RELOAD
     assert modules.module_version(host, "nvidia") == OLD
 
@@ -354,14 +356,14 @@ async def test_a_wedged_gpu_fails_even_the_driver_reload_until_the_node_reboots(
 
     answer = await harness.send(reset_gpu(0, reload=True))
 
-    assert isinstance(answer, remediation.GpuResetFailed)
+    assert isinstance(answer, remediation_commands.GpuResetFailed)
     assert answer.reason is Reason.RESET_FAILED
     assert f"the GPU driver {OLD} did not load again" in answer.message
     SimKernel(harness.root).reboot(load=("nvidia", "nvidia_uvm"))
     assert simreset.fault(harness.root) == ""
     assert modules.module_version(harness.root, "nvidia") == OLD
     again = await harness.send(reset_gpu(0))
-    assert isinstance(again, remediation.GpuReset)
+    assert isinstance(again, remediation_commands.GpuReset)
 
 
 def test_an_unknown_fault_word_is_refused(host: HostRoot) -> None:
@@ -378,8 +380,8 @@ async def test_the_persistence_daemon_keeps_no_gpu_from_its_reset_but_from_a_rel
     simreset.set_fault(harness.root, simreset.UNSUPPORTED)
     reload = await harness.send(reset_gpu(1, reload=True))
 
-    assert isinstance(alone, remediation.GpuReset)
-    assert isinstance(reload, remediation.GpuResetFailed)
+    assert isinstance(alone, remediation_commands.GpuReset)
+    assert isinstance(reload, remediation_commands.GpuResetFailed)
     assert reload.reason is Reason.IN_USE
     assert "nvidia-persiste[900]" in reload.message
 
@@ -398,4 +400,4 @@ async def test_a_reset_resumed_after_a_crash_mid_reload_loads_the_driver_again(
     assert context.from_version == OLD
     assert modules.module_version(host, "nvidia") == OLD
     assert {"nvidia", "nvidia_uvm"} <= {m.name for m in modules.loaded_modules(host)}
-    assert isinstance(answer, remediation.GpuReset)
+    assert isinstance(answer, remediation_commands.GpuReset)

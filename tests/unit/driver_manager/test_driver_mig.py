@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpuop.clocks import VirtualClock
-from gpuop.events import mig
+from gpuop.events import mig_commands
 from gpuop.host import cdi
 from gpuop.host.roots import HostRoot
 from gpuop.nvml import RecordedNvml, errors
@@ -23,32 +23,34 @@ from gpuop_sim.nvml.simulated import SimNvml
 from tests.support import cdi as support
 from tests.support.driver_manager import KERNEL, OLD, Harness
 
-BALANCED = mig.GpuMigLayout(
+BALANCED = mig_commands.GpuMigLayout(
     gpu_index=0,
     mig_enabled=True,
     devices=(
-        mig.MigDeviceCount(profile="1g.18gb", count=2),
-        mig.MigDeviceCount(profile="2g.35gb", count=1),
-        mig.MigDeviceCount(profile="3g.71gb", count=1),
+        mig_commands.MigDeviceCount(profile="1g.18gb", count=2),
+        mig_commands.MigDeviceCount(profile="2g.35gb", count=1),
+        mig_commands.MigDeviceCount(profile="3g.71gb", count=1),
     ),
 )
-SEVEN = mig.GpuMigLayout(
-    gpu_index=1, mig_enabled=True, devices=(mig.MigDeviceCount(profile="1g.18gb", count=7),)
+SEVEN = mig_commands.GpuMigLayout(
+    gpu_index=1,
+    mig_enabled=True,
+    devices=(mig_commands.MigDeviceCount(profile="1g.18gb", count=7),),
 )
-TOO_MUCH = mig.GpuMigLayout(
+TOO_MUCH = mig_commands.GpuMigLayout(
     gpu_index=0,
     mig_enabled=True,
     devices=(
-        mig.MigDeviceCount(profile="4g.71gb", count=1),
-        mig.MigDeviceCount(profile="3g.71gb", count=1),
-        mig.MigDeviceCount(profile="1g.18gb", count=1),
+        mig_commands.MigDeviceCount(profile="4g.71gb", count=1),
+        mig_commands.MigDeviceCount(profile="3g.71gb", count=1),
+        mig_commands.MigDeviceCount(profile="1g.18gb", count=1),
     ),
 )
-Reason = mig.MigFailureReason
+Reason = mig_commands.MigFailureReason
 
 
-def command(*layouts: mig.GpuMigLayout) -> mig.ApplyMigLayout:
-    return mig.ApplyMigLayout(config="test-layout", layouts=layouts, timeout_seconds=5)
+def command(*layouts: mig_commands.GpuMigLayout) -> mig_commands.ApplyMigLayout:
+    return mig_commands.ApplyMigLayout(config="test-layout", layouts=layouts, timeout_seconds=5)
 
 
 def spec_names(host: HostRoot) -> list[str]:
@@ -74,7 +76,7 @@ async def test_a_layout_is_carved_and_named_in_the_cdi_spec(
 ) -> None:
     support.install_userspace(host, support.manifest(OLD, KERNEL))
     answer = await harness.send(command(BALANCED, SEVEN))
-    assert isinstance(answer, mig.MigLayoutApplied), answer
+    assert isinstance(answer, mig_commands.MigLayoutApplied), answer
     assert (answer.config, answer.changed_gpus, answer.mig_devices) == ("test-layout", (0, 1), 11)
     names = spec_names(host)
     assert {"0:0", "0:3", "1:6"} <= set(names)
@@ -82,17 +84,17 @@ async def test_a_layout_is_carved_and_named_in_the_cdi_spec(
     assert host.join(MIG_STATE).exists()  # what the node's other services read
 
     again = await harness.send(command(BALANCED))
-    assert isinstance(again, mig.MigLayoutApplied)
+    assert isinstance(again, mig_commands.MigLayoutApplied)
     assert again.changed_gpus == ()
 
 
 async def test_a_layout_that_does_not_fit_changes_nothing(harness: Harness, host: HostRoot) -> None:
     answer = await harness.send(command(TOO_MUCH))
-    assert isinstance(answer, mig.MigLayoutFailed)
+    assert isinstance(answer, mig_commands.MigLayoutFailed)
     assert (answer.reason, answer.restored) == (Reason.INVALID_LAYOUT, True)
     assert "do not fit together" in answer.message
     twice = await harness.send(command(BALANCED, BALANCED))
-    assert isinstance(twice, mig.MigLayoutFailed)
+    assert isinstance(twice, mig_commands.MigLayoutFailed)
     assert twice.reason is Reason.INVALID_LAYOUT and "two layouts" in twice.message
 
 
@@ -102,7 +104,7 @@ async def test_busy_gpus_to_re_carve_are_refused_before_anything_changes(
     sim.start_process(0, 4242, 2**30)
     sim.start_process(5, 77, 2**30)  # not re-carved: no matter
     answer = await applier(host, sim).apply("cmd-1", command(BALANCED, SEVEN))
-    assert isinstance(answer, mig.MigLayoutFailed)
+    assert isinstance(answer, mig_commands.MigLayoutFailed)
     assert (answer.reason, answer.restored) == (Reason.IN_USE, True)
     assert "GPU 0 (pid 4242)" in answer.message and "GPU 5" not in answer.message
     sim.init()  # the step closed its session
@@ -123,7 +125,7 @@ async def test_a_process_holding_the_device_file_of_a_gpu_to_re_carve_refuses(
     hold_gpu(host, 5150, 1, "dcgm-exporter")
     hold_gpu(host, 5151, 0, "nvidia-persistenced")  # keeps the files open, runs nothing
     answer = await harness.send(command(BALANCED, SEVEN))
-    assert isinstance(answer, mig.MigLayoutFailed)
+    assert isinstance(answer, mig_commands.MigLayoutFailed)
     assert (answer.reason, answer.restored) == (Reason.IN_USE, True)
     assert answer.message.endswith("GPU 1 (dcgm-exporter[5150])")
     assert not host.join(MIG_STATE).exists()  # nothing was changed
@@ -137,7 +139,7 @@ async def test_a_failure_part_way_restores_the_layout_and_its_spec(
     before = sim.mig_devices(0), sim.mig_devices(1)
     sim.fail_mig_call("create_compute_instance", errors.NvmlError("injected"), after=5)
     answer = await applier(host, sim).apply("cmd-2", command(BALANCED, SEVEN))
-    assert isinstance(answer, mig.MigLayoutFailed)
+    assert isinstance(answer, mig_commands.MigLayoutFailed)
     assert (answer.reason, answer.restored) == (Reason.APPLY_FAILED, True)
     assert "injected; the layout before is back" in answer.message
     sim.init()
@@ -149,12 +151,12 @@ async def test_a_failure_part_way_restores_the_layout_and_its_spec(
 async def test_a_mode_change_waiting_for_a_reset_is_pending(host: HostRoot, sim: SimNvml) -> None:
     sim.require_reset_for_mig_mode(0)
     answer = await applier(host, sim).apply("cmd-3", command(BALANCED))
-    assert isinstance(answer, mig.MigLayoutFailed)
+    assert isinstance(answer, mig_commands.MigLayoutFailed)
     assert (answer.reason, answer.restored) == (Reason.MODE_PENDING, False)
 
 
 async def test_a_backend_that_cannot_change_mig_is_refused(host: HostRoot) -> None:
     recorded = RecordedNvml(recordings.H200_NVML)
     answer = await applier(host, recorded).apply("cmd-4", command(BALANCED))
-    assert isinstance(answer, mig.MigLayoutFailed)
+    assert isinstance(answer, mig_commands.MigLayoutFailed)
     assert (answer.reason, answer.restored) == (Reason.NOT_SUPPORTED, True)

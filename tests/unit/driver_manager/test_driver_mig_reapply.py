@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpuop.clocks import VirtualClock
 from gpuop.events import driver as dm
-from gpuop.events import mig, remediation
+from gpuop.events import mig_commands, remediation_commands
 from gpuop.host import cdi
 from gpuop.host.roots import HostRoot
 from gpuop.nvml import opened
@@ -37,17 +37,19 @@ from tests.support.driver_manager import (
 
 GPU = dm.Component.GPU
 LAYOUT = (
-    mig.GpuMigLayout(
+    mig_commands.GpuMigLayout(
         gpu_index=0,
         mig_enabled=True,
         devices=(
-            mig.MigDeviceCount(profile="1g.18gb", count=2),
-            mig.MigDeviceCount(profile="2g.35gb", count=1),
-            mig.MigDeviceCount(profile="3g.71gb", count=1),
+            mig_commands.MigDeviceCount(profile="1g.18gb", count=2),
+            mig_commands.MigDeviceCount(profile="2g.35gb", count=1),
+            mig_commands.MigDeviceCount(profile="3g.71gb", count=1),
         ),
     ),
-    mig.GpuMigLayout(
-        gpu_index=1, mig_enabled=True, devices=(mig.MigDeviceCount(profile="7g.141gb", count=1),)
+    mig_commands.GpuMigLayout(
+        gpu_index=1,
+        mig_enabled=True,
+        devices=(mig_commands.MigDeviceCount(profile="7g.141gb", count=1),),
     ),
 )
 
@@ -65,8 +67,8 @@ def instances(host: HostRoot) -> list[list[list[int | bool]]]:
 
 async def carved(harness: Harness, host: HostRoot) -> tuple[list[str], object]:
     support.install_userspace(host, support.manifest(OLD, KERNEL))
-    applied = await harness.send(mig.ApplyMigLayout(config="split", layouts=LAYOUT))
-    assert isinstance(applied, mig.MigLayoutApplied), applied
+    applied = await harness.send(mig_commands.ApplyMigLayout(config="split", layouts=LAYOUT))
+    assert isinstance(applied, mig_commands.MigLayoutApplied), applied
     names = mig_names(host)
     assert len(names) == 5
     return names, instances(host)
@@ -124,9 +126,9 @@ async def test_a_reboot_is_caught_up_by_the_validation(harness: Harness, host: H
 
 async def test_a_gpu_reset_puts_that_gpus_instances_back(harness: Harness, host: HostRoot) -> None:
     names, before = await carved(harness, host)
-    reset = remediation.ResetGpu(gpu_uuids=(gpu_uuid(NODE, 1),), timeout_seconds=30)
+    reset = remediation_commands.ResetGpu(gpu_uuids=(gpu_uuid(NODE, 1),), timeout_seconds=30)
     answer = await harness.send(reset)
-    assert isinstance(answer, remediation.GpuReset), answer
+    assert isinstance(answer, remediation_commands.GpuReset), answer
     assert (instances(host), mig_names(host)) == (before, names)
 
 

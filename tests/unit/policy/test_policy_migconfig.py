@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from gpuop.events.hardware import MigInstance, MigMode
-from gpuop.events.mig import GpuMigLayout, MigDeviceCount
+from gpuop.events.mig_commands import GpuMigLayout, MigDeviceCount
 from gpuop.policy import migconfig
 from gpuop.policy.migconfig import GpuFacts, MigConfigError, ProfileShape
 from tests.support.inventories import H200 as H200_GPU

@@ -12,18 +12,17 @@ from datetime import datetime
 
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
-from gpuop.policy import GPUClusterPolicySpec
+from gpuop.policy import GPUClusterPolicySpec, unavailable_budget
 from gpuop.saga.admission import (
     Admission,
     NodeStatus,
-    _budget,
     _current_wave,
     _holds_slot,
     _rules,
     _wanted,
     _wave_of,
+    admitted_components,
     skip_reason,
-    window,
 )
 from gpuop.saga.records import NodeSaga
 from gpuop.saga.tallies import DoneSagas
@@ -80,7 +79,7 @@ def plan(
         if why is not None:
             skipped[saga.node] = why
     max_unavailable = upgrade.max_unavailable_of(total)
-    budget = _budget(total, unavailable, max_unavailable)
+    budget = unavailable_budget(upgrade.max_unavailable, total, unavailable).free
     pools = sorted(
         {s.pool for s in by_node.values()} | done_pools, key=lambda p: (p is not None, p or "")
     )
@@ -153,7 +152,7 @@ def plan(
         admitted.append(saga.node)
         free[pool] -= 1
         budget -= 1
-        narrowed = window(saga, nodes[saga.node])
+        narrowed = admitted_components(saga, nodes[saga.node])
         if narrowed != saga.components:
             components[saga.node] = narrowed
         if as_canary:

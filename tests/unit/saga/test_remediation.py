@@ -13,11 +13,11 @@ import pytest
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import kube
-from gpuop.events import remediation as cmd
+from gpuop.events import remediation_commands as cmd
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.fields import NamespacedName
-from gpuop.events.remediations import RemediationStarted
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationStarted
+from gpuop.events.remediation import RemediationState as S
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine

@@ -13,10 +13,10 @@ import pytest
 
 from gpuop.events import device as dev
 from gpuop.events import ids, kube
-from gpuop.events import mig as migev
-from gpuop.events import remediation as rem
+from gpuop.events import mig_commands as migev
+from gpuop.events import remediation_commands as rem
 from gpuop.events.deadlines import DeadlineExpired
-from gpuop.events.migrequests import MigConfigRequested
+from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.saga import machine
 from gpuop.saga.machine import IllegalTransition, Kind
 from gpuop.saga.mig import kind, phases

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from gpuop.events.reconfigurations import MigState
-from gpuop.events.remediations import RemediationState as R
+from gpuop.events.mig import MigState
+from gpuop.events.remediation import RemediationState as R
 from gpuop.saga.mig import kind as mig
 from gpuop.saga.remediation import kind as remediation
 from tests.support import mig_sagas

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from gpuop.cli.events import export_lines
 from gpuop.events import kube, subjects
-from gpuop.events import mig as migev
-from gpuop.events.reconfigurations import (
+from gpuop.events import mig_commands as migev
+from gpuop.events.mig import (
     ConfigState,
     MigReconfigurationStarted,
     MigState,
     NodeMigStateChanged,
 )
-from gpuop.events.remediations import RemediationStarted, RemediationState
+from gpuop.events.remediation import RemediationStarted, RemediationState
 from gpuop.kube import errors
 from gpuop.policy import UpgradePolicy
 from gpuop.saga import actions, replaying

@@ -21,13 +21,13 @@ from gpuop.cli.replay import replay_log
 from gpuop.events import Envelope
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
-from gpuop.events import remediation as remedies
-from gpuop.events.remediations import (
+from gpuop.events import remediation_commands as remedies
+from gpuop.events.remediation import (
     NodeRemediationStateChanged,
     RemediationRefused,
     RemediationStarted,
 )
-from gpuop.events.remediations import RemediationState as R
+from gpuop.events.remediation import RemediationState as R
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeStatus, actions, replaying

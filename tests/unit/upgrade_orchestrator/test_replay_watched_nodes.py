@@ -13,7 +13,7 @@ from pathlib import Path
 from gpuop.cli.replay import replay_log
 from gpuop.events import kube, new_event, subjects
 from gpuop.events.device import DeviceHealthChanged
-from gpuop.events.remediations import NodeRemediationStateChanged, RemediationRefused
+from gpuop.events.remediation import NodeRemediationStateChanged, RemediationRefused
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import replaying
 from tests.support.remediations import Remediating, remediating

@@ -37,18 +37,18 @@ from gpuop.events.device import DeviceHealthChanged
 from gpuop.events.driver import Component, DriverLoaded
 from gpuop.events.hardware import HardwareDiscovered, HardwareHeartbeat
 from gpuop.events.kube import NodeObserved
-from gpuop.events.reconfigurations import (
+from gpuop.events.mig import (
     MigReconfigurationStarted,
     MigState,
     NodeMigStateChanged,
 )
-from gpuop.events.remediation import GpuHoldersListed
-from gpuop.events.remediations import TERMINAL_STATES as REMEDIATION_TERMINAL_STATES
-from gpuop.events.remediations import (
+from gpuop.events.remediation import TERMINAL_STATES as REMEDIATION_TERMINAL_STATES
+from gpuop.events.remediation import (
     NodeRemediationStateChanged,
     RemediationStarted,
     RemediationState,
 )
+from gpuop.events.remediation_commands import GpuHoldersListed
 from gpuop.events.upgrade import (
     TERMINAL_STATES,
     NodeUpgradeStateChanged,

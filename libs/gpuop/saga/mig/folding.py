@@ -19,11 +19,11 @@ from datetime import datetime
 
 from gpuop.events import Event, ids, kube
 from gpuop.events import device as dev
-from gpuop.events import mig as migev
-from gpuop.events import remediation as rem
+from gpuop.events import mig_commands as migev
+from gpuop.events import remediation_commands as rem
 from gpuop.events.deadlines import DeadlineExpired
-from gpuop.events.migrequests import MigConfigRequested
-from gpuop.events.reconfigurations import MigReconfigurationStarted, NodeMigStateChanged
+from gpuop.events.mig import MigReconfigurationStarted, NodeMigStateChanged
+from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.events.upgrade import NodeAdmitted
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine

@@ -20,7 +20,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from gpuop.events import Event, ids
-from gpuop.events.migrequests import MigConfigRequested
+from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine
 from gpuop.saga.machine import Kind, StepLike, Trigger

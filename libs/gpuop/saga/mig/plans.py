@@ -19,7 +19,7 @@ compares each layout with what the GPU has now:
                  for a GPU that cannot do MIG; the saga then
                  fails at once with it as the reason, touching nothing
 
-The plan (`gpuop.events.reconfigurations.MigPlan`) is part of the saga's record from its
+The plan (`gpuop.events.mig.MigPlan`) is part of the saga's record from its
 first moment (`records.new_saga`) and of the `MigReconfigurationStarted` the runtime
 records, so a replay decides on the same plan without reading the ConfigMap again. Pure.
 """
@@ -30,8 +30,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from gpuop.events import hardware as hw
-from gpuop.events.mig import GpuMigLayout, MigDeviceCount
-from gpuop.events.reconfigurations import MigPlan, RecarvedGpu
+from gpuop.events.mig import MigPlan, RecarvedGpu
+from gpuop.events.mig_commands import GpuMigLayout, MigDeviceCount
 from gpuop.policy import migconfig
 from gpuop.saga.mig.states import CONFIG_LABEL
 

@@ -30,7 +30,7 @@ from gpuop.events.fields import (
     NodeName,
     Record,
 )
-from gpuop.events.reconfigurations import MigPlan
+from gpuop.events.mig import MigPlan
 from gpuop.saga.machine import Transition
 from gpuop.saga.mig.states import MigState
 

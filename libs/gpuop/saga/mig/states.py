@@ -19,7 +19,7 @@ leads out of done or failed: a new request starts a new saga.
 
 Upstream's MIG manager shows its progress in the node label `nvidia.com/mig.config.state`
 (`CONFIG_STATE_LABEL`); `config_state` maps every state to one of its values. The states
-and the label's values are public (`gpuop.events.reconfigurations`): each move is published.
+and the label's values are public (`gpuop.events.mig`): each move is published.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from gpuop.events.migrequests import MIG_CONFIG_LABEL
-from gpuop.events.reconfigurations import ConfigState, MigState
+from gpuop.events.mig import ConfigState, MigState
+from gpuop.events.mig_requests import MIG_CONFIG_LABEL
 
 CONFIG_LABEL = MIG_CONFIG_LABEL
 """The Node label naming the MIG config a node should have, as upstream's."""

@@ -1,8 +1,8 @@
-"""pod-deletion-required: the pods holding the window's devices are to be gone; if some stay,
-drain instead (when drain is enabled) or fail.
+"""pod-deletion-required: the pods holding the upgraded components' devices are to be gone;
+if some stay, drain instead (when drain is enabled) or fail.
 
-Which pods those are depends on the components the window upgrades (`DeletePods.components`):
-a GPU-only window leaves a pod that holds only an RDMA device running, an OFED window
+Which pods those are depends on the components the saga upgrades (`DeletePods.components`):
+a GPU-only upgrade leaves a pod that holds only an RDMA device running, an OFED upgrade
 deletes it before the NIC driver is unloaded under it."""
 
 from __future__ import annotations

@@ -5,12 +5,13 @@ slot, and its step puts the taint `gpuop.io/driver-not-ready:NoSchedule` on it a
 starts (issued again after a takeover, and on a retry: the taint is kept until a driver
 validated).
 
-An admission may narrow the window (`Admitted.components`): a node skip label
+An admission may narrow the components (`Admitted.components`): a node skip label
 (`admission.SKIP_LABELS`, such as `nvidia.com/ofed-driver-upgrade.skip=true`) kept one of
-the saga's components out when the node was admitted, so this window upgrades only the
+the saga's components out when the node was admitted, so this upgrade reloads only the
 others. The skipped one is left to the next rollout that finds it outdated: removing the
-label later opens no second window in this rollout. The admission pass decides that from the
-node's labels and records it in the `NodeAdmitted` event, so a replay narrows the saga alike.
+label later starts no second upgrade of the node in this rollout. The admission pass
+decides that from the node's labels and records it in the `NodeAdmitted` event, so a replay
+narrows the saga alike.
 Only this state reads it: a label set once the saga is past upgrade-required changes nothing
 (upstream's skip label, too, only keeps a node from starting).
 """

@@ -5,7 +5,7 @@ moves an administrator looks for)."""
 from __future__ import annotations
 
 from gpuop.events import ids
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 from gpuop.policy.remediation import RemediationPolicy
 from gpuop.saga import machine
 from gpuop.saga.actions import RecordEvent

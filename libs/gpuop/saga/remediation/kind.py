@@ -19,10 +19,10 @@ from gpuop.events import Event, ids, kube
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import hardware as hw
-from gpuop.events import remediation as cmd
+from gpuop.events import remediation_commands as cmd
 from gpuop.events.deadlines import DeadlineExpired
-from gpuop.events.remediations import TERMINAL_STATES, NodeRemediationStateChanged
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import TERMINAL_STATES, NodeRemediationStateChanged
+from gpuop.events.remediation import RemediationState as S
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine
@@ -33,7 +33,6 @@ from gpuop.saga.remediation.records import RemediationSaga, Step
 from gpuop.saga.remediation.table import TABLE
 
 NAME = "gpu-remediation"
-_ESCALATION = ("none", "restart-application", "reset-gpu", "reboot", "drain-and-replace")
 
 Decision = machine.Decision[RemediationSaga, S]
 
@@ -43,7 +42,7 @@ def calls_for_remediation(event: Event) -> bool:
     `reset-gpu` or worse (an old log's, without one, means `reset-gpu`)."""
     if not isinstance(event, dev.DeviceHealthChanged) or event.healthy:
         return False
-    return _ESCALATION.index(event.effective_action) >= _ESCALATION.index("reset-gpu")
+    return event.effective_action.rank >= dev.XidAction.RESET_GPU.rank
 
 
 def _observe(draft: Draft, event: Event) -> None:

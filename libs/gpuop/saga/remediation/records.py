@@ -27,7 +27,7 @@ from gpuop.events.fields import (
     Token,
     Version,
 )
-from gpuop.events.remediations import MAX_GPUS, RemediationStarted, RemediationState
+from gpuop.events.remediation import MAX_GPUS, RemediationStarted, RemediationState
 from gpuop.saga.machine import Transition
 
 HISTORY_LIMIT = 32

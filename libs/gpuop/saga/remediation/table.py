@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 
 _FAIL = "a step failed, its deadline passed, or the node is gone"
 

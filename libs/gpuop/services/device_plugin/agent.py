@@ -51,7 +51,7 @@ from gpuop.bus import (
     spans,
 )
 from gpuop.bus.protocol import Handler
-from gpuop.events import Envelope, Event, device, driver, new_event, remediation, subjects
+from gpuop.events import Envelope, Event, device, driver, new_event, remediation_commands, subjects
 from gpuop.host.roots import HostRoot
 from gpuop.kubelet import allocations
 from gpuop.kubelet.allocations import KubeletPodResources, PodResources
@@ -222,7 +222,7 @@ class NodeAgent:
         """`ListGpuHolders`, in its `handle <verb>` span."""
         with spans.handling(__name__, delivery):
             command = delivery.payload
-            if not isinstance(command, remediation.ListGpuHolders):
+            if not isinstance(command, remediation_commands.ListGpuHolders):
                 raise PermanentError(f"{delivery.envelope.type} is not a device plugin command")
             inventory = self._plugins.gpu_inventory
             found = await holders.answer(delivery.envelope.id, command, self._kubelet, inventory)

@@ -99,8 +99,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 """The resource every physical GPU (or, under the single strategy, MIG device) is."""
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 """Mixed-strategy MIG resources: `nvidia.com/mig-1g.18gb`."""
-DEFAULT_IGNORED_XIDS = APPLICATION_XIDS
-"""XIDs that are application errors: the GPU stays healthy (upstream's list)."""
 MPS_MIN_REPLICAS = 2
 """MPS shares a GPU among 2 or more clients; 1 replica shares nothing."""
 MPS_MAX_REPLICAS = 48
@@ -363,8 +361,9 @@ class Sharing(_Section):
 class Health(_Section):
     """`health`."""
 
-    ignored_xids: tuple[Annotated[int, Field(ge=0, le=65535)], ...] = DEFAULT_IGNORED_XIDS
-    """XIDs that leave a GPU healthy (application errors)."""
+    ignored_xids: tuple[Annotated[int, Field(ge=0, le=65535)], ...] = APPLICATION_XIDS
+    """XIDs that leave a GPU healthy (`gpuop.health.ignores`); by default the application
+    errors (`gpuop.health.APPLICATION_XIDS`, upstream's list), as telemetry's."""
 
 
 def _pci_ids(values: tuple[str, ...]) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Iterable
 
 from gpuop.events import device
+from gpuop.health import ignores
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class HealthBook:
                     uuid,
                 )
             return False
-        if event.reason is device.HealthReason.XID and event.xid in self.ignored_xids:
+        if event.reason is device.HealthReason.XID and ignores(self.ignored_xids, event.xid):
             log.info("%s: XID %s is an application error; the GPU stays healthy", uuid, event.xid)
             return False
         if uuid in self._unhealthy:

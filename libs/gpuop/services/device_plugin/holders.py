@@ -24,7 +24,7 @@ import logging
 import re
 from collections.abc import Iterable
 
-from gpuop.events import remediation
+from gpuop.events import remediation_commands
 from gpuop.events.fields import NamespacedName
 from gpuop.kubelet.allocations import Allocation, PodResources, PodResourcesUnavailable
 from gpuop.services.device_plugin.config import GPU_RESOURCE, MIG_RESOURCE_PREFIX
@@ -39,7 +39,7 @@ ALL = "all"
 """The CDI device name of every GPU."""
 _INDEX = re.compile(r"^(?P<gpu>\d{1,3})(?::\d{1,3})?$")
 
-Answer = remediation.GpuHoldersListed | remediation.GpuHoldersUnknown
+Answer = remediation_commands.GpuHoldersListed | remediation_commands.GpuHoldersUnknown
 
 
 def is_gpu_resource(name: str) -> bool:
@@ -94,7 +94,7 @@ def pods_holding(
 
 async def answer(
     command_id: str,
-    command: remediation.ListGpuHolders,
+    command: remediation_commands.ListGpuHolders,
     kubelet: PodResources,
     inventory: GpuInventory,
 ) -> Answer:
@@ -103,11 +103,13 @@ async def answer(
         allocations = await kubelet.allocations()
     except PodResourcesUnavailable as error:
         log.warning("cannot list the holders of %s: %s", " ".join(command.gpu_uuids), error)
-        return remediation.GpuHoldersUnknown(command_id=command_id, message=str(error)[:2048])
+        return remediation_commands.GpuHoldersUnknown(
+            command_id=command_id, message=str(error)[:2048]
+        )
     pods = pods_holding(allocations, inventory, command.gpu_uuids)
-    if len(pods) > remediation.MAX_PODS:
+    if len(pods) > remediation_commands.MAX_PODS:
         message = f"{len(pods)} pods hold the GPUs, more than one answer names"
-        return remediation.GpuHoldersUnknown(command_id=command_id, message=message)
-    return remediation.GpuHoldersListed(
+        return remediation_commands.GpuHoldersUnknown(command_id=command_id, message=message)
+    return remediation_commands.GpuHoldersListed(
         command_id=command_id, gpu_uuids=command.gpu_uuids, pods=pods
     )

@@ -29,7 +29,16 @@ from pydantic import ValidationError
 
 from gpuop import operands
 from gpuop.bus import Buckets, Bus, BusError, Delivery, TemporaryError, spans
-from gpuop.events import Envelope, Event, device, driver, hardware, mig, new_event, subjects
+from gpuop.events import (
+    Envelope,
+    Event,
+    device,
+    driver,
+    hardware,
+    mig_commands,
+    new_event,
+    subjects,
+)
 from gpuop.events.driver import Component
 from gpuop.host import system
 from gpuop.host.errors import HostError
@@ -52,8 +61,8 @@ RESCAN_AFTER: tuple[type[Event], ...] = (
     driver.DriverLoadFailed,
     driver.DriverUnloadFailed,
     driver.DriverRollbackFailed,
-    mig.MigLayoutApplied,
-    mig.MigLayoutFailed,
+    mig_commands.MigLayoutApplied,
+    mig_commands.MigLayoutFailed,
 )
 """Driver-manager results after which the loaded driver (or part of it) or the MIG devices
 may have changed."""

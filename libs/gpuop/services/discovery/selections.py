@@ -39,7 +39,7 @@ from gpuop.events import (
     UnknownEventType,
     decode,
     device,
-    migrequests,
+    mig_requests,
     new_event,
     subjects,
 )
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_LABEL = device.PLUGIN_CONFIG_LABEL
 """The Node label that selects a node's device plugin config, as upstream's."""
-MIG_CONFIG_LABEL = migrequests.MIG_CONFIG_LABEL
+MIG_CONFIG_LABEL = mig_requests.MIG_CONFIG_LABEL
 """The Node label that names a node's MIG config, as upstream's."""
 SOURCE = f"/gpuop/{consumers.LABELER}"
 
@@ -81,7 +81,7 @@ class SelectingLabel:
 PLUGIN_CONFIG = SelectingLabel(
     CONFIG_LABEL, device.DevicePluginConfigSelected, "device plugin config"
 )
-MIG_CONFIG = SelectingLabel(MIG_CONFIG_LABEL, migrequests.MigConfigRequested, "MIG config")
+MIG_CONFIG = SelectingLabel(MIG_CONFIG_LABEL, mig_requests.MigConfigRequested, "MIG config")
 LABELS: tuple[SelectingLabel, ...] = (PLUGIN_CONFIG, MIG_CONFIG)
 """Every label `Selections` follows."""
 

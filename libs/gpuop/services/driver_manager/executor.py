@@ -47,9 +47,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuop.events import Command, Event, remediation
+from gpuop.events import Command, Event, remediation_commands
 from gpuop.events import driver as dm
-from gpuop.events.mig import ApplyMigLayout
+from gpuop.events.mig_commands import ApplyMigLayout
 from gpuop.host import packages, system
 from gpuop.host.errors import HostError
 from gpuop.host.protocol import Rebooter
@@ -154,13 +154,13 @@ class Executor:
             dm.RebootNode: self._reboot,
             dm.ConfigureRuntime: self._configure_runtime,
             ApplyMigLayout: self._apply_mig_layout,
-            remediation.ResetGpu: self._reset_gpu,
+            remediation_commands.ResetGpu: self._reset_gpu,
         }
         """Each command type's handler: the verbs of the module's table."""
 
     async def context_for(self, command: Command) -> StepContext:
         """What the command must remember from before it changed anything."""
-        if isinstance(command, remediation.ResetGpu):
+        if isinstance(command, remediation_commands.ResetGpu):
             return await self.resetter.context()
         if not isinstance(command, dm.UnloadDriver | dm.RollbackDriver):
             return StepContext()
@@ -232,7 +232,7 @@ class Executor:
     async def _reset_gpu(
         self,
         command_id: str,
-        command: remediation.ResetGpu,
+        command: remediation_commands.ResetGpu,
         context: StepContext,
         record: ComponentRecord,
     ) -> Outcome:

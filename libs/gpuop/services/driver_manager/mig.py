@@ -42,7 +42,7 @@ from typing import Final, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpuop.events import mig
+from gpuop.events import mig_commands
 from gpuop.events.driver import Component
 from gpuop.host.files import write_atomic
 from gpuop.host.roots import HostRoot
@@ -67,7 +67,7 @@ from gpuop.services.driver_manager.validating import NvmlFactory
 
 log = logging.getLogger(__name__)
 
-Reason = mig.MigFailureReason
+Reason = mig_commands.MigFailureReason
 LAYOUT_FILE = "var/lib/gpuop/mig-layout.json"
 LAYOUT_FORMAT: Final = "gpuop-mig-layout/1"
 
@@ -131,7 +131,7 @@ class ReapplyFailed(Exception):
 class Refused(Exception):
     """The command cannot be carried out; nothing was changed."""
 
-    def __init__(self, reason: mig.MigFailureReason, message: str) -> None:
+    def __init__(self, reason: mig_commands.MigFailureReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -156,10 +156,10 @@ class MigApplier:
         self.own_pid = os.getpid() if own_pid is None else own_pid
 
     async def apply(
-        self, command_id: str, command: mig.ApplyMigLayout
-    ) -> mig.MigLayoutApplied | mig.MigLayoutFailed:
-        def failed(reason: Reason, message: str, restored: bool) -> mig.MigLayoutFailed:
-            return mig.MigLayoutFailed(
+        self, command_id: str, command: mig_commands.ApplyMigLayout
+    ) -> mig_commands.MigLayoutApplied | mig_commands.MigLayoutFailed:
+        def failed(reason: Reason, message: str, restored: bool) -> mig_commands.MigLayoutFailed:
+            return mig_commands.MigLayoutFailed(
                 command_id=command_id,
                 config=command.config,
                 reason=reason,
@@ -182,7 +182,7 @@ class MigApplier:
             if problem:
                 return failed(Reason.CDI_FAILED, f"layout applied{problem}", False)
         log.info("MIG config %s applied: GPUs changed %s", command.config, changed or "none")
-        return mig.MigLayoutApplied(
+        return mig_commands.MigLayoutApplied(
             command_id=command_id,
             config=command.config,
             changed_gpus=changed,
@@ -277,7 +277,7 @@ class MigApplier:
                 by_minor.setdefault(minor, []).append(f"{holder.name}[{holder.pid}]")
         return by_minor
 
-    async def _spec_after(self, what: str, command: mig.ApplyMigLayout) -> str:
+    async def _spec_after(self, what: str, command: mig_commands.ApplyMigLayout) -> str:
         """Write the CDI spec again; '' when written, else why not (for the message)."""
         version = self.driver_version() or "in use"
         try:
@@ -332,7 +332,7 @@ def _describe(layout: GpuLayout) -> str:
     return f"MIG enabled with {', '.join(layout.profiles) or 'no devices'}"
 
 
-def wanted_layouts(command: mig.ApplyMigLayout) -> dict[int, GpuLayout]:
+def wanted_layouts(command: mig_commands.ApplyMigLayout) -> dict[int, GpuLayout]:
     """The command's layouts by GPU index; `Refused` for a GPU listed twice."""
     wanted: dict[int, GpuLayout] = {}
     for layout in command.layouts:
@@ -361,7 +361,7 @@ def _refuse_busy(
         raise Refused(Reason.IN_USE, f"processes hold GPUs to re-carve: {'; '.join(busy)}")
 
 
-def _reason(exc: MigApplyFailed) -> mig.MigFailureReason:
+def _reason(exc: MigApplyFailed) -> mig_commands.MigFailureReason:
     if isinstance(exc, InvalidLayout):
         return Reason.INVALID_LAYOUT
     if isinstance(exc, ModePending):

@@ -39,7 +39,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from gpuop.events import remediation
+from gpuop.events import remediation_commands
 from gpuop.events.driver import Component
 from gpuop.host.resets import FunctionResetFailed, FunctionResets
 from gpuop.host.roots import HostRoot
@@ -59,8 +59,8 @@ MAX_MESSAGE = 2048
 PERSISTENCE_DAEMON = "nvidia-persist"
 """`nvidia-persistenced` as `/proc/<pid>/comm` shows it (cut to 15 characters)."""
 
-Reason = remediation.ResetFailureReason
-Answer = remediation.GpuReset | remediation.GpuResetFailed
+Reason = remediation_commands.ResetFailureReason
+Answer = remediation_commands.GpuReset | remediation_commands.GpuResetFailed
 AfterReset = Callable[[float], Awaitable[str | None]]
 """Called with the seconds left once the GPUs are back; what it could not put back, or None."""
 
@@ -122,28 +122,31 @@ class GpuResetter:
         )
 
     async def reset(
-        self, command_id: str, command: remediation.ResetGpu, context: StepContext | None = None
+        self,
+        command_id: str,
+        command: remediation_commands.ResetGpu,
+        context: StepContext | None = None,
     ) -> Answer:
         wanted = tuple(dict.fromkeys(command.gpu_uuids))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + command.timeout_seconds
 
-        def failed(reason: Reason, message: str) -> remediation.GpuResetFailed:
+        def failed(reason: Reason, message: str) -> remediation_commands.GpuResetFailed:
             log.error("GPU reset of %s failed (%s): %s", " ".join(wanted), reason, message)
-            return remediation.GpuResetFailed(
+            return remediation_commands.GpuResetFailed(
                 command_id=command_id,
                 gpu_uuids=command.gpu_uuids,
                 reason=reason,
                 message=message[:MAX_MESSAGE],
             )
 
-        async def reset(method: remediation.ResetMethod) -> Answer:
+        async def reset(method: remediation_commands.ResetMethod) -> Answer:
             if self.after_reset is not None:
                 problem = await self.after_reset(max(deadline - loop.time(), 1.0))
                 if problem is not None:
                     return failed(Reason.RESET_FAILED, f"reset ({method}), but {problem}")
             log.info("reset %s (%s)", " ".join(wanted), method)
-            return remediation.GpuReset(
+            return remediation_commands.GpuReset(
                 command_id=command_id, gpu_uuids=command.gpu_uuids, method=method
             )
 
@@ -168,7 +171,7 @@ class GpuResetter:
                 if not blocked:
                     trouble = await self._reset_alone(named)
                     if trouble is None:
-                        return await reset(remediation.ResetMethod.NVML)
+                        return await reset(remediation_commands.ResetMethod.NVML)
                     if not command.allow_driver_reload:
                         return failed(Reason.RESET_FAILED, trouble)
                     log.warning("%s; reloading the GPU driver instead", trouble)
@@ -189,7 +192,7 @@ class GpuResetter:
             return failed(refused.reason, refused.message)
         if trouble is not None:
             return failed(Reason.RESET_FAILED, f"after the driver reload: {trouble}")
-        return await reset(remediation.ResetMethod.DRIVER_RELOAD)
+        return await reset(remediation_commands.ResetMethod.DRIVER_RELOAD)
 
     # 1. looking
 

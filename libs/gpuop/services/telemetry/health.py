@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from gpuop.bus import Bus, BusError
 from gpuop.events import Envelope, new_event
 from gpuop.events.device import DeviceHealthChanged, HealthReason, XidAction
-from gpuop.health import xids
+from gpuop.health import ignores, xids
 from gpuop.nvml import (
     DeviceEvent,
     DeviceMetrics,
@@ -209,7 +209,7 @@ class HealthTracker:
 
     def xid_action(self, xid: int) -> XidAction | None:
         """What `xid` asks for; None when `ignored_xids` lists it."""
-        return None if xid in self._ignored else self._catalog.action(xid)
+        return None if ignores(self._ignored, xid) else self._catalog.action(xid)
 
     def _mark(
         self, uuid: str, reason: HealthReason, session: Inventory, action: XidAction

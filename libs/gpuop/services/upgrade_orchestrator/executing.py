@@ -20,7 +20,7 @@ folded it in (`Cordon.label`); a 409 says when that copy was not current, and on
 the node read. An Event takes the node's uid from the same copies. Pod deletion and drain
 read the node's pods from the informer the controller shares between the steps that need
 them (`nodepods`), and open a list-watch of their own only when there is none. Pod deletion
-removes the pods holding a device of the window's components (`DeletePods.components`,
+removes the pods holding a device of the components upgraded (`DeletePods.components`,
 `pods.holds`), reading the ResourceClaims of the pods that use any, one GET each: nothing
 more for a node whose pods use none.
 
@@ -203,7 +203,7 @@ class KubeExecutor:
             )
             return None
         if isinstance(action, actions.DeletePods):
-            return await self._delete_window_pods(node, action)
+            return await self._delete_holders(node, action)
         if isinstance(action, actions.RunValidationPod):
             return await self._validation_pod(node, action)
         return await self._drain(node, action)
@@ -292,21 +292,21 @@ class KubeExecutor:
                 self._kube, node, _narrowed(options), node_pods=watched
             )
 
-    async def _delete_window_pods(
+    async def _delete_holders(
         self, node: str, action: actions.DeletePods
     ) -> observed.PodsDeleted | observed.PodDeletionFailed:
         components = action.components
 
-        async def window(
+        async def holders_of(
             listed: Sequence[Mapping[str, Any]],
         ) -> Callable[[Mapping[str, Any]], bool]:
-            return await pods.window_filter(self._kube, components, listed)
+            return await pods.holders_filter(self._kube, components, listed)
 
         options = draining.DrainOptions(
             force=action.force,
             delete_emptydir=action.delete_empty_dir,
             timeout=float(max(action.timeout_seconds, 1)),
-            pod_filter_from=window,
+            pod_filter_from=holders_of,
             retry_interval=1.0,
         )
         try:

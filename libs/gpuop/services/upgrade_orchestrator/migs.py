@@ -34,8 +34,8 @@ from gpuop.bus import KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, ids, subjects
 from gpuop.events import hardware as hw
-from gpuop.events.migrequests import MigConfigRequested
-from gpuop.events.reconfigurations import DOMAIN, MigReconfigurationStarted
+from gpuop.events.mig import DOMAIN, MigReconfigurationStarted
+from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.kube import client, errors
 from gpuop.policy import GPUClusterPolicySpec, migconfig
 from gpuop.policy.mig import parse_configs

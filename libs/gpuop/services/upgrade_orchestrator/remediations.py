@@ -28,7 +28,7 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, ids, subjects
 from gpuop.events import device as dev
 from gpuop.events import hardware as hw
-from gpuop.events.remediations import (
+from gpuop.events.remediation import (
     DOMAIN,
     TERMINAL_STATES,
     RemediationRefused,

@@ -12,7 +12,7 @@ restored: the GPUs may be half re-carved.
 
 from __future__ import annotations
 
-from gpuop.events import mig
+from gpuop.events import mig_commands
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.mig.drafting import Draft, issue
@@ -29,7 +29,7 @@ def enter(draft: Draft, retry: bool) -> None:
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:
-    if isinstance(trigger, mig.MigLayoutApplied) and answers(draft, trigger.command_id):
+    if isinstance(trigger, mig_commands.MigLayoutApplied) and answers(draft, trigger.command_id):
         answer = AppliedAnswer(
             config=trigger.config,
             changed_gpus=tuple(trigger.changed_gpus),
@@ -39,7 +39,7 @@ def on_event(draft: Draft, trigger: Trigger) -> None:
         changed = list(trigger.changed_gpus)
         draft.outcome(StepResult.SUCCEEDED, f"applied; GPUs changed: {changed}")
         draft.move(S.VERIFICATION_REQUIRED, "MigLayoutApplied")
-    elif isinstance(trigger, mig.MigLayoutFailed) and answers(draft, trigger.command_id):
+    elif isinstance(trigger, mig_commands.MigLayoutFailed) and answers(draft, trigger.command_id):
         if trigger.restored:
             draft.update(restored=True)  # not restored: compensation restores, or says not
         undone = "the node restored the layout" if trigger.restored else "not restored"
@@ -51,7 +51,7 @@ on_deadline = fail_on_deadline
 
 
 def effects(saga: MigSaga, spec: GPUClusterPolicySpec) -> Effects:
-    apply = mig.ApplyMigLayout(
+    apply = mig_commands.ApplyMigLayout(
         config=saga.config, layouts=saga.plan.layouts, timeout_seconds=timeout(saga, spec)
     )
     return (issue(saga, apply, saga.step.token),), ()

@@ -11,7 +11,7 @@ a controller and `force` off) fails it too. Either way the operands are resumed.
 from __future__ import annotations
 
 from gpuop.events import kube
-from gpuop.events import remediation as rem
+from gpuop.events import remediation_commands as rem
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.mig.actions import EvictPods

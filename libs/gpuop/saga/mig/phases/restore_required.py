@@ -7,9 +7,9 @@ the request ends failed, its reason saying whether the layout is back.
 
 from __future__ import annotations
 
-from gpuop.events import mig
+from gpuop.events import mig_commands
 from gpuop.events.deadlines import DeadlineExpired
-from gpuop.events.mig import GpuMigLayout
+from gpuop.events.mig_commands import GpuMigLayout
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.mig.drafting import Draft, issue
@@ -25,11 +25,11 @@ def enter(draft: Draft, retry: bool) -> None:
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:
-    if isinstance(trigger, mig.MigLayoutApplied) and answers(draft, trigger.command_id):
+    if isinstance(trigger, mig_commands.MigLayoutApplied) and answers(draft, trigger.command_id):
         draft.update(restored=True)
         draft.outcome(StepResult.SUCCEEDED, "the layout at the start is back")
         draft.move(S.OPERANDS_RESUME_REQUIRED, "the layout at the start is back")
-    elif isinstance(trigger, mig.MigLayoutFailed) and answers(draft, trigger.command_id):
+    elif isinstance(trigger, mig_commands.MigLayoutFailed) and answers(draft, trigger.command_id):
         _not_restored(draft, f"restore failed, {trigger.reason}: {trigger.message}".rstrip(": "))
 
 
@@ -49,7 +49,7 @@ def previous_layouts(saga: MigSaga) -> tuple[GpuMigLayout, ...]:
 
 
 def effects(saga: MigSaga, spec: GPUClusterPolicySpec) -> Effects:
-    restore = mig.ApplyMigLayout(
+    restore = mig_commands.ApplyMigLayout(
         config=saga.config, layouts=previous_layouts(saga), timeout_seconds=timeout(saga, spec)
     )
     return (issue(saga, restore, saga.step.token),), ()

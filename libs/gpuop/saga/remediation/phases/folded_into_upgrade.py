@@ -1,4 +1,4 @@
-"""folded-into-upgrade: the node's upgrade was in its window when the fault came; its
+"""folded-into-upgrade: the node's upgrade held the node when the fault came; its
 reload and validation serve, so the remediation only marks the node (`quarantine`) and ends
 with the upgrade's moves (`NodeUpgradeStateChanged` from the log): validated
 (uncordon-required, or upgrade-done) moves it to release-required, whose untaint ends it;
@@ -6,7 +6,7 @@ upgrade-failed fails it."""
 
 from __future__ import annotations
 
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 from gpuop.events.upgrade import NodeUpgradeStateChanged, UpgradeState
 from gpuop.saga.machine import Trigger, ignore
 from gpuop.saga.remediation.drafting import Draft

@@ -3,8 +3,8 @@ its allocations and the kubelet's PodResources); when it cannot, every GPU pod g
 
 from __future__ import annotations
 
-from gpuop.events import remediation as cmd
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events import remediation_commands as cmd
+from gpuop.events.remediation import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.remediation.drafting import Draft

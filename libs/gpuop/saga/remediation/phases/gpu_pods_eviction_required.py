@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gpuop.events import driver as dm
 from gpuop.events import kube
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import actions as upgrade_actions
 from gpuop.saga.machine import Effects, Trigger

@@ -4,9 +4,9 @@ reboots the node when the policy allows (`Draft.reboot`), else fails."""
 
 from __future__ import annotations
 
-from gpuop.events import remediation as cmd
+from gpuop.events import remediation_commands as cmd
 from gpuop.events.deadlines import DeadlineExpired
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.remediation.drafting import Draft

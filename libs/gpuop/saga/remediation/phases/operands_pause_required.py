@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events.device import XidAction
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.remediation.drafting import Draft

@@ -7,7 +7,7 @@ from gpuop.events import driver as dm
 from gpuop.events import hardware as hw
 from gpuop.events import kube
 from gpuop.events.deadlines import DeadlineExpired
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.remediation.drafting import Draft

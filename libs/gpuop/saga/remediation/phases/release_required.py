@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from gpuop.events import device as dev
 from gpuop.events import kube
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.remediation.actions import MirrorHealth

@@ -3,7 +3,7 @@ the one `maxUnavailable` budget (the runtime's admission pass records `NodeAdmit
 
 from __future__ import annotations
 
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 from gpuop.saga.machine import Admitted, Trigger, ignore
 from gpuop.saga.remediation.drafting import Draft
 from gpuop.saga.remediation.phases.common import quarantine

@@ -4,7 +4,7 @@ nothing is left to do here."""
 
 from __future__ import annotations
 
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.machine import Effects, ignore
 from gpuop.saga.remediation.drafting import Draft

@@ -6,7 +6,7 @@ Unhealthy)."""
 from __future__ import annotations
 
 from gpuop.events import device as dev
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.machine import Effects, IssuedCommand, ignore
 from gpuop.saga.remediation.actions import MirrorHealth

@@ -8,7 +8,7 @@ from __future__ import annotations
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import kube
-from gpuop.events.remediations import RemediationState as S
+from gpuop.events.remediation import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import actions as upgrade_actions
 from gpuop.saga.machine import Effects, Trigger
@@ -28,7 +28,7 @@ RESUME = "validate-resume"
 
 
 def plan(spec: GPUClusterPolicySpec, operands_paused: bool) -> tuple[str, ...]:
-    """The rungs' step tokens, in order (peermem is an OFED window's rung, not run here)."""
+    """The rungs' step tokens, in order (peermem is an OFED upgrade's rung, not run here)."""
     tokens: list[str] = []
     for rung in spec.upgrade_policy.validation.ladder():
         if rung == "nvml":
