@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lock sbom test test-security test-slow test-all test-cluster test-node cluster-tools cluster demo lint schemas bench proto clean
+.PHONY: setup lock image sbom test test-security test-slow test-all test-cluster test-node cluster-tools cluster demo lint schemas bench proto clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,14 @@ lock:
 	$(COMPILE) --python-platform linux pyproject.toml -o requirements/runtime.lock
 	$(COMPILE) --universal pyproject.toml requirements/build.in --extra dev \
 		--constraint requirements/runtime.lock -o requirements/dev.lock
+
+# gpuop's image (gpuop.local/gpuop:<version>) and the NATS server's the chart runs
+# (gpuop.local/nats:<version>) as OCI archives in .cache/images, for `ctr images import`, built
+# without a container engine (tests/support/images): Debian bookworm's packages pinned in
+# deploy/image/debian.lock (apt checks them), requirements/runtime.lock's wheels (hash-checked)
+# and gpuop's wheel. The same inputs give the same digest; a second run reuses every layer.
+image: $(STAMP)
+	$(BIN)/python -m tests.support.images build
 
 # A CycloneDX SBOM (JSON, validated against its schema as it is written) of what the image
 # installs: gpuop and every package of requirements/runtime.lock with its hashes.
