@@ -40,6 +40,9 @@ CACHE = REPO / ".cache" / "images"
 RUNTIME_LOCK = REPO / "requirements" / "runtime.lock"
 SOURCES = ("pyproject.toml", "README.md", "libs", "services")
 """What the wheel is built from: the Dockerfile's build stage copies the same."""
+LEFT_OUT = ("__pycache__", "*.pyc", "*.egg-info", "build", "gpuop-sim")
+"""Left out of that copy, as .dockerignore leaves them out of the Dockerfile's context (and
+a build/ from an earlier wheel could bring back files removed since)."""
 USER = "10001:10001"
 ENTRYPOINT = ("gpuop",)
 CMD = ("--help",)
@@ -140,15 +143,14 @@ def dependencies(downloads: Path) -> Callable[[Path], None]:
 
 
 def gpuop_wheel(directory: Path) -> Path:
-    """gpuop's wheel (`pip wheel --no-deps`, as the Dockerfile) from a copy of its sources
-    (a build/ left in the tree could add files no longer there)."""
+    """gpuop's wheel (`pip wheel --no-deps`, as the Dockerfile) from a copy of its sources."""
     with tempfile.TemporaryDirectory() as scratch:
         context = Path(scratch)
         for source in SOURCES:
             if (REPO / source).is_dir():
                 shutil.copytree(
                     REPO / source, context / source,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"),
+                    ignore=shutil.ignore_patterns(*LEFT_OUT),
                 )  # fmt: skip
             else:
                 shutil.copy(REPO / source, context / source)

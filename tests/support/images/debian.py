@@ -15,13 +15,14 @@ Called by `tests.support.images.build`; `python -m tests.support.images lock` re
 
 from __future__ import annotations
 
-import hashlib
 import re
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
+
+from gpuop.host.packaging import sha256_of
 
 ROOTS = (
     "base-files",  # /etc/os-release: what scanners read to know the image is Debian
@@ -51,8 +52,9 @@ _DROPPED = ("usr/share/man", "usr/share/info", "usr/share/lintian", "usr/share/l
 _NAME = re.compile(r"^([a-z0-9][a-z0-9+.-]+)(?::[a-z0-9]+)?\s*(?:\(.*\))?\s*$")
 
 
-@dataclass(frozen=True)
-class Pin:
+class Pin(NamedTuple):
+    """A line of the lock: the package, its exact version, its .deb's SHA-256 (hex)."""
+
     name: str
     version: str
     sha256: str
@@ -156,14 +158,6 @@ def resolve(roots: Iterable[str] = ROOTS) -> list[Pin]:
     return [Pin(name, c["Version"], c["SHA256"]) for name, c in chosen.items()]
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as content:
-        for chunk in iter(lambda: content.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _cached(pin: Pin, cache: Path) -> Path | None:
     found = sorted(cache.glob(f"{pin.name}_{pin.version.replace(':', '%3a')}_*.deb"))
     return found[0] if found else None
@@ -191,7 +185,7 @@ def download(pins: Iterable[Pin], cache: Path) -> dict[str, Path]:
         deb = _cached(pin, cache)
         if deb is None:
             raise DebianError(f"apt-get download left no {pin.name} {pin.version}")
-        if sha256(deb) != pin.sha256:
+        if sha256_of(deb) != pin.sha256:
             deb.unlink()
             raise DebianError(f"{deb.name}: its SHA-256 is not the lock's")
         debs[pin.name] = deb
@@ -229,7 +223,12 @@ def _merge(source: Path, rootfs: Path, package: str) -> None:
 
 def unpack(debs: Mapping[str, Path], rootfs: Path) -> None:
     """Every package's files into `rootfs` (bin, sbin, lib, lib64 linked into usr), and
-    var/lib/dpkg/status listing them as installed, for scanners."""
+    var/lib/dpkg/status listing them as installed, for scanners. Every dependency must be
+    among them (or IGNORED)."""
+    controls = {name: control(deb) for name, deb in debs.items()}
+    problems = unmet(controls)
+    if problems:
+        raise DebianError("dependencies no pinned package satisfies: " + "; ".join(problems))
     for directory in _MERGED:
         (rootfs / "usr" / directory).mkdir(parents=True, exist_ok=True)
         (rootfs / directory).symlink_to(f"usr/{directory}")
@@ -241,12 +240,9 @@ def unpack(debs: Mapping[str, Path], rootfs: Path) -> None:
                 check=True, capture_output=True, timeout=300,
             )  # fmt: skip
             _merge(Path(unpacked), rootfs, name)
-        text = control(debs[name]).rstrip("\n")
+        text = controls[name].rstrip("\n")
         package, _, rest = text.partition("\n")
         status.append(f"{package}\nStatus: install ok installed\n{rest}\n")
-    problems = unmet({name: control(deb) for name, deb in debs.items()})
-    if problems:
-        raise DebianError("dependencies no pinned package satisfies: " + "; ".join(problems))
     dpkg = rootfs / "var/lib/dpkg"
     dpkg.mkdir(parents=True, exist_ok=True)
     (dpkg / "status").write_text("\n".join(status), encoding="utf-8")

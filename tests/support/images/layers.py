@@ -20,8 +20,9 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuop.host.packaging import sha256_of
+
 MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,17 @@ def write_tar(tree: Path, stream: io.RawIOBase, epoch: int) -> None:
 def write_layer(tree: Path, path: Path, epoch: int) -> Layer:
     """Write `tree` as a gzipped layer to `path` (replaced whole, never left half written)."""
     partial = path.with_name(path.name + ".partial")
-    with partial.open("wb") as raw:
-        compressed = _Hashing(raw)
-        with gzip.GzipFile(filename="", mode="wb", fileobj=compressed, mtime=0) as zipped:
-            uncompressed = _Hashing(zipped)
-            write_tar(tree, uncompressed, epoch)
+    try:
+        with partial.open("wb") as raw:
+            compressed = _Hashing(raw)
+            with gzip.GzipFile(
+                filename="", mode="wb", fileobj=compressed, mtime=0, compresslevel=6
+            ) as zipped:
+                uncompressed = _Hashing(zipped)
+                write_tar(tree, uncompressed, epoch)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     partial.replace(path)
     return Layer(
         path=path,
@@ -119,8 +126,4 @@ def write_layer(tree: Path, path: Path, epoch: int) -> Layer:
 
 def file_digest(path: Path) -> str:
     """`sha256:<hex>` of a file's content."""
-    digest = hashlib.sha256()
-    with path.open("rb") as content:
-        for chunk in iter(lambda: content.read(_CHUNK), b""):
-            digest.update(chunk)
-    return f"sha256:{digest.hexdigest()}"
+    return f"sha256:{sha256_of(path)}"

@@ -152,6 +152,44 @@ def write_archive(image: Image, path: Path) -> str:
     return str(_descriptor(MANIFEST, manifest_blob)["digest"])
 
 
+class LayoutError(Exception):
+    """An archive that is not an OCI image layout of one image."""
+
+
+def _check_blob(files: dict[str, bytes], descriptor: dict[str, Any], media_type: str) -> bytes:
+    name = _blob_name(descriptor["digest"])
+    if descriptor.get("mediaType") != media_type:
+        raise LayoutError(f"{name}: media type {descriptor.get('mediaType')}, not {media_type}")
+    if name not in files:
+        raise LayoutError(f"{name}: missing")
+    content = files[name]
+    if f"sha256:{hashlib.sha256(content).hexdigest()}" != descriptor["digest"]:
+        raise LayoutError(f"{name}: its content is not its digest's")
+    if len(content) != descriptor["size"]:
+        raise LayoutError(f"{name}: {len(content)} bytes, not {descriptor['size']}")
+    return content
+
+
+def validate(path: Path) -> dict[str, Any]:
+    """Check the archive as the OCI image layout spec requires (oci-layout, index.json, each
+    referenced blob present with its digest and size, the spec's media types); its index."""
+    files = read_archive(path)
+    for required in ("oci-layout", "index.json"):
+        if required not in files:
+            raise LayoutError(f"{required}: missing, and an image layout requires it")
+    if json.loads(files["oci-layout"]).get("imageLayoutVersion") != LAYOUT_VERSION:
+        raise LayoutError(f"oci-layout: not version {LAYOUT_VERSION}")
+    index_document: dict[str, Any] = json.loads(files["index.json"])
+    if index_document.get("schemaVersion") != 2 or index_document.get("mediaType") != INDEX:
+        raise LayoutError("index.json: not an image index of schema version 2")
+    for entry in index_document["manifests"]:
+        manifest_document = json.loads(_check_blob(files, entry, MANIFEST))
+        _check_blob(files, manifest_document["config"], CONFIG)
+        for layer in manifest_document["layers"]:
+            _check_blob(files, layer, LAYER_MEDIA_TYPE)
+    return index_document
+
+
 def read_archive(path: Path, *, blobs: bool = True) -> dict[str, bytes]:
     """The archive's files by name; layer blobs too unless `blobs` is false (then only the
     JSON documents: index, layout, manifests and configs are small)."""
