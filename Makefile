@@ -43,14 +43,17 @@ lock:
 image: $(STAMP)
 	$(BIN)/python -m tests.support.images build
 
-# A CycloneDX SBOM (JSON, validated against its schema as it is written) of what the image
-# installs: gpuop and every package of requirements/runtime.lock with its hashes.
+# A CycloneDX SBOM (JSON, validated against its schema as it is written) of what `make image`
+# installs: gpuop, every package of requirements/runtime.lock with its hashes, and every
+# Debian package of deploy/image/debian.lock (pkg:deb purls, the .debs' SHA-256). Those locks
+# pin the image's inputs exactly, so the SBOM needs no build.
 SBOM ?= dist/sbom.cdx.json
 sbom: $(STAMP)
 	@mkdir -p $(dir $(SBOM))
 	$(BIN)/python -W ignore::UserWarning -m cyclonedx_py requirements requirements/runtime.lock \
 		--pyproject pyproject.toml --mc-type application --sv 1.6 --of JSON \
 		--output-reproducible -o $(SBOM)
+	$(BIN)/python -m tests.support.images sbom $(SBOM)
 
 # `test` is everything but the suites marked slow (end to end with real processes, faults,
 # chaos), those marked real_cluster (the real Kubernetes control plane, built from its Go

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from packageurl import PackageURL
+
 from gpuop.host.packaging import sha256_of
 
 ROOTS = (
@@ -53,11 +55,20 @@ _NAME = re.compile(r"^([a-z0-9][a-z0-9+.-]+)(?::[a-z0-9]+)?\s*(?:\(.*\))?\s*$")
 
 
 class Pin(NamedTuple):
-    """A line of the lock: the package, its exact version, its .deb's SHA-256 (hex)."""
+    """A line of the lock: the package, its exact version, its architecture (amd64 or all),
+    its .deb's SHA-256 (hex)."""
 
     name: str
     version: str
+    architecture: str
     sha256: str
+
+    @property
+    def purl(self) -> str:
+        """Its package URL (the SBOM's name for it)."""
+        qualifiers = {"arch": self.architecture}
+        url = PackageURL("deb", "debian", self.name, self.version, qualifiers)
+        return str(url.to_string())
 
 
 class DebianError(Exception):
@@ -68,19 +79,19 @@ def read_lock(path: Path = LOCK) -> tuple[Pin, ...]:
     pins: list[Pin] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip() and not line.startswith("#"):
-            name, version, sha256 = line.split()
-            pins.append(Pin(name, version, sha256))
+            name, version, architecture, sha256 = line.split()
+            pins.append(Pin(name, version, architecture, sha256))
     return tuple(pins)
 
 
 def write_lock(pins: Iterable[Pin], path: Path = LOCK) -> None:
     header = (
-        "# The Debian bookworm packages of the gpuop image (amd64): name, version, SHA-256 of\n"
-        "# the .deb. Written by `python -m tests.support.images lock` from the candidates of\n"
-        "# the apt index here, for tests/support/images/debian.py's ROOTS and what they\n"
-        "# depend on (less IGNORED); `make image` fetches exactly these.\n"
+        "# The Debian bookworm packages of the gpuop image (amd64): name, version,\n"
+        "# architecture, SHA-256 of the .deb. Written by `python -m tests.support.images lock`\n"
+        "# from the candidates of the apt index here, for tests/support/images/debian.py's\n"
+        "# ROOTS and what they depend on (less IGNORED); `make image` fetches exactly these.\n"
     )
-    lines = [f"{p.name} {p.version} {p.sha256}" for p in sorted(pins, key=lambda p: p.name)]
+    lines = [" ".join(pin) for pin in sorted(pins, key=lambda pin: pin.name)]
     path.write_text(header + "\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -155,7 +166,7 @@ def resolve(roots: Iterable[str] = ROOTS) -> list[Pin]:
         for group in _needs(chosen[name]):
             if not set(group) & (chosen.keys() | IGNORED.keys() | set(pending)):
                 pending.append(group[0])
-    return [Pin(name, c["Version"], c["SHA256"]) for name, c in chosen.items()]
+    return [Pin(name, c["Version"], c["Architecture"], c["SHA256"]) for name, c in chosen.items()]
 
 
 def _cached(pin: Pin, cache: Path) -> Path | None:

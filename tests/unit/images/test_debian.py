@@ -62,8 +62,8 @@ def test_unmet_names_what_no_package_provides_and_ignored_does_not_excuse() -> N
 
 def test_the_lock_reads_back_what_was_written(tmp_path: Path) -> None:
     pins = [
-        debian.Pin("zlib1g", "1:1.2.13.dfsg-1", "ab" * 32),
-        debian.Pin("dash", "0.5", "cd" * 32),
+        debian.Pin("zlib1g", "1:1.2.13.dfsg-1", "amd64", "ab" * 32),
+        debian.Pin("dash", "0.5", "all", "cd" * 32),
     ]
     debian.write_lock(pins, tmp_path / "debian.lock")
 
@@ -76,6 +76,13 @@ def test_the_committed_lock_pins_every_root_and_nothing_ignored() -> None:
     assert set(debian.ROOTS) <= locked
     assert not locked & debian.IGNORED.keys()
     assert all(len(pin.sha256) == 64 and pin.version for pin in debian.read_lock())
+    assert {pin.architecture for pin in debian.read_lock()} == {"amd64", "all"}
+
+
+def test_a_pin_s_package_url_encodes_its_version() -> None:
+    pin = debian.Pin("libattr1", "1:2.5.1-4+b1", "amd64", "0" * 64)
+
+    assert pin.purl == "pkg:deb/debian/libattr1@1:2.5.1-4%2Bb1?arch=amd64"
 
 
 def test_a_deb_whose_sha256_is_not_the_lock_s_is_refused_and_removed(tmp_path: Path) -> None:
@@ -84,9 +91,9 @@ def test_a_deb_whose_sha256_is_not_the_lock_s_is_refused_and_removed(tmp_path: P
     cache.mkdir()
     (cache / deb.name).write_bytes(deb.read_bytes())
 
-    right = debian.Pin("tool", "1.0-1", sha256_of(deb))
+    right = debian.Pin("tool", "1.0-1", "amd64", sha256_of(deb))
     assert debian.download([right], cache) == {"tool": cache / deb.name}
-    wrong = debian.Pin("tool", "1.0-1", "0" * 64)
+    wrong = debian.Pin("tool", "1.0-1", "amd64", "0" * 64)
     with pytest.raises(debian.DebianError, match="SHA-256 is not the lock's"):
         debian.download([wrong], cache)
     assert not (cache / deb.name).exists()
