@@ -37,6 +37,7 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, build.Bui
                 "nats": build.build_nats(cache, downloads=build.CACHE),
             }
         )
+        assert build.prune(cache, list(made[-1].values())) == [], "every layer made is used"
     return made
 
 
@@ -95,6 +96,8 @@ def test_gpuop_runs_with_the_image_s_python_as_its_user(
         "/usr/local/lib/python3.11/dist-packages/gpuop/__init__.py",
     ]
     assert (rootfs / "usr/bin/python3.11").is_file() and not (rootfs / "usr/local/bin/pip").exists()
+    site = rootfs / "usr/local/lib/python3.11/dist-packages"
+    assert not list(site.glob("gpuop*sim*")), "the product's image holds no simulation"
 
 
 def test_the_chart_s_init_command_finds_the_ca_bundle(

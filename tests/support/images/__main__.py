@@ -25,12 +25,15 @@ def main() -> None:
         debian.write_lock(debian.resolve())
         print(f"wrote {debian.LOCK}")
         return
+    made = []
     for make in (build.build_gpuop, build.build_nats):
         started = time.monotonic()
         built = make()
+        made.append(built)
         size = built.path.stat().st_size / 1e6
         print(f"{built.name} {built.digest} {built.path} ({size:.1f} MB, "
               f"{time.monotonic() - started:.1f} s)")  # fmt: skip
+    build.prune(build.CACHE, made)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ ENV = (
 )
 NATS_USER = "1000:1000"
 NATS_SERVER = "usr/local/bin/nats-server"
+_BUILDER = ("build.py", "debian.py", "layers.py", "oci.py", "python.py")
 _PASSWD = (
     "root:x:0:0:root:/root:/usr/sbin/nologin\n{name}:x:{uid}:{uid}::{home}:/usr/sbin/nologin\n"
 )
@@ -62,11 +63,12 @@ _GROUP = "root:x:0:\n{name}:x:{uid}:\n"
 
 @dataclass(frozen=True)
 class Built:
-    """An archive written (or found up to date): its path, name and manifest digest."""
+    """An archive written (or found up to date): its path, name, manifest digest, layers."""
 
     path: Path
     name: str
     digest: str
+    layers: tuple[Layer, ...] = ()
 
 
 def epoch() -> int:
@@ -74,10 +76,11 @@ def epoch() -> int:
 
 
 def builder_key() -> str:
-    """The builder's own source: a change to how layers are made makes them again."""
+    """The source of the modules that make the bytes: a change to how layers are made makes
+    them again (the command line and the SBOM's module do not count)."""
     digest = hashlib.sha256()
-    for source in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    for name in _BUILDER:
+        digest.update(name.encode() + b"\0" + (Path(__file__).parent / name).read_bytes())
     return digest.hexdigest()
 
 
@@ -185,10 +188,21 @@ def _archive(cache: Path, image: oci.Image, stem: str) -> Built:
     if path.is_file() and record.is_file():
         found = json.loads(record.read_text())
         if found["key"] == image_key:
-            return Built(path, image.name, found["digest"])
+            return Built(path, image.name, found["digest"], image.layers)
     digest = oci.write_archive(image, path)
     record.write_text(json.dumps({"key": image_key, "digest": digest, "name": image.name}))
-    return Built(path, image.name, digest)
+    return Built(path, image.name, digest, image.layers)
+
+
+def prune(cache: Path, kept: list[Built]) -> list[Path]:
+    """Remove the cached layers none of `kept` uses (made for other inputs); those removed."""
+    used = {layer.path.name.removesuffix(".tar.gz") for built in kept for layer in built.layers}
+    removed = []
+    for path in sorted((cache / "layers").glob("*")):
+        if path.name.split(".")[0] not in used:
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def build_gpuop(cache: Path = CACHE, downloads: Path | None = None) -> Built:
