@@ -27,8 +27,8 @@ import tempfile
 import tomllib
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from tests.support import wheels
 from tests.support.images import debian, oci, python
@@ -60,8 +60,7 @@ _PASSWD = (
 _GROUP = "root:x:0:\n{name}:x:{uid}:\n"
 
 
-@dataclass(frozen=True)
-class Built:
+class Built(NamedTuple):
     """An archive written (or found up to date): its path, name, manifest digest, layers."""
 
     path: Path
