@@ -86,3 +86,18 @@ def test_console_scripts_are_written_for_the_image_s_interpreter() -> None:
         'if __name__ == "__main__":\n    sys.exit(main())\n'
     )
     assert "sys.exit(Tool.run())" in python.script("tool.cli:Tool.run")
+
+
+def test_the_lock_is_downloaded_with_its_hashes_checked_for_the_image_s_platform(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[tuple[str, ...]] = []
+    monkeypatch.setattr(python, "_pip", lambda *arguments, **_: asked.append(arguments))
+
+    python.download(Path("requirements/runtime.lock"), tmp_path / "wheels")
+
+    (arguments,) = asked
+    assert arguments[0] == "download" and {"--require-hashes", "--no-deps"} <= set(arguments)
+    assert {"--only-binary=:all:", "--python-version=3.11", "--abi=cp311"} <= set(arguments)
+    assert "--platform=manylinux_2_36_x86_64" in arguments
+    assert arguments[-2:] == ("-r", "requirements/runtime.lock")
