@@ -281,3 +281,17 @@ def test_no_user_may_read_the_info_of_a_kv_watchs_consumer(role: str) -> None:
             stream = f"KV_{streams.bucket_name(PREFIX, bucket)}"
             subject = f"$JS.API.CONSUMER.INFO.{stream}.gpuop-watch-0123456789abcdef"
             assert not allowed(granted.publish, subject), (role, subject)
+
+
+def test_the_telemetry_cluster_role_may_read_everything_its_exporter_reads() -> None:
+    """Its history (upgrades and GPU health, replayed at start) and the streams it counts:
+    a read the grants lack is a consumer the server refuses, and the role restarts forever."""
+    from prometheus_client import CollectorRegistry
+
+    from gpuop.services.telemetry.cluster_exporter import ClusterExporter
+    from gpuop.services.telemetry.config import TelemetryConfig
+
+    exporter = ClusterExporter(InMemoryBus(prefix=PREFIX), CollectorRegistry(), TelemetryConfig())
+    read = (*exporter._history, exporter._everything, exporter._dead_letters)
+    allowed = grants.reads(Identity("telemetry-cluster", None), prefix=PREFIX)
+    assert [f for f in read if f not in allowed] == []

@@ -233,7 +233,9 @@ def _reads(identity: Identity, prefix: str) -> tuple[str, ...]:
         return (
             subjects.stream_filter(subjects.Kind.EVENT, prefix=prefix),
             subjects.stream_filter(subjects.Kind.DEAD_LETTER, prefix=prefix),
+            # the history it replays (`cluster_exporter`): upgrades and GPU health
             subjects.events_filter("upgrade", prefix=prefix),
+            subjects.events_filter("device", name="health-changed", prefix=prefix),
         )
     return ()
 
