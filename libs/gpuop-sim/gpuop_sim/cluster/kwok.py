@@ -8,6 +8,8 @@ and the node lifecycle controller lifts the not-ready taint, then creates the si
 cluster's workloads (``workloads.manifests``) for the real scheduler and controllers to run.
 On exit it deletes what it made: the policy's nodes and the workload namespaces, and nothing
 it found there before. A node of the same name that already exists is an error, not reused.
+The workloads' pods go to KWOK's nodes only (labelled ``kwok.x-k8s.io/node: fake`` too): a
+cluster may have real nodes beside them.
 """
 
 from __future__ import annotations
@@ -76,11 +78,14 @@ class KwokFleet:
             raise
         return self
 
-    async def create(self, *, settle: bool = True) -> None:
-        """Register the nodes, wait until they are schedulable, make the workloads and (with
-        `settle`) wait until their pods run. `remove` takes them away again."""
+    async def create(self, *, settle: bool = True, workloads: bool = True) -> None:
+        """Register the nodes, wait until they are schedulable, make the workloads (unless
+        not `workloads`: nodes alone) and (with `settle`) wait until their pods run. `remove`
+        takes them away again."""
         await self._register()
         await self._wait_ready()
+        if not workloads:
+            return
         await self._install_workloads()
         if settle:
             await self._settle()
@@ -98,6 +103,7 @@ class KwokFleet:
         for machine in self.machines:
             node = machines.node_object(machine, now)
             node["metadata"]["annotations"][KWOK_ANNOTATION] = "fake"
+            node["metadata"]["labels"][KWOK_ANNOTATION] = "fake"  # the workloads' selector
             node["metadata"]["labels"].update(workloads.GPU_NODE_LABELS)
             try:
                 await self.kube.call(self.kube.core.create_node, node)
@@ -140,6 +146,7 @@ class KwokFleet:
                 self._made_namespaces.append(name)
                 await self._wait_service_account(name)
                 continue
+            _on_fake_nodes(body)
             await self._create(resource.group, resource.version, resource.plural, namespace, body)
 
     async def _create(
@@ -206,6 +213,18 @@ class KwokFleet:
                 await self.kube.call(self.kube.core.delete_node, name)
         self._made_namespaces.clear()
         self._made_nodes.clear()
+
+
+def _on_fake_nodes(obj: dict[str, Any]) -> None:
+    """A workload's pods only on KWOK's nodes: a cluster may have real nodes too (`make
+    cluster`'s), where the images of the simulated workloads exist nowhere."""
+    spec = obj.get("spec") or {}
+    template = spec.get("template") or (spec.get("jobTemplate") or {}).get("spec", {}).get(
+        "template"
+    )
+    pod = template.get("spec") if template else (spec if "containers" in spec else None)
+    if pod is not None:
+        pod.setdefault("nodeSelector", {})[KWOK_ANNOTATION] = "fake"
 
 
 def _running(pod: dict[str, Any]) -> bool:

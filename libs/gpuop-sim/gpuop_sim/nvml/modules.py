@@ -162,7 +162,14 @@ class HostRootModules:
         return not (self.host_root / NO_GPUS_DIR / module).exists()
 
     def hold(self, module: str, holder_id: str) -> None:
+        """A holder file for `holder_id`, as an open device node holds the real module. In
+        a host root this process cannot write (the chart's node agents mount theirs
+        read-only) it holds nothing, once the module is found loaded."""
         path = self._holder(module, holder_id)
+        if not _writable(self.host_root):
+            if not self.is_loaded(module):
+                raise DriverNotLoaded(f"the {module} kernel module is not loaded")
+            return
         with self._locked():
             if not self.is_loaded(module):
                 raise DriverNotLoaded(f"the {module} kernel module is not loaded")
@@ -202,3 +209,12 @@ class HostRootModules:
             yield
         finally:
             os.close(descriptor)
+
+
+def _writable(host_root: Path) -> bool:
+    """Whether this process may make the simulation's state under `host_root`: its state
+    directory's nearest existing parent is writable and not on a read-only mount."""
+    directory = host_root / simstate.LOCK
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    return os.access(directory, os.W_OK) and not os.statvfs(directory).f_flag & os.ST_RDONLY
