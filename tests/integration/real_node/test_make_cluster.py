@@ -78,9 +78,11 @@ def test_make_cluster_then_the_demo_on_it() -> None:
     if absent:
         pytest.fail("the real node needs: " + ", ".join(absent))
     launcher = Launcher()
+    work: Path | None = None
     try:
         exported = launcher.until("export KUBECONFIG=", timeout=900)
         kubeconfig = exported.removeprefix("export KUBECONFIG=")
+        work = Path(kubeconfig).parents[1]  # <work>/control-plane/admin.kubeconfig
         print("\n".join(launcher.seen))
         assert any(line.startswith("image: gpuop.local/gpuop-sim:") for line in launcher.seen)
         logs = launcher.until("logs in", timeout=10)
@@ -122,9 +124,11 @@ def test_make_cluster_then_the_demo_on_it() -> None:
         assert orchestrator.stdout == "2"
         node = json.loads(kubectl(kubeconfig, "get", "node", real_node.NAME, "-o", "json").stdout)
         assert SKIP_LABEL not in node["metadata"]["labels"]
+        assert logs == f"logs in {work}; Ctrl-C stops it"
     finally:
         os.killpg(launcher.process.pid, signal.SIGINT)  # Ctrl-C
         code = launcher.process.wait(timeout=300)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
     launcher.until("stopped", timeout=10)
     assert code == 0
-    shutil.rmtree(logs.removeprefix("logs in ").removesuffix("; Ctrl-C stops it"))
