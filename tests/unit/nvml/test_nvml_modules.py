@@ -135,3 +135,26 @@ def test_the_recorded_host_root_has_the_nvidia_module_loaded() -> None:
     assert modules.is_loaded("nvidia") and modules.is_loaded("nvidia_uvm")
     assert not modules.is_loaded("nvidia_drm")
     assert modules.version("nvidia") == "580.159.04"
+
+
+def test_a_read_only_host_root_is_opened_holding_nothing(tmp_path: Path) -> None:
+    """As the chart's node agents see theirs (read-only mounts): the module is found loaded
+    and the session opens; no holder file can be written, so none is, and none is asked for."""
+    import subprocess
+
+    source, view = tmp_path / "host", tmp_path / "view"
+    (source / "proc").mkdir(parents=True)
+    (source / "proc" / "modules").write_text("nvidia 14299136 1 - Live 0x0 (O)\n")
+    view.mkdir()
+    subprocess.run(["mount", "--bind", str(source), str(view)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
+        modules = HostRootModules(view)
+        modules.hold("nvidia", "telemetry")
+        assert modules.holders("nvidia") == frozenset()
+        assert not (source / HOLDERS_DIR).exists()
+        (source / "proc" / "modules").write_text("")
+        with pytest.raises(errors.DriverNotLoaded):
+            modules.hold("nvidia", "telemetry")
+    finally:
+        subprocess.run(["umount", str(view)], check=True)
