@@ -1,8 +1,9 @@
 """One real node for the real-node suites (module scope): a control plane without KWOK (its
 manage-all-nodes would take the real node over) and the node registered with it
-(`tests.support.real_node`), its host root a simulated node's with 8 GPUs. DNS leaving the
-machine is captured for the whole module; the node's stop is checked to leave nothing
-behind."""
+(`tests.support.real_node`), its host root a simulated node's with 8 GPUs; the apiserver
+advertised at the node's address, which the node relays to it, so pods reach it through the
+`kubernetes` Service. DNS leaving the machine is captured for the whole module; the node's
+stop is checked to leave nothing behind."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ registered with the real kubelet."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +23,8 @@ import pytest
 
 from tests.integration.real_node.conftest import GPUS
 from tests.support import fleet, node_chart
-from tests.support.real_node import RealNode
+from tests.support.dns_capture import DnsCapture
+from tests.support.real_node import CLUSTER_DOMAIN, RealNode
 
 pytestmark = [pytest.mark.real_node]
 
@@ -107,3 +109,20 @@ def test_the_node_agents_answered_from_the_simulated_nvml(
     assert labels.get("nvidia.com/gpu.count") == str(GPUS), labels
     assert labels.get("feature.node.kubernetes.io/pci-10de.present") == "true"
     assert current["status"]["allocatable"].get("nvidia.com/gpu") == str(GPUS)
+
+
+def test_no_dns_query_of_the_charts_left_the_machine(
+    node: RealNode, installed: list[dict[str, Any]], dns_capture: DnsCapture
+) -> None:
+    """Last in the module: the chart's pods resolved the NATS and apiserver Services through
+    the cluster DNS only. A query that names the cluster's domain, the images' registry
+    (gpuop.local) or the node fails it (the machine may be shared)."""
+    dns_capture.stop()
+    mine = (CLUSTER_DOMAIN, "gpuop.local", node.name, "gpuop-nats", "kubernetes")
+    ours = [
+        name
+        for name in (q.lower().rstrip(".") for q in dns_capture.queries())
+        if any(name == m or name.endswith("." + m) or name.startswith(m + ".") for m in mine)
+    ]
+    assert dns_capture.interfaces, "no outward interface to watch"
+    assert ours == [], json.dumps(dns_capture.packets(), indent=1)
