@@ -42,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"make cluster: the real node needs: {', '.join(absent)}", file=sys.stderr)
         return 1
     work = arguments.work or Path(tempfile.mkdtemp(prefix="gpuop-cluster-"))
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C and SIGTERM stop it, even where it was started with SIGINT ignored (a
+    # background job of a non-interactive shell)
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, _interrupt)
     started = time.monotonic()
     try:
         with (
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             print(node_chart.table(plane), flush=True)
             seconds = time.monotonic() - started
             print(
-                f"gpuop {node_chart.RELEASE} installed in {node_chart.NAMESPACE}, every pod "
+                f"helm release {node_chart.RELEASE} installed in {node_chart.NAMESPACE}, every pod "
                 f"Ready ({seconds:.0f} s)\n"
                 f"image: {gpuop.name} ({gpuop.digest}: gpuop's image with the simulation), "
                 f"NATS: {nats.name}\n"
