@@ -35,12 +35,13 @@ from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import ids
 from gpuop.kube import errors
-from gpuop.saga import Decision, folding, machine
+from gpuop.saga import Decision, machine
 from gpuop.saga.actions import Cordon, SetStateLabel, Uncordon
+from gpuop.saga.kinds import Output
 from gpuop.saga.machine import IssuedCommand, SagaRecord
+from gpuop.saga.upgrade import folding
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.executing import KubeActions
-from gpuop.services.upgrade_orchestrator.kinds import Output
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 log = logging.getLogger(__name__)

@@ -50,8 +50,9 @@ from gpuop.kube.errors import KubeError
 from gpuop.kube.recording import EventRecorder
 from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition, flavours, selectors
 from gpuop.policy.conditions import RolloutRecord
-from gpuop.saga import Decision, NodeSaga, folding, new_saga
-from gpuop.saga.records import reinstall_saga_id, start_reason
+from gpuop.saga import Decision, NodeSaga, new_saga
+from gpuop.saga.upgrade import folding
+from gpuop.saga.upgrade.records import reinstall_saga_id, start_reason
 from gpuop.services.upgrade_orchestrator import intake, jobs, migs, remediations
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig

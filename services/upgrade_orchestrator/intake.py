@@ -2,7 +2,7 @@
 
 Everything the core decides on arrives here, in the log, in per-node order (the bus never
 hands two messages of one node to the handler at once): the inbound set of the fold
-(`gpuop.saga.folding`, which replay reads too): the orchestrator's own Kubernetes
+(`gpuop.saga.upgrade.folding`, which replay reads too): the orchestrator's own Kubernetes
 observations and action outcomes (domain `kube`), the driver-manager's results (`driver`),
 operand pause and resume confirmations, discovery's inventories (for the boot id and running
 versions), expired deadlines and recorded admissions. The public `upgrade` state changes are
@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuop.bus import Bus, ConsumerSpec, Subscription
-from gpuop.events import subjects
-from gpuop.saga import folding
-from gpuop.services.upgrade_orchestrator.kinds import SagaKind
+from gpuop.saga.kinds import SagaKind
+from gpuop.saga.upgrade import folding
 from gpuop.services.upgrade_orchestrator.running import Runner
 
 DURABLE = "upgrade-orchestrator"
@@ -35,13 +34,7 @@ def consumer_spec(
 ) -> ConsumerSpec:
     """The intake consumer over every event the core needs, and `kinds`' too."""
 
-    def events(domain: str, name: str = "*") -> str:
-        return subjects.events_filter(domain, name=name, prefix=prefix)
-
-    upgrade = (
-        *(events(domain) for domain in folding.INBOUND_DOMAINS),
-        *(events(inbound.DOMAIN, inbound.NAME) for inbound in folding.INBOUND_TYPES),
-    )
+    upgrade = folding.KIND.subjects(prefix)
     others = (subject for kind in kinds for subject in kind.subjects(prefix))
     return ConsumerSpec(
         durable=DURABLE,

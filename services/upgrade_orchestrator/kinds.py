@@ -34,68 +34,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gpuop.bus import Buckets, Bus, KeyExists, KeyValue, RevisionConflict
 from gpuop.events import Event, subjects
-from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.machine import Decision, IssuedCommand
+from gpuop.saga.kinds import SagaKind
+from gpuop.saga.machine import SagaRecord
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R")
-
-
-class Published(Protocol):
-    """An event a decision publishes (a public state change), with its deterministic id."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def payload(self) -> Event: ...
-
-
-Output = Published | IssuedCommand
-"""What a decision publishes, in order: its events, then its commands."""
-
-
-class Record(Protocol):
-    """What the runtime reads of any kind's record."""
-
-    @property
-    def saga_id(self) -> str: ...
-    @property
-    def node(self) -> str: ...
-
-    def model_dump_json(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class SagaKind(Generic[R]):
-    """One kind of saga, as the runtime runs it (see the module docstring)."""
-
-    name: str
-    """The kind's name (`gpu-remediation`): `NodeStatus.held_by` of the nodes it holds."""
-    key_prefix: str
-    """Its records' keys in `gpuop_sagas`: `<key_prefix>.<node token>`."""
-    decode: Callable[[bytes | str], R]
-    """A stored record, decoded; `ValueError` when it does not."""
-    inbound: Callable[[Event], bool]
-    """Whether the kind's sagas decide `event`."""
-    subjects: Callable[[str], tuple[str, ...]]
-    """The subjects (under a bus prefix) the intake consumes for it beyond the upgrade's."""
-    step: Callable[[R, Event, GPUClusterPolicySpec, datetime], Decision[Any, Any] | None]
-    """The fold's one step: the decision, or None when the saga is left as it was."""
-    outputs: Callable[[Decision[Any, Any]], list[Output]]
-    """What a decision publishes, with its ids, in order."""
-    pending: Callable[[R, GPUClusterPolicySpec], Decision[Any, Any]]
-    """What a stored saga issues again after a crash, with its original ids."""
-    correlation: Callable[[R], str]
-    """The correlation id of its public events."""
-    holds: Callable[[R], bool]
-    """The saga holds its node now: unavailable to every other kind."""
-    waiting: Callable[[R], bool]
-    """The saga waits for an admission (`KindRunner` admissions: `running.Runner.admit`)."""
+R = TypeVar("R", bound=SagaRecord[Any])
 
 
 @dataclass(frozen=True)

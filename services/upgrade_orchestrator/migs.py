@@ -39,47 +39,20 @@ from gpuop.events.reconfigurations import DOMAIN, MigReconfigurationStarted
 from gpuop.kube import client, errors
 from gpuop.policy import GPUClusterPolicySpec, migconfig
 from gpuop.policy.mig import parse_configs
+from gpuop.saga.kinds import SagaKind
 from gpuop.saga.mig import folding, kind, plans, records
 from gpuop.saga.mig.records import MigSaga
 from gpuop.saga.mig.states import TERMINAL_STATES
-from gpuop.services.upgrade_orchestrator.kinds import (
-    KindRunner,
-    KindStore,
-    SagaKind,
-    is_a_node,
-)
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore, is_a_node
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 from gpuop.services.upgrade_orchestrator.running import Runner
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = "mig"
+KEY_PREFIX = folding.KEY_PREFIX
 
 
-def _subjects(prefix: str) -> tuple[str, ...]:
-    def events(domain: str, name: str) -> str:
-        return subjects.events_filter(domain, name=name, prefix=prefix)
-
-    return (
-        events("device", "mig-config-requested"),
-        events("device", "gpu-holders-listed"),
-        events("device", "gpu-holders-unknown"),
-    )
-
-
-MIG_RECONFIGURATION: SagaKind[MigSaga] = SagaKind(
-    name=kind.NAME,
-    key_prefix=KEY_PREFIX,
-    decode=MigSaga.from_json,
-    inbound=folding.is_inbound,
-    subjects=_subjects,
-    step=folding.step,
-    outputs=folding.outputs,  # type: ignore[arg-type]
-    pending=kind.pending,
-    correlation=lambda saga: saga.saga_id,
-    holds=folding.holds,
-    waiting=folding.waiting,
-)
+MIG_RECONFIGURATION: SagaKind[MigSaga] = folding.KIND
 """The MIG reconfiguration as the runtime runs it."""
 
 

@@ -6,7 +6,8 @@ given every event of the intake before the runner decides it, under the node's l
 health event that calls for a remediation (`kind.calls_for_remediation`) on a node without
 one running starts one, unless the policy disables them or the circuit breaker
 (`breaker.allows` over the starts the records keep) refuses. The start is decided here, once:
-whether the node's upgrade is in its window (then the remediation folds into it), the
+whether the node's upgrade is where a remediation folds into it
+(`UpgradeState.remediation_folds_in`), the
 node's boot id and driver from its inventory. It is stored (compare-and-set), recorded as
 `RemediationStarted` (which `gpuop replay` builds the same saga from, and checks the
 breaker against), and its first state's effects (the quarantine) carried out. A start the
@@ -34,66 +35,22 @@ from gpuop.events.remediations import (
     RemediationRefused,
     RemediationStarted,
 )
-from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.policy.conditions import Condition, condition
-from gpuop.saga.remediation import breaker, kind, records
+from gpuop.saga.kinds import SagaKind
+from gpuop.saga.remediation import breaker, folding, kind, records
 from gpuop.saga.remediation.records import RemediationSaga
-from gpuop.services.upgrade_orchestrator.kinds import (
-    KindRunner,
-    KindStore,
-    SagaKind,
-    is_a_node,
-)
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore, is_a_node
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = "remediation"
+KEY_PREFIX = folding.KEY_PREFIX
 BREAKER_CONDITION = "RemediationBreaker"
 """The policy condition the circuit breaker sets: True while it refuses new remediations."""
-_WINDOW_STATES = frozenset(
-    {
-        UpgradeState.CORDON_REQUIRED,
-        UpgradeState.WAIT_FOR_JOBS_REQUIRED,
-        UpgradeState.POD_DELETION_REQUIRED,
-        UpgradeState.DRAIN_REQUIRED,
-        UpgradeState.OPERANDS_PAUSE_REQUIRED,
-        UpgradeState.DRIVER_RELOAD_REQUIRED,
-        UpgradeState.REBOOT_REQUIRED,
-    }
-)
-"""An upgrade in these states reloads the driver and validates it later: a remediation
-folds into it rather than touching the node twice."""
-
-
-def _subjects(prefix: str) -> tuple[str, ...]:
-    def events(domain: str, name: str) -> str:
-        return subjects.events_filter(domain, name=name, prefix=prefix)
-
-    return (
-        events("device", "health-changed"),
-        events("device", "gpu-holders-listed"),
-        events("device", "gpu-holders-unknown"),
-        *(events("upgrade", state) for state in kind.FOLDING_STATES),
-    )
-
-
-REMEDIATION: SagaKind[RemediationSaga] = SagaKind(
-    name=kind.NAME,
-    key_prefix=KEY_PREFIX,
-    decode=RemediationSaga.from_json,
-    inbound=kind.is_inbound,
-    subjects=_subjects,
-    step=kind.step,
-    outputs=kind.outputs,  # type: ignore[arg-type]
-    pending=kind.pending,
-    correlation=lambda saga: saga.saga_id,
-    holds=kind.holds,
-    waiting=kind.waiting,
-)
+REMEDIATION: SagaKind[RemediationSaga] = folding.KIND
 """The remediation as the runtime runs it."""
 
 
@@ -165,8 +122,8 @@ class Starter:
         # lock): the breaker counts every start before it, and the log records them in the
         # order they were decided, the order a replay checks them in
         async with self._starting:
-            limit = policy.remediation.max_per_hour
-            if not breaker.allows(self.starts(), now, limit):
+            limit = folding.BREAKER.limit(policy)
+            if not folding.BREAKER.allows(self.starts(), now, limit):
                 await self._refuse(node, event, limit, now, cause)
                 return
             await self._start(node, event, policy, now, cause, existing)
@@ -203,7 +160,8 @@ class Starter:
         existing: object,
     ) -> None:
         upgrade = await self._upgrades.get(node)
-        folded = upgrade.saga.saga_id if upgrade and upgrade.saga.state in _WINDOW_STATES else None
+        folds_in = upgrade is not None and upgrade.saga.state.remediation_folds_in
+        folded = upgrade.saga.saga_id if upgrade is not None and folds_in else None
         inventory = await self._inventory(node)
         saga_id = records.saga_id_for(node, now)
         started = RemediationStarted(

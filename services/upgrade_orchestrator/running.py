@@ -16,7 +16,7 @@ Admission is not an event of its own making: `admit` runs `admission.plan` over 
 sagas (as the store's index holds them, the done ones only counted: `indexing`) and records
 each admission as a `NodeAdmitted` event (deterministic id), which comes back through the
 intake like any event, so a replay of the log admits the same nodes at the
-same points, each with the components its window upgrades (fewer than its saga's when a
+same points, each with the components its admission lets it upgrade (fewer than its saga's when a
 node skip label left some out when it was admitted), so a replay narrows the same sagas.
 What admission read to decide (the nodes' readiness, cordons and skip labels) is not needed
 to replay it; the node watch records it as `NodeObserved` all the same. Likewise the
@@ -48,14 +48,16 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, ids, subjects
 from gpuop.events.upgrade import DOMAIN, NodeAdmitted, PolicyApplied, SagaStarted, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import Decision, NodeSaga, NodeStatus, admission, folding, machine, pending
-from gpuop.saga.core import transition_event_id
+from gpuop.saga import Decision, NodeSaga, NodeStatus, admission, machine, pending
+from gpuop.saga.kinds import Output
 from gpuop.saga.machine import IssuedCommand
-from gpuop.saga.records import desired_targets
+from gpuop.saga.upgrade import folding
+from gpuop.saga.upgrade.core import transition_event_id
+from gpuop.saga.upgrade.records import desired_targets
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
-from gpuop.services.upgrade_orchestrator.kinds import KindRunner, Output
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 
@@ -462,8 +464,8 @@ class Runner:
                 if status is None or not status.exists:
                     continue
                 upgrade = self._store.index.get(saga.node)
-                if upgrade is not None and _in_window(upgrade.saga):
-                    continue  # the node's upgrade window is open: the kind waits for it
+                if upgrade is not None and folding.holds(upgrade.saga):
+                    continue  # the node's upgrade holds it: the kind waits for its end
                 if saga.node in holding:
                     continue  # another kind's saga holds the node: one saga at a time
                 down = not status.ready or status.unschedulable
@@ -526,12 +528,3 @@ class Runner:
         return saga.model_copy(
             update={"state": UpgradeState.CORDON_REQUIRED, "canary": canary or saga.canary}
         )
-
-
-def _in_window(saga: NodeSaga) -> bool:
-    """Whether the node's upgrade saga is in its maintenance window (admitted, not ended)."""
-    return saga.state not in (
-        UpgradeState.UPGRADE_REQUIRED,
-        UpgradeState.UPGRADE_DONE,
-        UpgradeState.UPGRADE_FAILED,
-    )

@@ -41,8 +41,8 @@ from gpuop.events import Event
 from gpuop.observability import tracing
 from gpuop.saga import Decision, NodeSaga, machine
 from gpuop.saga.machine import SagaRecord
-from gpuop.saga.records import Outcome, StepResult
-from gpuop.saga.steps import StepKind
+from gpuop.saga.upgrade.records import Outcome, StepResult
+from gpuop.saga.upgrade.steps import StepKind
 
 ROOT = "upgrade saga"
 """Name of the root span of every upgrade trace."""

@@ -71,8 +71,8 @@ from types import MappingProxyType
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec, UpgradePolicy
-from gpuop.saga.records import NodeSaga, desired_targets
 from gpuop.saga.tallies import DoneSagas
+from gpuop.saga.upgrade.records import NodeSaga, desired_targets
 
 S = UpgradeState
 

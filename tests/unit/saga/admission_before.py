@@ -25,8 +25,8 @@ from gpuop.saga.admission import (
     skip_reason,
     window,
 )
-from gpuop.saga.records import NodeSaga
 from gpuop.saga.tallies import DoneSagas
+from gpuop.saga.upgrade.records import NodeSaga
 
 S = UpgradeState
 

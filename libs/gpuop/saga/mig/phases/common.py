@@ -11,7 +11,7 @@ from gpuop.saga.machine import Trigger
 from gpuop.saga.mig.drafting import Draft
 from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind, StepResult
 from gpuop.saga.mig.steps import limit_seconds
-from gpuop.saga.steps import executor_timeout
+from gpuop.saga.upgrade.steps import executor_timeout
 
 
 def overdue(draft: Draft) -> str:

@@ -15,11 +15,11 @@ from gpuop.events import driver as dm
 from gpuop.events import kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import UpgradeState
-from gpuop.saga import compensation
-from gpuop.saga.drafting import Draft
 from gpuop.saga.machine import Trigger
-from gpuop.saga.records import StepResult
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.upgrade import compensation
+from gpuop.saga.upgrade.drafting import Draft
+from gpuop.saga.upgrade.records import StepResult
+from gpuop.saga.upgrade.steps import Step, StepKind
 
 SUCCESS: dict[StepKind, type[dm.DriverResult]] = {
     StepKind.STAGE: dm.DriverStaged,
