@@ -19,16 +19,14 @@ the copy within its duplicate window), so `gpuop replay` refuses it again.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from datetime import datetime
 
 from gpuop.bus import KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import Event, ids, subjects
+from gpuop.events import Event, ids
 from gpuop.events import device as dev
-from gpuop.events import hardware as hw
 from gpuop.events.remediations import (
     DOMAIN,
     TERMINAL_STATES,
@@ -40,7 +38,12 @@ from gpuop.policy.conditions import Condition, condition
 from gpuop.saga.kinds import SagaKind
 from gpuop.saga.remediation import breaker, folding, kind, records
 from gpuop.saga.remediation.records import RemediationSaga
-from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore, is_a_node
+from gpuop.services.upgrade_orchestrator import kinds
+from gpuop.services.upgrade_orchestrator.kinds import (
+    KindRunner,
+    StartRecorder,
+    is_a_node,
+)
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
@@ -61,7 +64,7 @@ class Starter:
         self,
         runner: Runner,
         upgrades: SagaStore,
-        store: KindStore[RemediationSaga],
+        store: SagaStore[RemediationSaga],
         inventories: KeyValue,
         *,
         clock: Clock = SYSTEM_CLOCK,
@@ -76,6 +79,7 @@ class Starter:
         self._store = store
         self._inventories = inventories
         self._publish = Publisher(runner.bus, clock)
+        self._recorder = StartRecorder(runner.bus, self._publish)
         self._starting = asyncio.Lock()
         self.refused_at: datetime | None = None
         """When the breaker last refused a start."""
@@ -90,20 +94,10 @@ class Starter:
         the duplicate window is dropped)."""
         if saga.sequence or saga.attempt > 1:
             return
-        subject = subjects.event_subject(
-            DOMAIN, saga.node, RemediationStarted.NAME, prefix=self._runner.bus.prefix
-        )
-        found = await self._runner.bus.last(subject)
-        if found is not None and _envelope_id(found.data) == ids.started(saga.saga_id):
-            return
-        log.info("recording the start of %s, which its first leader did not", saga.saga_id)
-        await self._publish.event(
-            records.start_of(saga), node=saga.node, id=ids.started(saga.saga_id),
-            correlationid=saga.saga_id, now=saga.started_at,
-        )  # fmt: skip
+        await self._recorder.record(saga, records.start_of(saga), saga.saga_id, saga.started_at)
 
     def starts(self) -> list[datetime]:
-        return [t for stored in self._store.records() for t in records.starts(stored.saga)]
+        return [t for stored in self._store.sagas() for t in records.starts(stored.saga)]
 
     async def __call__(self, node: str, event: Event, now: datetime, cause: str | None) -> None:
         if not kind.calls_for_remediation(event):
@@ -162,7 +156,7 @@ class Starter:
         upgrade = await self._upgrades.get(node)
         folds_in = upgrade is not None and upgrade.saga.state.remediation_folds_in
         folded = upgrade.saga.saga_id if upgrade is not None and folds_in else None
-        inventory = await self._inventory(node)
+        inventory = await kinds.inventory(self._inventories, node)
         saga_id = records.saga_id_for(node, now)
         started = RemediationStarted(
             saga_id=saga_id,
@@ -179,9 +173,9 @@ class Starter:
             saga = saga.model_copy(update={"earlier_starts": tuple(kept)})
         try:
             if earlier is None:
-                await self._store.create(saga, node)
+                await self._store.create(saga)
             else:
-                await self._store.replace(saga, node, earlier.revision)
+                await self._store.replace(saga, earlier.revision)
         except (KeyExists, RevisionConflict):
             return  # another writer: the next health event looks again
         await self._publish.event(
@@ -190,16 +184,7 @@ class Starter:
         )  # fmt: skip
         how = f", folded into {folded}" if folded else ""
         log.warning("remediating %s on %s%s", event.gpu_uuid, node, how, extra={"node": node})
-        await self._runner.act_kind(self.runner(), kind.pending(saga, policy))
-
-    async def _inventory(self, node: str) -> hw.HardwareDiscovered | None:
-        entry = await self._inventories.get(subjects.encode_node(node))
-        if entry is None:
-            return None
-        try:
-            return hw.HardwareDiscovered.model_validate_json(entry.value)
-        except ValueError:
-            return None
+        await self._runner.act(self.runner(), kind.pending(saga, policy))
 
     def condition(self, policy: GPUClusterPolicySpec, now: datetime) -> Condition:
         """The policy's `RemediationBreaker` condition at `now`."""
@@ -218,15 +203,6 @@ class Starter:
             f"other starts until {reopens.isoformat()}",
             now=now,
         )  # fmt: skip
-
-
-def _envelope_id(data: bytes) -> str | None:
-    try:
-        stored: object = json.loads(data)
-    except ValueError:
-        return None
-    found = stored.get("id") if isinstance(stored, dict) else None
-    return found if isinstance(found, str) else None
 
 
 __all__ = ["DOMAIN", "REMEDIATION", "Starter"]

@@ -104,6 +104,11 @@ def named_subjects(*names: tuple[str, str]) -> Callable[[str], tuple[str, ...]]:
     return subjects_of
 
 
+def never(saga: Any) -> bool:
+    """No saga of the kind settles."""
+    return False
+
+
 class NoPolicy(ValueError):
     """A start hook cannot build its saga without a policy, and none was recorded."""
 
@@ -180,6 +185,9 @@ class SagaKind(Generic[R]):
     """What an inbound event means to a saga; None: nothing (another attempt's admission)."""
     correlation: Callable[[R], str] = attrgetter("saga_id")
     """The correlation id of its public events (and its admissions' rollout id)."""
+    settles: Callable[[R], bool] = never
+    """Whether a saga is settled: its store's index counts it (`tallies.DoneSagas`, the
+    upgrade's done sagas) instead of keeping it among those admission weighs."""
 
     def ended(self, saga: R) -> bool:
         """Whether the saga has ended: a new one may start on its node."""

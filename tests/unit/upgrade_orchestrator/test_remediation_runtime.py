@@ -33,9 +33,9 @@ from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeStatus, actions, replaying
 from gpuop.saga.remediation import records
 from gpuop.saga.remediation.actions import EvictPods, MirrorHealth
-from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION, Starter
-from gpuop.services.upgrade_orchestrator.store import is_saga_key
+from gpuop.services.upgrade_orchestrator.store import SagaStore, is_saga_key
 from tests.support.orchestrator import events, messages
 from tests.support.remediations import GPU, HOLDER, Agents, Remediating, actions_of, remediating
 from tests.support.sagas import BOOT_A, BOOT_B, policy, saga_for
@@ -397,7 +397,7 @@ async def test_a_restarted_runner_reissues_the_pending_step_with_the_same_ids() 
         before = [m for m in await messages(harness.bus, f"{harness.bus.prefix}.cmd.>")]
         runner = harness.stack.runner
         assert runner is not None
-        fresh = KindStore(await harness.bus.kv(Buckets.SAGAS), REMEDIATION)
+        fresh = SagaStore(await harness.bus.kv(Buckets.SAGAS), REMEDIATION)
         runner.kinds = (KindRunner(REMEDIATION, fresh),)
         assert await runner.resume() == 1
         after = [m for m in await messages(harness.bus, f"{harness.bus.prefix}.cmd.>")]
@@ -425,7 +425,7 @@ async def test_a_start_its_leader_did_not_record_is_recorded_on_takeover() -> No
             driver_version="535.161.08",
         )  # fmt: skip
         saga = records.start(NODE, started, harness.stack.clock.now())
-        await harness.store.create(saga, NODE)  # stored, then the leader died
+        await harness.store.create(saga)  # stored, then the leader died
 
         await runner.resume()
         await runner.resume()  # a second takeover finds it recorded

@@ -32,7 +32,7 @@ from gpuop.events.upgrade import (
     UpgradeState,
 )
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import kinds
+from gpuop.saga import kinds, tallies
 from gpuop.saga.actions import Decision
 from gpuop.saga.upgrade.core import Admitted, Trigger, decide, state_changed
 from gpuop.saga.upgrade.kind import NAME, pending
@@ -163,12 +163,13 @@ KIND: kinds.SagaKind[NodeSaga] = kinds.SagaKind(
     step=step,
     outputs=outputs,
     pending=pending,
-    correlation=lambda saga: saga.rollout_id,
     holds=holds,
     waiting=lambda saga: saga.state is UpgradeState.UPGRADE_REQUIRED,
     terminal=TERMINAL_STATES,
     state_change=NodeUpgradeStateChanged,
     started_by=SagaStarted,
     start=start,
+    correlation=lambda saga: saga.rollout_id,
+    settles=tallies.settles,
 )
 """The driver upgrade as the runtime and replay run it."""
