@@ -195,6 +195,15 @@ def phases_of(modules: Iterable[ModuleType]) -> Mapping[Any, Phase[Any, Any]]:
     )
 
 
+def overdue(draft: Draft[Any, Any]) -> str:
+    """Why the pending step failed on its deadline, in words (every kind's)."""
+    saga = draft.saga
+    if saga.deadline is None:
+        raise ValueError(f"{saga.step.token} has no deadline to be overdue on")
+    seconds = (saga.deadline - saga.step_started).total_seconds()
+    return f"{saga.step.token} did not finish within {seconds:g} s"
+
+
 def ignore(draft: Draft[Any, Any], trigger: Trigger | DeadlineExpired) -> None:
     """A phase's answer to what it does not wait for."""
 
