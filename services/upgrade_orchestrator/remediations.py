@@ -166,7 +166,7 @@ class Starter:
             driver_version=inventory.driver_version if inventory else None,
             folded_into=folded,
         )
-        saga = records.start(node, started, now)
+        saga = folding.start(node, started, policy, now).saga  # as replay builds it
         earlier = self._store.cached(node)
         if earlier is not None:
             kept = breaker.recent(records.starts(earlier.saga), now)

@@ -66,14 +66,14 @@ class Untaint:
 @dataclass(frozen=True)
 class DeletePods:
     """Delete (evict) the node's pods, Running or Pending, that hold a device whose driver
-    the window reloads, as `gpuop.kube.pods.holds` selects them per component: for `gpu`,
+    the saga reloads, as `gpuop.kube.pods.holds` selects them per component: for `gpu`,
     those requesting `nvidia.com/gpu*` or `nvidia.com/mig-*` resources or holding a DRA
     ResourceClaim allocated by NVIDIA's GPU DRA drivers; for `ofed`, those requesting RDMA
     (`rdma/*`) or SR-IOV resources. A pod of another component's devices stays."""
 
     id: str
     components: tuple[Component, ...]
-    """The components the saga's window upgrades (`NodeSaga.components`)."""
+    """The components the saga upgrades (`NodeSaga.components`)."""
     force: bool
     """Also delete pods no controller manages."""
     timeout_seconds: int

@@ -309,13 +309,36 @@ async def fold_and_validate(harness: Remediating) -> None:
     await harness.settle(until_ended=(NODE,))
 
 
-async def test_a_node_in_its_upgrade_window_folds_the_remediation_into_it() -> None:
+async def test_a_node_whose_upgrade_reload_is_ahead_folds_the_remediation_into_it() -> None:
     async with remediating(policy()) as harness:
         await fold_and_validate(harness)
         done = await harness.saga(NODE)
         assert done is not None and done.state is R.DONE
         assert actions_of(harness.stack, MirrorHealth)[-1].taint is False
         assert await states(harness.bus.prefix, harness) == [R.RELEASE_REQUIRED, R.DONE]
+
+
+async def test_a_remediation_waits_while_the_node_s_upgrade_holds_it_past_its_reload() -> None:
+    async with remediating(policy()) as harness:
+        store = harness.stack.store
+        assert store is not None
+        # validated already: the reload is behind, so the remediation does not fold in
+        upgrade = saga_for(harness.stack.policy, node=NODE).model_copy(
+            update={"state": UpgradeState.UNCORDON_REQUIRED}
+        )
+        stored = await store.create(upgrade)
+        await harness.fault(NODE)
+        await harness.started(NODE)
+        await harness.settle()
+        waiting = await harness.saga(NODE)
+        assert waiting is not None and waiting.folded_into is None
+        assert waiting.state is R.ADMISSION_REQUIRED  # the upgrade holds the node
+
+        done = upgrade.model_copy(update={"state": UpgradeState.UPGRADE_DONE})
+        await store.replace(done, stored.revision)
+        await harness.settle()
+        admitted = await harness.saga(NODE)
+        assert admitted is not None and admitted.state is not R.ADMISSION_REQUIRED
 
 
 async def test_a_remediation_and_upgrades_share_one_max_unavailable_budget() -> None:

@@ -13,7 +13,7 @@ Each module names its `STATE` and defines `enter`, `on_event`, `on_deadline` and
     reboot_required                 a new boot id              -> validation-required
     validation_required             the ladder's rungs         -> release-required
     release_required                resumed, then untainted    -> done | the next attempt
-    folded_into_upgrade             the upgrade's own window   -> release | failed
+    folded_into_upgrade             the upgrade's own reload   -> release | failed
     remediation_done                released
     remediation_failed              marked, with the reason
 """
