@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuop.events import subjects
-from gpuop.events.upgrade import UpgradeState
+from gpuop.events.upgrade import TERMINAL_STATES, UpgradeState
 from gpuop.saga.registry import KINDS, kind_named
 
 
@@ -35,13 +35,14 @@ def test_record_keys_are_the_ones_stored_before_the_kinds_shared_one_contract() 
 
 
 def test_a_remediation_folds_into_an_upgrade_only_while_its_reload_is_ahead() -> None:
-    folds = [state for state in UpgradeState if state.remediation_folds_in]
-    assert folds == [
-        UpgradeState.CORDON_REQUIRED,
-        UpgradeState.WAIT_FOR_JOBS_REQUIRED,
-        UpgradeState.POD_DELETION_REQUIRED,
-        UpgradeState.DRAIN_REQUIRED,
-        UpgradeState.OPERANDS_PAUSE_REQUIRED,
-        UpgradeState.DRIVER_RELOAD_REQUIRED,
-        UpgradeState.REBOOT_REQUIRED,
-    ]
+    folds = {state for state in UpgradeState if state.remediation_folds_in}
+    # not before its admission, nor once the reload is behind it, nor in a rollback that may
+    # reload no GPU driver: there the remediation waits for its own admission
+    apart = {
+        UpgradeState.UPGRADE_REQUIRED,
+        UpgradeState.ROLLBACK_REQUIRED,
+        UpgradeState.VALIDATION_REQUIRED,
+        UpgradeState.UNCORDON_REQUIRED,
+        *TERMINAL_STATES,
+    }
+    assert folds.isdisjoint(apart) and folds | apart == set(UpgradeState)
