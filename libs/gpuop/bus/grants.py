@@ -298,7 +298,7 @@ _CLUSTER_DEAD_LETTERS: dict[str, Callable[[str], tuple[str, ...]]] = {
         subjects.events_filter("hardware", name="discovered", prefix=p),
         subjects.events_filter("saga", name="deadline-expired", prefix=p),
         subjects.events_filter("upgrade", name="admitted", prefix=p),
-        # the remediation saga's (`gpuop.saga.remediation.kind.is_inbound`)
+        # the remediation saga's (`gpuop.saga.remediation.folding.is_inbound`)
         subjects.events_filter("device", name="health-changed", prefix=p),
         subjects.events_filter("device", name="gpu-holders-listed", prefix=p),
         subjects.events_filter("device", name="gpu-holders-unknown", prefix=p),

@@ -69,8 +69,31 @@ class UpgradeState(DocumentedEnum):
     UPGRADE_FAILED = "upgrade-failed"
     """A step failed for good and compensation ran; a backoff or an operator retries it."""
 
+    @property
+    def remediation_folds_in(self) -> bool:
+        """Whether a GPU remediation that starts while the node's upgrade is here folds into
+        the upgrade instead of running on its own: admitted, with the driver reload (or the
+        reboot it falls back to) still ahead and the validation ladder after it, so the
+        upgrade's own reload resets the faulty GPUs and its validation checks them. Not once
+        the reload is behind (validation-required, uncordon-required: nothing would reset a
+        GPU that failed after it), nor in rollback-required (it restores only the components
+        it touched, so it may reload no GPU driver at all), nor before admission or after
+        the end (then the remediation waits for its own admission: one saga at a time)."""
+        return self in _REMEDIATION_FOLDS_IN
+
 
 TERMINAL_STATES = frozenset({UpgradeState.UPGRADE_DONE, UpgradeState.UPGRADE_FAILED})
+_REMEDIATION_FOLDS_IN = frozenset(
+    {
+        UpgradeState.CORDON_REQUIRED,
+        UpgradeState.WAIT_FOR_JOBS_REQUIRED,
+        UpgradeState.POD_DELETION_REQUIRED,
+        UpgradeState.DRAIN_REQUIRED,
+        UpgradeState.OPERANDS_PAUSE_REQUIRED,
+        UpgradeState.DRIVER_RELOAD_REQUIRED,
+        UpgradeState.REBOOT_REQUIRED,
+    }
+)
 """States in which a node's saga takes no further action by itself."""
 
 DRIVER_NOT_READY_TAINT = "gpuop.io/driver-not-ready"

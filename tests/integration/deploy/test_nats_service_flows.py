@@ -22,7 +22,7 @@ from gpuop.services.network_manager import consumers as network_manager
 from gpuop.services.network_manager.addressing import Addresses
 from gpuop.services.network_manager.blocks import BlockAllocator
 from gpuop.services.telemetry import consumers as telemetry
-from gpuop.services.upgrade_orchestrator import intake, migs, remediations
+from gpuop.services.upgrade_orchestrator import intake
 from tests.integration.deploy.ownership import (
     NODE,
     PREFIX,
@@ -155,11 +155,7 @@ def flows() -> dict[str, Flow]:
             ]
         ),
         "upgrade-orchestrator": Flow(
-            consumers=[
-                intake.consumer_spec(
-                    PREFIX, kinds=[remediations.REMEDIATION, migs.MIG_RECONFIGURATION]
-                )
-            ],
+            consumers=[intake.consumer_spec(PREFIX)],
             kv={
                 Buckets.SAGAS: ("get", "create", "update", "delete", "keys", "watch"),
                 Buckets.NODES: ("get", "keys"),

@@ -7,20 +7,11 @@ from gpuop.events import kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.device import OperandService
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.machine import Trigger
+from gpuop.saga.machine import Trigger, overdue
 from gpuop.saga.mig.drafting import Draft
 from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind, StepResult
 from gpuop.saga.mig.steps import limit_seconds
-from gpuop.saga.steps import executor_timeout
-
-
-def overdue(draft: Draft) -> str:
-    """Why the pending step failed on its deadline, in words."""
-    saga = draft.saga
-    if saga.deadline is None:
-        raise ValueError(f"{saga.step.token} has no deadline to be overdue on")
-    seconds = (saga.deadline - saga.step_started).total_seconds()
-    return f"{saga.step.token} did not finish within {seconds:g} s"
+from gpuop.saga.upgrade.steps import executor_timeout
 
 
 def fail_on_deadline(draft: Draft, expired: DeadlineExpired) -> None:

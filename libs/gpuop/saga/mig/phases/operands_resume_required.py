@@ -10,9 +10,9 @@ from __future__ import annotations
 from gpuop.events import device as dev
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.machine import Effects, Trigger, overdue
 from gpuop.saga.mig.drafting import Draft, issue
-from gpuop.saga.mig.phases.common import answers, confirmed, overdue, start
+from gpuop.saga.mig.phases.common import answers, confirmed, start
 from gpuop.saga.mig.records import MigFailure, MigSaga, MigStep, MigStepKind, StepResult
 from gpuop.saga.mig.states import MigState as S
 

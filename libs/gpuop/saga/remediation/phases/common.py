@@ -16,7 +16,7 @@ from gpuop.saga.machine import Effects, IssuedCommand, Trigger
 from gpuop.saga.remediation.actions import EVENT_REASON, MirrorHealth
 from gpuop.saga.remediation.drafting import Draft
 from gpuop.saga.remediation.records import RemediationSaga, Step
-from gpuop.saga.steps import executor_timeout
+from gpuop.saga.upgrade.steps import executor_timeout
 
 
 class Result(StrEnum):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import UpgradeState as S
-from gpuop.saga import compensation
-from gpuop.saga.drafting import Draft
 from gpuop.saga.machine import ignore, no_effects
-from gpuop.saga.records import StepResult
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.upgrade import compensation
+from gpuop.saga.upgrade.drafting import Draft
+from gpuop.saga.upgrade.records import StepResult
+from gpuop.saga.upgrade.steps import Step, StepKind
 
 STATE = S.UPGRADE_FAILED
 

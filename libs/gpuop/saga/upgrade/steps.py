@@ -1,7 +1,7 @@
 """The steps inside the saga's states, their names and their order.
 
 A state names the pending action (`driver-reload-required`); a step names the one wait inside
-it that has an executor and a deadline (`unload-gpu`). The decision core (`gpuop.saga.core`)
+it that has an executor and a deadline (`unload-gpu`). The decision core (`gpuop.saga.upgrade.core`)
 keeps the pending step in the saga record and asks this module what comes next. A step's
 token names its deadline (`DeadlineExpired.step`) and, with the saga's attempt, seeds the id
 of the command or action it issues (`ids.step(saga_id, token, attempt)`), so deciding the

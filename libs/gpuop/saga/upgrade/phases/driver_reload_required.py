@@ -1,5 +1,5 @@
 """driver-reload-required: install, unload and load each component, one step at a time
-(`gpuop.saga.steps.reload_plan`), then, when the policy asks, configure the container
+(`gpuop.saga.upgrade.steps.reload_plan`), then, when the policy asks, configure the container
 runtime. An unload that fails in use reboots the node when the policy allows, once per
 attempt; an unanswered unload leaves the driver touched. A runtime that does not come back
 (the driver-manager put its earlier files back) fails the step into the rollback."""
@@ -10,13 +10,13 @@ from gpuop.events import driver as dm
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.driver import UnloadFailureReason
 from gpuop.events.upgrade import UpgradeState as S
-from gpuop.saga import compensation
-from gpuop.saga.drafting import Draft
-from gpuop.saga.effects import driver_effects
-from gpuop.saga.machine import Trigger
-from gpuop.saga.phases.common import on_driver_result, overdue
-from gpuop.saga.records import StepResult
-from gpuop.saga.steps import Step, StepKind, after, reload_plan
+from gpuop.saga.machine import Trigger, overdue
+from gpuop.saga.upgrade import compensation
+from gpuop.saga.upgrade.drafting import Draft
+from gpuop.saga.upgrade.effects import driver_effects
+from gpuop.saga.upgrade.phases.common import on_driver_result
+from gpuop.saga.upgrade.records import StepResult
+from gpuop.saga.upgrade.steps import Step, StepKind, after, reload_plan
 
 STATE = S.DRIVER_RELOAD_REQUIRED
 

@@ -1,7 +1,8 @@
 """The upgrade's draft: the machinery's `Draft` with the helpers the upgrade phases share.
 
-Used only inside one call of `gpuop.saga.core.decide`, by the phases (`gpuop.saga.phases`)
-and by `gpuop.saga.compensation`. Every move goes through `Draft.move` (`gpuop.saga.machine`),
+Used only inside one call of `gpuop.saga.upgrade.core.decide`, by the phases
+(`gpuop.saga.upgrade.phases`) and by `gpuop.saga.upgrade.compensation`. Every move goes
+through `Draft.move` (`gpuop.saga.machine`),
 which checks it against the upgrade's table, counts it, announces it (`announce`: the state
 label, and for some states a Kubernetes Event), and enters the new state's phase. States with
 nothing to wait for are passed through in the same decision (no wait-for-jobs selector, drain
@@ -21,9 +22,9 @@ from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import UpgradePolicy
 from gpuop.saga import machine
 from gpuop.saga.actions import EVENT_REASON, KubeAction, RecordEvent, SetStateLabel
-from gpuop.saga.effects import event_id, label_id
-from gpuop.saga.records import NodeSaga, ordered
-from gpuop.saga.transitions import Transition
+from gpuop.saga.upgrade.effects import event_id, label_id
+from gpuop.saga.upgrade.records import NodeSaga, ordered
+from gpuop.saga.upgrade.table import Transition
 
 S = UpgradeState
 _WARNING_STATES = frozenset({S.UPGRADE_FAILED, S.ROLLBACK_REQUIRED, S.REBOOT_REQUIRED})

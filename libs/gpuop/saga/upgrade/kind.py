@@ -1,7 +1,7 @@
 """The driver upgrade as a saga kind: its table, phases and hooks, handed to the machinery.
 
-table      `gpuop.saga.transitions.TABLE` (upstream's states, gpuop's compensation edges)
-phases     `gpuop.saga.phases.PHASES`, one module per state
+table      `gpuop.saga.upgrade.table.TABLE` (upstream's states, gpuop's compensation edges)
+phases     `gpuop.saga.upgrade.phases.PHASES`, one module per state
 observe    bookkeeping from observations in any state: boot id, the running versions
            (the rollback target while the drivers are untouched), whether the node was
            cordoned before gpuop touched it, the kernel it runs (until the saga ends)
@@ -17,15 +17,15 @@ from gpuop.events import hardware as hw
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import TERMINAL_STATES, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import compensation
 from gpuop.saga.actions import Decision, SetStateLabel
-from gpuop.saga.drafting import Draft, announce
-from gpuop.saga.effects import label_id
 from gpuop.saga.machine import Kind, StepLike
-from gpuop.saga.phases import PHASES
-from gpuop.saga.records import NodeSaga
-from gpuop.saga.steps import Step, limit_seconds
-from gpuop.saga.transitions import TABLE
+from gpuop.saga.upgrade import compensation
+from gpuop.saga.upgrade.drafting import Draft, announce
+from gpuop.saga.upgrade.effects import label_id
+from gpuop.saga.upgrade.phases import PHASES
+from gpuop.saga.upgrade.records import NodeSaga
+from gpuop.saga.upgrade.steps import Step, limit_seconds
+from gpuop.saga.upgrade.table import TABLE
 
 S = UpgradeState
 NAME = "driver-upgrade"
@@ -99,11 +99,4 @@ def pending(saga: NodeSaga, policy: GPUClusterPolicySpec) -> Decision:
     """What to issue again for a saga read back after a crash: its state label, the current
     step's commands and actions, and the public events of its latest transitions, with the
     ids they had when first issued (the bus drops what was published already)."""
-    commands, actions = UPGRADE.effects(saga, policy)
-    label = SetStateLabel(id=label_id(saga), value=saga.state)
-    return Decision(
-        saga=saga,
-        commands=commands,
-        kube_actions=(label, *actions),
-        transitions=saga.last_transitions,
-    )
+    return UPGRADE.pending(saga, policy, SetStateLabel(id=label_id(saga), value=saga.state))

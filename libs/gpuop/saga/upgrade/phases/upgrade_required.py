@@ -23,11 +23,11 @@ from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.actions import Taint
 from gpuop.saga.admission import SKIP_LABELS
-from gpuop.saga.drafting import Draft
-from gpuop.saga.effects import action_id
 from gpuop.saga.machine import Admitted, Effects, Trigger, ignore
-from gpuop.saga.records import NodeSaga
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.upgrade.drafting import Draft
+from gpuop.saga.upgrade.effects import action_id
+from gpuop.saga.upgrade.records import NodeSaga
+from gpuop.saga.upgrade.steps import Step, StepKind
 
 STATE = S.UPGRADE_REQUIRED
 TAINT_STEP = "taint"

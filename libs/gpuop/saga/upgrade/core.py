@@ -1,8 +1,8 @@
 """The decision core of the upgrade saga: `decide(saga, event, policy, now) -> Decision`.
 
-`decide` runs the upgrade kind (`gpuop.saga.upgrade.UPGRADE`) on the saga machinery
+`decide` runs the upgrade kind (`gpuop.saga.upgrade.kind.UPGRADE`) on the saga machinery
 (`gpuop.saga.machine`): the behaviour of each state is in its phase module
-(`gpuop.saga.phases`).
+(`gpuop.saga.upgrade.phases`).
 
 Pure: no I/O, no clock, no randomness. The upgrade orchestrator's runtime reads a node's
 saga from KV, feeds it one event from the log (a node agent's answer, a Kubernetes
@@ -16,12 +16,12 @@ The flow (upstream's state names), one pending step at a time, each with a deadl
     upgrade-required -(Admitted)-> cordon-required -(cordoned)-> wait-for-jobs-required
     -(no job left / no selector / deadline)-> pod-deletion-required -(deleted)->
     drain-required -(drained / disabled)-> operands-pause-required -(all paused)->
-    driver-reload-required: install, unload, load per component (`gpuop.saga.steps`)
+    driver-reload-required: install, unload, load per component (`gpuop.saga.upgrade.steps`)
     -(loaded)-> validation-required -(validated)-> uncordon-required -(uncordoned)-> done
 
 An unload that fails in use goes to reboot-required when the policy allows (once per
 attempt); only a new boot id confirms the reboot, and the reload then runs again on the
-fresh boot. Failures compensate as `gpuop.saga.compensation` says. Events that do not answer
+fresh boot. Failures compensate as `gpuop.saga.upgrade.compensation` says. Events that do not answer
 the pending step (an old command's result, a stale deadline) change nothing.
 """
 
@@ -34,11 +34,11 @@ from gpuop.events.upgrade import NodeUpgradeStateChanged
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine
 from gpuop.saga.actions import Decision
-from gpuop.saga.drafting import Draft
 from gpuop.saga.machine import Admitted, Trigger, deadline_event
-from gpuop.saga.records import NodeSaga
-from gpuop.saga.transitions import Transition
-from gpuop.saga.upgrade import UPGRADE
+from gpuop.saga.upgrade.drafting import Draft
+from gpuop.saga.upgrade.kind import UPGRADE
+from gpuop.saga.upgrade.records import NodeSaga
+from gpuop.saga.upgrade.table import Transition
 
 __all__ = [
     "Admitted",

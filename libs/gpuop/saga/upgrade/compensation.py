@@ -1,7 +1,7 @@
 """What a failed step leads to: compensation, rollback, the end of an attempt, a retry.
 
-Called by the decision core (`gpuop.saga.core`) when a step's executor reports a failure or
-its deadline passes. Where the failure happened decides what must be undone
+Called by the decision core (`gpuop.saga.upgrade.core`) when a step's executor reports a
+failure or its deadline passes. Where the failure happened decides what must be undone
 (docs/saga-kinds.md):
 
     drivers untouched (no unload yet)   -> uncordon-required: resume the operands and uncordon
@@ -22,9 +22,9 @@ upgrade-required with the next attempt.
 from __future__ import annotations
 
 from gpuop.events.upgrade import UpgradeState
-from gpuop.saga.drafting import Draft
-from gpuop.saga.records import Failure, StepResult
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.upgrade.drafting import Draft
+from gpuop.saga.upgrade.records import Failure, StepResult
+from gpuop.saga.upgrade.steps import Step, StepKind
 
 S = UpgradeState
 

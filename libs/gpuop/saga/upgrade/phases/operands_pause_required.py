@@ -6,12 +6,12 @@ from __future__ import annotations
 from gpuop.events import device as dev
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.drafting import Draft
-from gpuop.saga.effects import issue
 from gpuop.saga.machine import Effects, Trigger
-from gpuop.saga.phases.common import fail_on_deadline, start_or_pass
-from gpuop.saga.records import NodeSaga, StepResult
-from gpuop.saga.steps import StepKind
+from gpuop.saga.upgrade.drafting import Draft
+from gpuop.saga.upgrade.effects import issue
+from gpuop.saga.upgrade.phases.common import fail_on_deadline, start_or_pass
+from gpuop.saga.upgrade.records import NodeSaga, StepResult
+from gpuop.saga.upgrade.steps import StepKind
 
 STATE = S.OPERANDS_PAUSE_REQUIRED
 

@@ -15,11 +15,11 @@ from gpuop.events import driver as dm
 from gpuop.events import kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import UpgradeState
-from gpuop.saga import compensation
-from gpuop.saga.drafting import Draft
-from gpuop.saga.machine import Trigger
-from gpuop.saga.records import StepResult
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.machine import Trigger, overdue
+from gpuop.saga.upgrade import compensation
+from gpuop.saga.upgrade.drafting import Draft
+from gpuop.saga.upgrade.records import StepResult
+from gpuop.saga.upgrade.steps import Step, StepKind
 
 SUCCESS: dict[StepKind, type[dm.DriverResult]] = {
     StepKind.STAGE: dm.DriverStaged,
@@ -68,15 +68,6 @@ def start_or_pass(
 def answers_step(draft: Draft, trigger: Trigger) -> bool:
     """Whether `trigger` is the outcome of the Kubernetes action the pending step ordered."""
     return isinstance(trigger, kube.KubeActionResult) and trigger.action_id == draft.step_id()
-
-
-def overdue(draft: Draft) -> str:
-    """Why the pending step failed on its deadline, in words."""
-    saga = draft.saga
-    if saga.deadline is None:
-        raise ValueError(f"{saga.step.token} has no deadline to be overdue on")
-    seconds = (saga.deadline - saga.step_started).total_seconds()
-    return f"{saga.step.token} did not finish within {seconds:g} s"
 
 
 def fail_on_deadline(draft: Draft, expired: DeadlineExpired) -> None:

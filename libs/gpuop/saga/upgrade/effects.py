@@ -1,6 +1,6 @@
 """What the upgrade's steps issue, the parts several phases share: ids and driver commands.
 
-Each phase (`gpuop.saga.phases`) says what its steps issue (`effects`); the machinery calls
+Each phase (`gpuop.saga.upgrade.phases`) says what its steps issue (`effects`); the machinery calls
 it when a saga enters a step, and the runtime again after a crash (`upgrade.pending`), for
 what the stored saga's current step needs. Both derive everything from the saga record and
 the policy, with ids from `ids.step(saga_id, token, attempt)`, so a step issued twice carries
@@ -18,8 +18,8 @@ from gpuop.events import driver as dm
 from gpuop.policy import GPUClusterPolicySpec, UpgradePolicy
 from gpuop.saga.actions import IssuedCommand
 from gpuop.saga.machine import Effects
-from gpuop.saga.records import NodeSaga, Target
-from gpuop.saga.steps import Step, StepKind, executor_timeout, limit_seconds
+from gpuop.saga.upgrade.records import NodeSaga, Target
+from gpuop.saga.upgrade.steps import Step, StepKind, executor_timeout, limit_seconds
 
 RESUME_STEP = "operands-resume"
 """Token of the ResumeOperands sent in the uncordon step (the Uncordon uses `uncordon`)."""

@@ -9,6 +9,7 @@ event, written once, so that a replay equals the runtime by construction.
     started    a saga built from its `SagaStarted`, and the `SagaStarted` of a new saga
     step       one decision, or None when the saga is left as it was
     outputs    a decision's state changes and commands, in publishing order, with their ids
+    KIND       the upgrade as the runtime and replay run it (`gpuop.saga.kinds.SagaKind`)
 
 Pure: no bus, no clock, no I/O (the saga core's import contract holds here too).
 """
@@ -16,19 +17,26 @@ Pure: no bus, no clock, no I/O (the saga core's import contract holds here too).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 
-from gpuop.events import Event, Payload, kube
+from gpuop.events import Event, Payload, kube, subjects
 from gpuop.events import device as dev
 from gpuop.events import hardware as hw
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.driver import Component
-from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, SagaStarted
+from gpuop.events.upgrade import (
+    TERMINAL_STATES,
+    NodeAdmitted,
+    NodeUpgradeStateChanged,
+    SagaStarted,
+    UpgradeState,
+)
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.actions import Decision, IssuedCommand
-from gpuop.saga.core import Admitted, Trigger, decide, state_changed, transition_event_id
-from gpuop.saga.records import NodeSaga, new_saga
+from gpuop.saga import kinds, tallies
+from gpuop.saga.actions import Decision
+from gpuop.saga.upgrade.core import Admitted, Trigger, decide, state_changed
+from gpuop.saga.upgrade.kind import NAME, pending
+from gpuop.saga.upgrade.records import NodeSaga, new_saga
 
 INBOUND_DOMAINS = (kube.DOMAIN, "driver")
 """Every event of these domains: the orchestrator's own Kubernetes observations and action
@@ -112,33 +120,56 @@ def step(
 ) -> Decision | None:
     """Decide `event` for `saga` at `now`: the decision, or None when the event means nothing
     to the saga or leaves it as it was (then nothing is stored, published or done)."""
-    meaning = trigger(saga, event)
-    if meaning is None:
-        return None
-    decision = decide(saga, meaning, policy, now)
-    return None if decision.saga == saga else decision
+    return kinds.fold_step(decide, trigger, saga, event, policy, now)
 
 
-@dataclass(frozen=True)
-class StateChange:
-    """A public state change a decision publishes, with the id that makes a republished one
-    a duplicate (`transition_event_id`)."""
-
-    id: str
-    payload: NodeUpgradeStateChanged
+def outputs(decision: Decision) -> list[kinds.Output]:
+    """The decision's state changes, then its commands (the outbox's order)."""
+    return list(kinds.outputs(decision, state_changed))
 
 
-Output = StateChange | IssuedCommand
-"""What a decision publishes: its state changes, and its commands (with their ids too)."""
+def subjects_of(prefix: str) -> tuple[str, ...]:
+    """The intake's subjects for the upgrade: its domains and its other inbound events."""
+    return (
+        *(subjects.events_filter(domain, prefix=prefix) for domain in INBOUND_DOMAINS),
+        *(
+            subjects.events_filter(inbound.DOMAIN, name=inbound.NAME, prefix=prefix)
+            for inbound in INBOUND_TYPES
+        ),
+    )
 
 
-def outputs(decision: Decision) -> list[Output]:
-    """The decision's state changes, then its commands: the order the outbox publishes them
-    in (nothing that could lead to the node's next decision exists before its state change)."""
-    saga = decision.saga
-    first = saga.sequence - len(decision.transitions) + 1
-    changes: list[Output] = [
-        StateChange(transition_event_id(saga, first + offset), state_changed(saga, transition))
-        for offset, transition in enumerate(decision.transitions)
-    ]
-    return changes + list(decision.commands)
+def start(
+    node: str, started: SagaStarted, policy: GPUClusterPolicySpec | None, now: datetime
+) -> kinds.Start[NodeSaga]:
+    """The saga `started` began (`started_saga`); `NoPolicy` without a policy."""
+    if policy is None:
+        raise kinds.NoPolicy("no policy recorded before it")
+    return kinds.Start(started_saga(node, started, policy, now))
+
+
+def holds(saga: NodeSaga) -> bool:
+    """The upgrade holds its node: admitted and not ended (every other kind waits)."""
+    return saga.state not in (UpgradeState.UPGRADE_REQUIRED, *TERMINAL_STATES)
+
+
+KIND: kinds.SagaKind[NodeSaga] = kinds.SagaKind(
+    name=NAME,
+    key_prefix="",
+    decode=NodeSaga.from_json,
+    inbound=is_inbound,
+    subjects=subjects_of,
+    trigger=trigger,
+    step=step,
+    outputs=outputs,
+    pending=pending,
+    holds=holds,
+    waiting=lambda saga: saga.state is UpgradeState.UPGRADE_REQUIRED,
+    terminal=TERMINAL_STATES,
+    state_change=NodeUpgradeStateChanged,
+    started_by=SagaStarted,
+    start=start,
+    correlation=lambda saga: saga.rollout_id,
+    settles=tallies.settles,
+)
+"""The driver upgrade as the runtime and replay run it."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 from gpuop.events import kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import UpgradeState as S
-from gpuop.saga.drafting import Draft
-from gpuop.saga.machine import Trigger, no_effects
-from gpuop.saga.phases.common import BROUGHT_UP, overdue, start_or_pass
-from gpuop.saga.records import StepResult
-from gpuop.saga.steps import StepKind
+from gpuop.saga.machine import Trigger, no_effects, overdue
+from gpuop.saga.upgrade.drafting import Draft
+from gpuop.saga.upgrade.phases.common import BROUGHT_UP, start_or_pass
+from gpuop.saga.upgrade.records import StepResult
+from gpuop.saga.upgrade.steps import StepKind
 
 STATE = S.WAIT_FOR_JOBS_REQUIRED
 

@@ -4,8 +4,8 @@ Each module names its `STATE` and defines `enter(draft, retry)` (what entering t
 does: start its first step, or pass through when there is nothing to do), `on_event(draft,
 trigger)` (what an event means in it), `on_deadline(draft, expired)` (its pending step's
 deadline passed) and `effects(saga, spec)` (the commands and Kubernetes actions its step
-issues, again the same after a crash). The table's edges (`gpuop.saga.transitions`) and the
-steps' deadlines (`gpuop.saga.steps`) stay in one table each, where they read as a whole.
+issues, again the same after a crash). The table's edges (`gpuop.saga.upgrade.table`) and the
+steps' deadlines (`gpuop.saga.upgrade.steps`) stay in one table each, where they read as a whole.
 `PHASES` is the registry the upgrade kind (`gpuop.saga.upgrade`) hands the machinery; a test
 proves every state has exactly one. `common` holds what several phases share (a deadline that
 fails the step, a driver's answer to a driver step).
@@ -28,12 +28,12 @@ fails the step, a driver's answer to a driver step).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType, ModuleType
+from types import ModuleType
 
 from gpuop.events.upgrade import UpgradeState
-from gpuop.saga.drafting import Draft
-from gpuop.saga.machine import Phase
-from gpuop.saga.phases import (
+from gpuop.saga.machine import Phase, phases_of
+from gpuop.saga.upgrade.drafting import Draft
+from gpuop.saga.upgrade.phases import (
     cordon_required,
     drain_required,
     driver_reload_required,
@@ -48,7 +48,7 @@ from gpuop.saga.phases import (
     validation_required,
     wait_for_jobs_required,
 )
-from gpuop.saga.records import NodeSaga
+from gpuop.saga.upgrade.records import NodeSaga
 
 MODULES: tuple[ModuleType, ...] = (
     upgrade_required,
@@ -68,16 +68,5 @@ MODULES: tuple[ModuleType, ...] = (
 """Every phase module, in the order of the main line."""
 
 
-def _phase(module: ModuleType) -> Phase[NodeSaga, Draft]:
-    return Phase(
-        enter=module.enter,
-        on_event=module.on_event,
-        on_deadline=module.on_deadline,
-        effects=module.effects,
-    )
-
-
-PHASES: Mapping[UpgradeState, Phase[NodeSaga, Draft]] = MappingProxyType(
-    {module.STATE: _phase(module) for module in MODULES}
-)
+PHASES: Mapping[UpgradeState, Phase[NodeSaga, Draft]] = phases_of(MODULES)
 """State -> its phase."""

@@ -4,9 +4,9 @@ this rollout: a new rollout starts a new saga."""
 from __future__ import annotations
 
 from gpuop.events.upgrade import UpgradeState as S
-from gpuop.saga.drafting import Draft
 from gpuop.saga.machine import ignore, no_effects
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.upgrade.drafting import Draft
+from gpuop.saga.upgrade.steps import Step, StepKind
 
 STATE = S.UPGRADE_DONE
 

@@ -6,14 +6,19 @@ from __future__ import annotations
 from gpuop.events import kube
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import compensation
 from gpuop.saga.actions import Drain
-from gpuop.saga.drafting import Draft
-from gpuop.saga.effects import action_id, timeout
 from gpuop.saga.machine import Effects, Trigger
-from gpuop.saga.phases.common import BROUGHT_UP, answers_step, fail_on_deadline, start_or_pass
-from gpuop.saga.records import NodeSaga, StepResult
-from gpuop.saga.steps import StepKind
+from gpuop.saga.upgrade import compensation
+from gpuop.saga.upgrade.drafting import Draft
+from gpuop.saga.upgrade.effects import action_id, timeout
+from gpuop.saga.upgrade.phases.common import (
+    BROUGHT_UP,
+    answers_step,
+    fail_on_deadline,
+    start_or_pass,
+)
+from gpuop.saga.upgrade.records import NodeSaga, StepResult
+from gpuop.saga.upgrade.steps import StepKind
 
 STATE = S.DRAIN_REQUIRED
 

@@ -1,7 +1,7 @@
 """The durable record of one node's upgrade saga, as stored in the KV bucket `gpuop_sagas`.
 
 The upgrade orchestrator keeps one `NodeSaga` per node and rollout; the decision core
-(`gpuop.saga.core`) reads one and returns the next, and the orchestrator's runtime writes
+(`gpuop.saga.upgrade.core`) reads one and returns the next, and the orchestrator's runtime writes
 that with compare-and-set before it acts (outbox). Everything the core needs to carry on
 after a crash is here, and nothing else: the state and the pending step with its deadline,
 what was done to the node's drivers in this upgrade, and what to undo.
@@ -38,8 +38,8 @@ from gpuop.events.fields import (
 from gpuop.events.upgrade import SagaReason, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.policy.drivers import ComponentSpec
-from gpuop.saga.steps import Step, StepKind
-from gpuop.saga.transitions import Transition
+from gpuop.saga.upgrade.steps import Step, StepKind
+from gpuop.saga.upgrade.table import Transition
 
 COMPONENT_ORDER: tuple[Component, ...] = (Component.GPU, Component.OFED)
 """Every ordered list of components in a saga follows this order."""
