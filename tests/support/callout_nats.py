@@ -66,6 +66,9 @@ class CalloutNats:
     reviewer: reviewers.MemoryReviewer = field(default_factory=reviewers.MemoryReviewer)
     port: int = 0
     passwords: dict[str, str] = field(default_factory=dict)
+    server_passwords: dict[str, str] = field(default_factory=dict)
+    """What the server reads for a <USER>_PASSWORD variable, where not the user's password
+    itself: the chart gives it bcrypt hashes."""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     _process: asyncio.subprocess.Process | None = None
     _callout: asyncio.Task[None] | None = None
@@ -104,6 +107,7 @@ class CalloutNats:
         ports = self.workdir / "ports"
         ports.mkdir(exist_ok=True)
         env = {variable: self.passwords[user] for user, variable in PASSWORD_USERS.items()}
+        env.update(self.server_passwords)
         env["NATS_AUTH_ISSUER"] = self.issuer.public_key
         try:
             self._process, ports_of = await launcher.run_server(
