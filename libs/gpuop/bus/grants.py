@@ -48,6 +48,9 @@ OPERANDS = "operands"
 """The command group every operand on a node consumes (`gpuop.events.device.OPERANDS`)."""
 INBOX = "_INBOX"
 JS_API = "$JS.API"
+CLAIM_SHAPES = ("*.*", "*.*.*.*.*.*.*.*")
+"""The tokens after the node of an IPAM claim's key, `<subnet>.<address>`: an IPv6 subnet
+and address are one token each (`fd00-0000-…_64`), an IPv4 one four (`10.10.0.0_24`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,8 +349,10 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
             *key(Buckets.IPAM, f"node.{identity.node_token}.*"),
             # its own address claims only (`claim.<node>.<subnet>.<address>`): of the claims
             # of an address the earliest holds it, so a node may claim a free address but
-            # never write, delete or outrank another node's claim
-            f"$KV.{ipam}.claim.{identity.node_token}.>",
+            # never write, delete or outrank another node's claim. Exactly the keys' shapes
+            # (an IPv6 subnet and address are a token each, an IPv4 one four), so no key of
+            # any other shape can be made up under the node's name
+            *(f"$KV.{ipam}.claim.{identity.node_token}.{shape}" for shape in CLAIM_SHAPES),
             # every node's claims are watched, one address or one pool at a time; the claims
             # made before the node was in the key (`addr.<subnet>.<address>`) read, never
             # written; a pool's per-node blocks (`block.<subnet>.*`, the cluster role's)
