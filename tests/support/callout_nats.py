@@ -23,7 +23,7 @@ import nats
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
-from gpuop.bus import callouts, grants, launcher, nkeys, reviewers
+from gpuop.bus import NatsBus, callouts, grants, launcher, nkeys, reviewers
 from gpuop.bus.errors import BusUnavailable
 from tests.support.shipped_nats import (
     CONFIG,
@@ -157,6 +157,16 @@ class CalloutNats:
         process, self._process = self._process, None
         if process is not None:
             await launcher.terminate(process)
+
+    async def make_streams(self) -> None:
+        """The streams and buckets, as the orchestrator makes them (as admin; the caller
+        points SSL_CERT_FILE at `ca_file`)."""
+        admin = NatsBus(
+            self.url.replace("tls://", f"tls://admin:{self.passwords['admin']}@"),
+            name="test-admin",
+        )
+        await admin.start()
+        await admin.close()
 
     async def password_client(self, user: str, **options: Any) -> Client:
         host = self.url.replace("tls://", f"tls://{user}:{self.passwords[user]}@")

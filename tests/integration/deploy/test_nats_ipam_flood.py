@@ -8,17 +8,15 @@ claim of its own still goes through. Each attempt's outcome is printed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import nats.errors
 import nats.js.errors
 import pytest
 
-from gpuop.bus import NatsBus, grants, streams
+from gpuop.bus import grants, streams
 from gpuop.bus.protocol import Buckets
 from gpuop.services.network_manager.addressing import ClaimValue
-from tests.support.callout_nats import CalloutNats, running
+from tests.support.callout_nats import CalloutNats
 from tests.support.shipped_nats import Refusals
 
 pytestmark = [pytest.mark.nats, pytest.mark.security]
@@ -30,17 +28,8 @@ VALUE = ClaimValue(node="gpu-2", network="roce", address="10.10.0.7/24").model_d
 
 
 @pytest.fixture
-async def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[CalloutNats]:
-    async with running(tmp_path / "nats") as callout:
-        monkeypatch.setenv("SSL_CERT_FILE", str(callout.ca_file))
-        admin = NatsBus(
-            callout.url.replace("tls://", f"tls://admin:{callout.passwords['admin']}@"),
-            name="test-admin",
-        )
-        await admin.start()
-        await admin.kv(Buckets.IPAM)  # the bucket, as the services make it
-        await admin.close()
-        yield callout
+def server(callout_server: CalloutNats) -> CalloutNats:
+    return callout_server
 
 
 async def write(server: CalloutNats, subject: str, value: bytes) -> str:

@@ -21,7 +21,7 @@ import pytest
 from gpuop_sim.cluster import kwok, machines
 from tests.support import fleet
 from tests.support.charts import render
-from tests.support.control_plane import ControlPlane, binary
+from tests.support.control_plane import ControlPlane
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.real_cluster, pytest.mark.security]
@@ -33,13 +33,6 @@ ATTACKER = "gpu-node-1"
 CONTROL = "gpuop-control-1"
 """A node without GPUs, which the admin chooses for the keys."""
 NAMESPACE = "gpuop-placement"
-
-
-def kubectl_as(kubeconfig: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(binary("kubectl")), "--kubeconfig", str(kubeconfig), *arguments],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
 
 
 def outcome(done: subprocess.CompletedProcess[str]) -> str:
@@ -124,7 +117,7 @@ async def test_a_kubelet_cannot_make_its_node_eligible_for_the_keys_and_an_admin
         (f"kubelet of {ATTACKER}", kubelet, control_node, f"{LABEL}=true"),
     ]
     for who, credential, target, label in attempts:
-        done = kubectl_as(credential, "label", "node", target, label, "--overwrite")
+        done = fleet.kubectl_as(credential, "label", "node", target, label, "--overwrite")
         row(who, f"label node {target} {label}", outcome(done))
     # nvidia.com/gpu.present is the kubelet's to change: avoidNodes alone was no fence
     assert rows[0][2] == "allowed", rows[0]
@@ -138,7 +131,7 @@ async def test_a_kubelet_cannot_make_its_node_eligible_for_the_keys_and_an_admin
     row("scheduler", "place a pod with the chart's placement", where)
     assert first is True, f"placed on {first} before an admin labelled a node"
 
-    done = kubectl_as(admin, "label", "node", control_node, f"{LABEL}=true")
+    done = fleet.kubectl_as(admin, "label", "node", control_node, f"{LABEL}=true")
     assert row("admin", f"label node {control_node} {LABEL}=true", outcome(done)) == "allowed"
     placed = await eventually(bound, timeout=60)
     row("scheduler", "place a pod with the chart's placement", f"on {placed}")
