@@ -263,6 +263,42 @@ def test_admission_policies_keep_each_node_writer_to_its_own_fields(
         assert refusal in done.stderr, done.stderr
 
 
+@pytest.mark.security
+def test_a_policy_made_a_moment_ago_refuses_writes_once_its_probe_is_refused(
+    plane: ControlPlane, installed: str, restored_node: str, tmp_path: Path
+) -> None:
+    """The window after a policy's creation, shown: discovery-cluster's node-writes policy
+    deleted (until the apiserver lets the write through) and made again, a write at once
+    may still go through (the apiserver compiles policies once a second); once the policy
+    has refused its probe, the same write is refused."""
+    role = "discovery-cluster"
+    kubeconfig = fleet.service_account_kubeconfig(plane, role, tmp_path / f"{role}.kubeconfig")
+    base, name = "/apis/admissionregistration.k8s.io/v1", f"{fleet.RELEASE}-{role}-node-writes"
+    kinds = ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
+    made = {kind: plane.call("GET", f"{base}/{kind}/{name}") for kind in kinds}
+
+    def hostname(value: str) -> str:
+        label = f"kubernetes.io/hostname={value}"
+        done = fleet.kubectl_as(kubeconfig, "label", "node", restored_node, label, "--overwrite")
+        return "allowed" if done.returncode == 0 else done.stderr.strip()
+
+    for kind in kinds:
+        plane.call("DELETE", f"{base}/{kind}/{name}")
+    for n in range(PROBE_ROUNDS):  # until the apiserver has dropped the policy too
+        if hostname(f"gone-{n}") == "allowed":
+            break
+        time.sleep(0.5)
+    for kind, obj in made.items():
+        fresh = {key: obj[key] for key in ("apiVersion", "kind", "spec")}
+        plane.call("POST", f"{base}/{kind}", {**fresh, "metadata": {"name": name}})
+    at_once = hostname("elsewhere")
+    window = wait_for_policies(plane, tmp_path)
+    after = hostname("elsewhere-again")
+    print(f"\n{role} relabels {restored_node}'s hostname as its policy is made again: {at_once}")
+    print(f"the policy in force {window:.1f} s later; then: {after}")
+    assert "ValidatingAdmissionPolicy" in after, after
+
+
 HEALTH_WRITES = [
     ("upgrade-orchestrator", ["taint", "node", "gpu-node-1", f"{TAINT}=:NoSchedule"], None),
     ("upgrade-orchestrator", ["taint", "node", "gpu-node-1", f"{TAINT}-"], None),

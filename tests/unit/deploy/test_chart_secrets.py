@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import helm_python as helm
 import pytest
 
 from tests.support.charts import NAMESPACE, STATIC_NATS, Manifest, Rendering, render, render_with
@@ -105,6 +106,12 @@ def test_the_nats_servers_read_bcrypt_hashes_and_no_password(values: str) -> Non
     assert set(hashes) == set(rendering.get("Secret", "gpuop-nats-users")["data"])
     for key, value in hashes.items():
         assert base64.b64decode(value).startswith(b"$2a$10$"), key
+
+
+def test_the_passwords_of_an_existing_secret_are_hashed_at_install_so_it_must_exist() -> None:
+    # `helm template` reads no cluster: as an install would find the Secret missing
+    with pytest.raises(helm.HelmError, match=r"nats\.auth\.existingSecret mine has no"):
+        render_with({"nats": {"auth": {"existingSecret": "mine"}}})
 
 
 def test_static_mode_has_no_issuer_key_to_read() -> None:
