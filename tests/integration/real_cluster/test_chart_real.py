@@ -289,8 +289,10 @@ def test_a_policy_made_a_moment_ago_refuses_writes_once_its_probe_is_refused(
             break
         time.sleep(0.5)
     for kind, obj in made.items():
+        # as Helm made it (its labels and annotations: the release's to uninstall)
+        kept = {key: obj["metadata"][key] for key in ("name", "labels", "annotations")}
         fresh = {key: obj[key] for key in ("apiVersion", "kind", "spec")}
-        plane.call("POST", f"{base}/{kind}", {**fresh, "metadata": {"name": name}})
+        plane.call("POST", f"{base}/{kind}", {**fresh, "metadata": kept})
     at_once = hostname("elsewhere")
     window = wait_for_policies(plane, tmp_path)
     after = hostname("elsewhere-again")
