@@ -189,11 +189,12 @@ async def run_kv(bus: NatsBus, bucket: Buckets, operations: tuple[str, ...]) -> 
             await kv.update(f"{key}-new", b"v2", entry.revision)
         elif operation == "delete":
             await kv.delete(key)
-        elif operation == "claim":  # an address, claimed and given back as the agent does
+        elif operation == "claim":  # an address of each family, claimed and given back
             addresses = Addresses(kv, NODE)
-            held = await addresses.claim(network(ipam={"cidr": "10.10.0.0/24"}))
-            assert await addresses.confirm(network(ipam={"cidr": "10.10.0.0/24"}), held)
-            await addresses.give_back("roce-a", held)
+            for cidr in ("10.10.0.0/24", "fd00:10::/120"):
+                held = await addresses.claim(network(ipam={"cidr": cidr}))
+                assert await addresses.confirm(network(ipam={"cidr": cidr}), held)
+                await addresses.give_back("roce-a", held)
         elif operation == "blocks":  # two nodes' blocks given, one node's freed
             pool = network(ipam={"cidr": "10.10.0.0/24", "perNodeBlockSize": 8}).ipam
             allocator = BlockAllocator(kv)
