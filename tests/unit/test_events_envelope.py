@@ -224,5 +224,5 @@ def test_commands_and_events_are_typed_from_their_group_and_token() -> None:
     assert driver.DriverLoaded.TYPE == "io.gpuop.driver.loaded.v1"
     assert LOADED.subject_token() == driver.DriverLoaded.subject_token_of({}) == "loaded"
     unload = driver.UnloadDriver
-    assert unload.TYPE == f"io.gpuop.cmd.{unload.SERVICE}.{unload.VERB}.v1"
-    assert unload.subject_token_of({}) == unload.VERB
+    assert unload.TYPE == "io.gpuop.cmd.driver-manager.unload.v1"
+    assert unload.subject_token_of({}) == "unload"
