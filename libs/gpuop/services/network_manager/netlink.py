@@ -165,20 +165,16 @@ class Netlink(lifecycles.Closable):
         await self._request(f"deleting link {link.name}", self._ipr.link, "del", index=link.index)
 
     async def add_address(self, link: Link, address: Interface) -> None:
-        await self._request(
-            f"adding {address} to {link.name}",
-            self._ipr.addr,
-            "add",
-            index=link.index,
-            address=str(address.ip),
-            prefixlen=address.network.prefixlen,
-        )
+        await self._address(f"adding {address} to {link.name}", "add", link, address)
 
     async def remove_address(self, link: Link, address: Interface) -> None:
+        await self._address(f"removing {address} from {link.name}", "del", link, address)
+
+    async def _address(self, action: str, verb: str, link: Link, address: Interface) -> None:
         await self._request(
-            f"removing {address} from {link.name}",
+            action,
             self._ipr.addr,
-            "del",
+            verb,
             index=link.index,
             address=str(address.ip),
             prefixlen=address.network.prefixlen,
