@@ -7,9 +7,20 @@ The node roles (discovery's `NodeAgent`, network-manager's `NodeAgent`, telemetr
 
 from __future__ import annotations
 
-from gpuop.bus import Bus
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from gpuop.bus import Bus, ConsumerSpec, Subscription
+from gpuop.bus.protocol import Handler
 from gpuop.events import Envelope, Event, new_event, subjects
 from gpuop.runtime.services import Readiness
+
+
+class NodeConsumer(Protocol):
+    """A service's consumer of one node's messages (`consumers.node_commands` and alike)."""
+
+    def __call__(self, prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec: ...
 
 
 def _unreported(ready: bool, reason: str) -> None:
@@ -32,3 +43,20 @@ class NodeAgentBase:
         await self._bus.publish(
             new_event(payload, node=self._node, source=self._source, cause=cause)
         )
+
+    @contextlib.asynccontextmanager
+    async def _consuming(
+        self, *consumers: tuple[NodeConsumer, Handler], retry_delay: float
+    ) -> AsyncIterator[None]:
+        """Consume this node's messages with each (consumer, handler) while the block runs;
+        the subscriptions stop after it (also those made before one that failed to start),
+        in the order they started."""
+        subscriptions: list[Subscription] = []
+        try:
+            for consumer, handler in consumers:
+                spec = consumer(self._bus.prefix, self._node, retry_delay=retry_delay)
+                subscriptions.append(await self._bus.consume(spec, handler))
+            yield
+        finally:
+            for subscription in subscriptions:
+                await subscription.stop()

@@ -108,32 +108,21 @@ class NodeAgent(NodeAgentBase):
     async def run(self, stopping: asyncio.Event) -> None:
         """Restore, subscribe, then scan and beat until `stopping` is set."""
         await self.restore()
-        retry = self._config.retry_interval_seconds
-        subscriptions = [
-            await self._bus.consume(
-                consumers.node_commands(self._bus.prefix, self._node, retry_delay=retry),
-                self.on_command,
+        async with (
+            self._consuming(
+                (consumers.node_commands, self.on_command),
+                (consumers.node_rescans, self.on_command),
+                (consumers.node_driver_results, self.on_driver_event),
+                retry_delay=self._config.retry_interval_seconds,
             ),
-            await self._bus.consume(
-                consumers.node_rescans(self._bus.prefix, self._node, retry_delay=retry),
-                self.on_command,
-            ),
-            await self._bus.consume(
-                consumers.node_driver_results(self._bus.prefix, self._node, retry_delay=retry),
-                self.on_driver_event,
-            ),
-        ]
-        try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._scan_loop(stopping), name="discovery-scan")
-                group.create_task(self._heartbeat_loop(stopping), name="discovery-heartbeat")
-                group.create_task(
-                    watching.ConfigWatch(self._root).run(self._wake, stopping),
-                    name="discovery-config-watch",
-                )
-        finally:
-            for subscription in subscriptions:
-                await subscription.stop()
+            asyncio.TaskGroup() as group,
+        ):
+            group.create_task(self._scan_loop(stopping), name="discovery-scan")
+            group.create_task(self._heartbeat_loop(stopping), name="discovery-heartbeat")
+            group.create_task(
+                watching.ConfigWatch(self._root).run(self._wake, stopping),
+                name="discovery-config-watch",
+            )
 
     async def restore(self) -> None:
         """Pick up where an earlier run left off: the inventory it published last, and

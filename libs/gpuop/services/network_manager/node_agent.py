@@ -73,25 +73,19 @@ class NodeAgent(NodeAgentBase):
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Subscribe, then converge until `stopping` is set."""
-        retry = self._config.retry_interval_seconds
-        subscriptions = [
-            await self._bus.consume(
-                consumers.node_commands(self._bus.prefix, self._node, retry_delay=retry),
-                self.on_command,
-            ),
-            await self._bus.consume(
-                consumers.node_driver_results(self._bus.prefix, self._node, retry_delay=retry),
-                self.on_driver_event,
-            ),
-        ]
-        watcher = asyncio.create_task(self._follow_config(stopping), name="network-config-watch")
-        try:
-            await self._converge_loop(stopping)
-        finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
-            for subscription in subscriptions:
-                await subscription.stop()
+        async with self._consuming(
+            (consumers.node_commands, self.on_command),
+            (consumers.node_driver_results, self.on_driver_event),
+            retry_delay=self._config.retry_interval_seconds,
+        ):
+            watcher = asyncio.create_task(
+                self._follow_config(stopping), name="network-config-watch"
+            )
+            try:
+                await self._converge_loop(stopping)
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
 
     async def converge(self, *, cause: Envelope | None = None) -> Pass | None:
         """One pass with the published network section; None while none is published. With
