@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuop.bus import streams
-from gpuop.bus.protocol import Buckets
+from gpuop.bus.protocol import Buckets, ConsumerSpec
 from gpuop.events import subjects
 
 NODE_ROLES = frozenset(
@@ -211,6 +211,20 @@ def consumer(
     raise ValueError(
         f"{identity.role} has no consumer for {purpose!r}: "
         f"it has {', '.join(c.purpose for c in found) or 'none'}"
+    )
+
+
+def node_consumer_spec(
+    role: str, node: str, purpose: str, *, prefix: str, retry_delay: float
+) -> ConsumerSpec:
+    """The spec a node agent consumes with: its consumer for `purpose` as granted here (name,
+    filter, where it starts on first creation), retrying unknown errors after `retry_delay`."""
+    granted = consumer(Identity(role, node), purpose, prefix=prefix)
+    return ConsumerSpec(
+        durable=granted.durable,
+        subjects=granted.filters,
+        retry_delay=retry_delay,
+        deliver_new_only=granted.deliver_new_only,
     )
 
 

@@ -21,7 +21,7 @@ from pydantic import Field, StringConstraints
 
 from gpuop.events.device import OperandService
 from gpuop.events.driver import Component, Flavour
-from gpuop.events.envelope import Event, MalformedMessage
+from gpuop.events.envelope import Event, StateChangedEvent
 from gpuop.events.fields import (
     Attempt,
     BootId,
@@ -112,15 +112,11 @@ class SagaReason(DocumentedEnum):
     """The node runs no GPU driver at all (a new node, or a driver gone): it is installed."""
 
 
-class NodeUpgradeStateChanged(Event):
+class NodeUpgradeStateChanged(StateChangedEvent):
     """A node's upgrade saga moved to a new state; published on the subject of that state."""
 
     DOMAIN: ClassVar[str] = DOMAIN
     NAME: ClassVar[str] = "state-changed"
-    SUBJECT_FIELD: ClassVar[str] = "to_state"
-    """The field whose value is the subject's last token instead of `NAME`."""
-    SUBJECT_PARAMETER: ClassVar[str] = "state"
-    """Name of that token in the AsyncAPI channel address."""
 
     rollout_id: CorrelationId
     """The rollout this saga belongs to (also the envelope's `correlationid`)."""
@@ -138,16 +134,6 @@ class NodeUpgradeStateChanged(Event):
     """Version each component is upgraded to."""
     previous_versions: dict[Component, Version] = Field(default_factory=dict, max_length=2)
     """Version each component ran before the upgrade, the rollback target."""
-
-    def subject_token(self) -> str:
-        return self.to_state.value
-
-    @classmethod
-    def subject_token_of(cls, data: dict[str, Any]) -> str:
-        try:
-            return UpgradeState(data[cls.SUBJECT_FIELD]).value
-        except (KeyError, TypeError, ValueError):
-            raise MalformedMessage(f"{cls.TYPE} data has no valid {cls.SUBJECT_FIELD}") from None
 
 
 class NodeAdmitted(Event):
