@@ -12,6 +12,7 @@ from gpuop.events import ids, kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import actions as upgrade_actions
+from gpuop.saga import operands
 from gpuop.saga.machine import Effects, IssuedCommand, Trigger
 from gpuop.saga.remediation.actions import EVENT_REASON, MirrorHealth
 from gpuop.saga.remediation.drafting import Draft
@@ -88,14 +89,7 @@ def on_operands(
 ) -> None:  # fmt: skip
     """Count an operand's confirmation of the pending pause or resume (`kind`); `every`
     once each operand confirmed."""
-    saga = draft.saga
-    if not isinstance(trigger, kind) or trigger.command_id != draft.step_id():
-        return
-    if trigger.service not in saga.operands or trigger.service in saga.paused:
-        return
-    confirmed = tuple(s for s in saga.operands if s in {*saga.paused, trigger.service})
-    draft.update(paused=confirmed)
-    if len(confirmed) == len(saga.operands):
+    if operands.count(draft, trigger, kind):
         draft.update(paused=())
         every(draft)
 
