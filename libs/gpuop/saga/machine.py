@@ -331,10 +331,15 @@ class Draft(Generic[Record, State]):
         self.actions.extend(self.kind.announce(self.saga, transition))
         self.kind.phases[to_state].enter(self, retry)
 
+    def take(self, step: StepLike) -> None:
+        """Make `step` the pending one with no deadline and nothing issued: a step decided
+        at once, or a final state's."""
+        self.update(step=step, step_started=self.now, deadline=None)
+
     def skip(self, step: StepLike, to_state: State, result: StrEnum, reason: str) -> None:
         """Pass through a state whose step has nothing to do: the step is recorded as
         skipped (still a move, in the table and in the trail) and the saga moves on."""
-        self.update(step=step, step_started=self.now, deadline=None)
+        self.take(step)
         self.outcome(result, reason)
         self.move(to_state, reason)
 

@@ -22,8 +22,7 @@ STATE = S.OPERANDS_RESUME_REQUIRED
 
 def enter(draft: Draft, retry: bool) -> None:
     if not draft.saga.operands_paused:
-        step = MigStep(kind=MigStepKind.OPERANDS_RESUME)
-        draft.update(step=step, step_started=draft.now, deadline=None)
+        draft.take(MigStep(kind=MigStepKind.OPERANDS_RESUME))
         draft.outcome(StepResult.SKIPPED, "no operand paused")
         _end(draft)
         return
