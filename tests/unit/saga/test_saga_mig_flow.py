@@ -414,3 +414,14 @@ def test_an_ended_saga_has_its_final_step_and_no_deadline_left_to_expire(end):
     assert run.saga.deadline is None and machine.deadline_event(run.saga) is None
     final = MigStepKind.DONE if end is S.MIG_CONFIG_DONE else MigStepKind.FAILED
     assert (run.saga.step.kind, run.saga.step_started) == (final, run.now)
+
+
+def test_a_command_or_action_takes_its_id_from_the_token_it_names_else_the_pending_step():
+    run = MigRun()
+    run.until(S.APPLY_REQUIRED)
+    saga, resume = run.saga, dev.ResumeOperands(reason="r")
+    assert machine.action_id(saga) == run.step_id == machine.issue(saga, resume).id
+    other = ids.step(saga.saga_id, "operands-pause", saga.attempt)
+    assert machine.action_id(saga, "operands-pause") == other
+    issued = machine.issue(saga, resume, "operands-pause")
+    assert (issued.id, issued.step, issued.attempt) == (other, "operands-pause", saga.attempt)

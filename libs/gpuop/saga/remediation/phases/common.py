@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
 
 from gpuop.events import device as dev
-from gpuop.events import ids, kube
+from gpuop.events import kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import actions as upgrade_actions
-from gpuop.saga import operands
-from gpuop.saga.machine import Effects, IssuedCommand, Trigger
+from gpuop.saga import machine, operands
+from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.remediation.actions import EVENT_REASON, MirrorHealth
 from gpuop.saga.remediation.drafting import Draft
 from gpuop.saga.remediation.records import RemediationSaga, Step
@@ -26,18 +25,8 @@ class Result(StrEnum):
     SKIPPED = "skipped"
 
 
-def issue(saga: RemediationSaga, payload: Any, token: str | None = None) -> IssuedCommand:
-    """`payload` under the id of `token` (default: the pending step) in the saga's attempt."""
-    token = token or saga.step.token
-    return IssuedCommand(
-        payload=payload, id=ids.step(saga.saga_id, token, saga.attempt), step=token,
-        attempt=saga.attempt,
-    )  # fmt: skip
-
-
-def action_id(saga: RemediationSaga, token: str | None = None) -> str:
-    """The id of a Kubernetes action of `token` (default: the pending step)."""
-    return ids.step(saga.saga_id, token or saga.step.token, saga.attempt)
+issue = machine.issue
+action_id = machine.action_id
 
 
 def unhealthy_of(saga: RemediationSaga) -> tuple[tuple[str, tuple[int, ...]], ...]:
