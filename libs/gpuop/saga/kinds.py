@@ -7,9 +7,10 @@ rest of the kind:
     SagaKind    how its record is stored (a key prefix of its own in `gpuop_sagas`; the
                 upgrade's is empty: its keys are bare node tokens), which events of the log
                 it decides (`inbound`, and the subjects the intake consumes for them), its
-                one fold step (the one replay takes too), what a decision publishes with its
-                ids (`outputs`), what a stored saga issues again after a crash (`pending`),
-                whether a saga holds its node (`holds`: unavailable to every other kind, one
+                one fold step (the one replay takes too), the public state change of a move
+                (`state_changed`; `outputs`: what a decision publishes, with its ids), what
+                a stored saga issues again after a crash (`pending`), whether a saga holds
+                its node (`holds`: unavailable to every other kind, one
                 `maxUnavailable` budget), waits for an admission (`waiting`) or has ended
                 (`ended`), the event that records a start (`started_by`) and the pure hook
                 that builds the saga from it (`start`), and the circuit breaker its starts
@@ -160,8 +161,9 @@ class SagaKind(Generic[R]):
     """The subjects (under a bus prefix) the intake consumes for it."""
     step: Callable[[R, Event, GPUClusterPolicySpec, datetime], Decision[Any, Any] | None]
     """The fold's one step: the decision, or None when the saga is left as it was."""
-    outputs: Callable[[Decision[Any, Any]], list[Output]]
-    """What a decision publishes, with its ids, in order."""
+    state_changed: Callable[[R, Transition[Any]], Event]
+    """The public state change (a `state_change`) of one of a saga's moves: what `outputs`
+    publishes besides commands."""
     pending: Callable[[R, GPUClusterPolicySpec], Decision[Any, Any]]
     """What a stored saga issues again after a crash, with its original ids."""
     holds: Callable[[R], bool]
@@ -188,6 +190,10 @@ class SagaKind(Generic[R]):
     settles: Callable[[R], bool] = never
     """Whether a saga is settled: its store's index counts it (`tallies.DoneSagas`, the
     upgrade's done sagas) instead of keeping it among those admission weighs."""
+
+    def outputs(self, decision: Decision[Any, Any]) -> list[Output]:
+        """What a decision publishes, with its ids, in the outbox's order (`outputs`)."""
+        return list(outputs(decision, self.state_changed))
 
     def ended(self, saga: R) -> bool:
         """Whether the saga has ended: a new one may start on its node."""

@@ -303,8 +303,7 @@ class Draft(Generic[Record, State]):
 
     def step_id(self) -> str:
         """The id the pending step's command or action was issued under."""
-        saga = self.saga
-        return ids.step(saga.saga_id, saga.step.token, saga.attempt)
+        return action_id(self.saga)
 
     def outcome(self, result: StrEnum, detail: str) -> None:
         """Record how the pending step ended."""
@@ -331,12 +330,35 @@ class Draft(Generic[Record, State]):
         self.actions.extend(self.kind.announce(self.saga, transition))
         self.kind.phases[to_state].enter(self, retry)
 
+    def take(self, step: StepLike) -> None:
+        """Make `step` the pending one with no deadline and nothing issued: a step decided
+        at once, or a final state's."""
+        self.update(step=step, step_started=self.now, deadline=None)
+
     def skip(self, step: StepLike, to_state: State, result: StrEnum, reason: str) -> None:
         """Pass through a state whose step has nothing to do: the step is recorded as
         skipped (still a move, in the table and in the trail) and the saga moves on."""
-        self.update(step=step, step_started=self.now, deadline=None)
+        self.take(step)
         self.outcome(result, reason)
         self.move(to_state, reason)
+
+
+def issue(saga: SagaRecord[Any], payload: Command, token: str | None = None) -> IssuedCommand:
+    """`payload` under the id of `token` (default: the pending step's) in the saga's attempt,
+    every kind's: the same id every time the step is decided."""
+    token = token or saga.step.token
+    return IssuedCommand(
+        payload=payload,
+        id=ids.step(saga.saga_id, token, saga.attempt),
+        step=token,
+        attempt=saga.attempt,
+    )
+
+
+def action_id(saga: SagaRecord[Any], token: str | None = None) -> str:
+    """The id of the Kubernetes action of `token` (default: the pending step's) in the saga's
+    attempt."""
+    return ids.step(saga.saga_id, token or saga.step.token, saga.attempt)
 
 
 def deadline_event(saga: SagaRecord[Any]) -> DeadlineExpired | None:

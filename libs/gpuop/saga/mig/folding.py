@@ -5,7 +5,8 @@
                and observations, expired deadlines, admissions
     started    a saga built from its `MigReconfigurationStarted`, and that event for a saga
     step       one decision, or None when the saga is left as it was
-    outputs    a decision's public state changes, then its commands, with their ids
+    state_changed
+               a move's public state change (the kind's `outputs` publish them first)
     holds      whether a saga holds its node (unavailable to every other kind); `waiting`
                whether it waits for an admission
     KIND       the reconfiguration as the runtime and replay run it
@@ -89,11 +90,6 @@ def state_changed(saga: MigSaga, transition: machine.Transition[MigState]) -> No
     )
 
 
-def outputs(decision: kind.Decision) -> list[kinds.Output]:
-    """The decision's state changes, then its commands (the outbox's order)."""
-    return list(kinds.outputs(decision, state_changed))
-
-
 def holds(saga: MigSaga) -> bool:
     """The reconfiguration holds its node: admitted and not ended."""
     return saga.state not in (*TERMINAL_STATES, MigState.MIG_CONFIG_REQUIRED)
@@ -129,7 +125,7 @@ KIND: kinds.SagaKind[MigSaga] = kinds.SagaKind(
         ("device", "gpu-holders-unknown"),
     ),
     step=step,
-    outputs=outputs,
+    state_changed=state_changed,
     pending=kind.pending,
     holds=holds,
     waiting=waiting,

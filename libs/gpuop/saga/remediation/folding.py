@@ -5,7 +5,8 @@
                outcomes and observations, inventories (boot id), deadlines, admissions,
                and the node's upgrade moves (a folded remediation ends with them)
     step       one decision, or None when the saga is left as it was
-    outputs    a decision's public state changes, then its commands, with their ids
+    state_changed
+               a move's public state change (the kind's `outputs` publish them first)
     holds      whether a saga holds its node (unavailable to every other kind); `waiting`
                whether it waits for an admission
     KIND       the remediation as the runtime and replay run it, with its circuit breaker
@@ -89,11 +90,6 @@ def state_changed(
     )
 
 
-def outputs(decision: machine.Decision[RemediationSaga, S]) -> list[kinds.Output]:
-    """The decision's state changes, then its commands (the outbox's order)."""
-    return list(kinds.outputs(decision, state_changed))
-
-
 def holds(saga: RemediationSaga) -> bool:
     """The remediation holds its node (admitted, not ended, not folded)."""
     return saga.state not in (*TERMINAL_STATES, S.ADMISSION_REQUIRED, S.FOLDED)
@@ -146,7 +142,7 @@ KIND: kinds.SagaKind[RemediationSaga] = kinds.SagaKind(
         *(("upgrade", state) for state in FOLDING_STATES),
     ),
     step=step,
-    outputs=outputs,
+    state_changed=state_changed,
     pending=pending,
     holds=holds,
     waiting=waiting,

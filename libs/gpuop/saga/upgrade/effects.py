@@ -16,7 +16,7 @@ from __future__ import annotations
 from gpuop.events import Command, ids
 from gpuop.events import driver as dm
 from gpuop.policy import GPUClusterPolicySpec, UpgradePolicy
-from gpuop.saga.actions import IssuedCommand
+from gpuop.saga import machine
 from gpuop.saga.machine import Effects
 from gpuop.saga.upgrade.records import NodeSaga, Target
 from gpuop.saga.upgrade.steps import Step, StepKind, executor_timeout, limit_seconds
@@ -25,19 +25,8 @@ RESUME_STEP = "operands-resume"
 """Token of the ResumeOperands sent in the uncordon step (the Uncordon uses `uncordon`)."""
 
 
-def issue(saga: NodeSaga, payload: Command, token: str) -> IssuedCommand:
-    """`payload` under the id of `token` in the saga's current attempt."""
-    return IssuedCommand(
-        payload=payload,
-        id=ids.step(saga.saga_id, token, saga.attempt),
-        step=token,
-        attempt=saga.attempt,
-    )
-
-
-def action_id(saga: NodeSaga, token: str) -> str:
-    """The id of the Kubernetes action of `token` in the saga's current attempt."""
-    return ids.step(saga.saga_id, token, saga.attempt)
+issue = machine.issue
+action_id = machine.action_id
 
 
 def label_id(saga: NodeSaga) -> str:

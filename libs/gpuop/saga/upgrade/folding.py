@@ -8,8 +8,9 @@ event, written once, so that a replay equals the runtime by construction.
                the saga upgrade, or nothing)
     started    a saga built from its `SagaStarted`, and the `SagaStarted` of a new saga
     step       one decision, or None when the saga is left as it was
-    outputs    a decision's state changes and commands, in publishing order, with their ids
-    KIND       the upgrade as the runtime and replay run it (`gpuop.saga.kinds.SagaKind`)
+    KIND       the upgrade as the runtime and replay run it (`gpuop.saga.kinds.SagaKind`;
+               its `outputs`: a decision's state changes and commands, in publishing order,
+               with their ids)
 
 Pure: no bus, no clock, no I/O (the saga core's import contract holds here too).
 """
@@ -123,11 +124,6 @@ def step(
     return kinds.fold_step(decide, trigger, saga, event, policy, now)
 
 
-def outputs(decision: Decision) -> list[kinds.Output]:
-    """The decision's state changes, then its commands (the outbox's order)."""
-    return list(kinds.outputs(decision, state_changed))
-
-
 def subjects_of(prefix: str) -> tuple[str, ...]:
     """The intake's subjects for the upgrade: its domains and its other inbound events."""
     return (
@@ -161,7 +157,7 @@ KIND: kinds.SagaKind[NodeSaga] = kinds.SagaKind(
     subjects=subjects_of,
     trigger=trigger,
     step=step,
-    outputs=outputs,
+    state_changed=state_changed,
     pending=pending,
     holds=holds,
     waiting=lambda saga: saga.state is UpgradeState.UPGRADE_REQUIRED,

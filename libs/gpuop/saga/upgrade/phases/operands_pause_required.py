@@ -6,6 +6,7 @@ from __future__ import annotations
 from gpuop.events import device as dev
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import operands
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.effects import issue
@@ -17,22 +18,15 @@ STATE = S.OPERANDS_PAUSE_REQUIRED
 
 
 def enter(draft: Draft, retry: bool) -> None:
-    operands = bool(draft.saga.operands)
-    if operands:
+    any_operands = bool(draft.saga.operands)
+    if any_operands:
         draft.update(paused=(), operands_paused=True)
     next_state = S.DRIVER_RELOAD_REQUIRED
-    start_or_pass(draft, StepKind.OPERANDS_PAUSE, operands, next_state, "no operands")
+    start_or_pass(draft, StepKind.OPERANDS_PAUSE, any_operands, next_state, "no operands")
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:
-    saga = draft.saga
-    if not isinstance(trigger, dev.OperandPaused) or trigger.command_id != draft.step_id():
-        return
-    if trigger.service not in saga.operands or trigger.service in saga.paused:
-        return
-    paused = tuple(s for s in saga.operands if s in {*saga.paused, trigger.service})
-    draft.update(paused=paused)
-    if len(paused) == len(saga.operands):
+    if operands.count(draft, trigger, dev.OperandPaused):
         draft.outcome(StepResult.SUCCEEDED, "every operand paused")
         draft.move(S.DRIVER_RELOAD_REQUIRED, "operands released the devices")
 

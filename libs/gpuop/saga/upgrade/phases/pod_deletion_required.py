@@ -38,20 +38,20 @@ def on_event(draft: Draft, trigger: Trigger) -> None:
     if not isinstance(trigger, kube.PodDeletionFailed):
         return
     detail = f"GPU pods stayed ({trigger.reason}): {trigger.message}".rstrip(": ")
-    if draft.policy.drain.enable:
-        draft.outcome(StepResult.FAILED, detail)
-        draft.move(S.DRAIN_REQUIRED, f"{detail}; draining instead")
-    else:
-        compensation.fail(draft, detail, StepResult.FAILED)
+    _drain_instead(draft, detail, StepResult.FAILED)
 
 
 def on_deadline(draft: Draft, expired: DeadlineExpired) -> None:
-    detail = overdue(draft)
+    _drain_instead(draft, overdue(draft), StepResult.EXPIRED)
+
+
+def _drain_instead(draft: Draft, detail: str, result: StepResult) -> None:
+    """The GPU pods stayed: drain the node when the policy drains, else the upgrade fails."""
     if draft.policy.drain.enable:
-        draft.outcome(StepResult.EXPIRED, detail)
+        draft.outcome(result, detail)
         draft.move(S.DRAIN_REQUIRED, f"{detail}; draining instead")
     else:
-        compensation.fail(draft, detail, StepResult.EXPIRED)
+        compensation.fail(draft, detail, result)
 
 
 def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:

@@ -4,12 +4,11 @@ boot came up on the target drivers)."""
 
 from __future__ import annotations
 
-from gpuop.events import driver as dm
 from gpuop.events import hardware as hw
-from gpuop.events import kube
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import reboots
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.effects import issue
@@ -25,13 +24,11 @@ def enter(draft: Draft, retry: bool) -> None:
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:
-    saga = draft.saga
-    if not isinstance(trigger, kube.NodeObserved | hw.HardwareDiscovered) or not trigger.boot_id:
+    boot_id = reboots.new_boot(draft.saga, trigger)
+    if boot_id is None:
         return
-    if trigger.boot_id == saga.boot_id_at_reboot:
-        return  # the boot the reboot was decided in: not rebooted yet, whatever the time
-    draft.update(boot_id=trigger.boot_id, reload_round=saga.reload_round + 1)
-    draft.outcome(StepResult.SUCCEEDED, f"new boot id {trigger.boot_id}")
+    draft.update(boot_id=boot_id, reload_round=draft.saga.reload_round + 1)
+    draft.outcome(StepResult.SUCCEEDED, f"new boot id {boot_id}")
     if isinstance(trigger, hw.HardwareDiscovered) and _runs_targets(draft, trigger):
         # the new drivers run but are not validated: they stay touched until they are
         draft.move(S.VALIDATION_REQUIRED, "rebooted into the target drivers")
@@ -52,10 +49,6 @@ on_deadline = fail_on_deadline
 
 
 def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
-    if saga.boot_id_at_reboot is None:
-        raise ValueError("a reboot needs the boot id it was decided in")
-    reboot = dm.RebootNode(
-        boot_id=saga.boot_id_at_reboot,
-        reason=f"driver unload failed in use during {saga.rollout_id}",
-    )
+    reason = f"driver unload failed in use during {saga.rollout_id}"
+    reboot = reboots.reboot_node(saga, reason)
     return (issue(saga, reboot, saga.step.token),), ()

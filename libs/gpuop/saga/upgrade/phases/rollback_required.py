@@ -10,6 +10,7 @@ from __future__ import annotations
 from gpuop.events import device as dev
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import operands
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.effects import driver_effects, issue
@@ -41,14 +42,7 @@ def _next_step(draft: Draft) -> None:
 
 
 def _on_paused(draft: Draft, trigger: Trigger) -> None:
-    saga = draft.saga
-    if not isinstance(trigger, dev.OperandPaused) or trigger.command_id != draft.step_id():
-        return
-    if trigger.service not in saga.operands or trigger.service in saga.paused:
-        return
-    paused = tuple(s for s in saga.operands if s in {*saga.paused, trigger.service})
-    draft.update(paused=paused)
-    if len(paused) == len(saga.operands):
+    if operands.count(draft, trigger, dev.OperandPaused):
         draft.outcome(StepResult.SUCCEEDED, "every operand paused again")
         draft.start(rollback_plan(draft.rollback_components())[0])
 

@@ -19,6 +19,7 @@ from gpuop.events import kube
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import operands
 from gpuop.saga.actions import RunValidationPod
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.upgrade import compensation
@@ -85,15 +86,8 @@ def _rung_failed(draft: Draft, failure: dm.DriverFailure, detail: str) -> None:
 
 
 def _on_resumed(draft: Draft, trigger: Trigger) -> None:
-    saga = draft.saga
-    if not isinstance(trigger, dev.OperandResumed) or trigger.command_id != draft.step_id():
-        return
-    if trigger.service not in saga.operands or trigger.service in saga.paused:
-        return
     # `paused` counts the confirmations of this resume, as the pause step counts its own
-    resumed = tuple(s for s in saga.operands if s in {*saga.paused, trigger.service})
-    draft.update(paused=resumed)
-    if len(resumed) == len(saga.operands):
+    if operands.count(draft, trigger, dev.OperandResumed):
         draft.update(paused=())
         draft.outcome(StepResult.SUCCEEDED, "every operand resumed")
         _next_step(draft)
