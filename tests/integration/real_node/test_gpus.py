@@ -132,10 +132,8 @@ async def test_a_pod_asking_for_2_gpus_sees_2_gpus_the_control_nodes_and_the_lib
     assert listed["nvidia-uvm"] == "c 235,0" and listed["nvidiactl"] == "c 195,255", log
     assert f"library: userspace/lib/libnvidia-ml.so.{_version(node)}" in log
     # the names the plugin gave are the complete spec's, which the runtime resolved
-    devices = inspected["info"]["config"].get("CDI_devices") or inspected["info"]["config"].get(
-        "cdi_devices"
-    )
-    assert devices and all(d["name"].startswith(f"{cdi.KIND}=GPU-") for d in devices), inspected
+    devices = [d["name"] for d in inspected["info"]["config"]["CDI_devices"]]
+    assert len(devices) == 2 and all(d.startswith(f"{cdi.KIND}=GPU-") for d in devices), devices
 
 
 async def test_a_kubelet_restart_re_registers_the_plugin(
