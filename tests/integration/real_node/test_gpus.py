@@ -27,8 +27,8 @@ from gpuop.events import device, new_event
 from gpuop.host import cdi
 from gpuop.host.roots import HostRoot
 from tests.integration.real_node.conftest import GPUS
-from tests.integration.real_node.test_real_node import pod, running
 from tests.support import real_node
+from tests.support.node_pods import pod, running
 from tests.support.real_node import RealNode
 from tests.support.services import connected
 from tests.support.waiting import eventually
