@@ -25,8 +25,8 @@ from gpuop.events.remediation import NodeRemediationStateChanged, RemediationSta
 from gpuop.kube import conditions, nodes, pods
 from gpuop.saga import replaying
 from gpuop.saga.remediation.records import RemediationSaga
-from gpuop.services.upgrade_orchestrator.kinds import KindStore
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION as REMEDIATION_KIND
+from gpuop.services.upgrade_orchestrator.store import SagaStore
 from gpuop_sim.host import simreset
 from tests.support.rollouts import log_of
 from tests.support.stack import OLD, Stack, stack
@@ -76,7 +76,7 @@ async def uids(running: Stack, node: str) -> dict[tuple[str, str], str]:
 
 async def remediation_of(running: Stack, node: str) -> RemediationSaga | None:
     """The node's remediation record as the orchestrator stored it."""
-    store = KindStore(await running.bus.kv(Buckets.SAGAS), REMEDIATION_KIND)
+    store = SagaStore(await running.bus.kv(Buckets.SAGAS), REMEDIATION_KIND)
     stored = await store.get(node)
     return None if stored is None else stored.saga
 

@@ -23,7 +23,7 @@ import nats
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
-from gpuop.bus import callouts, grants, launcher, nkeys, reviewers
+from gpuop.bus import NatsBus, callouts, grants, launcher, nkeys, reviewers
 from gpuop.bus.errors import BusUnavailable
 from tests.support.shipped_nats import (
     CONFIG,
@@ -66,6 +66,9 @@ class CalloutNats:
     reviewer: reviewers.MemoryReviewer = field(default_factory=reviewers.MemoryReviewer)
     port: int = 0
     passwords: dict[str, str] = field(default_factory=dict)
+    server_passwords: dict[str, str] = field(default_factory=dict)
+    """What the server reads for a <USER>_PASSWORD variable, where not the user's password
+    itself: the chart gives it bcrypt hashes."""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     _process: asyncio.subprocess.Process | None = None
     _callout: asyncio.Task[None] | None = None
@@ -104,6 +107,7 @@ class CalloutNats:
         ports = self.workdir / "ports"
         ports.mkdir(exist_ok=True)
         env = {variable: self.passwords[user] for user, variable in PASSWORD_USERS.items()}
+        env.update(self.server_passwords)
         env["NATS_AUTH_ISSUER"] = self.issuer.public_key
         try:
             self._process, ports_of = await launcher.run_server(
@@ -153,6 +157,16 @@ class CalloutNats:
         process, self._process = self._process, None
         if process is not None:
             await launcher.terminate(process)
+
+    async def make_streams(self) -> None:
+        """The streams and buckets, as the orchestrator makes them (as admin; the caller
+        points SSL_CERT_FILE at `ca_file`)."""
+        admin = NatsBus(
+            self.url.replace("tls://", f"tls://admin:{self.passwords['admin']}@"),
+            name="test-admin",
+        )
+        await admin.start()
+        await admin.close()
 
     async def password_client(self, user: str, **options: Any) -> Client:
         host = self.url.replace("tls://", f"tls://{user}:{self.passwords[user]}@")

@@ -4,11 +4,14 @@ KWOK, built from their Go modules by `make cluster-tools` (tests/cluster/build-t
 
 Everything binds to loopback on free ports and lives in one work directory: the PKI made
 here (a CA, the apiserver's serving certificate, an admin client certificate in
-system:masters, a service-account signing key), etcd's data, each component's log and the
+system:masters, a service-account signing key; the CA's key stays, so a test can issue a
+kubelet's credential, `system:node:<name>`), etcd's data, each component's log and the
 apiserver's audit log (JSON lines, every request at Metadata level, so a test counts
-requests by user and verb). The apiserver runs the Node and RBAC authorizers and its default
-admission plugins. Each component runs in its own process group and is stopped with it:
-SIGTERM in reverse start order, SIGKILL after a grace. Nothing is downloaded at run time.
+requests by user and verb). The apiserver runs the Node and RBAC authorizers, its default
+admission plugins and NodeRestriction, as every conformant cluster does (it keeps a kubelet
+to its own Node and from the labels under node-restriction.kubernetes.io/). Each component
+runs in its own process group and is stopped with it: SIGTERM in reverse start order, SIGKILL
+after a grace. Nothing is downloaded at run time.
 
 KWOK plays every node's kubelet: `Fleet` creates Nodes that report GPU capacity and KWOK
 keeps them Ready (node leases) and runs the pods bound to them (Running and Ready; deleted
@@ -333,6 +336,17 @@ class ControlPlane(Launcher):
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         return path
 
+    def write_node_kubeconfig(self, path: Path, node: str) -> Path:
+        """A kubeconfig with the credential of `node`'s kubelet (a client certificate for
+        `system:node:<node>` in `system:nodes`), which the Node authorizer and the
+        NodeRestriction admission plugin keep to that Node."""
+        user = f"system:node:{node}"
+        certificate, key = self.pki.authority().sign(user, client=True, organisation="system:nodes")
+        credentials = {"client-certificate-data": _b64(certificate), "client-key-data": _b64(key)}
+        config = kubeconfig(self.url, self.pki.ca, user, credentials)
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        return path
+
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.pki.ca))
 
@@ -400,6 +414,7 @@ class ControlPlane(Launcher):
                 f"--service-account-signing-key-file={pki.key('service-accounts')}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
                 "--allow-privileged=true",
                 f"--audit-policy-file={policy}",
                 f"--audit-log-path={self.audit_log}",

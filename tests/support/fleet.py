@@ -54,7 +54,14 @@ def kubectl(
     plane: ControlPlane, *arguments: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """The real kubectl against `plane` as its admin (its result, whatever the exit code)."""
-    command = [str(binary("kubectl")), "--kubeconfig", str(plane.admin_kubeconfig), *arguments]
+    return kubectl_as(plane.admin_kubeconfig, *arguments, stdin=stdin)
+
+
+def kubectl_as(
+    kubeconfig: Path, *arguments: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real kubectl as whoever `kubeconfig` names (its result, whatever the exit code)."""
+    command = [str(binary("kubectl")), "--kubeconfig", str(kubeconfig), *arguments]
     return subprocess.run(
         command, input=stdin, capture_output=True, text=True, timeout=120, check=False
     )

@@ -24,8 +24,8 @@ from gpuop.saga import NodeStatus
 from gpuop.saga.mig.records import MigSaga
 from gpuop.saga.mig.states import TERMINAL_STATES
 from gpuop.services.upgrade_orchestrator import intake
-from gpuop.services.upgrade_orchestrator.kinds import KindStore
 from gpuop.services.upgrade_orchestrator.migs import MIG_RECONFIGURATION, Starter
+from gpuop.services.upgrade_orchestrator.store import SagaStore
 from tests.support.mig_sagas import POD_A, inventory
 from tests.support.orchestrator import Stack, answers
 
@@ -68,7 +68,7 @@ class Reconfiguring:
 
     bus: InMemoryBus
     stack: Stack
-    store: KindStore[MigSaga]
+    store: SagaStore[MigSaga]
     agents: MigAgents
     nodes: tuple[str, ...]
 
@@ -134,7 +134,7 @@ async def reconfiguring(
     inventories = await bus.kv(Buckets.NODES)
     for node in nodes:
         await inventories.put(subjects.encode_node(node), inventory().model_dump_json().encode())
-    store = await KindStore.open(bus, MIG_RECONFIGURATION)
+    store = await SagaStore.open(bus, MIG_RECONFIGURATION)
     starter = Starter(runner, store, inventories, kube=kube, namespace="gpuop", clock=stack.clock)
     runner.kinds = (starter.runner(),)
 

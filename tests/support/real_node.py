@@ -44,10 +44,11 @@ from typing import Any, TextIO
 
 import yaml
 
-from gpuop.host import runtimes
+from gpuop.host import devnodes, runtimes, system
 from gpuop.host.roots import HostRoot
 from gpuop_sim.cluster import hosts
-from tests.support import control_plane, tiny_images
+from gpuop_sim.host import seeding
+from tests.support import cdi, control_plane, tiny_images
 from tests.support.control_plane import (
     SERVICE_CIDR,
     Component,
@@ -97,6 +98,12 @@ HOST_DROP_INS = Path("/etc/containerd/conf.d/*.toml")
 SHIM_SOCKETS = Path("/run/gpuop-real-node")
 """The runc shims' sockets: a socket path holds 107 bytes and the shim's name is 64 of them,
 so not under the work directory. Safe to share: one real node per machine (`LOCK`)."""
+DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
+"""The kubelet's device-plugin directory: its registration socket and the plugins' sockets,
+here whatever its `--root-dir` (upstream's `DevicePluginPath`)."""
+DRIVER_FILES = Path("/opt/gpuop")
+"""Where a GPU node's CDI spec names the driver's user space on the host: the host root's
+`opt/gpuop`, bind-mounted here while the node runs."""
 OUTSIDE = (
     "/var/lib/kubelet",
     "/var/lib/cni",
@@ -106,6 +113,7 @@ OUTSIDE = (
     "/run/mount",
     "/usr/libexec/kubernetes",
     str(SHIM_SOCKETS),
+    str(DRIVER_FILES),
 )
 """Paths the kubelet, containerd and the CNI library write whatever their roots say (the
 device plugins' registration socket, CNI's result cache); removed at stop unless they were
@@ -126,14 +134,23 @@ CONTAINERD_DISABLED = (
 
 
 def device_nodes(gpus: int) -> dict[str, tuple[int, int]]:
-    """The character devices NVIDIA's driver makes for `gpus` GPUs, by name under /dev: one
-    per GPU and the control device (major 195), the unified memory pair (a dynamic major;
-    235 here). Made for real on the node's host root; nothing answers behind them."""
-    nodes = {f"nvidia{index}": (195, index) for index in range(gpus)}
+    """The character devices of NVIDIA's driver for `gpus` GPUs, by name under /dev: one
+    per GPU (major 195), and the control nodes the driver-manager makes after a load
+    (`gpuop.host.devnodes`): the control device and modeset's (195), the unified memory pair
+    (the simulated kernel's dynamic major, 235). Made for real on the node's host root;
+    nothing answers behind them."""
+    nodes = gpu_nodes(gpus)
     nodes["nvidiactl"] = (195, 255)
+    nodes["nvidia-modeset"] = (195, 254)
     nodes["nvidia-uvm"] = (235, 0)
     nodes["nvidia-uvm-tools"] = (235, 1)
     return nodes
+
+
+def gpu_nodes(gpus: int) -> dict[str, tuple[int, int]]:
+    """`/dev/nvidia<minor>` of each GPU: made when a program first opens it (nvidia-modprobe)
+    or by udev; the launcher makes them."""
+    return {f"nvidia{index}": (195, index) for index in range(gpus)}
 
 
 class RealNodeError(ControlPlaneError):
@@ -247,31 +264,47 @@ class RealNode(Launcher):
         if self.gpus == 0:
             self.host_root.mkdir(parents=True, exist_ok=True)
             return
-        hosts.build_host_root(self.host_root, self.name, self.gpus)
+        root = hosts.build_host_root(self.host_root, self.name, self.gpus)
         devices = self.host_root / "dev"
         devices.mkdir(exist_ok=True)
-        for name, (major, minor) in device_nodes(self.gpus).items():
+        for name, (major, minor) in gpu_nodes(self.gpus).items():
             os.mknod(devices / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        devnodes.create(root)  # the driver-manager's step after every load
+        # the kubelet's device-plugin directory is /var/lib/kubelet/device-plugins whatever
+        # its root dir; a plugin finds it under the host root, as the chart mounts it there
+        kubelet = self.host_root / "var/lib/kubelet"
+        kubelet.mkdir(parents=True, exist_ok=True)
+        (kubelet / "device-plugins").symlink_to(DEVICE_PLUGINS)
+        (kubelet / "pod-resources").symlink_to(self.kubelet_root / "pod-resources")
+        self._user_space(root)
         self._chart_paths()
+
+    def _user_space(self, root: HostRoot) -> None:
+        """The recorded driver's user space installed and in use, as the driver-manager's
+        installer and load leave it (`opt/gpuop/gpu/<version>`), and seen by the runtime at
+        the host's `/opt/gpuop`, where the CDI spec's mounts name it (on a real node the host
+        root is `/`): a bind mount, made only where this machine has no /opt/gpuop."""
+        version = seeding.RECORDED_DRIVER_VERSION
+        kernel_release = system.kernel_release(root)
+        if version is None or kernel_release is None:
+            raise RealNodeError(f"{self.host_root}: no driver or kernel to install for")
+        cdi.install_userspace(root, cdi.manifest(version, kernel_release))
+        if os.path.lexists(DRIVER_FILES):
+            raise RealNodeError(f"{DRIVER_FILES} exists: the node's driver would not be seen")
+        DRIVER_FILES.mkdir(parents=True)
+        _run("mount", "--bind", "-o", "ro", str(self.host_root / "opt/gpuop"), str(DRIVER_FILES))
 
     def _chart_paths(self) -> None:
         """What the chart's node agents mount from the host root (`nodeAgents.hostRoot`) and
-        a simulated one lacks: the machine's os-release, an uptime, /sys/devices; and the
-        kubelet's own directories, at the paths the chart names: its device plugin
-        registration directory (always /var/lib/kubelet/device-plugins) and its PodResources
-        directory (under its root dir), as links the kubelet's hostPath mounts follow. The
-        host root is a shared mount of its own, as `/` is on a systemd host."""
+        a simulated one lacks: the machine's os-release, an uptime, /sys/devices. The host
+        root is a shared mount of its own, as `/` is on a systemd host: the driver-manager
+        mounts it with HostToContainer propagation, which needs a shared (or slave) mount;
+        stop unmounts it with the rest under the work directory."""
         root = self.host_root
         (root / "etc").mkdir(exist_ok=True)
         shutil.copy("/etc/os-release", root / "etc/os-release")
         (root / "proc/uptime").write_text("1000.00 1000.00\n", encoding="utf-8")
         (root / "sys/devices").mkdir(exist_ok=True)
-        kubelet = root / "var/lib/kubelet"
-        kubelet.mkdir(parents=True, exist_ok=True)
-        (kubelet / "device-plugins").symlink_to("/var/lib/kubelet/device-plugins")
-        (kubelet / "pod-resources").symlink_to(self.kubelet_root / "pod-resources")
-        # the driver-manager mounts it with HostToContainer propagation, which needs a shared
-        # (or slave) mount; stop unmounts it with the rest under the work directory
         _run("mount", "--bind", str(root), str(root))
         _run("mount", "--make-rshared", str(root))
 
@@ -625,6 +658,13 @@ disabled_plugins = [{", ".join(_toml(p) for p in CONTAINERD_DISABLED)}]
             ],
             env=self._env(),
         )
+
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet (SIGTERM, as its service manager does) and start it again with the
+        same configuration, until the node is Ready again. Its containers keep running."""
+        self._stop_named("kubelet")
+        self._start_kubelet()
+        self.wait_ready()
 
     # Waiting.
 

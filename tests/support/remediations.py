@@ -25,8 +25,8 @@ from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeStatus
 from gpuop.saga.remediation.records import RemediationSaga
 from gpuop.services.upgrade_orchestrator import intake
-from gpuop.services.upgrade_orchestrator.kinds import KindStore
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION, Starter
+from gpuop.services.upgrade_orchestrator.store import SagaStore
 from tests.support.inventories import inventory
 from tests.support.orchestrator import Stack, answers
 from tests.support.sagas import BOOT_A, BOOT_B
@@ -66,7 +66,7 @@ class Remediating:
     bus: InMemoryBus
     stack: Stack
     starter: Starter
-    store: KindStore[RemediationSaga]
+    store: SagaStore[RemediationSaga]
     nodes: tuple[str, ...]
     statuses: dict[str, NodeStatus] = field(default_factory=dict)
 
@@ -139,7 +139,7 @@ async def remediating(
         await inventories.put(
             subjects.encode_node(node), inventory(boot_id=BOOT_A).model_dump_json().encode()
         )
-    store = await KindStore.open(bus, REMEDIATION)
+    store = await SagaStore.open(bus, REMEDIATION)
     starter = Starter(runner, stack.store, store, inventories, clock=stack.clock)
     runner.kinds = (starter.runner(),)
 

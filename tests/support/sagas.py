@@ -19,9 +19,10 @@ from gpuop.events.driver import Component
 from gpuop.events.fields import NamespacedName
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import ComponentSpec, DriverSpec, GPUClusterPolicySpec, UpgradePolicy
-from gpuop.saga import actions, core, records
+from gpuop.saga import actions
 from gpuop.saga.actions import Decision
-from gpuop.saga.steps import StepKind
+from gpuop.saga.upgrade import core, records
+from gpuop.saga.upgrade.steps import StepKind
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 BOOT_A = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa"

@@ -21,6 +21,7 @@ from gpuop.events import (
     parse_as,
     subjects,
 )
+from gpuop.events.envelope import REGISTRY, Command, Event, StateChangedEvent
 
 NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 LOADED = driver.DriverLoaded(command_id="c1", component=driver.Component.GPU, version="580.1")
@@ -191,3 +192,37 @@ def test_an_event_caused_by_a_message_carries_its_id_and_correlation() -> None:
 
     assert (answer.causationid, answer.correlationid) == ("cmd-1", "saga-1")
     assert (told.causationid, told.correlationid) == ("cmd-1", "other")
+
+
+STATE_CHANGES = [cls for cls in REGISTRY.values() if issubclass(cls, StateChangedEvent)]
+
+
+def test_every_saga_kind_publishes_its_state_changes_on_the_state_subject() -> None:
+    assert {cls.DOMAIN for cls in STATE_CHANGES} == {"upgrade", "remediation", "mig"}
+
+
+@pytest.mark.parametrize("cls", STATE_CHANGES, ids=lambda cls: cls.__name__)
+def test_a_state_change_routes_on_each_state_and_refuses_a_bogus_one(
+    cls: type[StateChangedEvent],
+) -> None:
+    states: Any = cls.model_fields[cls.SUBJECT_FIELD].annotation
+    for state in states:
+        assert cls.subject_token_of({cls.SUBJECT_FIELD: state.value}) == state.value
+    for data in ({}, {cls.SUBJECT_FIELD: "bogus"}, {cls.SUBJECT_FIELD: 3}):
+        with pytest.raises(MalformedMessage, match=cls.SUBJECT_FIELD):
+            cls.subject_token_of(data)
+
+
+def test_an_abstract_payload_has_no_subject_token() -> None:
+    with pytest.raises(TypeError, match="not a concrete payload"):
+        Event.fixed_subject_token()
+    with pytest.raises(TypeError, match="not a concrete payload"):
+        Command.subject_token_of({})
+
+
+def test_commands_and_events_are_typed_from_their_group_and_token() -> None:
+    assert driver.DriverLoaded.TYPE == "io.gpuop.driver.loaded.v1"
+    assert LOADED.subject_token() == driver.DriverLoaded.subject_token_of({}) == "loaded"
+    unload = driver.UnloadDriver
+    assert unload.TYPE == "io.gpuop.cmd.driver-manager.unload.v1"
+    assert unload.subject_token_of({}) == "unload"

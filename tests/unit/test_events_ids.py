@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpuop.events import ids
 from gpuop.events.driver import Component
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.upgrade.steps import Step, StepKind
 
 WORDS = ["started", "admitted", "removed", "outcome", "result", "label", "event", "pods"]
 """Words the kinds' tokens are made of: a node, rollout or state named so is the hard case."""

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuop.bus import streams
-from gpuop.bus.protocol import Buckets
+from gpuop.bus.protocol import Buckets, ConsumerSpec
 from gpuop.events import subjects
 
 NODE_ROLES = frozenset(
@@ -48,6 +48,9 @@ OPERANDS = "operands"
 """The command group every operand on a node consumes (`gpuop.events.device.OPERANDS`)."""
 INBOX = "_INBOX"
 JS_API = "$JS.API"
+CLAIM_SHAPES = ("*.*", "*.*.*.*.*.*.*.*")
+"""The tokens after the node of an IPAM claim's key, `<subnet>.<address>`: an IPv6 subnet
+and address are one token each (`fd00-0000-…_64`), an IPv4 one four (`10.10.0.0_24`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +214,20 @@ def consumer(
     )
 
 
+def node_consumer_spec(
+    role: str, node: str, purpose: str, *, prefix: str, retry_delay: float
+) -> ConsumerSpec:
+    """The spec a node agent consumes with: its consumer for `purpose` as granted here (name,
+    filter, where it starts on first creation), retrying unknown errors after `retry_delay`."""
+    granted = consumer(Identity(role, node), purpose, prefix=prefix)
+    return ConsumerSpec(
+        durable=granted.durable,
+        subjects=granted.filters,
+        retry_delay=retry_delay,
+        deliver_new_only=granted.deliver_new_only,
+    )
+
+
 def _reads(identity: Identity, prefix: str) -> tuple[str, ...]:
     """Filters `identity` reads back from the streams at start (`Bus.read`)."""
     node = identity.node
@@ -300,7 +317,7 @@ _CLUSTER_DEAD_LETTERS: dict[str, Callable[[str], tuple[str, ...]]] = {
         subjects.events_filter("hardware", name="discovered", prefix=p),
         subjects.events_filter("saga", name="deadline-expired", prefix=p),
         subjects.events_filter("upgrade", name="admitted", prefix=p),
-        # the remediation saga's (`gpuop.saga.remediation.kind.is_inbound`)
+        # the remediation saga's (`gpuop.saga.remediation.folding.is_inbound`)
         subjects.events_filter("device", name="health-changed", prefix=p),
         subjects.events_filter("device", name="gpu-holders-listed", prefix=p),
         subjects.events_filter("device", name="gpu-holders-unknown", prefix=p),
@@ -348,8 +365,10 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
             *key(Buckets.IPAM, f"node.{identity.node_token}.*"),
             # its own address claims only (`claim.<node>.<subnet>.<address>`): of the claims
             # of an address the earliest holds it, so a node may claim a free address but
-            # never write, delete or outrank another node's claim
-            f"$KV.{ipam}.claim.{identity.node_token}.>",
+            # never write, delete or outrank another node's claim. Exactly the keys' shapes
+            # (an IPv6 subnet and address are a token each, an IPv4 one four), so no key of
+            # any other shape can be made up under the node's name
+            *(f"$KV.{ipam}.claim.{identity.node_token}.{shape}" for shape in CLAIM_SHAPES),
             # every node's claims are watched, one address or one pool at a time; the claims
             # made before the node was in the key (`addr.<subnet>.<address>`) read, never
             # written; a pool's per-node blocks (`block.<subnet>.*`, the cluster role's)

@@ -194,6 +194,7 @@ class NatsBus:
                 placement=self.placement,
                 share=self.limits.share(bucket) if bucket in streams.SHARES else None,
                 direct=bucket != Buckets.SAGAS,
+                max_value_size=streams.VALUE_BYTES.get(bucket),
             )
         return self._buckets[name]
 

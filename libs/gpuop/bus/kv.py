@@ -70,6 +70,7 @@ async def open_bucket(
     placement: Placement | None = None,
     share: int | None = None,
     direct: bool = True,
+    max_value_size: int | None = None,
 ) -> NatsKeyValue:
     """Open bucket `name`, creating it with file storage and `replicas` when it does not
     exist, holding at most `share` bytes of the store over all its replicas (None: no
@@ -80,21 +81,24 @@ async def open_bucket(
     keeping less history, stops the start with the reason. With `direct`, keys are read by
     direct gets, which a permission can limit to one key (a replica may answer one write
     behind: the sagas, which the orchestrator reads to write back with compare-and-set, keep
-    reading from the stream's leader). Watches and key listings are delivered to inboxes
-    from `new_inbox` (the connection's)."""
+    reading from the stream's leader). With `max_value_size` the bucket refuses a larger
+    message (`streams.VALUE_BYTES`), and an existing bucket gets that bound. Watches and
+    key listings are delivered to inboxes from `new_inbox` (the connection's)."""
     try:
         raw = await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
         max_bytes = streams.replica_bytes(share, replicas) if share is not None else -1
         try:
-            await js.add_stream(_bucket_stream(name, replicas, placement, max_bytes, direct))
+            stream = _bucket_stream(name, replicas, placement, max_bytes, direct)
+            stream.max_msg_size = -1 if max_value_size is None else max_value_size
+            await js.add_stream(stream)
             raw = await js.key_value(name)
         except nats.js.errors.APIError as exc:
             if exc.err_code == PLACEMENT_ERROR:
                 raise PlacementPending(f"cannot place bucket {name} yet: {exc}") from exc
             raise BucketMissing(f"cannot create bucket {name}: {exc}") from exc
     else:
-        if await _reconcile(js, name, replicas, share, direct):
+        if await _reconcile(js, name, replicas, share, direct, max_value_size):
             raw = await js.key_value(name)  # it reads by direct get now
     return NatsKeyValue(name, raw, js, new_inbox)
 
@@ -129,10 +133,15 @@ def _bucket_stream(
 
 
 async def _reconcile(
-    js: JetStreamContext, name: str, replicas: int, share: int | None, direct: bool
+    js: JetStreamContext,
+    name: str,
+    replicas: int,
+    share: int | None,
+    direct: bool,
+    max_value_size: int | None = None,
 ) -> bool:
-    """Report and correct what differs (replicas, byte limit, direct gets, roll-ups);
-    whether direct gets were turned on."""
+    """Report and correct what differs (replicas, byte limit, value size, direct gets,
+    roll-ups); whether direct gets were turned on."""
     stream = f"KV_{name}"
     try:
         config = (await js.stream_info(stream)).config
@@ -176,6 +185,15 @@ async def _reconcile(
             name,
         )
         config.allow_rollup_hdrs = False
+    sized = max_value_size is None or config.max_msg_size == max_value_size
+    if not sized:
+        log.warning(
+            "bucket %s takes messages of up to %s bytes (gpuop wants %d); updating it",
+            name,
+            config.max_msg_size,
+            max_value_size,
+        )
+        config.max_msg_size = max_value_size
     # the byte limit follows the replicas the bucket ends with (reserved once per replica)
     limit = streams.replica_bytes(share, config.num_replicas or 1) if share is not None else None
     if limit is not None and (config.max_bytes or -1) != limit:
@@ -186,7 +204,7 @@ async def _reconcile(
             limit,
         )
         config.max_bytes = limit
-    elif have >= replicas and direct and not rollups:
+    elif have >= replicas and direct and not rollups and sized:
         return False
     try:
         async with asyncio.timeout(RECONCILE_TIMEOUT):
@@ -196,13 +214,14 @@ async def _reconcile(
         # gpuop's users may not change a bucket's stream: an administrator does
         log.warning(
             "bucket %s not updated (%r): update it as an administrator "
-            "(nats stream edit KV_%s --replicas %d --max-bytes %d --allow-direct "
-            "--no-allow-rollup)",
+            "(nats stream edit KV_%s --replicas %d --max-bytes %d --max-msg-size %d "
+            "--allow-direct --no-allow-rollup)",
             name,
             exc,
             name,
             config.num_replicas or 1,
             config.max_bytes or -1,
+            config.max_msg_size or -1,
         )
         return False
 

@@ -25,8 +25,9 @@ import tempfile
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
+from typing import Any, Self
 
+from gpuop import lifecycles
 from gpuop.bus.errors import BusUnavailable
 
 
@@ -151,7 +152,7 @@ async def terminate(process: asyncio.subprocess.Process) -> None:
         await process.wait()
 
 
-class NatsServer:
+class NatsServer(lifecycles.Startable):
     """One nats-server process with JetStream on 127.0.0.1."""
 
     def __init__(
@@ -250,17 +251,8 @@ class NatsServer:
             self._owned_dir.cleanup()
             self._owned_dir = None
 
-    async def __aenter__(self) -> NatsServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await super().__aexit__(*exc_info)
         with contextlib.suppress(OSError):
             self.cleanup()
 
@@ -279,7 +271,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(probe.getsockname()[1])
 
 
-class NatsCluster:
+class NatsCluster(lifecycles.Startable):
     """`size` nats-servers with JetStream joined by routes into one cluster, on loopback
     (or each member at its own `hosts` address, behind its `prefixes` command)."""
 
@@ -359,21 +351,13 @@ class NatsCluster:
     async def stop(self) -> None:
         await asyncio.gather(*(member.stop() for member in self.members))
 
-    async def __aenter__(self) -> NatsCluster:
+    async def __aenter__(self) -> Self:
         try:
-            await self.start()
+            return await super().__aenter__()
         except BaseException:
+            # the members that did start must not outlive a cluster that never formed
             await self.stop()
             raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
 
 async def _meta_leader(monitor_url: str) -> str:

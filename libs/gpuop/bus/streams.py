@@ -47,6 +47,17 @@ SHARES: Mapping[str, float] = {
     Buckets.IPAM: 0.05,
 }
 """Each stream's and bucket's part of the store (the inventories are the largest values)."""
+KiB = 1 << 10
+VALUE_BYTES: Mapping[str, int] = {Buckets.IPAM: 4 * KiB}
+"""The largest message a bucket's stream takes (its `max_msg_size`: key, value and headers),
+where it is far below the account's 1 MB payload. Every IPAM value is a small JSON object (a
+claim or a record: node, network and address; a block: node, first and last address), under
+1 KB with the longest names Kubernetes allows; without the bound one node's network-manager
+could fill the whole bucket with a few hundred 1 MB values under its own keys, and every
+other node's next claim would be refused (a full bucket takes no new writes). The bound is
+the stream's, so it holds for every user alike: nats-server gives a user no payload limit of
+its own, neither a static one (it refuses `max_payload` in a user) nor one the auth callout
+issues (it applies only the issued JWT's permissions: server/auth_callout.go)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,11 @@ comes through its public face, `gpuop.services.driver_manager.facade`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -81,7 +82,10 @@ class Host:
         return result
 
 
-def _locked(host: Host) -> driver_manager.StateLock:
+@contextlib.contextmanager
+def _locked(host: Host) -> Iterator[None]:
+    """The driver-manager's state lock held for the block, after what an interrupted install
+    left is removed; `CommandFailed` while a driver-manager holds it."""
     lock = driver_manager.StateLock(host.root)
     if not lock.try_acquire():
         raise CommandFailed(
@@ -90,14 +94,16 @@ def _locked(host: Host) -> driver_manager.StateLock:
         )
     for path in driver_manager.clean_staging(host.root):
         print(f"removed what an interrupted install left: {path}")
-    return lock
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 async def install(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     host = Host(args, environ)
     source = _source(args)
-    lock = _locked(host)
-    try:
+    with _locked(host):
         component, version = host.component, args.version
         await _step(
             host,
@@ -126,8 +132,6 @@ async def install(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                 ) from None
         if args.validate:
             await _validate(host, version, args.output)
-    finally:
-        lock.release()
     _finish(host, args)
     return 0
 
@@ -144,8 +148,7 @@ async def rollback(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             f"{', '.join(installed) or 'none'})"
         )
     source = _source(args) if args.source is not None else None
-    lock = _locked(host)
-    try:
+    with _locked(host):
         await _step(
             host,
             dm.RollbackDriver(component=host.component, version=version, source=source),
@@ -153,8 +156,6 @@ async def rollback(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         )
         if args.validate:
             await _validate(host, version, args.output)
-    finally:
-        lock.release()
     _finish(host, args)
     return 0
 

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuop.cli import nodes
 from gpuop.host import cdi
 from gpuop.host.errors import HostError
 from gpuop.host.roots import HostRoot
 from gpuop.inventory import cdi_devices
-from gpuop.nvml import NvmlError, open_backend
-from gpuop.runtime.settings import SettingsError
+from gpuop.nvml import NvmlError
 
 
 def add_parser(verbs: Any) -> None:
@@ -42,10 +41,9 @@ def add_parser(verbs: Any) -> None:
             "binaries and firmware as read-only mounts, the GPUs by index, UUID and all."
         ),
     )
-    generate.add_argument("--host-root", help="host root filesystem (GPUOP_HOST_ROOT, /host)")
+    nodes.add_host_root(generate)
     generate.add_argument("--out", type=Path, help="write the spec to FILE instead of stdout")
-    generate.add_argument("--nvml", help="real, sim:<gpus> or recorded:<file> (GPUOP_NVML)")
-    generate.add_argument("--node", help="node name; names simulated GPUs (GPUOP_NODE)")
+    nodes.add_nvml(generate)
     generate.set_defaults(handler=generate_spec)
 
 
@@ -54,12 +52,8 @@ async def generate_spec(args: argparse.Namespace, environ: Mapping[str, str]) ->
 
 
 def generate_once(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    host_root = Path(args.host_root or environ.get("GPUOP_HOST_ROOT") or "/host")
-    spec = args.nvml or environ.get("GPUOP_NVML") or "real"
-    node = args.node or environ.get("GPUOP_NODE") or socket.gethostname()
-    if not host_root.is_dir():
-        raise SettingsError(f"--host-root {host_root}: no such directory")
-    nvml = open_backend(spec, host_root=host_root, node=node, holder_id="gpuop-cdi")
+    host_root = nodes.host_root(args, environ)
+    nvml = nodes.open_nvml(args, environ, host_root, "gpuop-cdi")
     try:
         data = cdi_devices.generate(HostRoot(host_root), nvml)
     except cdi.CdiError as error:

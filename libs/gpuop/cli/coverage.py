@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from gpuop.events import driver as dm
 from gpuop.events.driver import Component, InstallFailureReason
-from gpuop.saga.records import Target
+from gpuop.saga.upgrade.records import Target
 from gpuop.services.driver_manager import facade as driver_manager
 
 CONNECT_TIMEOUT = 10.0

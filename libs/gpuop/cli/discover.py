@@ -12,18 +12,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuop.cli import nodes
 from gpuop.events.hardware import HardwareDiscovered
 from gpuop.host.errors import HostError
 from gpuop.host.roots import HostRoot
 from gpuop.inventory import labeling, scanning
-from gpuop.nvml import NvmlError, open_backend
-from gpuop.runtime.settings import SettingsError
+from gpuop.nvml import NvmlError
 
 
 def add_parser(verbs: Any) -> None:
@@ -32,9 +31,8 @@ def add_parser(verbs: Any) -> None:
         help="print this node's inventory and the labels it implies",
         description="Scan a host root and NVML once; print the inventory and its node labels.",
     )
-    discover.add_argument("--host-root", help="host root filesystem (GPUOP_HOST_ROOT, /host)")
-    discover.add_argument("--nvml", help="real, sim:<gpus> or recorded:<file> (GPUOP_NVML)")
-    discover.add_argument("--node", help="node name; names simulated GPUs (GPUOP_NODE)")
+    nodes.add_host_root(discover)
+    nodes.add_nvml(discover)
     discover.add_argument("--json", action="store_true", help="one JSON object")
     discover.set_defaults(handler=discover_node)
 
@@ -45,12 +43,8 @@ async def discover_node(args: argparse.Namespace, environ: Mapping[str, str]) ->
 
 
 def discover_once(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    host_root = Path(args.host_root or environ.get("GPUOP_HOST_ROOT") or "/host")
-    spec = args.nvml or environ.get("GPUOP_NVML") or "real"
-    node = args.node or environ.get("GPUOP_NODE") or socket.gethostname()
-    if not host_root.is_dir():
-        raise SettingsError(f"--host-root {host_root}: no such directory")
-    nvml = open_backend(spec, host_root=host_root, node=node, holder_id="gpuop-discover")
+    host_root = nodes.host_root(args, environ)
+    nvml = nodes.open_nvml(args, environ, host_root, "gpuop-discover")
     try:
         inventory = scanning.scan(HostRoot(host_root), nvml)
     except (HostError, NvmlError) as error:

@@ -26,7 +26,7 @@ import re
 from gpuop.cli import coverage
 from gpuop.cli.errors import CommandFailed
 from gpuop.events.driver import Component
-from gpuop.saga.records import Target
+from gpuop.saga.upgrade.records import Target
 from gpuop.services.driver_manager import facade as driver_manager
 
 UNCHANGED = "the policy is unchanged"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import tempfile
 from collections.abc import Mapping
@@ -93,30 +94,21 @@ def _build(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="gpuop-package-") as scratch:
         work = args.work or Path(scratch)
         try:
-            if args.from_debian:
-                built = building.build_from_debian(
-                    version=args.version,
-                    kernel_release=args.kernel,
-                    flavour=Flavour(args.flavour),
-                    out=args.out,
-                    work=work,
-                    debs=args.debs,
-                    jobs=args.jobs,
-                    signing_key=args.sign_key,
-                    module_signing=module_signing,
-                )
-            else:
-                built = building.build_from_run(
-                    args.from_run,
-                    kernel_release=args.kernel,
-                    flavour=Flavour(args.flavour),
-                    out=args.out,
-                    work=work,
-                    debs=args.debs,
-                    jobs=args.jobs,
-                    signing_key=args.sign_key,
-                    module_signing=module_signing,
-                )
+            build = (
+                functools.partial(building.build_from_debian, version=args.version)
+                if args.from_debian
+                else functools.partial(building.build_from_run, args.from_run)
+            )
+            built = build(
+                kernel_release=args.kernel,
+                flavour=Flavour(args.flavour),
+                out=args.out,
+                work=work,
+                debs=args.debs,
+                jobs=args.jobs,
+                signing_key=args.sign_key,
+                module_signing=module_signing,
+            )
         except (building.BuildError, manifests.ManifestError) as exc:
             raise CommandFailed(str(exc)) from None
     index = args.out / packaging.INDEX

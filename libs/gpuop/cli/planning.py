@@ -25,7 +25,7 @@ from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import admission
 from gpuop.saga.admission import NodeStatus
-from gpuop.saga.records import NodeSaga, desired_targets, new_saga
+from gpuop.saga.upgrade.records import NodeSaga, desired_targets, new_saga
 
 S = UpgradeState
 

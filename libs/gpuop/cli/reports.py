@@ -23,7 +23,7 @@ from gpuop.cli.snapshots import NodeView, Snapshot, running_versions
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import admission
-from gpuop.saga.records import components_to_upgrade
+from gpuop.saga.upgrade.records import components_to_upgrade
 
 S = UpgradeState
 Obj = dict[str, Any]

@@ -15,15 +15,14 @@ import asyncio
 import difflib
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+from gpuop.cli import nodes
 from gpuop.cli.errors import CommandFailed
 from gpuop.clocks import SystemClock
 from gpuop.host import restarting, runtimes
 from gpuop.host.errors import HostError
 from gpuop.host.roots import HostRoot
-from gpuop.runtime.settings import SettingsError
 
 
 def add_parser(verbs: Any) -> None:
@@ -40,7 +39,7 @@ def add_parser(verbs: Any) -> None:
         "containerd's conf.d/99-nvidia.toml (imported from the main config) or CRI-O's "
         "crio.conf.d/99-nvidia.conf.",
     )
-    configure.add_argument("--host-root", help="host root filesystem (GPUOP_HOST_ROOT, /host)")
+    nodes.add_host_root(configure)
     configure.add_argument("--runtime", required=True, choices=[r.value for r in runtimes.Runtime])
     configure.add_argument(
         "--runtime-path",
@@ -92,10 +91,7 @@ def plan_for(
     args: argparse.Namespace, environ: Mapping[str, str]
 ) -> tuple[HostRoot, runtimes.RuntimePlan]:
     """The host root the arguments name and the plan for its runtime."""
-    host_root = Path(args.host_root or environ.get("GPUOP_HOST_ROOT") or "/host")
-    if not host_root.is_dir():
-        raise SettingsError(f"--host-root {host_root}: no such directory")
-    root = HostRoot(host_root)
+    root = HostRoot(nodes.host_root(args, environ))
     try:
         planned = runtimes.plan(
             root, runtimes.Runtime(args.runtime), runtime_path=args.runtime_path

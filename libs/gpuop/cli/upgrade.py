@@ -34,7 +34,7 @@ from gpuop.kube import client as kubeclient
 from gpuop.kube import errors as kubeerrors
 from gpuop.policy import GPUClusterPolicySpec, flavours, selectors
 from gpuop.policy.drivers import DEFAULT_POOL, DriverSource, DriverVersion
-from gpuop.saga.records import desired_targets
+from gpuop.saga.upgrade.records import desired_targets
 
 REQUEST_TIMEOUT = 10.0
 """Seconds one API request of the CLI may take."""

@@ -16,9 +16,10 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Final, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from gpuop.events import subjects
+from gpuop.events.fields import WIRE_MODEL
 
 SPEC_VERSION: Final = "1.0"
 TYPE_PREFIX = "io.gpuop"
@@ -39,23 +40,48 @@ class UnknownEventType(LookupError):
 class Payload(BaseModel):
     """Base of every event and command payload: frozen, tolerant of unknown fields."""
 
-    model_config = ConfigDict(
-        extra="ignore", frozen=True, use_attribute_docstrings=True, defer_build=True
-    )
+    model_config = WIRE_MODEL
 
     TYPE: ClassVar[str] = ""
     """CloudEvents `type`, set for each concrete subclass from its class variables."""
     VERSION: ClassVar[int] = 1
     """Schema version; a breaking change adds a new model with the next version."""
     ABSTRACT: ClassVar[bool] = True
+    TOKEN_VARIABLE: ClassVar[str] = ""
+    """The class variable that names a concrete payload and is the last token of its subject
+    (`NAME` for an event, `VERB` for a command): a subclass that declares it is registered."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if cls.TOKEN_VARIABLE and cls.TOKEN_VARIABLE in cls.__dict__:
+            cls.ABSTRACT = False
+            cls.TYPE = (
+                f"{TYPE_PREFIX}.{cls.type_group()}.{cls.fixed_subject_token()}.v{cls.VERSION}"
+            )
+            _register(cls)
+
+    @classmethod
+    def type_group(cls) -> str:
+        """The middle of the CloudEvents type: the event's domain, `cmd.` and the service."""
+        raise TypeError(f"{cls.__name__} is neither an event nor a command")
+
+    @classmethod
+    def fixed_subject_token(cls) -> str:
+        """The value of `TOKEN_VARIABLE`: the event's `NAME`, the command's `VERB`."""
+        if cls.ABSTRACT:
+            raise TypeError(f"{cls.__name__} is not a concrete payload")
+        return str(getattr(cls, cls.TOKEN_VARIABLE))
 
     def subject_token(self) -> str:
         """Last token of the bus subject; events named after a state override it."""
-        raise TypeError(f"{type(self).__name__} is not a concrete payload")
+        return self.fixed_subject_token()
 
     @classmethod
     def subject_token_of(cls, data: dict[str, Any]) -> str:
         """`subject_token` without building the model, for routing already-encoded data."""
+        if cls.subject_token is Payload.subject_token:
+            return cls.fixed_subject_token()
         return cls.model_validate(data).subject_token()
 
 
@@ -74,59 +100,56 @@ def _register(cls: type[Payload]) -> None:
 class Event(Payload):
     """A fact about a node (or the cluster), in the past tense."""
 
+    TOKEN_VARIABLE: ClassVar[str] = "NAME"
     DOMAIN: ClassVar[str]
     """Subject group: `hardware`, `driver`, `device`, `network`, `upgrade`, `kube`, `saga`."""
     NAME: ClassVar[str]
     """Last subject token and middle of the type: `loaded` -> `io.gpuop.driver.loaded.v1`."""
 
     @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        if "NAME" in cls.__dict__:
-            cls.ABSTRACT = False
-            cls.TYPE = f"{TYPE_PREFIX}.{cls.DOMAIN}.{cls.NAME}.v{cls.VERSION}"
-            _register(cls)
+    def type_group(cls) -> str:
+        return cls.DOMAIN
+
+
+class StateChangedEvent(Event):
+    """A saga's move to a new state, published on the subject of that state (its
+    `SUBJECT_FIELD`) instead of its `NAME`, so a subscriber can filter on the state."""
+
+    SUBJECT_FIELD: ClassVar[str] = "to_state"
+    """The field whose value is the subject's last token instead of `NAME`."""
+    SUBJECT_PARAMETER: ClassVar[str] = "state"
+    """Name of that token in the AsyncAPI channel address."""
 
     def subject_token(self) -> str:
-        return self.NAME
+        return str(getattr(self, self.SUBJECT_FIELD).value)
 
     @classmethod
     def subject_token_of(cls, data: dict[str, Any]) -> str:
-        if cls.subject_token is Event.subject_token:
-            return cls.NAME
-        return super().subject_token_of(data)
+        states: Any = cls.model_fields[cls.SUBJECT_FIELD].annotation
+        try:
+            return str(states(data[cls.SUBJECT_FIELD]).value)
+        except (KeyError, TypeError, ValueError):
+            raise MalformedMessage(f"{cls.TYPE} data has no valid {cls.SUBJECT_FIELD}") from None
 
 
 class Command(Payload):
     """An order to one node agent; its id is deterministic so re-issuing it is a no-op."""
 
+    TOKEN_VARIABLE: ClassVar[str] = "VERB"
     SERVICE: ClassVar[str]
     """The service that executes it: the subject group."""
     VERB: ClassVar[str]
     """Last subject token: `unload` -> `gpuop.cmd.driver-manager.<node>.unload`."""
 
     @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        if "VERB" in cls.__dict__:
-            cls.ABSTRACT = False
-            cls.TYPE = f"{TYPE_PREFIX}.cmd.{cls.SERVICE}.{cls.VERB}.v{cls.VERSION}"
-            _register(cls)
-
-    def subject_token(self) -> str:
-        return self.VERB
-
-    @classmethod
-    def subject_token_of(cls, data: dict[str, Any]) -> str:
-        return cls.VERB
+    def type_group(cls) -> str:
+        return f"cmd.{cls.SERVICE}"
 
 
 class Envelope(BaseModel):
     """CloudEvents 1.0 attributes plus gpuop's extensions around one payload."""
 
-    model_config = ConfigDict(
-        extra="ignore", frozen=True, use_attribute_docstrings=True, defer_build=True
-    )
+    model_config = WIRE_MODEL
 
     specversion: Literal["1.0"] = SPEC_VERSION
     """CloudEvents specification version."""

@@ -95,12 +95,17 @@ Attempt = Annotated[int, Field(ge=1, le=10_000)]
 """Which try of a step this is: 1 on the first try, incremented on each retry."""
 
 
+WIRE_MODEL = ConfigDict(
+    extra="ignore", frozen=True, use_attribute_docstrings=True, defer_build=True
+)
+"""How a model on the wire reads: tolerant of unknown fields (a newer producer's), frozen,
+its attribute docstrings the schema's descriptions."""
+
+
 class Record(BaseModel):
     """Base of the nested records inside payloads: frozen, tolerant of unknown fields."""
 
-    model_config = ConfigDict(
-        extra="ignore", frozen=True, use_attribute_docstrings=True, defer_build=True
-    )
+    model_config = WIRE_MODEL
 
 
 class NamespacedName(Record):

@@ -15,12 +15,12 @@ ConfigMap.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field
 
 from gpuop.events.device import OperandService
-from gpuop.events.envelope import Event, MalformedMessage
+from gpuop.events.envelope import Event, StateChangedEvent
 from gpuop.events.fields import (
     Attempt,
     CorrelationId,
@@ -133,15 +133,11 @@ class MigReconfigurationStarted(Event):
     """The operand services that must confirm a pause."""
 
 
-class NodeMigStateChanged(Event):
+class NodeMigStateChanged(StateChangedEvent):
     """A node's MIG reconfiguration moved to a new state; published on that state's subject."""
 
     DOMAIN: ClassVar[str] = DOMAIN
     NAME: ClassVar[str] = "state-changed"
-    SUBJECT_FIELD: ClassVar[str] = "to_state"
-    """The field whose value is the subject's last token instead of `NAME`."""
-    SUBJECT_PARAMETER: ClassVar[str] = "state"
-    """Name of that token in the AsyncAPI channel address."""
 
     saga_id: CorrelationId
     """The reconfiguration (also the envelope's `correlationid`)."""
@@ -157,13 +153,3 @@ class NodeMigStateChanged(Event):
     """Why the saga moved, in words."""
     attempt: Attempt = 1
     """The reconfiguration's attempt."""
-
-    def subject_token(self) -> str:
-        return self.to_state.value
-
-    @classmethod
-    def subject_token_of(cls, data: dict[str, Any]) -> str:
-        try:
-            return MigState(data[cls.SUBJECT_FIELD]).value
-        except (KeyError, TypeError, ValueError):
-            raise MalformedMessage(f"{cls.TYPE} data has no valid {cls.SUBJECT_FIELD}") from None

@@ -14,12 +14,12 @@ per health event (its id is derived from that event's), so a replay refuses it a
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, ClassVar
 
 from pydantic import AwareDatetime, Field
 
 from gpuop.events.device import XidAction
-from gpuop.events.envelope import Event, MalformedMessage
+from gpuop.events.envelope import Event, StateChangedEvent
 from gpuop.events.fields import (
     Attempt,
     BootId,
@@ -116,15 +116,11 @@ class RemediationRefused(Event):
     """When the breaker lets a start through again."""
 
 
-class NodeRemediationStateChanged(Event):
+class NodeRemediationStateChanged(StateChangedEvent):
     """A node's remediation moved to a new state; published on the subject of that state."""
 
     DOMAIN: ClassVar[str] = DOMAIN
     NAME: ClassVar[str] = "state-changed"
-    SUBJECT_FIELD: ClassVar[str] = "to_state"
-    """The field whose value is the subject's last token instead of `NAME`."""
-    SUBJECT_PARAMETER: ClassVar[str] = "state"
-    """Name of that token in the AsyncAPI channel address."""
 
     saga_id: CorrelationId
     """The remediation (also the envelope's `correlationid`)."""
@@ -138,13 +134,3 @@ class NodeRemediationStateChanged(Event):
     """The remediation's attempt."""
     gpu_uuids: tuple[GpuUuid, ...] = Field(default=(), max_length=MAX_GPUS)
     """The GPUs being remediated."""
-
-    def subject_token(self) -> str:
-        return self.to_state.value
-
-    @classmethod
-    def subject_token_of(cls, data: dict[str, Any]) -> str:
-        try:
-            return RemediationState(data[cls.SUBJECT_FIELD]).value
-        except (KeyError, TypeError, ValueError):
-            raise MalformedMessage(f"{cls.TYPE} data has no valid {cls.SUBJECT_FIELD}") from None

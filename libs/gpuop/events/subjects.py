@@ -78,28 +78,19 @@ def _check_token(what: str, token: str) -> str:
 
 def event_subject(domain: str, node: str, name: str, *, prefix: str = DEFAULT_PREFIX) -> str:
     """Subject of event `name` in `domain` about `node` (or `CLUSTER`)."""
-    return ".".join(
-        (
-            prefix,
-            Kind.EVENT,
-            _check_token("domain", domain),
-            encode_node(node),
-            _check_token("event name", name),
-        )
-    )
+    return _subject(prefix, Kind.EVENT, ("domain", domain), node, ("event name", name))
 
 
 def command_subject(service: str, node: str, verb: str, *, prefix: str = DEFAULT_PREFIX) -> str:
     """Subject of command `verb` for `service` on `node`."""
-    return ".".join(
-        (
-            prefix,
-            Kind.COMMAND,
-            _check_token("service", service),
-            encode_node(node),
-            _check_token("verb", verb),
-        )
-    )
+    return _subject(prefix, Kind.COMMAND, ("service", service), node, ("verb", verb))
+
+
+def _subject(
+    prefix: str, kind: Kind, group: tuple[str, str], node: str, last: tuple[str, str]
+) -> str:
+    """`prefix.kind.group.node.last`, each token checked; `group` and `last` are (what, token)."""
+    return ".".join((prefix, kind, _check_token(*group), encode_node(node), _check_token(*last)))
 
 
 def dead_letter_subject(original: str, *, prefix: str = DEFAULT_PREFIX) -> str:

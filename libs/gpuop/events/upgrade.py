@@ -21,7 +21,7 @@ from pydantic import Field, StringConstraints
 
 from gpuop.events.device import OperandService
 from gpuop.events.driver import Component, Flavour
-from gpuop.events.envelope import Event, MalformedMessage
+from gpuop.events.envelope import Event, StateChangedEvent
 from gpuop.events.fields import (
     Attempt,
     BootId,
@@ -69,8 +69,31 @@ class UpgradeState(DocumentedEnum):
     UPGRADE_FAILED = "upgrade-failed"
     """A step failed for good and compensation ran; a backoff or an operator retries it."""
 
+    @property
+    def remediation_folds_in(self) -> bool:
+        """Whether a GPU remediation that starts while the node's upgrade is here folds into
+        the upgrade instead of running on its own: admitted, with the driver reload (or the
+        reboot it falls back to) still ahead and the validation ladder after it, so the
+        upgrade's own reload resets the faulty GPUs and its validation checks them. Not once
+        the reload is behind (validation-required, uncordon-required: nothing would reset a
+        GPU that failed after it), nor in rollback-required (it restores only the components
+        it touched, so it may reload no GPU driver at all), nor before admission or after
+        the end (then the remediation waits for its own admission: one saga at a time)."""
+        return self in _REMEDIATION_FOLDS_IN
+
 
 TERMINAL_STATES = frozenset({UpgradeState.UPGRADE_DONE, UpgradeState.UPGRADE_FAILED})
+_REMEDIATION_FOLDS_IN = frozenset(
+    {
+        UpgradeState.CORDON_REQUIRED,
+        UpgradeState.WAIT_FOR_JOBS_REQUIRED,
+        UpgradeState.POD_DELETION_REQUIRED,
+        UpgradeState.DRAIN_REQUIRED,
+        UpgradeState.OPERANDS_PAUSE_REQUIRED,
+        UpgradeState.DRIVER_RELOAD_REQUIRED,
+        UpgradeState.REBOOT_REQUIRED,
+    }
+)
 """States in which a node's saga takes no further action by itself."""
 
 DRIVER_NOT_READY_TAINT = "gpuop.io/driver-not-ready"
@@ -89,15 +112,11 @@ class SagaReason(DocumentedEnum):
     """The node runs no GPU driver at all (a new node, or a driver gone): it is installed."""
 
 
-class NodeUpgradeStateChanged(Event):
+class NodeUpgradeStateChanged(StateChangedEvent):
     """A node's upgrade saga moved to a new state; published on the subject of that state."""
 
     DOMAIN: ClassVar[str] = DOMAIN
     NAME: ClassVar[str] = "state-changed"
-    SUBJECT_FIELD: ClassVar[str] = "to_state"
-    """The field whose value is the subject's last token instead of `NAME`."""
-    SUBJECT_PARAMETER: ClassVar[str] = "state"
-    """Name of that token in the AsyncAPI channel address."""
 
     rollout_id: CorrelationId
     """The rollout this saga belongs to (also the envelope's `correlationid`)."""
@@ -115,16 +134,6 @@ class NodeUpgradeStateChanged(Event):
     """Version each component is upgraded to."""
     previous_versions: dict[Component, Version] = Field(default_factory=dict, max_length=2)
     """Version each component ran before the upgrade, the rollback target."""
-
-    def subject_token(self) -> str:
-        return self.to_state.value
-
-    @classmethod
-    def subject_token_of(cls, data: dict[str, Any]) -> str:
-        try:
-            return UpgradeState(data[cls.SUBJECT_FIELD]).value
-        except (KeyError, TypeError, ValueError):
-            raise MalformedMessage(f"{cls.TYPE} data has no valid {cls.SUBJECT_FIELD}") from None
 
 
 class NodeAdmitted(Event):

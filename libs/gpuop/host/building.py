@@ -442,16 +442,22 @@ def build_from_debian(
     unpacked packages and the build (kept for a look after a failure); `debs` keeps the
     `.deb`s between builds (default: under `work`)."""
     work.mkdir(parents=True, exist_ok=True)
-    apt = Apt(work / "apt")
-    apt.update()
-    root = work / "root"
-    if root.exists():
-        shutil.rmtree(root)
+    apt, root = _fresh_apt(work)
     debs = debs or work / "debs"
     headers, header_debs = headers_from_debian(apt, kernel_release, debs, root)
     tree = tree_from_debian(apt, version, flavour, debs, root)
     tree.built_from += header_debs
     return assemble(tree, headers, flavour, out, work, jobs, signing_key, module_signing)
+
+
+def _fresh_apt(work: Path) -> tuple[Apt, Path]:
+    """Apt under `work`, its lists updated, and an empty `work/root` to unpack packages in."""
+    apt = Apt(work / "apt")
+    apt.update()
+    root = work / "root"
+    if root.exists():
+        shutil.rmtree(root)
+    return apt, root
 
 
 def assemble(
@@ -640,11 +646,7 @@ def build_from_run(
         shutil.rmtree(extracted)
     extract_run(run, extracted)
     tree = tree_from_run(extracted, flavour, run)
-    apt = Apt(work / "apt")
-    apt.update()
-    root = work / "root"
-    if root.exists():
-        shutil.rmtree(root)
+    apt, root = _fresh_apt(work)
     headers, header_debs = headers_from_debian(apt, kernel_release, debs or work / "debs", root)
     tree.built_from += header_debs
     return assemble(tree, headers, flavour, out, work, jobs, signing_key, module_signing)

@@ -31,7 +31,11 @@ need a hook of gpuop's own, which is not written yet.
 
 Spec-wide edits carry `NVIDIA_VISIBLE_DEVICES=void` (the legacy runtime hook injects nothing
 a second time), the control device nodes and the mounts; each device carries its device
-nodes. Version 0.5.0, the lowest that covers these fields and digit-leading names
+nodes. A device node the host root has is written with its type and numbers (`node_edit`),
+so the runtime makes it in the container without looking at its own `/dev` (the CDI
+specification allows a fully specified node; the runtime stats the path only for what is
+left out); one the host root lacks is named by its path only, as upstream's spec does.
+Version 0.5.0, the lowest that covers these fields and digit-leading names
 (SPEC.md). `write` replaces the file atomically and keeps what it replaced as
 `<file>.previous` (so does `retire`, which removes it); `restore_previous` puts that back
 byte for byte.
@@ -43,6 +47,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -204,6 +209,21 @@ def mig_capability_nodes(
     return tuple(nodes)
 
 
+def node_edit(node: str, root: HostRoot | None = None) -> dict[str, Any]:
+    """A `deviceNodes` entry for `node` (`/dev/...`): with `type`, `major` and `minor` when
+    `root` has it as a character device."""
+    edit: dict[str, Any] = {"path": node}
+    if root is None:
+        return edit
+    try:
+        found = root.join(node.lstrip("/")).lstat()
+    except OSError:
+        return edit
+    if stat.S_ISCHR(found.st_mode):
+        edit.update(type="c", major=os.major(found.st_rdev), minor=os.minor(found.st_rdev))
+    return edit
+
+
 def control_nodes(root: HostRoot) -> tuple[str, ...]:
     """The `CONTROL_DEVICES` the host has."""
     return tuple(node for node in CONTROL_DEVICES if root.join(node).exists())
@@ -222,12 +242,16 @@ def spec(
     driver: DriverFiles,
     control: Sequence[str],
     kind: str = KIND,
+    root: HostRoot | None = None,
 ) -> dict[str, Any]:
-    """The spec document; `CdiError` when there is no device (a spec must define one)."""
+    """The spec document, its device nodes numbered from `root` where it has them
+    (`node_edit`); `CdiError` when there is no device (a spec must define one)."""
     entries = [
         {
             "name": name,
-            "containerEdits": {"deviceNodes": [{"path": node} for node in device.device_nodes]},
+            "containerEdits": {
+                "deviceNodes": [node_edit(node, root) for node in device.device_nodes]
+            },
         }
         for device in devices
         for name in device.names
@@ -240,7 +264,7 @@ def spec(
         "devices": entries,
         "containerEdits": {
             "env": ["NVIDIA_VISIBLE_DEVICES=void"],
-            "deviceNodes": [{"path": node} for node in control],
+            "deviceNodes": [node_edit(node, root) for node in control],
             "mounts": [
                 {
                     "hostPath": mount.host_path,

@@ -41,4 +41,4 @@ def generate(root: HostRoot, nvml: Nvml, kind: str = cdi.KIND) -> bytes:
     driver = cdi.driver_files(root)  # before NVML: a host without a driver says so first
     with opened(nvml) as session:
         devices = gpu_devices(session, root)
-    return cdi.encode(cdi.spec(devices, driver, cdi.control_nodes(root), kind))
+    return cdi.encode(cdi.spec(devices, driver, cdi.control_nodes(root), kind, root))

@@ -44,7 +44,6 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import aiohttp
@@ -52,6 +51,7 @@ import pydantic
 from kubernetes.aio import client, config
 from kubernetes.aio.config.config_exception import ConfigException
 
+from gpuop import lifecycles
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube import errors
 
@@ -132,7 +132,7 @@ def _sent(error: BaseException) -> bool:
     return not isinstance(error, aiohttp.ClientConnectorError | ConnectionRefusedError)
 
 
-class Kube:
+class Kube(lifecycles.Closable):
     """One API server: the official `ApiClient` and the API groups gpuop uses."""
 
     def __init__(
@@ -215,17 +215,6 @@ class Kube:
 
     async def close(self) -> None:
         await self.api_client.close()
-
-    async def __aenter__(self) -> Kube:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 async def connect(

@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping
-from types import TracebackType
 
+from gpuop import lifecycles
 from gpuop.kube.watching import ListWatch, Obj, ObjectKey
 
 
-class Informer:
+class Informer(lifecycles.Closable):
     """One `ListWatch`, read by a background task, shared by many readers."""
 
     def __init__(self, watch: ListWatch) -> None:
@@ -97,14 +97,3 @@ class Informer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
         self._wake()
-
-    async def __aenter__(self) -> Informer:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()

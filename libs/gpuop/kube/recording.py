@@ -1,7 +1,7 @@
 """Kubernetes Events about what the operator does to nodes.
 
 Called by the upgrade orchestrator when a node's upgrade starts, ends, reboots or rolls back
-(`gpuop.saga.drafting.RECORDED_STATES`; upstream records one at every state change, with
+(`gpuop.saga.upgrade.drafting.RECORDED_STATES`; upstream records one at every state change, with
 reason `GPUDriverUpgrade` or `OFEDDriverUpgrade`), so that `kubectl describe node` and
 `kubectl get events` tell the rollout's story next to the kubelet's own events. Events are
 core/v1, written as client-go's record package writes them: in namespace `default` (a node

@@ -24,11 +24,12 @@ import logging
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any, Literal
 
 import aiohttp
 
+from gpuop import lifecycles
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.kube import errors
 from gpuop.kube.client import ApiMethod, Kube
@@ -66,7 +67,7 @@ def _uid(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
 
 
-class ListWatch:
+class ListWatch(lifecycles.Closable):
     """Every change of a collection, in order, across reconnects and expired histories.
 
     `list_method` is any list method of the official client, with its leading positional
@@ -232,14 +233,3 @@ class ListWatch:
     async def close(self) -> None:
         self._closed = True
         self._disconnect()
-
-    async def __aenter__(self) -> ListWatch:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()

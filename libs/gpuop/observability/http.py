@@ -29,12 +29,11 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 
+from gpuop import lifecycles
 from gpuop.observability.webconfig import BasicAuth, WebConfig
 
 _log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ class _Response:
         return cls(status, json.dumps(document).encode(), _JSON)
 
 
-class HealthServer:
+class HealthServer(lifecycles.Startable):
     """Serves health, readiness and metrics for one process until `stop()`."""
 
     def __init__(
@@ -129,18 +128,6 @@ class HealthServer:
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
         await server.wait_closed()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

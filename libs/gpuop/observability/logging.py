@@ -89,33 +89,36 @@ def configure_logging(
     _installed = handler
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per record, on one line."""
+class _ServiceFormatter(logging.Formatter):
+    """A formatter of one service's records (on one node): both formats carry the same
+    fields."""
 
     def __init__(self, service: str, *, node: str | None = None) -> None:
         super().__init__()
         self._service = service
         self._node = node
 
+    def _fields(self, record: logging.LogRecord) -> dict[str, Any]:
+        return _fields(record, self, self._service, self._node)
+
+
+class JsonFormatter(_ServiceFormatter):
+    """One JSON object per record, on one line."""
+
     def format(self, record: logging.LogRecord) -> str:
         return jsonlib.dumps(
-            _fields(record, self, self._service, self._node),
+            self._fields(record),
             default=str,
             ensure_ascii=False,
             separators=(",", ":"),
         )
 
 
-class TextFormatter(logging.Formatter):
+class TextFormatter(_ServiceFormatter):
     """A line a person reads at a terminal: time, level, logger, message, then key=value."""
 
-    def __init__(self, service: str, *, node: str | None = None) -> None:
-        super().__init__()
-        self._service = service
-        self._node = node
-
     def format(self, record: logging.LogRecord) -> str:
-        fields = _fields(record, self, self._service, self._node)
+        fields = self._fields(record)
         head = f"{fields.pop('time')} {fields.pop('level'):<8} {fields.pop('logger')}: "
         head += _escaped(str(fields.pop("message")))
         fields.pop("service")

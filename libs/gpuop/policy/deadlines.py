@@ -25,8 +25,8 @@ class Deadlines(Section):
     """The longest each step of a node's upgrade may take, in seconds (all at least 1).
 
     A step still running at its deadline fails, with the step and the deadline in the
-    reason; the saga then compensates (`gpuop.saga.compensation`). These bound every wait,
-    also where an upstream `timeoutSeconds` is 0 ("forever")."""
+    reason; the saga then compensates (`gpuop.saga.upgrade.compensation`). These bound every
+    wait, also where an upstream `timeoutSeconds` is 0 ("forever")."""
 
     cordon: DeadlineSeconds = 120
     """Marking the node unschedulable, until the API server confirms it."""

@@ -13,7 +13,7 @@ the ladder's order whatever order the policy lists them in:
     pod       the orchestrator: a pod requesting one GPU, placed on the cordoned node,
               Succeeded
 
-Read by the decision core (`gpuop.saga.steps.validation_plan`) and by the orchestrator's
+Read by the decision core (`gpuop.saga.upgrade.steps.validation_plan`) and by the orchestrator's
 executor for the pod (`pod`).
 """
 

@@ -9,9 +9,11 @@ layering holds: services depend on `gpuop`, never the reverse.
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
@@ -48,6 +50,20 @@ class ServiceContext:
 
 
 ServiceMain = Callable[[ServiceContext], Awaitable[None]]
+
+
+def by_role(load_config: Callable[[Path | None], object], node: str, cluster: str) -> ServiceMain:
+    """The main of a service with a node and a cluster role: reads `--config` with
+    `load_config`, then runs `run(context, config)` of the module `--role` names (`node` or
+    `cluster`, dotted names). Only that module is imported, so a process carries its own
+    role's imports alone (a node agent no Kubernetes client, a cluster role no netlink)."""
+
+    async def main(context: ServiceContext) -> None:
+        config = load_config(context.settings.config)
+        role = importlib.import_module(node if context.settings.role is Role.NODE else cluster)
+        await role.run(context, config)
+
+    return main
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What the decision core asks for: node-agent commands and Kubernetes actions, in a Decision.
 
-`gpuop.saga.core.decide` returns a `Decision`; the orchestrator's runtime writes its saga
+`gpuop.saga.upgrade.core.decide` returns a `Decision`; the orchestrator's runtime writes its saga
 with compare-and-set first, then publishes its commands (with their ids, so a re-publish is
 dropped) and executes its Kubernetes actions through `gpuop.kube`. The outcome of every
 action comes back as a `gpuop.events.kube` event carrying the action's `id` as `action_id`
@@ -20,7 +20,7 @@ from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
 from gpuop.saga import machine
 from gpuop.saga.machine import IssuedCommand
-from gpuop.saga.records import NodeSaga
+from gpuop.saga.upgrade.records import NodeSaga
 
 STATE_LABEL = "gpuop.io/driver-upgrade-state"
 """The node label that mirrors the saga's state (upstream's label values)."""

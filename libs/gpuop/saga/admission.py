@@ -73,8 +73,8 @@ from types import MappingProxyType
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import Budget, GPUClusterPolicySpec, UpgradePolicy, unavailable_budget
-from gpuop.saga.records import NodeSaga, desired_targets
 from gpuop.saga.tallies import DoneSagas
+from gpuop.saga.upgrade.records import NodeSaga, desired_targets
 
 S = UpgradeState
 

@@ -1,6 +1,6 @@
 """The machinery every saga kind runs on: a table of states, one phase per state, a draft.
 
-A saga kind (the driver upgrade is the first: `gpuop.saga.upgrade.UPGRADE`; GPU remediation,
+A saga kind (the driver upgrade is the first: `gpuop.saga.upgrade.kind.UPGRADE`; GPU remediation,
 `gpuop.saga.remediation`, and MIG reconfiguration, `gpuop.saga.mig`, the others) is a
 `Kind`: its states (a `StrEnum`), the table of the
 moves between them, and one `Phase` per state, each the behaviour of that state written in
@@ -27,10 +27,11 @@ Pure: no I/O, no clock, no randomness.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from types import MappingProxyType, ModuleType
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 from gpuop.events import Command, Event, ids, kube
@@ -178,6 +179,31 @@ class Phase(Generic[Record, Draft_]):
     runtime issues them again, the same, for a saga it reads back after a crash."""
 
 
+def phases_of(modules: Iterable[ModuleType]) -> Mapping[Any, Phase[Any, Any]]:
+    """A kind's phase registry: each phase module's `STATE` -> its `enter`, `on_event`,
+    `on_deadline` and `effects` (every kind's `phases` package hands its modules here)."""
+    return MappingProxyType(
+        {
+            module.STATE: Phase(
+                enter=module.enter,
+                on_event=module.on_event,
+                on_deadline=module.on_deadline,
+                effects=module.effects,
+            )
+            for module in modules
+        }
+    )
+
+
+def overdue(draft: Draft[Any, Any]) -> str:
+    """Why the pending step failed on its deadline, in words (every kind's)."""
+    saga = draft.saga
+    if saga.deadline is None:
+        raise ValueError(f"{saga.step.token} has no deadline to be overdue on")
+    seconds = (saga.deadline - saga.step_started).total_seconds()
+    return f"{saga.step.token} did not finish within {seconds:g} s"
+
+
 def ignore(draft: Draft[Any, Any], trigger: Trigger | DeadlineExpired) -> None:
     """A phase's answer to what it does not wait for."""
 
@@ -222,6 +248,19 @@ class Kind(Generic[Record, State, Draft_]):
         """What the saga's pending step issues (its state's phase says)."""
         return self.phases[saga.state].effects(saga, spec)
 
+    def pending(
+        self, saga: Record, spec: GPUClusterPolicySpec, *first: Any
+    ) -> Decision[Record, State]:
+        """What to issue again for a saga read back after a crash: the Kubernetes actions
+        `first` (a state label) before its pending step's, the step's commands, and the
+        public events of its latest transitions, with the ids they had when first issued
+        (the bus drops what was published already)."""
+        commands, actions = self.effects(saga, spec)
+        transitions: tuple[Transition[State], ...] = getattr(saga, "last_transitions", ())
+        return Decision(
+            saga=saga, commands=commands, kube_actions=(*first, *actions), transitions=transitions
+        )
+
     def require(self, from_state: State, to_state: State) -> None:
         """Raise `IllegalTransition` unless the table has the move."""
         if to_state not in self.table[from_state]:
@@ -264,8 +303,7 @@ class Draft(Generic[Record, State]):
 
     def step_id(self) -> str:
         """The id the pending step's command or action was issued under."""
-        saga = self.saga
-        return ids.step(saga.saga_id, saga.step.token, saga.attempt)
+        return action_id(self.saga)
 
     def outcome(self, result: StrEnum, detail: str) -> None:
         """Record how the pending step ended."""
@@ -292,12 +330,35 @@ class Draft(Generic[Record, State]):
         self.actions.extend(self.kind.announce(self.saga, transition))
         self.kind.phases[to_state].enter(self, retry)
 
+    def take(self, step: StepLike) -> None:
+        """Make `step` the pending one with no deadline and nothing issued: a step decided
+        at once, or a final state's."""
+        self.update(step=step, step_started=self.now, deadline=None)
+
     def skip(self, step: StepLike, to_state: State, result: StrEnum, reason: str) -> None:
         """Pass through a state whose step has nothing to do: the step is recorded as
         skipped (still a move, in the table and in the trail) and the saga moves on."""
-        self.update(step=step, step_started=self.now, deadline=None)
+        self.take(step)
         self.outcome(result, reason)
         self.move(to_state, reason)
+
+
+def issue(saga: SagaRecord[Any], payload: Command, token: str | None = None) -> IssuedCommand:
+    """`payload` under the id of `token` (default: the pending step's) in the saga's attempt,
+    every kind's: the same id every time the step is decided."""
+    token = token or saga.step.token
+    return IssuedCommand(
+        payload=payload,
+        id=ids.step(saga.saga_id, token, saga.attempt),
+        step=token,
+        attempt=saga.attempt,
+    )
+
+
+def action_id(saga: SagaRecord[Any], token: str | None = None) -> str:
+    """The id of the Kubernetes action of `token` (default: the pending step's) in the saga's
+    attempt."""
+    return ids.step(saga.saga_id, token or saga.step.token, saga.attempt)
 
 
 def deadline_event(saga: SagaRecord[Any]) -> DeadlineExpired | None:

@@ -9,32 +9,35 @@ The export (`gpuop events export`) is JSON lines, one stored message per line, i
 when the server stored it, `message` the envelope exactly as published. `export_line` writes
 one line and `parse_log` reads them back.
 
-`replay` folds the inbound events (`folding.is_inbound`: what the orchestrator's intake
-consumes), in stream order, with each event's recorded time, through the same `folding` the
-runtime uses: `SagaStarted` builds a node's saga (`folding.started_saga`), `folding.step`
-decides, and `folding.outputs` names what each decision publishes. A GPU remediation
-(`gpuop.saga.remediation`) replays alike, beside the node's upgrade: `RemediationStarted`
-builds it (`records.start`), after the circuit breaker's decision is checked against the
-starts before it (`breaker.allows`: a start it would have refused is reported); a
-`RemediationRefused` must be refused again (one the breaker would have started is reported),
-and a health event calling for a remediation (`kind.calls_for_remediation`) on a node
-without one running, which the log neither started nor refused, is reported when the breaker
-refuses it (`_missing_refusals`: the refusal is missing from the log). The starter puts to
-the breaker only events about GPU nodes the orchestrator's node watch knows
-(`kinds.is_a_node` and the controller's `_watched`), and the log records what the watch knew:
-each node it lists is a `NodeObserved` and each it loses a `NodeRemoved` (`Watched`). So a
-health event is put to the breaker only when its node was observed and not removed before it,
-or, before the log records any observation (the watch had not listed the nodes yet: the
-starter takes any node then), when it is about a node at all. The remediation's
-fold (`kind.step`, `kind.outputs`) decides each event it consumes after the upgrade's. A MIG
-reconfiguration (`gpuop.saga.mig`) too: `MigReconfigurationStarted` carries its plan, so it
-is rebuilt without the ConfigMap (`mig.folding.started`), its first decision made as the
-runtime made it (`mig.kind.begin`), then `mig.folding.step` decides after the remediation's.
+`replay` folds the events of the log, in stream order, with each event's recorded time,
+through the same folds the runtime uses, one per kind of `registry.KINDS` (it names none):
+the event that records a kind's start (`SagaKind.started_by`) builds the node's saga of that
+kind with the kind's pure start hook (`SagaKind.start`; a MIG reconfiguration's carries its
+plan, so it is rebuilt without the ConfigMap, with the first decision the runtime carried out
+as it recorded it); then every later event is decided for the node's saga of each kind that
+consumes it (`SagaKind.inbound`, `SagaKind.step`), in `KINDS`' order, and `SagaKind.outputs`
+names what each decision publishes.
+
+A kind whose starts a circuit breaker limits (`SagaKind.breaker`: the GPU remediation's
+`remediation.maxPerHour`) is checked as the starter checks it: a start the breaker would
+have refused is reported (`Replayed.refused`); a recorded refusal must be refused again (one
+the breaker would have started is reported: `Replayed.allowed`); and an event that calls for
+a start (`Breaker.calls_for`: a health event) on a node without a saga of the kind running,
+which the log neither started nor refused, is reported when the breaker refuses it
+(`_missing_refusals`: the refusal is missing from the log). The starter puts to the breaker
+only events about GPU nodes the orchestrator's node watch knows (`kinds.is_a_node` and the
+controller's `_watched`), and the log records what the watch knew: each node it lists is a
+`NodeObserved` and each it loses a `NodeRemoved` (`Watched`). So an event is put to the
+breaker only when its node was observed and not removed before it, or, before the log
+records any observation (the watch had not listed the nodes yet: the starter takes any node
+then), when it is about a node at all.
+
 The policy is the latest `PolicyApplied` (one that names an event as its cause was applied
 just before that event was decided), unless an override replaces every recorded one.
 `compare` then sets the commands and state changes it produced against the recorded ones,
 node by node. `Replayed.events` counts each event folded: one that started, refused or built
-a saga of any kind, or that a kind's fold decided, once however many kinds decided it.
+a saga of any kind, or that a kind's saga took (its trigger meant something to it), once
+however many kinds took it.
 """
 
 from __future__ import annotations
@@ -48,26 +51,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from gpuop.events import Envelope, Event, Payload, decode, subjects
-from gpuop.events.device import DeviceHealthChanged
 from gpuop.events.envelope import MalformedMessage, UnknownEventType
 from gpuop.events.kube import NodeObserved, NodeRemoved
-from gpuop.events.mig import MigReconfigurationStarted, NodeMigStateChanged
-from gpuop.events.remediation import (
-    TERMINAL_STATES,
-    NodeRemediationStateChanged,
-    RemediationRefused,
-    RemediationStarted,
-)
-from gpuop.events.upgrade import NodeUpgradeStateChanged, PolicyApplied, SagaStarted
+from gpuop.events.upgrade import PolicyApplied
 from gpuop.policy import GPUClusterPolicySpec, PolicyInvalid, validate_spec
-from gpuop.saga import folding
-from gpuop.saga.mig import folding as mig_folding
-from gpuop.saga.mig import kind as mig_kind
-from gpuop.saga.mig.records import MigSaga
-from gpuop.saga.records import NodeSaga
-from gpuop.saga.remediation import breaker, records
-from gpuop.saga.remediation import kind as remediation
-from gpuop.saga.remediation.records import RemediationSaga
+from gpuop.saga import kinds
+from gpuop.saga.kinds import SagaKind
+from gpuop.saga.registry import KINDS
 
 EVENTS_STREAM = "GPUOP_EVENTS"
 COMMANDS_STREAM = "GPUOP_COMMANDS"
@@ -239,28 +229,27 @@ def load_policy(document: object, where: str) -> GPUClusterPolicySpec:
 
 
 def _kind(out: object) -> str:
-    return (
-        "transition"
-        if isinstance(out, folding.StateChange | remediation.StateChange | mig_folding.StateChange)
-        else "command"
-    )
+    return "transition" if isinstance(out, kinds.StateChange) else "command"
 
 
 def _dump(payload: BaseModel) -> dict[str, Any]:
     return payload.model_dump(mode="json")
 
 
+def _as_outputs(outputs: Iterable[kinds.Output]) -> list[Output]:
+    return [Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload)) for out in outputs]
+
+
 def recorded_outputs(log: Sequence[Recorded]) -> Outputs:
     """The commands and state changes in the log, per node, once per id."""
+    changes = tuple(kind.state_change for kind in KINDS)
     seen: set[str] = set()
     outputs: Outputs = {}
     for entry in log:
         payload = entry.payload
         if entry.stream == COMMANDS_STREAM:
             kind_ = "command"
-        elif isinstance(
-            payload, NodeUpgradeStateChanged | NodeRemediationStateChanged | NodeMigStateChanged
-        ):
+        elif isinstance(payload, changes):
             kind_ = "transition"
         else:
             continue
@@ -275,161 +264,160 @@ def recorded_outputs(log: Sequence[Recorded]) -> Outputs:
 def replay(log: Sequence[Recorded], policy: GPUClusterPolicySpec | None = None) -> Replayed:
     """Feed the log's inbound events to a fresh core; `policy` replaces the recorded ones."""
     events = [r for r in log if r.stream == EVENTS_STREAM and r.payload is not None]
-    caused = {
-        r.envelope.causationid: r
-        for r in events
-        if isinstance(r.payload, PolicyApplied) and r.envelope.causationid
-    }
-    result = Replayed()
-    current = policy
-    sagas: dict[str, NodeSaga] = {}
-    remediations: dict[str, RemediationSaga] = {}
-    reconfigurations: dict[str, MigSaga] = {}
-    starts: list[datetime] = []
-    decided = {
-        r.envelope.causationid
-        for r in events
-        if isinstance(r.payload, RemediationStarted | RemediationRefused) and r.envelope.causationid
-    }
-    undecided: list[tuple[int, int]] = []
-    watched = Watched()
+    folder = _Folder(events, policy)
     for index, entry in enumerate(events):
+        folder.fold(index, entry)
+    folder.result.unrecorded = _missing_refusals(events, folder.undecided)
+    return folder.result
+
+
+class _Folder:
+    """One replay's state: the sagas of every kind per node, the starts each breaker counts,
+    and the policy in force."""
+
+    def __init__(self, events: Sequence[Recorded], policy: GPUClusterPolicySpec | None) -> None:
+        self.override = policy
+        self.current = policy
+        self.caused = {
+            r.envelope.causationid: r
+            for r in events
+            if isinstance(r.payload, PolicyApplied) and r.envelope.causationid
+        }
+        self.result = Replayed()
+        self.sagas: dict[str, dict[str, Any]] = {kind.name: {} for kind in KINDS}
+        self.starts: dict[str, list[datetime]] = {kind.name: [] for kind in KINDS}
+        self.starting: dict[type[Any], SagaKind[Any]] = {k.started_by: k for k in KINDS}
+        self.refusing: dict[type[Any], SagaKind[Any]] = {
+            k.breaker.refused: k for k in KINDS if k.breaker
+        }
+        self.decided = {
+            r.envelope.causationid
+            for r in events
+            if isinstance(r.payload, tuple(self.starting) + tuple(self.refusing))
+            and r.envelope.causationid
+        }
+        self.undecided: list[tuple[int, SagaKind[Any], int]] = []
+        self.watched = Watched()
+
+    def fold(self, index: int, entry: Recorded) -> None:
+        """Fold one recorded event."""
         payload, envelope = entry.payload, entry.envelope
-        watched.see(payload, envelope.node)
+        self.watched.see(payload, envelope.node)
         if isinstance(payload, PolicyApplied):
-            if policy is None and not envelope.causationid:
-                current = load_policy(payload.spec, f"line {entry.line}")
-            continue
-        if policy is None and envelope.id in caused:
-            applied = caused[envelope.id]
+            if self.override is None and not envelope.causationid:
+                self.current = load_policy(payload.spec, f"line {entry.line}")
+            return
+        if self.override is None and envelope.id in self.caused:
+            applied = self.caused[envelope.id]
             assert isinstance(applied.payload, PolicyApplied)
-            current = load_policy(applied.payload.spec, f"line {applied.line}")
-        if isinstance(payload, SagaStarted):
-            if current is None:
-                raise ReplayInputError(
-                    f"line {entry.line}: no policy recorded before it; pass --policy"
+            self.current = load_policy(applied.payload.spec, f"line {applied.line}")
+        starting = self.starting.get(type(payload))
+        if starting is not None:
+            self._start(starting, entry)
+            return
+        refusing = self.refusing.get(type(payload))
+        if refusing is not None:
+            self._refused(refusing, entry)
+            return
+        for kind in KINDS:
+            if kind.breaker is not None and self._undecided(kind, kind.breaker, entry):
+                limit = kind.breaker.limit(self.current)
+                self.undecided.append((index, kind, limit))
+        if isinstance(payload, Event) and self.current is not None:
+            self.result.events += self._decide(envelope, payload, self.current)
+
+    def _start(self, kind: SagaKind[Any], entry: Recorded) -> None:
+        """A kind's start: its saga built by the kind's start hook, put to its breaker."""
+        envelope = entry.envelope
+        try:
+            start = kind.start(envelope.node, entry.payload, self.current, envelope.time)
+        except kinds.NoPolicy:
+            raise ReplayInputError(
+                f"line {entry.line}: no policy recorded before it; pass --policy"
+            ) from None
+        except ValueError as exc:  # ValidationError is one
+            raise ReplayInputError(f"line {entry.line}: cannot start the saga: {exc}") from None
+        if start is None:
+            return
+        if kind.breaker is not None:
+            limit = kind.breaker.limit(self.current)
+            if not kind.breaker.allows(self.starts[kind.name], envelope.time, limit):
+                self.result.refused.append(
+                    f"line {entry.line}: {start.saga.saga_id} started with {limit} "
+                    f"{kind.breaker.noun}s in the hour before ({kind.breaker.setting})"
                 )
-            sagas[envelope.node] = _started(envelope, payload, current, entry.line)
-            result.nodes.add(envelope.node)
-            result.events += 1
-            continue
-        if isinstance(payload, RemediationStarted):
-            limit = current.remediation.max_per_hour if current is not None else 0
-            if not breaker.allows(starts, envelope.time, limit):
-                result.refused.append(
-                    f"line {entry.line}: {payload.saga_id} started with {limit} "
-                    "remediations in the hour before (remediation.maxPerHour)"
-                )
-            starts.append(envelope.time)
-            remediations[envelope.node] = records.start(envelope.node, payload, envelope.time)
-            result.nodes.add(envelope.node)
-            result.events += 1
-            continue
-        if isinstance(payload, RemediationRefused):
-            limit = current.remediation.max_per_hour if current is not None else 0
-            if breaker.allows(starts, envelope.time, limit):
-                result.allowed.append(
-                    f"line {entry.line}: a remediation of {envelope.node} refused with fewer "
-                    f"than {limit} in the hour before (remediation.maxPerHour)"
-                )
-            result.nodes.add(envelope.node)
-            result.events += 1
-            continue
-        if _undecided(entry, remediations.get(envelope.node), current, decided, watched):
-            assert current is not None
-            undecided.append((index, current.remediation.max_per_hour))
-        if isinstance(payload, MigReconfigurationStarted) and current is not None:
-            # the runtime carried out the first decision as it recorded the start
-            saga_ = mig_folding.started(envelope.node, payload, envelope.time)
-            first = mig_kind.begin(saga_, current, envelope.time)
-            reconfigurations[envelope.node] = first.saga
-            result.nodes.add(envelope.node)
-            result.events += 1
-            result.outputs.setdefault(envelope.node, []).extend(
-                Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
-                for out in mig_folding.outputs(first)
+            self.starts[kind.name].append(envelope.time)
+        self.sagas[kind.name][envelope.node] = start.saga
+        self.result.nodes.add(envelope.node)
+        self.result.events += 1
+        if start.first is not None:  # the runtime carried it out as it recorded the start
+            self._publish(envelope.node, kind.outputs(start.first))
+
+    def _refused(self, kind: SagaKind[Any], entry: Recorded) -> None:
+        """A start the kind's breaker refused: it must refuse it again."""
+        breaker, node = kind.breaker, entry.envelope.node
+        assert breaker is not None
+        limit = breaker.limit(self.current)
+        if breaker.allows(self.starts[kind.name], entry.envelope.time, limit):
+            self.result.allowed.append(
+                f"line {entry.line}: a {breaker.noun} of {node} refused with fewer "
+                f"than {limit} in the hour before ({breaker.setting})"
             )
-            continue
-        if not isinstance(payload, Event) or current is None:
-            continue
-        saga = sagas.get(envelope.node)
+        self.result.nodes.add(node)
+        self.result.events += 1
+
+    def _undecided(self, kind: SagaKind[Any], breaker: kinds.Breaker, entry: Recorded) -> bool:
+        """Whether `entry` is an event the runtime's starter would have put to the kind's
+        breaker, and the log records no start or refusal for."""
+        payload, node = entry.payload, entry.envelope.node
+        if not isinstance(payload, Event) or entry.envelope.id in self.decided:
+            return False
+        if not self.watched.knows(node):
+            return False  # about no GPU node the watch knew: the starter puts it to no breaker
+        if not breaker.calls_for(payload, self.current):
+            return False
+        running = self.sagas[kind.name].get(node)
+        return running is None or kind.ended(running)
+
+    def _decide(self, envelope: Envelope, event: Event, policy: GPUClusterPolicySpec) -> bool:
+        """Decide `event` for the node's saga of every kind that consumes it, in `KINDS`'
+        order; whether any kind's saga took it (its trigger meant something)."""
         folded = False
-        if (
-            saga is not None
-            and folding.is_inbound(payload)
-            and folding.trigger(saga, payload) is not None
-        ):
+        for kind in KINDS:
+            saga = self.sagas[kind.name].get(envelope.node)
+            if saga is None or not kind.inbound(event) or kind.trigger(saga, event) is None:
+                continue
             folded = True
-            decision = folding.step(saga, payload, current, envelope.time)
+            decision = kind.step(saga, event, policy, envelope.time)
             if decision is not None:
-                sagas[envelope.node] = decision.saga
-                result.outputs.setdefault(envelope.node, []).extend(
-                    Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
-                    for out in folding.outputs(decision)
-                )
-        remedied = remediations.get(envelope.node)
-        if remedied is not None and remediation.is_inbound(payload):
-            remedy = remediation.step(remedied, payload, current, envelope.time)
-            if remedy is not None:
-                folded = True
-                remediations[envelope.node] = remedy.saga
-                result.outputs.setdefault(envelope.node, []).extend(
-                    Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
-                    for out in remediation.outputs(remedy)
-                )
-        carving = reconfigurations.get(envelope.node)
-        if carving is not None and mig_folding.is_inbound(payload):
-            folded = folded or mig_folding.trigger(carving, payload) is not None
-            carved = mig_folding.step(carving, payload, current, envelope.time)
-            if carved is not None:
-                reconfigurations[envelope.node] = carved.saga
-                result.outputs.setdefault(envelope.node, []).extend(
-                    Output(_kind(out), out.id, out.payload.TYPE, _dump(out.payload))
-                    for out in mig_folding.outputs(carved)
-                )
-        result.events += folded
-    result.unrecorded = _missing_refusals(events, undecided)
-    return result
+                self.sagas[kind.name][envelope.node] = decision.saga
+                self._publish(envelope.node, kind.outputs(decision))
+        return folded
 
-
-def _undecided(
-    entry: Recorded,
-    running: RemediationSaga | None,
-    policy: GPUClusterPolicySpec | None,
-    decided: set[str],
-    watched: Watched,
-) -> bool:
-    """Whether `entry` is a health event the runtime's starter would have put to the
-    breaker, and the log records no start or refusal for."""
-    if not isinstance(entry.payload, DeviceHealthChanged) or entry.envelope.id in decided:
-        return False
-    if not watched.knows(entry.envelope.node):
-        return False  # about no GPU node the watch knew: the starter puts it to no breaker
-    if policy is None or not policy.remediation.enabled:
-        return False
-    if not remediation.calls_for_remediation(entry.payload):
-        return False
-    return running is None or running.state in TERMINAL_STATES
+    def _publish(self, node: str, outputs: Iterable[kinds.Output]) -> None:
+        self.result.outputs.setdefault(node, []).extend(_as_outputs(outputs))
 
 
 def _missing_refusals(
-    events: Sequence[Recorded], undecided: Sequence[tuple[int, int]]
+    events: Sequence[Recorded], undecided: Sequence[tuple[int, SagaKind[Any], int]]
 ) -> list[str]:
-    """The undecided health events (index in `events`, limit) the breaker refuses.
+    """The undecided events (index in `events`, the kind, its limit) its breaker refuses.
 
     The starter decides in stream order, after the event is stored, so a start decided
     before an event is one recorded, or caused by an event stored, before it; and the
     starter's clock then was no earlier than those starts. A node whose start was decided
-    before the event but recorded after it had a remediation running: not put to the
+    before the event but recorded after it had a saga of the kind running: not put to the
     breaker."""
     where = {r.envelope.id: i for i, r in enumerate(events)}
-    starts = [
-        (min(i, where.get(r.envelope.causationid or "", i)), i, r)
-        for i, r in enumerate(events)
-        if isinstance(r.payload, RemediationStarted)
-    ]
     missing = []
-    for index, limit in undecided:
+    for index, kind, limit in undecided:
+        breaker = kind.breaker
+        assert breaker is not None
+        starts = [
+            (min(i, where.get(r.envelope.causationid or "", i)), i, r)
+            for i, r in enumerate(events)
+            if isinstance(r.payload, kind.started_by)
+        ]
         entry = events[index]
         node = entry.envelope.node
         if any(d < index < i and r.envelope.node == node for d, i, r in starts):
@@ -438,19 +426,10 @@ def _missing_refusals(
         now = max([entry.envelope.time, *before])
         if not breaker.allows(before, now, limit):
             missing.append(
-                f"line {entry.line}: {node}'s health event {entry.envelope.id} called for a "
-                "remediation the circuit breaker refuses, and the log records no refusal"
+                f"line {entry.line}: {node}'s {breaker.cause} {entry.envelope.id} called for "
+                f"a {breaker.noun} the circuit breaker refuses, and the log records no refusal"
             )
     return missing
-
-
-def _started(
-    envelope: Envelope, started: SagaStarted, policy: GPUClusterPolicySpec, line: int
-) -> NodeSaga:
-    try:
-        return folding.started_saga(envelope.node, started, policy, envelope.time)
-    except ValueError as exc:  # ValidationError is one
-        raise ReplayInputError(f"line {line}: cannot start the saga: {exc}") from None
 
 
 def compare(expected: Outputs, got: Outputs) -> Comparison:

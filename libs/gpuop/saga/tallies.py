@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from gpuop.events.upgrade import UpgradeState
-from gpuop.saga.records import NodeSaga
+from gpuop.saga.upgrade.records import NodeSaga
 
 
 def settles(saga: NodeSaga) -> bool:

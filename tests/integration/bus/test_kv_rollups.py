@@ -11,7 +11,7 @@ import nats.js.errors
 import pytest
 from nats.js.api import KeyValueConfig, StorageType
 
-from gpuop.bus import Buckets, NatsBus, NatsServer
+from gpuop.bus import Buckets, NatsBus, NatsServer, streams
 
 pytestmark = [pytest.mark.nats, pytest.mark.security]
 
@@ -58,7 +58,11 @@ async def test_a_bucket_made_with_roll_ups_has_them_turned_off_at_the_next_start
     bus = NatsBus(nats_server.url, name="after")
     await bus.start()
     try:
-        assert not (await bus.js.stream_info("KV_gpuop_ipam")).config.allow_rollup_hdrs
+        config = (await bus.js.stream_info("KV_gpuop_ipam")).config
+        assert not config.allow_rollup_hdrs
+        # nor any value size (issue 37, finding 5): it gets gpuop's bound too
+        assert config.max_msg_size == streams.VALUE_BYTES[Buckets.IPAM]
     finally:
         await bus.close()
     assert "bucket gpuop_ipam allows roll-ups" in caplog.text
+    assert "bucket gpuop_ipam takes messages of up to -1 bytes (gpuop wants 4096)" in caplog.text

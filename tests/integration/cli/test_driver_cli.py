@@ -267,6 +267,9 @@ def test_an_unreachable_source_fails_and_changes_nothing(
     assert code == 1
     assert "install failed: http://127.0.0.1:" in err
     assert status(capsys, host)["loaded"] == OLD
+    lock = StateLock(host)
+    assert lock.try_acquire(), "the failed install let the state lock go"
+    lock.release()
 
 
 def test_a_running_driver_manager_keeps_the_host_to_itself(

@@ -1,4 +1,5 @@
-"""The shipped NATS configuration in a real server, one per test."""
+"""The shipped NATS configuration in a real server, one per test: accounts.conf's password
+users (`server`), or callout.conf with gpuop's auth callout (`callout_server`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.callout_nats import CalloutNats, running
 from tests.support.shipped_nats import ShippedNats
 
 
@@ -20,3 +22,13 @@ async def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
         yield shipped
     finally:
         await shipped.stop()
+
+
+@pytest.fixture
+async def callout_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[CalloutNats]:
+    async with running(tmp_path / "nats") as callout:
+        monkeypatch.setenv("SSL_CERT_FILE", str(callout.ca_file))
+        await callout.make_streams()
+        yield callout

@@ -7,7 +7,6 @@ the refreshed token."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats.errors
@@ -18,7 +17,7 @@ from gpuop.bus import NatsBus, grants, nkeys, tokens, watching
 from gpuop.bus.errors import BusUnavailable
 from gpuop.bus.publishing import message_id
 from gpuop.events import driver, new_event
-from tests.support.callout_nats import CalloutNats, running
+from tests.support.callout_nats import CalloutNats
 from tests.support.shipped_nats import Refusals
 from tests.support.waiting import eventually
 
@@ -29,16 +28,8 @@ COMMANDS = "GPUOP_COMMANDS"
 
 
 @pytest.fixture
-async def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[CalloutNats]:
-    async with running(tmp_path / "nats") as callout:
-        monkeypatch.setenv("SSL_CERT_FILE", str(callout.ca_file))
-        admin = NatsBus(
-            callout.url.replace("tls://", f"tls://admin:{callout.passwords['admin']}@"),
-            name="test-admin",
-        )
-        await admin.start()  # the streams and buckets, as the orchestrator makes them
-        await admin.close()
-        yield callout
+def server(callout_server: CalloutNats) -> CalloutNats:
+    return callout_server
 
 
 async def connected(server: CalloutNats, identity: grants.Identity) -> Refusals:

@@ -88,7 +88,7 @@ async def test_the_rendered_cluster_routes_over_tls_elects_a_meta_leader_and_kee
         try:
             js = nc.jetstream(timeout=10.0)
             await js.add_stream(name="TEST_R3", subjects=["test.r3"], num_replicas=3)
-            ack = await js.publish("test.r3", b"kept three times")
+            ack = await _publish_once_led(js, "test.r3", b"kept three times")
             info = await js.stream_info("TEST_R3")
         finally:
             await nc.close()
@@ -99,3 +99,20 @@ async def test_the_rendered_cluster_routes_over_tls_elects_a_meta_leader_and_kee
     finally:
         for process in processes:
             await launcher.terminate(process)
+
+
+async def _publish_once_led(
+    js: nats.js.JetStreamContext, subject: str, payload: bytes
+) -> nats.js.api.PubAck:
+    """Publish once the new stream answers: an R3 stream's group elects its leader after the
+    create returns, and until then (or until the subject's interest reaches the server this
+    client is on) a publish has no responders. Seen on a loaded two-core CI machine."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while True:
+        try:
+            return await js.publish(subject, payload)
+        except nats.js.errors.NoStreamResponseError:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.2)

@@ -22,7 +22,7 @@ from gpuop.services.network_manager import consumers as network_manager
 from gpuop.services.network_manager.addressing import Addresses
 from gpuop.services.network_manager.blocks import BlockAllocator
 from gpuop.services.telemetry import consumers as telemetry
-from gpuop.services.upgrade_orchestrator import intake, migs, remediations
+from gpuop.services.upgrade_orchestrator import intake
 from tests.integration.deploy.ownership import (
     NODE,
     PREFIX,
@@ -155,11 +155,7 @@ def flows() -> dict[str, Flow]:
             ]
         ),
         "upgrade-orchestrator": Flow(
-            consumers=[
-                intake.consumer_spec(
-                    PREFIX, kinds=[remediations.REMEDIATION, migs.MIG_RECONFIGURATION]
-                )
-            ],
+            consumers=[intake.consumer_spec(PREFIX)],
             kv={
                 Buckets.SAGAS: ("get", "create", "update", "delete", "keys", "watch"),
                 Buckets.NODES: ("get", "keys"),
@@ -193,11 +189,12 @@ async def run_kv(bus: NatsBus, bucket: Buckets, operations: tuple[str, ...]) -> 
             await kv.update(f"{key}-new", b"v2", entry.revision)
         elif operation == "delete":
             await kv.delete(key)
-        elif operation == "claim":  # an address, claimed and given back as the agent does
+        elif operation == "claim":  # an address of each family, claimed and given back
             addresses = Addresses(kv, NODE)
-            held = await addresses.claim(network(ipam={"cidr": "10.10.0.0/24"}))
-            assert await addresses.confirm(network(ipam={"cidr": "10.10.0.0/24"}), held)
-            await addresses.give_back("roce-a", held)
+            for cidr in ("10.10.0.0/24", "fd00:10::/120"):
+                held = await addresses.claim(network(ipam={"cidr": cidr}))
+                assert await addresses.confirm(network(ipam={"cidr": cidr}), held)
+                await addresses.give_back("roce-a", held)
         elif operation == "blocks":  # two nodes' blocks given, one node's freed
             pool = network(ipam={"cidr": "10.10.0.0/24", "perNodeBlockSize": 8}).ipam
             allocator = BlockAllocator(kv)

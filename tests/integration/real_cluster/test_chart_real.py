@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from gpuop.bus import nkeys
 from gpuop.kube import client, conditions, errors, nodes, validationpods
 from tests.support import fleet
 from tests.support.chart_access import NEVER
-from tests.support.control_plane import ControlPlane, binary
+from tests.support.control_plane import ControlPlane
 
 pytestmark = [pytest.mark.real_cluster]
 
@@ -66,9 +65,68 @@ ISSUER = f"/api/v1/namespaces/{NS}/secrets/{fleet.RELEASE}-nats-issuer"
 """The callout's issuer key, which the chart generates (callout mode, the default)."""
 
 
+NODE = "gpu-node-1"
+PROBE = "example.com/gpuop-policy-probe"
+"""A label and an extended resource no node writer may set: what each policy's probe writes."""
+PROBE_ROUNDS = 240
+"""Probes of each policy, half a second apart, before the wait gives up."""
+
+
+def _probes(n: int) -> dict[str, tuple[str, list[str], str | None]]:
+    """Policy -> (role, kubectl arguments, stdin): the n-th write the policy must refuse, with
+    a value of its own, for a patch that changes nothing reaches no admission."""
+    label = ["label", "node", NODE, f"{PROBE}=p{n}", "--overwrite"]
+    capacity = {"status": {"capacity": {PROBE: str(n)}}}
+    status = ["patch", "node", NODE, "--subresource=status", "--type=merge", "-p"]
+    pod = _with(_validation_pod(f"gpuop-policy-probe-{n}"), hostNetwork=True)
+    return {
+        "node-writes (discovery-cluster)": ("discovery-cluster", label, None),
+        "node-writes (upgrade-orchestrator)": ("upgrade-orchestrator", label, None),
+        "node-status-writes": ("upgrade-orchestrator", [*status, json.dumps(capacity)], None),
+        "pod-creates": ("upgrade-orchestrator", ["create", "-f", "-"], json.dumps(pod)),
+    }
+
+
+def _undo_probes(plane: ControlPlane, n: int) -> None:
+    merge = {"content_type": "application/merge-patch+json"}
+    node = f"/api/v1/nodes/{NODE}"
+    plane.call("PATCH", node, {"metadata": {"labels": {PROBE: None}}}, **merge)
+    plane.call("PATCH", f"{node}/status", {"status": {"capacity": {PROBE: None}}}, **merge)
+    plane.request(f"/api/v1/namespaces/{NS}/pods/gpuop-policy-probe-{n}", method="DELETE")
+
+
+def wait_for_policies(plane: ControlPlane, work: Path) -> float:
+    """Seconds until each of the chart's admission policies refuses its probe write, undoing
+    every probe that got through. The apiserver loads a new policy a moment after its
+    creation (docs/security.md gives the window): a write before that goes through."""
+    kubeconfigs = {
+        role: fleet.service_account_kubeconfig(plane, role, work / f"{role}.kubeconfig")
+        for role in ("discovery-cluster", "upgrade-orchestrator")
+    }
+    started = time.monotonic()
+    waiting = set(_probes(0))
+    for n in range(PROBE_ROUNDS):
+        for policy, (role, command, stdin) in _probes(n).items():
+            if policy not in waiting:
+                continue
+            done = fleet.kubectl_as(kubeconfigs[role], *command, stdin=stdin)
+            if done.returncode != 0 and "ValidatingAdmissionPolicy" in done.stderr:
+                waiting.discard(policy)
+            elif done.returncode != 0:
+                raise AssertionError(f"probe of {policy} failed otherwise: {done.stderr}")
+        _undo_probes(plane, n)
+        if not waiting:
+            return time.monotonic() - started
+        time.sleep(0.5)
+    raise AssertionError(f"policies not in force after {PROBE_ROUNDS} probes: {sorted(waiting)}")
+
+
 @pytest.fixture(scope="module")
-def installed(plane: ControlPlane) -> Iterator[str]:
+def installed(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The chart installed, and each of its admission policies in force."""
     manifest = fleet.install_chart(plane)
+    window = wait_for_policies(plane, tmp_path_factory.mktemp("policy-probes"))
+    print(f"\nthe chart's admission policies were in force {window:.1f} s after its install")
     yield manifest
     fleet.helm(plane, "uninstall", fleet.RELEASE, "--namespace", NS)
     # kept by the uninstall (helm.sh/resource-policy: keep), as a release's key must be
@@ -159,11 +217,30 @@ WRITES = [
 """(role, merge patch of a node, None where allowed, else part of the refusal)."""
 
 
+@pytest.fixture
+def restored_node(plane: ControlPlane) -> Iterator[str]:
+    """gpu-node-1, given back its labels, annotations, cordon and taints after the test."""
+    path = f"/api/v1/nodes/{NODE}"
+    before = plane.call("GET", path)
+    yield NODE
+    after = plane.call("GET", path)
+    patch: dict[str, Any] = {"metadata": {}, "spec": {}}
+    for field in ("labels", "annotations"):
+        old, new = before["metadata"].get(field, {}), after["metadata"].get(field, {})
+        patch["metadata"][field] = {**dict.fromkeys(set(new) - set(old)), **old}
+    for field in ("unschedulable", "taints"):
+        patch["spec"][field] = before["spec"].get(field)
+    restored = plane.call("PATCH", path, patch, content_type="application/merge-patch+json")
+    assert restored["metadata"].get("labels") == before["metadata"].get("labels")
+    assert restored["spec"].get("taints") == before["spec"].get("taints")
+
+
 @pytest.mark.security
 @pytest.mark.parametrize(("role", "patch", "refusal"), WRITES)
 def test_admission_policies_keep_each_node_writer_to_its_own_fields(
     plane: ControlPlane,
     installed: str,
+    restored_node: str,
     tmp_path: Path,
     role: str,
     patch: dict[str, object],
@@ -172,26 +249,56 @@ def test_admission_policies_keep_each_node_writer_to_its_own_fields(
     """RBAC's `patch nodes` allows any field; the chart's ValidatingAdmissionPolicies narrow
     it to what each role's code writes, and the real apiserver enforces them."""
     kubeconfig = fleet.service_account_kubeconfig(plane, role, tmp_path / f"{role}.kubeconfig")
-    command = ["patch", "node", "gpu-node-1", "--type=merge", "-p", json.dumps(patch)]
+    command = ["patch", "node", restored_node, "--type=merge", "-p", json.dumps(patch)]
 
-    def attempt() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(binary("kubectl")), "--kubeconfig", str(kubeconfig), *command],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-
-    done = attempt()
-    for _ in range(20):  # the apiserver loads a new policy a moment after its creation
-        if refusal is None or done.returncode != 0:
-            break
-        time.sleep(0.5)
-        done = attempt()
+    # one attempt: `installed` waited until every policy was in force
+    done = fleet.kubectl_as(kubeconfig, *command)
+    print(f"\n{role} patches {restored_node} with {json.dumps(patch)}: "
+          f"{'allowed' if done.returncode == 0 else done.stderr.strip()}")  # fmt: skip
     if refusal is None:
         assert done.returncode == 0, done.stderr
     else:
         assert done.returncode != 0, done.stdout
         assert "ValidatingAdmissionPolicy" in done.stderr, done.stderr
         assert refusal in done.stderr, done.stderr
+
+
+@pytest.mark.security
+def test_a_policy_made_a_moment_ago_refuses_writes_once_its_probe_is_refused(
+    plane: ControlPlane, installed: str, restored_node: str, tmp_path: Path
+) -> None:
+    """The window after a policy's creation, shown: discovery-cluster's node-writes policy
+    deleted (until the apiserver lets the write through) and made again, a write at once
+    may still go through (the apiserver compiles policies once a second); once the policy
+    has refused its probe, the same write is refused."""
+    role = "discovery-cluster"
+    kubeconfig = fleet.service_account_kubeconfig(plane, role, tmp_path / f"{role}.kubeconfig")
+    base, name = "/apis/admissionregistration.k8s.io/v1", f"{fleet.RELEASE}-{role}-node-writes"
+    kinds = ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
+    made = {kind: plane.call("GET", f"{base}/{kind}/{name}") for kind in kinds}
+
+    def hostname(value: str) -> str:
+        label = f"kubernetes.io/hostname={value}"
+        done = fleet.kubectl_as(kubeconfig, "label", "node", restored_node, label, "--overwrite")
+        return "allowed" if done.returncode == 0 else done.stderr.strip()
+
+    for kind in kinds:
+        plane.call("DELETE", f"{base}/{kind}/{name}")
+    for n in range(PROBE_ROUNDS):  # until the apiserver has dropped the policy too
+        if hostname(f"gone-{n}") == "allowed":
+            break
+        time.sleep(0.5)
+    for kind, obj in made.items():
+        # as Helm made it (its labels and annotations: the release's to uninstall)
+        kept = {key: obj["metadata"][key] for key in ("name", "labels", "annotations")}
+        fresh = {key: obj[key] for key in ("apiVersion", "kind", "spec")}
+        plane.call("POST", f"{base}/{kind}", {**fresh, "metadata": kept})
+    at_once = hostname("elsewhere")
+    window = wait_for_policies(plane, tmp_path)
+    after = hostname("elsewhere-again")
+    print(f"\n{role} relabels {restored_node}'s hostname as its policy is made again: {at_once}")
+    print(f"the policy in force {window:.1f} s later; then: {after}")
+    assert "ValidatingAdmissionPolicy" in after, after
 
 
 HEALTH_WRITES = [
@@ -238,19 +345,7 @@ def test_the_orchestrator_writes_its_health_condition_and_taint_and_nothing_else
     refusal: str | None,
 ) -> None:
     kubeconfig = fleet.service_account_kubeconfig(plane, role, tmp_path / f"{role}.kubeconfig")
-
-    def attempt() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(binary("kubectl")), "--kubeconfig", str(kubeconfig), *command],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-
-    done = attempt()
-    for _ in range(20):  # the apiserver loads a new policy a moment after its creation
-        if refusal is None or done.returncode != 0:
-            break
-        time.sleep(0.5)
-        done = attempt()
+    done = fleet.kubectl_as(kubeconfig, *command)  # `installed` waited for the policies
     if refusal is None:
         assert done.returncode == 0, done.stderr
     else:
@@ -382,20 +477,9 @@ def test_the_orchestrator_creates_validation_pods_and_no_pod_that_reads_a_secret
     name = f"gpuop-validate-attack-{POD_CREATES.index((what, change, refusal))}"
     pod = json.dumps(change(_validation_pod(name)))
 
-    def attempt() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(binary("kubectl")), "--kubeconfig", str(kubeconfig), "create", "-f", "-"],
-            input=pod, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-
     try:
-        done = attempt()
-        for _ in range(20):  # the apiserver loads a new policy a moment after its creation
-            if refusal is None or done.returncode != 0:
-                break
-            plane.request(f"/api/v1/namespaces/{NS}/pods/{name}", method="DELETE")
-            time.sleep(0.5)
-            done = attempt()
+        # `installed` waited for the policies
+        done = fleet.kubectl_as(kubeconfig, "create", "-f", "-", stdin=pod)
     finally:
         plane.request(f"/api/v1/namespaces/{NS}/pods/{name}", method="DELETE")
     outcome = "created" if done.returncode == 0 else done.stderr.strip()

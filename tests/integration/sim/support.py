@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from types import TracebackType
 from typing import Any
 
 import aiohttp
 
+from gpuop import lifecycles
 from gpuop_sim import ApiServer
 from gpuop_sim.apiserver.resources import GroupResource
 
@@ -69,7 +69,7 @@ async def watch_opened(server: ApiServer, resource: GroupResource) -> None:
         await asyncio.sleep(0.005)
 
 
-class RawApi:
+class RawApi(lifecycles.Closable):
     """Raw HTTPS against the server, for what the official client hides; ``ssl_context``
     (``server.ssl_context()``) trusts the server's CA."""
 
@@ -78,15 +78,7 @@ class RawApi:
         self.token = token
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context))
 
-    async def __aenter__(self) -> RawApi:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def close(self) -> None:
         await self.session.close()
 
     def _headers(self, content_type: str | None, authenticated: bool) -> dict[str, str]:

@@ -250,3 +250,19 @@ def test_merge_and_json_patch_primitives() -> None:
         ],
     )
     assert patched == {"items": [1, 2, 3, 4], "x": "done", "z": 1}
+
+
+async def test_a_patch_that_renames_the_object_is_400_and_changes_nothing(raw: RawApi) -> None:
+    await raw.request("POST", "/api/v1/nodes", node("node-1"))
+
+    status, body, _ = await raw.request(
+        "PATCH",
+        NODE,
+        {"metadata": {"name": "node-2"}},
+        content_type="application/merge-patch+json",
+    )
+
+    assert status == 400
+    assert "does not match the name on the URL (node-1)" in body["message"]
+    status, _, _ = await raw.request("GET", "/api/v1/nodes/node-2")
+    assert status == 404

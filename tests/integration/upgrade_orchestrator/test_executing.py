@@ -17,7 +17,8 @@ from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
 from gpuop.kube import client, nodes, pods
 from gpuop.kube.recording import EventRecorder
-from gpuop.saga import actions, records
+from gpuop.saga import actions
+from gpuop.saga.upgrade import records
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
 from gpuop.services.upgrade_orchestrator.nodepods import NodePods
 from gpuop_sim import ApiServer, RequestKind, SimCluster

@@ -188,6 +188,9 @@ async def test_a_remediation_done_released_with_only_the_faulty_gpus_pod_evicted
     assert ok, summary
     assert (seen["evicted"], seen["kept"], seen["on_faulty_gpu"]) == (["ml/a"], ["ml/b"], ["ml/a"])
     assert (seen["seconds"], seen["condition"]["status"], seen["tainted"]) == (3.0, "True", False)
+    head = {k: summary[k] for k in ("scenario", "nodes", "targets", "done", "failed")}
+    assert head == {"scenario": REMEDIATION, "nodes": 1, "targets": 1, "done": 1, "failed": 0}
+    assert list(summary)[-1] == "remediated"
 
 
 @pytest.mark.parametrize("fault", ["failed", "tainted", "other-pod-evicted", "no-quarantine"])
@@ -225,3 +228,5 @@ async def test_a_mig_change_succeeds_only_with_its_new_devices_counted(
     ok, summary = await played.conclude(tracker)
     assert ok is counted, summary
     assert summary["reconfigured"]["gpu-node-1"]["config_state"] == "success"
+    assert (summary["scenario"], summary["targets"], summary["done"]) == (MIG, 1, 1)
+    assert list(summary)[-2:] == ["expected", "reconfigured"]

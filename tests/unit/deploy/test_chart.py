@@ -396,7 +396,7 @@ def test_a_single_server_has_no_cluster_parts() -> None:
 
     assert statefulset["spec"]["replicas"] == 1
     assert "podManagementPolicy" not in statefulset["spec"]
-    assert "affinity" not in statefulset["spec"]["template"]["spec"]
+    assert "podAntiAffinity" not in statefulset["spec"]["template"]["spec"]["affinity"]
     assert {p["metadata"]["name"] for p in rendering.all("PodDisruptionBudget")} == {
         "gpuop-nats-auth",
         "gpuop-upgrade-orchestrator",

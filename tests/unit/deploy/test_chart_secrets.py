@@ -7,8 +7,10 @@ tests/integration/real_cluster/test_chart_real.py)."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
+import helm_python as helm
 import pytest
 
 from tests.support.charts import NAMESPACE, STATIC_NATS, Manifest, Rendering, render, render_with
@@ -90,6 +92,26 @@ def test_the_issuer_key_is_read_by_the_callout_and_the_servers_init_container_al
 ) -> None:
     rendering = rendered(values)
     assert readers(rendering, ISSUER) == {"gpuop-nats-auth/nats-auth", "gpuop-nats/nats-issuer"}
+
+
+@pytest.mark.parametrize("values", ["defaults", "nats-cluster", "static"])
+def test_the_nats_servers_read_bcrypt_hashes_and_no_password(values: str) -> None:
+    """The servers' pods run where an attacker may reach and a kubelet reads every Secret its
+    pods name: the passwords stay with the services, the servers get hashes
+    (tests/integration/deploy/test_nats_server_hashes.py runs them)."""
+    rendering = rendered(values)
+    assert readers(rendering, "gpuop-nats-server-users") == {"gpuop-nats/nats"}
+    assert not {r for r in readers(rendering, "gpuop-nats-users") if r.startswith("gpuop-nats/")}
+    hashes = rendering.get("Secret", "gpuop-nats-server-users")["data"]
+    assert set(hashes) == set(rendering.get("Secret", "gpuop-nats-users")["data"])
+    for key, value in hashes.items():
+        assert base64.b64decode(value).startswith(b"$2a$10$"), key
+
+
+def test_the_passwords_of_an_existing_secret_are_hashed_at_install_so_it_must_exist() -> None:
+    # `helm template` reads no cluster: as an install would find the Secret missing
+    with pytest.raises(helm.HelmError, match=r"nats\.auth\.existingSecret mine has no"):
+        render_with({"nats": {"auth": {"existingSecret": "mine"}}})
 
 
 def test_static_mode_has_no_issuer_key_to_read() -> None:

@@ -2,7 +2,8 @@
 agent mounts only the host paths its service reads and holds only the privileges it needs,
 everything but the node agents meets Pod Security `restricted`, the services listen on their
 pod's address behind NetworkPolicies, a Prometheus web-config reaches every service and the
-ServiceMonitor follows it, and the cluster roles stay off GPU nodes."""
+ServiceMonitor follows it, and what holds a key to the cluster (the cluster roles, the callout,
+the NATS servers) runs only on nodes an admin labelled, off GPU nodes."""
 
 from __future__ import annotations
 
@@ -477,36 +478,82 @@ def test_without_a_web_config_the_services_serve_plain_http() -> None:
         render_with({"metrics": {"scheme": "https"}})
 
 
-@pytest.mark.parametrize("values", VALUES)
-def test_the_cluster_roles_stay_off_gpu_nodes_and_the_node_agents_do_not(values: str) -> None:
-    rendering = render(values)
-    deployments = rendering.all("Deployment")
+ADMINS_LABEL = {
+    "key": "node-restriction.kubernetes.io/gpuop-control-plane",
+    "operator": "In",
+    "values": ["true"],
+}
+"""The label that makes a node eligible for what holds a key: the NodeRestriction admission
+plugin refuses it to kubelets (tests/integration/real_cluster/test_chart_placement_real.py)."""
+OFF_GPU_NODES = {"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]}
 
-    assert len(deployments) >= 4
-    for deployment in deployments:
-        affinity = pod_of(deployment)["affinity"]["nodeAffinity"]
-        (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        assert term["matchExpressions"] == [
-            {"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]}
-        ], deployment["metadata"]["name"]
+
+def required_node_terms(workload: Manifest) -> list[dict[str, Any]]:
+    affinity = pod_of(workload).get("affinity", {}).get("nodeAffinity", {})
+    terms: list[dict[str, Any]] = affinity.get(
+        "requiredDuringSchedulingIgnoredDuringExecution", {}
+    ).get("nodeSelectorTerms", [])
+    return terms
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_what_holds_a_key_runs_only_on_nodes_admins_labelled_and_the_node_agents_anywhere(
+    values: str,
+) -> None:
+    """Every workload kind: the cluster roles, the callout (Deployments) and the NATS servers
+    (a StatefulSet) need the admins' label and avoid GPU nodes; the node agents (DaemonSets)
+    go wherever their node selector says."""
+    rendering = render(values)
+    kinds = {workload["kind"] for workload in rendering.workloads()}
+    assert kinds == {"DaemonSet", "Deployment"} | (
+        set() if values == "external-nats" else {"StatefulSet"}
+    ), kinds
+
+    rows = []
+    for workload in rendering.workloads():
+        name = f"{workload['kind']} {workload['metadata']['name']}"
+        terms = required_node_terms(workload)
+        expressions = terms[0]["matchExpressions"] if terms else []
+        where = [f"{e['key']} {e['operator']} {','.join(e.get('values', []))}" for e in expressions]
+        rows.append((name, " and ".join(where) or "anywhere"))
+        if workload["kind"] == "DaemonSet":
+            assert "affinity" not in pod_of(workload), name
+            continue
+        (term,) = terms
+        assert term["matchExpressions"] == [ADMINS_LABEL, OFF_GPU_NODES], name
+    print(f"\nplacement ({values}):")
+    for name, where in rows:
+        print(f"  {name:<38} {where}")
     orchestrator = pod_of(rendering.get("Deployment", "gpuop-upgrade-orchestrator"))
     assert "podAntiAffinity" in orchestrator["affinity"]
-    for daemonset in rendering.all("DaemonSet"):
-        assert "affinity" not in pod_of(daemonset)
+    if values == "nats-cluster":
+        assert "podAntiAffinity" in pod_of(rendering.get("StatefulSet", "gpuop-nats"))["affinity"]
 
 
-def test_the_nodes_cluster_roles_avoid_are_configurable() -> None:
-    anywhere = render_with({"clusterRoles": {"avoidNodes": []}})
+def test_where_what_holds_a_key_runs_is_configurable() -> None:
+    anywhere = render_with({"clusterRoles": {"avoidNodes": [], "nodeLabel": {"key": ""}}})
     tainted = render_with(
-        {"clusterRoles": {"avoidNodes": [{"key": "example.com/gpu", "operator": "DoesNotExist"}]}}
+        {
+            "clusterRoles": {
+                "avoidNodes": [{"key": "example.com/gpu", "operator": "DoesNotExist"}],
+                "nodeLabel": {"key": "node-role.kubernetes.io/control-plane", "values": [""]},
+            }
+        }
     )
 
-    single = anywhere.get("Deployment", "gpuop-discovery-cluster")
-    assert "affinity" not in pod_of(single)
+    for kind, name in (("Deployment", "gpuop-discovery-cluster"), ("StatefulSet", "gpuop-nats")):
+        assert "affinity" not in pod_of(anywhere.get(kind, name)), name
     orchestrator = pod_of(anywhere.get("Deployment", "gpuop-upgrade-orchestrator"))
     assert set(orchestrator["affinity"]) == {"podAntiAffinity"}
-    affinity = pod_of(tainted.get("Deployment", "gpuop-telemetry-cluster"))["affinity"]
-    (term,) = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ]
-    assert term["matchExpressions"] == [{"key": "example.com/gpu", "operator": "DoesNotExist"}]
+    for kind, name in (("Deployment", "gpuop-telemetry-cluster"), ("StatefulSet", "gpuop-nats")):
+        (term,) = required_node_terms(tainted.get(kind, name))
+        assert term["matchExpressions"] == [
+            {"key": "node-role.kubernetes.io/control-plane", "operator": "In", "values": [""]},
+            {"key": "example.com/gpu", "operator": "DoesNotExist"},
+        ], name
+
+
+@pytest.mark.parametrize("key", ["nvidia.com/gpu.present", "example.com/control-plane"])
+def test_a_node_label_a_kubelet_may_set_itself_is_refused(key: str) -> None:
+    with pytest.raises(helm.HelmError, match=re.escape(f'clusterRoles.nodeLabel.key "{key}"')):
+        render_with({"clusterRoles": {"nodeLabel": {"key": key}}})

@@ -217,3 +217,38 @@ async def test_stopping_the_registrar_closes_its_watch(directory: Path, kubelet:
         await kubelet.wait_for_registrations(1)
         assert inotify_descriptors() == before + 1
     assert inotify_descriptors() == before
+
+
+async def test_a_registration_the_restarted_kubelet_took_is_not_made_twice(
+    directory: Path, kubelet: Kubelet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarting kubelet deletes the plugin sockets before it makes its new kubelet.sock:
+    the server is served again and its registration waits for the new kubelet, which takes
+    it. The new kubelet.sock seen next is no restart to register again for: the real kubelet
+    refuses a second connection to the same socket (`device plugin already connected`) and,
+    having dropped the first one's client on the way, never lets the plugin in again."""
+    server = FakeServer(directory)
+    kubelet.start()
+    registrar = registering.Registrar(
+        directory,
+        lambda: [server],  # type: ignore[list-item]
+        PluginMetrics(CollectorRegistry()),
+        retry_interval=0.0,
+    )
+    await registrar.sync()
+    assert kubelet.registrations == ["nvidia.com/gpu"]
+
+    async def restarted_while_waiting(socket: Path, plugin: FakeServer, *, timeout: float) -> None:
+        kubelet.start()  # the new kubelet's socket appears; it answers the waiting call
+        kubelet.registrations.append(plugin.name)
+
+    server.socket.unlink()  # the restarting kubelet's cleanup
+    monkeypatch.setattr(registering, "register", restarted_while_waiting)
+    await registrar.sync()
+    monkeypatch.setattr(registering, "register", kubelet.register)
+    await registrar.sync()
+
+    assert kubelet.registrations == ["nvidia.com/gpu"] * 2
+    kubelet.start()  # a restart that deletes nothing is still one to register again for
+    await registrar.sync()
+    assert kubelet.registrations == ["nvidia.com/gpu"] * 3

@@ -6,6 +6,8 @@ a spec that cannot be made fails the load with the reason."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import cast
 
@@ -177,3 +179,40 @@ def support_host(tmp_path: Path) -> HostRoot:
     root = seed(tmp_path / "host")
     support.install_userspace(root, support.manifest(OLD, KERNEL))
     return root
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root (CAP_MKNOD)")
+async def test_every_load_makes_the_control_nodes_so_the_spec_names_them(
+    harness: Harness, host: HostRoot, source: Path
+) -> None:
+    """No program asked NVIDIA's driver for its unified memory nodes: the load makes them
+    (as `nvidia-ctk system create-device-nodes` does), numbered in the spec it writes next;
+    again after a load that finds them gone."""
+    await new_with_userspace(harness, host, source)
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
+        host.join(f"dev/{name}").unlink()
+
+    loaded = await load(harness, NEW)
+
+    assert isinstance(loaded, dm.DriverLoaded), loaded
+    control = json.loads(spec_of(host))["containerEdits"]["deviceNodes"]
+    assert control == [
+        {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255},
+        {"path": "/dev/nvidia-uvm", "type": "c", "major": 235, "minor": 0},
+        {"path": "/dev/nvidia-uvm-tools", "type": "c", "major": 235, "minor": 1},
+        {"path": "/dev/nvidia-modeset", "type": "c", "major": 195, "minor": 254},
+    ]
+
+
+async def test_a_load_that_cannot_make_the_nodes_stands_and_its_spec_names_none(
+    harness: Harness, host: HostRoot, source: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    await new_with_userspace(harness, host, source)
+    shutil.rmtree(host.join("dev"), ignore_errors=True)
+    host.join("dev").write_text("not a directory\n")
+
+    loaded = await load(harness, NEW)
+
+    assert isinstance(loaded, dm.DriverLoaded), loaded
+    assert json.loads(spec_of(host))["containerEdits"]["deviceNodes"] == []
+    assert "cannot make" in caplog.text and "dev/nvidiactl" in caplog.text

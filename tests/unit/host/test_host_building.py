@@ -235,3 +235,50 @@ def test_module_signing_without_its_key_file_is_refused(tmp_path: Path) -> None:
     signing = building.ModuleSigning(tmp_path / "missing.pem", tmp_path / "missing.der")
     with pytest.raises(building.BuildError, match=r"missing\.pem: no such file"):
         building.sign_modules([tmp_path / "nvidia.ko"], tmp_path / "sign-file", signing)
+
+
+@pytest.mark.parametrize(
+    ("source", "builder", "first"),
+    [
+        (["--from-debian", "--version", VERSION], "build_from_debian", {"version": VERSION}),
+        (["--from-run", "NVIDIA.run"], "build_from_run", {"run": Path("NVIDIA.run")}),
+    ],
+)
+def test_the_cli_hands_its_flags_to_the_builder_of_its_source(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    source: list[str],
+    builder: str,
+    first: dict[str, object],
+) -> None:
+    calls: list[tuple[str, dict[str, object]]] = []
+
+    def recorded(name: str) -> object:
+        def build(*args: object, **kwargs: object) -> packaging.BuiltPackage:
+            calls.append((name, {**dict(zip(["run"], args, strict=False)), **kwargs}))
+            return packaging.BuiltPackage("gpu", VERSION, "k", tmp_path / "p.tar", "0" * 64)
+
+        return build
+
+    for name in ("build_from_debian", "build_from_run"):
+        monkeypatch.setattr(building, name, recorded(name))
+    flags = ["--kernel", "k", "--flavour", "open", "--jobs", "3", "--work", str(tmp_path)]
+    assert main.main(["package", "build", *source, *flags, "--out", str(tmp_path / "o")]) == 0
+    assert calls == [
+        (
+            builder,
+            {
+                **first,
+                "kernel_release": "k",
+                "flavour": Flavour.OPEN,
+                "out": tmp_path / "o",
+                "work": tmp_path,
+                "debs": None,
+                "jobs": 3,
+                "signing_key": None,
+                "module_signing": None,
+            },
+        )
+    ]
+    assert "UNSIGNED" in capsys.readouterr().out

@@ -45,3 +45,13 @@ def test_no_other_role_touches_the_blocks() -> None:
         granted = grants.for_service(role).publish
         assert not allowed(granted, BLOCK), role
         assert not allowed(granted, LISTING), role
+
+
+def test_a_node_agent_writes_claims_of_its_own_in_either_family_and_no_other_key_shape() -> None:
+    granted = grants.for_identity(Identity("network-manager", "gpu-1.example.com")).publish
+    for address in ("10.10.0.5/24", "fd00:10::5/64"):
+        held = ipaddress.ip_interface(address)
+        assert allowed(granted, f"$KV.gpuop_ipam.{claim_key(held, 'gpu-1.example.com')}")
+        assert not allowed(granted, f"$KV.gpuop_ipam.{claim_key(held, 'gpu-2')}")
+    for made_up in ("x", "x.y.z", "a.b.c.d.e.f.g.h.i"):
+        assert not allowed(granted, f"$KV.gpuop_ipam.claim.gpu-1_example_com.{made_up}")

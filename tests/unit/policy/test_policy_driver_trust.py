@@ -10,7 +10,7 @@ import pytest
 
 from gpuop.events import driver as dm
 from gpuop.policy import PolicyInvalid, validate_spec
-from gpuop.saga import records
+from gpuop.saga.upgrade import records
 from tests.support.sagas import Run, S
 
 KEY = "RWQf6LRCGA9i53mlYecO4IzT51TGPpvWucNSCh1CBM0QTaLn73Y7GFO3"

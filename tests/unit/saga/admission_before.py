@@ -24,8 +24,8 @@ from gpuop.saga.admission import (
     admitted_components,
     skip_reason,
 )
-from gpuop.saga.records import NodeSaga
 from gpuop.saga.tallies import DoneSagas
+from gpuop.saga.upgrade.records import NodeSaga
 
 S = UpgradeState
 

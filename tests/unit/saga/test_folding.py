@@ -12,9 +12,10 @@ from gpuop.events import driver as dm
 from gpuop.events import upgrade as up
 from gpuop.events.driver import Component, Flavour
 from gpuop.events.kube import NodeCordoned
-from gpuop.saga import effects, folding, records
-from gpuop.saga.core import Admitted
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga import kinds
+from gpuop.saga.upgrade import effects, folding, records
+from gpuop.saga.upgrade.core import Admitted
+from gpuop.saga.upgrade.steps import Step, StepKind
 from gpuop.services.upgrade_orchestrator import intake
 from tests.support.sagas import BOOT_A, GPU_NEW, GPU_OLD, NODE, T0, inventory, policy, saga_for
 
@@ -27,7 +28,7 @@ def test_the_intake_consumes_exactly_the_inbound_set() -> None:
     admitted = up.NodeAdmitted(rollout_id="r", saga_id=saga.saga_id, attempt=1, canary=False)
     decision = folding.step(saga, admitted, SPEC, T0)
     assert decision is not None
-    changed = folding.outputs(decision)[0].payload
+    changed = folding.KIND.outputs(decision)[0].payload
     for payload, inbound in ((admitted, True), (inventory(BOOT_A), True), (changed, False)):
         assert folding.is_inbound(payload) is inbound, payload
         subject = bus_subject(new_event(payload, node=NODE, source="/t"))
@@ -64,11 +65,11 @@ def test_outputs_are_state_changes_then_commands_with_the_ids_the_outbox_publish
     admitted = up.NodeAdmitted(rollout_id="r", saga_id=saga.saga_id, attempt=1, canary=False)
     decision = folding.step(saga, admitted, SPEC, T0)
     assert decision is not None and decision.transitions
-    outs = folding.outputs(decision)
-    kinds = [isinstance(out, folding.StateChange) for out in outs]
-    assert kinds == sorted(kinds, reverse=True)  # every state change before any command
+    outs = folding.KIND.outputs(decision)
+    changes = [isinstance(out, kinds.StateChange) for out in outs]
+    assert changes == sorted(changes, reverse=True)  # every state change before any command
     assert len({out.id for out in outs}) == len(outs)
-    assert folding.outputs(decision) == outs  # the same ids every time it is decided
+    assert folding.KIND.outputs(decision) == outs  # the same ids every time it is decided
 
 
 def test_a_saga_is_rebuilt_from_its_start_record() -> None:

@@ -21,7 +21,7 @@ from gpuop.events.remediation import RemediationState as S
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine
-from gpuop.saga.remediation import breaker, kind, phases, records
+from gpuop.saga.remediation import breaker, folding, kind, phases, records
 from gpuop.saga.remediation.actions import EvictPods, MirrorHealth
 from gpuop.saga.remediation.drafting import Draft
 from gpuop.saga.remediation.records import RemediationSaga
@@ -57,7 +57,7 @@ class Walk:
 
     def feed(self, event: object) -> machine.Decision[RemediationSaga, S] | None:
         self.now += timedelta(seconds=1)
-        decision = kind.step(self.saga, event, self.spec, self.now)  # type: ignore[arg-type]
+        decision = folding.step(self.saga, event, self.spec, self.now)  # type: ignore[arg-type]
         if decision is not None:
             self.saga = decision.saga
             self.decisions.append(decision)
@@ -136,7 +136,7 @@ def test_a_start_quarantines_and_waits_for_admission() -> None:
     mirror = actions[0]
     assert isinstance(mirror, MirrorHealth) and mirror.taint is True
     assert mirror.unhealthy == ((GPU, (79,)),)
-    assert kind.waiting(walk.saga) and not kind.holds(walk.saga)
+    assert folding.waiting(walk.saga) and not folding.holds(walk.saga)
 
 
 def test_without_quarantine_the_node_is_not_tainted() -> None:
@@ -184,7 +184,7 @@ def test_the_main_line_evicts_only_the_holders_resets_validates_and_releases() -
         S.HOLDERS_REQUIRED, S.EVICTION_REQUIRED, S.OPERANDS_PAUSE_REQUIRED, S.RESET_REQUIRED,
         S.VALIDATION_REQUIRED, S.RELEASE_REQUIRED, S.DONE,
     ]  # fmt: skip
-    assert not kind.holds(walk.saga)
+    assert not folding.holds(walk.saga)
 
 
 def test_no_holder_skips_the_eviction_and_unknown_holders_evict_every_gpu_pod() -> None:
@@ -318,7 +318,7 @@ def test_every_step_has_its_deadline_and_a_stale_one_changes_nothing() -> None:
 
 def test_a_remediation_folded_into_an_upgrade_ends_when_the_upgrade_validates() -> None:
     walk = Walk(folded_into="rollout-1/gpu-1")
-    assert walk.state() is S.FOLDED and not kind.holds(walk.saga)
+    assert walk.state() is S.FOLDED and not folding.holds(walk.saga)
     changed = NodeUpgradeStateChanged(
         rollout_id="rollout-1", from_state=UpgradeState.VALIDATION_REQUIRED,
         to_state=UpgradeState.UNCORDON_REQUIRED, components=(dm.Component.GPU,),

@@ -9,9 +9,10 @@ import pytest
 
 from gpuop.events.driver import Component
 from gpuop.policy import ComponentSpec
-from gpuop.saga import admission, records
+from gpuop.saga import admission
 from gpuop.saga.admission import NodeStatus
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.upgrade import records
+from gpuop.saga.upgrade.steps import Step, StepKind
 from tests.support.sagas import GPU_NEW, T0, S, policy, saga_for
 
 

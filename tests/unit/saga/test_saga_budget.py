@@ -11,7 +11,7 @@ from gpuop.policy import Budget, validate_spec
 from gpuop.policy.specs import GPUClusterPolicySpec
 from gpuop.saga import admission
 from gpuop.saga.admission import NodeStatus
-from gpuop.saga.records import NodeSaga
+from gpuop.saga.upgrade.records import NodeSaga
 from tests.support.sagas import GPU_NEW, SOURCE, T0, S, saga_for
 
 # Hundreds of fleets: seconds alone, more on a busy machine.

@@ -11,8 +11,10 @@ from gpuop.events import driver as dm
 from gpuop.events import ids, kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.driver import Component
-from gpuop.saga import actions, core, effects, records, upgrade
-from gpuop.saga.steps import StepKind
+from gpuop.saga import actions
+from gpuop.saga.upgrade import core, effects, records
+from gpuop.saga.upgrade import kind as upgrade
+from gpuop.saga.upgrade.steps import StepKind
 from tests.support.sagas import (
     BOOT_A,
     BOOT_B,

@@ -8,10 +8,11 @@ from __future__ import annotations
 from gpuop.events import kube
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT, SagaReason
-from gpuop.saga import actions, admission, folding, records
+from gpuop.saga import actions, admission
 from gpuop.saga.admission import NodeStatus
-from gpuop.saga.steps import StepKind
-from gpuop.saga.upgrade import pending
+from gpuop.saga.upgrade import folding, records
+from gpuop.saga.upgrade.kind import pending
+from gpuop.saga.upgrade.steps import StepKind
 from tests.support.sagas import BOOT_A, GPU_NEW, GPU_OLD, OFED_OLD, T0, Run, S, policy, saga_for
 
 KERNEL_OLD, KERNEL_NEW = "6.1.0-41-amd64", "6.1.0-44-amd64"

@@ -20,10 +20,11 @@ from gpuop.events.driver import RebootNode
 from gpuop.events.fields import Record
 from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import admission, machine, phases, transitions
+from gpuop.saga import admission, machine
 from gpuop.saga.admission import NodeStatus
 from gpuop.saga.machine import Admitted, IllegalTransition, Kind, Phase, StepLike
-from gpuop.saga.upgrade import UPGRADE
+from gpuop.saga.upgrade import phases, table
+from gpuop.saga.upgrade.kind import UPGRADE
 from tests.support.sagas import T0, Run, policy, saga_for
 
 
@@ -234,8 +235,8 @@ def test_a_second_kind_cannot_make_a_move_its_table_lacks():
     with pytest.raises(IllegalTransition, match="gpu-reset: no transition reset-done"):
         draft.move(Reset.RESETTING, "never")
     # the upgrade's table knows nothing of it, and is as it was
-    assert not set(Reset) & set(transitions.TABLE)
-    assert set(transitions.TABLE) == set(UpgradeState)
+    assert not set(Reset) & set(table.TABLE)
+    assert set(table.TABLE) == set(UpgradeState)
 
 
 def test_a_node_another_kind_holds_is_unavailable_and_never_admitted():

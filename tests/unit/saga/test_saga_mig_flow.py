@@ -401,3 +401,27 @@ def test_the_restore_puts_back_the_devices_discovery_reported_at_the_start():
     first = restore.layouts[0]
     assert (first.gpu_index, first.mig_enabled) == (0, True)
     assert [(d.profile, d.count) for d in first.devices] == [("7g.141gb", 1)]
+
+
+@pytest.mark.parametrize("end", [S.MIG_CONFIG_DONE, S.MIG_CONFIG_FAILED])
+def test_an_ended_saga_has_its_final_step_and_no_deadline_left_to_expire(end):
+    run = MigRun()
+    run.until(S.APPLY_REQUIRED)
+    assert run.saga.deadline is not None, "the apply waits under a deadline"
+    if end is S.MIG_CONFIG_FAILED:
+        run.apply_failed(restored=True)
+    run.until(end)
+    assert run.saga.deadline is None and machine.deadline_event(run.saga) is None
+    final = MigStepKind.DONE if end is S.MIG_CONFIG_DONE else MigStepKind.FAILED
+    assert (run.saga.step.kind, run.saga.step_started) == (final, run.now)
+
+
+def test_a_command_or_action_takes_its_id_from_the_token_it_names_else_the_pending_step():
+    run = MigRun()
+    run.until(S.APPLY_REQUIRED)
+    saga, resume = run.saga, dev.ResumeOperands(reason="r")
+    assert machine.action_id(saga) == run.step_id == machine.issue(saga, resume).id
+    other = ids.step(saga.saga_id, "operands-pause", saga.attempt)
+    assert machine.action_id(saga, "operands-pause") == other
+    issued = machine.issue(saga, resume, "operands-pause")
+    assert (issued.id, issued.step, issued.attempt) == (other, "operands-pause", saga.attempt)

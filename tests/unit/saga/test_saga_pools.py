@@ -9,7 +9,7 @@ from gpuop.policy import validate_spec
 from gpuop.policy.specs import GPUClusterPolicySpec
 from gpuop.saga import admission
 from gpuop.saga.admission import NodeStatus
-from gpuop.saga.records import NodeSaga
+from gpuop.saga.upgrade.records import NodeSaga
 from tests.support.sagas import GPU_NEW, SOURCE, T0, S, saga_for
 
 TRAIN = [f"train-{i}" for i in range(1, 5)]

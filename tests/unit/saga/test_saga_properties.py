@@ -11,8 +11,10 @@ from gpuop.events import driver as dm
 from gpuop.events import ids, kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.driver import Component
-from gpuop.saga import actions, core, records, transitions, upgrade
-from gpuop.saga.steps import StepKind
+from gpuop.saga import actions
+from gpuop.saga.upgrade import core, records, table
+from gpuop.saga.upgrade import kind as upgrade
+from gpuop.saga.upgrade.steps import StepKind
 from tests.support.sagas import (
     BOOT_A,
     BOOT_B,
@@ -142,7 +144,7 @@ def test_random_events_never_leave_the_table_or_reuse_ids(spec, cordoned, ofed_k
     walk(run, sequence)
 
     for move in run.transitions():
-        assert transitions.allowed(*move), move
+        assert table.allowed(*move), move
 
     id_of: dict[tuple[str, int], str] = {}
     key_of: dict[str, tuple[str, int, str]] = {}

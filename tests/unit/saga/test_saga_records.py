@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 
 from gpuop.events.driver import Component
-from gpuop.saga import records
-from gpuop.saga.steps import Step, StepKind
+from gpuop.saga.upgrade import records
+from gpuop.saga.upgrade.steps import Step, StepKind
 from tests.support.sagas import GPU_NEW, GPU_OLD, OFED_NEW, OFED_OLD, T0, Run, S, policy
 
 

@@ -7,7 +7,7 @@ driver back like any failed step after the unload."""
 from __future__ import annotations
 
 from gpuop.events import driver as dm
-from gpuop.saga.steps import StepKind
+from gpuop.saga.upgrade.steps import StepKind
 from tests.support.sagas import Run, S, policy
 
 

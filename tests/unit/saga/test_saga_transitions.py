@@ -8,9 +8,9 @@ import pytest
 
 from gpuop.events import kube
 from gpuop.events.upgrade import UpgradeState
-from gpuop.saga import transitions
-from gpuop.saga.steps import StepKind
-from gpuop.saga.transitions import TABLE, IllegalTransition
+from gpuop.saga.upgrade import table
+from gpuop.saga.upgrade.steps import StepKind
+from gpuop.saga.upgrade.table import TABLE, IllegalTransition
 from tests.support.sagas import BOOT_B, GPU_NEW, Run, S, inventory, policy, saga_for
 
 Edge = tuple[UpgradeState, UpgradeState]
@@ -24,11 +24,11 @@ def test_every_state_has_a_row_and_every_edge_a_trigger():
 
 
 def test_require_refuses_moves_absent_from_the_table():
-    transitions.require(S.UPGRADE_REQUIRED, S.CORDON_REQUIRED)
+    table.require(S.UPGRADE_REQUIRED, S.CORDON_REQUIRED)
     with pytest.raises(IllegalTransition):
-        transitions.require(S.UPGRADE_REQUIRED, S.UPGRADE_DONE)
+        table.require(S.UPGRADE_REQUIRED, S.UPGRADE_DONE)
     with pytest.raises(IllegalTransition):
-        transitions.require(S.UNCORDON_REQUIRED, S.CORDON_REQUIRED)
+        table.require(S.UNCORDON_REQUIRED, S.CORDON_REQUIRED)
 
 
 def _full(**upgrade):
@@ -201,13 +201,13 @@ def test_scenario_moves_only_along_the_table(name):
     run = SCENARIOS[name]()
     assert run.transitions()
     for move in run.transitions():
-        assert transitions.allowed(*move), move
+        assert table.allowed(*move), move
 
 
 def test_the_scenarios_walk_every_transition_of_the_table():
     walked: set[Edge] = set()
     for scenario in SCENARIOS.values():
         walked.update(scenario().transitions())
-    missing = transitions.edges() - walked
+    missing = table.edges() - walked
     assert not missing, sorted(missing)
-    assert walked <= transitions.edges()
+    assert walked <= table.edges()

@@ -11,7 +11,7 @@ from gpuop.events import driver as dm
 from gpuop.events import kube
 from gpuop.policy import GPUClusterPolicySpec, PolicyInvalid, validate_spec
 from gpuop.saga import actions
-from gpuop.saga.steps import StepKind
+from gpuop.saga.upgrade.steps import StepKind
 from tests.support.sagas import VALIDATION_POD, Run, S, policy
 
 LADDER_TOKENS = ["validate-gpu", "validate-cuda-gpu", "validate-resume", "validate-pod"]

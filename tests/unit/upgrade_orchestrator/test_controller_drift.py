@@ -16,7 +16,8 @@ from gpuop.events.upgrade import NodeAdmitted, SagaReason, SagaStarted, UpgradeS
 from gpuop.kube import client
 from gpuop.policy import Condition, GPUClusterPolicySpec
 from gpuop.policy.conditions import RolloutRecord
-from gpuop.saga import NodeStatus, actions, records
+from gpuop.saga import NodeStatus, actions
+from gpuop.saga.upgrade import records
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.controller import Controller
 from gpuop.services.upgrade_orchestrator.rollouts import rollout_id_for

@@ -23,8 +23,9 @@ from gpuop.saga.mig import records
 from gpuop.saga.mig.actions import EvictPods, SetConfigState
 from gpuop.saga.mig.folding import started
 from gpuop.saga.remediation import records as remediation_records
-from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION
+from gpuop.services.upgrade_orchestrator.store import SagaStore
 from tests.support.mig_runtime import ConfigMaps, MigAgents, actions_of, reconfiguring
 from tests.support.mig_sagas import CONFIG, POD_A, UUIDS, plan_for, policy
 from tests.support.orchestrator import events, messages
@@ -131,7 +132,7 @@ async def test_a_leader_records_the_start_its_predecessor_stored_and_did_not_rec
         stored = records.new_saga(
             node="gpu-node-2", request_id="f" * 32, plan=plan, now=harness.stack.clock.now()
         )
-        await harness.store.create(stored, "gpu-node-2")
+        await harness.store.create(stored)
         runner = harness.stack.runner
         assert runner is not None
         await runner.resume()
@@ -207,11 +208,11 @@ async def test_a_node_another_kind_holds_is_not_reconfigured_until_it_ends():
     async with reconfiguring(roomy, ("gpu-node-1", "gpu-node-2")) as harness:
         runner = harness.stack.runner
         assert runner is not None
-        remediations = await KindStore.open(harness.bus, REMEDIATION)
+        remediations = await SagaStore.open(harness.bus, REMEDIATION)
         start = RemediationStarted(saga_id=f"remediation/{NODE}/1", unhealthy={UUIDS[0]: (79,)})
         holding = remediation_records.start(NODE, start, harness.stack.clock.now())
         holding = holding.model_copy(update={"state": RemediationState.RESET_REQUIRED})
-        await remediations.create(holding, NODE)
+        await remediations.create(holding)
         runner.kinds = (KindRunner(REMEDIATION, remediations), *runner.kinds)
 
         await harness.relabel(NODE, "half-balanced")
@@ -223,7 +224,7 @@ async def test_a_node_another_kind_holds_is_not_reconfigured_until_it_ends():
         stored = await remediations.get(NODE)
         assert stored is not None
         ended = stored.saga.model_copy(update={"state": RemediationState.DONE})
-        await remediations.replace(ended, NODE, stored.revision)
+        await remediations.replace(ended, stored.revision)
         await harness.settle(until_ended=(NODE,))
         done = await harness.saga(NODE)
         assert done is not None and done.state is S.MIG_CONFIG_DONE

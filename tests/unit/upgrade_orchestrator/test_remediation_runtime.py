@@ -33,9 +33,9 @@ from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeStatus, actions, replaying
 from gpuop.saga.remediation import records
 from gpuop.saga.remediation.actions import EvictPods, MirrorHealth
-from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION, Starter
-from gpuop.services.upgrade_orchestrator.store import is_saga_key
+from gpuop.services.upgrade_orchestrator.store import SagaStore, is_saga_key
 from tests.support.orchestrator import events, messages
 from tests.support.remediations import GPU, HOLDER, Agents, Remediating, actions_of, remediating
 from tests.support.sagas import BOOT_A, BOOT_B, policy, saga_for
@@ -309,13 +309,36 @@ async def fold_and_validate(harness: Remediating) -> None:
     await harness.settle(until_ended=(NODE,))
 
 
-async def test_a_node_in_its_upgrade_window_folds_the_remediation_into_it() -> None:
+async def test_a_node_whose_upgrade_reload_is_ahead_folds_the_remediation_into_it() -> None:
     async with remediating(policy()) as harness:
         await fold_and_validate(harness)
         done = await harness.saga(NODE)
         assert done is not None and done.state is R.DONE
         assert actions_of(harness.stack, MirrorHealth)[-1].taint is False
         assert await states(harness.bus.prefix, harness) == [R.RELEASE_REQUIRED, R.DONE]
+
+
+async def test_a_remediation_waits_while_the_node_s_upgrade_holds_it_past_its_reload() -> None:
+    async with remediating(policy()) as harness:
+        store = harness.stack.store
+        assert store is not None
+        # validated already: the reload is behind, so the remediation does not fold in
+        upgrade = saga_for(harness.stack.policy, node=NODE).model_copy(
+            update={"state": UpgradeState.UNCORDON_REQUIRED}
+        )
+        stored = await store.create(upgrade)
+        await harness.fault(NODE)
+        await harness.started(NODE)
+        await harness.settle()
+        waiting = await harness.saga(NODE)
+        assert waiting is not None and waiting.folded_into is None
+        assert waiting.state is R.ADMISSION_REQUIRED  # the upgrade holds the node
+
+        done = upgrade.model_copy(update={"state": UpgradeState.UPGRADE_DONE})
+        await store.replace(done, stored.revision)
+        await harness.settle()
+        admitted = await harness.saga(NODE)
+        assert admitted is not None and admitted.state is not R.ADMISSION_REQUIRED
 
 
 async def test_a_remediation_and_upgrades_share_one_max_unavailable_budget() -> None:
@@ -397,7 +420,7 @@ async def test_a_restarted_runner_reissues_the_pending_step_with_the_same_ids() 
         before = [m for m in await messages(harness.bus, f"{harness.bus.prefix}.cmd.>")]
         runner = harness.stack.runner
         assert runner is not None
-        fresh = KindStore(await harness.bus.kv(Buckets.SAGAS), REMEDIATION)
+        fresh = SagaStore(await harness.bus.kv(Buckets.SAGAS), REMEDIATION)
         runner.kinds = (KindRunner(REMEDIATION, fresh),)
         assert await runner.resume() == 1
         after = [m for m in await messages(harness.bus, f"{harness.bus.prefix}.cmd.>")]
@@ -425,7 +448,7 @@ async def test_a_start_its_leader_did_not_record_is_recorded_on_takeover() -> No
             driver_version="535.161.08",
         )  # fmt: skip
         saga = records.start(NODE, started, harness.stack.clock.now())
-        await harness.store.create(saga, NODE)  # stored, then the leader died
+        await harness.store.create(saga)  # stored, then the leader died
 
         await runner.resume()
         await runner.resume()  # a second takeover finds it recorded

@@ -15,9 +15,10 @@ from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, SagaStarted, UpgradeState
-from gpuop.saga import NodeSaga, NodeStatus, actions, folding, pending
-from gpuop.saga.core import Admitted, decide
+from gpuop.saga import NodeSaga, NodeStatus, actions, pending
 from gpuop.saga.machine import deadline_event
+from gpuop.saga.upgrade import folding
+from gpuop.saga.upgrade.core import Admitted, decide
 from gpuop.services.upgrade_orchestrator import intake, running
 from gpuop.services.upgrade_orchestrator.deadlines import deadline_event_id
 from gpuop.services.upgrade_orchestrator.store import SagaStore, StoredSaga

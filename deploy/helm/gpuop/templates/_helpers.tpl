@@ -42,6 +42,11 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- default (include "gpuop.name" (dict "root" . "component" "nats-users")) .Values.nats.auth.existingSecret -}}
 {{- end -}}
 
+{{/* The bundled NATS server's Secret: bcrypt hashes of the passwords (templates/nats/users.yaml). */}}
+{{- define "gpuop.natsServerUsersSecret" -}}
+{{- include "gpuop.name" (dict "root" . "component" "nats-server-users") -}}
+{{- end -}}
+
 {{/* Callout mode: the Secret of the callout's issuer key, the chart's own
 (templates/nats/issuer.yaml) unless nats.auth.callout.issuerSecret names one. */}}
 {{- define "gpuop.natsIssuerSecret" -}}
@@ -604,10 +609,25 @@ efivarfs under /sys/kernel, /sys/fs and /sys/firmware): the PCI functions, devic
   (dict "path" "/sys/devices" "type" "Directory")) -}}
 {{- end -}}
 
-{{/* The cluster roles' node affinity: off the nodes clusterRoles.avoidNodes matches (GPU
-nodes by default), which the orchestrator drains and reboots. */}}
+{{/* The node affinity of everything that holds a key to the cluster (every cluster role,
+the orchestrator, the callout and the bundled NATS servers): onto the nodes that carry
+clusterRoles.nodeLabel, a label only admins can set, and off the nodes clusterRoles.avoidNodes
+matches (GPU nodes by default), which the orchestrator drains and reboots. avoidNodes alone
+would not do: a GPU node's kubelet may set or remove labels such as nvidia.com/gpu.present
+on its own Node, and so make it eligible; the NodeRestriction admission plugin refuses a
+kubelet every label under node-restriction.kubernetes.io/ (and node-role.kubernetes.io/). */}}
 {{- define "gpuop.clusterNodeAffinity" -}}
-{{- with .Values.clusterRoles.avoidNodes -}}
+{{- $expressions := list }}
+{{- with .Values.clusterRoles.nodeLabel }}
+{{- if .key }}
+{{- if not (or (hasPrefix "node-restriction.kubernetes.io/" .key) (hasPrefix "node-role.kubernetes.io/" .key)) }}
+{{- fail (printf "clusterRoles.nodeLabel.key %q: a kubelet may set that label on its own Node; use one under node-restriction.kubernetes.io/ (or node-role.kubernetes.io/), which the NodeRestriction admission plugin keeps from kubelets, or an empty key for none" .key) }}
+{{- end }}
+{{- $expressions = append $expressions (dict "key" .key "operator" "In" "values" (required "clusterRoles.nodeLabel.values: the label's values that make a node eligible" .values)) }}
+{{- end }}
+{{- end }}
+{{- $expressions = concat $expressions (.Values.clusterRoles.avoidNodes | default list) }}
+{{- with $expressions -}}
 nodeAffinity:
   requiredDuringSchedulingIgnoredDuringExecution:
     nodeSelectorTerms:

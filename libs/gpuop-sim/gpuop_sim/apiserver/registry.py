@@ -174,17 +174,7 @@ class Registry:
         updates.check_name(metadata, name)
         self._place(resource, metadata, namespace)
         old = self._existing(resource, namespace, name)
-        updates.check_preconditions(resource, old, metadata)
-        sent = applying.sent_entries(metadata.get("managedFields"))
-        new = updates.merge(resource, old, obj, subresource)
-        return self._commit_update(
-            resource,
-            old,
-            new,
-            dry_run=dry_run,
-            validate=validate,
-            ownership=_Updated(manager, subresource, sent),
-        )
+        return self._commit_sent(resource, old, obj, subresource, dry_run, validate, manager)
 
     def patch(
         self,
@@ -208,19 +198,8 @@ class Registry:
             patched = patching.apply_patch(content_type, self._present(resource, old), patch)
         except patching.PatchError as error:
             raise error.error from None
-        metadata = updates.metadata_of(patched)
-        updates.check_name(metadata, name)
-        updates.check_preconditions(resource, old, metadata)
-        sent = applying.sent_entries(metadata.get("managedFields"))
-        new = updates.merge(resource, old, patched, subresource)
-        return self._commit_update(
-            resource,
-            old,
-            new,
-            dry_run=dry_run,
-            validate=True,
-            ownership=_Updated(manager, subresource, sent),
-        )
+        updates.check_name(updates.metadata_of(patched), name)
+        return self._commit_sent(resource, old, patched, subresource, dry_run, True, manager)
 
     def apply(
         self,
@@ -421,6 +400,27 @@ class Registry:
 
     def _now(self) -> str:
         return format_time(self.clock.now())
+
+    def _commit_sent(
+        self,
+        resource: ResourceType,
+        old: Obj,
+        sent_obj: Obj,
+        subresource: str | None,
+        dry_run: bool,
+        validate: bool,
+        manager: str,
+    ) -> Obj:
+        """An Update's or a Patch's object (named as the request): its preconditions
+        checked against ``old``, merged over it, stored with ``manager`` credited for it."""
+        metadata = updates.metadata_of(sent_obj)
+        updates.check_preconditions(resource, old, metadata)
+        sent = applying.sent_entries(metadata.get("managedFields"))
+        new = updates.merge(resource, old, sent_obj, subresource)
+        ownership = _Updated(manager, subresource, sent)
+        return self._commit_update(
+            resource, old, new, dry_run=dry_run, validate=validate, ownership=ownership
+        )
 
     def _commit_update(
         self,

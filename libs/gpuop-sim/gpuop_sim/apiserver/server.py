@@ -26,12 +26,12 @@ import ssl
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
 from typing import Any, NamedTuple
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from gpuop import lifecycles
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop_sim.apiserver import authorizing, certificates, errors, handlers, kinds
 from gpuop_sim.apiserver import kubeconfig as kubeconfigs
@@ -78,7 +78,7 @@ class RequestRecord(NamedTuple):
     content_type: str
 
 
-class ApiServer:
+class ApiServer(lifecycles.Startable):
     """A Kubernetes API server over HTTPS on loopback, faithful to what gpuop relies on."""
 
     def __init__(
@@ -215,18 +215,6 @@ class ApiServer:
         self.disruption_controller.close()
         runner, self._runner = self._runner, None
         await runner.cleanup()
-
-    async def __aenter__(self) -> ApiServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     def write_kubeconfig(
         self, path: Path, *, context: str = kubeconfigs.DEFAULT_CONTEXT, namespace: str = "default"

@@ -45,20 +45,22 @@ LABEL_VALUE_MESSAGE = (
 
 
 def subdomain_errors(path: str, value: str) -> list[FieldError]:
-    found: list[FieldError] = []
-    if len(value) > 253:
-        found.append(FieldError.invalid(path, value, "must be no more than 253 characters"))
-    if not re.fullmatch(_DNS1123_SUBDOMAIN, value):
-        found.append(FieldError.invalid(path, value, SUBDOMAIN_MESSAGE))
-    return found
+    return _dns_name_errors(path, value, 253, _DNS1123_SUBDOMAIN, SUBDOMAIN_MESSAGE)
 
 
 def dns_label_errors(path: str, value: str) -> list[FieldError]:
+    return _dns_name_errors(path, value, 63, _DNS1123_LABEL, LABEL_MESSAGE)
+
+
+def _dns_name_errors(
+    path: str, value: str, longest: int, pattern: str, message: str
+) -> list[FieldError]:
+    """What is wrong with `value` as a DNS name of at most `longest` characters."""
     found: list[FieldError] = []
-    if len(value) > 63:
-        found.append(FieldError.invalid(path, value, "must be no more than 63 characters"))
-    if not re.fullmatch(_DNS1123_LABEL, value):
-        found.append(FieldError.invalid(path, value, LABEL_MESSAGE))
+    if len(value) > longest:
+        found.append(FieldError.invalid(path, value, f"must be no more than {longest} characters"))
+    if not re.fullmatch(pattern, value):
+        found.append(FieldError.invalid(path, value, message))
     return found
 
 

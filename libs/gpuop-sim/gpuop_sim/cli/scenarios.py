@@ -372,17 +372,21 @@ class Remediation:
                 and not tainted
                 and sorted(gone) == on_gpu
             )
-        done, failed, _ = tracker.counts()
-        summary = {
-            "scenario": REMEDIATION,
-            "nodes": len(tracker.nodes),
-            "targets": len(self.allocations),
-            "done": done,
-            "failed": failed,
-            "seconds": round(tracker.outcome.seconds, 1),
-            "remediated": nodes,
-        }
-        return ok, summary
+        return ok, _summary(REMEDIATION, tracker, len(self.allocations), remediated=nodes)
+
+
+def _summary(scenario: str, tracker: Tracker, targets: int, **found: Any) -> dict[str, Any]:
+    """A scenario's report: its sagas' counts and time, then what it `found`."""
+    done, failed, _ = tracker.counts()
+    return {
+        "scenario": scenario,
+        "nodes": len(tracker.nodes),
+        "targets": targets,
+        "done": done,
+        "failed": failed,
+        "seconds": round(tracker.outcome.seconds, 1),
+        **found,
+    }
 
 
 @dataclass
@@ -453,17 +457,9 @@ class MigReconfiguration:
             )
         for task in self.background:
             task.cancel()
-        done, failed, _ = tracker.counts()
-        summary = {
-            "scenario": MIG,
-            "nodes": len(tracker.nodes),
-            "targets": len(self.allocations),
-            "done": done,
-            "failed": failed,
-            "seconds": round(tracker.outcome.seconds, 1),
-            "expected": expected,
-            "reconfigured": nodes,
-        }
+        summary = _summary(
+            MIG, tracker, len(self.allocations), expected=expected, reconfigured=nodes
+        )
         return ok, summary
 
     async def _settled(

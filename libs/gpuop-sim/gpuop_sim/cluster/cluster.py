@@ -23,8 +23,8 @@ import random
 import ssl
 from collections import Counter
 from pathlib import Path
-from types import TracebackType
 
+from gpuop import lifecycles
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop_sim.apiserver import kinds
 from gpuop_sim.apiserver.accounting import RequestKind
@@ -43,7 +43,7 @@ from gpuop_sim.cluster.scheduling import Scheduler, gpus_requested, holds_resour
 logger = logging.getLogger(__name__)
 
 
-class SimCluster:
+class SimCluster(lifecycles.Startable):
     """A Kubernetes cluster of ``nodes`` machines with ``gpus`` GPUs each, in process."""
 
     def __init__(
@@ -162,18 +162,6 @@ class SimCluster:
         self.deployments.close()
         self.jobs.close()
         await self.server.stop()
-
-    async def __aenter__(self) -> SimCluster:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     # Machines.
 

@@ -18,9 +18,9 @@ import asyncio
 import contextlib
 import random
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import Any
 
+from gpuop import lifecycles
 from gpuop.kube import client as kubeclient
 from gpuop.kube import errors as kubeerrors
 from gpuop_sim.cluster import machines, workloads
@@ -35,7 +35,7 @@ class FleetError(RuntimeError):
     """The cluster could not take the fleet; the message says what to do."""
 
 
-class KwokFleet:
+class KwokFleet(lifecycles.Closable):
     """``nodes`` KWOK GPU nodes of ``gpus`` GPUs, named ``<prefix><n>``, in the cluster
     ``kube`` reaches; ``async with KwokFleet(kube, 3, 8) as fleet``."""
 
@@ -90,12 +90,7 @@ class KwokFleet:
         if settle:
             await self._settle()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def close(self) -> None:
         await self.remove()
 
     async def _register(self) -> None:

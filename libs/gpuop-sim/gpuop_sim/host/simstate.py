@@ -2,6 +2,8 @@
 kernel would show, so every reader in `gpuop.host` (in any process) sees the simulation.
 
     proc/modules                        the loaded modules, newest first (the truth)
+    proc/devices                        the character majors of the loaded modules that
+                                        register one (`CHARACTER_DEVICES`)
     sys/module/<m>/version, refcnt,     one directory per loaded module; `holders/` has an
         initstate, coresize, taint,     empty file per loaded module that depends on <m>
         srcversion, holders/
@@ -50,6 +52,15 @@ DEVICE_DRIVERS = {
 }
 """Modules that bind PCI functions when loaded: vendor and base class of what they bind."""
 
+CHARACTER_DEVICES = {
+    "nvidia": ((195, "nvidia"), (195, "nvidiactl")),
+    "nvidia_modeset": ((195, "nvidia-modeset"),),
+    "nvidia_uvm": ((235, "nvidia-uvm"),),
+}
+"""What each module registers in `/proc/devices` when loaded: NVIDIA's fixed major, and the
+unified memory driver's dynamic one (235, as on the recorded node)."""
+PROC_DEVICES = "proc/devices"
+
 HOLDER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
 """What a holder id may look like: it names a file."""
 MODULE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -77,6 +88,11 @@ def write_loaded(root: HostRoot, loaded: Sequence[LoadedModule]) -> None:
         if refcnt.parent.is_dir():
             _write_if_changed(refcnt, f"{refcount}\n")
     _write_if_changed(root.join(modules.PROC_MODULES), "".join(lines))
+    registered = sorted(
+        entry for name in reversed(names) for entry in CHARACTER_DEVICES.get(name, ())
+    )
+    devices = "".join(f"{major:3d} {device}\n" for major, device in registered)
+    _write_if_changed(root.join(PROC_DEVICES), f"Character devices:\n{devices}\nBlock devices:\n")
 
 
 def dependents(root: HostRoot, name: str, loaded_names: Sequence[str]) -> tuple[str, ...]:

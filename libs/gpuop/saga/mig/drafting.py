@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from gpuop.events import Command, ids
+from gpuop.events import ids
 from gpuop.policy.mig import MigPolicy
 from gpuop.saga import machine
-from gpuop.saga.machine import IssuedCommand, Transition
+from gpuop.saga.machine import Transition
 from gpuop.saga.mig.actions import EVENT_REASON, MigKubeAction, RecordEvent, SetConfigState
 from gpuop.saga.mig.records import MigFailure, MigSaga, StepResult
 from gpuop.saga.mig.states import MigState, config_state
@@ -64,19 +64,8 @@ class Draft(machine.Draft[MigSaga, MigState]):
             self.move(S.MIG_CONFIG_FAILED, reason)
 
 
-def issue(saga: MigSaga, payload: Command, token: str) -> IssuedCommand:
-    """`payload` under the id of `token` in the saga's attempt."""
-    return IssuedCommand(
-        payload=payload,
-        id=ids.step(saga.saga_id, token, saga.attempt),
-        step=token,
-        attempt=saga.attempt,
-    )
-
-
-def action_id(saga: MigSaga, token: str) -> str:
-    """The id of the Kubernetes action of `token` in the saga's attempt."""
-    return ids.step(saga.saga_id, token, saga.attempt)
+issue = machine.issue
+action_id = machine.action_id
 
 
 def label_action(saga: MigSaga) -> SetConfigState:

@@ -5,19 +5,20 @@
                and observations, expired deadlines, admissions
     started    a saga built from its `MigReconfigurationStarted`, and that event for a saga
     step       one decision, or None when the saga is left as it was
-    outputs    a decision's public state changes, then its commands, with their ids
+    state_changed
+               a move's public state change (the kind's `outputs` publish them first)
     holds      whether a saga holds its node (unavailable to every other kind); `waiting`
                whether it waits for an admission
+    KIND       the reconfiguration as the runtime and replay run it
 
 Pure, like the kind.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
-from gpuop.events import Event, ids, kube
+from gpuop.events import Event, kube
 from gpuop.events import device as dev
 from gpuop.events import mig_commands as migev
 from gpuop.events import remediation_commands as rem
@@ -26,12 +27,12 @@ from gpuop.events.mig import MigReconfigurationStarted, NodeMigStateChanged
 from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.events.upgrade import NodeAdmitted
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import machine
-from gpuop.saga.machine import Admitted, IssuedCommand, Trigger
+from gpuop.saga import kinds, machine
 from gpuop.saga.mig import kind, records
 from gpuop.saga.mig.records import MigSaga
 from gpuop.saga.mig.states import TERMINAL_STATES, MigState, config_state
 
+KEY_PREFIX = "mig"
 INBOUND: tuple[type[Event], ...] = (
     MigConfigRequested,
     dev.OperandPaused,
@@ -50,13 +51,7 @@ def is_inbound(event: Event) -> bool:
     return isinstance(event, INBOUND) or event.DOMAIN == kube.DOMAIN
 
 
-def trigger(saga: MigSaga, event: Event) -> Trigger | None:
-    """What `event` means to `saga`: `Admitted` for its own admission, else the event."""
-    if not isinstance(event, NodeAdmitted):
-        return event
-    if (event.saga_id, event.attempt) != (saga.saga_id, saga.attempt):
-        return None
-    return Admitted()
+trigger = kinds.admission_trigger
 
 
 def started(node: str, event: MigReconfigurationStarted, now: datetime) -> MigSaga:
@@ -80,19 +75,7 @@ def step(
     """Decide `event` for `saga` at `now`: the decision, or None when nothing changed."""
     if not is_inbound(event):
         return None
-    meaning = trigger(saga, event)
-    if meaning is None:
-        return None
-    decision = kind.decide(saga, meaning, spec, now)
-    return None if decision.saga == saga else decision
-
-
-@dataclass(frozen=True)
-class StateChange:
-    """A public state change with the id that makes a republished one a duplicate."""
-
-    id: str
-    payload: NodeMigStateChanged
+    return kinds.fold_step(kind.decide, trigger, saga, event, spec, now)
 
 
 def state_changed(saga: MigSaga, transition: machine.Transition[MigState]) -> NodeMigStateChanged:
@@ -107,17 +90,6 @@ def state_changed(saga: MigSaga, transition: machine.Transition[MigState]) -> No
     )
 
 
-def outputs(decision: kind.Decision) -> list[StateChange | IssuedCommand]:
-    """The decision's state changes, then its commands (the outbox's order)."""
-    saga = decision.saga
-    first = saga.sequence - len(decision.transitions) + 1
-    changes: list[StateChange | IssuedCommand] = [
-        StateChange(ids.transition(saga.saga_id, first + n), state_changed(saga, transition))
-        for n, transition in enumerate(decision.transitions)
-    ]
-    return changes + list(decision.commands)
-
-
 def holds(saga: MigSaga) -> bool:
     """The reconfiguration holds its node: admitted and not ended."""
     return saga.state not in (*TERMINAL_STATES, MigState.MIG_CONFIG_REQUIRED)
@@ -126,3 +98,40 @@ def holds(saga: MigSaga) -> bool:
 def waiting(saga: MigSaga) -> bool:
     """The reconfiguration waits for its admission."""
     return saga.state is MigState.MIG_CONFIG_REQUIRED
+
+
+def start(
+    node: str,
+    event: MigReconfigurationStarted,
+    policy: GPUClusterPolicySpec | None,
+    now: datetime,
+) -> kinds.Start[MigSaga] | None:
+    """The saga `event` started, after the first decision the runtime carried out as it
+    recorded the start (`kind.begin`); None without a policy to decide it under."""
+    if policy is None:
+        return None
+    first = kind.begin(started(node, event, now), policy, now)
+    return kinds.Start(first.saga, first)
+
+
+KIND: kinds.SagaKind[MigSaga] = kinds.SagaKind(
+    name=kind.NAME,
+    key_prefix=KEY_PREFIX,
+    decode=MigSaga.from_json,
+    inbound=is_inbound,
+    subjects=kinds.named_subjects(
+        ("device", "mig-config-requested"),
+        ("device", "gpu-holders-listed"),
+        ("device", "gpu-holders-unknown"),
+    ),
+    step=step,
+    state_changed=state_changed,
+    pending=kind.pending,
+    holds=holds,
+    waiting=waiting,
+    terminal=TERMINAL_STATES,
+    state_change=NodeMigStateChanged,
+    started_by=MigReconfigurationStarted,
+    start=start,
+)
+"""The MIG reconfiguration as the runtime and replay run it."""

@@ -102,13 +102,7 @@ def decide(
 def pending(saga: MigSaga, policy: GPUClusterPolicySpec) -> Decision:
     """What to issue again for a saga read back after a crash: its state label, the
     pending step's commands and actions, with the ids they had when first issued."""
-    commands, actions = MIG.effects(saga, policy)
-    return Decision(
-        saga=saga,
-        commands=commands,
-        kube_actions=(label_action(saga), *actions),
-        transitions=saga.last_transitions,
-    )
+    return MIG.pending(saga, policy, label_action(saga))
 
 
 def next_request(saga: MigSaga) -> tuple[str, str] | None:

@@ -8,7 +8,7 @@ layouts requested and the one recorded at the start, `plans.MigPlan`), the pendi
 with its deadline, what was done (operands paused, pods evicted, the apply sent) and so what
 a failure must undo, and a request that came while this one ran (`queued`).
 
-Frozen and JSON-serialisable (`to_json` / `from_json`), like `gpuop.saga.records.NodeSaga`.
+Frozen and JSON-serialisable (`to_json` / `from_json`), like `gpuop.saga.upgrade.records.NodeSaga`.
 """
 
 from __future__ import annotations

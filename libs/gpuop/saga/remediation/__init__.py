@@ -14,8 +14,9 @@ waits for a slot of the one `maxUnavailable` budget it shares with upgrades, the
     each confirmed) -> remediation-done
 
 and any failure ends in remediation-failed (tainted, condition False with the reason). A
-node its upgrade holds already is not touched twice: the remediation folds into the
-upgrade (folded-into-upgrade) and ends with it (its release through release-required).
+node whose upgrade still has its driver reload ahead (`UpgradeState.remediation_folds_in`)
+is not touched twice: the remediation folds into the upgrade (folded-into-upgrade) and ends
+with it (its release through release-required).
 
     records   RemediationSaga (the KV record), Step, start (from RemediationStarted)
     table     TABLE

@@ -1,32 +1,26 @@
-"""The GPU remediation as a saga kind: its table, phases and hooks, handed to the machinery,
-and the fold the runtime and `gpuop replay` share.
+"""The GPU remediation as a saga kind: its table, phases and hooks, handed to the machinery.
 
-    inbound    the events a remediation decides: a GPU's health, the holders' listing, the
-               reset's answer, operand confirmations, driver validations, Kubernetes
-               outcomes and observations, inventories (boot id), deadlines, admissions,
-               and the node's upgrade moves (a folded remediation ends with them)
-    step       one decision, or None when the saga is left as it was
-    outputs    a decision's public state changes, then its commands, with their ids
-    pending    what a stored saga issues again after a crash
+    calls_for_remediation  whether a health event asks for a remediation
+    REMEDIATION            the Kind: table, phases, observe, removed, announce, limit
+    decide                 one decision of the machinery for a remediation
+    pending                what a stored saga issues again after a crash
+    leftover               GPUs that failed after this attempt asked for the holders
+
+Its fold, shared by the runtime and `gpuop replay`, is `folding`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
-from gpuop.events import Event, ids, kube
+from gpuop.events import Event, kube
 from gpuop.events import device as dev
-from gpuop.events import driver as dm
 from gpuop.events import hardware as hw
-from gpuop.events import remediation_commands as cmd
-from gpuop.events.deadlines import DeadlineExpired
-from gpuop.events.remediation import TERMINAL_STATES, NodeRemediationStateChanged
+from gpuop.events.remediation import TERMINAL_STATES
 from gpuop.events.remediation import RemediationState as S
-from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine
-from gpuop.saga.machine import Admitted, IssuedCommand, Kind, StepLike, Trigger
+from gpuop.saga.machine import Kind, StepLike, Trigger
 from gpuop.saga.remediation.drafting import Draft, announce
 from gpuop.saga.remediation.phases import PHASES, limit_seconds
 from gpuop.saga.remediation.records import RemediationSaga, Step
@@ -93,107 +87,15 @@ REMEDIATION: Kind[RemediationSaga, S, Draft] = Kind(
 REMEDIATION.check()
 
 
-_INBOUND = (
-    dev.DeviceHealthChanged,
-    dev.OperandPaused,
-    dev.OperandResumed,
-    cmd.GpuHoldersListed,
-    cmd.GpuHoldersUnknown,
-    cmd.GpuReset,
-    cmd.GpuResetFailed,
-    dm.DriverValidated,
-    dm.DriverValidationFailed,
-    hw.HardwareDiscovered,
-    DeadlineExpired,
-    NodeAdmitted,
-    NodeUpgradeStateChanged,
-)
-FOLDING_STATES = ("uncordon-required", "upgrade-done", "upgrade-failed")
-"""The upgrade's moves a folded remediation reads (the subjects' last token)."""
-
-
-def is_inbound(event: Event) -> bool:
-    """Whether the remediation's fold consumes `event`."""
-    if isinstance(event, NodeUpgradeStateChanged):
-        return event.to_state.value in FOLDING_STATES
-    return isinstance(event, _INBOUND) or event.DOMAIN == kube.DOMAIN
-
-
-def trigger(saga: RemediationSaga, event: Event) -> Trigger | None:
-    """What `event` means to `saga`: `Admitted` for its own admission, else the event."""
-    if not isinstance(event, NodeAdmitted):
-        return event
-    if (event.saga_id, event.attempt) != (saga.saga_id, saga.attempt):
-        return None
-    return Admitted()
-
-
 def decide(
     saga: RemediationSaga, event: Trigger, spec: GPUClusterPolicySpec, now: datetime
 ) -> Decision:
     return machine.decide(Draft(REMEDIATION, saga, spec, now), event).decision()
 
 
-def step(
-    saga: RemediationSaga, event: Event, spec: GPUClusterPolicySpec, now: datetime
-) -> Decision | None:
-    """Decide `event` for `saga` at `now`: the decision, or None when nothing changed."""
-    if not is_inbound(event):
-        return None
-    meaning = trigger(saga, event)
-    if meaning is None:
-        return None
-    decision = decide(saga, meaning, spec, now)
-    return None if decision.saga == saga else decision
-
-
-@dataclass(frozen=True)
-class StateChange:
-    """A public state change with the id that makes a republished one a duplicate."""
-
-    id: str
-    payload: NodeRemediationStateChanged
-
-
-def state_changed(
-    saga: RemediationSaga, transition: machine.Transition[S]
-) -> NodeRemediationStateChanged:
-    return NodeRemediationStateChanged(
-        saga_id=saga.saga_id,
-        from_state=transition.from_state,
-        to_state=transition.to_state,
-        reason=transition.reason[:2048],
-        attempt=transition.attempt,
-        gpu_uuids=saga.gpu_uuids,
-    )
-
-
-def outputs(decision: machine.Decision[RemediationSaga, S]) -> list[StateChange | IssuedCommand]:
-    """The decision's state changes, then its commands (the outbox's order)."""
-    saga = decision.saga
-    first = saga.sequence - len(decision.transitions) + 1
-    changes: list[StateChange | IssuedCommand] = [
-        StateChange(ids.transition(saga.saga_id, first + n), state_changed(saga, transition))
-        for n, transition in enumerate(decision.transitions)
-    ]
-    return changes + list(decision.commands)
-
-
 def pending(saga: RemediationSaga, spec: GPUClusterPolicySpec) -> Decision:
     """What to issue again for a saga read back after a crash (the same ids)."""
-    commands, actions = REMEDIATION.effects(saga, spec)
-    return machine.Decision(
-        saga=saga, commands=commands, kube_actions=actions, transitions=saga.last_transitions
-    )
-
-
-def holds(saga: RemediationSaga) -> bool:
-    """The remediation holds its node (admitted, not ended, not folded)."""
-    return saga.state not in (*TERMINAL_STATES, S.ADMISSION_REQUIRED, S.FOLDED)
-
-
-def waiting(saga: RemediationSaga) -> bool:
-    return saga.state is S.ADMISSION_REQUIRED
+    return REMEDIATION.pending(saga, spec)
 
 
 def leftover(saga: RemediationSaga) -> dict[str, tuple[int, ...]]:

@@ -8,6 +8,7 @@ atomically (a runtime never reads half a file) by `plugins.DevicePlugins` whenev
 reads the inventory, and removed when the node has no GPU. Every GPU and MIG device is
 named by its UUID; the control device nodes the host has go to the spec-wide edits, with
 `NVIDIA_VISIBLE_DEVICES=void` so the legacy runtime hook injects nothing a second time.
+Device nodes the host root has carry their type and numbers (`gpuop.host.cdi.node_edit`).
 Spec version 0.5.0 covers every field used (the CDI specification, SPEC.md).
 
 This spec has device nodes only: the plugin's pod mounts neither the driver's user space nor
@@ -23,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpuop.host import cdi as host_cdi
 from gpuop.host.files import write_atomic
 from gpuop.host.roots import HostRoot
 from gpuop.kubelet import constants
@@ -45,8 +47,9 @@ def spec_path(root: HostRoot) -> Path:
     return root.join(f"{constants.CDI_SPEC_DIR}/{SPEC_FILE}")
 
 
-def spec(inventory: GpuInventory) -> dict[str, Any]:
-    """The spec document for the inventory's GPUs and MIG devices."""
+def spec(inventory: GpuInventory, root: HostRoot | None = None) -> dict[str, Any]:
+    """The spec document for the inventory's GPUs and MIG devices, their nodes numbered
+    from `root` where it has them."""
     targets = [t for gpu in inventory.gpus for t in (gpu.whole, *gpu.mig_devices)]
     return {
         "cdiVersion": SPEC_VERSION,
@@ -54,13 +57,15 @@ def spec(inventory: GpuInventory) -> dict[str, Any]:
         "devices": [
             {
                 "name": target.uuid,
-                "containerEdits": {"deviceNodes": [{"path": n} for n in target.device_nodes]},
+                "containerEdits": {
+                    "deviceNodes": [host_cdi.node_edit(n, root) for n in target.device_nodes]
+                },
             }
             for target in targets
         ],
         "containerEdits": {
             "env": ["NVIDIA_VISIBLE_DEVICES=void"],
-            "deviceNodes": [{"path": node} for node in inventory.control_nodes],
+            "deviceNodes": [host_cdi.node_edit(node, root) for node in inventory.control_nodes],
         },
     }
 
@@ -71,5 +76,5 @@ def write_spec(root: HostRoot, inventory: GpuInventory) -> Path:
     if not inventory.gpus:
         path.unlink(missing_ok=True)  # a spec must define at least one device
         return path
-    write_atomic(path, json.dumps(spec(inventory), indent=2) + "\n")
+    write_atomic(path, json.dumps(spec(inventory, root), indent=2) + "\n")
     return path

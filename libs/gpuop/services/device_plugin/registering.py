@@ -5,7 +5,8 @@
 
     no kubelet.sock                 the kubelet is gone: wait; keep serving, keep the
                                     devices' last known health
-    a new kubelet.sock              a kubelet (re)started: register every server again
+    a new kubelet.sock              a kubelet (re)started: register every server again,
+                                    but one whose registration this kubelet took already
     a server's socket deleted       the kubelet's startup cleanup: serve it again on a new
                                     socket, then register it
     a server not registered yet     register it (serve first, then register, always)
@@ -105,7 +106,9 @@ class Registrar:
         self._timeout = timeout
         self._retry_interval = retry_interval
         self._kubelet: SocketIdentity | None = None
-        self._registered: set[str] = set()
+        self._registered: dict[str, SocketIdentity | None] = {}
+        """The servers registered, each with the kubelet socket found just after its
+        registration was accepted: the kubelet that took it."""
         self._retry_at: dict[str, float] = {}
         self._unwatched: str | None = None
         """Why the directory is not watched, as last logged; None while it is."""
@@ -141,10 +144,14 @@ class Registrar:
             self._status(f"no kubelet at {self.kubelet_socket}")
             return
         if kubelet != self._kubelet:
-            if self._kubelet is not None:
-                log.info("the kubelet restarted: registering again")
+            # a server registered with this kubelet already (its registration waited for
+            # the new socket) is not registered again: the kubelet refuses a second
+            # connection to the same socket for good (`device plugin already connected`)
+            again = sorted(name for name, taken in self._registered.items() if taken != kubelet)
+            if self._kubelet is not None and again:
+                log.info("the kubelet restarted: registering %s again", ", ".join(again))
             self._kubelet = kubelet
-            self._registered.clear()
+            self._registered = {n: t for n, t in self._registered.items() if t == kubelet}
             self._retry_at.clear()
         problems = [problem for server in self._servers() if (problem := await self._keep(server))]
         self._status(problems[0] if problems else None)
@@ -173,7 +180,7 @@ class Registrar:
         if not server.serving:
             log.info("the socket of %s is gone: serving it again", server.name)
             await server.restart()
-            self._registered.discard(server.name)
+            self._registered.pop(server.name, None)
         if server.name in self._registered:
             return None
         loop = asyncio.get_running_loop()
@@ -187,7 +194,7 @@ class Registrar:
             log.warning("registration failed, retrying in %.1f s: %s", self._retry_interval, error)
             return str(error)
         self._metrics.registration(server.name, ok=True)
-        self._registered.add(server.name)
+        self._registered[server.name] = identity(self.kubelet_socket)
         self._retry_at.pop(server.name, None)
         log.info("registered %s with the kubelet as %s", server.name, server.socket.name)
         return None

@@ -11,28 +11,13 @@ Both read their intervals and label settings from `--config` (`config`); `consum
 what each role subscribes to, `gpuop.operands` decides when the node role may touch NVML.
 """
 
-from gpuop.runtime.services import ServiceContext, ServiceDefinition
+from gpuop.runtime.services import ServiceDefinition, by_role
 from gpuop.runtime.settings import Role
 from gpuop.services.discovery import config
-
-
-async def main(context: ServiceContext) -> None:
-    """Run the role `--role` names until the service stops; only that role's modules are
-    imported (a node agent carries no Kubernetes client)."""
-    settings = config.load_config(context.settings.config)
-    if context.settings.role is Role.NODE:
-        from gpuop.services.discovery import node_agent
-
-        await node_agent.run(context, settings)
-    else:
-        from gpuop.services.discovery import labeler
-
-        await labeler.run(context, settings)
-
 
 SERVICE = ServiceDefinition(
     name="discovery",
     summary="hardware inventory and GPU/NFD node labels",
     roles=frozenset({Role.NODE, Role.CLUSTER}),
-    main=main,
+    main=by_role(config.load_config, f"{__name__}.node_agent", f"{__name__}.labeler"),
 )

@@ -20,13 +20,7 @@ LABELER_MAX_DELIVER = 60
 
 
 def _node_consumer(prefix: str, node: str, purpose: str, retry_delay: float) -> ConsumerSpec:
-    found = grants.consumer(grants.Identity(SERVICE, node), purpose, prefix=prefix)
-    return ConsumerSpec(
-        durable=found.durable,
-        subjects=found.filters,
-        retry_delay=retry_delay,
-        deliver_new_only=found.deliver_new_only,
-    )
+    return grants.node_consumer_spec(SERVICE, node, purpose, prefix=prefix, retry_delay=retry_delay)
 
 
 def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:

@@ -36,7 +36,6 @@ from gpuop.events import (
     driver,
     hardware,
     mig_commands,
-    new_event,
     subjects,
 )
 from gpuop.events.driver import Component
@@ -46,6 +45,7 @@ from gpuop.host.roots import HostRoot
 from gpuop.inventory import scanning
 from gpuop.nvml import Nvml, NvmlError, open_backend
 from gpuop.runtime import waiting
+from gpuop.runtime.node_agents import NodeAgentBase
 from gpuop.runtime.services import Readiness, ServiceContext
 from gpuop.services.discovery import consumers, watching
 from gpuop.services.discovery.config import DiscoveryConfig
@@ -70,7 +70,7 @@ may have changed."""
 ScanErrors = (HostError, NvmlError)
 
 
-class NodeAgent:
+class NodeAgent(NodeAgentBase):
     """Discovery on one node: scans, publishes on change, beats, obeys pause and rescan."""
 
     def __init__(
@@ -83,13 +83,10 @@ class NodeAgent:
         *,
         readiness: Readiness | None = None,
     ) -> None:
-        self._bus = bus
-        self._node = subjects.validate_node_name(node)
+        super().__init__(bus, consumers.SERVICE, node, readiness)
         self._root = root
         self._nvml = nvml
         self._config = config
-        self._readiness = readiness or (lambda ready, reason: None)
-        self._source = f"/gpuop/{consumers.SERVICE}/{node}"
         self._key = subjects.encode_node(node)
         self._lock = asyncio.Lock()
         """Held by every scan and by pause: a pause waits for a scan to let go of NVML."""
@@ -111,32 +108,21 @@ class NodeAgent:
     async def run(self, stopping: asyncio.Event) -> None:
         """Restore, subscribe, then scan and beat until `stopping` is set."""
         await self.restore()
-        retry = self._config.retry_interval_seconds
-        subscriptions = [
-            await self._bus.consume(
-                consumers.node_commands(self._bus.prefix, self._node, retry_delay=retry),
-                self.on_command,
+        async with (
+            self._consuming(
+                (consumers.node_commands, self.on_command),
+                (consumers.node_rescans, self.on_command),
+                (consumers.node_driver_results, self.on_driver_event),
+                retry_delay=self._config.retry_interval_seconds,
             ),
-            await self._bus.consume(
-                consumers.node_rescans(self._bus.prefix, self._node, retry_delay=retry),
-                self.on_command,
-            ),
-            await self._bus.consume(
-                consumers.node_driver_results(self._bus.prefix, self._node, retry_delay=retry),
-                self.on_driver_event,
-            ),
-        ]
-        try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._scan_loop(stopping), name="discovery-scan")
-                group.create_task(self._heartbeat_loop(stopping), name="discovery-heartbeat")
-                group.create_task(
-                    watching.ConfigWatch(self._root).run(self._wake, stopping),
-                    name="discovery-config-watch",
-                )
-        finally:
-            for subscription in subscriptions:
-                await subscription.stop()
+            asyncio.TaskGroup() as group,
+        ):
+            group.create_task(self._scan_loop(stopping), name="discovery-scan")
+            group.create_task(self._heartbeat_loop(stopping), name="discovery-heartbeat")
+            group.create_task(
+                watching.ConfigWatch(self._root).run(self._wake, stopping),
+                name="discovery-config-watch",
+            )
 
     async def restore(self) -> None:
         """Pick up where an earlier run left off: the inventory it published last, and
@@ -255,11 +241,6 @@ class NodeAgent:
             len(inventory.gpus),
             inventory.driver_version or "not loaded",
             inventory.inventory_hash[:12],
-        )
-
-    async def _publish(self, payload: Event, *, cause: Envelope | None = None) -> None:
-        await self._bus.publish(
-            new_event(payload, node=self._node, source=self._source, cause=cause)
         )
 
     async def _scan_loop(self, stopping: asyncio.Event) -> None:

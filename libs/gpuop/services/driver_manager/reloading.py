@@ -13,7 +13,10 @@ Called by `executor.Executor` for `UnloadDriver`, `LoadDriver` and `RollbackDriv
   is when the active version changes) and, for a format 2 package, its user space the one
   in use (`installing.select_userspace`, put back when the load fails; a rollback's load
   switches back), runs depmod and loads the modules in dependency order, then checks that
-  the loaded module reports `version`.
+  the loaded module reports `version`. A GPU driver's load then makes its control device
+  nodes (`gpuop.host.devnodes`: `/dev/nvidiactl`, `/dev/nvidia-uvm`, ...) as NVIDIA's
+  toolkit does, so the CDI spec written next names them; a node it cannot make is logged
+  and the load stands (the spec names what the host has).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import logging
 
 from gpuop.clocks import Clock
 from gpuop.events.driver import Component, LoadFailureReason, Process, UnloadFailureReason
-from gpuop.host import components, modules, packages
+from gpuop.host import components, devnodes, modules, packages
 from gpuop.host.errors import (
     KernelError,
     KernelToolTimedOut,
@@ -166,7 +169,18 @@ class Reloader:
                 LoadFailureReason.VERSION_MISMATCH,
                 f"asked for {component} {version}, the kernel runs {now or 'nothing'}",
             )
+        if component is Component.GPU:
+            self._make_device_nodes()
         return await self.loaded_modules(component)
+
+    def _make_device_nodes(self) -> None:
+        try:
+            made = devnodes.create(self.root)
+        except devnodes.DeviceNodeError as exc:
+            log.warning("the GPU driver's control device nodes: %s", exc)
+            return
+        if made:
+            log.info("made the device nodes %s", ", ".join(made))
 
     async def _restore(self, removed: list[str]) -> None:
         """Put back modules removed before a failure, so the old driver runs complete."""

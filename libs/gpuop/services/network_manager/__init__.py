@@ -20,28 +20,13 @@ policy allows it, and publishes what came of each network and the node's RDMA de
     config       the `--config` file
 """
 
-from gpuop.runtime.services import ServiceContext, ServiceDefinition
+from gpuop.runtime.services import ServiceDefinition, by_role
 from gpuop.runtime.settings import Role
 from gpuop.services.network_manager import config
-
-
-async def main(context: ServiceContext) -> None:
-    """Run the role `--role` names until the service stops; only that role's modules are
-    imported (netlink on a node, the Kubernetes client in the cluster)."""
-    settings = config.load_config(context.settings.config)
-    if context.settings.role is Role.NODE:
-        from gpuop.services.network_manager import node_agent
-
-        await node_agent.run(context, settings)
-    else:
-        from gpuop.services.network_manager import controller
-
-        await controller.run(context, settings)
-
 
 SERVICE = ServiceDefinition(
     name="network-manager",
     summary="secondary networks, IPAM and NetworkAttachmentDefinitions",
     roles=frozenset({Role.NODE, Role.CLUSTER}),
-    main=main,
+    main=by_role(config.load_config, f"{__name__}.node_agent", f"{__name__}.controller"),
 )

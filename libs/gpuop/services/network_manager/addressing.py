@@ -20,10 +20,11 @@ claim a free address, but none can write, delete or outrank another node's claim
 `<node>` is the node's subject token (`gpu-1_example_com`), `<subnet>` the pool's subnet with
 `_` for `/` (`10.10.0.0_24`): networks sharing a subnet share its addresses. `<address>` is
 the address (IPv6 written out in full, `-` for `:`). The node comes first because an IPv4
-subnet or address spans several tokens: only `claim.<node>.>` binds a permission to it.
+subnet or address spans several tokens: a permission binds to a token at a fixed place, and
+the node's grants name exactly the two shapes that follow it (`gpuop.bus.grants.CLAIM_SHAPES`).
 
 Claims made before the node's name was in the key (`addr.<subnet>.<address>`, created if
-absent, so exclusive; under a prefix of their own, so that no node's `claim.<node>.>` ever
+absent, so exclusive; under a prefix of their own, so that no node's claim grant ever
 reaches one) are honoured as held by the node their value names, ahead of every
 newer claim; that node keeps using it and adds a claim of its own next to it, and a
 malformed one holds its address for nobody. No node may write or delete them any more: an

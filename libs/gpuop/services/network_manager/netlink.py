@@ -18,11 +18,12 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Interface, IPv6Interface
-from types import TracebackType
 from typing import Any
 
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
+
+from gpuop import lifecycles
 
 Interface = IPv4Interface | IPv6Interface
 
@@ -90,7 +91,7 @@ class Snapshot:
         return next((link for link in self.links if link.index == index), None)
 
 
-class Netlink:
+class Netlink(lifecycles.Closable):
     """One rtnetlink session in one network namespace (None: the agent's own)."""
 
     def __init__(self, netns: str | None) -> None:
@@ -106,15 +107,10 @@ class Netlink:
         self._ipr = ipr
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def close(self) -> None:
         ipr, self._ipr = self._ipr, None
         if ipr is not None:
-            await ipr.__aexit__(exc_type, exc, traceback)
+            await ipr.__aexit__(None, None, None)
 
     async def snapshot(self) -> Snapshot:
         """Every link with its addresses, and the default routes."""
@@ -169,20 +165,16 @@ class Netlink:
         await self._request(f"deleting link {link.name}", self._ipr.link, "del", index=link.index)
 
     async def add_address(self, link: Link, address: Interface) -> None:
-        await self._request(
-            f"adding {address} to {link.name}",
-            self._ipr.addr,
-            "add",
-            index=link.index,
-            address=str(address.ip),
-            prefixlen=address.network.prefixlen,
-        )
+        await self._address(f"adding {address} to {link.name}", "add", link, address)
 
     async def remove_address(self, link: Link, address: Interface) -> None:
+        await self._address(f"removing {address} from {link.name}", "del", link, address)
+
+    async def _address(self, action: str, verb: str, link: Link, address: Interface) -> None:
         await self._request(
-            f"removing {address} from {link.name}",
+            action,
             self._ipr.addr,
-            "del",
+            verb,
             index=link.index,
             address=str(address.ip),
             prefixlen=address.network.prefixlen,

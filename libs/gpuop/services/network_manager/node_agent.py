@@ -25,12 +25,13 @@ import logging
 from pydantic import ValidationError
 
 from gpuop.bus import Buckets, Bus, BusError, Delivery, KvEntry, TemporaryError
-from gpuop.events import Envelope, Event, driver, network, new_event, subjects
+from gpuop.events import Envelope, Event, driver, network
 from gpuop.host.errors import HostReadError
 from gpuop.host.roots import HostRoot
 from gpuop.policy import PublishedNetwork
 from gpuop.policy.networks import CONFIG_KEY
 from gpuop.runtime import waiting
+from gpuop.runtime.node_agents import NodeAgentBase
 from gpuop.runtime.services import Readiness, ServiceContext
 from gpuop.services.network_manager import consumers, rdma
 from gpuop.services.network_manager.addressing import Addresses
@@ -46,7 +47,7 @@ RECONVERGE_AFTER = (driver.DriverLoaded, driver.DriverRolledBack)
 """Driver results after which an OFED reload may have recreated the NICs."""
 
 
-class NodeAgent:
+class NodeAgent(NodeAgentBase):
     """Network-manager on one node."""
 
     def __init__(
@@ -59,13 +60,10 @@ class NodeAgent:
         *,
         readiness: Readiness | None = None,
     ) -> None:
-        self._bus = bus
-        self._node = subjects.validate_node_name(node)
+        super().__init__(bus, SERVICE, node, readiness)
         self._root = root
         self._config = config
         self._networks = networks
-        self._readiness = readiness or (lambda ready, reason: None)
-        self._source = f"/gpuop/{SERVICE}/{node}"
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._published: dict[str, Event] = {}
@@ -75,25 +73,19 @@ class NodeAgent:
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Subscribe, then converge until `stopping` is set."""
-        retry = self._config.retry_interval_seconds
-        subscriptions = [
-            await self._bus.consume(
-                consumers.node_commands(self._bus.prefix, self._node, retry_delay=retry),
-                self.on_command,
-            ),
-            await self._bus.consume(
-                consumers.node_driver_results(self._bus.prefix, self._node, retry_delay=retry),
-                self.on_driver_event,
-            ),
-        ]
-        watcher = asyncio.create_task(self._follow_config(stopping), name="network-config-watch")
-        try:
-            await self._converge_loop(stopping)
-        finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
-            for subscription in subscriptions:
-                await subscription.stop()
+        async with self._consuming(
+            (consumers.node_commands, self.on_command),
+            (consumers.node_driver_results, self.on_driver_event),
+            retry_delay=self._config.retry_interval_seconds,
+        ):
+            watcher = asyncio.create_task(
+                self._follow_config(stopping), name="network-config-watch"
+            )
+            try:
+                await self._converge_loop(stopping)
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
 
     async def converge(self, *, cause: Envelope | None = None) -> Pass | None:
         """One pass with the published network section; None while none is published. With
@@ -166,7 +158,7 @@ class NodeAgent:
             payload = outcome.event(revision)
             if self._published.get(outcome.network) == payload:
                 continue
-            await self._publish(payload, cause)
+            await self._publish(payload, cause=cause)
             if isinstance(outcome, Removed):
                 self._published.pop(outcome.network, None)
             else:
@@ -179,13 +171,8 @@ class NodeAgent:
             log.warning("cannot read the RDMA devices: %s", error)
             return
         if found != self._rdma:
-            await self._publish(found, cause)
+            await self._publish(found, cause=cause)
             self._rdma = found
-
-    async def _publish(self, payload: Event, cause: Envelope | None) -> None:
-        await self._bus.publish(
-            new_event(payload, node=self._node, source=self._source, cause=cause)
-        )
 
     async def _converge_loop(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():

@@ -11,28 +11,13 @@ operator metrics (`operator_metrics`). Both read `--config` (`config`); `consume
 what the node role subscribes to.
 """
 
-from gpuop.runtime.services import ServiceContext, ServiceDefinition
+from gpuop.runtime.services import ServiceDefinition, by_role
 from gpuop.runtime.settings import Role
 from gpuop.services.telemetry import config
-
-
-async def main(context: ServiceContext) -> None:
-    """Run the role `--role` names until the service stops; only that role's modules are
-    imported (the node exporter carries no Kubernetes client)."""
-    settings = config.load_config(context.settings.config)
-    if context.settings.role is Role.NODE:
-        from gpuop.services.telemetry import node_exporter
-
-        await node_exporter.run(context, settings)
-    else:
-        from gpuop.services.telemetry import cluster_exporter
-
-        await cluster_exporter.run(context, settings)
-
 
 SERVICE = ServiceDefinition(
     name="telemetry",
     summary="GPU metrics, health events and operator metrics",
     roles=frozenset({Role.NODE, Role.CLUSTER}),
-    main=main,
+    main=by_role(config.load_config, f"{__name__}.node_exporter", f"{__name__}.cluster_exporter"),
 )

@@ -18,5 +18,6 @@ def node_commands(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec
     """Commands to every operand on `node` (`gpuop.bus.grants` names it). From the start on
     first creation: a pause sent before this node's first exporter ran must still be
     confirmed; later runs resume after the last acked command."""
-    found = grants.consumer(grants.Identity(SERVICE, node), "commands", prefix=prefix)
-    return ConsumerSpec(durable=found.durable, subjects=found.filters, retry_delay=retry_delay)
+    return grants.node_consumer_spec(
+        SERVICE, node, "commands", prefix=prefix, retry_delay=retry_delay
+    )

@@ -28,10 +28,11 @@ from prometheus_client import CollectorRegistry
 from gpuop import operands
 from gpuop.bus import Bus, Delivery, spans
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import Envelope, Event, device, new_event, subjects
+from gpuop.events import Envelope, Event, device
 from gpuop.events.driver import Component
 from gpuop.nvml import DeviceEvent, Nvml, NvmlError, XidEvent, open_backend
 from gpuop.runtime import waiting
+from gpuop.runtime.node_agents import NodeAgentBase
 from gpuop.runtime.services import Readiness, ServiceContext
 from gpuop.services.telemetry import consumers, health, pods
 from gpuop.services.telemetry.collecting import Collector
@@ -47,7 +48,7 @@ NVML_HOLDER = "telemetry"
 """Who telemetry's NVML session holds the simulated `nvidia` module as."""
 
 
-class NodeExporter:
+class NodeExporter(NodeAgentBase):
     """Telemetry on one node; see the module docstring."""
 
     def __init__(
@@ -62,12 +63,9 @@ class NodeExporter:
         readiness: Readiness | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self._bus = bus
-        self._node = subjects.validate_node_name(node)
+        super().__init__(bus, consumers.SERVICE, node, readiness)
         self._config = config
-        self._readiness = readiness or (lambda ready, reason: None)
         self._clock = clock
-        self._source = f"/gpuop/{consumers.SERVICE}/{node}"
         maps_pods = pod_resources is not None and config.maps_pods
         self.metrics = ExporterMetrics(registry, maps_pods=maps_pods)
         self.session = NvmlSession(nvml)
@@ -166,10 +164,7 @@ class NodeExporter:
         """`PauseOperands` and `ResumeOperands` for this node's operands, each in its
         `handle <verb>` span (the confirmation is its child)."""
         with spans.handling(__name__, delivery):
-            await self._on_command(delivery)
-
-    async def _on_command(self, delivery: Delivery) -> None:
-        await operands.handle(self, delivery)
+            await operands.handle(self, delivery)
 
     service = device.OperandService.TELEMETRY
 
@@ -224,11 +219,6 @@ class NodeExporter:
         if not self._ready:
             self._ready = True
             self._readiness(True, "")
-
-    async def _publish(self, payload: Event, *, cause: Envelope | None = None) -> None:
-        await self._bus.publish(
-            new_event(payload, node=self._node, source=self._source, cause=cause)
-        )
 
     async def _fast_loop(self) -> None:
         while True:

@@ -1,12 +1,11 @@
 """The outbox: what the runner does once a decision's saga is safely in KV.
 
-`Outbox.carry_out` publishes the decision's node-agent commands under their deterministic
-ids (a re-publish after a crash is dropped by the server's duplicate window and by the
-agents), hands its Kubernetes actions to the node's action queue, and publishes one public
-`NodeUpgradeStateChanged` per transition, also under a deterministic id. A saga of another
-kind (`kinds`) is carried out alike by `carry_out_kind`: its public events and commands as its
-kind names them, then its Kubernetes actions on the same per-node queue, so the actions of
-two kinds on one node run one after the other, in the order decided.
+`Outbox.carry_out` publishes a decision of any kind: one public state change per transition
+(the upgrade's `NodeUpgradeStateChanged`, ...), then the node-agent commands, each under its
+deterministic id as the kind names them (`SagaKind.outputs`; a re-publish after a crash is
+dropped by the server's duplicate window and by the agents), and hands its Kubernetes
+actions to the node's action queue, the same for every kind, so the actions of two kinds on
+one node run one after the other, in the order decided.
 
 Each node write costs the API server a request, so the queue gets fewer than the core asks
 for (`node_writes`): of the state labels of a decision that passed through states only the
@@ -35,12 +34,12 @@ from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import ids
 from gpuop.kube import errors
-from gpuop.saga import Decision, folding, machine
+from gpuop.saga import machine
 from gpuop.saga.actions import Cordon, SetStateLabel, Uncordon
+from gpuop.saga.kinds import Output
 from gpuop.saga.machine import IssuedCommand, SagaRecord
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.executing import KubeActions
-from gpuop.services.upgrade_orchestrator.kinds import Output
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 log = logging.getLogger(__name__)
@@ -93,30 +92,16 @@ class Outbox:
         self._in_flight: set[str] = set()
         """Ids of the actions queued or running."""
 
-    async def carry_out(self, decision: Decision) -> None:
-        """Publish the transitions, then the commands, then queue the Kubernetes actions.
-        The public state changes go first: nothing that could lead to the node's next
-        decision (an agent's answer, an action's outcome) exists before them, so a leader
-        that dies midway leaves them in the saga's `last_transitions` for its successor's
-        `resume`, not overwritten by a later decision."""
-        saga = decision.saga
-        outputs: list[Output] = list(folding.outputs(decision))
-        await self._carry(saga, outputs, decision.kube_actions, saga.rollout_id)
-
-    async def carry_out_kind(
+    async def carry_out(
         self, decision: machine.Decision[Any, Any], outputs: Sequence[Output], correlation: str
     ) -> None:
-        """`carry_out` for a saga of another kind: `outputs` as its kind names them, its
-        public events under `correlation`."""
-        await self._carry(decision.saga, outputs, decision.kube_actions, correlation)
-
-    async def _carry(
-        self,
-        saga: SagaRecord[Any],
-        outputs: Sequence[Output],
-        kube_actions: Sequence[Any],
-        correlation: str,
-    ) -> None:
+        """Publish the decision's `outputs` (its kind's `SagaKind.outputs`: the state changes,
+        then the commands), its public events under `correlation`, then queue its Kubernetes
+        actions. The public state changes go first: nothing that could lead to the node's
+        next decision (an agent's answer, an action's outcome) exists before them, so a
+        leader that dies midway leaves them in the saga's `last_transitions` for its
+        successor's `resume`, not overwritten by a later decision."""
+        saga: SagaRecord[Any] = decision.saga
         traced = traces.recording()
         for out in outputs:
             if not isinstance(out, IssuedCommand):
@@ -133,7 +118,7 @@ class Outbox:
                 if traced
                 else None,
             )
-        for action in node_writes(kube_actions):
+        for action in node_writes(decision.kube_actions):
             self._queue(saga, action, traced=traced)
 
     def _queue(self, saga: SagaRecord[Any], action: Any, *, traced: bool) -> None:

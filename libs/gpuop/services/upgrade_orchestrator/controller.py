@@ -50,14 +50,15 @@ from gpuop.kube.errors import KubeError
 from gpuop.kube.recording import EventRecorder
 from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition, flavours, selectors
 from gpuop.policy.conditions import RolloutRecord
-from gpuop.saga import Decision, NodeSaga, folding, new_saga
-from gpuop.saga.records import reinstall_saga_id, start_reason
+from gpuop.saga import Decision, NodeSaga, new_saga
+from gpuop.saga.upgrade import folding
+from gpuop.saga.upgrade.records import reinstall_saga_id, start_reason
 from gpuop.services.upgrade_orchestrator import intake, jobs, migs, remediations
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
-from gpuop.services.upgrade_orchestrator.kinds import KindRunner, KindStore, is_a_node
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner, is_a_node
 from gpuop.services.upgrade_orchestrator.observing import NodeWatcher
 from gpuop.services.upgrade_orchestrator.policies import PolicyWatcher
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
@@ -131,15 +132,16 @@ class Controller:
     async def kind_runners(
         self, runner: Runner, store: SagaStore, inventories: KeyValue
     ) -> list[KindRunner[Any]]:
-        """The saga kinds run beside the driver upgrade, each with its store and the hook
-        that starts its sagas (`kinds`); `runner` decides for them, `store` holds the
-        upgrades (a kind may fold into the node's upgrade), `inventories` the nodes'."""
-        store_ = await KindStore.open(self._bus, remediations.REMEDIATION)
+        """The kinds the runner runs beside the one it plans (the driver upgrade, whose
+        sagas this controller starts: `runner.upgrades`), each with its store and the
+        starter whose hooks start its sagas (`kinds.KindRunner`); `store` holds the upgrades
+        (a remediation may fold into the node's upgrade), `inventories` the nodes'."""
+        store_ = await SagaStore.open(self._bus, remediations.REMEDIATION)
         await store_.load()  # the breaker counts the starts before the intake's first event
         self._remediations = remediations.Starter(
             runner, store, store_, inventories, clock=self._clock, known=self._watched
         )
-        migs_ = await KindStore.open(self._bus, migs.MIG_RECONFIGURATION)
+        migs_ = await SagaStore.open(self._bus, migs.MIG_RECONFIGURATION)
         reconfigurations = migs.Starter(
             runner, migs_, inventories, kube=self._kube,
             namespace=self._config.lease_namespace, clock=self._clock, known=self._watched,
@@ -251,7 +253,7 @@ class Controller:
         for node in selected:
             started = await self._start_saga(node, spec, rollout_id, store, inventories, now)
             if started is not None:
-                await runner.announce(started)
+                await runner.announce(runner.upgrades, started)
                 deadlines.schedule(started)
         managed = {
             node: status

@@ -29,7 +29,7 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import ids
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.saga.machine import SagaRecord, deadline_event
-from gpuop.saga.upgrade import NAME as UPGRADE
+from gpuop.saga.upgrade.kind import NAME as UPGRADE
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 

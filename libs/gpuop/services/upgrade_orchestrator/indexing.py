@@ -15,45 +15,57 @@ older than the one known (a watch delivering the leader's own write late) is ign
 
 The sagas still in play (`live`) are kept apart from the settled ones, which are only
 counted (`tallies.DoneSagas`), so an admission pass weighs the nodes that can still move.
+Every kind's store keeps one; only a kind whose sagas settle (`SagaKind.settles`: the
+upgrade's done ones) counts any.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from gpuop.saga import NodeSaga, tallies
+from gpuop.saga.machine import SagaRecord
+
+R = TypeVar("R", bound=SagaRecord[Any], default=NodeSaga)
+"""A kind's record (the upgrade's `NodeSaga` where none is named)."""
 
 
 @dataclass(frozen=True)
-class StoredSaga:
+class StoredSaga(Generic[R]):
     """A saga as read from KV, with the revision a conditional write must name."""
 
-    saga: NodeSaga
+    saga: R
     revision: int
 
 
-class SagaIndex:
+class SagaIndex(Generic[R]):
     """The latest known saga of every node, by revision, the done ones also counted."""
 
-    def __init__(self) -> None:
-        self._entries: dict[str, StoredSaga] = {}
-        self._live: dict[str, StoredSaga] = {}
+    def __init__(self, settles: Callable[[Any], bool] = tallies.settles) -> None:
+        self._settles = settles
+        """Whether a saga is settled (`SagaKind.settles`; the upgrade's by default):
+        counted, not weighed."""
+        self._entries: dict[str, StoredSaga[R]] = {}
+        self._live: dict[str, StoredSaga[R]] = {}
         self._revisions: dict[str, int] = {}
         """The latest revision known per node, a delete's included, so that a change older
         than a delete does not bring the saga back."""
         self.done = tallies.DoneSagas()
         """The settled sagas, counted for admission."""
 
-    def get(self, node: str) -> StoredSaga | None:
+    def get(self, node: str) -> StoredSaga[R] | None:
         """The node's saga as last known, or None."""
         return self._entries.get(node)
 
-    def all(self) -> list[StoredSaga]:
+    def all(self) -> list[StoredSaga[R]]:
         """Every known saga, by node name."""
         return [self._entries[node] for node in sorted(self._entries)]
 
-    def live(self) -> list[StoredSaga]:
+    def live(self) -> list[StoredSaga[R]]:
         """The sagas that are not settled (`tallies.settles`): the ones admission weighs."""
         return list(self._live.values())
 
@@ -64,16 +76,16 @@ class SagaIndex:
         """Whether the index already holds the node at `revision` or later."""
         return self._revisions.get(node, 0) >= revision
 
-    def record(self, stored: StoredSaga) -> bool:
+    def record(self, stored: StoredSaga[R]) -> bool:
         """Hold `stored` unless a later revision of its node is known; whether it did."""
         node = stored.saga.node
         if self.known(node, stored.revision):
             return False
         self._revisions[node] = stored.revision
         self._entries[node] = stored
-        if tallies.settles(stored.saga):
+        if self._settles(stored.saga):
             self._live.pop(node, None)
-            self.done.add(stored.saga)
+            self.done.add(stored.saga)  # type: ignore[arg-type]
         else:
             self.done.discard(node)
             self._live[node] = stored
@@ -90,7 +102,9 @@ class SagaIndex:
         self.done.discard(node)
         return True
 
-    def reset(self, found: Iterable[StoredSaga], deleted: Iterable[tuple[str, int]] = ()) -> None:
+    def reset(
+        self, found: Iterable[StoredSaga[R]], deleted: Iterable[tuple[str, int]] = ()
+    ) -> None:
         """Rebuild from a full read of KV: `found`, the live sagas, and `deleted`, the
         deletes it saw, each with its revision. A node the read lacks is dropped, unless it
         was written after everything the read saw (a write that raced the read: the watch

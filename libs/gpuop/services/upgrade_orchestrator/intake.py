@@ -1,13 +1,14 @@
 """The one durable consumer that feeds the decision core: what it subscribes to.
 
 Everything the core decides on arrives here, in the log, in per-node order (the bus never
-hands two messages of one node to the handler at once): the inbound set of the fold
-(`gpuop.saga.folding`, which replay reads too): the orchestrator's own Kubernetes
-observations and action outcomes (domain `kube`), the driver-manager's results (`driver`),
-operand pause and resume confirmations, discovery's inventories (for the boot id and running
-versions), expired deadlines and recorded admissions. The public `upgrade` state changes are
-not read back by the upgrade: they are outputs. The other saga kinds the runner runs add the
-subjects they consume (`kinds.SagaKind.subjects`), each once.
+hands two messages of one node to the handler at once): the subjects of every kind the
+runner runs (`SagaKind.subjects`, each once, in the registry's order). The upgrade's are the
+inbound set of its fold (`gpuop.saga.upgrade.folding`, which replay reads too): the
+orchestrator's own Kubernetes observations and action outcomes (domain `kube`), the
+driver-manager's results (`driver`), operand pause and resume confirmations, discovery's
+inventories (for the boot id and running versions), expired deadlines and recorded
+admissions. The public `upgrade` state changes are not read back by the upgrade: they are
+outputs (a remediation folded into it reads some).
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuop.bus import Bus, ConsumerSpec, Subscription
-from gpuop.events import subjects
-from gpuop.saga import folding
-from gpuop.services.upgrade_orchestrator.kinds import SagaKind
+from gpuop.saga.kinds import SagaKind
+from gpuop.saga.registry import KINDS
 from gpuop.services.upgrade_orchestrator.running import Runner
 
 DURABLE = "upgrade-orchestrator"
@@ -31,21 +31,13 @@ due again and comes before newer ones, in the node's order."""
 
 
 def consumer_spec(
-    prefix: str, ack_wait: float = ACK_WAIT, kinds: Sequence[SagaKind[Any]] = ()
+    prefix: str, ack_wait: float = ACK_WAIT, kinds: Sequence[SagaKind[Any]] = KINDS
 ) -> ConsumerSpec:
-    """The intake consumer over every event the core needs, and `kinds`' too."""
-
-    def events(domain: str, name: str = "*") -> str:
-        return subjects.events_filter(domain, name=name, prefix=prefix)
-
-    upgrade = (
-        *(events(domain) for domain in folding.INBOUND_DOMAINS),
-        *(events(inbound.DOMAIN, inbound.NAME) for inbound in folding.INBOUND_TYPES),
-    )
-    others = (subject for kind in kinds for subject in kind.subjects(prefix))
+    """The intake consumer over every event the `kinds` decide (`SagaKind.subjects`)."""
+    wanted = (subject for kind in kinds for subject in kind.subjects(prefix))
     return ConsumerSpec(
         durable=DURABLE,
-        subjects=tuple(dict.fromkeys((*upgrade, *others))),
+        subjects=tuple(dict.fromkeys(wanted)),
         max_deliver=20,
         ack_wait=ack_wait,
         # a first leader has no saga that older events could concern; later leaders resume
@@ -56,5 +48,5 @@ def consumer_spec(
 
 async def start(bus: Bus, runner: Runner, ack_wait: float = ACK_WAIT) -> Subscription:
     """Start consuming into `runner.handle`."""
-    kinds = [kind_runner.kind for kind_runner in runner.kinds]
+    kinds = [kind_runner.kind for kind_runner in runner.runners()]
     return await bus.consume(consumer_spec(bus.prefix, ack_wait, kinds), runner.handle)

@@ -1,186 +1,61 @@
-"""Saga kinds other than the driver upgrade, as the runtime runs them: one `KindRunner` each.
+"""The saga kinds as the runtime runs them: one `KindRunner` per kind of `KINDS`.
 
-The driver upgrade keeps its own store, index and admission (`store`, `indexing`,
-`running.Runner.admit`): they were built for it and are measured at scale. Every other kind
-(GPU remediation, MIG reconfiguration) runs through what this module describes, on the same
-runner, outbox, deadlines and intake:
+Every kind, the driver upgrade included, runs through one runner (`running.Runner`), one
+store class (`store.SagaStore`, by the kind's key prefix), one outbox, the deadlines and the
+intake; the pure kind (`gpuop.saga.kinds.SagaKind`, listed in `gpuop.saga.registry.KINDS`)
+says what each needs. What this module adds is the I/O a kind's starts need:
 
-    SagaKind    what the runtime needs of a kind: how its record is stored (a key prefix of
-                its own in `gpuop_sagas`: `<prefix>.<node token>`, a key `store.is_saga_key`
-                leaves to it), which events of the log it decides (`inbound`, and the
-                subjects the intake adds for them), its one fold step (the one replay
-                takes too), what a decision publishes with its ids (`outputs`), what a
-                stored saga issues again after a crash (`pending`), and whether a saga
-                holds its node (`holds`: unavailable to every other kind, one
-                `maxUnavailable` budget) or waits for an admission (`waiting`)
-    KindStore   compare-and-set reads and writes of one kind's records, with an index of
-                every record (a kind has at most one saga per node)
-    KindRunner  a kind with its store and, optionally, the hook that starts a saga from an
-                event (a remediation from a GPU's health): called by the runner before it
-                decides the event, under the node's lock
+    KindRunner  a kind with its store and its starter's hooks: `starter`, given every event
+                before the runner decides it, under the node's lock (a GPU's health starts a
+                remediation); `recorded`, which makes sure the log records a stored saga's
+                start (called by `resume` first: a leader that stored a saga may have died
+                before it published its start); `after`, given every event once the runner
+                decided it (a request queued behind a saga that ended)
+    StartRecorder  `recorded` as every kind writes it: the start event rebuilt from the
+                record, published under its one id unless the log holds it already
+    is_a_node, inventory, stored_id   what the starters share
 
-How a kind is added (the MIG reconfiguration, for one): write the pure kind under
-`gpuop.saga.<kind>/` (states, table, one phase module per state, record, its fold) and its
-`SagaKind` in a module of this service (the remediation's `remediations.REMEDIATION`, with
-its starting hook `remediations.Starter`, is the model); add its `KindRunner` where the
-controller builds them (`Controller.kind_runners`); its public events go into `gpuop.events`
-like any; `gpuop replay` folds it beside the upgrade (`gpuop.saga.replaying`). Nothing of the
-upgrade's is touched.
+How a kind is added: write the pure kind under `gpuop.saga.<kind>/` (kind, table, one phase
+module per state, records, drafting, its `folding` with its `SagaKind`), add it to `KINDS`,
+and write its starter in a module of this service (`remediations`, `migs` are the models),
+whose `KindRunner` the controller builds (`Controller.kind_runners`). The runner, the
+outbox, the traces and `gpuop replay` are not touched.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic
 
-from gpuop.bus import Buckets, Bus, KeyExists, KeyValue, RevisionConflict
-from gpuop.events import Event, subjects
-from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.machine import Decision, IssuedCommand
+from gpuop.bus import Bus, KeyValue
+from gpuop.events import Event, ids, subjects
+from gpuop.events import hardware as hw
+from gpuop.saga.kinds import SagaKind
+from gpuop.services.upgrade_orchestrator.indexing import R
+from gpuop.services.upgrade_orchestrator.publishing import Publisher
+from gpuop.services.upgrade_orchestrator.store import SagaStore
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R")
+Starter = Callable[[str, Event, datetime, str | None], Awaitable[None]]
+"""Starts a saga of the kind on a node from an event, if the event calls for one: (node,
+event, the event's time, the event's envelope id)."""
 
 
-class Published(Protocol):
-    """An event a decision publishes (a public state change), with its deterministic id."""
+@dataclass
+class KindRunner(Generic[R]):
+    """A kind the runner runs: its description, its store, and its starter's hooks (see
+    the module docstring)."""
 
-    @property
-    def id(self) -> str: ...
-    @property
-    def payload(self) -> Event: ...
-
-
-Output = Published | IssuedCommand
-"""What a decision publishes, in order: its events, then its commands."""
-
-
-class Record(Protocol):
-    """What the runtime reads of any kind's record."""
-
-    @property
-    def saga_id(self) -> str: ...
-    @property
-    def node(self) -> str: ...
-
-    def model_dump_json(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class SagaKind(Generic[R]):
-    """One kind of saga, as the runtime runs it (see the module docstring)."""
-
-    name: str
-    """The kind's name (`gpu-remediation`): `NodeStatus.held_by` of the nodes it holds."""
-    key_prefix: str
-    """Its records' keys in `gpuop_sagas`: `<key_prefix>.<node token>`."""
-    decode: Callable[[bytes | str], R]
-    """A stored record, decoded; `ValueError` when it does not."""
-    inbound: Callable[[Event], bool]
-    """Whether the kind's sagas decide `event`."""
-    subjects: Callable[[str], tuple[str, ...]]
-    """The subjects (under a bus prefix) the intake consumes for it beyond the upgrade's."""
-    step: Callable[[R, Event, GPUClusterPolicySpec, datetime], Decision[Any, Any] | None]
-    """The fold's one step: the decision, or None when the saga is left as it was."""
-    outputs: Callable[[Decision[Any, Any]], list[Output]]
-    """What a decision publishes, with its ids, in order."""
-    pending: Callable[[R, GPUClusterPolicySpec], Decision[Any, Any]]
-    """What a stored saga issues again after a crash, with its original ids."""
-    correlation: Callable[[R], str]
-    """The correlation id of its public events."""
-    holds: Callable[[R], bool]
-    """The saga holds its node now: unavailable to every other kind."""
-    waiting: Callable[[R], bool]
-    """The saga waits for an admission (`KindRunner` admissions: `running.Runner.admit`)."""
-
-
-@dataclass(frozen=True)
-class StoredRecord(Generic[R]):
-    """A record as read from KV, with the revision a conditional write must name."""
-
-    saga: R
-    revision: int
-
-
-class KindStore(Generic[R]):
-    """One kind's records in `gpuop_sagas`, with an index of every one (read cache)."""
-
-    def __init__(self, kv: KeyValue, kind: SagaKind[R]) -> None:
-        self._kv = kv
-        self.kind = kind
-        self._index: dict[str, StoredRecord[R]] = {}
-
-    @classmethod
-    async def open(cls, bus: Bus, kind: SagaKind[R]) -> KindStore[R]:
-        return cls(await bus.kv(Buckets.SAGAS), kind)
-
-    def key(self, node: str) -> str:
-        return f"{self.kind.key_prefix}.{subjects.encode_node(node)}"
-
-    def owns(self, key: str) -> bool:
-        """Whether `key` is one of this kind's records."""
-        return key.startswith(f"{self.kind.key_prefix}.")
-
-    async def get(self, node: str) -> StoredRecord[R] | None:
-        """The node's record as KV holds it now."""
-        entry = await self._kv.get(self.key(node))
-        if entry is None:
-            self._index.pop(node, None)
-            return None
-        known = self._index.get(node)
-        if known is not None and known.revision == entry.revision:
-            return known
-        stored = StoredRecord(self.kind.decode(entry.value), entry.revision)
-        self._index[node] = stored
-        return stored
-
-    async def create(self, saga: R, node: str) -> StoredRecord[R]:
-        """Store the node's first record; `KeyExists` when it has one."""
-        encoded = _encoded(saga)
-        try:
-            revision = await self._kv.create(self.key(node), encoded)
-        except KeyExists:
-            await self.get(node)
-            raise
-        stored = StoredRecord(saga, revision)
-        self._index[node] = stored
-        return stored
-
-    async def replace(self, saga: R, node: str, revision: int) -> StoredRecord[R]:
-        """Store `saga` over the record read at `revision`; `RevisionConflict` if it moved."""
-        try:
-            new = await self._kv.update(self.key(node), _encoded(saga), revision)
-        except RevisionConflict:
-            await self.get(node)
-            raise
-        stored = StoredRecord(saga, new)
-        self._index[node] = stored
-        return stored
-
-    async def load(self) -> int:
-        """Rebuild the index from KV (a leader that starts); returns the records found."""
-        self._index.clear()
-        for key in await self._kv.keys():
-            if not self.owns(key):
-                continue
-            node = subjects.decode_node(key[len(self.kind.key_prefix) + 1 :])
-            try:
-                await self.get(node)
-            except ValueError as error:
-                log.warning("ignoring the %s record of %s: %s", self.kind.name, node, error)
-        return len(self._index)
-
-    def cached(self, node: str) -> StoredRecord[R] | None:
-        """The node's record as last known here: no read of KV."""
-        return self._index.get(node)
-
-    def records(self) -> list[StoredRecord[R]]:
-        """Every record known here, by node name."""
-        return [self._index[node] for node in sorted(self._index)]
+    kind: SagaKind[R]
+    store: SagaStore[R]
+    starter: Starter | None = None
+    recorded: Callable[[R], Awaitable[None]] | None = None
+    after: Starter | None = None
 
 
 def is_a_node(node: str) -> bool:
@@ -190,26 +65,51 @@ def is_a_node(node: str) -> bool:
     return node != subjects.CLUSTER
 
 
-def _encoded(saga: Any) -> bytes:
-    encoded: str = saga.model_dump_json()
-    return encoded.encode()
+def envelope_id(data: bytes) -> str | None:
+    """The id of a stored message's envelope, if it has one."""
+    try:
+        stored: object = json.loads(data)
+    except ValueError:
+        return None
+    found = stored.get("id") if isinstance(stored, dict) else None
+    return found if isinstance(found, str) else None
 
 
-Starter = Callable[[str, Event, datetime, str | None], Awaitable[None]]
-"""Starts a saga of the kind on a node from an event, if the event calls for one: (node,
-event, the event's time, the event's envelope id)."""
+async def stored_id(bus: Bus, subject: str) -> str | None:
+    """The envelope id of the latest message on `subject`, if any."""
+    found = await bus.last(subject)
+    return None if found is None else envelope_id(found.data)
 
 
-@dataclass
-class KindRunner(Generic[R]):
-    """A kind the runner runs: its description, its store, what starts its sagas, and
-    what makes sure the log records a stored saga's start (called by `resume` first: a
-    leader that stored a saga may have died before it published its start)."""
+async def inventory(inventories: KeyValue, node: str) -> hw.HardwareDiscovered | None:
+    """The node's latest inventory in KV, if it has one that decodes."""
+    entry = await inventories.get(subjects.encode_node(node))
+    if entry is None:
+        return None
+    try:
+        return hw.HardwareDiscovered.model_validate_json(entry.value)
+    except ValueError:
+        return None
 
-    kind: SagaKind[R]
-    store: KindStore[R]
-    starter: Starter | None = None
-    recorded: Callable[[R], Awaitable[None]] | None = None
-    after: Starter | None = None
-    """Called once the runner decided an event for every kind, under the node's lock: a
-    kind may start what the decision made due (a request queued behind a saga that ended)."""
+
+class StartRecorder:
+    """Publishes the start event of a saga whose first leader stored it and died before
+    recording it (a replay would have no saga to decide for), rebuilt from the record,
+    under the same id (a copy the log holds within the duplicate window is dropped)."""
+
+    def __init__(self, bus: Bus, publisher: Publisher) -> None:
+        self._bus = bus
+        self._publish = publisher
+
+    async def record(self, saga: Any, started: Event, correlation: str, at: datetime) -> None:
+        """Publish `started`, the start of `saga`, at `at` unless the log holds it."""
+        subject = subjects.event_subject(
+            started.DOMAIN, saga.node, started.NAME, prefix=self._bus.prefix
+        )
+        if await stored_id(self._bus, subject) == ids.started(saga.saga_id):
+            return
+        log.info("recording the start of %s, which its first leader did not", saga.saga_id)
+        await self._publish.event(
+            started, node=saga.node, id=ids.started(saga.saga_id), correlationid=correlation,
+            now=at,
+        )  # fmt: skip

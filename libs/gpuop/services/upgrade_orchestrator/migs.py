@@ -24,7 +24,6 @@ A request whose label is removed (`config` None) starts nothing: the layout stay
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -32,54 +31,32 @@ from typing import Any
 
 from gpuop.bus import KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import Event, ids, subjects
-from gpuop.events import hardware as hw
-from gpuop.events.mig import DOMAIN, MigReconfigurationStarted
+from gpuop.events import Event, ids
+from gpuop.events.mig import DOMAIN
 from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.kube import client, errors
 from gpuop.policy import GPUClusterPolicySpec, migconfig
 from gpuop.policy.mig import parse_configs
+from gpuop.saga.kinds import SagaKind
 from gpuop.saga.mig import folding, kind, plans, records
 from gpuop.saga.mig.records import MigSaga
 from gpuop.saga.mig.states import TERMINAL_STATES
+from gpuop.services.upgrade_orchestrator import kinds
 from gpuop.services.upgrade_orchestrator.kinds import (
     KindRunner,
-    KindStore,
-    SagaKind,
+    StartRecorder,
     is_a_node,
 )
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 from gpuop.services.upgrade_orchestrator.running import Runner
+from gpuop.services.upgrade_orchestrator.store import SagaStore
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = "mig"
+KEY_PREFIX = folding.KEY_PREFIX
 
 
-def _subjects(prefix: str) -> tuple[str, ...]:
-    def events(domain: str, name: str) -> str:
-        return subjects.events_filter(domain, name=name, prefix=prefix)
-
-    return (
-        events("device", "mig-config-requested"),
-        events("device", "gpu-holders-listed"),
-        events("device", "gpu-holders-unknown"),
-    )
-
-
-MIG_RECONFIGURATION: SagaKind[MigSaga] = SagaKind(
-    name=kind.NAME,
-    key_prefix=KEY_PREFIX,
-    decode=MigSaga.from_json,
-    inbound=folding.is_inbound,
-    subjects=_subjects,
-    step=folding.step,
-    outputs=folding.outputs,  # type: ignore[arg-type]
-    pending=kind.pending,
-    correlation=lambda saga: saga.saga_id,
-    holds=folding.holds,
-    waiting=folding.waiting,
-)
+MIG_RECONFIGURATION: SagaKind[MigSaga] = folding.KIND
 """The MIG reconfiguration as the runtime runs it."""
 
 
@@ -89,7 +66,7 @@ class Starter:
     def __init__(
         self,
         runner: Runner,
-        store: KindStore[MigSaga],
+        store: SagaStore[MigSaga],
         inventories: KeyValue,
         *,
         kube: client.Kube | None = None,
@@ -107,6 +84,7 @@ class Starter:
         self._kube = kube
         self._namespace = namespace
         self._publish = Publisher(runner.bus, clock)
+        self._recorder = StartRecorder(runner.bus, self._publish)
 
     def runner(self) -> KindRunner[MigSaga]:
         return KindRunner(
@@ -144,18 +122,7 @@ class Starter:
         under the same id (a copy the log holds within the duplicate window is dropped)."""
         if saga.sequence:
             return
-        bus = self._runner.bus
-        subject = subjects.event_subject(
-            DOMAIN, saga.node, MigReconfigurationStarted.NAME, prefix=bus.prefix
-        )
-        found = await bus.last(subject)
-        if found is not None and _envelope_id(found.data) == ids.started(saga.saga_id):
-            return
-        log.info("recording the start of %s, which its first leader did not", saga.saga_id)
-        await self._publish.event(
-            folding.start_of(saga), node=saga.node, id=ids.started(saga.saga_id),
-            correlationid=saga.saga_id, now=saga.step_started,
-        )  # fmt: skip
+        await self._recorder.record(saga, folding.start_of(saga), saga.saga_id, saga.step_started)
 
     async def _start(
         self, node: str, config: str, request_id: str, now: datetime, cause: str | None
@@ -164,15 +131,15 @@ class Starter:
         if policy is None:
             return
         file, source = await self._configs(policy)
-        plan = plans.plan(config, file, source, await self._inventory(node))
+        plan = plans.plan(config, file, source, await kinds.inventory(self._inventories, node))
         saga = records.new_saga(node=node, request_id=request_id, plan=plan, now=now)
         first = kind.begin(saga, policy, now)
         earlier = self._store.cached(node)
         try:
             if earlier is None:
-                await self._store.create(first.saga, node)
+                await self._store.create(first.saga)
             else:
-                await self._store.replace(first.saga, node, earlier.revision)
+                await self._store.replace(first.saga, earlier.revision)
         except (KeyExists, RevisionConflict):
             return  # another writer: the next event of the node looks again
         started = folding.start_of(saga)
@@ -181,7 +148,7 @@ class Starter:
             causationid=cause, now=now,
         )  # fmt: skip
         log.info("re-carving %s to %s", node, config, extra={"node": node})
-        await self._runner.act_kind(self.runner(), first)
+        await self._runner.act(self.runner(), first)
 
     async def _configs(
         self, policy: GPUClusterPolicySpec
@@ -209,24 +176,6 @@ class Starter:
         kube = self._kube
         found: Any = await kube.call(kube.core.read_namespaced_config_map, name, self._namespace)
         return str(found["data"][key])
-
-    async def _inventory(self, node: str) -> hw.HardwareDiscovered | None:
-        entry = await self._inventories.get(subjects.encode_node(node))
-        if entry is None:
-            return None
-        try:
-            return hw.HardwareDiscovered.model_validate_json(entry.value)
-        except ValueError:
-            return None
-
-
-def _envelope_id(data: bytes) -> str | None:
-    try:
-        stored: object = json.loads(data)
-    except ValueError:
-        return None
-    found = stored.get("id") if isinstance(stored, dict) else None
-    return found if isinstance(found, str) else None
 
 
 __all__ = ["DOMAIN", "MIG_RECONFIGURATION", "Starter"]

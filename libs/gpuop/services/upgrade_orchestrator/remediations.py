@@ -6,7 +6,8 @@ given every event of the intake before the runner decides it, under the node's l
 health event that calls for a remediation (`kind.calls_for_remediation`) on a node without
 one running starts one, unless the policy disables them or the circuit breaker
 (`breaker.allows` over the starts the records keep) refuses. The start is decided here, once:
-whether the node's upgrade is in its window (then the remediation folds into it), the
+whether the node's upgrade is where a remediation folds into it
+(`UpgradeState.remediation_folds_in`), the
 node's boot id and driver from its inventory. It is stored (compare-and-set), recorded as
 `RemediationStarted` (which `gpuop replay` builds the same saga from, and checks the
 breaker against), and its first state's effects (the quarantine) carried out. A start the
@@ -18,31 +19,29 @@ the copy within its duplicate window), so `gpuop replay` refuses it again.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from datetime import datetime
 
 from gpuop.bus import KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import Event, ids, subjects
+from gpuop.events import Event, ids
 from gpuop.events import device as dev
-from gpuop.events import hardware as hw
 from gpuop.events.remediation import (
     DOMAIN,
     TERMINAL_STATES,
     RemediationRefused,
     RemediationStarted,
 )
-from gpuop.events.upgrade import UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.policy.conditions import Condition, condition
-from gpuop.saga.remediation import breaker, kind, records
+from gpuop.saga.kinds import SagaKind
+from gpuop.saga.remediation import breaker, folding, kind, records
 from gpuop.saga.remediation.records import RemediationSaga
+from gpuop.services.upgrade_orchestrator import kinds
 from gpuop.services.upgrade_orchestrator.kinds import (
     KindRunner,
-    KindStore,
-    SagaKind,
+    StartRecorder,
     is_a_node,
 )
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
@@ -51,49 +50,10 @@ from gpuop.services.upgrade_orchestrator.store import SagaStore
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = "remediation"
+KEY_PREFIX = folding.KEY_PREFIX
 BREAKER_CONDITION = "RemediationBreaker"
 """The policy condition the circuit breaker sets: True while it refuses new remediations."""
-_WINDOW_STATES = frozenset(
-    {
-        UpgradeState.CORDON_REQUIRED,
-        UpgradeState.WAIT_FOR_JOBS_REQUIRED,
-        UpgradeState.POD_DELETION_REQUIRED,
-        UpgradeState.DRAIN_REQUIRED,
-        UpgradeState.OPERANDS_PAUSE_REQUIRED,
-        UpgradeState.DRIVER_RELOAD_REQUIRED,
-        UpgradeState.REBOOT_REQUIRED,
-    }
-)
-"""An upgrade in these states reloads the driver and validates it later: a remediation
-folds into it rather than touching the node twice."""
-
-
-def _subjects(prefix: str) -> tuple[str, ...]:
-    def events(domain: str, name: str) -> str:
-        return subjects.events_filter(domain, name=name, prefix=prefix)
-
-    return (
-        events("device", "health-changed"),
-        events("device", "gpu-holders-listed"),
-        events("device", "gpu-holders-unknown"),
-        *(events("upgrade", state) for state in kind.FOLDING_STATES),
-    )
-
-
-REMEDIATION: SagaKind[RemediationSaga] = SagaKind(
-    name=kind.NAME,
-    key_prefix=KEY_PREFIX,
-    decode=RemediationSaga.from_json,
-    inbound=kind.is_inbound,
-    subjects=_subjects,
-    step=kind.step,
-    outputs=kind.outputs,  # type: ignore[arg-type]
-    pending=kind.pending,
-    correlation=lambda saga: saga.saga_id,
-    holds=kind.holds,
-    waiting=kind.waiting,
-)
+REMEDIATION: SagaKind[RemediationSaga] = folding.KIND
 """The remediation as the runtime runs it."""
 
 
@@ -104,7 +64,7 @@ class Starter:
         self,
         runner: Runner,
         upgrades: SagaStore,
-        store: KindStore[RemediationSaga],
+        store: SagaStore[RemediationSaga],
         inventories: KeyValue,
         *,
         clock: Clock = SYSTEM_CLOCK,
@@ -119,6 +79,7 @@ class Starter:
         self._store = store
         self._inventories = inventories
         self._publish = Publisher(runner.bus, clock)
+        self._recorder = StartRecorder(runner.bus, self._publish)
         self._starting = asyncio.Lock()
         self.refused_at: datetime | None = None
         """When the breaker last refused a start."""
@@ -133,20 +94,10 @@ class Starter:
         the duplicate window is dropped)."""
         if saga.sequence or saga.attempt > 1:
             return
-        subject = subjects.event_subject(
-            DOMAIN, saga.node, RemediationStarted.NAME, prefix=self._runner.bus.prefix
-        )
-        found = await self._runner.bus.last(subject)
-        if found is not None and _envelope_id(found.data) == ids.started(saga.saga_id):
-            return
-        log.info("recording the start of %s, which its first leader did not", saga.saga_id)
-        await self._publish.event(
-            records.start_of(saga), node=saga.node, id=ids.started(saga.saga_id),
-            correlationid=saga.saga_id, now=saga.started_at,
-        )  # fmt: skip
+        await self._recorder.record(saga, records.start_of(saga), saga.saga_id, saga.started_at)
 
     def starts(self) -> list[datetime]:
-        return [t for stored in self._store.records() for t in records.starts(stored.saga)]
+        return [t for stored in self._store.sagas() for t in records.starts(stored.saga)]
 
     async def __call__(self, node: str, event: Event, now: datetime, cause: str | None) -> None:
         if not kind.calls_for_remediation(event):
@@ -165,8 +116,8 @@ class Starter:
         # lock): the breaker counts every start before it, and the log records them in the
         # order they were decided, the order a replay checks them in
         async with self._starting:
-            limit = policy.remediation.max_per_hour
-            if not breaker.allows(self.starts(), now, limit):
+            limit = folding.BREAKER.limit(policy)
+            if not folding.BREAKER.allows(self.starts(), now, limit):
                 await self._refuse(node, event, limit, now, cause)
                 return
             await self._start(node, event, policy, now, cause, existing)
@@ -203,8 +154,9 @@ class Starter:
         existing: object,
     ) -> None:
         upgrade = await self._upgrades.get(node)
-        folded = upgrade.saga.saga_id if upgrade and upgrade.saga.state in _WINDOW_STATES else None
-        inventory = await self._inventory(node)
+        folds_in = upgrade is not None and upgrade.saga.state.remediation_folds_in
+        folded = upgrade.saga.saga_id if upgrade is not None and folds_in else None
+        inventory = await kinds.inventory(self._inventories, node)
         saga_id = records.saga_id_for(node, now)
         started = RemediationStarted(
             saga_id=saga_id,
@@ -214,16 +166,16 @@ class Starter:
             driver_version=inventory.driver_version if inventory else None,
             folded_into=folded,
         )
-        saga = records.start(node, started, now)
+        saga = folding.start(node, started, policy, now).saga  # as replay builds it
         earlier = self._store.cached(node)
         if earlier is not None:
             kept = breaker.recent(records.starts(earlier.saga), now)
             saga = saga.model_copy(update={"earlier_starts": tuple(kept)})
         try:
             if earlier is None:
-                await self._store.create(saga, node)
+                await self._store.create(saga)
             else:
-                await self._store.replace(saga, node, earlier.revision)
+                await self._store.replace(saga, earlier.revision)
         except (KeyExists, RevisionConflict):
             return  # another writer: the next health event looks again
         await self._publish.event(
@@ -232,16 +184,7 @@ class Starter:
         )  # fmt: skip
         how = f", folded into {folded}" if folded else ""
         log.warning("remediating %s on %s%s", event.gpu_uuid, node, how, extra={"node": node})
-        await self._runner.act_kind(self.runner(), kind.pending(saga, policy))
-
-    async def _inventory(self, node: str) -> hw.HardwareDiscovered | None:
-        entry = await self._inventories.get(subjects.encode_node(node))
-        if entry is None:
-            return None
-        try:
-            return hw.HardwareDiscovered.model_validate_json(entry.value)
-        except ValueError:
-            return None
+        await self._runner.act(self.runner(), kind.pending(saga, policy))
 
     def condition(self, policy: GPUClusterPolicySpec, now: datetime) -> Condition:
         """The policy's `RemediationBreaker` condition at `now`."""
@@ -260,15 +203,6 @@ class Starter:
             f"other starts until {reopens.isoformat()}",
             now=now,
         )  # fmt: skip
-
-
-def _envelope_id(data: bytes) -> str | None:
-    try:
-        stored: object = json.loads(data)
-    except ValueError:
-        return None
-    found = stored.get("id") if isinstance(stored, dict) else None
-    return found if isinstance(found, str) else None
 
 
 __all__ = ["DOMAIN", "REMEDIATION", "Starter"]

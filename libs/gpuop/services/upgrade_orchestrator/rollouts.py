@@ -36,7 +36,7 @@ from gpuop.policy import GPUClusterPolicySpec
 from gpuop.policy.conditions import PoolProgress, RolloutRecord
 from gpuop.policy.drivers import DEFAULT_POOL
 from gpuop.saga import NodeSaga
-from gpuop.saga.records import desired_targets
+from gpuop.saga.upgrade.records import desired_targets
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/-]")

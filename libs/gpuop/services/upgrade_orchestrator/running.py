@@ -16,7 +16,7 @@ Admission is not an event of its own making: `admit` runs `admission.plan` over 
 sagas (as the store's index holds them, the done ones only counted: `indexing`) and records
 each admission as a `NodeAdmitted` event (deterministic id), which comes back through the
 intake like any event, so a replay of the log admits the same nodes at the
-same points, each with the components its window upgrades (fewer than its saga's when a
+same points, each with the components its admission lets it upgrade (fewer than its saga's when a
 node skip label left some out when it was admitted), so a replay narrows the same sagas.
 What admission read to decide (the nodes' readiness, cordons and skip labels) is not needed
 to replay it; the node watch records it as `NodeObserved` all the same. Likewise the
@@ -24,19 +24,20 @@ policy: before deciding with a spec other than the last one it recorded, the run
 publishes `PolicyApplied` naming the event about to be decided as its cause, so a replay
 decides that event and the later ones with it.
 
-Other saga kinds (`kinds`: GPU remediation, MIG reconfiguration) run on the same runner,
-each with its own store: an event is decided, under the node's lock, for the node's upgrade
-saga (when the upgrade's fold consumes it) and then for the node's saga of each kind that
-consumes it, each kind's starting hook given the event first (a GPU's health starts a
-remediation). `admit` admits the waiting sagas of those kinds first, under the one
-`maxUnavailable` budget (`admission.plan`'s arithmetic), then the upgrades, with every node
-another kind holds or reserves marked `NodeStatus.held_by`.
+Every saga kind (`kinds.KindRunner`, one per kind of `gpuop.saga.registry.KINDS`: the
+driver upgrade, GPU remediation, MIG reconfiguration) runs through this one path, none of
+them named: an event is decided, under the node's lock, for the node's saga of each kind
+that consumes it (`SagaKind.inbound`), in the registry's order, each kind's starting hook
+given the event first (a GPU's health starts a remediation) and its `after` hook last.
+`admit` admits the waiting sagas of every kind but the planned one (the runner's `store`'s,
+the upgrade's: `admission.plan` weighs its rollouts) first, oldest first, under the one
+`maxUnavailable` budget (`admission.cluster_budget`), then plans the planned kind's, with
+every node another kind holds or reserves marked `NodeStatus.held_by`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -46,18 +47,19 @@ from typing import Any
 from gpuop.bus import Bus, Delivery, RevisionConflict, TemporaryError
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, ids, subjects
-from gpuop.events.upgrade import DOMAIN, NodeAdmitted, PolicyApplied, SagaStarted, UpgradeState
+from gpuop.events.driver import Component
+from gpuop.events.upgrade import NodeAdmitted, PolicyApplied, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import Decision, NodeSaga, NodeStatus, admission, folding, machine, pending
-from gpuop.saga.core import transition_event_id
+from gpuop.saga import NodeSaga, NodeStatus, admission, machine
+from gpuop.saga.kinds import Output
 from gpuop.saga.machine import IssuedCommand
-from gpuop.saga.records import desired_targets
 from gpuop.services.upgrade_orchestrator import traces
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
-from gpuop.services.upgrade_orchestrator.kinds import KindRunner, Output
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner, StartRecorder, stored_id
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 from gpuop.services.upgrade_orchestrator.store import SagaStore
+from gpuop.services.upgrade_orchestrator.upgrades import StartRecording
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ def admitted_event_id(saga: NodeSaga) -> str:
 
 
 class Runner:
-    """Decides and acts for every node saga in the store."""
+    """Decides and acts for every node saga of every kind in the store."""
 
     def __init__(
         self,
@@ -89,11 +91,16 @@ class Runner:
         on_change: Callable[[Any], None] | None = None,
         kinds: Sequence[KindRunner[Any]] = (),
     ) -> None:
-        self._bus = bus
-        self.kinds = tuple(kinds)
-        """The other saga kinds this runner decides for, each with its store."""
         self._publish = Publisher(bus, clock)
         self._store = store
+        self.upgrades: KindRunner[NodeSaga] = KindRunner(
+            store.kind,
+            store,
+            recorded=StartRecording(StartRecorder(bus, self._publish), policy).record_start,
+        )
+        """The kind `admit` plans (`admission.plan`), with the store the runner was given."""
+        self.kinds = tuple(kinds)
+        """The other saga kinds this runner decides for, each with its store."""
         self._outbox = outbox
         self._deadlines = deadlines
         self._policy = policy
@@ -104,12 +111,14 @@ class Runner:
         self._on_change = on_change
         self._announced: dict[str, tuple[int, bool, float]] = {}
         """Saga id -> (attempt, canary, `clock.monotonic()` of the publish) of admissions
-        published and not yet decided."""
+        published and not yet decided, every kind's."""
         self._recorded: GPUClusterPolicySpec | None = None
         """The policy last recorded as `PolicyApplied` by this process."""
         self._locks: dict[str, asyncio.Lock] = {}
-        self._kinds_announced: dict[str, float] = {}
-        """Saga id (another kind's) -> `clock.monotonic()` of its admission's publish."""
+
+    def runners(self) -> tuple[KindRunner[Any], ...]:
+        """Every kind this runner runs, the planned one first (the registry's order)."""
+        return (self.upgrades, *self.kinds)
 
     async def handle(self, delivery: Delivery) -> None:
         """The intake consumer's handler."""
@@ -130,45 +139,45 @@ class Runner:
 
     async def apply(
         self, node: str, event: Event, now: datetime, *, cause: str | None = None
-    ) -> Decision | None:
-        """Decide `event` for the node's saga at `now`, persist, then act; the decision, or
-        None when the node has no saga or the event changed nothing. `cause` is the id of
-        the event's envelope, recorded with a change of policy."""
+    ) -> machine.Decision[Any, Any] | None:
+        """Decide `event` for the node's saga of every kind at `now`, persist, then act;
+        the first decision made (the registry's order), or None when the node has no saga
+        the event changed. `cause` is the id of the event's envelope, recorded with a change
+        of policy."""
         policy = self._policy()
         if policy is None:
             raise TemporaryError("no valid GPUClusterPolicy yet", delay=1.0)
         if isinstance(event, NodeAdmitted):  # decided now: it no longer holds a slot itself
             self._announced.pop(event.saga_id, None)
-        if isinstance(event, NodeAdmitted):
-            self._kinds_announced.pop(event.saga_id, None)
         await self.record_policy(policy, cause)
         started = traces.now_ns()
+        runners = self.runners()
         async with self._node_lock(node):
-            for runner in self.kinds:
+            for runner in runners:
                 if runner.starter is not None:
                     await runner.starter(node, event, now, cause)
-            decided = None
-            if folding.is_inbound(event):
-                decided = await self._decide(node, event, policy, now, cause, started)
-            for runner in self.kinds:
-                if runner.kind.inbound(event):
-                    await self._decide_kind(runner, node, event, policy, now, cause, started)
-            for runner in self.kinds:
+            decisions = [
+                await self._decide(runner, node, event, policy, now, cause, started)
+                for runner in runners
+                if runner.kind.inbound(event)
+            ]
+            for runner in runners:
                 if runner.after is not None:
                     await runner.after(node, event, now, cause)
-            return decided
+            return next((decision for decision in decisions if decision is not None), None)
 
-    async def _decide_kind(
+    async def _decide(
         self,
         runner: KindRunner[Any],
         node: str,
         event: Event,
         policy: GPUClusterPolicySpec,
         now: datetime,
-        cause: str | None = None,
-        started: int | None = None,
+        cause: str | None,
+        started: int,
     ) -> machine.Decision[Any, Any] | None:
-        """`_decide` for the node's saga of another kind, in its `decide <event>` span."""
+        """One fold step for the node's saga of `runner`'s kind, persisted, then acted on in
+        its `decide <event>` span; read again and decided again on a lost compare-and-set."""
         kind = runner.kind
         for _ in range(CONFLICT_RETRIES):
             stored = await runner.store.get(node)
@@ -178,63 +187,36 @@ class Runner:
             if decision is None:
                 return None
             try:
-                await runner.store.replace(decision.saga, node, stored.revision)
+                await runner.store.replace(decision.saga, stored.revision)
             except RevisionConflict:
                 log.info("%s saga of node %s changed meanwhile; deciding again", kind.name, node)
                 continue
-            after = decision.saga
-            with traces.deciding_kind(
-                kind.name, stored.saga, decision, event,
-                ended=not (kind.holds(after) or kind.waiting(after)),
-                now=now, cause=cause, started_ns=started or traces.now_ns(),
-            ):  # fmt: skip
-                await self.act_kind(runner, decision)
+            with traces.deciding(
+                kind, stored.saga, decision, event, now=now, cause=cause, started_ns=started
+            ):
+                await self.act(runner, decision)
             return decision
         raise TemporaryError(f"{kind.name} saga of node {node} keeps changing", delay=0.5)
 
-    async def act_kind(self, runner: KindRunner[Any], decision: machine.Decision[Any, Any]) -> None:
-        """Carry out a persisted decision of another kind and arm its deadline (a starting
-        hook calls it for the saga it stored, under the node's lock the runner holds)."""
+    async def act(self, runner: KindRunner[Any], decision: machine.Decision[Any, Any]) -> None:
+        """Carry out a persisted decision and arm its deadline (a starting hook calls it for
+        the saga it stored, under the node's lock the runner holds)."""
         kind = runner.kind
         saga = decision.saga
-        await self._outbox.carry_out_kind(decision, kind.outputs(decision), kind.correlation(saga))
+        await self._outbox.carry_out(decision, kind.outputs(decision), kind.correlation(saga))
         self._deadlines.schedule(saga, kind.name)
         if self._on_change is not None:
             self._on_change(decision)
 
-    async def _decide(
-        self,
-        node: str,
-        event: Event,
-        policy: GPUClusterPolicySpec,
-        now: datetime,
-        cause: str | None,
-        started: int,
-    ) -> Decision | None:
-        for _ in range(CONFLICT_RETRIES):
-            stored = await self._store.get(node)
-            if stored is None:
-                return None
-            decision = folding.step(stored.saga, event, policy, now)
-            if decision is None:
-                return None
-            try:
-                await self._store.replace(decision.saga, stored.revision)
-            except RevisionConflict:
-                log.info("saga of node %s changed meanwhile; deciding again", node)
-                continue
-            with traces.deciding(
-                stored.saga, decision, event, now=now, cause=cause, started_ns=started
-            ):
-                await self._act(decision)
-            return decision
-        raise TemporaryError(f"saga of node {node} keeps changing under us", delay=0.5)
-
-    async def _act(self, decision: Decision) -> None:
-        await self._outbox.carry_out(decision)
-        self._deadlines.schedule(decision.saga)
-        if self._on_change is not None:
-            self._on_change(decision)
+    async def announce(self, runner: KindRunner[Any], saga: Any) -> None:
+        """Carry out what a new saga asks before anything happens to the node (an upgrade's
+        state label, `upgrade-required`, as upstream shows a node that waits for its
+        upgrade): its `pending` decision."""
+        policy = self._policy()
+        if policy is not None:
+            again = runner.kind.pending(saga, policy)
+            outputs = runner.kind.outputs(again)
+            await self._outbox.carry_out(again, outputs, runner.kind.correlation(saga))
 
     def _node_lock(self, node: str) -> asyncio.Lock:
         """Held while one node's saga is read and acted on: the intake consumes before
@@ -246,119 +228,46 @@ class Runner:
 
     async def resume(self) -> int:
         """Rebuild from KV: re-issue every saga's pending step and arm its deadline, each
-        saga read again under its node's lock. Returns the number of sagas found."""
-        nodes = [entry.saga.node for entry in await self._store.all()]
-        for node in nodes:
-            async with self._node_lock(node):
-                await self._resume(node)
-        found = len(nodes)
-        for runner in self.kinds:
-            await runner.store.load()
-            for stored in runner.store.records():
-                async with self._node_lock(stored.saga.node):
-                    await self._resume_kind(runner, stored.saga.node)
-                found += 1
+        saga read again under its node's lock, kind by kind. Returns the sagas found."""
+        found = 0
+        for runner in self.runners():
+            nodes = [stored.saga.node for stored in await runner.store.all()]
+            for node in nodes:
+                async with self._node_lock(node):
+                    await self._resume(runner, node)
+            found += len(nodes)
         return found
 
-    async def _resume_kind(self, runner: KindRunner[Any], node: str) -> None:
+    async def _resume(self, runner: KindRunner[Any], node: str) -> None:
         stored = await runner.store.get(node)
         if stored is None:
             return
         kind = runner.kind
-        policy = self._policy()
         if runner.recorded is not None:
             await runner.recorded(stored.saga)
+        policy = self._policy()
         if policy is not None:
             again = kind.pending(stored.saga, policy)
             outputs = kind.outputs(again)
-            if again.transitions and await self._kind_published(node, outputs):
+            if again.transitions and await self._published(node, outputs):
                 outputs = [out for out in outputs if isinstance(out, IssuedCommand)]
-            await self._outbox.carry_out_kind(again, outputs, kind.correlation(stored.saga))
+            await self._outbox.carry_out(again, outputs, kind.correlation(stored.saga))
         self._deadlines.schedule(stored.saga, kind.name)
 
-    async def _kind_published(self, node: str, outputs: Sequence[Output]) -> bool:
-        """Whether the last public event among `outputs` is in the log already (as
-        `_published` asks of an upgrade saga's last transition)."""
+    async def _published(self, node: str, outputs: Sequence[Output]) -> bool:
+        """Whether the last public state change among `outputs` is in the log (the outbox
+        publishes a decision's state changes in order, so the earlier ones are too). The
+        server drops a republished id only within its duplicate window: a takeover long
+        after a saga's last decision would store its state changes twice without this."""
         events = [out for out in outputs if not isinstance(out, IssuedCommand)]
         if not events:
             return False
         last = events[-1]
         payload = last.payload
         subject = subjects.event_subject(
-            payload.DOMAIN, node, payload.subject_token(), prefix=self._bus.prefix
+            payload.DOMAIN, node, payload.subject_token(), prefix=self.bus.prefix
         )
-        return await self._stored_id(subject) == last.id
-
-    async def _resume(self, node: str) -> None:
-        entry = await self._store.get(node)
-        if entry is None:
-            return
-        policy = self._policy()
-        if policy is not None:
-            await self._start_recorded(entry.saga, policy)
-            again = pending(entry.saga, policy)
-            if again.transitions and await self._published(entry.saga):
-                again = replace(again, transitions=())
-            await self._outbox.carry_out(again)
-        self._deadlines.schedule(entry.saga)
-
-    async def announce(self, saga: NodeSaga) -> None:
-        """Carry out what a new saga asks before anything happens to the node: its state
-        label, `upgrade-required`, as upstream shows a node that waits for its upgrade."""
-        policy = self._policy()
-        if policy is not None:
-            await self._outbox.carry_out(pending(saga, policy))
-
-    async def _start_recorded(self, saga: NodeSaga, policy: GPUClusterPolicySpec) -> None:
-        """Publish the `SagaStarted` of a saga never admitted if the log lacks it: the leader
-        that stored the saga died before recording its start, and without it a replay of
-        the log has no saga to decide for (seen in the chaos test). Rebuilt from the record,
-        as `new_saga` made it: a component it leaves out ran the policy's version."""
-        if saga.state is not UpgradeState.UPGRADE_REQUIRED or saga.sequence or saga.attempt > 1:
-            return
-        started_id = ids.started(saga.saga_id)
-        prefix = self._bus.prefix
-        subject = subjects.event_subject(DOMAIN, saga.node, SagaStarted.NAME, prefix=prefix)
-        if await self._stored_id(subject) == started_id:
-            return
-        try:
-            targets = desired_targets(policy, saga.pool)
-        except KeyError:
-            return  # its pool is gone: the next rollout replaces the untouched saga
-        running = {
-            component: saga.previous_versions.get(component)
-            if component in saga.components
-            else target.version
-            for component, target in targets.items()
-        }
-        started = folding.start_of(saga, running)
-        log.info("recording the start of %s, which its first leader did not", saga.saga_id)
-        await self._publish.event(
-            started, node=saga.node, id=started_id, correlationid=saga.rollout_id,
-            now=saga.step_started,
-        )  # fmt: skip
-
-    async def _stored_id(self, subject: str) -> str | None:
-        """The envelope id of the latest message on `subject`, if any."""
-        found = await self._bus.last(subject)
-        if found is None:
-            return None
-        try:
-            stored: object = json.loads(found.data)
-        except ValueError:
-            return None
-        identifier = stored.get("id") if isinstance(stored, dict) else None
-        return identifier if isinstance(identifier, str) else None
-
-    async def _published(self, saga: NodeSaga) -> bool:
-        """Whether the state change of the saga's latest transition is in the log (the
-        outbox publishes a decision's state changes in order, so the earlier ones are too).
-        The server drops a republished id only within its duplicate window: a takeover long
-        after a saga's last decision would store its state changes twice without this."""
-        last = saga.last_transitions[-1]
-        name = last.to_state.value
-        subject = subjects.event_subject(DOMAIN, saga.node, name, prefix=self._bus.prefix)
-        return await self._stored_id(subject) == transition_event_id(saga, saga.sequence)
+        return await stored_id(self.bus, subject) == last.id
 
     async def admit(
         self,
@@ -368,14 +277,21 @@ class Runner:
         every: Mapping[str, NodeStatus] | None = None,
     ) -> admission.Admission | None:
         """Run an admission pass and record each admission as a `NodeAdmitted` event.
-        `nodes` are the nodes the upgrades manage, `every` all the GPU nodes (default
-        `nodes`): another kind's saga may be on a node the upgrades do not select."""
+        `nodes` are the nodes the planned kind (the upgrade) manages, `every` all the GPU
+        nodes (default `nodes`): another kind's saga may be on a node the upgrades do not
+        select."""
         policy = self._policy()
         if policy is None:
             return None
         now = now or self._clock.now()
         if self.kinds:
-            nodes = await self._admit_kinds(nodes, policy, now, every or nodes)
+            nodes = await self._admit_waiting(nodes, policy, now, every or nodes)
+        return await self._admit_planned(nodes, policy, now)
+
+    async def _admit_planned(
+        self, nodes: Mapping[str, NodeStatus], policy: GPUClusterPolicySpec, now: datetime
+    ) -> admission.Admission:
+        """`admission.plan` over the planned kind's sagas (the upgrades' rollouts)."""
         # the index, not a listing of KV: the sagas still in play are weighed, the done
         # ones counted, so a pass costs no more as nodes finish (issue 24). It holds this
         # leader's writes as they return, the only writer's; an admission of a saga that
@@ -390,38 +306,50 @@ class Runner:
         result = admission.plan(planned, nodes, policy, now, done=self._store.index.done)
         by_node = {saga.node: saga for saga in sagas} if result.nodes else {}
         for node in result.nodes:
-            saga = by_node[node]
             canary = node in result.canary
-            self._announced[saga.saga_id] = (saga.attempt, canary, self._clock.monotonic())
-            admitted = NodeAdmitted(
-                rollout_id=saga.rollout_id,
-                saga_id=saga.saga_id,
-                attempt=saga.attempt,
-                canary=canary,
-                components=result.components.get(node, ()),
-            )
-            await self._publish.event(
-                admitted,
-                node=node,
-                id=admitted_event_id(saga),
-                correlationid=saga.rollout_id,
-                traceparent=traces.current_step_traceparent(saga),
-                now=now,
-            )
+            components = result.components.get(node, ())
+            await self._admitted(self.upgrades, by_node[node], now, canary, components)
         return result
+
+    async def _admitted(
+        self,
+        runner: KindRunner[Any],
+        saga: Any,
+        now: datetime,
+        canary: bool = False,
+        components: tuple[Component, ...] = (),
+    ) -> None:
+        """Record the admission of `saga`'s attempt as a `NodeAdmitted` (its one id)."""
+        self._announced[saga.saga_id] = (saga.attempt, canary, self._clock.monotonic())
+        correlation = runner.kind.correlation(saga)
+        admitted = NodeAdmitted(
+            rollout_id=correlation,
+            saga_id=saga.saga_id,
+            attempt=saga.attempt,
+            canary=canary,
+            components=components,
+        )
+        await self._publish.event(
+            admitted,
+            node=saga.node,
+            id=admitted_event_id(saga),
+            correlationid=correlation,
+            traceparent=traces.current_step_traceparent(saga),
+            now=now,
+        )
 
     def held(self) -> dict[str, str]:
         """Node -> the kind whose saga holds it, or reserves it while waiting for its
-        admission (as the stores' indexes know them)."""
+        admission (as the stores' indexes know them), of every kind but the planned one."""
         held: dict[str, str] = {}
         for runner in self.kinds:
             kind = runner.kind
-            for stored in runner.store.records():
+            for stored in runner.store.sagas():
                 if kind.holds(stored.saga) or kind.waiting(stored.saga):
                     held.setdefault(stored.saga.node, kind.name)
         return held
 
-    async def _admit_kinds(
+    async def _admit_waiting(
         self,
         nodes: Mapping[str, NodeStatus],
         policy: GPUClusterPolicySpec,
@@ -430,15 +358,15 @@ class Runner:
     ) -> dict[str, NodeStatus]:
         """Admit the other kinds' waiting sagas while the one `maxUnavailable` budget
         allows (a node unavailable already costs nothing more), oldest first; returns
-        `nodes` with every node a kind holds or reserves marked `held_by`, for the
-        upgrades' pass."""
+        `nodes` with every node a kind holds or reserves marked `held_by`, for the planned
+        kind's pass."""
         waiting: list[tuple[KindRunner[Any], Any]] = []
         holding: dict[str, str] = {}
         for runner in self.kinds:
             kind = runner.kind
-            for stored in runner.store.records():
+            for stored in runner.store.sagas():
                 saga = stored.saga
-                if kind.waiting(saga) and not self._kind_announced(saga.saga_id):
+                if kind.waiting(saga) and not self._pending(saga.saga_id):
                     waiting.append((runner, saga))
                 elif kind.holds(saga) or kind.waiting(saga):
                     holding.setdefault(saga.node, kind.name)
@@ -454,54 +382,46 @@ class Runner:
                 for node, status in {**every, **nodes}.items()
             }
             sagas = [entry.saga for entry in self._store.index.live()]
-            weighed = admission.plan(sagas, cluster, policy, now, done=self._store.index.done)
-            free = weighed.max_unavailable - weighed.unavailable
+            free = admission.cluster_budget(sagas, cluster, policy.upgrade_policy).free
             waiting.sort(key=lambda pair: (pair[1].step_started, pair[1].node))
             for runner, saga in waiting:
                 status = marked.get(saga.node) or every.get(saga.node)
-                if status is None or not status.exists:
+                if status is None or not status.exists or not self._free(saga.node, holding):
                     continue
-                upgrade = self._store.index.get(saga.node)
-                if upgrade is not None and _in_window(upgrade.saga):
-                    continue  # the node's upgrade window is open: the kind waits for it
-                if saga.node in holding:
-                    continue  # another kind's saga holds the node: one saga at a time
                 down = not status.ready or status.unschedulable
                 if not down and free <= 0:
                     continue
                 if not down:
                     free -= 1
                 holding[saga.node] = runner.kind.name
-                await self._admit_kind(runner, saga, now)
+                await self._admitted(runner, saga, now)
         for runner in self.kinds:
-            for stored in runner.store.records():
+            for stored in runner.store.sagas():
                 saga = stored.saga
                 if runner.kind.waiting(saga) and saga.node in marked:
                     marked[saga.node] = replace(marked[saga.node], held_by=runner.kind.name)
         return marked
 
-    def _kind_announced(self, saga_id: str) -> bool:
-        at = self._kinds_announced.get(saga_id)
-        if at is None:
+    def _free(self, node: str, holding: Mapping[str, str]) -> bool:
+        """Whether no other saga holds `node`: the planned kind's (the node's upgrade,
+        admitted and not ended: the kind waits for its end), nor another kind's (one saga
+        at a time)."""
+        planned = self.upgrades
+        stored = planned.store.cached(node)
+        if stored is not None and planned.kind.holds(stored.saga):
             return False
-        if self._clock.monotonic() - at > ANNOUNCED_FOR:
-            del self._kinds_announced[saga_id]
+        return node not in holding
+
+    def _pending(self, saga_id: str) -> bool:
+        """Whether an admission of the saga was published and not decided yet, less than
+        `ANNOUNCED_FOR` ago (an older one is forgotten: the saga is admitted again)."""
+        announced = self._announced.get(saga_id)
+        if announced is None:
+            return False
+        if self._clock.monotonic() - announced[2] > ANNOUNCED_FOR:
+            del self._announced[saga_id]
             return False
         return True
-
-    async def _admit_kind(self, runner: KindRunner[Any], saga: Any, now: datetime) -> None:
-        self._kinds_announced[saga.saga_id] = self._clock.monotonic()
-        admitted = NodeAdmitted(
-            rollout_id=runner.kind.correlation(saga), saga_id=saga.saga_id, attempt=saga.attempt
-        )
-        await self._publish.event(
-            admitted,
-            node=saga.node,
-            id=admitted_event_id(saga),
-            correlationid=runner.kind.correlation(saga),
-            traceparent=traces.current_step_traceparent(saga),
-            now=now,
-        )
 
     def _as_planned(self, saga: NodeSaga) -> NodeSaga:
         """An admitted saga whose admission the intake has not decided yet holds its slot."""
@@ -526,12 +446,3 @@ class Runner:
         return saga.model_copy(
             update={"state": UpgradeState.CORDON_REQUIRED, "canary": canary or saga.canary}
         )
-
-
-def _in_window(saga: NodeSaga) -> bool:
-    """Whether the node's upgrade saga is in its maintenance window (admitted, not ended)."""
-    return saga.state not in (
-        UpgradeState.UPGRADE_REQUIRED,
-        UpgradeState.UPGRADE_DONE,
-        UpgradeState.UPGRADE_FAILED,
-    )

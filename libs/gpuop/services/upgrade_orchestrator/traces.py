@@ -19,11 +19,12 @@ start the record kept; terminal steps (upgrade-done, a final upgrade-failed) whe
 What is lost: the span of a step whose deciding leader crashed between persisting and
 recording it (its children then point at a span that is not there).
 
-The other kinds (`kinds`: a GPU remediation, a MIG reconfiguration) trace alike, with ids
-derived the same way (their commands already carry `step_traceparent`): `deciding_kind` is
-the `decide <event>` span of one of their decisions, after it records the steps the decision
-ended, each `step <token>` a child of the root, `<kind> saga`, which is the saga's first step
-(`admission`, or a remediation's `folded`) and is recorded when that step ends.
+Every kind traces through `deciding`, with ids derived the same way (their commands carry
+`step_traceparent`): the `decide <event>` span of one decision, after it records the steps
+the decision ended, each `step <token>` a child of the root. A kind's root is `<kind> saga`,
+its first step (`admission`, or a remediation's `folded`), recorded when that step ends, its
+attributes `gpuop.saga.*`; the upgrade's keeps the names it had before there were other
+kinds (`upgrade saga`, one trace per attempt, `gpuop.upgrade.*`).
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ from opentelemetry import trace
 
 from gpuop.events import Event
 from gpuop.observability import tracing
-from gpuop.saga import Decision, NodeSaga, machine
+from gpuop.saga import NodeSaga, machine
+from gpuop.saga.kinds import SagaKind
 from gpuop.saga.machine import SagaRecord
-from gpuop.saga.records import Outcome, StepResult
-from gpuop.saga.steps import StepKind
+from gpuop.saga.upgrade.records import Outcome, StepResult
+from gpuop.saga.upgrade.steps import StepKind
 
 ROOT = "upgrade saga"
 """Name of the root span of every upgrade trace."""
@@ -86,57 +88,52 @@ def current_step_traceparent(saga: SagaRecord[Any]) -> str | None:
 
 @contextmanager
 def deciding(
-    before: NodeSaga,
-    decision: Decision,
-    event: Event,
-    *,
-    now: datetime,
-    cause: str | None,
-    started_ns: int,
-) -> Iterator[None]:
-    """The `decide <event>` span around acting on a persisted decision made at `now` about
-    `before` (`cause`: the event's id; `started_ns`: when deciding began, from `now_ns`),
-    after recording the steps the decision ended."""
-    if not tracing.recording():
-        yield
-        return
-    _record_ended_steps(before, decision, now)
-    attributes: dict[str, str | int] = {
-        **_saga_attributes(before),
-        "gpuop.upgrade.state": str(before.state),
-        "gpuop.upgrade.next_state": str(decision.saga.state),
-        "gpuop.upgrade.step": before.step.token,
-    }
-    with _decide_span(before, event, attributes, cause, started_ns):
-        yield
-
-
-@contextmanager
-def deciding_kind(
-    kind: str,
+    kind: SagaKind[Any],
     before: SagaRecord[Any],
     decision: machine.Decision[Any, Any],
     event: Event,
     *,
-    ended: bool,
     now: datetime,
     cause: str | None,
     started_ns: int,
 ) -> Iterator[None]:
-    """`deciding` for a saga of another kind (`kind`: its name); `ended`: the decision
-    ended the saga, so its last step is recorded too."""
+    """The `decide <event>` span around acting on a persisted decision of any kind made at
+    `now` about `before` (`cause`: the event's id; `started_ns`: when deciding began, from
+    `now_ns`), after recording the steps the decision ended."""
     if not tracing.recording():
         yield
         return
-    _record_kind_steps(kind, before, decision, now, ended)
-    attributes: dict[str, str | int] = {
-        **_kind_attributes(kind, before),
-        "gpuop.saga.state": str(before.state),
-        "gpuop.saga.next_state": str(decision.saga.state),
-        "gpuop.saga.step": before.step.token,
-    }
+    attributes = _record_steps(kind, before, decision, now)
     with _decide_span(before, event, attributes, cause, started_ns):
         yield
+
+
+def _record_steps(
+    kind: SagaKind[Any],
+    before: SagaRecord[Any],
+    decision: machine.Decision[Any, Any],
+    now: datetime,
+) -> dict[str, str | int]:
+    """Record the steps `decision` ended; the attributes of its `decide` span."""
+    after = decision.saga
+    if isinstance(before, NodeSaga) and isinstance(after, NodeSaga):
+        # the upgrade's traces keep the names they had before there were other kinds
+        # (`ROOT`, `gpuop.upgrade.*`), which its dashboards read
+        _record_ended_steps(before, decision, now)
+        return {
+            **_saga_attributes(before),
+            "gpuop.upgrade.state": str(before.state),
+            "gpuop.upgrade.next_state": str(after.state),
+            "gpuop.upgrade.step": before.step.token,
+        }
+    ended = not (kind.holds(after) or kind.waiting(after))
+    _record_kind_steps(kind.name, before, decision, now, ended)
+    return {
+        **_kind_attributes(kind.name, before),
+        "gpuop.saga.state": str(before.state),
+        "gpuop.saga.next_state": str(after.state),
+        "gpuop.saga.step": before.step.token,
+    }
 
 
 @contextmanager
@@ -188,7 +185,9 @@ def now_ns() -> int:
     return time.time_ns()
 
 
-def _record_ended_steps(before: NodeSaga, decision: Decision, now: datetime) -> None:
+def _record_ended_steps(
+    before: NodeSaga, decision: machine.Decision[Any, Any], now: datetime
+) -> None:
     after = decision.saga
     pending = (after.attempt, after.step.token)
     if (before.attempt, before.step.token) != pending:

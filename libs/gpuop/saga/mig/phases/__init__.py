@@ -1,7 +1,7 @@
 """The MIG reconfiguration's phases: one module per state, each its whole behaviour.
 
 Each module names its `STATE` and defines `enter`, `on_event`, `on_deadline` and `effects`,
-as the upgrade's phases do (`gpuop.saga.phases`). `PHASES` is what the kind
+as the upgrade's phases do (`gpuop.saga.upgrade.phases`). `PHASES` is what the kind
 (`gpuop.saga.mig.kind`) hands the machinery; `Kind.check` proves every state has one.
 
     mig_config_required        admission                          -> operands-pause
@@ -18,9 +18,9 @@ as the upgrade's phases do (`gpuop.saga.phases`). `PHASES` is what the kind
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType, ModuleType
+from types import ModuleType
 
-from gpuop.saga.machine import Phase
+from gpuop.saga.machine import Phase, phases_of
 from gpuop.saga.mig.drafting import Draft
 from gpuop.saga.mig.phases import (
     apply_required,
@@ -50,16 +50,5 @@ MODULES: tuple[ModuleType, ...] = (
 """Every phase module, in the order of the main line."""
 
 
-def _phase(module: ModuleType) -> Phase[MigSaga, Draft]:
-    return Phase(
-        enter=module.enter,
-        on_event=module.on_event,
-        on_deadline=module.on_deadline,
-        effects=module.effects,
-    )
-
-
-PHASES: Mapping[MigState, Phase[MigSaga, Draft]] = MappingProxyType(
-    {module.STATE: _phase(module) for module in MODULES}
-)
+PHASES: Mapping[MigState, Phase[MigSaga, Draft]] = phases_of(MODULES)
 """State -> its phase."""

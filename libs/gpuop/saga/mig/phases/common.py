@@ -1,26 +1,16 @@
 """What several MIG phases share: a deadline that fails the step, an answer to the step,
-the executor's timeout, and the operands' confirmations."""
+and the executor's timeout."""
 
 from __future__ import annotations
 
 from gpuop.events import kube
 from gpuop.events.deadlines import DeadlineExpired
-from gpuop.events.device import OperandService
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.machine import Trigger
+from gpuop.saga.machine import Trigger, overdue
 from gpuop.saga.mig.drafting import Draft
 from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind, StepResult
 from gpuop.saga.mig.steps import limit_seconds
-from gpuop.saga.steps import executor_timeout
-
-
-def overdue(draft: Draft) -> str:
-    """Why the pending step failed on its deadline, in words."""
-    saga = draft.saga
-    if saga.deadline is None:
-        raise ValueError(f"{saga.step.token} has no deadline to be overdue on")
-    seconds = (saga.deadline - saga.step_started).total_seconds()
-    return f"{saga.step.token} did not finish within {seconds:g} s"
+from gpuop.saga.upgrade.steps import executor_timeout
 
 
 def fail_on_deadline(draft: Draft, expired: DeadlineExpired) -> None:
@@ -45,17 +35,6 @@ def timeout(saga: MigSaga, spec: GPUClusterPolicySpec) -> int:
     if limit is None:
         raise ValueError(f"step {saga.step.token} has no deadline to take a timeout from")
     return executor_timeout(limit)
-
-
-def confirmed(
-    draft: Draft, service: OperandService, done: tuple[OperandService, ...]
-) -> tuple[OperandService, ...] | None:
-    """The operands confirmed once `service` is added to `done`, in the saga's order; None
-    when `service` is not one the saga waits for, or confirmed already."""
-    operands = draft.saga.operands
-    if service not in operands or service in done:
-        return None
-    return tuple(s for s in operands if s in {*done, service})
 
 
 def start(draft: Draft, kind: MigStepKind) -> None:

@@ -11,7 +11,7 @@ STATE = S.MIG_CONFIG_DONE
 
 
 def enter(draft: Draft, retry: bool) -> None:
-    draft.update(step=MigStep(kind=MigStepKind.DONE), step_started=draft.now, deadline=None)
+    draft.take(MigStep(kind=MigStepKind.DONE))
 
 
 on_event = ignore

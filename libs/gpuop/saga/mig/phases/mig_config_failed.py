@@ -14,7 +14,7 @@ STATE = S.MIG_CONFIG_FAILED
 
 
 def enter(draft: Draft, retry: bool) -> None:
-    draft.update(step=MigStep(kind=MigStepKind.FAILED), step_started=draft.now, deadline=None)
+    draft.take(MigStep(kind=MigStepKind.FAILED))
 
 
 on_event = ignore

@@ -13,9 +13,10 @@ from __future__ import annotations
 from gpuop.events import device as dev
 from gpuop.events.driver import Component
 from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import operands
 from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.mig.drafting import Draft, issue
-from gpuop.saga.mig.phases.common import answers, confirmed, fail_on_deadline, start
+from gpuop.saga.mig.phases.common import fail_on_deadline, start
 from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind, StepResult
 from gpuop.saga.mig.states import MigState as S
 
@@ -32,13 +33,7 @@ def enter(draft: Draft, retry: bool) -> None:
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:
-    if not isinstance(trigger, dev.OperandPaused) or not answers(draft, trigger.command_id):
-        return
-    paused = confirmed(draft, trigger.service, draft.saga.paused)
-    if paused is None:
-        return
-    draft.update(paused=paused)
-    if len(paused) == len(draft.saga.operands):
+    if operands.count(draft, trigger, dev.OperandPaused):
         draft.outcome(StepResult.SUCCEEDED, "every operand paused")
         draft.move(S.HOLDERS_EVICTION_REQUIRED, "operands released the GPUs")
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from gpuop.events import device as dev
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga import operands
+from gpuop.saga.machine import Effects, Trigger, overdue
 from gpuop.saga.mig.drafting import Draft, issue
-from gpuop.saga.mig.phases.common import answers, confirmed, overdue, start
+from gpuop.saga.mig.phases.common import start
 from gpuop.saga.mig.records import MigFailure, MigSaga, MigStep, MigStepKind, StepResult
 from gpuop.saga.mig.states import MigState as S
 
@@ -21,8 +22,7 @@ STATE = S.OPERANDS_RESUME_REQUIRED
 
 def enter(draft: Draft, retry: bool) -> None:
     if not draft.saga.operands_paused:
-        step = MigStep(kind=MigStepKind.OPERANDS_RESUME)
-        draft.update(step=step, step_started=draft.now, deadline=None)
+        draft.take(MigStep(kind=MigStepKind.OPERANDS_RESUME))
         draft.outcome(StepResult.SKIPPED, "no operand paused")
         _end(draft)
         return
@@ -31,13 +31,7 @@ def enter(draft: Draft, retry: bool) -> None:
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:
-    if not isinstance(trigger, dev.OperandResumed) or not answers(draft, trigger.command_id):
-        return
-    resumed = confirmed(draft, trigger.service, draft.saga.resumed)
-    if resumed is None:
-        return
-    draft.update(resumed=resumed)
-    if len(resumed) == len(draft.saga.operands):
+    if operands.count(draft, trigger, dev.OperandResumed, "resumed"):
         draft.update(operands_paused=False)
         draft.outcome(StepResult.SUCCEEDED, "every operand resumed")
         _end(draft)

@@ -20,7 +20,7 @@ STATE = S.VERIFICATION_REQUIRED
 
 
 def enter(draft: Draft, retry: bool) -> None:
-    draft.update(step=MigStep(kind=MigStepKind.VERIFY), step_started=draft.now, deadline=None)
+    draft.take(MigStep(kind=MigStepKind.VERIFY))
     problems = mismatches(draft.saga)
     if problems:
         draft.fail("the applied layout is not the one requested: " + "; ".join(problems))

@@ -1,5 +1,5 @@
 """The remediation's phases: one module per state, each its whole behaviour, as the
-upgrade's (`gpuop.saga.phases`).
+upgrade's (`gpuop.saga.upgrade.phases`).
 
 Each module names its `STATE` and defines `enter`, `on_event`, `on_deadline` and `effects`;
 `common` holds what several share. `PHASES` is the registry the kind
@@ -21,10 +21,10 @@ Each module names its `STATE` and defines `enter`, `on_event`, `on_deadline` and
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType, ModuleType
+from types import ModuleType
 
 from gpuop.events.remediation import RemediationState
-from gpuop.saga.machine import Phase
+from gpuop.saga.machine import Phase, phases_of
 from gpuop.saga.remediation.drafting import Draft
 from gpuop.saga.remediation.phases import (
     folded_into_upgrade,
@@ -58,18 +58,7 @@ MODULES: tuple[ModuleType, ...] = (
 """Every phase module, in the order of the main line."""
 
 
-def _phase(module: ModuleType) -> Phase[RemediationSaga, Draft]:
-    return Phase(
-        enter=module.enter,
-        on_event=module.on_event,
-        on_deadline=module.on_deadline,
-        effects=module.effects,
-    )
-
-
-PHASES: Mapping[RemediationState, Phase[RemediationSaga, Draft]] = MappingProxyType(
-    {module.STATE: _phase(module) for module in MODULES}
-)
+PHASES: Mapping[RemediationState, Phase[RemediationSaga, Draft]] = phases_of(MODULES)
 """State -> its phase."""
 
 __all__ = ["MODULES", "PHASES", "limit_seconds"]

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
 
 from gpuop.events import device as dev
-from gpuop.events import ids, kube
+from gpuop.events import kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import actions as upgrade_actions
-from gpuop.saga.machine import Effects, IssuedCommand, Trigger
+from gpuop.saga import machine, operands
+from gpuop.saga.machine import Effects, Trigger
 from gpuop.saga.remediation.actions import EVENT_REASON, MirrorHealth
 from gpuop.saga.remediation.drafting import Draft
 from gpuop.saga.remediation.records import RemediationSaga, Step
-from gpuop.saga.steps import executor_timeout
+from gpuop.saga.upgrade.steps import executor_timeout
 
 
 class Result(StrEnum):
@@ -25,18 +25,8 @@ class Result(StrEnum):
     SKIPPED = "skipped"
 
 
-def issue(saga: RemediationSaga, payload: Any, token: str | None = None) -> IssuedCommand:
-    """`payload` under the id of `token` (default: the pending step) in the saga's attempt."""
-    token = token or saga.step.token
-    return IssuedCommand(
-        payload=payload, id=ids.step(saga.saga_id, token, saga.attempt), step=token,
-        attempt=saga.attempt,
-    )  # fmt: skip
-
-
-def action_id(saga: RemediationSaga, token: str | None = None) -> str:
-    """The id of a Kubernetes action of `token` (default: the pending step)."""
-    return ids.step(saga.saga_id, token or saga.step.token, saga.attempt)
+issue = machine.issue
+action_id = machine.action_id
 
 
 def unhealthy_of(saga: RemediationSaga) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -88,14 +78,7 @@ def on_operands(
 ) -> None:  # fmt: skip
     """Count an operand's confirmation of the pending pause or resume (`kind`); `every`
     once each operand confirmed."""
-    saga = draft.saga
-    if not isinstance(trigger, kind) or trigger.command_id != draft.step_id():
-        return
-    if trigger.service not in saga.operands or trigger.service in saga.paused:
-        return
-    confirmed = tuple(s for s in saga.operands if s in {*saga.paused, trigger.service})
-    draft.update(paused=confirmed)
-    if len(confirmed) == len(saga.operands):
+    if operands.count(draft, trigger, kind):
         draft.update(paused=())
         every(draft)
 

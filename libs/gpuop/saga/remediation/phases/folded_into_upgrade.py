@@ -1,8 +1,8 @@
-"""folded-into-upgrade: the node's upgrade held the node when the fault came; its
-reload and validation serve, so the remediation only marks the node (`quarantine`) and ends
-with the upgrade's moves (`NodeUpgradeStateChanged` from the log): validated
-(uncordon-required, or upgrade-done) moves it to release-required, whose untaint ends it;
-upgrade-failed fails it."""
+"""folded-into-upgrade: the node's upgrade had its driver reload still ahead when the fault
+came (`UpgradeState.remediation_folds_in`); its reload and validation serve, so the
+remediation only marks the node (`quarantine`) and ends with the upgrade's moves
+(`NodeUpgradeStateChanged` from the log): validated (uncordon-required, or upgrade-done)
+moves it to release-required, whose untaint ends it; upgrade-failed fails it."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ UNTAINT = "untaint"
 
 def enter(draft: Draft, retry: bool) -> None:
     if not draft.saga.operands_paused:
-        draft.update(step=Step(name=RESUME), step_started=draft.now, deadline=None)
+        draft.take(Step(name=RESUME))
         draft.outcome(Result.SKIPPED, "operands running")
         _next_attempt_or(draft, "the GPUs validated, operands running", _untaint)
         return

@@ -5,10 +5,9 @@ nothing is left to do here."""
 from __future__ import annotations
 
 from gpuop.events.remediation import RemediationState as S
-from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.machine import Effects, ignore
+from gpuop.saga.machine import ignore, no_effects
 from gpuop.saga.remediation.drafting import Draft
-from gpuop.saga.remediation.records import RemediationSaga, Step
+from gpuop.saga.remediation.records import Step
 
 STATE = S.DONE
 
@@ -19,7 +18,4 @@ def enter(draft: Draft, retry: bool) -> None:
 
 on_event = ignore
 on_deadline = ignore
-
-
-def effects(saga: RemediationSaga, spec: GPUClusterPolicySpec) -> Effects:
-    return (), ()
+effects = no_effects
