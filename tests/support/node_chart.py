@@ -12,7 +12,8 @@ What differs from a production install, each a values override (`values`):
   the recorded H200 node's sysfs and procfs, not this machine's, and the driver-manager works
   there rather than in this machine's `/`);
 - the cluster roles and NATS are allowed onto GPU nodes (`clusterRoles.avoidNodes: []`) and
-  kept on the real node (`nodeSelector` its label `gpuop.io/real-node`): it is the one node
+  kept on the real node (`nodeSelector` its label `gpuop.io/real-node`; it gets the admin's
+  label `clusterRoles.nodeLabel` names, as the chart's docs say): it is the one node
   that runs containers (KWOK's only pretend to), and a GPU node, which the chart keeps them
   off as the orchestrator drains GPU nodes;
 - NATS's volume is a hostPath PersistentVolume in the node's work directory: the control
@@ -35,6 +36,8 @@ from tests.support.real_node import RealNode
 RELEASE, NAMESPACE = fleet.RELEASE, fleet.RELEASE_NAMESPACE
 NATS_VOLUME = "gpuop-real-node-nats"
 NATS_SIZE = "1Gi"
+CONTROL_PLANE_LABEL = "node-restriction.kubernetes.io/gpuop-control-plane"
+"""`clusterRoles.nodeLabel`'s default key."""
 REAL = {"gpuop.io/real-node": "true"}
 """The label the real node registers with."""
 READY_TIMEOUT = 420.0
@@ -71,6 +74,7 @@ def install(plane: ControlPlane, node: RealNode, *extra: str) -> tuple[build.Bui
     node.import_archive(gpuop.path)
     node.import_archive(nats.path)
     _nats_volume(plane, node)
+    _control_plane_node(plane, node)
     chosen = values(node, gpuop, nats)
     path = node.work / "chart-values.yaml"
     path.write_text(yaml.safe_dump(chosen), encoding="utf-8")
@@ -79,6 +83,19 @@ def install(plane: ControlPlane, node: RealNode, *extra: str) -> tuple[build.Bui
         "--create-namespace", "--values", str(path), *extra,
     )  # fmt: skip
     return gpuop, nats
+
+
+def _control_plane_node(plane: ControlPlane, node: RealNode) -> None:
+    """The label, which only an admin may set, of the nodes the chart runs its keys on
+    (`clusterRoles.nodeLabel`): as the chart's docs tell an admin to label them."""
+    status, answer = plane.request(
+        f"/api/v1/nodes/{node.name}",
+        method="PATCH",
+        body={"metadata": {"labels": {CONTROL_PLANE_LABEL: "true"}}},
+        content_type="application/merge-patch+json",
+    )
+    if status != 200:
+        raise ControlPlaneError(f"labelling {node.name}: {status} {answer.decode()}")
 
 
 def _nats_volume(plane: ControlPlane, node: RealNode) -> None:
