@@ -150,6 +150,12 @@ def flows() -> dict[str, Flow]:
         "telemetry-cluster": Flow(
             reads=[
                 subjects.events_filter(upgrade.DOMAIN, prefix=PREFIX),
+                # the GPU health history the cluster exporter replays at its start
+                subjects.events_filter(
+                    device.DeviceHealthChanged.DOMAIN,
+                    name=device.DeviceHealthChanged.NAME,
+                    prefix=PREFIX,
+                ),
                 subjects.stream_filter(subjects.Kind.EVENT, prefix=PREFIX),
                 subjects.stream_filter(subjects.Kind.DEAD_LETTER, prefix=PREFIX),
             ]
