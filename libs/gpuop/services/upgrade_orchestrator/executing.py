@@ -234,23 +234,7 @@ class KubeExecutor:
             metadata = pod.get("metadata") or {}
             return (metadata.get("namespace"), metadata.get("name")) in named
 
-        options = draining.DrainOptions(
-            force=action.force,
-            delete_emptydir=action.delete_empty_dir,
-            timeout=float(max(action.timeout_seconds, 1)),
-            pod_filter=holder,
-            retry_interval=1.0,
-        )
-        try:
-            result = await self._remove_pods(node, options)
-        except errors.DrainError as error:
-            return observed.PodDeletionFailed(
-                action_id=action.id,
-                reason=_failure_reason(error),
-                pods=_names(error.pods),
-                message=str(error)[:2048],
-            )
-        return observed.PodsDeleted(action_id=action.id, deleted=len(result.evicted))
+        return await self._delete_pods(node, action, pod_filter=holder)
 
     async def _validation_pod(
         self, node: str, action: actions.RunValidationPod
@@ -302,12 +286,19 @@ class KubeExecutor:
         ) -> Callable[[Mapping[str, Any]], bool]:
             return await pods.holders_filter(self._kube, components, listed)
 
+        return await self._delete_pods(node, action, pod_filter_from=holders_of)
+
+    async def _delete_pods(
+        self, node: str, action: actions.DeletePods | remedies.EvictPods, **which: Any
+    ) -> observed.PodsDeleted | observed.PodDeletionFailed:
+        """Evict the pods of `node` that `which` selects (`DrainOptions.pod_filter` or
+        `pod_filter_from`), with the action's force, emptyDir and timeout."""
         options = draining.DrainOptions(
             force=action.force,
             delete_emptydir=action.delete_empty_dir,
             timeout=float(max(action.timeout_seconds, 1)),
-            pod_filter_from=holders_of,
             retry_interval=1.0,
+            **which,
         )
         try:
             result = await self._remove_pods(node, options)
