@@ -36,6 +36,7 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 from gpuop.events import Command, Event, ids, kube
 from gpuop.events.deadlines import DeadlineExpired
+from gpuop.events.fields import DocumentedEnum
 from gpuop.policy import GPUClusterPolicySpec
 
 State = TypeVar("State", bound=StrEnum)
@@ -82,6 +83,19 @@ class StepLike(Protocol):
 
     @property
     def token(self) -> str: ...
+
+
+class StepResult(DocumentedEnum):
+    """How a step of a saga ended, in every kind's history of outcomes."""
+
+    SUCCEEDED = "succeeded"
+    """It did what it had to."""
+    FAILED = "failed"
+    """Its executor reported a failure."""
+    EXPIRED = "expired"
+    """Its deadline passed first."""
+    SKIPPED = "skipped"
+    """Nothing to do (no holders, drain disabled, no GPU to re-carve, node gone)."""
 
 
 class StepOutcome(Protocol):

@@ -23,10 +23,10 @@ from gpuop.events import Event, ids
 from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine
-from gpuop.saga.machine import Kind, StepLike, Trigger
+from gpuop.saga.machine import Kind, StepLike, StepResult, Trigger
 from gpuop.saga.mig.drafting import Draft, announce, label_action
 from gpuop.saga.mig.phases import PHASES
-from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind, StepResult
+from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind
 from gpuop.saga.mig.states import TABLE, TERMINAL_STATES, MigState
 from gpuop.saga.mig.steps import limit_seconds
 

@@ -31,7 +31,7 @@ from gpuop.events.fields import (
     Record,
 )
 from gpuop.events.mig import MigPlan
-from gpuop.saga.machine import Transition
+from gpuop.saga.machine import StepResult, Transition
 from gpuop.saga.mig.states import MigState
 
 HISTORY_LIMIT = 32
@@ -73,19 +73,6 @@ class MigStep(Record):
     def token(self) -> str:
         """Names its deadline and, with the attempt, seeds the id of what it issues."""
         return self.kind.value
-
-
-class StepResult(DocumentedEnum):
-    """How a step ended."""
-
-    SUCCEEDED = "succeeded"
-    """It did what it had to."""
-    FAILED = "failed"
-    """Its executor reported a failure."""
-    EXPIRED = "expired"
-    """Its deadline passed first."""
-    SKIPPED = "skipped"
-    """Nothing to do (no holders, no GPU to re-carve, node gone)."""
 
 
 class MigOutcome(Record):
