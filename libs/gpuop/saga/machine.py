@@ -241,8 +241,10 @@ class Kind(Generic[Record, State, Draft_]):
     announce: Callable[[Record, Transition[State]], tuple[Any, ...]]
     """The Kubernetes actions that make a move visible (a state label, an Event), for the
     saga as it is right after the move."""
-    limit: Callable[[Record, StepLike, GPUClusterPolicySpec], float | None]
-    """Seconds a step may take; None for a step without a deadline."""
+    limit: Callable[[Record, Any, GPUClusterPolicySpec], float | None]
+    """Seconds a step (a `step_type`) may take; None for a step without a deadline."""
+    step_type: type[Any] = object
+    """The class of the kind's steps; `start` refuses any other (a bug in a phase)."""
 
     def check(self) -> None:
         """Raise `ValueError` unless the table and the phases cover the same states, every
@@ -274,6 +276,16 @@ class Kind(Generic[Record, State, Draft_]):
         return Decision(
             saga=saga, commands=commands, kube_actions=(*first, *actions), transitions=transitions
         )
+
+    def deadline_seconds(
+        self, saga: Record, step: StepLike, spec: GPUClusterPolicySpec
+    ) -> float | None:
+        """`limit` for a step of this kind; raise `TypeError` for a step of another."""
+        if not isinstance(step, self.step_type):
+            raise TypeError(
+                f"{self.name}: a step is a {self.step_type.__name__}, not {type(step).__name__}"
+            )
+        return self.limit(saga, step, spec)
 
     def require(self, from_state: State, to_state: State) -> None:
         """Raise `IllegalTransition` unless the table has the move."""
@@ -326,7 +338,7 @@ class Draft(Generic[Record, State]):
     def start(self, step: StepLike) -> None:
         """Make `step` the pending one: arm its deadline and issue its effects."""
         self.update(step=step, step_started=self.now)
-        limit = self.kind.limit(self.saga, step, self.spec)
+        limit = self.kind.deadline_seconds(self.saga, step, self.spec)
         self.update(deadline=None if limit is None else self.now + timedelta(seconds=limit))
         commands, actions = self.kind.effects(self.saga, self.spec)
         self.commands.extend(commands)
