@@ -34,7 +34,7 @@ from enum import StrEnum
 from types import MappingProxyType, ModuleType
 from typing import Any, Generic, Protocol, Self, TypeVar
 
-from gpuop.events import Command, Event, ids, kube
+from gpuop.events import Command, Event, fields, ids, kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.fields import DocumentedEnum
 from gpuop.policy import GPUClusterPolicySpec
@@ -96,6 +96,19 @@ class StepResult(DocumentedEnum):
     """Its deadline passed first."""
     SKIPPED = "skipped"
     """Nothing to do (no holders, drain disabled, no GPU to re-carve, node gone)."""
+
+
+class StoredRecord(fields.Record):
+    """Base of a kind's durable record: frozen, kept in KV as JSON."""
+
+    def to_json(self) -> bytes:
+        """The record as stored in KV."""
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Self:
+        """A record read back from KV."""
+        return cls.model_validate_json(data)
 
 
 class StepOutcome(Protocol):

@@ -37,7 +37,7 @@ from gpuop.events.fields import (
 from gpuop.events.upgrade import SagaReason, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.policy.drivers import ComponentSpec
-from gpuop.saga.machine import StepResult
+from gpuop.saga.machine import StepResult, StoredRecord
 from gpuop.saga.upgrade.steps import Step, StepKind
 from gpuop.saga.upgrade.table import Transition
 
@@ -119,7 +119,7 @@ class Failure(Record):
     """When the core learned of it."""
 
 
-class NodeSaga(Record):
+class NodeSaga(StoredRecord):
     """Where one node's driver upgrade stands, durable across any crash."""
 
     saga_id: CorrelationId
@@ -202,15 +202,6 @@ class NodeSaga(Record):
     since its predecessor may have stored the decision and died before publishing them."""
     history: tuple[Outcome, ...] = Field(default=(), max_length=HISTORY_LIMIT)
     """The latest step outcomes, oldest first."""
-
-    def to_json(self) -> bytes:
-        """The record as stored in KV."""
-        return self.model_dump_json().encode()
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> NodeSaga:
-        """A record read back from KV."""
-        return cls.model_validate_json(data)
 
     def ended(self, at: datetime, result: str, detail: str) -> NodeSaga:
         """This record with the pending step's outcome (`result`, a `StepResult`) appended."""
