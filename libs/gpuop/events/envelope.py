@@ -11,14 +11,13 @@ Producers call `new_event` / `new_command`; the bus calls `bus_subject` and `dec
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Final, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from gpuop.events import subjects
+from gpuop.events import documents, subjects
 from gpuop.events.fields import WIRE_MODEL
 
 SPEC_VERSION: Final = "1.0"
@@ -304,11 +303,9 @@ def decode(raw: bytes) -> tuple[Envelope, Payload]:
     `UnknownEventType` for a valid envelope of a type this version does not know.
     """
     try:
-        document = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise MalformedMessage(f"not JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise MalformedMessage(f"not a JSON object but {type(document).__name__}")
+        document = documents.json_object(raw)
+    except ValueError as exc:
+        raise MalformedMessage(str(exc)) from None
     try:
         envelope = Envelope.model_validate(document)
     except ValidationError as exc:
