@@ -11,15 +11,14 @@ Producers call `new_event` / `new_command`; the bus calls `bus_subject` and `dec
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Final, Literal, TypeVar
+from typing import Any, ClassVar, Final, Literal, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from gpuop.events import subjects
-from gpuop.events.fields import WIRE_MODEL
+from gpuop.events import documents, subjects
+from gpuop.events.fields import MESSAGE_MAX_LENGTH, WIRE_MODEL
 
 SPEC_VERSION: Final = "1.0"
 TYPE_PREFIX = "io.gpuop"
@@ -111,6 +110,19 @@ class Event(Payload):
         return cls.DOMAIN
 
 
+class Move(Protocol):
+    """A saga's move as its kind made it (`gpuop.saga.machine.Transition`)."""
+
+    @property
+    def from_state(self) -> Any: ...
+    @property
+    def to_state(self) -> Any: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+
+
 class StateChangedEvent(Event):
     """A saga's move to a new state, published on the subject of that state (its
     `SUBJECT_FIELD`) instead of its `NAME`, so a subscriber can filter on the state."""
@@ -122,6 +134,18 @@ class StateChangedEvent(Event):
 
     def subject_token(self) -> str:
         return str(getattr(self, self.SUBJECT_FIELD).value)
+
+    @classmethod
+    def of(cls, move: Move, **fields: Any) -> Self:
+        """The public event of a saga's `move` (its states, attempt, and reason cut to fit a
+        `Message`), with the kind's own `fields`."""
+        moved = {
+            "from_state": move.from_state,
+            "to_state": move.to_state,
+            "reason": move.reason[:MESSAGE_MAX_LENGTH],
+            "attempt": move.attempt,
+        }
+        return cls.model_validate({**moved, **fields})
 
     @classmethod
     def subject_token_of(cls, data: dict[str, Any]) -> str:
@@ -304,11 +328,9 @@ def decode(raw: bytes) -> tuple[Envelope, Payload]:
     `UnknownEventType` for a valid envelope of a type this version does not know.
     """
     try:
-        document = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise MalformedMessage(f"not JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise MalformedMessage(f"not a JSON object but {type(document).__name__}")
+        document = documents.json_object(raw)
+    except ValueError as exc:
+        raise MalformedMessage(str(exc)) from None
     try:
         envelope = Envelope.model_validate(document)
     except ValidationError as exc:

@@ -50,7 +50,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gpuop.events import Envelope, Event, Payload, decode, subjects
+from gpuop.events import Envelope, Event, Payload, decode, documents, subjects
 from gpuop.events.envelope import MalformedMessage, UnknownEventType
 from gpuop.events.kube import NodeObserved, NodeRemoved
 from gpuop.events.upgrade import PolicyApplied
@@ -168,12 +168,9 @@ class Comparison:
 def export_line(stream: str, seq: int, subject: str, time: datetime, data: bytes) -> str:
     """One line of the export; raises `ValueError` when `data` is not a JSON object."""
     try:
-        message = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        # nesting too deep to parse is hostile input too: a line left out, not a crash
-        raise ValueError(f"{stream} #{seq} is not JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise ValueError(f"{stream} #{seq} is not a JSON object")
+        message = documents.json_object(data)
+    except ValueError as exc:
+        raise ValueError(f"{stream} #{seq} is {exc}") from None
     line = {
         "stream": stream,
         "seq": seq,
@@ -191,11 +188,9 @@ def parse_log(lines: Iterable[str]) -> list[Recorded]:
         if not text.strip():
             continue
         try:
-            line = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ReplayInputError(f"line {number}: not JSON ({exc})") from None
-        if not isinstance(line, dict):
-            raise ReplayInputError(f"line {number}: not a JSON object")
+            line = documents.json_object(text)
+        except ValueError as exc:
+            raise ReplayInputError(f"line {number}: {exc}") from None
         stream, seq, subject = line.get("stream"), line.get("seq"), line.get("subject")
         message = line.get("message")
         if stream not in (EVENTS_STREAM, COMMANDS_STREAM):
