@@ -36,12 +36,9 @@ from gpuop.bus.errors import (
 )
 from gpuop.bus.protocol import ConsumerSpec, Delivery, Handler, PublishAck, UnknownErrors
 from gpuop.events import (
-    Envelope,
     MalformedMessage,
-    Payload,
     UnknownEventType,
-    decode,
-    subject_of,
+    decode_on,
     subjects,
 )
 from gpuop.observability import logging as oblog
@@ -182,8 +179,7 @@ class Dispatcher:
         if message.attempt > 1:
             self._metrics.redelivered(consumer)
         try:
-            envelope, payload = decode(message.data)
-            _check_subject(message.subject, envelope, payload)
+            envelope, payload = decode_on(message.subject, message.data)
         except MalformedMessage as exc:
             await self._give_up(message, "malformed", str(exc))
             return
@@ -343,24 +339,6 @@ class PumpedSubscription(abc.ABC):
         # a redelivery after a crash between storing the dead letter and terminating the
         # message stores it again under the same id: the earlier copy, not an alarm
         await self._publisher.publish_raw(out.subject, out.data, out.headers, republish=True)
-
-
-def _check_subject(subject: str, envelope: Envelope, payload: Payload) -> None:
-    """A message must travel on the subject its type and node declare (`x-gpuop-subject`).
-    NATS permissions say who may publish on which subjects, so the subject is what ties a
-    type to its publisher: a `NodeAdmitted` that a node agent put on its own hardware
-    subject, or a message about one node on another's, is forged or corrupt, and acting on
-    it would let any credential steer the fleet."""
-    parts = subject.split(".")
-    if len(parts) != 5 or parts[1] not in (subjects.Kind.EVENT, subjects.Kind.COMMAND):
-        return  # not a gpuop event or command subject (a test's own): nothing declares it
-    try:
-        expected = subject_of(envelope, payload, prefix=parts[0])
-    except subjects.InvalidSubject as exc:
-        raise MalformedMessage(str(exc)) from None
-    if subject != expected:
-        raise MalformedMessage(f"a {envelope.type} about {envelope.subject!r} travels on "
-                               f"{expected}, not {subject}")  # fmt: skip
 
 
 async def _quietly(action: Awaitable[None]) -> None:

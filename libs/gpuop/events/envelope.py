@@ -297,6 +297,39 @@ def subject_of(envelope: Envelope, payload: Payload, *, prefix: str) -> str:
     return subjects.event_subject(cls.DOMAIN, envelope.subject, token, prefix=prefix)
 
 
+class SubjectMismatch(MalformedMessage):
+    """A message on another subject than the one its type and node declare."""
+
+
+def check_subject(subject: str, envelope: Envelope, payload: Payload) -> None:
+    """A message must travel on the subject its type and node declare (`x-gpuop-subject`);
+    `SubjectMismatch` otherwise. NATS permissions say who may publish on which subjects, so
+    the subject is what ties a type to its publisher: a `NodeAdmitted` that a node agent put
+    on its own hardware subject, or a message about one node on another's, is forged or
+    corrupt, and believing it would let any credential steer the fleet. Every reader checks
+    it: the dispatcher (a dead letter), and the readers of stored messages through
+    `decode_on` (telemetry's cluster exporter, `gpuop events export`, `gpuop replay`)."""
+    parts = subject.split(".")
+    if len(parts) != 5 or parts[1] not in (subjects.Kind.EVENT, subjects.Kind.COMMAND):
+        return  # not a gpuop event or command subject (a test's own): nothing declares it
+    try:
+        expected = subject_of(envelope, payload, prefix=parts[0])
+    except subjects.InvalidSubject as exc:
+        raise SubjectMismatch(str(exc)) from None
+    if subject != expected:
+        raise SubjectMismatch(f"a {envelope.type} about {envelope.subject!r} travels on "
+                              f"{expected}, not {subject}")  # fmt: skip
+
+
+def decode_on(subject: str, raw: bytes) -> tuple[Envelope, Payload]:
+    """`decode` the message `raw` stored on `subject`, then `check_subject`: how every
+    reader believes a message. `SubjectMismatch` (a `MalformedMessage`) for one on a subject
+    its type and node do not declare."""
+    envelope, payload = decode(raw)
+    check_subject(subject, envelope, payload)
+    return envelope, payload
+
+
 def decode(raw: bytes) -> tuple[Envelope, Payload]:
     """Bytes -> envelope and typed payload.
 
