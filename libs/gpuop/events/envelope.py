@@ -132,6 +132,25 @@ class StateChangedEvent(Event):
             raise MalformedMessage(f"{cls.TYPE} data has no valid {cls.SUBJECT_FIELD}") from None
 
 
+def event_names(domain: str) -> tuple[str, ...]:
+    """Every last subject token an event of `domain` may travel on, from the registry: each
+    event's `NAME`, and for a `StateChangedEvent` every value of its `SUBJECT_FIELD`. The
+    NATS grants of the services publishing a domain are these exact names, never `*`, so a
+    credential cannot make up subjects (each of which the event log would keep)."""
+    names: set[str] = set()
+    for cls in REGISTRY.values():
+        if not issubclass(cls, Event) or domain != cls.DOMAIN:
+            continue
+        if issubclass(cls, StateChangedEvent):
+            states: Any = cls.model_fields[cls.SUBJECT_FIELD].annotation
+            names.update(str(state.value) for state in states)
+        else:
+            names.add(cls.fixed_subject_token())
+    if not names:
+        raise ValueError(f"no event of domain {domain!r} is registered")
+    return tuple(sorted(names))
+
+
 class Command(Payload):
     """An order to one node agent; its id is deterministic so re-issuing it is a no-op."""
 
