@@ -6,10 +6,11 @@ services make them.
 driver-manager@gpu-2 publishes large events under made-up names (refused: its grants are the
 events registry's exact names, not `*`), floods one of its real subjects (the stream keeps
 `events_per_subject` of it, its own, and nothing of anyone else's), and opens subscriptions
-without end (its connection is closed at callout.conf's per-connection limit). Meanwhile gpu-1 and the
-orchestrator go on publishing: every one of their events, and the history from before the
-flood, is still in the log after it. (That the orchestrator's consumer keeps handling other
-nodes while one floods is `test_a_flooding_node_holds_only_its_share_of_the_slots` in
+without end (its connection is closed at callout.conf's per-connection limit).
+Meanwhile gpu-1 and the orchestrator go on publishing: every one of their events, and the
+history from before the flood, is still in the log after it. (That the orchestrator's
+consumer keeps handling other nodes while one floods is
+`test_a_flooding_node_holds_only_its_share_of_the_slots` in
 tests/integration/bus/test_contract.py.) Each attempt's outcome is printed.
 """
 
