@@ -1,14 +1,15 @@
 """A rollout that touches real pods, for the real-node suites: the real node
 (`tests.support.real_node`) among KWOK nodes on one control plane, gpuop's node agents
-running for real on the real node, and the upgrade orchestrator leading in the test's process
-through the admin's kubeconfig.
+running for real on the real node, and the upgrade orchestrator acting through the admin's
+kubeconfig.
 
 `orchestrating` runs, for the length of a block: the real node's discovery, driver-manager,
 device plugin and telemetry as `gpuop run` processes on its host root (NVML `sim:<gpus>`,
-the CDI spec written first as the driver-manager writes it after a load), fake agents that
-answer every command for the KWOK nodes at once (`tests.support.orchestrator.answers`, their
-inventories put in KV as discovery would), and the orchestrator (`leading.lead`) with every
-operand of the real node to pause. `apply_policy` makes the GPUClusterPolicy (the CRD
+the CDI spec written first as the driver-manager writes it after a load), the orchestrator
+as a `gpuop run` process too (every operand of the real node to pause before an unload or
+a reset), and fake agents in the test's process that answer every command for the KWOK
+nodes at once (`tests.support.orchestrator.answers`, their inventories put in KV as
+discovery would). `apply_policy` makes the GPUClusterPolicy (the CRD
 installed first), replacing one a test made before. `PodWatch` keeps every version of every
 pod the apiserver showed (`kubectl get pods --watch`), so a test reads the status the kubelet
 reported just before a pod was gone.
@@ -30,13 +31,10 @@ from typing import Any
 import yaml
 
 from gpuop.bus import Buckets, ConsumerSpec, Delivery, NatsBus, NatsServer
-from gpuop.events import device, new_event, subjects
+from gpuop.events import new_event, subjects
 from gpuop.host import cdi, packages, packaging, system
 from gpuop.host.roots import HostRoot
-from gpuop.kube import client
 from gpuop.policy import crd, specs
-from gpuop.services.upgrade_orchestrator import leading
-from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop_sim.host import keys
 from tests.support import cdi as support_cdi
 from tests.support.control_plane import ControlPlane, binary
@@ -44,19 +42,14 @@ from tests.support.orchestrator import answers
 from tests.support.processes import DISCOVERY_CONFIG, DRIVER_MANAGER_CONFIG, GPUOP, service
 from tests.support.real_node import RealNode
 from tests.support.sagas import inventory
+from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_SOURCE = "/gpuop/fake-node-agent"
-ORCHESTRATOR = OrchestratorConfig(
-    operands=(
-        device.OperandService.DISCOVERY,
-        device.OperandService.DEVICE_PLUGIN,
-        device.OperandService.TELEMETRY,
-    ),
-    resync_seconds=0.5,
-)
+ORCHESTRATOR = "operands: [discovery, device-plugin, telemetry]\nresync_seconds: 0.5\n"
 """Every operand on the real node holds the simulated NVML, so each must pause before an
 unload (the KWOK nodes' fake agents confirm all three at once)."""
+GPU = "nvidia.com/gpu"
 POLICIES = f"/apis/{specs.GROUP}/{specs.VERSION}/{specs.PLURAL}"
 TELEMETRY_CONFIG = "interval_seconds: 1\n"
 KWOK_BOOT_ID = "bbbbbbbb-0000-4000-8000-000000000000"
@@ -125,7 +118,8 @@ def apply_policy(plane: ControlPlane, spec: dict[str, Any]) -> None:
 
 @dataclass
 class Orchestrating:
-    """What `orchestrating` runs: the bus the test reads, and the agents' exit codes."""
+    """What `orchestrating` runs: a connection of the test's own to the bus, and the real
+    node's agents' exit codes (once they stopped)."""
 
     bus: NatsBus
     exit_codes: dict[str, int | None]
@@ -189,34 +183,42 @@ async def orchestrating(
         "device-plugin": ["--role", "node"],
         "telemetry": ["--role", "node", "--config", str(work / "telemetry.yaml")],
     }
+    plugin_log = work / "device-plugin.log"
+    registered = _registrations(plugin_log)
     async with AsyncExitStack() as exits:
         for name, extra in agents.items():
             log = work / f"{name}.log"
             await exits.enter_async_context(
                 service(name, [name, *on_node, *extra], log, exit_codes)
             )
-        bus = NatsBus(nats.url, name="real-node-test")
-        await bus.start()
-        exits.push_async_callback(bus.close)
-        await _fake_agents(bus, kwok, kwok_version, exits)
-        kube = await client.connect(plane.admin_kubeconfig)
-        exits.push_async_callback(kube.close)
-        stopping = asyncio.Event()
-        lead = asyncio.create_task(
-            leading.lead(bus, kube, ORCHESTRATOR, stopping, identity="real-node-test")
-        )
+        # a pod admitted before this plugin registers goes to the endpoint of the one a test
+        # before stopped, which the kubelet keeps a while: UnexpectedAdmissionError
+        await eventually(lambda: _registrations(plugin_log) > registered, timeout=120, interval=0.5)
+        (work / "orchestrator.yaml").write_text(ORCHESTRATOR, encoding="utf-8")
+        orchestrator = ["upgrade-orchestrator", "--role", "cluster", "--nats", nats.url]
+        orchestrator += ["--kubeconfig", str(plane.admin_kubeconfig)]
+        orchestrator += ["--config", str(work / "orchestrator.yaml")]
+        log = work / "orchestrator.log"
+        await exits.enter_async_context(service("orchestrator", orchestrator, log, exit_codes))
+        buses = {}
+        for name in ("observer", "kwok-agents"):  # a connection each, as processes have
+            buses[name] = NatsBus(nats.url, name=f"real-node-test-{name}")
+            await buses[name].start()
+            exits.push_async_callback(buses[name].close)
+        await _fake_agents(buses["kwok-agents"], kwok, kwok_version, exits)
+        yield Orchestrating(buses["observer"], exit_codes)
 
-        async def stop_leading() -> None:
-            stopping.set()
-            await asyncio.wait_for(lead, 30)
 
-        exits.push_async_callback(stop_leading)
-        yield Orchestrating(bus, exit_codes)
+def _registrations(plugin_log: Path) -> int:
+    """How often the device plugin logged its registration with the kubelet."""
+    if not plugin_log.exists():
+        return 0
+    return plugin_log.read_text(errors="replace").count(f"registered {GPU} with the kubelet")
 
 
 class PodWatch:
-    """`kubectl get pods --all-namespaces --watch` as JSON, from `start` to `stop`: every
-    version of every pod the apiserver showed, in order."""
+    """`kubectl get pods --all-namespaces --watch` as JSON for the length of a `with` block:
+    every version of every pod the apiserver showed, in order."""
 
     def __init__(self, plane: ControlPlane, output: Path) -> None:
         self.output = output

@@ -36,24 +36,14 @@ from gpuop.host import cdi
 from gpuop.host.roots import HostRoot
 from gpuop.kube import validationpods
 from gpuop.saga.actions import STATE_LABEL
+from gpuop.saga.remediation.records import RemediationSaga
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from gpuop_sim.nvml import sim_xids
-from tests.integration.real_node.conftest import GPUS
-from tests.support import real_node, tiny_images
+from tests.integration.real_node.conftest import GPUS, started_node
+from tests.support import node_rollouts, tiny_images
 from tests.support.control_plane import ControlPlane
 from tests.support.fleet import create_nodes
-from tests.support.node_rollouts import (
-    PodWatch,
-    apply_policy,
-    driver_source,
-    driver_spec,
-    driver_version,
-    events_of,
-    orchestrating,
-    preinstall,
-    terminated,
-)
 from tests.support.real_node import RealNode
 from tests.support.waiting import eventually
 
@@ -92,23 +82,14 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The control plane with KWOK managing its own nodes only, the real node (8 simulated
     GPUs, labelled a GPU node as discovery's cluster role labels one) and 2 KWOK GPU nodes."""
-    absent = real_node.missing()
-    if absent:
-        pytest.fail("the real node needs: " + ", ".join(absent))
-    with ControlPlane(
-        tmp_path_factory.mktemp("control-plane"), kwok_fake_only=True, advertise=real_node.NODE_IP
-    ) as plane:
-        running = RealNode(plane, tmp_path_factory.mktemp("real-node"), gpus=GPUS)
-        with running:
-            kwok = create_nodes(plane, KWOK_NODES, GPUS, workloads=False)
-            patch = {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}}
-            plane.call(
-                "PATCH", f"/api/v1/nodes/{running.name}", patch,
-                content_type="application/merge-patch+json",
-            )  # fmt: skip
-            yield Cluster(plane, running, kwok)
-        left = running.leftovers()
-        assert left == [], f"the real node left behind: {left}"
+    with started_node(tmp_path_factory, kwok_fake_only=True) as node:
+        kwok = create_nodes(node.plane, KWOK_NODES, GPUS, workloads=False)
+        patch = {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}}
+        node.plane.call(
+            "PATCH", f"/api/v1/nodes/{node.name}", patch,
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
+        yield Cluster(node.plane, node, kwok)
 
 
 def workload(name: str, gpus: int, **labels: str) -> dict[str, Any]:
@@ -176,17 +157,27 @@ def refusals(plane: ControlPlane, pod: str) -> list[str]:
     return found
 
 
-def stopped_by_kubelet(plane: ControlPlane, watch: PodWatch, name: str) -> dict[str, Any]:
-    """The pod's last status before it was gone, printed with the kubelet's events of it."""
+def stopped_by_kubelet(
+    plane: ControlPlane, watch: node_rollouts.PodWatch, name: str
+) -> dict[str, Any]:
+    """The pod's last status before it was gone, printed with the kubelet's events of it: it
+    was deleted with its own grace period (an eviction, not a forced delete), the kubelet
+    stopped its container, and the pod is gone."""
     versions = watch.versions(NAMESPACE, name)
     assert versions and versions[-1][0] == "DELETED", [kind for kind, _ in versions]
-    ends = [end for _, pod in versions if (end := terminated(pod)) is not None]
+    ends = [end for _, pod in versions if (end := node_rollouts.terminated(pod)) is not None]
     assert ends, f"the kubelet never reported {name}'s container terminated"
-    events = events_of(plane, NAMESPACE, name)
+    # the first version marked for deletion: the kubelet's own final delete, once the
+    # container stopped, has a grace of 0
+    deleting = [pod["metadata"] for _, pod in versions if pod["metadata"].get("deletionTimestamp")]
+    grace = deleting[0].get("deletionGracePeriodSeconds")
+    events = node_rollouts.events_of(plane, NAMESPACE, name)
     print(f"\n{name}: kubelet's events:\n  " + "\n  ".join(events))
-    print(f"{name}: container terminated as the kubelet reported it: {json.dumps(ends[-1])}")
+    print(f"{name}: deleted with a grace of {grace} s; container terminated as the kubelet "
+          f"reported it: {json.dumps(ends[-1])}")  # fmt: skip
     assert plane.request(f"{PODS}/{name}")[0] == 404
     assert any(line.startswith("Normal Killing (kubelet)") for line in events), events
+    assert grace == GRACE, grace
     return ends[-1]
 
 
@@ -195,23 +186,23 @@ async def test_the_upgrade_waits_on_a_budget_the_kubelet_stops_the_evicted_pods_
     cluster: Cluster, nats_server: NatsServer, tmp_path: Path
 ) -> None:
     plane, node = cluster.plane, cluster.node
-    old = driver_version(node)
-    source = driver_source(node, node.work / "driver-source", (old, NEW))
-    preinstall(node, NEW)
+    old = node_rollouts.driver_version(node)
+    source = node_rollouts.driver_source(node, node.work / "driver-source", (old, NEW))
+    node_rollouts.preinstall(node, NEW)
     budget = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": "trainer", "namespace": NAMESPACE},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
     }
-    with PodWatch(plane, tmp_path / "pods.json") as watch:
-        async with orchestrating(
+    with node_rollouts.PodWatch(plane, tmp_path / "pods.json") as watch:
+        async with node_rollouts.orchestrating(
             plane, node, cluster.kwok, nats_server, gpus=GPUS, kwok_version=KWOK_RUNNING
-        ):
+        ) as orchestrator:
             await gpus_offered(node)
             plane.call("POST", BUDGETS, budget)
             await start(plane, workload("trainer", 2, app="trainer"), workload("web", 0))
-            apply_policy(plane, _upgrade(source))
+            node_rollouts.apply_policy(plane, _upgrade(source))
 
             await eventually(lambda: len(refusals(plane, "trainer")) >= 2, **WAIT)
             waiting = state_of(plane, node.name)
@@ -238,6 +229,7 @@ async def test_the_upgrade_waits_on_a_budget_the_kubelet_stops_the_evicted_pods_
         trainer = stopped_by_kubelet(plane, watch, "trainer")
         web = stopped_by_kubelet(plane, watch, "web")
 
+    assert set(orchestrator.exit_codes.values()) == {0}, orchestrator.exit_codes
     assert waiting == UpgradeState.POD_DELETION_REQUIRED and still == "Running"
     assert trainer["exitCode"] == 0 and trainer["reason"] == "Completed", trainer
     assert web["exitCode"] == 0, web
@@ -246,31 +238,36 @@ async def test_the_upgrade_waits_on_a_budget_the_kubelet_stops_the_evicted_pods_
     ran = succeeded[-1]
     print(
         f"validation pod {ran['metadata']['name']} on {ran['spec']['nodeName']}: "
-        f"{ran['status']['phase']}, {json.dumps(terminated(ran))}"
+        f"{ran['status']['phase']}, {json.dumps(node_rollouts.terminated(ran))}"
     )
     assert ran["spec"]["nodeName"] == node.name
-    saw = (terminated(ran) or {}).get("message", "")
+    saw = (node_rollouts.terminated(ran) or {}).get("message", "")
     assert f"userspace/lib/libnvidia-ml.so.{NEW}" in saw, saw
     assert len([n for n in saw.split() if re.fullmatch(r"nvidia\d+", n)]) == 1, saw
     assert not current["spec"].get("unschedulable"), current["spec"]
-    assert driver_version(node) == NEW
+    assert node_rollouts.driver_version(node) == NEW
+
+
+ON_THE_NODE: dict[str, Any] = {
+    "podDeletion": {"force": True, "timeoutSeconds": 240},
+    "validation": {
+        "rungs": ["nvml", "cuda", "pod"],
+        "pod": {"image": tiny_images.BUSYBOX, "command": ["sh", "-c", VALIDATE]},
+    },
+}
+"""What both scenarios need of the upgrade policy: the workloads are bare pods, so evicting
+them takes `force` (as with `kubectl drain`); the validation pod is the node's own busybox
+(nothing is pulled)."""
 
 
 def _upgrade(source: Path) -> dict[str, Any]:
     return {
-        "driver": driver_spec(source, NEW),
+        "driver": node_rollouts.driver_spec(source, NEW),
         "upgradePolicy": {
             "maxParallelUpgrades": 3,
             "maxUnavailable": 3,
-            "podDeletion": {"force": True, "timeoutSeconds": 240},
             "drain": {"enable": True, "force": True, "deleteEmptyDir": True, "timeoutSeconds": 120},
-            "validation": {
-                "rungs": ["nvml", "cuda", "pod"],
-                "pod": {
-                    "image": tiny_images.BUSYBOX,
-                    "command": ["sh", "-c", VALIDATE],
-                },
-            },
+            **ON_THE_NODE,
         },
     }
 
@@ -280,35 +277,43 @@ async def test_an_xid_on_one_gpu_stops_only_its_holder_on_the_kubelet(
     cluster: Cluster, nats_server: NatsServer, tmp_path: Path
 ) -> None:
     plane, node = cluster.plane, cluster.node
-    running = driver_version(node)
-    source = driver_source(node, node.work / "driver-source", (running, NEW))
-    with PodWatch(plane, tmp_path / "pods.json") as watch:
-        async with orchestrating(
+    running = node_rollouts.driver_version(node)
+    source = node_rollouts.driver_source(node, node.work / "driver-source", (running, NEW))
+    with node_rollouts.PodWatch(plane, tmp_path / "pods.json") as watch:
+        async with node_rollouts.orchestrating(
             plane, node, cluster.kwok, nats_server, gpus=GPUS, kwok_version=running
         ) as orchestrator:
             await gpus_offered(node)
-            apply_policy(plane, {"driver": driver_spec(source, running)})
+            node_rollouts.apply_policy(
+                plane,
+                {
+                    "driver": node_rollouts.driver_spec(source, running),
+                    "upgradePolicy": ON_THE_NODE,
+                },
+            )
             await start(plane, workload("holder-a", 1), workload("holder-b", 1))
             held = {name: _gpu_of(node, name) for name in ("holder-a", "holder-b")}
             kept_before = _container(node, "holder-b")
             print(f"\nGPUs held: {held}")
             store = SagaStore(await orchestrator.bus.kv(Buckets.SAGAS), REMEDIATION)
 
-            async def remediated() -> RemediationState | None:
+            async def remediated() -> RemediationSaga | None:
                 stored = await store.get(node.name)
                 if stored is None:  # telemetry reads the XID only while its watcher is open
                     sim_xids.inject(node.host_root, held["holder-a"], XID)
                     return None
-                state = stored.saga.state
-                return state if state is RemediationState.DONE else None
+                ended = stored.saga.state in (RemediationState.DONE, RemediationState.FAILED)
+                return stored.saga if ended else None
 
-            await eventually(remediated, timeout=240, interval=2.0)
+            saga = await eventually(remediated, timeout=180, interval=2.0)
+            assert saga.state is RemediationState.DONE, saga.failure
             kept_after = _container(node, "holder-b")
             other = plane.call("GET", f"{PODS}/holder-b")
         stopped = stopped_by_kubelet(plane, watch, "holder-a")
         plane.request(f"{PODS}/holder-b", method="DELETE", body={"gracePeriodSeconds": 0})
 
     print(f"holder-b kept: container {kept_after['id'][:13]}, restarts {kept_after['restarts']}")
+    assert set(orchestrator.exit_codes.values()) == {0}, orchestrator.exit_codes
     assert stopped["exitCode"] == 0, stopped
     assert kept_after == kept_before and kept_after["restarts"] == 0
     (status,) = other["status"]["containerStatuses"]
