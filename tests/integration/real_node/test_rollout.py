@@ -144,17 +144,22 @@ def state_of(plane: ControlPlane, node: str) -> str | None:
     return labels.get(STATE_LABEL)
 
 
-def refusals(plane: ControlPlane, pod: str) -> list[str]:
-    """The evictions of `pod` the apiserver answered 429 (a budget allowed none), from its
-    audit log: one line each."""
+def evictions(plane: ControlPlane, pod: str) -> list[tuple[int, str]]:
+    """The evictions of `pod` the apiserver answered, from its audit log: the status code
+    (429: a budget allowed none) and one line each."""
     found = []
     for event in plane.audit_events():
         ref = event.get("objectRef") or {}
         if ref.get("subresource") == "eviction" and ref.get("name") == pod:
             code = event["responseStatus"]["code"]
-            if code == 429:
-                found.append(f"{event['stageTimestamp']} {event['verb']} pods/eviction {pod}: 429")
+            found.append(
+                (code, f"{event['stageTimestamp']} {event['verb']} {pod}/eviction: {code}")
+            )
     return found
+
+
+def refusals(plane: ControlPlane, pod: str) -> list[str]:
+    return [line for code, line in evictions(plane, pod) if code == 429]
 
 
 def stopped_by_kubelet(
@@ -221,6 +226,8 @@ async def test_the_upgrade_waits_on_a_budget_the_kubelet_stops_the_evicted_pods_
 
             await eventually(done, timeout=300, interval=1.0)
             current = plane.call("GET", f"/api/v1/nodes/{node.name}")
+            tried = evictions(plane, "trainer")
+            print("every eviction of trainer (audit log):\n  " + "\n  ".join(t for _, t in tried))
         validations = [
             pod
             for kind, pod in watch.events()
@@ -231,6 +238,8 @@ async def test_the_upgrade_waits_on_a_budget_the_kubelet_stops_the_evicted_pods_
 
     assert set(orchestrator.exit_codes.values()) == {0}, orchestrator.exit_codes
     assert waiting == UpgradeState.POD_DELETION_REQUIRED and still == "Running"
+    # refused while the budget allowed no disruption, then once it allowed one, evicted
+    assert tried[-1][0] == 201 and {code for code, _ in tried[:-1]} == {429}, tried
     assert trainer["exitCode"] == 0 and trainer["reason"] == "Completed", trainer
     assert web["exitCode"] == 0, web
     succeeded = [p for p in validations if p["status"].get("phase") == "Succeeded"]
@@ -307,6 +316,8 @@ async def test_an_xid_on_one_gpu_stops_only_its_holder_on_the_kubelet(
 
             saga = await eventually(remediated, timeout=180, interval=2.0)
             assert saga.state is RemediationState.DONE, saga.failure
+            walked = [f"{step.state} {step.step}: {step.detail}" for step in saga.history]
+            print("the remediation's steps:\n  " + "\n  ".join(walked))
             kept_after = _container(node, "holder-b")
             other = plane.call("GET", f"{PODS}/holder-b")
         stopped = stopped_by_kubelet(plane, watch, "holder-a")
