@@ -120,6 +120,8 @@ class Size:
 
 
 SIZES = {True: Size(20, 5, 5.0, 15.0, 20.0 * 60), False: Size(100, 10, 30.0, 120.0, 60.0 * 60)}
+SMOKE_SIZE = Size(4, 2, 1.0, 5.0, 5.0 * 60)
+"""`--smoke`: the plain rollout alone, on a few nodes, to show both sides still run."""
 
 
 # The pure parts: audit log, stages, figures.
@@ -976,6 +978,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="20 nodes, maxParallel 5, a 5 s reload"
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="4 nodes, the plain rollout only: does it still run"
+    )
     parser.add_argument("--only", nargs="*", choices=SCENARIOS, default=None,
                         help="of the scenarios beyond the plain rollout, only these (by "
                         "default all; quick leaves out slow without --slow)")  # fmt: skip
@@ -994,7 +999,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         KEEP = keep
     default = set(SCENARIOS) - ({"slow"} if args.quick and not args.slow else set())
     figures = default if args.only is None else set(args.only)
-    result = asyncio.run(measure(SIZES[args.quick], figures))
+    if args.smoke:
+        figures = set()
+    result = asyncio.run(measure(SMOKE_SIZE if args.smoke else SIZES[args.quick], figures))
     print(json.dumps(result))
     return 0
 
