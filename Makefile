@@ -83,7 +83,8 @@ test-slow: $(STAMP)
 	@tests/debian-tools.sh slow
 	$(BIN)/python -m pytest -q -m "slow and not real_cluster and not real_node" --durations=15
 
-test-cluster: $(STAMP) cluster-tools
+# peer-tools: the side by side's smoke (tests/bench/test_smoke.py) runs upstream's harness too
+test-cluster: $(STAMP) cluster-tools peer-tools
 	@tests/debian-tools.sh test
 	$(BIN)/python -m pytest -q -m "real_cluster and not real_node" --durations=15
 

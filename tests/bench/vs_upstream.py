@@ -37,10 +37,12 @@ Figures, each for both sides and as the ratio gpuop/upstream:
 - one broken node (its new driver never becomes ready): whether every other node finishes,
   and when.
 A kill can land in the middle of an eviction: the apiserver has already counted it in the
-budget (its status's disruptedPods) but the request ends 504 and the pod stays. Every
-eviction under that budget is then refused until the disruption controller drops the entry,
-2 minutes later; the kill's makespan includes that stall when it happens (seen for gpuop in
-three of five quick runs, the one of 2026-12-02 14:30 among them).
+budget (its status's disruptedPods) but the request ends with its client and the pod stays.
+Every eviction under that budget is then refused until the disruption controller drops the
+entry, 2 minutes later (seen for gpuop in three of five quick runs before 2026-12-07). gpuop's
+new leader now deletes a pod its budget already counts (`gpuop.kube.budgets.counted`; on
+purpose in tests/e2e/test_kill_mid_eviction_real_cluster_e2e.py); upstream's drain evicts
+again and waits, so its kill makespan includes the stall when the kill lands there.
 - the apiserver answering slowly: both controllers reach it through a TCP proxy that holds
   every chunk a client sends for 50 ms (`SlowProxy`); the makespan. Quick mode leaves it out
   unless `--slow` asks for it: with it a quick run takes about fifteen minutes, not ten
