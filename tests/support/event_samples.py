@@ -14,6 +14,8 @@ from gpuop.events import (
     Payload,
     deadlines,
     device,
+    device_api_commands,
+    dra,
     driver,
     hardware,
     ids,
@@ -32,6 +34,8 @@ BOOT_ID = "6f0e6b1c-3a52-4b8e-9a1d-0c5c2f3e4d5a"
 NEW_BOOT_ID = "0b6c7d9e-1f2a-4b3c-8d4e-5f6a7b8c9d0e"
 HASH = "a" * 64
 GPU_UUID = "GPU-20bce083-dbf9-2d4f-3c35-c858915accc5"
+CLAIM_UID = "6b1c0e2f-9a4d-4c3e-8f51-2d7a9b0c1e34"
+POD_UID = "0f9e8d7c-6b5a-4c3d-9e2f-1a0b9c8d7e6f"
 SAGA = "saga/gpu-node-1/1"
 ROLLOUT = "rollout-580.159.04"
 CMD = ids.step(SAGA, "driver-reload-required/unload", 1)
@@ -225,6 +229,38 @@ SAMPLES: list[Payload] = [
     device.OperandResumed(command_id=CMD, service=device.OperandService.TELEMETRY),
     device.DevicePluginConfigSelected(config="time-sliced"),
     mig_requests.MigConfigRequested(config="all-balanced"),
+    device_api_commands.SetDeviceApi(api=device_api_commands.DeviceApi.DRA, reason="policy"),
+    device_api_commands.DeviceApiApplied(
+        api=device_api_commands.DeviceApi.DRA, serving=True, command_id=CMD
+    ),
+    dra.ClaimAllocated(
+        claim=dra.ClaimRef(namespace="ml", name="train-gpu-x7k2p", uid=CLAIM_UID),
+        devices=(
+            dra.AllocatedDevice(
+                request="gpu",
+                driver=dra.DRIVER,
+                pool="gpu-node-1",
+                device="gpu-0",
+                gpu_uuid=GPU_UUID,
+            ),
+        ),
+        configs=(
+            dra.OpaqueConfig(
+                source=dra.ConfigSource.CLAIM,
+                requests=("gpu",),
+                parameters={
+                    "apiVersion": "resource.nvidia.com/v1beta1",
+                    "kind": "GpuConfig",
+                    "sharing": {"strategy": "TimeSlicing"},
+                },
+            ),
+        ),
+        pods=(dra.PodRef(namespace="ml", name="train", uid=POD_UID),),
+        resource_version="4711",
+    ),
+    dra.ClaimReleased(
+        claim=dra.ClaimRef(namespace="ml", name="train-gpu-x7k2p", uid=CLAIM_UID), deleted=True
+    ),
     mig.MigReconfigurationStarted(
         saga_id=SAGA,
         request_id=CMD,

@@ -42,6 +42,8 @@ CATALOGUE = [
     gpuop.events.mig_commands,
     gpuop.events.mig_requests,
     gpuop.events.mig,
+    gpuop.events.dra,
+    gpuop.events.device_api_commands,
 ]
 MODELS = [REGISTRY[type_] for type_ in sorted(REGISTRY)]
 TOKEN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
