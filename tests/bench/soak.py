@@ -108,7 +108,7 @@ SAMPLE_SECONDS = {False: 5.0, True: 2.5}
 MAX_PARALLEL = {False: 20, True: 10}
 STARTUP_TIMEOUT = {False: 300.0, True: 90.0}
 """Seconds from the first process started until discovery has labelled every node."""
-SMOKE = {"nodes": 10, "sample_nodes": 1, "seconds": 10}
+SMOKE = {"nodes": 4, "sample_nodes": 1, "seconds": 6}
 """`--smoke`: quick's settings but these, a run that only shows the soak still runs."""
 WARMUP_SHARE = 0.25
 WARMUP_MIN_SECONDS = 60.0
@@ -595,7 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="50 nodes for 40 s (under 2 minutes in all)"
     )
-    parser.add_argument("--smoke", action="store_true", help="10 nodes for 10 s: does it still run")
+    parser.add_argument("--smoke", action="store_true", help="4 nodes for 6 s: does it still run")
     parser.add_argument("--seconds", type=float, help="soak length after start-up")
     parser.add_argument("--nodes", type=int, help="nodes of the simulated cluster")
     parser.add_argument("--sample-nodes", type=int, help="nodes whose agents run as processes")
