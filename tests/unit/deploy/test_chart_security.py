@@ -521,6 +521,7 @@ def test_what_holds_a_key_runs_only_on_nodes_admins_labelled_and_the_node_agents
             continue
         (term,) = terms
         assert term["matchExpressions"] == [ADMINS_LABEL, OFF_GPU_NODES], name
+    assert "Deployment gpuop-device-plugin-cluster" in dict(rows)
     print(f"\nplacement ({values}):")
     for name, where in rows:
         print(f"  {name:<38} {where}")
