@@ -231,3 +231,14 @@ async def test_opaque_configurations_pass_through_even_ones_the_node_will_refuse
         (events.ConfigSource.CLASS, (), {"kind": "GpuConfig"}),
         (events.ConfigSource.CLAIM, ("gpu",), bogus),
     ]
+
+
+async def test_a_claim_the_events_cannot_carry_does_not_stop_the_others(
+    bus: InMemoryBus, kube: client.Kube, running: Running, serving_node: str
+) -> None:
+    async with running():
+        await claim(kube, "too-many", [result() for _ in range(33)])  # the API allows 32
+        await claim(kube, "fine", [result()])
+        found = await told(bus, 1)
+
+    assert [payload.claim.name for _, payload in found] == ["fine"]

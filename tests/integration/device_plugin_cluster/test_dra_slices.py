@@ -138,10 +138,13 @@ async def test_a_node_that_left_keeps_no_slices(kube: client.Kube) -> None:
     assert await _has_slices(kube)
 
     await kube.call(kube.core.delete_node, NODE)
-    publisher.forget_uid(NODE)
     await publisher.sync(NODE)
-
     assert not await _has_slices(kube)
+
+    uid = await add_node(kube)  # a new Node under the name: the slices' new owner
+    await publisher.sync(NODE)
+    [published] = await pool(kube)
+    assert published["metadata"]["ownerReferences"][0]["uid"] == uid
 
 
 async def test_a_replace_decided_on_a_stale_read_is_decided_again(

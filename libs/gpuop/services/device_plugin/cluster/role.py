@@ -239,10 +239,18 @@ class DraPublisher:
                     await asyncio.sleep(self._retry_delay)
 
     async def _claim_changed(self, event: WatchEvent) -> None:
-        if event.type == "DELETED":
-            await self._tell(self.claims.forget(event.object))
-        else:
-            await self._tell(self.claims.observe(event.object))
+        try:
+            if event.type == "DELETED":
+                tells = self.claims.forget(event.object)
+            else:
+                tells = self.claims.observe(event.object)
+        except ValidationError as error:
+            # a claim the events cannot carry (more results than a claim may have, a name
+            # out of the API's rules) must not stop the watch of every other claim
+            name = (event.object.get("metadata") or {}).get("name")
+            log.warning("ResourceClaim %s: cannot tell its allocation: %s", name, error)
+            return
+        await self._tell(tells)
 
     async def _tell(self, tells: list[Tell]) -> None:
         for tell in tells:

@@ -13,7 +13,7 @@ made again continues from the generation this process last wrote.
 
 A Node that does not exist has no slices (its slices' ownerReference lets Kubernetes' garbage
 collector take them when it goes; `sync` deletes any left). The Node's uid is read for the
-ownerReference and kept.
+ownerReference at every sync.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ class NodeState:
     inventory_time: datetime | None = None
     api: DeviceApiApplied | None = None
     api_time: datetime | None = None
-    uid: str | None = None
     generation: int = 0
     """The highest pool generation this process wrote or saw."""
     written: set[str] = field(default_factory=set)
@@ -164,18 +163,13 @@ class SlicePublisher:
         state.written = written
 
     async def _node_uid(self, node: str) -> str | None:
-        """The Node's uid, read once; None when there is no such Node."""
-        state = self.state(node)
-        if state.uid is None:
-            try:
-                state.uid = str((await nodes.get(self._kube, node))["metadata"]["uid"])
-            except errors.NotFound:
-                return None
-        return state.uid
-
-    def forget_uid(self, node: str) -> None:
-        """The Node was deleted: a Node of that name made later is another object."""
-        self.state(node).uid = None
+        """The Node's uid, read at every sync: a slice owned by a Node that is gone would be
+        taken by the garbage collector as soon as it was made, and a Node made again under
+        the name is another owner. None when there is no such Node."""
+        try:
+            return str((await nodes.get(self._kube, node))["metadata"]["uid"])
+        except errors.NotFound:
+            return None
 
 
 def _generation(slice_: Mapping[str, Any]) -> int:
