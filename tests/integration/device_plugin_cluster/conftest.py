@@ -3,7 +3,8 @@ of each per test, and the role running until the test ends (`running`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
@@ -89,3 +90,9 @@ async def dra_node(bus: InMemoryBus, kube: client.Kube) -> str:
     await send(bus, inventory())
     await send(bus, serving())
     return uid
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(0.02)

@@ -11,11 +11,7 @@ from typing import Any
 from gpuop.bus import InMemoryBus
 from gpuop.events import dra as events
 from gpuop.kube import client, dra
-from tests.integration.device_plugin_cluster.conftest import Running
-from tests.integration.device_plugin_cluster.test_dra_slices import (
-    NODE,
-    eventually,
-)
+from tests.integration.device_plugin_cluster.conftest import NODE, Running, eventually
 from tests.support.inventories import H200
 from tests.support.node_agents import published
 

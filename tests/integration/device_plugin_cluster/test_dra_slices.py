@@ -5,8 +5,7 @@ every write decided again on a conflict."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,16 +20,11 @@ from tests.integration.device_plugin_cluster.conftest import (
     Running,
     add_node,
     dra_node,
+    eventually,
     send,
     serving,
 )
 from tests.support.inventories import H200, inventory
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.02)
 
 
 async def pool(kube: client.Kube, node: str = NODE) -> list[dict[str, Any]]:
