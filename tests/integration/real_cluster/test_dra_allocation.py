@@ -72,6 +72,7 @@ async def kube(plane: ControlPlane, tmp_path: Path) -> AsyncIterator[client.Kube
 class Published:
     bus: InMemoryBus
     namespace: str
+    publisher: DraPublisher
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ async def published(kube: client.Kube) -> AsyncIterator[Published]:
         async with node_agents.running(publisher):
             for node in (H200_NODE, A100_NODE):
                 await eventually(lambda n=node: dra.list_slices(kube, driver=events.DRIVER, node=n))
-            yield Published(bus, namespace)
+            yield Published(bus, namespace, publisher)
             publisher.slices.nodes.clear()  # it leaves the slices to `_clean`
         await _clean(kube, namespace)
     finally:
@@ -209,6 +210,10 @@ async def test_a_cel_claim_lands_on_an_h200_and_its_node_is_told(
 
     [(envelope, allocated)] = await eventually(told)
     assert envelope.node == H200_NODE
+    # what the API server stored reads as what was sent: syncing again writes nothing
+    await published.publisher.slices.sync(H200_NODE)
+    [pool] = await dra.list_slices(kube, driver=events.DRIVER, node=H200_NODE)
+    assert pool["spec"]["pool"]["generation"] == 1
     assert [(d.device, d.gpu_uuid) for d in allocated.devices] == [
         (result["device"], gpu(int(result["device"][-1])).uuid)
     ]
