@@ -221,6 +221,12 @@ def test_an_unknown_mode_fails_saying_what_to_do() -> None:
         render_with({"nats": {"auth": {"mode": "jwt"}}})
 
 
+def test_a_token_may_live_at_most_the_day_the_callout_takes() -> None:
+    for seconds, said in ((599, "at least 600"), (86401, "at most 86400")):
+        with pytest.raises(helm.HelmError, match=said):
+            render_with({"nats": {"auth": {"callout": {"tokenExpirationSeconds": seconds}}}})
+
+
 def test_static_mode_renders_the_password_users_and_the_shipped_files_unchanged() -> None:
     rendering = render_with(STATIC)
     assert not [m for m in rendering.all() if "nats-auth" in m["metadata"]["name"]]

@@ -385,6 +385,9 @@ resources:
 {{- if lt $seconds 600 -}}
 {{- fail (printf "nats.auth.callout.tokenExpirationSeconds must be at least 600 (the API server's minimum), not %d" $seconds) -}}
 {{- end -}}
+{{- if gt $seconds 86400 -}}
+{{- fail (printf "nats.auth.callout.tokenExpirationSeconds must be at most 86400 (the callout refuses longer-lived tokens), not %d" $seconds) -}}
+{{- end -}}
 {{- $seconds -}}
 {{- end -}}
 
