@@ -8,15 +8,19 @@ open until `close()`, so a channel that reconnects later still finds it. Short p
 used as they are.
 
 Every gRPC server and channel on a kubelet socket (the device plugin, the simulated
-kubelet, telemetry's PodResources client) gets its address here.
+kubelet, telemetry's PodResources client) gets its address here; the plugins' servers bind
+through `serve`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+import grpc
 
 MAX_SOCKET_PATH = 105
 """Bytes of a socket path gRPC binds as it is: `sun_path` holds 108 with the terminating NUL,
@@ -58,3 +62,22 @@ class UnixTarget:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+async def serve(server: grpc.aio.Server, path: Path) -> UnixTarget:
+    """Start `server` on a socket at `path`, its directory made and a stale file of an
+    earlier run removed; the target, to close once the server stopped."""
+    target = await asyncio.to_thread(_fresh, path)
+    try:
+        server.add_insecure_port(target.address)
+        await server.start()
+    except BaseException:
+        target.close()
+        raise
+    return target
+
+
+def _fresh(path: Path) -> UnixTarget:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    return UnixTarget(path)

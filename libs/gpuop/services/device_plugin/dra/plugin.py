@@ -59,10 +59,12 @@ class DraPlugin:
         self._inventory = inventory
         self._health = health
         self._checkpoint_path = root.join(f"{data_dir(kubelet_dir)}/{checkpoint.FILE}")
+        self.on_registration: Registered = on_registration or (lambda registered, error: None)
+        """Told the kubelet's word on every registration (replaceable before `start`)."""
         self._new_server = functools.partial(
             DraServer,
             root.path,
-            on_registration=on_registration,
+            on_registration=lambda registered, error: self.on_registration(registered, error),
             kubelet_dir=kubelet_dir,
             seen_as=seen_as,
             resend_interval=resend_interval,

@@ -31,6 +31,7 @@ import grpc
 
 from gpuop.clocks import Clock, SystemClock
 from gpuop.events import dra
+from gpuop.kubelet import sockets
 from gpuop.kubelet.dra.v1 import api_pb2 as v1
 from gpuop.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
 from gpuop.kubelet.dra.v1beta1 import api_pb2 as v1beta1
@@ -143,14 +144,7 @@ class DraServer:
             self._health_changed.notify_all()
 
     async def _bind(self, server: grpc.aio.Server, path: Path) -> None:
-        target = await asyncio.to_thread(_fresh_target, path)
-        try:
-            server.add_insecure_port(target.address)
-            await server.start()
-        except BaseException:
-            target.close()
-            raise
-        self._servers.append((server, target, path))
+        self._servers.append((server, await sockets.serve(server, path), path))
 
     async def prepare(self, claims: Sequence[ClaimName]) -> dict[str, Prepared]:
         async with self._lock:
@@ -182,13 +176,6 @@ class DraServer:
         else:
             log.error("the kubelet refused DRA plugin %s: %s", dra.DRIVER, error)
         self._on_registration(registered, error)
-
-
-def _fresh_target(path: Path) -> UnixTarget:
-    """The socket's address, its directory made and a stale file from an earlier run gone."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    return UnixTarget(path)
 
 
 def _claim(claim: v1.Claim | v1beta1.Claim) -> ClaimName:
