@@ -12,12 +12,16 @@ from pathlib import Path
 import pytest
 
 from gpuop.bus import Bus, InMemoryBus
-from gpuop.events import dra
+from gpuop.events import device, dra
 from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied, SetDeviceApi
 from gpuop.host.roots import HostRoot
 from gpuop.kubelet.dra_health.v1 import api_pb2 as health
 from gpuop.services.device_plugin.dra import cdispecs, deviceapis, serving
+from gpuop.services.device_plugin.dra.plugin import DraPlugin
 from gpuop.services.device_plugin.dra.preparing import NOT_YET_KNOWN
+from gpuop.services.device_plugin.health import HealthBook
+from gpuop.services.device_plugin.inventory import GpuInventory
+from tests.support.device_plugin import sim_inventory
 from tests.support.dra_kubelet import FakeKubelet, allocated, claim, claim_uid, released
 from tests.support.kubelet_plugin import GPU, NODE, Node, build_host, healthy, running_node
 
@@ -83,6 +87,8 @@ async def test_switching_to_dra_serves_the_plugin_instead_of_nvidia_com_gpu(
     kubelet = FakeKubelet(host.path)
     async with running_node(host, gpus=GPUS, bus=bus) as node:
         await node.kubelet.wait_for_devices(GPU, healthy(GPUS))
+        at_start = await node.confirmations(DeviceApiApplied)
+        assert at_start[0] == DeviceApiApplied(api=DeviceApi.DEVICE_PLUGIN, serving=True)
         answer = await switch(node, DeviceApi.DRA, kubelet)
         assert (answer.api, answer.serving, answer.message) == (DeviceApi.DRA, True, "")
         await node.kubelet.wait_for_devices(GPU, lambda devices: devices == ())
@@ -146,10 +152,15 @@ async def test_prepare_twice_gives_the_same_answer_and_a_restart_loses_no_claim(
         assert spec["devices"][0]["name"] == f"{uid}-gpu-1"
     await kubelet.close()
 
-    # the plugin restarts (a new pod): it serves DRA again, from the host's choice
+    # the plugin restarts (a new pod): it serves DRA again, from the host's choice, and says
+    # so on its own once the kubelet registered it
     kubelet = FakeKubelet(host.path)
     async with running_node(host, gpus=GPUS, bus=bus) as node:
         await registered(kubelet, host)
+        own = DeviceApiApplied(api=DeviceApi.DRA, serving=True)
+        async with asyncio.timeout(10):
+            while own not in await node.confirmations(DeviceApiApplied):
+                await asyncio.sleep(0.05)
         assert await kubelet.prepare(claim(1)) == first, "answered from the checkpoint"
         await node.publish(released(1))
         gone = await kubelet.unprepare(claim(1))
@@ -198,9 +209,63 @@ async def test_the_health_stream_reports_every_gpu_and_an_xid(host: HostRoot, bu
             async with asyncio.timeout(10):
                 while True:
                     report = await anext(stream)
-                    states = {d.device.device_name: d for d in report.devices}
-                    if states["gpu-1"].health == health.UNHEALTHY:
+                    found = {d.device.device_name: d for d in report.devices}
+                    if found["gpu-1"].health == health.UNHEALTHY:
                         break
-            assert states["gpu-0"].health == health.HEALTHY
-            assert "XID 79" in states["gpu-1"].message
+            assert found["gpu-0"].health == health.HEALTHY
+            assert "XID 79" in found["gpu-1"].message
     await kubelet.close()
+
+
+async def plugin_on(
+    host: HostRoot, *, resend_interval: float
+) -> tuple[DraPlugin, HealthBook, GpuInventory]:
+    inventory = sim_inventory(host, gpus=GPUS)
+    book = HealthBook(())
+    plugin = DraPlugin(
+        host,
+        NODE,
+        lambda: inventory,
+        book,
+        resend_interval=resend_interval,
+    )
+    await plugin.start()
+    return plugin, book, inventory
+
+
+async def test_a_health_change_is_sent_at_once(host: HostRoot) -> None:
+    plugin, book, inventory = await plugin_on(host, resend_interval=3600)
+    kubelet = FakeKubelet(host.path)
+    try:
+        await kubelet.register()
+        async with kubelet.health() as stream:
+            first = await anext(stream)
+            assert {d.health for d in first.devices} == {health.HEALTHY}
+            book.apply(
+                device.DeviceHealthChanged(
+                    gpu_uuid=inventory.gpus[0].whole.uuid,
+                    healthy=False,
+                    reason=device.HealthReason.ECC,
+                )
+            )
+            await plugin.health_changed()
+            async with asyncio.timeout(10):
+                report = await anext(stream)
+            states = {d.device.device_name: d.health for d in report.devices}
+            assert states == {"gpu-0": health.UNHEALTHY, "gpu-1": health.HEALTHY}
+    finally:
+        await kubelet.close()
+        await plugin.stop()
+
+
+async def test_every_device_is_sent_again_without_a_change(host: HostRoot) -> None:
+    plugin, _, _ = await plugin_on(host, resend_interval=0.05)
+    kubelet = FakeKubelet(host.path)
+    try:
+        await kubelet.register()
+        async with kubelet.health() as stream:
+            reports = [await anext(stream) for _ in range(3)]
+        assert all(len(r.devices) == GPUS for r in reports)
+    finally:
+        await kubelet.close()
+        await plugin.stop()

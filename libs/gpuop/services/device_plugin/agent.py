@@ -139,7 +139,7 @@ class NodeAgent:
             (consumers.node_config(prefix, self._node, retry_delay=retry), self.on_config),
         ]
         try:
-            self._device_api.changes.append(await self._device_api.start())
+            await self._device_api.start()
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._plugins.run(stopping), name="device-plugins")
                 group.create_task(self._report_api(stopping), name="device-plugin-api-report")

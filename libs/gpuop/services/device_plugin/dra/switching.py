@@ -54,6 +54,8 @@ class DeviceApiSwitch:
         self.changed = asyncio.Event()
         """Set when `changes` gets one."""
         self._registered = asyncio.Event()
+        self._heard = asyncio.Event()
+        """Set by any word of the kubelet on the registration (cleared before a start)."""
         self._problem = "the kubelet has not registered the DRA plugin yet"
         self._answering = False
         self._lock = asyncio.Lock()
@@ -67,15 +69,17 @@ class DeviceApiSwitch:
         else:
             self._registered.clear()
             self._problem = f"the kubelet refused the DRA plugin: {error}"
+        self._heard.set()
         if not self._answering:  # else the answer to the command reports it
             self._queue(self._now(registered))
 
-    async def start(self) -> DeviceApiApplied:
-        """Serve the API kept on the host; what to report."""
+    async def start(self) -> None:
+        """Serve the API kept on the host, and queue the report of it."""
         async with self._lock:
             if self.api is DeviceApi.DRA:
-                return await self._serve_dra(wait=False)
-            return self._now(True)
+                self._queue(await self._serve_dra(wait=False))
+            else:
+                self._queue(self._now(True))
 
     async def stop(self) -> DeviceApiApplied | None:
         """Stop the DRA plugin; what to report (None when it was not serving)."""
@@ -108,6 +112,8 @@ class DeviceApiSwitch:
         return self._now(True)
 
     async def _serve_dra(self, *, wait: bool) -> DeviceApiApplied:
+        if not self._dra.serving:
+            self._heard.clear()
         try:
             await self._dra.start()
         except (CheckpointError, OSError) as error:
@@ -116,7 +122,7 @@ class DeviceApiSwitch:
         if wait:
             try:
                 async with asyncio.timeout(self._register_wait):
-                    await self._registered.wait()
+                    await self._heard.wait()
             except TimeoutError:
                 pass
         return self._now(self._registered.is_set())
