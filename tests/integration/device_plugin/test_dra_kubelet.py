@@ -15,6 +15,7 @@ from gpuop.bus import Bus, InMemoryBus
 from gpuop.events import device, dra
 from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied, SetDeviceApi
 from gpuop.host.roots import HostRoot
+from gpuop.kubelet.dra.v1 import api_pb2 as v1
 from gpuop.kubelet.dra_health.v1 import api_pb2 as health
 from gpuop.services.device_plugin.dra import cdispecs, deviceapis, serving
 from gpuop.services.device_plugin.dra.plugin import DraPlugin
@@ -66,7 +67,7 @@ async def switch(
     return found[0]
 
 
-async def prepared(kubelet: FakeKubelet, n: int) -> object:
+async def prepared(kubelet: FakeKubelet, n: int) -> v1.NodePrepareResourcesResponse:
     """Prepare claim `n`, again while its allocation has not reached the node (the
     kubelet retries on its next pod sync)."""
     async with asyncio.timeout(10):
@@ -141,8 +142,8 @@ async def test_prepare_twice_gives_the_same_answer_and_a_restart_loses_no_claim(
         await node.publish(allocated(1, gpu_uuids(node)[1:], node=NODE, devices=["gpu-1"]))
         first = await prepared(kubelet, 1)
         uid = claim_uid(1)
-        assert first.claims[uid].error == ""  # type: ignore[attr-defined]
-        [device] = first.claims[uid].devices  # type: ignore[attr-defined]
+        assert first.claims[uid].error == ""
+        [device] = first.claims[uid].devices
         assert list(device.cdi_device_ids) == [f"k8s.gpu.nvidia.com/claim={uid}-gpu-1"]
         assert (device.pool_name, device.device_name) == (NODE, "gpu-1")
         assert await kubelet.prepare(claim(1)) == first
@@ -269,3 +270,23 @@ async def test_every_device_is_sent_again_without_a_change(host: HostRoot) -> No
     finally:
         await kubelet.close()
         await plugin.stop()
+
+
+async def test_a_claim_allocated_before_a_restart_is_prepared_after_it(
+    host: HostRoot, bus: Bus
+) -> None:
+    kubelet = FakeKubelet(host.path)
+    async with running_node(host, gpus=GPUS, bus=bus) as node:
+        await switch(node, DeviceApi.DRA, kubelet)
+        uuids = gpu_uuids(node)
+        await node.publish(allocated(5, uuids[:1], node=NODE))
+        await node.publish(allocated(6, uuids[1:], node=NODE, devices=["gpu-1"]))
+        await prepared(kubelet, 6)  # taken in after claim 5, by the same consumer
+    await kubelet.close()
+
+    kubelet = FakeKubelet(host.path)
+    async with running_node(host, gpus=GPUS, bus=bus):
+        await registered(kubelet, host)
+        answer = await prepared(kubelet, 5)
+        assert answer.claims[claim_uid(5)].error == ""
+    await kubelet.close()
