@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import grpc
+
+from gpuop.lifecycles import Closing
 
 MAX_SOCKET_PATH = 105
 """Bytes of a socket path gRPC binds as it is: `sun_path` holds 108 with the terminating NUL,
@@ -29,7 +29,7 @@ characters"; measured with grpcio 1.85, and seen to stop the device plugin in an
 test whose host root made the path 106 bytes long)."""
 
 
-class UnixTarget:
+class UnixTarget(Closing):
     """The gRPC address (`unix://...`) of the socket at `path`, usable whatever its length.
 
     Raises `FileNotFoundError` when the path is too long and its directory is missing.
@@ -51,17 +51,6 @@ class UnixTarget:
         if self._directory is not None:
             os.close(self._directory)
             self._directory = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 async def serve(server: grpc.aio.Server, path: Path) -> UnixTarget:
