@@ -15,6 +15,8 @@ goes on serving the last known health.
     pause     the paused driver's devices advertised Unhealthy; for the GPU driver, NVML
               closed, so the `nvidia` module can be unloaded
     resume    NVML opened and read again, the devices advertised with their health
+    dra       `set_advertise_gpus(False)` while the node serves its GPUs through DRA
+              (`dra.switching`): `nvidia.com/gpu` advertised with no device, no MPS daemon
     select    the named config the node's label selects (`selecting`): the file read again,
               then, if the config in force changes, its resources planned anew from the
               inventory last read and re-advertised (no restart, no NVML read)

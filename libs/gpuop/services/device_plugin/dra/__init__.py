@@ -12,5 +12,6 @@ the slices are the cluster role's too. This package prepares what the kubelet as
     checkpoint   what was prepared, on the host, across restarts of this boot
     cdispecs     one CDI spec per claim, with the node's `nvidia.com/gpu` spec's edits
     sharing      the claim's opaque configuration (NVIDIA's `GpuConfig`), strictly
-    deviceapis   which API the node serves (`SetDeviceApi`), kept on the host
+    switching    `SetDeviceApi`: the device plugin API or DRA, and what is reported
+    deviceapis   which API the node serves, kept on the host
 """
