@@ -52,13 +52,13 @@ async def registered(kubelet: FakeKubelet, host: HostRoot, *, accept: bool = Tru
 
 
 async def switch(
-    node: Node, api: DeviceApi, kubelet: FakeKubelet | None = None
+    node: Node, api: DeviceApi, kubelet: FakeKubelet | None = None, *, accept: bool = True
 ) -> DeviceApiApplied:
-    """Send `SetDeviceApi`, registering the plugin meanwhile when a kubelet is given; the
-    answer to it."""
+    """Send `SetDeviceApi`, registering (or refusing) the plugin meanwhile when a kubelet is
+    given; the answer to it."""
     envelope = await node.command(SetDeviceApi(api=api, reason="test"), f"switch-{api}")
     if kubelet is not None:
-        await registered(kubelet, node.root)
+        await registered(kubelet, node.root, accept=accept)
     answers = await node.confirmations(DeviceApiApplied)
     async with asyncio.timeout(15):
         while not (found := [a for a in answers if a.command_id == envelope.id]):
@@ -117,19 +117,9 @@ async def test_a_refused_registration_answers_not_serving_with_the_kubelets_erro
 ) -> None:
     kubelet = FakeKubelet(host.path)
     async with running_node(host, gpus=GPUS, bus=bus) as node:
-        envelope = await node.command(SetDeviceApi(api=DeviceApi.DRA), "switch")
-        await registered(kubelet, host, accept=False)
-        async with asyncio.timeout(20):
-            while not (
-                found := [
-                    a
-                    for a in await node.confirmations(DeviceApiApplied)
-                    if a.command_id == envelope.id
-                ]
-            ):
-                await asyncio.sleep(0.05)
-        assert found[0].serving is False
-        assert "refused by the test" in found[0].message
+        answer = await switch(node, DeviceApi.DRA, kubelet, accept=False)
+        assert answer.serving is False
+        assert "refused by the test" in answer.message
     await kubelet.close()
 
 
