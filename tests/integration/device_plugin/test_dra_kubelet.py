@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from gpuop.bus import Bus, InMemoryBus
-from gpuop.events import device, dra
+from gpuop.events import device, dra, driver
 from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied, SetDeviceApi
 from gpuop.host.roots import HostRoot
 from gpuop.kubelet.dra.v1 import api_pb2 as v1
 from gpuop.kubelet.dra_health.v1 import api_pb2 as health
 from gpuop.services.device_plugin.dra import cdispecs, deviceapis, serving
-from gpuop.services.device_plugin.dra.plugin import DraPlugin
+from gpuop.services.device_plugin.dra.plugin import PAUSED, DraPlugin
 from gpuop.services.device_plugin.dra.preparing import NOT_YET_KNOWN
 from gpuop.services.device_plugin.health import HealthBook
 from gpuop.services.device_plugin.inventory import GpuInventory
@@ -279,4 +279,24 @@ async def test_a_claim_allocated_before_a_restart_is_prepared_after_it(
         await registered(kubelet, host)
         answer = await prepared(kubelet, 5)
         assert answer.claims[claim_uid(5)].error == ""
+    await kubelet.close()
+
+
+async def test_a_paused_gpu_driver_makes_every_device_unhealthy_until_resumed(
+    host: HostRoot, bus: Bus
+) -> None:
+    kubelet = FakeKubelet(host.path)
+    async with running_node(host, gpus=GPUS, bus=bus) as node:
+        await switch(node, DeviceApi.DRA, kubelet)
+        async with kubelet.health() as stream:
+            assert {d.health for d in (await anext(stream)).devices} == {health.HEALTHY}
+            await node.command(device.PauseOperands(components=(driver.Component.GPU,)), "pause")
+            async with asyncio.timeout(10):
+                paused = await anext(stream)
+            assert {d.health for d in paused.devices} == {health.UNHEALTHY}
+            assert {d.message for d in paused.devices} == {PAUSED}
+            await node.command(device.ResumeOperands(), "resume")
+            async with asyncio.timeout(10):
+                resumed = await anext(stream)
+            assert {d.health for d in resumed.devices} == {health.HEALTHY}
     await kubelet.close()

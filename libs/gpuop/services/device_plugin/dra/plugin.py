@@ -6,7 +6,8 @@ any time (kept while stopped, so a switch to DRA finds the claims allocated befo
 `start` loads the checkpoint of this boot, then serves the kubelet (`serving.DraServer`).
 Device health comes from the device plugin's health book: every whole GPU of the inventory
 (`gpu-<minor>`, the name the cluster role publishes) and every MIG device a claim holds,
-healthy while its physical GPU is.
+healthy while its physical GPU is, and every one unhealthy while the GPU driver is paused
+for a reload (as the device plugin API advertises them then).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gpuop.services.device_plugin.dra.serving import DeviceHealth, DraServer, Re
 from gpuop.services.device_plugin.health import HealthBook
 from gpuop.services.device_plugin.inventory import GpuInventory
 
+PAUSED = "the GPU driver is paused for a reload"
 _MINOR = re.compile(r"^/dev/nvidia(\d+)$")
 
 
@@ -46,6 +48,7 @@ class DraPlugin:
         inventory: Callable[[], GpuInventory],
         health: HealthBook,
         *,
+        paused: Callable[[], bool] = lambda: False,
         on_registration: Registered | None = None,
         kubelet_dir: str = serving.KUBELET_DIR,
         seen_as: PurePosixPath = serving.HOST_ROOT,
@@ -58,6 +61,7 @@ class DraPlugin:
         self.index = ClaimsIndex()
         self._inventory = inventory
         self._health = health
+        self._paused = paused
         self._checkpoint_path = root.join(f"{data_dir(kubelet_dir)}/{checkpoint.FILE}")
         self.on_registration: Registered = on_registration or (lambda registered, error: None)
         """Told the kubelet's word on every registration (replaceable before `start`)."""
@@ -108,10 +112,11 @@ class DraPlugin:
     def devices_health(self) -> list[DeviceHealth]:
         """Every device's health: the whole GPUs, and the MIG devices claims hold."""
         unhealthy = self._health.unhealthy
+        paused = PAUSED if self._paused() else None
         found: dict[str, DeviceHealth] = {}
 
         def add(device: str, gpu_uuid: str) -> None:
-            why = unhealthy.get(gpu_uuid)
+            why = paused or unhealthy.get(gpu_uuid)
             found[device] = DeviceHealth(self.pool, device, why is None, why or "")
 
         for gpu in self._inventory().gpus:
