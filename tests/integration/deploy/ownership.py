@@ -14,6 +14,7 @@ from gpuop.events import (
     Payload,
     bus_subject,
     device,
+    device_api_commands,
     ids,
     mig_requests,
     new_command,
@@ -65,6 +66,9 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         "upgrade": "upgrade-orchestrator",
         "remediation": "upgrade-orchestrator",
         "mig": "upgrade-orchestrator",
+        # claims' allocations: the device plugin's cluster role alone, which reads the claims
+        # (no shipped user has that role yet, so none may publish them)
+        "dra": "device-plugin-cluster",
     }
     if payload is device.DeviceHealthChanged:
         return user == "telemetry"
@@ -72,7 +76,11 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         return user == "discovery-cluster"  # from the Node's labels, which only it watches
     if payload in (remediation_commands.GpuHoldersListed, remediation_commands.GpuHoldersUnknown):
         return user == "device-plugin"  # the holders of its node's GPUs, from its kubelet
-    if payload in (device.DevicePluginConfigApplied, device.MpsDaemonChanged):
+    if payload in (
+        device.DevicePluginConfigApplied,
+        device.MpsDaemonChanged,
+        device_api_commands.DeviceApiApplied,
+    ):
         return user == "device-plugin"
     return owners[payload.DOMAIN] == user
 
