@@ -6,7 +6,9 @@ role's facts, and a gRPC client written from the kubelet's protos acting as the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied, SetDev
 from gpuop.host.roots import HostRoot
 from gpuop.kubelet.dra.v1 import api_pb2 as v1
 from gpuop.kubelet.dra_health.v1 import api_pb2 as health
+from gpuop.services.device_plugin import agent
 from gpuop.services.device_plugin.dra import cdispecs, deviceapis, serving
 from gpuop.services.device_plugin.dra.plugin import PAUSED, DraPlugin
 from gpuop.services.device_plugin.dra.preparing import NOT_YET_KNOWN
@@ -283,20 +286,30 @@ async def test_a_claim_allocated_before_a_restart_is_prepared_after_it(
 
 
 async def test_a_paused_gpu_driver_makes_every_device_unhealthy_until_resumed(
-    host: HostRoot, bus: Bus
+    host: HostRoot, bus: Bus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # no periodic report: each one that comes was sent because the pause or resume changed
+    monkeypatch.setattr(agent, "DraPlugin", functools.partial(DraPlugin, resend_interval=3600))
     kubelet = FakeKubelet(host.path)
     async with running_node(host, gpus=GPUS, bus=bus) as node:
         await switch(node, DeviceApi.DRA, kubelet)
         async with kubelet.health() as stream:
             assert {d.health for d in (await anext(stream)).devices} == {health.HEALTHY}
             await node.command(device.PauseOperands(components=(driver.Component.GPU,)), "pause")
-            async with asyncio.timeout(10):
-                paused = await anext(stream)
-            assert {d.health for d in paused.devices} == {health.UNHEALTHY}
+            paused = await next_report(stream, health.UNHEALTHY)
             assert {d.message for d in paused.devices} == {PAUSED}
             await node.command(device.ResumeOperands(), "resume")
-            async with asyncio.timeout(10):
-                resumed = await anext(stream)
-            assert {d.health for d in resumed.devices} == {health.HEALTHY}
+            await next_report(stream, health.HEALTHY)
     await kubelet.close()
+
+
+async def next_report(
+    stream: AsyncIterator[health.NodeWatchResourcesResponse], state: int
+) -> health.NodeWatchResourcesResponse:
+    """The first report in which every device is in `state` (a report made while the
+    agent was halfway may come first)."""
+    async with asyncio.timeout(30):
+        while True:
+            report = await anext(stream)
+            if {d.health for d in report.devices} == {state}:
+                return report

@@ -67,6 +67,7 @@ from gpuop.events import (
     remediation_commands,
     subjects,
 )
+from gpuop.events.driver import Component
 from gpuop.host.roots import HostRoot
 from gpuop.kubelet import allocations
 from gpuop.kubelet.allocations import KubeletPodResources, PodResources
@@ -111,7 +112,11 @@ class NodeAgent:
         """Asked which pods hold the GPUs; by default the kubelet's under the host root."""
         self._retry_delay = retry_delay
         self._dra = dra_plugin or DraPlugin(
-            plugins.root, node, lambda: plugins.gpu_inventory, plugins.health
+            plugins.root,
+            node,
+            lambda: plugins.gpu_inventory,
+            plugins.health,
+            paused=lambda: Component.GPU in plugins.paused,
         )
         """The DRA kubelet plugin, served while the node's GPUs go through DRA."""
         self._device_api = DeviceApiSwitch(plugins, self._dra, register_wait=register_wait)
@@ -292,10 +297,12 @@ class NodeAgent:
     async def pause(self, command: device.PauseOperands) -> None:
         log.info("pausing %s: %s", ", ".join(command.components), command.reason or "")
         await self._plugins.pause(command.components)
+        await self._dra.health_changed()
 
     async def resume(self, command: device.ResumeOperands) -> None:
         log.info("resuming: %s", command.reason or "")
         await self._plugins.resume()
+        await self._dra.health_changed()
 
     async def confirm(self, confirmation: Event, cause: Envelope) -> None:
         await self._publish_after_mps(confirmation, cause)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuop.bus import Bus, StoredMessage
-from gpuop.events import MalformedMessage, Payload, UnknownEventType, decode, device, dra, subjects
+from gpuop.events import MalformedMessage, Payload, UnknownEventType, decode, device, dra
 from gpuop.events.driver import DriverValidated
 from gpuop.services.device_plugin import consumers
 from gpuop.services.device_plugin.plugins import HealthRecord
@@ -59,7 +59,7 @@ async def claims(bus: Bus, node: str) -> list[dra.ClaimAllocated | dra.ClaimRele
     """The node's claim allocations and releases, in stream order (the DRA plugin's index
     keeps the newest per claim)."""
     found: list[dra.ClaimAllocated | dra.ClaimReleased] = []
-    async for message in bus.read(subjects.events_filter("dra", node, prefix=bus.prefix)):
+    async for message in bus.read(consumers.claims_subject(bus.prefix, node)):
         payload = _payload(message)
         if isinstance(payload, dra.ClaimAllocated | dra.ClaimReleased):
             found.append(payload)
