@@ -242,6 +242,8 @@ def _reads(identity: Identity, prefix: str) -> tuple[str, ...]:
             subjects.events_filter("device", node, "health-changed", prefix=prefix),
             subjects.events_filter("driver", node, "validated", prefix=prefix),
             subjects.events_filter("device", node, "plugin-config-selected", prefix=prefix),
+            # the DRA plugin's claims index, rebuilt at start from the cluster role's facts
+            subjects.events_filter("dra", node, prefix=prefix),
         )
     if identity.role == "discovery-cluster":
         return (

@@ -20,6 +20,8 @@ from gpuop.inventory import scanning
 from gpuop.kubelet import constants
 from gpuop.runtime import settings
 from gpuop.services.device_plugin import hcas, inventory
+from gpuop.services.device_plugin.dra import deviceapis
+from gpuop.services.device_plugin.dra import serving as dra_serving
 from gpuop.services.network_manager import rdma
 from gpuop.services.telemetry import config as telemetry_config
 from tests.support.charts import (
@@ -63,6 +65,10 @@ HOST_PATHS: dict[str, dict[str, tuple[str, bool]]] = {
         "/var/lib/kubelet/device-plugins": ("Directory", True),
         "/var/lib/kubelet/pod-resources": ("Directory", False),
         "/var/run/cdi": ("DirectoryOrCreate", True),
+        "/var/lib/kubelet/plugins_registry": ("DirectoryOrCreate", True),
+        "/var/lib/kubelet/plugins": ("DirectoryOrCreate", True),
+        "/var/lib/gpuop/device-plugin": ("DirectoryOrCreate", True),
+        "/proc/sys/kernel/random/boot_id": ("File", False),
         "/dev": ("Directory", False),
         "/proc/driver": ("Directory", False),
         "/sys/module": ("Directory", False),
@@ -97,6 +103,10 @@ READS: dict[str, tuple[str, ...]] = {
         constants.DEVICE_PLUGIN_DIR,
         constants.POD_RESOURCES_DIR,
         constants.CDI_SPEC_DIR,
+        dra_serving.registration_socket(),
+        dra_serving.plugin_socket(),
+        deviceapis.FILE,
+        system.BOOT_ID,
         *inventory.CONTROL_DEVICES,
         "proc/driver/nvidia/capabilities",
         pci.DEVICES,
