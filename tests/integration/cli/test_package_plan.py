@@ -7,9 +7,6 @@ the real CRD and real format-2 packages in a driver source directory."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import io
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -18,65 +15,18 @@ from typing import Any
 
 import pytest
 
-from gpuop.cli.main import main
 from gpuop.events.driver import Flavour
-from gpuop.host import building, manifests, packaging
+from gpuop.host import building, packaging
 from gpuop.kube import client, customobjects
 from gpuop.policy import specs
 from gpuop_sim import ApiServer
-from tests.support.kernel_modules import module_elf
+from tests.support.cli_runs import add_package, cli, gpu_node
 from tests.support.rollouts import install_crd
 
 OLD, NEW = "535.216.01", "535.261.03"
 KERNEL_A, KERNEL_B = "6.1.0-44-amd64", "6.1.0-57-amd64"
 ARM_KERNEL = "6.1.0-57-arm64"
-DRIVER = "nvidia.com/cuda.driver-version.full"
 RESOURCE = customobjects.GPU_CLUSTER_POLICIES
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                return main(list(argv))
-            except SystemExit as exit:
-                return int(exit.code or 0)
-
-    code = await asyncio.to_thread(run)
-    return code, out.getvalue(), err.getvalue()
-
-
-def node(name: str, kernel: str, **labels: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {"nvidia.com/gpu.present": "true", DRIVER: OLD, **labels},
-        },
-        "spec": {},
-        "status": {
-            "conditions": [{"type": "Ready", "status": "True"}],
-            "nodeInfo": {"kernelVersion": kernel},
-        },
-    }
-
-
-def add_package(source: Path, version: str, flavour: Flavour, kernel: str) -> None:
-    """A format-2 package of `version` with the `flavour` modules for `kernel`, indexed."""
-    license_ = "Dual MIT/GPL" if flavour is Flavour.OPEN else "NVIDIA"
-    module = module_elf("nvidia", f"{kernel} SMP mod_unload ", version=version, license=license_)
-    built = packaging.write_package_v2(
-        source,
-        component="gpu",
-        version=version,
-        flavour=flavour,
-        kernel_release=kernel,
-        files={"modules/nvidia.ko": packaging.PackageContent(module, manifests.Role.MODULE)},
-    )
-    packaging.add_to_index(source, built, None)
 
 
 def policy(version: str, source: Path | str, **gpu: Any) -> dict[str, Any]:
@@ -139,9 +89,9 @@ async def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     source.mkdir()
     async with ApiServer() as server:
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-        server.seed(node("gpu-node-1", KERNEL_A))
-        server.seed(node("gpu-node-2", KERNEL_A))
-        server.seed(node("gpu-node-3", KERNEL_B, pool="legacy"))
+        server.seed(gpu_node("gpu-node-1", KERNEL_A, OLD))
+        server.seed(gpu_node("gpu-node-2", KERNEL_A, OLD))
+        server.seed(gpu_node("gpu-node-3", KERNEL_B, OLD, pool="legacy"))
         async with await client.connect(kubeconfig) as kube:
             await install_crd(kube)
         built = Fleet(kubeconfig, source, server)
@@ -186,7 +136,7 @@ async def test_plan_says_a_complete_source_lacks_nothing(fleet: Fleet) -> None:
 
 
 async def test_plan_of_an_empty_directory_names_every_package_once(fleet: Fleet) -> None:
-    fleet.server.seed(node("gpu-node-4", ARM_KERNEL, **{"kubernetes.io/arch": "arm64"}))
+    fleet.server.seed(gpu_node("gpu-node-4", ARM_KERNEL, OLD, **{"kubernetes.io/arch": "arm64"}))
     await fleet.with_policy(policy(NEW, "/srv/drivers"))  # --source stands in for it
     code, out, err = await fleet.run("package", "plan", "--json", "--source", str(fleet.source))
     assert code == 0, err
@@ -218,7 +168,7 @@ async def test_build_missing_builds_exactly_the_missing_packages(fleet: Fleet) -
 async def test_build_missing_builds_nothing_when_one_package_cannot_be_built(
     fleet: Fleet,
 ) -> None:
-    fleet.server.seed(node("gpu-node-4", ARM_KERNEL, **{"kubernetes.io/arch": "arm64"}))
+    fleet.server.seed(gpu_node("gpu-node-4", ARM_KERNEL, OLD, **{"kubernetes.io/arch": "arm64"}))
     await fleet.with_policy(policy(NEW, fleet.source))
     code, _, err = await fleet.run("package", "build", "--missing", "--source", str(fleet.source))
     assert code == 1
@@ -251,7 +201,7 @@ async def test_an_unreachable_source_is_one_clear_line(fleet: Fleet, given: str,
 async def test_a_node_whose_inventory_names_no_kernel_release_is_one_clear_line(
     fleet: Fleet,
 ) -> None:
-    fleet.server.seed(node("gpu-node-4", "6.1.0 $(reboot)"))
+    fleet.server.seed(gpu_node("gpu-node-4", "6.1.0 $(reboot)", OLD))
     await fleet.with_policy(policy(NEW, fleet.source))
     code, out, err = await fleet.run("package", "plan", "--source", str(fleet.source))
     assert code == 1 and out == ""
@@ -259,7 +209,7 @@ async def test_a_node_whose_inventory_names_no_kernel_release_is_one_clear_line(
 
 
 async def test_start_refuses_a_version_whose_matrix_is_incomplete(fleet: Fleet) -> None:
-    fleet.server.seed(node("gpu-node-5", KERNEL_B))
+    fleet.server.seed(gpu_node("gpu-node-5", KERNEL_B, OLD))
     add_package(fleet.source, NEW, Flavour.OPEN, KERNEL_A)  # offered, not for KERNEL_B
     await fleet.with_policy(policy(OLD, fleet.source))
     code, out, err = await fleet.run("upgrade", "start", "--version", NEW)
@@ -275,7 +225,7 @@ async def test_start_refuses_a_version_whose_matrix_is_incomplete(fleet: Fleet) 
 
 
 async def test_start_goes_on_when_the_matrix_is_complete(fleet: Fleet) -> None:
-    fleet.server.seed(node("gpu-node-5", KERNEL_B))
+    fleet.server.seed(gpu_node("gpu-node-5", KERNEL_B, OLD))
     add_package(fleet.source, NEW, Flavour.OPEN, KERNEL_A)
     add_package(fleet.source, NEW, Flavour.OPEN, KERNEL_B)
     await fleet.with_policy(policy(OLD, fleet.source))
