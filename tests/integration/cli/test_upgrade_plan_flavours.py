@@ -8,9 +8,6 @@ inventories, and real format-2 packages (modules `modinfo` reads)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import io
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +16,6 @@ from typing import Any
 import pytest
 
 from gpuop.bus import NatsBus, NatsServer
-from gpuop.cli.main import main
 from gpuop.events import new_event
 from gpuop.events.driver import Flavour
 from gpuop.events.hardware import HardwareDiscovered, PciFunction
@@ -27,6 +23,7 @@ from gpuop.host import manifests, packaging
 from gpuop.kube import client, customobjects
 from gpuop.policy import specs
 from gpuop_sim import ApiServer
+from tests.support.cli_runs import cli
 from tests.support.kernel_modules import module_elf
 from tests.support.rollouts import install_crd
 from tests.support.sagas import T0
@@ -37,20 +34,6 @@ DRIVER = "nvidia.com/cuda.driver-version.full"
 KERNELS = {"gpu-node-1": KERNEL_A, "gpu-node-2": KERNEL_A, "gpu-node-3": KERNEL_B}
 VOLTA, HOPPER = "1db4", "2335"
 """PCI device ids: V100 (proprietary modules only), H200 (either; open from branch 560)."""
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                return main(list(argv))
-            except SystemExit as exit:
-                return int(exit.code or 0)
-
-    code = await asyncio.to_thread(run)
-    return code, out.getvalue(), err.getvalue()
 
 
 def node(name: str, kernel: str) -> dict[str, Any]:

@@ -8,42 +8,25 @@ format-2 packages."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import io
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpuop.cli.main import main
 from gpuop.events.driver import Flavour
 from gpuop.host import manifests, packaging
 from gpuop.kube import client, customobjects
 from gpuop.policy import specs
 from gpuop_sim import ApiServer
 from gpuop_sim.host import keys
+from tests.support.cli_runs import cli
 from tests.support.kernel_modules import module_elf
 from tests.support.rollouts import install_crd
 
 OLD, NEW = "580.159.04", "580.200.01"
 KERNEL = "6.1.0-44-amd64"
 RESOURCE = customobjects.GPU_CLUSTER_POLICIES
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                return main(list(argv))
-            except SystemExit as exit:
-                return int(exit.code or 0)
-
-    code = await asyncio.to_thread(run)
-    return code, out.getvalue(), err.getvalue()
 
 
 def flavoured(source: Path, version: str, flavour: Flavour) -> None:
