@@ -8,13 +8,18 @@ managed node that does not run its pool's versions yet needs, for each component
 package of the version its pool asks for, built for the kernel it runs, of the kernel modules
 its pool's `kernelModuleType` resolves to (`gpuop.policy.flavours`: `auto` from the node's
 inventory when the event log was read, else by the version's branch), for its architecture
-(the `kubernetes.io/arch` label, else the kernel release's Debian suffix). Whether the
+(the `kubernetes.io/arch` label, else the inventory's machine, else the kernel release's
+Debian suffix). Whether the
 source has it is the node's own selection (`gpuop.cli.coverage.missing`, so a format-1
 package serves either flavour). Nodes needing the same package are one row.
 
 `auto` resolved without the node's GPUs is a guess: where `decided_only` is asked for (`upgrade
 start`, which must not refuse on a guess), such a node needs the version for its kernel in
 any flavour; the plan keeps the guess, since it has to name a flavour to build.
+
+The source's index lists no architecture: a package is chosen by its kernel release, which
+names the architecture it was built for (Debian's `6.1.0-57-amd64`, `6.1.0-57-arm64`), so
+the architecture is shown and decides only whether `gpuop package build` can make it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ ARCH_LABEL = "kubernetes.io/arch"
 DEFAULT_ARCH = "amd64"
 KERNEL_ARCHES = ("amd64", "arm64")
 """Debian's kernel flavours, the last part of its kernel releases (`6.1.0-57-arm64`)."""
+MACHINES = {"x86_64": "amd64", "aarch64": "arm64"}
+"""`uname -m` (the inventory's `machine`) to Debian's and Kubernetes' architecture names."""
 BUILDABLE_ARCHES = frozenset({"amd64"})
 """Architectures `gpuop package build --from-debian` builds packages for."""
 KERNEL_RELEASE = re.compile(r"[0-9][A-Za-z0-9._+~-]{0,127}")
@@ -75,7 +82,10 @@ class Package:
         if self.component is not Component.GPU:
             return f"gpuop package build builds GPU drivers only, not {self.component}"
         if self.flavour is None:
-            return "its kernel modules are not decided (kernelModuleType auto, GPUs unseen)"
+            return (
+                "kernelModuleType auto, the nodes' GPUs unseen: gpuop package plan --nats "
+                "resolves the flavour from their inventories"
+            )
         if self.arch not in BUILDABLE_ARCHES:
             return f"gpuop package build builds {', '.join(sorted(BUILDABLE_ARCHES))} only"
         if "://" in self.source and not self.source.startswith("file://"):
@@ -107,11 +117,14 @@ class Package:
 
 
 def architecture(view: snapshots.NodeView) -> str:
-    """The node's architecture: its `kubernetes.io/arch` label, else its kernel release's
-    Debian flavour, else amd64."""
+    """The node's architecture: its `kubernetes.io/arch` label, else its inventory's machine
+    (`uname -m`), else its kernel release's Debian flavour, else amd64."""
     labelled = view.labels.get(ARCH_LABEL)
     if labelled:
         return labelled
+    machine = view.inventory.machine if view.inventory is not None else ""
+    if machine in MACHINES:
+        return MACHINES[machine]
     suffix = (view.kernel or "").rsplit("-", 1)[-1]
     return suffix if suffix in KERNEL_ARCHES else DEFAULT_ARCH
 
