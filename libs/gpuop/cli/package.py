@@ -44,13 +44,12 @@ def add_parser(verbs: Any) -> None:
         help="build driver packages for a driver source",
         description="Build format 2 driver packages (kernel modules, user space, firmware).",
     )
-    fleet = fleet_flags()
     build = actions.add_parser(
         "build",
         help="build a package from Debian's NVIDIA packages or NVIDIA's .run",
         description="Build a driver package and add it to the driver source --out; with "
         "--missing, every package the fleet needs and the driver source --source lacks.",
-        parents=[fleet],
+        parents=[upgrade.kube_flags(with_json=False), upgrade.nats_flags()],
     )
     origin = build.add_mutually_exclusive_group(required=True)
     origin.add_argument(
@@ -105,24 +104,10 @@ def add_parser(verbs: Any) -> None:
         "fleet's nodes need for the policy's versions and the driver source --source lacks, "
         "and the gpuop package build command of each. Reads Kubernetes, the event log "
         "(nodes' inventories: what kernelModuleType auto resolves from) when --nats is given.",
-        parents=[fleet],
+        parents=[upgrade.kube_flags(), upgrade.nats_flags()],
     )
     plan.add_argument("--source", required=True, help="driver source: a directory or URL")
-    plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(handler=plan_packages)
-
-
-def fleet_flags() -> argparse.ArgumentParser:
-    """How the package commands find the fleet: the flags of `gpuop upgrade plan`."""
-    flags = argparse.ArgumentParser(add_help=False)
-    flags.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl finds one)")
-    flags.add_argument("--context", help="kubeconfig context (default: its current one)")
-    flags.add_argument("--policy", help="GPUClusterPolicy name (default: the one gpuop follows)")
-    flags.add_argument("--pool", help="only the nodes of this driver pool")
-    flags.add_argument("--nats", help="NATS URLs, comma separated (GPUOP_NATS)")
-    flags.add_argument("--nats-creds", help="NATS credentials file (GPUOP_NATS_CREDS)")
-    flags.add_argument("--prefix", help="subject prefix (GPUOP_PREFIX, default gpuop)")
-    return flags
 
 
 async def fleet_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> matrix.Plan:

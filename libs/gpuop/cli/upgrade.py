@@ -91,25 +91,7 @@ def add_parser(verbs: Any) -> None:
         help="start, watch, pause, resume, abort or plan a rolling driver upgrade",
         description="Operate the rolling driver upgrade through the GPUClusterPolicy.",
     )
-    kube = argparse.ArgumentParser(add_help=False)
-    kube.add_argument(
-        "--kubeconfig",
-        help="kubeconfig file (default: GPUOP_KUBECONFIG, KUBECONFIG, ~/.kube/config, "
-        "else the pod's service account)",
-    )
-    kube.add_argument("--context", help="kubeconfig context (default: its current one)")
-    kube.add_argument(
-        "--policy", help="GPUClusterPolicy name (default: the one gpuop follows, first by name)"
-    )
-    kube.add_argument("--json", action="store_true", help="print one JSON object")
-    kube.add_argument(
-        "--pool",
-        help="act on one driver pool (spec.driver.pools[].name); status and plan show its nodes",
-    )
-    nats = argparse.ArgumentParser(add_help=False)
-    nats.add_argument("--nats", help="NATS URLs, comma separated (GPUOP_NATS)")
-    nats.add_argument("--nats-creds", help="NATS credentials file (GPUOP_NATS_CREDS)")
-    nats.add_argument("--prefix", help="subject prefix (GPUOP_PREFIX, default gpuop)")
+    kube, nats = kube_flags(), nats_flags()
 
     def action(
         name: str, short: str, text: str, handler: Any, *parents: argparse.ArgumentParser
@@ -133,6 +115,37 @@ def add_parser(verbs: Any) -> None:
     action("resume", "admit nodes again", RESUME_HELP, resume_rollout)
     action("abort", "undo the last start: back to the previous versions", ABORT_HELP, abort_rollout)
     action("plan", "predict the waves and the makespan (dry run)", PLAN_HELP, plan_rollout, nats)
+
+
+def kube_flags(*, with_json: bool = True) -> argparse.ArgumentParser:
+    """How a command finds the cluster and its policy (`--kubeconfig`, `--context`,
+    `--policy`, `--pool`; `--json` unless told not to), for `parents=`."""
+    kube = argparse.ArgumentParser(add_help=False)
+    kube.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: GPUOP_KUBECONFIG, KUBECONFIG, ~/.kube/config, "
+        "else the pod's service account)",
+    )
+    kube.add_argument("--context", help="kubeconfig context (default: its current one)")
+    kube.add_argument(
+        "--policy", help="GPUClusterPolicy name (default: the one gpuop follows, first by name)"
+    )
+    if with_json:
+        kube.add_argument("--json", action="store_true", help="print one JSON object")
+    kube.add_argument(
+        "--pool",
+        help="act on one driver pool (spec.driver.pools[].name); status and plan show its nodes",
+    )
+    return kube
+
+
+def nats_flags() -> argparse.ArgumentParser:
+    """How a command reads the event log (`--nats`, `--nats-creds`, `--prefix`)."""
+    nats = argparse.ArgumentParser(add_help=False)
+    nats.add_argument("--nats", help="NATS URLs, comma separated (GPUOP_NATS)")
+    nats.add_argument("--nats-creds", help="NATS credentials file (GPUOP_NATS_CREDS)")
+    nats.add_argument("--prefix", help="subject prefix (GPUOP_PREFIX, default gpuop)")
+    return nats
 
 
 def kubeconfig_path(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:

@@ -185,6 +185,21 @@ async def test_build_missing_refuses_the_flags_of_a_single_build(fleet: Fleet) -
 
 
 @pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (("--from-debian", "--version", NEW, "--kernel", KERNEL_A, "--flavour", "open"), "--out"),
+        (("--missing",), "pass --source DIR"),
+        (("--missing", "--source", "https://x.example/drivers"), "pass --source DIR"),
+    ],
+)
+async def test_a_build_without_somewhere_to_put_it_is_a_usage_error(
+    argv: tuple[str, ...], says: str
+) -> None:
+    code, _, err = await cli("package", "build", *argv)
+    assert code == 2 and says in err
+
+
+@pytest.mark.parametrize(
     ("given", "says"),
     [
         ("http://127.0.0.1:9/drivers", "cannot read its index"),
