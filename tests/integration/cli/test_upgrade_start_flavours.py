@@ -15,13 +15,12 @@ from typing import Any
 import pytest
 
 from gpuop.events.driver import Flavour
-from gpuop.host import manifests, packaging
+from gpuop.host import packaging
 from gpuop.kube import client, customobjects
 from gpuop.policy import specs
 from gpuop_sim import ApiServer
 from gpuop_sim.host import keys
-from tests.support.cli_runs import cli
-from tests.support.kernel_modules import module_elf
+from tests.support.cli_runs import add_package, cli
 from tests.support.rollouts import install_crd
 
 OLD, NEW = "580.159.04", "580.200.01"
@@ -32,17 +31,7 @@ RESOURCE = customobjects.GPU_CLUSTER_POLICIES
 def flavoured(source: Path, version: str, flavour: Flavour) -> None:
     """A format-2 package of `version` for KERNEL with the `flavour` modules, indexed and
     signed."""
-    license_ = "Dual MIT/GPL" if flavour is Flavour.OPEN else "NVIDIA"
-    module = module_elf("nvidia", f"{KERNEL} SMP mod_unload ", version=version, license=license_)
-    built = packaging.write_package_v2(
-        source,
-        component="gpu",
-        version=version,
-        flavour=flavour,
-        kernel_release=KERNEL,
-        files={"modules/nvidia.ko": packaging.PackageContent(module, manifests.Role.MODULE)},
-    )
-    packaging.add_to_index(source, built, keys.SIGNING_KEY)
+    add_package(source, version, flavour, KERNEL, keys.SIGNING_KEY)
 
 
 class Cluster:

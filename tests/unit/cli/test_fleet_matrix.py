@@ -10,9 +10,10 @@ import pytest
 
 from gpuop.cli import coverage, matrix, snapshots
 from gpuop.events.driver import Component
-from gpuop.events.hardware import HardwareDiscovered, PciFunction
+from gpuop.events.hardware import HardwareDiscovered
 from gpuop.policy import validation
 from gpuop.services.driver_manager import facade as driver_manager
+from tests.support.inventories import one_gpu
 
 NEW, OLD = "535.261.03", "535.216.01"
 SOURCE = "/srv/drivers"
@@ -33,21 +34,7 @@ def snapshot(
 
 
 def inventory(device_id: str, machine: str = "x86_64") -> HardwareDiscovered:
-    gpu = PciFunction(
-        address="0000:00:06.0",
-        vendor_id="10de",
-        device_id=device_id,
-        class_id="030200",
-        subsystem_vendor_id="10de",
-        subsystem_device_id="0000",
-    )
-    return HardwareDiscovered(
-        pci_functions=(gpu,),
-        kernel_release="6.1.0-57-amd64",
-        machine=machine,
-        boot_id="8c1f2f5e-0c53-4d57-a0a4-3e3c1b0c9a11",
-        inventory_hash="0" * 64,
-    )
+    return one_gpu(device_id, kernel="6.1.0-57-amd64", machine=machine)
 
 
 def view(name: str, kernel: str = "6.1.0-57-amd64", **fields: Any) -> snapshots.NodeView:
