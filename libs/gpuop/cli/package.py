@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from gpuop.cli import matrix, upgrade
 from gpuop.cli.errors import CommandFailed
@@ -112,8 +113,11 @@ def add_parser(verbs: Any) -> None:
 
 async def fleet_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> matrix.Plan:
     """What the fleet needs from `--source` and it lacks."""
-    local = Path(args.source)
-    source = args.source if "://" in args.source else str(await asyncio.to_thread(local.absolute))
+    given = str(args.source)
+    if given.startswith("file://"):
+        given = unquote(urlsplit(given).path)
+    local = Path(given)
+    source = given if "://" in given else str(await asyncio.to_thread(local.absolute))
     return await matrix.plan(await upgrade.read(args, environ), source)
 
 
@@ -142,6 +146,8 @@ async def build_package(args: argparse.Namespace, environ: Mapping[str, str]) ->
     if not args.missing:
         if args.out is None:
             raise ValueError("building a package needs --out")
+        if args.source is not None:
+            raise ValueError("--source goes with --missing (one package goes to --out)")
         return await asyncio.to_thread(_build, args)
     given = [f for f, v in (("--version", args.version), ("--kernel", args.kernel)) if v]
     given += ["--flavour"] if args.flavour else []

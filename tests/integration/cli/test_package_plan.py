@@ -135,6 +135,14 @@ async def test_plan_says_a_complete_source_lacks_nothing(fleet: Fleet) -> None:
     assert document["missing"] == [] and document["needed"] == 2
 
 
+async def test_a_file_url_source_is_planned_and_built_as_its_directory(fleet: Fleet) -> None:
+    add_package(fleet.source, NEW, Flavour.OPEN, KERNEL_A)
+    await fleet.with_policy(policy(NEW, fleet.source))
+    code, out, err = await fleet.run("package", "plan", "--source", f"file://{fleet.source}")
+    assert code == 0, err
+    assert f"--kernel {KERNEL_B} --out {fleet.source}\n" in out
+
+
 async def test_plan_of_an_empty_directory_names_every_package_once(fleet: Fleet) -> None:
     fleet.server.seed(gpu_node("gpu-node-4", ARM_KERNEL, OLD, **{"kubernetes.io/arch": "arm64"}))
     await fleet.with_policy(policy(NEW, "/srv/drivers"))  # --source stands in for it
@@ -188,6 +196,7 @@ async def test_build_missing_refuses_the_flags_of_a_single_build(fleet: Fleet) -
     ("argv", "says"),
     [
         (("--from-debian", "--version", NEW, "--kernel", KERNEL_A, "--flavour", "open"), "--out"),
+        (("--from-debian", "--version", NEW, "--out", "/tmp/x", "--source", "/tmp/x"), "--missing"),
         (("--missing",), "pass --source DIR"),
         (("--missing", "--source", "https://x.example/drivers"), "pass --source DIR"),
     ],
