@@ -13,6 +13,7 @@ from typing import Any
 from gpuop.cli.main import main
 from gpuop.events.driver import Flavour
 from gpuop.host import manifests, packaging, signing
+from gpuop.policy import specs
 from tests.support.kernel_modules import module_elf
 
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
@@ -70,3 +71,13 @@ def add_package(
         files={"modules/nvidia.ko": packaging.PackageContent(module, manifests.Role.MODULE)},
     )
     packaging.add_to_index(source, built, key)
+
+
+def policy_object(spec: dict[str, Any]) -> dict[str, Any]:
+    """The GPUClusterPolicy `default` with `spec`, as `kubectl apply` would send it."""
+    return {
+        "apiVersion": specs.API_VERSION,
+        "kind": specs.KIND,
+        "metadata": {"name": "default"},
+        "spec": spec,
+    }

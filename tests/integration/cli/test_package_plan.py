@@ -18,9 +18,8 @@ import pytest
 from gpuop.events.driver import Flavour
 from gpuop.host import building, packaging
 from gpuop.kube import client, customobjects
-from gpuop.policy import specs
 from gpuop_sim import ApiServer
-from tests.support.cli_runs import add_package, cli, gpu_node
+from tests.support.cli_runs import add_package, cli, gpu_node, policy_object
 from tests.support.rollouts import install_crd
 
 OLD, NEW = "535.216.01", "535.261.03"
@@ -29,36 +28,16 @@ ARM_KERNEL = "6.1.0-57-arm64"
 RESOURCE = customobjects.GPU_CLUSTER_POLICIES
 
 
-def policy(version: str, source: Path | str, **gpu: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": specs.API_VERSION,
-        "kind": specs.KIND,
-        "metadata": {"name": "default"},
-        "spec": {
-            "driver": {
-                "gpu": {
-                    "version": version,
-                    "source": str(source),
-                    "allowUnsigned": True,
-                    "kernelModuleType": "open",
-                    **gpu,
-                },
-                "pools": [
-                    {
-                        "name": "legacy",
-                        "nodeSelector": "pool=legacy",
-                        "gpu": {
-                            "version": version,
-                            "source": str(source),
-                            "allowUnsigned": True,
-                            "kernelModuleType": "proprietary",
-                        },
-                    }
-                ],
-            },
-            "upgradePolicy": {"maxParallelUpgrades": 1, "maxUnavailable": "100%"},
-        },
+def policy(version: str, source: Path | str) -> dict[str, Any]:
+    """NEW's or OLD's open modules from `source`, the proprietary ones in pool `legacy`."""
+    gpu = {"version": version, "source": str(source), "allowUnsigned": True}
+    legacy: dict[str, Any] = {"name": "legacy", "nodeSelector": "pool=legacy"}
+    legacy["gpu"] = {**gpu, "kernelModuleType": "proprietary"}
+    spec = {
+        "driver": {"gpu": {**gpu, "kernelModuleType": "open"}, "pools": [legacy]},
+        "upgradePolicy": {"maxParallelUpgrades": 1, "maxUnavailable": "100%"},
     }
+    return policy_object(spec)
 
 
 @dataclass
