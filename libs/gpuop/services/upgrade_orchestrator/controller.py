@@ -53,7 +53,7 @@ from gpuop.policy.conditions import RolloutRecord
 from gpuop.saga import Decision, NodeSaga, new_saga
 from gpuop.saga.upgrade import folding
 from gpuop.saga.upgrade.records import reinstall_saga_id, start_reason
-from gpuop.services.upgrade_orchestrator import intake, jobs, migs, remediations
+from gpuop.services.upgrade_orchestrator import device_apis, intake, jobs, migs, remediations
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
@@ -146,7 +146,12 @@ class Controller:
             runner, migs_, inventories, kube=self._kube,
             namespace=self._config.lease_namespace, clock=self._clock, known=self._watched,
         )  # fmt: skip
-        return [self._remediations.runner(), reconfigurations.runner()]
+        switches = device_apis.Starter(
+            runner, await SagaStore.open(self._bus, device_apis.DEVICE_API_SWITCH),
+            labels=lambda node: self.nodes.labels.get(node, {}), clock=self._clock,
+            known=self._watched,
+        )  # fmt: skip
+        return [self._remediations.runner(), reconfigurations.runner(), switches.runner()]
 
     def _watched(self, node: str) -> bool:
         """Whether `node` is a GPU node the node watch knows (before its first listing is

@@ -1,0 +1,167 @@
+"""The device-API switch run by the orchestrator: its `SagaKind`, and what starts one.
+
+`DEVICE_API_SWITCH` hands the runner the pure kind (`gpuop.saga.device_api`): records under
+`device-api.<node>` in `gpuop_sagas`, the fold (`gpuop.saga.device_api.folding`), its
+outputs. `Starter` is its starting hook, given every event of the intake before the runner
+decides it, under the node's lock. On the node's device plugin's `DeviceApiApplied` and on
+the node watch's `NodeObserved` (each change of the node, and every resync: so a change of
+the policy reaches every node within a resync), it compares the API the policy wants for
+the node (`GPUClusterPolicySpec.device_api_for` its labels: its driver pool's `deviceAPI`,
+else the top-level one) with the one the node serves (its latest `DeviceApiApplied`; none:
+the device plugin API, which a node serves until told otherwise) and, when they differ and
+no switch runs there, starts one: stored (compare-and-set), recorded as
+`DeviceApiSwitchStarted` (which `gpuop replay` builds the same saga from, without the labels
+or the plugin's history), and its first decision carried out (it waits for admission).
+
+A switch that failed is not started again for the same API by itself (the node would be
+drained again on every resync): the next change of the policy for the node, or of what its
+device plugin serves, starts the next one. A leader that takes over records the start of a
+saga its predecessor stored and died before recording (`record_start`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+from gpuop.bus import Bus, KeyExists, RevisionConflict
+from gpuop.clocks import SYSTEM_CLOCK, Clock
+from gpuop.events import Event, MalformedMessage, UnknownEventType, decode, ids, kube, subjects
+from gpuop.events.device_api import DeviceApiState
+from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied
+from gpuop.saga.device_api import folding, kind, records
+from gpuop.saga.device_api.records import DeviceApiSaga
+from gpuop.saga.kinds import SagaKind
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner, StartRecorder, is_a_node
+from gpuop.services.upgrade_orchestrator.publishing import Publisher
+from gpuop.services.upgrade_orchestrator.running import Runner
+from gpuop.services.upgrade_orchestrator.store import SagaStore
+
+log = logging.getLogger(__name__)
+
+DEVICE_API_SWITCH: SagaKind[DeviceApiSaga] = folding.KIND
+"""The device-API switch as the runtime runs it."""
+
+
+def no_labels(node: str) -> Mapping[str, str]:
+    """The labels of a node no watch knows: none (only the top-level `deviceAPI` applies)."""
+    return {}
+
+
+async def served(bus: Bus, node: str) -> DeviceApiApplied | None:
+    """The node's device plugin's latest `DeviceApiApplied` in the log, if any."""
+    subject = subjects.event_subject(
+        DeviceApiApplied.DOMAIN, node, DeviceApiApplied.NAME, prefix=bus.prefix
+    )
+    found = await bus.last(subject)
+    if found is None:
+        return None
+    try:
+        _, payload = decode(found.data)
+    except (MalformedMessage, UnknownEventType):
+        return None
+    return payload if isinstance(payload, DeviceApiApplied) else None
+
+
+class Starter:
+    """Starts switches where the policy and the node differ (see the module docstring)."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        store: SagaStore[DeviceApiSaga],
+        *,
+        labels: Callable[[str], Mapping[str, str]] = no_labels,
+        clock: Clock = SYSTEM_CLOCK,
+        known: Callable[[str], bool] = is_a_node,
+    ) -> None:
+        self._runner = runner
+        self._store = store
+        self._labels = labels
+        """The node's labels as the node watch last saw them (a pool's selector may name
+        any label; `NodeObserved` carries gpuop's only)."""
+        self._known = known
+        self._publish = Publisher(runner.bus, clock)
+        self._recorder = StartRecorder(runner.bus, self._publish)
+
+    def runner(self) -> KindRunner[DeviceApiSaga]:
+        return KindRunner(DEVICE_API_SWITCH, self._store, self, self.record_start)
+
+    async def __call__(self, node: str, event: Event, now: datetime, cause: str | None) -> None:
+        """Before the runner decides `event`: start a switch if the node serves another API
+        than the policy wants for it."""
+        if not isinstance(event, DeviceApiApplied | kube.NodeObserved) or not self._known(node):
+            return
+        policy = self._runner.policy()
+        if policy is None:
+            return
+        existing = await self._store.get(node)
+        if existing is not None and not DEVICE_API_SWITCH.ended(existing.saga):
+            return
+        labels = self._labels(node)
+        if not labels and isinstance(event, kube.NodeObserved):
+            labels = event.labels
+        wanted = policy.device_api_for(labels)
+        latest = event if isinstance(event, DeviceApiApplied) else await served(self._bus, node)
+        previous = DeviceApi.DEVICE_PLUGIN if latest is None else latest.api
+        if previous is wanted:
+            return
+        if existing is not None and _failed_to(existing.saga, wanted, previous):
+            return
+        source = "its driver pool's" if policy.driver.pool_for(labels) else "the policy's"
+        reason = f"{source} deviceAPI wants {wanted}; the node serves {previous}"
+        await self._start(node, wanted, previous, reason, now, cause)
+
+    @property
+    def _bus(self) -> Bus:
+        return self._runner.bus
+
+    async def record_start(self, saga: DeviceApiSaga) -> None:
+        """Publish the `DeviceApiSwitchStarted` of a saga whose first leader stored it and
+        died before recording it, rebuilt from the record while it waits for its admission,
+        under the same id."""
+        if saga.sequence:
+            return
+        await self._recorder.record(saga, folding.start_of(saga), saga.saga_id, saga.step_started)
+
+    async def _start(
+        self,
+        node: str,
+        api: DeviceApi,
+        previous: DeviceApi,
+        reason: str,
+        now: datetime,
+        cause: str | None,
+    ) -> None:
+        policy = self._runner.policy()
+        if policy is None:
+            return
+        seed = cause or ids.step(f"device-api/{node}", api.value, int(now.timestamp()))
+        saga = records.new_saga(
+            node=node, cause=seed, api=api, previous=previous, now=now, reason=reason
+        )
+        first = kind.begin(saga, policy, now)
+        earlier = self._store.cached(node)
+        try:
+            if earlier is None:
+                await self._store.create(first.saga)
+            else:
+                await self._store.replace(first.saga, earlier.revision)
+        except (KeyExists, RevisionConflict):
+            return  # another writer: the next event of the node looks again
+        await self._publish.event(
+            folding.start_of(saga), node=node, id=ids.started(saga.saga_id),
+            correlationid=saga.saga_id, causationid=cause, now=now,
+        )  # fmt: skip
+        log.info("switching %s from %s to %s", node, previous, api, extra={"node": node})
+        await self._runner.act(self.runner(), first)
+
+
+def _failed_to(saga: DeviceApiSaga, api: DeviceApi, previous: DeviceApi) -> bool:
+    """Whether `saga` is a failed switch from `previous` to `api`: the same one again."""
+    failed = saga.state is DeviceApiState.FAILED
+    return failed and (saga.api, saga.previous) == (api, previous)
+
+
+__all__ = ["DEVICE_API_SWITCH", "Starter", "served"]

@@ -1,0 +1,146 @@
+"""The orchestrator's runtime with the device-API switch kind, on an InMemoryBus: the
+intake consumer feeding the runner, a fake device plugin per node answering `SetDeviceApi`
+(serving what it was asked, or refusing it as a kubelet that will not register the plugin),
+the node watch's observations, and a device plugin reporting what it serves on its own.
+`Switching` drives it: `observe` publishes a node's `NodeObserved`, `reports` the plugin's
+own `DeviceApiApplied`, `settle` runs admission passes until the sagas rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuop.bus import ConsumerSpec, Delivery, InMemoryBus
+from gpuop.events import Event, kube, new_event, subjects
+from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied, SetDeviceApi
+from gpuop.policy import GPUClusterPolicySpec
+from gpuop.saga import NodeStatus
+from gpuop.saga.device_api.records import DeviceApiSaga
+from gpuop.saga.device_api.states import TERMINAL_STATES
+from gpuop.services.upgrade_orchestrator import intake
+from gpuop.services.upgrade_orchestrator.device_apis import DEVICE_API_SWITCH, Starter
+from gpuop.services.upgrade_orchestrator.store import SagaStore
+from tests.support.orchestrator import Stack, answers
+
+
+@dataclass
+class DevicePlugins:
+    """How the fake device plugins answer `SetDeviceApi`: serving what they are asked,
+    except an API in `refuse` (the kubelet does not register the plugin)."""
+
+    refuse: frozenset[DeviceApi] = frozenset()
+    asked: list[tuple[str, DeviceApi]] = field(default_factory=list)
+
+    def answer(self, node: str, payload: object, command_id: str) -> list[Event]:
+        if isinstance(payload, SetDeviceApi):
+            self.asked.append((node, payload.api))
+            if payload.api in self.refuse:
+                message = "kubelet: plugin registration refused"
+                return [DeviceApiApplied(
+                    api=payload.api, serving=False, command_id=command_id, message=message
+                )]  # fmt: skip
+            return [DeviceApiApplied(api=payload.api, serving=True, command_id=command_id)]
+        return answers(payload, command_id)
+
+
+@dataclass
+class Switching:
+    """A running orchestrator with the device-API kind, and its device plugins."""
+
+    bus: InMemoryBus
+    stack: Stack
+    store: SagaStore[DeviceApiSaga]
+    plugins: DevicePlugins
+    nodes: tuple[str, ...]
+
+    async def publish(self, event: Event, node: str, source: str) -> None:
+        await self.bus.publish(new_event(event, node=node, source=source,
+                                         now=self.stack.clock.now()))  # fmt: skip
+
+    async def observe(self, node: str, unschedulable: bool = False) -> None:
+        """The node watch saw `node` (a change, or its periodic resync)."""
+        observed = kube.NodeObserved(ready=True, unschedulable=unschedulable)
+        await self.publish(observed, node, "/gpuop/upgrade-orchestrator")
+
+    async def reports(self, node: str, api: DeviceApi, serving: bool = True) -> None:
+        """The node's device plugin says on its own what it serves (its start)."""
+        await self.publish(DeviceApiApplied(api=api, serving=serving), node, "/gpuop/device-plugin")
+
+    async def saga(self, node: str) -> DeviceApiSaga | None:
+        stored = await self.store.get(node)
+        return None if stored is None else stored.saga
+
+    async def started(self, node: str) -> DeviceApiSaga:
+        async with asyncio.timeout(5):
+            while (saga := await self.saga(node)) is None:
+                await asyncio.sleep(0.005)
+        return saga
+
+    async def settle(self, *, until_ended: tuple[str, ...] = (), quiet: float = 0.15) -> None:
+        """Admission passes until the nodes `until_ended` name have ended, then until
+        nothing changes for `quiet` seconds."""
+        runner = self.stack.runner
+        assert runner is not None and self.stack.outbox is not None
+        loop = asyncio.get_running_loop()
+        calm_from: float | None = None
+        async with asyncio.timeout(10):
+            while calm_from is None or loop.time() - calm_from < quiet:
+                statuses = {n: NodeStatus() for n in self.nodes}
+                await runner.admit(statuses, self.stack.clock.now())
+                sagas = [await self.saga(node) for node in until_ended]
+                ended = all(s is not None and s.state in TERMINAL_STATES for s in sagas)
+                if ended and calm_from is None:
+                    calm_from = loop.time()
+                await asyncio.sleep(0.01)
+            await self.stack.outbox.idle()
+
+
+@asynccontextmanager
+async def switching(
+    spec: GPUClusterPolicySpec,
+    nodes: tuple[str, ...] = ("gpu-node-1",),
+    *,
+    plugins: DevicePlugins | None = None,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
+) -> AsyncIterator[Switching]:
+    """The runtime with the device-API kind; `labels` are the nodes' as the watch saw them."""
+    plugins = plugins or DevicePlugins()
+    bus = InMemoryBus()
+    await bus.start()
+    stack = Stack(bus, spec)
+    runner = await stack.start()
+    store = await SagaStore.open(bus, DEVICE_API_SWITCH)
+    known = dict(labels or {})
+    starter = Starter(runner, store, labels=lambda n: known.get(n, {}), clock=stack.clock)
+    runner.kinds = (starter.runner(),)
+
+    async def plugin(delivery: Delivery) -> None:
+        envelope = delivery.envelope
+        for event in plugins.answer(envelope.node, delivery.payload, envelope.id):
+            await bus.publish(
+                new_event(event, node=envelope.node, source="/gpuop/device-plugin",
+                          causationid=envelope.id, now=stack.clock.now())
+            )  # fmt: skip
+
+    consumer = await bus.consume(
+        ConsumerSpec(durable="agents", subjects=(subjects.stream_filter(subjects.Kind.COMMAND),)),
+        plugin,
+    )
+    subscription = await intake.start(bus, runner)
+    await runner.record_policy(spec)
+    try:
+        yield Switching(bus, stack, store, plugins, nodes)
+    finally:
+        await subscription.stop()
+        await consumer.stop()
+        await stack.stop()
+        await bus.close()
+
+
+def actions_of(stack: Stack, kind: type[Any]) -> list[Any]:
+    """The Kubernetes actions of `kind` the fake API server was asked for, in order."""
+    return [action for _, action in stack.kube.done if isinstance(action, kind)]
