@@ -227,6 +227,11 @@ def _title(args: argparse.Namespace) -> str:
             f"GPU remediation: XID {scenarios.XID} on {scenarios.TARGETS} of {args.nodes} "
             "nodes, quarantine to recovery"
         )
+    if args.scenario == "dra":
+        return (
+            f"DRA: {scenarios.TARGETS} of {args.nodes} nodes switched by the device-API saga, "
+            "a claim on each, a GPU fault"
+        )
     if args.scenario == rollout_view.MIG:
         return (
             f"MIG reconfiguration: {scenarios.TARGETS} of {args.nodes} nodes to "
