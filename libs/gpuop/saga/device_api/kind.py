@@ -22,7 +22,7 @@ from gpuop.saga.device_api.phases import PHASES
 from gpuop.saga.device_api.records import DeviceApiSaga, StepResult, SwitchStep
 from gpuop.saga.device_api.states import TABLE, TERMINAL_STATES, DeviceApiState
 from gpuop.saga.device_api.steps import limit_seconds
-from gpuop.saga.machine import Kind, StepLike, Trigger
+from gpuop.saga.machine import Kind, Trigger
 
 S = DeviceApiState
 NAME = "device-api"
@@ -44,9 +44,7 @@ def removed(draft: Draft) -> None:
     draft.move(S.FAILED, NODE_REMOVED, retry=False)
 
 
-def _limit(saga: DeviceApiSaga, step: StepLike, spec: GPUClusterPolicySpec) -> float | None:
-    if not isinstance(step, SwitchStep):
-        raise TypeError(f"a device-API step is a SwitchStep, not {type(step).__name__}")
+def _limit(saga: DeviceApiSaga, step: SwitchStep, spec: GPUClusterPolicySpec) -> float | None:
     return limit_seconds(step, spec.upgrade_policy)
 
 
@@ -59,6 +57,7 @@ DEVICE_API: Kind[DeviceApiSaga, DeviceApiState, Draft] = Kind(
     removed=removed,
     announce=announce,
     limit=_limit,
+    step_type=SwitchStep,
 )
 """The device-API switch, a saga kind beside the others."""
 DEVICE_API.check()

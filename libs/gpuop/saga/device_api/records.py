@@ -7,7 +7,7 @@ KV beside the node's other sagas, and folds every event of the node into it thro
 wanted and the one served at the start, the pending step with its deadline, what was done
 (cordoned, `SetDeviceApi` sent) and so what a failure must undo.
 
-Frozen and JSON-serialisable (`to_json` / `from_json`).
+Frozen and JSON-serialisable (`machine.StoredRecord`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from gpuop.events.fields import (
     NodeName,
     Record,
 )
-from gpuop.saga.machine import Transition
+from gpuop.saga.machine import StepResult, StoredRecord, Transition
 
 HISTORY_LIMIT = 32
 """Step outcomes kept in the record (the event log keeps them all)."""
@@ -66,19 +66,6 @@ class SwitchStep(Record):
         return self.kind.value
 
 
-class StepResult(DocumentedEnum):
-    """How a step ended."""
-
-    SUCCEEDED = "succeeded"
-    """It did what it had to."""
-    FAILED = "failed"
-    """Its executor reported a failure."""
-    EXPIRED = "expired"
-    """Its deadline passed first."""
-    SKIPPED = "skipped"
-    """Nothing to do (cordoned before the switch, the node gone)."""
-
-
 class SwitchOutcome(Record):
     """One ended step, for operators and the record's audit trail."""
 
@@ -98,7 +85,7 @@ class SwitchFailure(Record):
     at: AwareDatetime
 
 
-class DeviceApiSaga(Record):
+class DeviceApiSaga(StoredRecord):
     """Where one node's device-API switch stands, durable across any crash."""
 
     saga_id: CorrelationId
@@ -134,13 +121,6 @@ class DeviceApiSaga(Record):
     history: tuple[SwitchOutcome, ...] = Field(default=(), max_length=HISTORY_LIMIT)
     """The latest step outcomes, oldest first."""
 
-    def to_json(self) -> bytes:
-        return self.model_dump_json().encode()
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> DeviceApiSaga:
-        return cls.model_validate_json(data)
-
     def ended(self, at: datetime, result: str, detail: str) -> DeviceApiSaga:
         """This record with the pending step's outcome appended to its bounded history."""
         outcome = SwitchOutcome(
@@ -172,3 +152,15 @@ def new_saga(
         reason=reason[:2048],
         step_started=now,
     )
+
+
+__all__ = [
+    "DeviceApiSaga",
+    "StepResult",
+    "SwitchFailure",
+    "SwitchOutcome",
+    "SwitchStep",
+    "SwitchStepKind",
+    "new_saga",
+    "saga_id_for",
+]
