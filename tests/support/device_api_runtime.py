@@ -8,7 +8,6 @@ own `DeviceApiApplied`, `settle` runs admission passes until the sagas rest.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,13 +17,10 @@ from gpuop.bus import ConsumerSpec, Delivery, InMemoryBus
 from gpuop.events import Event, kube, new_event, subjects
 from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied, SetDeviceApi
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import NodeStatus
-from gpuop.saga.device_api.records import DeviceApiSaga
-from gpuop.saga.device_api.states import TERMINAL_STATES
 from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.device_apis import DEVICE_API_SWITCH, Starter
 from gpuop.services.upgrade_orchestrator.store import SagaStore
-from tests.support.orchestrator import Stack, answers
+from tests.support.orchestrator import KindHarness, Stack, answers
 
 
 @dataclass
@@ -48,14 +44,10 @@ class DevicePlugins:
 
 
 @dataclass
-class Switching:
+class Switching(KindHarness):
     """A running orchestrator with the device-API kind, and its device plugins."""
 
-    bus: InMemoryBus
-    stack: Stack
-    store: SagaStore[DeviceApiSaga]
-    plugins: DevicePlugins
-    nodes: tuple[str, ...]
+    plugins: DevicePlugins = field(default_factory=DevicePlugins)
 
     async def publish(self, event: Event, node: str, source: str) -> None:
         await self.bus.publish(new_event(event, node=node, source=source,
@@ -69,34 +61,6 @@ class Switching:
     async def reports(self, node: str, api: DeviceApi, serving: bool = True) -> None:
         """The node's device plugin says on its own what it serves (its start)."""
         await self.publish(DeviceApiApplied(api=api, serving=serving), node, "/gpuop/device-plugin")
-
-    async def saga(self, node: str) -> DeviceApiSaga | None:
-        stored = await self.store.get(node)
-        return None if stored is None else stored.saga
-
-    async def started(self, node: str) -> DeviceApiSaga:
-        async with asyncio.timeout(5):
-            while (saga := await self.saga(node)) is None:
-                await asyncio.sleep(0.005)
-        return saga
-
-    async def settle(self, *, until_ended: tuple[str, ...] = (), quiet: float = 0.15) -> None:
-        """Admission passes until the nodes `until_ended` name have ended, then until
-        nothing changes for `quiet` seconds."""
-        runner = self.stack.runner
-        assert runner is not None and self.stack.outbox is not None
-        loop = asyncio.get_running_loop()
-        calm_from: float | None = None
-        async with asyncio.timeout(10):
-            while calm_from is None or loop.time() - calm_from < quiet:
-                statuses = {n: NodeStatus() for n in self.nodes}
-                await runner.admit(statuses, self.stack.clock.now())
-                sagas = [await self.saga(node) for node in until_ended]
-                ended = all(s is not None and s.state in TERMINAL_STATES for s in sagas)
-                if ended and calm_from is None:
-                    calm_from = loop.time()
-                await asyncio.sleep(0.01)
-            await self.stack.outbox.idle()
 
 
 @asynccontextmanager
@@ -133,7 +97,7 @@ async def switching(
     subscription = await intake.start(bus, runner)
     await runner.record_policy(spec)
     try:
-        yield Switching(bus, stack, store, plugins, nodes)
+        yield Switching(bus, stack, store, nodes, plugins)
     finally:
         await subscription.stop()
         await consumer.stop()

@@ -7,7 +7,6 @@ node's `nvidia.com/mig.config`, `settle` runs admission passes until the sagas r
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -20,14 +19,11 @@ from gpuop.events import remediation_commands as remedies
 from gpuop.events.fields import NamespacedName
 from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import NodeStatus
-from gpuop.saga.mig.records import MigSaga
-from gpuop.saga.mig.states import TERMINAL_STATES
 from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.migs import MIG_RECONFIGURATION, Starter
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from tests.support.mig_sagas import POD_A, inventory
-from tests.support.orchestrator import Stack, answers
+from tests.support.orchestrator import KindHarness, Stack, answers
 
 
 @dataclass
@@ -63,14 +59,10 @@ class MigAgents:
 
 
 @dataclass
-class Reconfiguring:
+class Reconfiguring(KindHarness):
     """A running orchestrator with the MIG kind, and its node agents."""
 
-    bus: InMemoryBus
-    stack: Stack
-    store: SagaStore[MigSaga]
-    agents: MigAgents
-    nodes: tuple[str, ...]
+    agents: MigAgents = field(default_factory=MigAgents)
 
     async def relabel(self, node: str, config: str | None) -> None:
         """The node's `nvidia.com/mig.config` is now `config`, as discovery tells it."""
@@ -86,34 +78,6 @@ class Reconfiguring:
             new_event(event, node=node, source="/gpuop/upgrade-orchestrator",
                       now=self.stack.clock.now())
         )  # fmt: skip
-
-    async def saga(self, node: str) -> MigSaga | None:
-        stored = await self.store.get(node)
-        return None if stored is None else stored.saga
-
-    async def started(self, node: str) -> MigSaga:
-        async with asyncio.timeout(5):
-            while (saga := await self.saga(node)) is None:
-                await asyncio.sleep(0.005)
-        return saga
-
-    async def settle(self, *, until_ended: tuple[str, ...] = (), quiet: float = 0.15) -> None:
-        """Admission passes until the nodes `until_ended` name have ended, then until
-        nothing changes for `quiet` seconds."""
-        runner = self.stack.runner
-        assert runner is not None and self.stack.outbox is not None
-        loop = asyncio.get_running_loop()
-        calm_from: float | None = None
-        async with asyncio.timeout(10):
-            while calm_from is None or loop.time() - calm_from < quiet:
-                statuses = {n: NodeStatus() for n in self.nodes}
-                await runner.admit(statuses, self.stack.clock.now())
-                sagas = [await self.saga(node) for node in until_ended]
-                ended = all(s is not None and s.state in TERMINAL_STATES for s in sagas)
-                if ended and calm_from is None:
-                    calm_from = loop.time()
-                await asyncio.sleep(0.01)
-            await self.stack.outbox.idle()
 
 
 @asynccontextmanager
@@ -153,7 +117,7 @@ async def reconfiguring(
     subscription = await intake.start(bus, runner)
     await runner.record_policy(spec)
     try:
-        yield Reconfiguring(bus, stack, store, agents, nodes)
+        yield Reconfiguring(bus, stack, store, nodes, agents)
     finally:
         await subscription.stop()
         await consumer.stop()

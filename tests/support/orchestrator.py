@@ -8,6 +8,7 @@ command, for the fake agents of the tests and the benchmark.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from gpuop.events import kube as observed
 from gpuop.events import remediation_commands as remedies
 from gpuop.events.fields import NamespacedName
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import NodeSaga, actions
+from gpuop.saga import NodeSaga, NodeStatus, actions, replaying
 from gpuop.saga.remediation import actions as remediation_actions
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
@@ -146,3 +147,52 @@ async def messages(bus: InMemoryBus, subject: str) -> list[tuple[Envelope, Paylo
 
 def events(bus_prefix: str, domain: str, node: str | None = None, name: str = "*") -> str:
     return subjects.events_filter(domain, node, name, prefix=bus_prefix)
+
+
+def replays_identically(lines: list[str]) -> replaying.Replayed:
+    """`gpuop replay` of an exported log: every decision the same, or the test fails with
+    replay's report."""
+    log = replaying.parse_log(lines)
+    replayed = replaying.replay(log)
+    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
+    assert comparison.identical, comparison.report()
+    return replayed
+
+
+@dataclass
+class KindHarness:
+    """A running orchestrator with one more saga kind (its store), on `bus`: what the kinds'
+    runtime harnesses share. `settle` runs admission passes until the sagas rest."""
+
+    bus: InMemoryBus
+    stack: Stack
+    store: SagaStore[Any]
+    nodes: tuple[str, ...]
+
+    async def saga(self, node: str) -> Any:
+        stored = await self.store.get(node)
+        return None if stored is None else stored.saga
+
+    async def started(self, node: str) -> Any:
+        async with asyncio.timeout(5):
+            while (saga := await self.saga(node)) is None:
+                await asyncio.sleep(0.005)
+        return saga
+
+    async def settle(self, *, until_ended: tuple[str, ...] = (), quiet: float = 0.15) -> None:
+        """Admission passes until the nodes `until_ended` name have ended, then until
+        nothing changes for `quiet` seconds."""
+        runner = self.stack.runner
+        assert runner is not None and self.stack.outbox is not None
+        loop = asyncio.get_running_loop()
+        calm_from: float | None = None
+        async with asyncio.timeout(10):
+            while calm_from is None or loop.time() - calm_from < quiet:
+                statuses = {n: NodeStatus() for n in self.nodes}
+                await runner.admit(statuses, self.stack.clock.now())
+                sagas = [await self.saga(node) for node in until_ended]
+                ended = all(s is not None and self.store.kind.ended(s) for s in sagas)
+                if ended and calm_from is None:
+                    calm_from = loop.time()
+                await asyncio.sleep(0.01)
+            await self.stack.outbox.idle()

@@ -20,7 +20,7 @@ from gpuop.saga import actions, replaying
 from gpuop.saga.device_api.folding import started
 from tests.support.device_api_runtime import DevicePlugins, actions_of, switching
 from tests.support.device_api_sagas import policy
-from tests.support.orchestrator import events, messages
+from tests.support.orchestrator import events, messages, replays_identically
 
 NODE = "gpu-node-1"
 S = DeviceApiState
@@ -121,14 +121,6 @@ async def test_the_recorded_start_rebuilds_the_same_saga():
         rebuilt = started(NODE, start, saga.step_started)
         assert rebuilt == saga.model_copy(update={"state": S.SWITCH_REQUIRED})
         assert envelope.correlationid == saga.saga_id
-
-
-def replays_identically(lines: list[str]) -> replaying.Replayed:
-    log = replaying.parse_log(lines)
-    replayed = replaying.replay(log)
-    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
-    assert comparison.identical, comparison.report()
-    return replayed
 
 
 async def test_gpuop_replay_reproduces_every_decision_of_each_switch():

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
-from gpuop.bus import Bus, KeyExists, RevisionConflict
+from gpuop.bus import Bus
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, MalformedMessage, UnknownEventType, decode, ids, kube, subjects
 from gpuop.events.device_api import DeviceApiState
@@ -33,7 +33,12 @@ from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied
 from gpuop.saga.device_api import folding, kind, records
 from gpuop.saga.device_api.records import DeviceApiSaga
 from gpuop.saga.kinds import SagaKind
-from gpuop.services.upgrade_orchestrator.kinds import KindRunner, StartRecorder, is_a_node
+from gpuop.services.upgrade_orchestrator.kinds import (
+    KindRunner,
+    StartRecorder,
+    is_a_node,
+    store_new,
+)
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
@@ -142,18 +147,9 @@ class Starter:
             node=node, cause=seed, api=api, previous=previous, now=now, reason=reason
         )
         first = kind.begin(saga, policy, now)
-        earlier = self._store.cached(node)
-        try:
-            if earlier is None:
-                await self._store.create(first.saga)
-            else:
-                await self._store.replace(first.saga, earlier.revision)
-        except (KeyExists, RevisionConflict):
-            return  # another writer: the next event of the node looks again
-        await self._publish.event(
-            folding.start_of(saga), node=node, id=ids.started(saga.saga_id),
-            correlationid=saga.saga_id, causationid=cause, now=now,
-        )  # fmt: skip
+        started = folding.start_of(saga)
+        if not await store_new(self._store, self._publish, first.saga, started, now, cause):
+            return
         log.info("switching %s from %s to %s", node, previous, api, extra={"node": node})
         await self._runner.act(self.runner(), first)
 
