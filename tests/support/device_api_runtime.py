@@ -13,14 +13,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuop.bus import ConsumerSpec, Delivery, InMemoryBus
-from gpuop.events import Event, kube, new_event, subjects
+from gpuop.bus import InMemoryBus
+from gpuop.events import Event, kube, new_event
 from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied, SetDeviceApi
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.device_apis import DEVICE_API_SWITCH, Starter
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner
+from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
-from tests.support.orchestrator import KindHarness, Stack, answers
+from tests.support.orchestrator import KindHarness, Stack, actions_of, answers, running_kind
 
 
 @dataclass
@@ -73,38 +74,16 @@ async def switching(
 ) -> AsyncIterator[Switching]:
     """The runtime with the device-API kind; `labels` are the nodes' as the watch saw them."""
     plugins = plugins or DevicePlugins()
-    bus = InMemoryBus()
-    await bus.start()
-    stack = Stack(bus, spec)
-    runner = await stack.start()
-    store = await SagaStore.open(bus, DEVICE_API_SWITCH)
     known = dict(labels or {})
-    starter = Starter(runner, store, labels=lambda n: known.get(n, {}), clock=stack.clock)
-    runner.kinds = (starter.runner(),)
 
-    async def plugin(delivery: Delivery) -> None:
-        envelope = delivery.envelope
-        for event in plugins.answer(envelope.node, delivery.payload, envelope.id):
-            await bus.publish(
-                new_event(event, node=envelope.node, source="/gpuop/device-plugin",
-                          causationid=envelope.id, now=stack.clock.now())
-            )  # fmt: skip
+    async def switches(bus: InMemoryBus, stack: Stack, runner: Runner) -> KindRunner[Any]:
+        store = await SagaStore.open(bus, DEVICE_API_SWITCH)
+        labelled = Starter(runner, store, labels=lambda n: known.get(n, {}), clock=stack.clock)
+        return labelled.runner()
 
-    consumer = await bus.consume(
-        ConsumerSpec(durable="agents", subjects=(subjects.stream_filter(subjects.Kind.COMMAND),)),
-        plugin,
-    )
-    subscription = await intake.start(bus, runner)
-    await runner.record_policy(spec)
-    try:
+    running = running_kind(spec, switches, plugins.answer, source="/gpuop/device-plugin")
+    async with running as (bus, stack, store):
         yield Switching(bus, stack, store, nodes, plugins)
-    finally:
-        await subscription.stop()
-        await consumer.stop()
-        await stack.stop()
-        await bus.close()
 
 
-def actions_of(stack: Stack, kind: type[Any]) -> list[Any]:
-    """The Kubernetes actions of `kind` the fake API server was asked for, in order."""
-    return [action for _, action in stack.kube.done if isinstance(action, kind)]
+__all__ = ["DevicePlugins", "Switching", "actions_of", "switching"]

@@ -12,18 +12,19 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus
+from gpuop.bus import Buckets, InMemoryBus
 from gpuop.events import Event, new_event, subjects
 from gpuop.events import mig_commands as migev
 from gpuop.events import remediation_commands as remedies
 from gpuop.events.fields import NamespacedName
 from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.services.upgrade_orchestrator import intake
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner
 from gpuop.services.upgrade_orchestrator.migs import MIG_RECONFIGURATION, Starter
+from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from tests.support.mig_sagas import POD_A, inventory
-from tests.support.orchestrator import KindHarness, Stack, answers
+from tests.support.orchestrator import KindHarness, Stack, actions_of, answers, running_kind
 
 
 @dataclass
@@ -91,43 +92,22 @@ async def reconfiguring(
     """The runtime with the MIG kind, each node's inventory (four H200s, MIG off) in KV;
     `kube` answers the read of a policy's ConfigMap (namespace `gpuop`)."""
     agents = agents or MigAgents()
-    bus = InMemoryBus()
-    await bus.start()
-    stack = Stack(bus, spec)
-    runner = await stack.start()
-    inventories = await bus.kv(Buckets.NODES)
-    for node in nodes:
-        await inventories.put(subjects.encode_node(node), inventory().model_dump_json().encode())
-    store = await SagaStore.open(bus, MIG_RECONFIGURATION)
-    starter = Starter(runner, store, inventories, kube=kube, namespace="gpuop", clock=stack.clock)
-    runner.kinds = (starter.runner(),)
 
-    async def agent(delivery: Delivery) -> None:
-        envelope = delivery.envelope
-        for event in agents.answer(delivery.payload, envelope.id):
-            await bus.publish(
-                new_event(event, node=envelope.node, source="/gpuop/agent",
-                          causationid=envelope.id, now=stack.clock.now())
-            )  # fmt: skip
+    async def reconfigurations(bus: InMemoryBus, stack: Stack, runner: Runner) -> KindRunner[Any]:
+        inventories = await bus.kv(Buckets.NODES)
+        for node in nodes:
+            body = inventory().model_dump_json().encode()
+            await inventories.put(subjects.encode_node(node), body)
+        store = await SagaStore.open(bus, MIG_RECONFIGURATION)
+        return Starter(
+            runner, store, inventories, kube=kube, namespace="gpuop", clock=stack.clock
+        ).runner()
 
-    consumer = await bus.consume(
-        ConsumerSpec(durable="agents", subjects=(subjects.stream_filter(subjects.Kind.COMMAND),)),
-        agent,
-    )
-    subscription = await intake.start(bus, runner)
-    await runner.record_policy(spec)
-    try:
+    def answer(node: str, payload: object, command_id: str) -> list[Event]:
+        return agents.answer(payload, command_id)
+
+    async with running_kind(spec, reconfigurations, answer) as (bus, stack, store):
         yield Reconfiguring(bus, stack, store, nodes, agents)
-    finally:
-        await subscription.stop()
-        await consumer.stop()
-        await stack.stop()
-        await bus.close()
-
-
-def actions_of(stack: Stack, kind: type[Any]) -> list[Any]:
-    """The Kubernetes actions of `kind` the fake API server was asked for, in order."""
-    return [action for _, action in stack.kube.done if isinstance(action, kind)]
 
 
 class ConfigMaps:
@@ -149,3 +129,6 @@ class ConfigMaps:
         if self.error is not None:
             raise self.error
         return {"data": self.maps[(namespace, name)]}
+
+
+__all__ = ["ConfigMaps", "MigAgents", "Reconfiguring", "actions_of", "reconfiguring"]
