@@ -276,6 +276,8 @@ def _node_events(role: str, node: str, prefix: str) -> tuple[str, ...]:
             event("device", "mps-daemon-changed"),
             event("device", "gpu-holders-listed"),
             event("device", "gpu-holders-unknown"),
+            # what its node's kubelet plugins serve (the device-API switch's answer)
+            event("device", "api-applied"),
         ),
         "network-manager": (event("network"),),
         "telemetry": (event("device", "health-changed"), *pause),

@@ -14,6 +14,7 @@ from gpuop.events import (
     Payload,
     bus_subject,
     device,
+    device_api_commands,
     ids,
     mig_requests,
     new_command,
@@ -65,6 +66,9 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         "upgrade": "upgrade-orchestrator",
         "remediation": "upgrade-orchestrator",
         "mig": "upgrade-orchestrator",
+        "device-api": "upgrade-orchestrator",
+        # the device plugin's cluster role, which alone reads ResourceClaims
+        "dra": "device-plugin-cluster",
     }
     if payload is device.DeviceHealthChanged:
         return user == "telemetry"
@@ -72,8 +76,12 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         return user == "discovery-cluster"  # from the Node's labels, which only it watches
     if payload in (remediation_commands.GpuHoldersListed, remediation_commands.GpuHoldersUnknown):
         return user == "device-plugin"  # the holders of its node's GPUs, from its kubelet
-    if payload in (device.DevicePluginConfigApplied, device.MpsDaemonChanged):
-        return user == "device-plugin"
+    if payload in (
+        device.DevicePluginConfigApplied,
+        device.MpsDaemonChanged,
+        device_api_commands.DeviceApiApplied,
+    ):
+        return user == "device-plugin"  # what its node's kubelet plugins serve
     return owners[payload.DOMAIN] == user
 
 
