@@ -145,3 +145,23 @@ async def test_gpuop_replay_reproduces_every_decision_of_each_switch():
     recorded = replaying.recorded_outputs(replaying.parse_log(lines))
     commands = [o.type for o in recorded["gpu-node-1"] if o.kind == "command"]
     assert commands.count("io.gpuop.cmd.device-plugin.set-device-api.v1") == 3
+
+
+async def test_a_policy_change_reaches_a_node_that_says_nothing_through_the_reconcile():
+    async with switching(policy()) as harness:
+        await harness.reports(NODE, D.DEVICE_PLUGIN)
+        await harness.settle()
+        assert await harness.saga(NODE) is None
+        harness.stack.policy = policy(device_api="dra")
+        runner = harness.stack.runner
+        assert runner is not None
+        [starter] = [kind.starter for kind in runner.kinds]
+        await starter.reconcile({NODE: {}}, harness.stack.clock.now())  # type: ignore[union-attr]
+        saga = await harness.started(NODE)
+        assert (saga.api, saga.previous) == (D.DRA, D.DEVICE_PLUGIN)
+        await harness.settle(until_ended=(NODE,))
+        assert (await harness.saga(NODE)).state is S.DONE
+        # the next reconciles find the node as the policy wants it
+        await starter.reconcile({NODE: {}}, harness.stack.clock.now())  # type: ignore[union-attr]
+        await harness.settle()
+        assert (await harness.saga(NODE)).saga_id == saga.saga_id

@@ -128,6 +128,7 @@ class Controller:
         self._resumed = False
         self._runner: Runner | None = None
         self._remediations: remediations.Starter | None = None
+        self._switches: device_apis.Starter | None = None
 
     async def kind_runners(
         self, runner: Runner, store: SagaStore, inventories: KeyValue
@@ -146,8 +147,10 @@ class Controller:
             runner, migs_, inventories, kube=self._kube,
             namespace=self._config.lease_namespace, clock=self._clock, known=self._watched,
         )  # fmt: skip
-        switches = device_apis.Starter(
-            runner, await SagaStore.open(self._bus, device_apis.DEVICE_API_SWITCH),
+        switching = await SagaStore.open(self._bus, device_apis.DEVICE_API_SWITCH)
+        await switching.load()  # what ran before: a failed switch is not started again
+        self._switches = switches = device_apis.Starter(
+            runner, switching,
             labels=lambda node: self.nodes.labels.get(node, {}), clock=self._clock,
             known=self._watched,
         )  # fmt: skip
@@ -260,6 +263,8 @@ class Controller:
             if started is not None:
                 await runner.announce(runner.upgrades, started)
                 deadlines.schedule(started)
+        if self._switches is not None:  # a node whose deviceAPI the policy changed
+            await self._switches.reconcile(self.nodes.labels, now)
         managed = {
             node: status
             for node, status in self.nodes.statuses.items()

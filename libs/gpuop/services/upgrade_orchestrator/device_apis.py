@@ -3,15 +3,16 @@
 `DEVICE_API_SWITCH` hands the runner the pure kind (`gpuop.saga.device_api`): records under
 `device-api.<node>` in `gpuop_sagas`, the fold (`gpuop.saga.device_api.folding`), its
 outputs. `Starter` is its starting hook, given every event of the intake before the runner
-decides it, under the node's lock. On the node's device plugin's `DeviceApiApplied` and on
-the node watch's `NodeObserved` (each change of the node, and every resync: so a change of
-the policy reaches every node within a resync), it compares the API the policy wants for
-the node (`GPUClusterPolicySpec.device_api_for` its labels: its driver pool's `deviceAPI`,
-else the top-level one) with the one the node serves (its latest `DeviceApiApplied`; none:
-the device plugin API, which a node serves until told otherwise) and, when they differ and
-no switch runs there, starts one: stored (compare-and-set), recorded as
-`DeviceApiSwitchStarted` (which `gpuop replay` builds the same saga from, without the labels
-or the plugin's history), and its first decision carried out (it waits for admission).
+decides it, under the node's lock, and `reconcile`, which the controller calls on each of
+its reconciles (a change of the policy, of a node, or the resync). On the node's device
+plugin's `DeviceApiApplied`, the node watch's `NodeObserved`, and each reconcile, it
+compares the API the policy wants for the node (`GPUClusterPolicySpec.device_api_for` its
+labels: its driver pool's `deviceAPI`, else the top-level one) with the one the node serves
+(its latest `DeviceApiApplied`; none: the device plugin API, which a node serves until told
+otherwise) and, when they differ and no switch runs there, starts one: stored
+(compare-and-set), recorded as `DeviceApiSwitchStarted` (which `gpuop replay` builds the
+same saga from, without the labels or the plugin's history), and its first decision carried
+out (it waits for admission).
 
 A switch that failed is not started again for the same API by itself (the node would be
 drained again on every resync): the next change of the policy for the node, or of what its
@@ -87,6 +88,8 @@ class Starter:
         """The node's labels as the node watch last saw them (a pool's selector may name
         any label; `NodeObserved` carries gpuop's only)."""
         self._known = known
+        self._served: dict[str, DeviceApi] = {}
+        """Per node, the API its device plugin last said it serves."""
         self._publish = Publisher(runner.bus, clock)
         self._recorder = StartRecorder(runner.bus, self._publish)
 
@@ -98,18 +101,31 @@ class Starter:
         than the policy wants for it."""
         if not isinstance(event, DeviceApiApplied | kube.NodeObserved) or not self._known(node):
             return
-        policy = self._runner.policy()
-        if policy is None:
-            return
-        existing = await self._store.get(node)
-        if existing is not None and not DEVICE_API_SWITCH.ended(existing.saga):
-            return
+        if isinstance(event, DeviceApiApplied):
+            self._served[node] = event.api
         labels = self._labels(node)
         if not labels and isinstance(event, kube.NodeObserved):
             labels = event.labels
+        await self._compare(node, labels, now, cause)
+
+    async def reconcile(self, labels: Mapping[str, Mapping[str, str]], now: datetime) -> None:
+        """Start a switch on each node of `labels` (the node watch's) whose API differs from
+        the policy's: the controller calls it on every reconcile, so a change of the policy
+        or of a node's labels (its pool) reaches every node without an event of its own."""
+        for node, node_labels in labels.items():
+            await self._compare(node, node_labels, now, None)
+
+    async def _compare(
+        self, node: str, labels: Mapping[str, str], now: datetime, cause: str | None
+    ) -> None:
+        policy = self._runner.policy()
+        if policy is None:
+            return
+        existing = self._store.cached(node)
+        if existing is not None and not DEVICE_API_SWITCH.ended(existing.saga):
+            return
         wanted = policy.device_api_for(labels)
-        latest = event if isinstance(event, DeviceApiApplied) else await served(self._bus, node)
-        previous = DeviceApi.DEVICE_PLUGIN if latest is None else latest.api
+        previous = await self._served_by(node)
         if previous is wanted:
             return
         if existing is not None and _failed_to(existing.saga, wanted, previous):
@@ -117,6 +133,14 @@ class Starter:
         source = "its driver pool's" if policy.driver.pool_for(labels) else "the policy's"
         reason = f"{source} deviceAPI wants {wanted}; the node serves {previous}"
         await self._start(node, wanted, previous, reason, now, cause)
+
+    async def _served_by(self, node: str) -> DeviceApi:
+        """What the node's device plugin last said it serves (read from the log once per
+        leader, then kept from its answers); the device plugin API when it said nothing."""
+        if node not in self._served:
+            latest = await served(self._bus, node)
+            self._served[node] = DeviceApi.DEVICE_PLUGIN if latest is None else latest.api
+        return self._served[node]
 
     @property
     def _bus(self) -> Bus:
