@@ -263,8 +263,6 @@ class Controller:
             if started is not None:
                 await runner.announce(runner.upgrades, started)
                 deadlines.schedule(started)
-        if self._switches is not None:  # a node whose deviceAPI the policy changed
-            await self._switches.reconcile(self.nodes.labels, now)
         managed = {
             node: status
             for node, status in self.nodes.statuses.items()
@@ -283,6 +281,8 @@ class Controller:
         skipped &= {saga.node for saga in sagas if saga.state is UpgradeState.UPGRADE_REQUIRED}
         await self._reporter.report(rollout_id, spec, sagas, now, skipped)
         await self._write_status(sagas, spec, rollout, now, skipped)
+        if self._switches is not None:  # last: nodes whose deviceAPI the policy changed
+            await self._switches.reconcile(self.nodes.labels, now)
 
     def _selected(self, spec: GPUClusterPolicySpec) -> list[str]:
         """The GPU nodes the policy's `nodeSelector` selects, by name."""

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
-from gpuop.bus import Bus
+from gpuop.bus import Bus, BusError
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, MalformedMessage, UnknownEventType, decode, ids, kube, subjects
 from gpuop.events.device_api import DeviceApiState
@@ -112,8 +112,11 @@ class Starter:
         """Start a switch on each node of `labels` (the node watch's) whose API differs from
         the policy's: the controller calls it on every reconcile, so a change of the policy
         or of a node's labels (its pool) reaches every node without an event of its own."""
-        for node, node_labels in labels.items():
-            await self._compare(node, node_labels, now, None)
+        for node, node_labels in list(labels.items()):
+            try:
+                await self._compare(node, node_labels, now, None)
+            except BusError as error:  # the next reconcile looks again; the others go on
+                log.info("cannot compare the device API of %s yet: %s", node, error)
 
     async def _compare(
         self, node: str, labels: Mapping[str, str], now: datetime, cause: str | None
