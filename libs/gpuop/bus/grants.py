@@ -7,9 +7,10 @@ renders it into a server configuration and tries every other node's subjects wit
 services build their consumers from `consumer` (the same table), so a consumer that changes
 here changes in the grants at once, and one that drifts fails a unit test.
 
-A node agent's grants are exact for its node: its own node token in every event it may
-publish, its consumers by name and filter (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`,
-which only the filter-in-subject form lets a permission bind), `MSG.NEXT`, `INFO` and acks of
+A node agent's grants are exact for its node: its own node token and the exact event names
+(`gpuop.events.event_names`, from the events registry) in every event it may publish, its
+consumers by name and filter (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, which only
+the filter-in-subject form lets a permission bind), `MSG.NEXT`, `INFO` and acks of
 those names only, its dead letters for its node, its own KV key (key-scoped direct gets), and
 replies on its own inbox prefix. A stream read back at start (`Bus.read`) uses a short-lived
 push consumer named after the identity and the filter (`read_name`), delivering to that inbox.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 from gpuop.bus import streams
 from gpuop.bus.protocol import Buckets, ConsumerSpec
-from gpuop.events import subjects
+from gpuop.events import event_names, subjects
 
 NODE_ROLES = frozenset(
     {"discovery", "driver-manager", "device-plugin", "network-manager", "telemetry"}
@@ -35,6 +36,7 @@ NODE_ROLES = frozenset(
 CLUSTER_ROLES = frozenset(
     {
         "discovery-cluster",
+        "device-plugin-cluster",
         "network-manager-cluster",
         "telemetry-cluster",
         "upgrade-orchestrator",
@@ -183,6 +185,7 @@ def _node_consumers(role: str, node: str, prefix: str) -> tuple[Consumer, ...]:
 
 _CLUSTER_DURABLES: dict[str, tuple[str, ...]] = {
     "discovery-cluster": ("discovery-labeler",),
+    "device-plugin-cluster": ("device-plugin-dra",),
     "upgrade-orchestrator": ("upgrade-orchestrator",),
 }
 """Cluster roles' durable consumers, all on the events stream; their filters are in the
@@ -246,6 +249,12 @@ def _reads(identity: Identity, prefix: str) -> tuple[str, ...]:
             subjects.events_filter("device", name="plugin-config-selected", prefix=prefix),
             subjects.events_filter("device", name="mig-config-requested", prefix=prefix),
         )
+    if identity.role == "device-plugin-cluster":
+        # at start: each node's latest device API answer, and what it told of claims
+        return (
+            subjects.events_filter("device", name="api-applied", prefix=prefix),
+            subjects.events_filter("dra", prefix=prefix),
+        )
     if identity.role == "telemetry-cluster":
         return (
             subjects.stream_filter(subjects.Kind.EVENT, prefix=prefix),
@@ -263,23 +272,27 @@ def reads(identity: Identity, *, prefix: str = subjects.DEFAULT_PREFIX) -> tuple
 
 
 def _node_events(role: str, node: str, prefix: str) -> tuple[str, ...]:
-    def event(domain: str, name: str = "*") -> str:
+    def event(domain: str, name: str) -> str:
         return subjects.events_filter(domain, node, name, prefix=prefix)
+
+    def every(domain: str) -> tuple[str, ...]:
+        # the registry's exact names, never `*`: a subject a node makes up would be one
+        # more the event log keeps `events_per_subject` messages of, without bound
+        return tuple(event(domain, name) for name in event_names(domain))
 
     pause = (event("device", "operand-paused"), event("device", "operand-resumed"))
     published: dict[str, tuple[str, ...]] = {
-        "discovery": (event("hardware"), *pause),
-        "driver-manager": (event("driver"),),
+        "discovery": (*every("hardware"), *pause),
+        "driver-manager": every("driver"),
         "device-plugin": (
             *pause,
             event("device", "plugin-config-applied"),
             event("device", "mps-daemon-changed"),
             event("device", "gpu-holders-listed"),
             event("device", "gpu-holders-unknown"),
-            # what its node's kubelet plugins serve (the device-API switch's answer)
-            event("device", "api-applied"),
+            event("device", "api-applied"),  # which kubelet API serves its GPUs
         ),
-        "network-manager": (event("network"),),
+        "network-manager": every("network"),
         "telemetry": (event("device", "health-changed"), *pause),
     }
     return published[role]
@@ -290,6 +303,8 @@ _CLUSTER_PUBLISHES: dict[str, Callable[[str], tuple[str, ...]]] = {
         subjects.events_filter("device", name="plugin-config-selected", prefix=p),
         subjects.events_filter("device", name="mig-config-requested", prefix=p),
     ),
+    # the DRA claims' allocations, on any node: only this role reads claims
+    "device-plugin-cluster": lambda p: (subjects.events_filter("dra", prefix=p),),
     "network-manager-cluster": lambda p: (),
     "telemetry-cluster": lambda p: (),
     "upgrade-orchestrator": lambda p: (
@@ -304,6 +319,10 @@ _CLUSTER_PUBLISHES: dict[str, Callable[[str], tuple[str, ...]]] = {
     "observer": lambda p: (),
 }
 _CLUSTER_DEAD_LETTERS: dict[str, Callable[[str], tuple[str, ...]]] = {
+    "device-plugin-cluster": lambda p: (
+        subjects.events_filter("hardware", name="discovered", prefix=p),
+        subjects.events_filter("device", name="api-applied", prefix=p),
+    ),
     "discovery-cluster": lambda p: tuple(
         subjects.events_filter(domain, name=name, prefix=p)
         for domain, name in (
@@ -388,6 +407,9 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
         )
     if role == "discovery-cluster":
         return reading(Buckets.NODES)
+    if role == "device-plugin-cluster":
+        # the inventories at start: their keys listed, each read
+        return (*reading(Buckets.NODES), *watching(Buckets.NODES, ">"))
     if role == "network-manager-cluster":
         return (
             *key(Buckets.CONFIG, ">"),

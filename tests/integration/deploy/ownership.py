@@ -31,6 +31,7 @@ SERVICE_USERS = (
     "discovery-cluster",
     "driver-manager",
     "device-plugin",
+    "device-plugin-cluster",
     "network-manager",
     "network-manager-cluster",
     "telemetry",
@@ -67,8 +68,7 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         "remediation": "upgrade-orchestrator",
         "mig": "upgrade-orchestrator",
         "device-api": "upgrade-orchestrator",
-        # the device plugin's cluster role, which alone reads ResourceClaims
-        "dra": "device-plugin-cluster",
+        "dra": "device-plugin-cluster",  # claims' allocations: only it reads claims
     }
     if payload is device.DeviceHealthChanged:
         return user == "telemetry"
@@ -81,7 +81,7 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         device.MpsDaemonChanged,
         device_api_commands.DeviceApiApplied,
     ):
-        return user == "device-plugin"  # what its node's kubelet plugins serve
+        return user == "device-plugin"
     return owners[payload.DOMAIN] == user
 
 
