@@ -67,13 +67,8 @@ def step(
 def state_changed(
     saga: DeviceApiSaga, transition: machine.Transition[DeviceApiState]
 ) -> NodeDeviceApiStateChanged:
-    return NodeDeviceApiStateChanged(
-        saga_id=saga.saga_id,
-        api=saga.api,
-        from_state=transition.from_state,
-        to_state=transition.to_state,
-        reason=transition.reason[:2048],
-        attempt=transition.attempt,
+    return machine.state_event(
+        NodeDeviceApiStateChanged, transition, saga_id=saga.saga_id, api=saga.api
     )
 
 
