@@ -14,6 +14,7 @@ from gpuop.events import (
     Payload,
     deadlines,
     device,
+    device_api,
     device_api_commands,
     dra,
     driver,
@@ -257,6 +258,19 @@ SAMPLES: list[Payload] = [
         ),
         pods=(dra.PodRef(namespace="ml", name="train", uid=POD_UID),),
         resource_version="4711",
+    ),
+    device_api.DeviceApiSwitchStarted(
+        saga_id=SAGA,
+        api=device_api_commands.DeviceApi.DRA,
+        previous=device_api_commands.DeviceApi.DEVICE_PLUGIN,
+        reason="policy deviceAPI: dra",
+    ),
+    device_api.NodeDeviceApiStateChanged(
+        saga_id=SAGA,
+        api=device_api_commands.DeviceApi.DRA,
+        from_state=device_api.DeviceApiState.DRAIN_REQUIRED,
+        to_state=device_api.DeviceApiState.API_SWITCH_REQUIRED,
+        reason="no pod holds a GPU of the node",
     ),
     dra.ClaimReleased(
         claim=dra.ClaimRef(namespace="ml", name="train-gpu-x7k2p", uid=CLAIM_UID), deleted=True

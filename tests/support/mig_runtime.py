@@ -7,27 +7,24 @@ node's `nvidia.com/mig.config`, `settle` runs admission passes until the sagas r
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus
+from gpuop.bus import Buckets, InMemoryBus
 from gpuop.events import Event, new_event, subjects
 from gpuop.events import mig_commands as migev
 from gpuop.events import remediation_commands as remedies
 from gpuop.events.fields import NamespacedName
 from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import NodeStatus
-from gpuop.saga.mig.records import MigSaga
-from gpuop.saga.mig.states import TERMINAL_STATES
-from gpuop.services.upgrade_orchestrator import intake
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner
 from gpuop.services.upgrade_orchestrator.migs import MIG_RECONFIGURATION, Starter
+from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from tests.support.mig_sagas import POD_A, inventory
-from tests.support.orchestrator import Stack, answers
+from tests.support.orchestrator import KindHarness, Stack, actions_of, answers, running_kind
 
 
 @dataclass
@@ -63,14 +60,10 @@ class MigAgents:
 
 
 @dataclass
-class Reconfiguring:
+class Reconfiguring(KindHarness):
     """A running orchestrator with the MIG kind, and its node agents."""
 
-    bus: InMemoryBus
-    stack: Stack
-    store: SagaStore[MigSaga]
-    agents: MigAgents
-    nodes: tuple[str, ...]
+    agents: MigAgents = field(default_factory=MigAgents)
 
     async def relabel(self, node: str, config: str | None) -> None:
         """The node's `nvidia.com/mig.config` is now `config`, as discovery tells it."""
@@ -87,34 +80,6 @@ class Reconfiguring:
                       now=self.stack.clock.now())
         )  # fmt: skip
 
-    async def saga(self, node: str) -> MigSaga | None:
-        stored = await self.store.get(node)
-        return None if stored is None else stored.saga
-
-    async def started(self, node: str) -> MigSaga:
-        async with asyncio.timeout(5):
-            while (saga := await self.saga(node)) is None:
-                await asyncio.sleep(0.005)
-        return saga
-
-    async def settle(self, *, until_ended: tuple[str, ...] = (), quiet: float = 0.15) -> None:
-        """Admission passes until the nodes `until_ended` name have ended, then until
-        nothing changes for `quiet` seconds."""
-        runner = self.stack.runner
-        assert runner is not None and self.stack.outbox is not None
-        loop = asyncio.get_running_loop()
-        calm_from: float | None = None
-        async with asyncio.timeout(10):
-            while calm_from is None or loop.time() - calm_from < quiet:
-                statuses = {n: NodeStatus() for n in self.nodes}
-                await runner.admit(statuses, self.stack.clock.now())
-                sagas = [await self.saga(node) for node in until_ended]
-                ended = all(s is not None and s.state in TERMINAL_STATES for s in sagas)
-                if ended and calm_from is None:
-                    calm_from = loop.time()
-                await asyncio.sleep(0.01)
-            await self.stack.outbox.idle()
-
 
 @asynccontextmanager
 async def reconfiguring(
@@ -127,43 +92,22 @@ async def reconfiguring(
     """The runtime with the MIG kind, each node's inventory (four H200s, MIG off) in KV;
     `kube` answers the read of a policy's ConfigMap (namespace `gpuop`)."""
     agents = agents or MigAgents()
-    bus = InMemoryBus()
-    await bus.start()
-    stack = Stack(bus, spec)
-    runner = await stack.start()
-    inventories = await bus.kv(Buckets.NODES)
-    for node in nodes:
-        await inventories.put(subjects.encode_node(node), inventory().model_dump_json().encode())
-    store = await SagaStore.open(bus, MIG_RECONFIGURATION)
-    starter = Starter(runner, store, inventories, kube=kube, namespace="gpuop", clock=stack.clock)
-    runner.kinds = (starter.runner(),)
 
-    async def agent(delivery: Delivery) -> None:
-        envelope = delivery.envelope
-        for event in agents.answer(delivery.payload, envelope.id):
-            await bus.publish(
-                new_event(event, node=envelope.node, source="/gpuop/agent",
-                          causationid=envelope.id, now=stack.clock.now())
-            )  # fmt: skip
+    async def reconfigurations(bus: InMemoryBus, stack: Stack, runner: Runner) -> KindRunner[Any]:
+        inventories = await bus.kv(Buckets.NODES)
+        for node in nodes:
+            body = inventory().model_dump_json().encode()
+            await inventories.put(subjects.encode_node(node), body)
+        store = await SagaStore.open(bus, MIG_RECONFIGURATION)
+        return Starter(
+            runner, store, inventories, kube=kube, namespace="gpuop", clock=stack.clock
+        ).runner()
 
-    consumer = await bus.consume(
-        ConsumerSpec(durable="agents", subjects=(subjects.stream_filter(subjects.Kind.COMMAND),)),
-        agent,
-    )
-    subscription = await intake.start(bus, runner)
-    await runner.record_policy(spec)
-    try:
-        yield Reconfiguring(bus, stack, store, agents, nodes)
-    finally:
-        await subscription.stop()
-        await consumer.stop()
-        await stack.stop()
-        await bus.close()
+    def answer(node: str, payload: object, command_id: str) -> list[Event]:
+        return agents.answer(payload, command_id)
 
-
-def actions_of(stack: Stack, kind: type[Any]) -> list[Any]:
-    """The Kubernetes actions of `kind` the fake API server was asked for, in order."""
-    return [action for _, action in stack.kube.done if isinstance(action, kind)]
+    async with running_kind(spec, reconfigurations, answer) as (bus, stack, store):
+        yield Reconfiguring(bus, stack, store, nodes, agents)
 
 
 class ConfigMaps:
@@ -185,3 +129,6 @@ class ConfigMaps:
         if self.error is not None:
             raise self.error
         return {"data": self.maps[(namespace, name)]}
+
+
+__all__ = ["ConfigMaps", "MigAgents", "Reconfiguring", "actions_of", "reconfiguring"]

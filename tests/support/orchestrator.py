@@ -8,22 +8,27 @@ command, for the fake agents of the tests and the benchmark.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuop.bus import Buckets, InMemoryBus
+from gpuop.bus import Buckets, ConsumerSpec, Delivery, InMemoryBus
 from gpuop.clocks import VirtualClock
-from gpuop.events import Envelope, Event, Payload, decode, subjects
+from gpuop.events import Envelope, Event, Payload, decode, new_event, subjects
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import kube as observed
 from gpuop.events import remediation_commands as remedies
 from gpuop.events.fields import NamespacedName
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga import NodeSaga, actions
+from gpuop.saga import NodeSaga, NodeStatus, actions, replaying
 from gpuop.saga.remediation import actions as remediation_actions
+from gpuop.services.upgrade_orchestrator import intake
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
+from gpuop.services.upgrade_orchestrator.kinds import KindRunner
 from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from tests.support.clocks import ManualClock
@@ -146,3 +151,102 @@ async def messages(bus: InMemoryBus, subject: str) -> list[tuple[Envelope, Paylo
 
 def events(bus_prefix: str, domain: str, node: str | None = None, name: str = "*") -> str:
     return subjects.events_filter(domain, node, name, prefix=bus_prefix)
+
+
+def replays_identically(lines: list[str]) -> replaying.Replayed:
+    """`gpuop replay` of an exported log: every decision the same, or the test fails with
+    replay's report."""
+    log = replaying.parse_log(lines)
+    replayed = replaying.replay(log)
+    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
+    assert comparison.identical, comparison.report()
+    return replayed
+
+
+@dataclass
+class KindHarness:
+    """A running orchestrator with one more saga kind (its store), on `bus`: what the kinds'
+    runtime harnesses share. `settle` runs admission passes until the sagas rest."""
+
+    bus: InMemoryBus
+    stack: Stack
+    store: SagaStore[Any]
+    nodes: tuple[str, ...]
+
+    async def saga(self, node: str) -> Any:
+        stored = await self.store.get(node)
+        return None if stored is None else stored.saga
+
+    async def started(self, node: str) -> Any:
+        async with asyncio.timeout(5):
+            while (saga := await self.saga(node)) is None:
+                await asyncio.sleep(0.005)
+        return saga
+
+    async def settle(self, *, until_ended: tuple[str, ...] = (), quiet: float = 0.15) -> None:
+        """Admission passes until the nodes `until_ended` name have ended, then until
+        nothing changes for `quiet` seconds."""
+        runner = self.stack.runner
+        assert runner is not None and self.stack.outbox is not None
+        loop = asyncio.get_running_loop()
+        calm_from: float | None = None
+        async with asyncio.timeout(10):
+            while calm_from is None or loop.time() - calm_from < quiet:
+                statuses = {n: NodeStatus() for n in self.nodes}
+                await runner.admit(statuses, self.stack.clock.now())
+                sagas = [await self.saga(node) for node in until_ended]
+                ended = all(s is not None and self.store.kind.ended(s) for s in sagas)
+                if ended and calm_from is None:
+                    calm_from = loop.time()
+                await asyncio.sleep(0.01)
+            await self.stack.outbox.idle()
+
+
+Answer = Callable[[str, object, str], list[Event]]
+"""How fake node agents answer a command: (node, payload, command id) -> their events."""
+
+
+@asynccontextmanager
+async def running_kind(
+    spec: GPUClusterPolicySpec,
+    kind_runner: Callable[[InMemoryBus, Stack, Runner], Awaitable[KindRunner[Any]]],
+    answer: Answer,
+    source: str = "/gpuop/agent",
+) -> AsyncIterator[tuple[InMemoryBus, Stack, SagaStore[Any]]]:
+    """An orchestrator on an InMemoryBus running the upgrade and the kind `kind_runner`
+    makes (its starter and store), the intake feeding it, node agents answering every
+    command through `answer` (published from `source`): the bus, the stack and the kind's
+    store; everything stopped after."""
+    bus = InMemoryBus()
+    await bus.start()
+    stack = Stack(bus, spec)
+    runner = await stack.start()
+    made = await kind_runner(bus, stack, runner)
+    runner.kinds = (made,)
+
+    async def agent(delivery: Delivery) -> None:
+        envelope = delivery.envelope
+        for event in answer(envelope.node, delivery.payload, envelope.id):
+            await bus.publish(
+                new_event(event, node=envelope.node, source=source,
+                          causationid=envelope.id, now=stack.clock.now())
+            )  # fmt: skip
+
+    consumer = await bus.consume(
+        ConsumerSpec(durable="agents", subjects=(subjects.stream_filter(subjects.Kind.COMMAND),)),
+        agent,
+    )
+    subscription = await intake.start(bus, runner)
+    await runner.record_policy(spec)
+    try:
+        yield bus, stack, made.store
+    finally:
+        await subscription.stop()
+        await consumer.stop()
+        await stack.stop()
+        await bus.close()
+
+
+def actions_of(stack: Stack, kind: type[Any]) -> list[Any]:
+    """The Kubernetes actions of `kind` the fake API server was asked for, in order."""
+    return [action for _, action in stack.kube.done if isinstance(action, kind)]

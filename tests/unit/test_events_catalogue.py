@@ -44,6 +44,7 @@ CATALOGUE = [
     gpuop.events.mig,
     gpuop.events.dra,
     gpuop.events.device_api_commands,
+    gpuop.events.device_api,
 ]
 MODELS = [REGISTRY[type_] for type_ in sorted(REGISTRY)]
 TOKEN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")

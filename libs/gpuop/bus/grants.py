@@ -316,6 +316,7 @@ _CLUSTER_PUBLISHES: dict[str, Callable[[str], tuple[str, ...]]] = {
         subjects.events_filter("upgrade", prefix=p),
         subjects.events_filter("remediation", prefix=p),
         subjects.events_filter("mig", prefix=p),
+        subjects.events_filter("device-api", prefix=p),
     ),
     "observer": lambda p: (),
 }
@@ -349,6 +350,8 @@ _CLUSTER_DEAD_LETTERS: dict[str, Callable[[str], tuple[str, ...]]] = {
         subjects.events_filter("upgrade", name="upgrade-failed", prefix=p),
         # the MIG reconfiguration's (`gpuop.saga.mig.folding.is_inbound`)
         subjects.events_filter("device", name="mig-config-requested", prefix=p),
+        # the device-API switch's (`gpuop.saga.device_api.folding.is_inbound`)
+        subjects.events_filter("device", name="api-applied", prefix=p),
     ),
 }
 """Subjects a cluster role's consumers take (and so may dead-letter)."""
@@ -493,13 +496,19 @@ def for_identity(identity: Identity, *, prefix: str = subjects.DEFAULT_PREFIX) -
 def _orchestrator_streams(prefix: str) -> list[str]:
     """The orchestrator reconciles the streams' configuration, and a new leader reads the
     last state change of a saga (`Bus.last`): a direct get with the subject in the API
-    subject, so of upgrade events only, never a message of the log by sequence."""
+    subject, so of upgrade events only, never a message of the log by sequence; the
+    device-API switch's starter reads a node's latest `device.api-applied` and a switch's
+    recorded start the same way."""
     names = [layout.name for layout in streams.layouts(prefix)]
-    upgrades = subjects.events_filter("upgrade", prefix=prefix)
+    latest = (
+        subjects.events_filter("upgrade", prefix=prefix),
+        subjects.events_filter("device", name="api-applied", prefix=prefix),
+        subjects.events_filter("device-api", name="started", prefix=prefix),
+    )
     return [
         *(f"{JS_API}.STREAM.INFO.{name}" for name in names),
         *(f"{JS_API}.STREAM.UPDATE.{name}" for name in names),
-        f"{JS_API}.DIRECT.GET.{names[0]}.{upgrades}",
+        *(f"{JS_API}.DIRECT.GET.{names[0]}.{subject}" for subject in latest),
     ]
 
 

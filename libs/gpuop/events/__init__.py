@@ -5,7 +5,7 @@ The bottom layer: it imports no NATS. Import the catalogue modules as namespaces
 every catalogue module, so `REGISTRY` holds every payload type.
 
 Each saga kind's contract is named one way: `<kind>` is the kind's public face (its domain,
-published by the upgrade orchestrator alone: `upgrade`, `remediation`, `mig`),
+published by the upgrade orchestrator alone: `upgrade`, `remediation`, `mig`, `device_api`),
 `<kind>_commands` the commands its saga sends node agents and their answers
 (`remediation_commands`, `mig_commands`, `device_api_commands`; the upgrade's are the
 driver-manager's own `driver`), and `<kind>_requests` what another service publishes to start one
@@ -16,6 +16,7 @@ driver-manager's own `driver`), and `<kind>_requests` what another service publi
 from gpuop.events import (
     deadlines,
     device,
+    device_api,
     device_api_commands,
     dra,
     driver,
@@ -68,6 +69,7 @@ __all__ = [
     "decode",
     "decode_on",
     "device",
+    "device_api",
     "device_api_commands",
     "dra",
     "driver",

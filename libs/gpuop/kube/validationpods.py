@@ -10,6 +10,13 @@ NoSchedule/NoExecute taints, so it tolerates the cordon's taint and gpuop's own
 so executing the action again after a crash finds the same pod (AlreadyExists) and waits
 for it instead of starting a second one.
 
+On a node serving its GPUs through DRA (`PodSpec.device_class`, the device-API switch's
+validation) the pod asks no `nvidia.com/gpu`: it holds a ResourceClaim for one device of
+that DeviceClass, created first under the pod's name and deleted after it. A claim is
+allocated by the scheduler only, so that pod is not bound by `nodeName` but pinned to the
+node by a required node affinity on `metadata.name` (and tolerates the cordon, which the
+scheduler honours): only a device of the node's own slice can satisfy it.
+
 Waiting reads the pod (`read_namespaced_pod`) on a backoff from `FIRST_POLL` to
 `LAST_POLL` seconds: a few requests for a pod that runs for a second, one every few
 seconds for one that runs a minute.
@@ -31,6 +38,8 @@ from gpuop.kube.client import Kube, Obj
 LABEL = "gpuop.io/validation-pod"
 """Label of every validation pod; its value is the node's name (truncated to 63)."""
 GPU = "nvidia.com/gpu"
+CLAIM = "gpu"
+"""The name of the pod's claim, and of its one request, on a DRA node."""
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 FIRST_POLL = 0.1
 LAST_POLL = 2.0
@@ -46,6 +55,8 @@ class PodSpec:
     command: tuple[str, ...]
     namespace: str
     runtime_class_name: str = ""
+    device_class: str = ""
+    """Empty: one `nvidia.com/gpu`; else a ResourceClaim for one device of this DeviceClass."""
 
 
 @dataclass(frozen=True)
@@ -76,19 +87,30 @@ def manifest(node: str, name: str, spec: PodSpec) -> Obj:
         {"key": DRIVER_NOT_READY_TAINT, "operator": "Exists"},
         {"key": GPU, "operator": "Exists"},
     ]
+    container: dict[str, Any] = {
+        "name": "validator",
+        "image": spec.image,
+        "command": list(spec.command),
+        "resources": {"limits": {GPU: "1"}},
+    }
     pod_spec: dict[str, Any] = {
         "nodeName": node,
         "restartPolicy": "Never",
         "tolerations": tolerations,
-        "containers": [
-            {
-                "name": "validator",
-                "image": spec.image,
-                "command": list(spec.command),
-                "resources": {"limits": {GPU: "1"}},
-            }
-        ],
+        "containers": [container],
     }
+    if spec.device_class:
+        del pod_spec["nodeName"]
+        container["resources"] = {"claims": [{"name": CLAIM}]}
+        pod_spec["resourceClaims"] = [{"name": CLAIM, "resourceClaimName": name}]
+        pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+        pod_spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchFields": [pin]}]
+                }
+            }
+        }
     if spec.runtime_class_name:
         pod_spec["runtimeClassName"] = spec.runtime_class_name
     return {
@@ -96,6 +118,17 @@ def manifest(node: str, name: str, spec: PodSpec) -> Obj:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": spec.namespace, "labels": {LABEL: node[:63]}},
         "spec": pod_spec,
+    }
+
+
+def claim_manifest(node: str, name: str, spec: PodSpec) -> Obj:
+    """The pod's ResourceClaim: one device of `spec.device_class` (`resource.k8s.io/v1`)."""
+    request = {"deviceClassName": spec.device_class, "allocationMode": "ExactCount", "count": 1}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": spec.namespace, "labels": {LABEL: node[:63]}},
+        "spec": {"devices": {"requests": [{"name": CLAIM, "exactly": request}]}},
     }
 
 
@@ -138,6 +171,10 @@ async def run(kube: Kube, node: str, action_id: str, spec: PodSpec, timeout: flo
 
 async def _one(kube: Kube, node: str, ref: pods.PodRef, spec: PodSpec) -> PodEnd:
     body = manifest(node, ref.name, spec)
+    if spec.device_class:
+        claim = claim_manifest(node, ref.name, spec)
+        with contextlib.suppress(errors.AlreadyExists):
+            await kube.call(kube.resource.create_namespaced_resource_claim, spec.namespace, claim)
     with contextlib.suppress(errors.AlreadyExists):  # created before a crash: wait for it
         await kube.call(kube.core.create_namespaced_pod, spec.namespace, body)
     try:
@@ -147,6 +184,10 @@ async def _one(kube: Kube, node: str, ref: pods.PodRef, spec: PodSpec) -> PodEnd
         # a delete it may; one that still fails must not turn the pod's verdict into an error
         with contextlib.suppress(errors.KubeError):
             await pods.delete(kube, ref, grace_period_seconds=0)
+        if spec.device_class:
+            with contextlib.suppress(errors.KubeError):
+                delete = kube.resource.delete_namespaced_resource_claim
+                await kube.call(delete, ref.name, ref.namespace)
 
 
 def _refused_at_admission(end: PodEnd) -> bool:

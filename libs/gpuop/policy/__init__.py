@@ -18,6 +18,7 @@ Modules, in the order a policy flows through them:
     rdma         `network.rdmaSharedDevices` and the NIC selectors networks share
     networks     `network`: `NetworkSpec`, `SecondaryNetwork`, and `PublishedNetwork`, the
                  section as node agents read it from the `gpuop_config` KV bucket
+    deviceapis   `deviceAPI` (top level and per pool): the kubelet API serving a node's GPUs
     specs        `GPUClusterPolicySpec` and the resource's group, version and names
     validation   `validate_spec`, `PolicyInvalid` with the path of each wrong field
     conditions   `PolicyStatus`, `Condition`, `condition` and `set_condition`

@@ -33,6 +33,8 @@ from pydantic_core import PydanticCustomError
 
 from gpuop import selectors as selecting
 from gpuop.events import driver
+from gpuop.policy import deviceapis
+from gpuop.policy.deviceapis import DeviceApiSetting
 from gpuop.policy.fields import Section, matching
 from gpuop.policy.selectors import LabelSelector
 from gpuop.policy.upgrades import Canary
@@ -250,6 +252,9 @@ class DriverPool(Section):
     """The pool's OFED driver; unset: the default `driver.ofed` (if any)."""
     upgrade_policy: PoolUpgradePolicy = PoolUpgradePolicy()
     """The pool's own parallelism, canary and pause."""
+    device_api: DeviceApiSetting = Field(default=None, alias=deviceapis.FIELD)
+    """Which kubelet API serves the pool's GPUs (`devicePlugin` or `dra`); unset: the
+    top-level `deviceAPI`."""
 
 
 class DriverSpec(Section):

@@ -8,8 +8,14 @@ the CustomResourceDefinition from these models. Network-manager reads the `netwo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from pydantic import Field
+
+from gpuop.events.device_api_commands import DeviceApi
+from gpuop.policy import deviceapis
+from gpuop.policy.deviceapis import DeviceApiSetting
 from gpuop.policy.drivers import DriverSpec
 from gpuop.policy.fields import Section
 from gpuop.policy.mig import MigPolicy
@@ -41,6 +47,18 @@ class GPUClusterPolicySpec(Section):
     mig: MigPolicy = MigPolicy()
     """The MIG layouts the node label `nvidia.com/mig.config` may name, and how a node is
     re-carved."""
+    device_api: DeviceApiSetting = Field(default=None, alias=deviceapis.FIELD)
+    """Which kubelet API serves the GPUs of every node no driver pool chooses for:
+    `devicePlugin` (`nvidia.com/gpu`, the default when unset) or `dra` (Dynamic Resource
+    Allocation: ResourceSlices of the driver `gpu.nvidia.com`). A change switches each node
+    with a `device-api` saga: cordon, drain its GPU pods, switch, validate, uncordon."""
+
+    def device_api_for(self, labels: Mapping[str, str]) -> DeviceApi:
+        """The API the node with `labels` should serve: its driver pool's `deviceAPI`, else
+        the top-level one, else the device plugin."""
+        pool = self.driver.pool_for(labels)
+        chosen = pool.device_api if pool is not None and pool.device_api else self.device_api
+        return deviceapis.api_of(chosen)
 
     def to_wire(self) -> dict[str, Any]:
         """The spec as it is written to the API server: camelCase, unset optionals left out."""

@@ -102,7 +102,9 @@ class Drain:
 class RunValidationPod:
     """Run the validation ladder's pod on the cordoned node: one container requesting one
     `nvidia.com/gpu`, bound by `nodeName`, tolerating the cordon's and gpuop's taints; wait
-    for it to end, delete it, and report `ValidationPodSucceeded` or `ValidationPodFailed`."""
+    for it to end, delete it, and report `ValidationPodSucceeded` or `ValidationPodFailed`.
+    With `device_class`, the pod holds a ResourceClaim for one device of that DeviceClass
+    instead, and is pinned to the node by affinity (the scheduler allocates the claim)."""
 
     id: str
     image: str
@@ -113,6 +115,9 @@ class RunValidationPod:
     """Empty: none."""
     timeout_seconds: int
     """How long the pod may take to succeed before reporting `ValidationPodFailed`."""
+    device_class: str = ""
+    """Empty: one `nvidia.com/gpu`; else the DeviceClass its ResourceClaim asks one device
+    of (`gpu.nvidia.com`: the device-API switch's validation of a node serving DRA)."""
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuop.saga.device_api import folding as device_api
 from gpuop.saga.kinds import SagaKind
 from gpuop.saga.mig import folding as mig
 from gpuop.saga.remediation import folding as remediation
 from gpuop.saga.upgrade import folding as upgrade
 
-KINDS: tuple[SagaKind[Any], ...] = (upgrade.KIND, remediation.KIND, mig.KIND)
+KINDS: tuple[SagaKind[Any], ...] = (upgrade.KIND, remediation.KIND, mig.KIND, device_api.KIND)
 """Every saga kind, in the order an event is decided for a node's sagas: the upgrade first
-(a remediation folded into it reads its moves), then the remediation, then MIG."""
+(a remediation folded into it reads its moves), then the remediation, then MIG, then the
+device-API switch."""
 
 
 def kind_named(name: str) -> SagaKind[Any]:

@@ -105,7 +105,8 @@ async def test_the_demo_refuses_an_unknown_scenario_and_one_on_a_real_cluster(
 async def test_help_names_the_scenarios() -> None:
     code, out, _ = await gpuop("demo", "--help")
     assert code == 0
-    assert "--scenario {upgrade,remediation,mig}" in out.replace("\n", " "), out
+    assert "--scenario {upgrade,remediation,mig,dra}" in out.replace("\n", " "), out
+    assert "dra: two nodes switched to DRA" in " ".join(out.split()), out
 
 
 @pytest.mark.slow

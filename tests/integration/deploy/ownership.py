@@ -67,6 +67,7 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         "upgrade": "upgrade-orchestrator",
         "remediation": "upgrade-orchestrator",
         "mig": "upgrade-orchestrator",
+        "device-api": "upgrade-orchestrator",
         "dra": "device-plugin-cluster",  # claims' allocations: only it reads claims
     }
     if payload is device.DeviceHealthChanged:

@@ -174,8 +174,13 @@ def flows() -> dict[str, Flow]:
                 Buckets.SAGAS: ("get", "create", "update", "delete", "keys", "watch"),
                 Buckets.NODES: ("get", "keys"),
             },
-            # a takeover asks whether a saga's latest state change is in the log
-            lasts=[subjects.event_subject(upgrade.DOMAIN, NODE, "cordon-required", prefix=PREFIX)],
+            # a takeover asks whether a saga's latest state change is in the log; the
+            # device-API starter reads a node's latest api-applied and a switch's start
+            lasts=[
+                subjects.event_subject(upgrade.DOMAIN, NODE, "cordon-required", prefix=PREFIX),
+                subjects.event_subject("device", NODE, "api-applied", prefix=PREFIX),
+                subjects.event_subject("device-api", NODE, "started", prefix=PREFIX),
+            ],
             changes_streams=True,
         ),
     }

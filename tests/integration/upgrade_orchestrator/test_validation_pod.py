@@ -181,3 +181,23 @@ async def test_a_pod_in_a_namespace_that_does_not_exist_is_refused(
 
     assert isinstance(outcome, observed.ValidationPodFailed), outcome
     assert outcome.reason is observed.ValidationPodFailureReason.REFUSED
+
+
+async def test_on_a_dra_node_the_pod_holds_a_claim_and_is_pinned_not_bound() -> None:
+    spec = validationpods.PodSpec("img", ("true",), NAMESPACE, device_class="gpu.nvidia.com")
+    pod = validationpods.manifest("gpu-1", "p", spec)
+    assert "nodeName" not in pod["spec"], "a claim is allocated by the scheduler only"
+    assert pods.gpu_resources(pod) == frozenset()
+    [container] = pod["spec"]["containers"]
+    assert container["resources"] == {"claims": [{"name": "gpu"}]}
+    assert pod["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimName": "p"}]
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                       "values": ["gpu-1"]}]}]  # fmt: skip
+    claim = validationpods.claim_manifest("gpu-1", "p", spec)
+    [request] = claim["spec"]["devices"]["requests"]
+    exactly = {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}
+    assert request == {"name": "gpu", "exactly": exactly}
+    assert claim["metadata"]["namespace"] == NAMESPACE

@@ -7,11 +7,12 @@ from gpuop.events.upgrade import TERMINAL_STATES, UpgradeState
 from gpuop.saga.registry import KINDS, kind_named
 
 
-def test_the_registry_lists_the_upgrade_the_remediation_and_mig_in_deciding_order() -> None:
+def test_the_registry_lists_the_upgrade_remediation_mig_and_device_api_in_deciding_order() -> None:
     assert [kind.name for kind in KINDS] == [
         "driver-upgrade",
         "gpu-remediation",
         "mig-reconfiguration",
+        "device-api",
     ]
     assert kind_named("gpu-remediation") is KINDS[1]
     assert len({kind.started_by for kind in KINDS}) == len(KINDS)
@@ -26,6 +27,7 @@ def test_record_keys_are_the_ones_stored_before_the_kinds_shared_one_contract() 
         "driver-upgrade": token,
         "gpu-remediation": f"remediation.{token}",
         "mig-reconfiguration": f"mig.{token}",
+        "device-api": f"device-api.{token}",
     }
     for kind in KINDS:
         owners = [other.name for other in KINDS if other.owns(kind.key(node))]

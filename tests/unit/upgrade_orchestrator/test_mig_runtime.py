@@ -28,7 +28,7 @@ from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from tests.support.mig_runtime import ConfigMaps, MigAgents, actions_of, reconfiguring
 from tests.support.mig_sagas import CONFIG, POD_A, UUIDS, plan_for, policy
-from tests.support.orchestrator import events, messages
+from tests.support.orchestrator import events, messages, replays_identically
 
 NODE = "gpu-node-1"
 S = MigState
@@ -141,14 +141,6 @@ async def test_a_leader_records_the_start_its_predecessor_stored_and_did_not_rec
             harness.bus, events(harness.bus.prefix, "mig", "gpu-node-2", "started")
         )
         assert [p.saga_id for _, p in found] == [stored.saga_id]
-
-
-def replays_identically(lines: list[str]) -> replaying.Replayed:
-    log = replaying.parse_log(lines)
-    replayed = replaying.replay(log)
-    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
-    assert comparison.identical, comparison.report()
-    return replayed
 
 
 async def test_gpuop_replay_reproduces_every_decision_of_each_reconfiguration():

@@ -36,6 +36,7 @@ from gpuop.saga.remediation.actions import EvictPods, MirrorHealth
 from gpuop.services.upgrade_orchestrator.kinds import KindRunner
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION, Starter
 from gpuop.services.upgrade_orchestrator.store import SagaStore, is_saga_key
+from tests.support import orchestrator
 from tests.support.orchestrator import events, messages
 from tests.support.remediations import GPU, HOLDER, Agents, Remediating, actions_of, remediating
 from tests.support.sagas import BOOT_A, BOOT_B, policy, saga_for
@@ -48,10 +49,7 @@ def with_remediation(spec: GPUClusterPolicySpec, **changes: object) -> GPUCluste
 
 
 def replays_identically(lines: list[str]) -> replaying.Replayed:
-    log = replaying.parse_log(lines)
-    replayed = replaying.replay(log)
-    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
-    assert comparison.identical, comparison.report()
+    replayed = orchestrator.replays_identically(lines)
     assert not replayed.breaker_differs, (replayed.refused, replayed.allowed, replayed.unrecorded)
     return replayed
 

@@ -92,7 +92,8 @@ def add_parser(verbs: Any) -> None:
         default=UPGRADE,
         help="upgrade: roll a new driver across the nodes (default); remediation: a fatal "
         "XID on two nodes, quarantine to recovery; mig: two nodes relabelled to a mixed MIG "
-        "layout, and their new resources",
+        "layout, and their new resources; dra: two nodes switched to DRA by the device-API "
+        "saga, a claim on each, a GPU fault",
     )
     demo.add_argument("--nodes", type=int, default=8, help="simulated nodes (default 8)")
     demo.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
@@ -226,6 +227,11 @@ def _title(args: argparse.Namespace) -> str:
         return (
             f"GPU remediation: XID {scenarios.XID} on {scenarios.TARGETS} of {args.nodes} "
             "nodes, quarantine to recovery"
+        )
+    if args.scenario == "dra":
+        return (
+            f"DRA: {scenarios.TARGETS} of {args.nodes} nodes switched by the device-API saga, "
+            "a claim on each, a GPU fault"
         )
     if args.scenario == rollout_view.MIG:
         return (

@@ -34,6 +34,13 @@ from gpuop.events import (
     subjects,
 )
 from gpuop.events.device import DeviceHealthChanged
+from gpuop.events.device_api import TERMINAL_STATES as DEVICE_API_TERMINAL_STATES
+from gpuop.events.device_api import (
+    DeviceApiState,
+    DeviceApiSwitchStarted,
+    NodeDeviceApiStateChanged,
+)
+from gpuop.events.device_api_commands import DeviceApiApplied
 from gpuop.events.driver import Component, DriverLoaded
 from gpuop.events.hardware import HardwareDiscovered, HardwareHeartbeat
 from gpuop.events.kube import NodeObserved
@@ -98,26 +105,32 @@ class RolloutOutcome:
         )
 
 
-SagaState = UpgradeState | RemediationState | MigState
-UPGRADE, REMEDIATION, MIG = "upgrade", "remediation", "mig"
+SagaState = UpgradeState | RemediationState | MigState | DeviceApiState
+UPGRADE, REMEDIATION, MIG, DEVICE_API = "upgrade", "remediation", "mig", "device-api"
 """The saga kinds the view names."""
 DONE_STATES = frozenset(
-    {UpgradeState.UPGRADE_DONE, RemediationState.DONE, MigState.MIG_CONFIG_DONE}
-)
+    {UpgradeState.UPGRADE_DONE, RemediationState.DONE, MigState.MIG_CONFIG_DONE,
+     DeviceApiState.DONE}
+)  # fmt: skip
 FAILED_STATES = frozenset(
-    {UpgradeState.UPGRADE_FAILED, RemediationState.FAILED, MigState.MIG_CONFIG_FAILED}
-)
+    {UpgradeState.UPGRADE_FAILED, RemediationState.FAILED, MigState.MIG_CONFIG_FAILED,
+     DeviceApiState.FAILED}
+)  # fmt: skip
 MIG_TERMINAL_STATES = frozenset({MigState.MIG_CONFIG_DONE, MigState.MIG_CONFIG_FAILED})
+SAGA_MOVES = (NodeRemediationStateChanged, NodeMigStateChanged, NodeDeviceApiStateChanged)
+"""The state changes of the kinds a scenario follows (`SagaRun`)."""
+SAGA_STARTS = (RemediationStarted, MigReconfigurationStarted, DeviceApiSwitchStarted)
 
 
 @dataclass
 class SagaRun:
-    """One node's remediation or MIG reconfiguration, as its public events told it."""
+    """One node's remediation, MIG reconfiguration or device-API switch, as its public
+    events told it."""
 
     saga_id: str
     started: datetime
     """When it started (its start event's own time, else its first state change's)."""
-    state: RemediationState | MigState
+    state: RemediationState | MigState | DeviceApiState
     ended: datetime | None = None
     """When it reached a terminal state."""
     reason: str = ""
@@ -143,6 +156,9 @@ class NodeRow:
     attempt: int | None = None
     driver: str | None = None
     """The GPU driver discovery last saw loaded; None while none is."""
+    api: str = ""
+    """The kubelet API its device plugin last said it serves (`device-plugin`, `dra`; `-off`
+    after it while not serving); empty: it said nothing."""
     reason: str = ""
 
 
@@ -245,10 +261,12 @@ class Tracker:
                 f"{node:<14} {payload.from_state or '-'} -> {payload.to_state}"
                 f"  (attempt {payload.attempt}; {payload.reason})"
             )
-        elif isinstance(payload, NodeRemediationStateChanged | NodeMigStateChanged) and row:
+        elif isinstance(payload, SAGA_MOVES) and row:
             line = self._saga_moved(node, row, envelope.time, payload)
-        elif isinstance(payload, RemediationStarted | MigReconfigurationStarted) and row:
+        elif isinstance(payload, SAGA_STARTS) and row:
             self._saga_started(node, row, envelope.time, payload)
+        elif isinstance(payload, DeviceApiApplied) and row is not None:
+            row.api = f"{payload.api}{'' if payload.serving else '-off'}"
         elif isinstance(payload, GpuHoldersListed):
             self.holders[node] = tuple(f"{p.namespace}/{p.name}" for p in payload.pods)
         elif isinstance(payload, DeviceHealthChanged):
@@ -284,11 +302,15 @@ class Tracker:
         node: str,
         row: NodeRow,
         at: datetime,
-        payload: RemediationStarted | MigReconfigurationStarted,
+        payload: RemediationStarted | MigReconfigurationStarted | DeviceApiSwitchStarted,
     ) -> None:
+        first: RemediationState | MigState | DeviceApiState
         if isinstance(payload, RemediationStarted):
-            first: RemediationState | MigState = RemediationState.ADMISSION_REQUIRED
+            first = RemediationState.ADMISSION_REQUIRED
             row.kind, gpus = REMEDIATION, tuple(payload.unhealthy)
+        elif isinstance(payload, DeviceApiSwitchStarted):
+            first, gpus = DeviceApiState.SWITCH_REQUIRED, ()
+            row.kind = DEVICE_API
         else:
             first, gpus = MigState.MIG_CONFIG_REQUIRED, ()
             row.kind = MIG
@@ -300,9 +322,13 @@ class Tracker:
         node: str,
         row: NodeRow,
         at: datetime,
-        payload: NodeRemediationStateChanged | NodeMigStateChanged,
+        payload: NodeRemediationStateChanged | NodeMigStateChanged | NodeDeviceApiStateChanged,
     ) -> str:
-        kind = REMEDIATION if isinstance(payload, NodeRemediationStateChanged) else MIG
+        kind = {
+            NodeRemediationStateChanged: REMEDIATION,
+            NodeMigStateChanged: MIG,
+            NodeDeviceApiStateChanged: DEVICE_API,
+        }[type(payload)]
         row.kind, row.state = kind, payload.to_state
         row.attempt, row.reason = payload.attempt, payload.reason
         run = self.runs.get(node)
@@ -313,6 +339,8 @@ class Tracker:
         if isinstance(payload, NodeRemediationStateChanged):
             run.gpus = payload.gpu_uuids or run.gpus
             ended = payload.to_state in REMEDIATION_TERMINAL_STATES
+        elif isinstance(payload, NodeDeviceApiStateChanged):
+            ended = payload.to_state in DEVICE_API_TERMINAL_STATES
         else:
             run.config_state = str(payload.config_state)
             ended = payload.to_state in MIG_TERMINAL_STATES
@@ -325,7 +353,11 @@ class Tracker:
 
 
 def _detail(payload: Payload) -> str:
-    if isinstance(payload, NodeUpgradeStateChanged | NodeRemediationStateChanged):
+    if isinstance(payload, DeviceApiApplied):
+        return f"{payload.api} {'serving' if payload.serving else 'not serving'}"
+    if isinstance(
+        payload, NodeUpgradeStateChanged | NodeRemediationStateChanged | NodeDeviceApiStateChanged
+    ):
         return f"{payload.from_state or '-'} -> {payload.to_state}"
     for name in ("version", "driver_version", "reason", "message", "service"):
         value = getattr(payload, name, None)

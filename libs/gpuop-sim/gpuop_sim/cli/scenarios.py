@@ -51,7 +51,8 @@ from gpuop_sim.cluster.machines import GPU_RESOURCE
 from gpuop_sim.cluster.scheduling import gpus_requested
 from gpuop_sim.nvml import sim_xids
 
-SCENARIOS = ("upgrade", REMEDIATION, MIG)
+SCENARIOS = ("upgrade", REMEDIATION, MIG, "dra")
+"""`dra` is `gpuop_sim.cli.dra_scenario`'s."""
 TARGETS = 2
 """Nodes a scenario acts on (fewer when the cluster has fewer)."""
 XID = 48
@@ -122,6 +123,10 @@ def make(name: str, stage: Stage) -> Scenario:
         return Remediation(stage)
     if name == MIG:
         return MigReconfiguration(stage)
+    if name == "dra":
+        from gpuop_sim.cli import dra_scenario  # it builds on this module's parts
+
+        return dra_scenario.DraSwitch(stage)
     raise ValueError(f"--scenario {name}: expected one of {', '.join(SCENARIOS)}")
 
 

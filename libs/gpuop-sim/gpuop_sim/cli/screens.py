@@ -25,6 +25,7 @@ from typing import TextIO
 
 from gpuop.events.upgrade import UpgradeState
 from gpuop_sim.cli.rollout_view import (
+    DEVICE_API,
     DONE_STATES,
     FAILED_STATES,
     MIG,
@@ -68,7 +69,7 @@ def clock(seconds: float) -> str:
     return f"{minutes}:{secs:02d}"
 
 
-MOVING = {REMEDIATION: "remediating", MIG: "re-carving"}
+MOVING = {REMEDIATION: "remediating", MIG: "re-carving", DEVICE_API: "switching"}
 """What the progress bar calls a target's saga under way, by the scenario's kind."""
 
 
@@ -109,17 +110,21 @@ class LiveScreen:
         kinds = tracker.targets is not None
         saga = f"{'SAGA':<12} " if kinds else ""
         width = 30 if kinds else 24
+        # the kubelet API serving each node's GPUs, once a device plugin has said it
+        apis = any(row.api for row in tracker.rows.values())
+        api = f"{'GPU API':<17} " if apis else ""
         top.append(
-            f"{'NODE':<14} {saga}{'STATE':<{width}} {'ATTEMPT':<7}  {'DRIVER':<12} LAST REASON"
+            f"{'NODE':<14} {saga}{'STATE':<{width}} {'ATTEMPT':<7}  {'DRIVER':<12} {api}LAST REASON"
         )
         for node in tracker.nodes:
             row = tracker.rows[node]
             state = str(row.state) if row.state else "-"
             attempt = str(row.attempt) if row.attempt else "-"
             kind = f"{row.kind or '-':<12} " if kinds else ""
+            served = f"{row.api or '-':<17} " if apis else ""
             top.append(
                 f"{node:<14} {kind}{_colour(row.state)}{state:<{width}}{RESET} {attempt:<7}  "
-                f"{row.driver or '(unloaded)':<12} {row.reason}"
+                f"{row.driver or '(unloaded)':<12} {served}{row.reason}"
             )
         top.extend(["", self._bar()])
         bottom = ["", *self._footer] if self._footer else []

@@ -6,9 +6,11 @@ it, oldest pod first, with the filters of kube-scheduler that matter here, in it
 untolerated ``NoSchedule``/``NoExecute`` taints, ``nodeSelector`` and required node
 affinity (``matchExpressions`` on labels, ``matchFields`` on ``metadata.name``, as
 DaemonSet pods use), and room: ``nvidia.com/gpu`` requests against allocatable, and the
-pod count. A pod that fits nowhere stays Pending with ``PodScheduled=False``, reason
-``Unschedulable`` and kube-scheduler's message (``0/3 nodes are available: 1 node(s)
-were unschedulable, 2 Insufficient nvidia.com/gpu.``). Among fitting nodes it picks the
+pod count; for a pod naming ResourceClaims, a node whose ResourceSlices can give them all
+(``claims.py``, which allocates them on the node chosen). A pod that fits nowhere stays
+Pending with ``PodScheduled=False``, reason ``Unschedulable`` and kube-scheduler's
+message (``0/3 nodes are available: 1 node(s) were unschedulable, 2 Insufficient
+nvidia.com/gpu.``). Among fitting nodes it picks the
 one with the fewest pods of the same owner (replicas spread, as the default topology
 spread does), then the most free GPUs, then the fewest pods, then the first name.
 
@@ -29,6 +31,7 @@ from gpuop_sim.apiserver.registry import Registry
 from gpuop_sim.apiserver.selectors import Requirement
 from gpuop_sim.apiserver.store import Change
 from gpuop_sim.cluster import controllers, podstatus
+from gpuop_sim.cluster.claims import Claims, wants_claims
 from gpuop_sim.cluster.machines import GPU_RESOURCE
 from gpuop_sim.cluster.wakeups import Wakeup, unless_gone
 
@@ -148,6 +151,8 @@ class Scheduler:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self.wakeup = Wakeup("scheduler", self.schedule)
+        self.claims = Claims(registry)
+        """The DRA path: pods naming ResourceClaims go where the claims can be allocated."""
         registry.store.observe(self._on_change)
 
     def close(self) -> None:
@@ -183,6 +188,9 @@ class Scheduler:
             fitting: list[Obj] = []
             for node in nodes:
                 why = refusal(pod, node, held.get(node["metadata"]["name"], (0, 0)))
+                claimed = why is None and wants_claims(pod)
+                if claimed and not self.claims.fits(pod, node["metadata"]["name"]):
+                    why = "cannot allocate all claims"
                 if why is None:
                     fitting.append(node)
                 else:
@@ -199,6 +207,8 @@ class Scheduler:
             siblings[(name, owner)] += 1
             gpus, count = held.get(name, (0, 0))
             held[name] = (gpus + gpus_requested(pod), count + 1)
+            if wants_claims(pod):
+                self.claims.allocate(pod, name)
             self._bind(pod, name)
 
     def _bind(self, pod: Obj, node: str) -> None:

@@ -53,7 +53,7 @@ from gpuop.policy.conditions import RolloutRecord
 from gpuop.saga import Decision, NodeSaga, new_saga
 from gpuop.saga.upgrade import folding
 from gpuop.saga.upgrade.records import reinstall_saga_id, start_reason
-from gpuop.services.upgrade_orchestrator import intake, jobs, migs, remediations
+from gpuop.services.upgrade_orchestrator import device_apis, intake, jobs, migs, remediations
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop.services.upgrade_orchestrator.deadlines import DeadlineScheduler
@@ -128,6 +128,7 @@ class Controller:
         self._resumed = False
         self._runner: Runner | None = None
         self._remediations: remediations.Starter | None = None
+        self._switches: device_apis.Starter | None = None
 
     async def kind_runners(
         self, runner: Runner, store: SagaStore, inventories: KeyValue
@@ -146,7 +147,14 @@ class Controller:
             runner, migs_, inventories, kube=self._kube,
             namespace=self._config.lease_namespace, clock=self._clock, known=self._watched,
         )  # fmt: skip
-        return [self._remediations.runner(), reconfigurations.runner()]
+        switching = await SagaStore.open(self._bus, device_apis.DEVICE_API_SWITCH)
+        await switching.load()  # what ran before: a failed switch is not started again
+        self._switches = switches = device_apis.Starter(
+            runner, switching,
+            labels=lambda node: self.nodes.labels.get(node, {}), clock=self._clock,
+            known=self._watched,
+        )  # fmt: skip
+        return [self._remediations.runner(), reconfigurations.runner(), switches.runner()]
 
     def _watched(self, node: str) -> bool:
         """Whether `node` is a GPU node the node watch knows (before its first listing is
@@ -273,6 +281,8 @@ class Controller:
         skipped &= {saga.node for saga in sagas if saga.state is UpgradeState.UPGRADE_REQUIRED}
         await self._reporter.report(rollout_id, spec, sagas, now, skipped)
         await self._write_status(sagas, spec, rollout, now, skipped)
+        if self._switches is not None:  # last: nodes whose deviceAPI the policy changed
+            await self._switches.reconcile(self.nodes.labels, now)
 
     def _selected(self, spec: GPUClusterPolicySpec) -> list[str]:
         """The GPU nodes the policy's `nodeSelector` selects, by name."""

@@ -245,6 +245,7 @@ class KubeExecutor:
             command=action.command,
             namespace=namespace,
             runtime_class_name=action.runtime_class_name,
+            device_class=action.device_class,
         )
         ref = NamespacedName(namespace=namespace, name=validationpods.pod_name(node, action.id))
         reasons = observed.ValidationPodFailureReason

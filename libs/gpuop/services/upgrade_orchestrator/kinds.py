@@ -14,6 +14,7 @@ says what each needs. What this module adds is the I/O a kind's starts need:
     StartRecorder  `recorded` as every kind writes it: the start event rebuilt from the
                 record, published under its one id unless the log holds it already
     is_a_node, inventory, stored_id   what the starters share
+    store_new   a starter's new saga stored with compare-and-set and its start recorded
 
 How a kind is added: write the pure kind under `gpuop.saga.<kind>/` (kind, table, one phase
 module per state, records, drafting, its `folding` with its `SagaKind`), add it to `KINDS`,
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic
 
-from gpuop.bus import Bus, KeyValue
+from gpuop.bus import Bus, KeyExists, KeyValue, RevisionConflict
 from gpuop.events import Event, ids, subjects
 from gpuop.events import hardware as hw
 from gpuop.saga.kinds import SagaKind
@@ -113,3 +114,30 @@ class StartRecorder:
             started, node=saga.node, id=ids.started(saga.saga_id), correlationid=correlation,
             now=at,
         )  # fmt: skip
+
+
+async def store_new(
+    store: SagaStore[R],
+    publish: Publisher,
+    saga: R,
+    started: Event,
+    now: datetime,
+    cause: str | None,
+) -> bool:
+    """Store a starter's new `saga` as its node's record of the kind (created, or replacing
+    the node's ended one at the revision last read), then record its start `started`
+    under its one id; False, nothing recorded, when another writer came first (the node's
+    next event looks again)."""
+    earlier = store.cached(saga.node)
+    try:
+        if earlier is None:
+            await store.create(saga)
+        else:
+            await store.replace(saga, earlier.revision)
+    except (KeyExists, RevisionConflict):
+        return False
+    await publish.event(
+        started, node=saga.node, id=ids.started(saga.saga_id), correlationid=saga.saga_id,
+        causationid=cause, now=now,
+    )  # fmt: skip
+    return True

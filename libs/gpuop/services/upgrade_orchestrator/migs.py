@@ -29,7 +29,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from gpuop.bus import KeyExists, KeyValue, RevisionConflict
+from gpuop.bus import KeyValue
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, ids
 from gpuop.events.mig import DOMAIN
@@ -134,19 +134,9 @@ class Starter:
         plan = plans.plan(config, file, source, await kinds.inventory(self._inventories, node))
         saga = records.new_saga(node=node, request_id=request_id, plan=plan, now=now)
         first = kind.begin(saga, policy, now)
-        earlier = self._store.cached(node)
-        try:
-            if earlier is None:
-                await self._store.create(first.saga)
-            else:
-                await self._store.replace(first.saga, earlier.revision)
-        except (KeyExists, RevisionConflict):
-            return  # another writer: the next event of the node looks again
         started = folding.start_of(saga)
-        await self._publish.event(
-            started, node=node, id=ids.started(saga.saga_id), correlationid=saga.saga_id,
-            causationid=cause, now=now,
-        )  # fmt: skip
+        if not await kinds.store_new(self._store, self._publish, first.saga, started, now, cause):
+            return
         log.info("re-carving %s to %s", node, config, extra={"node": node})
         await self._runner.act(self.runner(), first)
 

@@ -1,0 +1,162 @@
+"""The simulated scheduler's DRA path (`gpuop_sim.cluster.claims`): a pod naming a claim
+goes to a node whose ResourceSlices can give it, the claim (made from its template, owned
+by the pod) allocated from that node's devices and reserved for the pod; a device another
+claim holds or a DeviceTaintRule taints is never given; a claim no node can satisfy leaves
+the pod Unschedulable; and the device-API switch's claim-based validation pod succeeds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuop.events import kube as observed
+from gpuop.kube import client as kubeclient
+from gpuop.kube.recording import EventRecorder
+from gpuop.saga import actions
+from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
+from gpuop_sim import SimCluster
+from gpuop_sim.apiserver import dra_kinds, kinds
+from tests.integration.sim.clusters import running_cluster
+
+Obj = dict[str, Any]
+DRIVER = "gpu.nvidia.com"
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[SimCluster]:
+    async with running_cluster(nodes=2, gpus=2) as running:
+        yield running
+
+
+def slice_of(node: str, *devices: tuple[str, str]) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{DRIVER}"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": name, "attributes": {"type": {"string": kind}}} for name, kind in devices
+            ],
+        },
+    }
+
+
+def template(count: int = 1, selectors: list[Obj] | None = None) -> Obj:
+    exactly: Obj = {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": count}
+    if selectors:
+        exactly["selectors"] = selectors
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"gpus-{count}", "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
+
+
+def claiming_pod(name: str, template_name: str) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template_name}],
+            "containers": [
+                {"name": "main", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+        },
+    }
+
+
+async def scheduled(cluster: SimCluster, name: str) -> Obj:
+    for _ in range(200):
+        pod = cluster.registry.store.get(kinds.PODS.group_resource, "default", name)
+        assert pod is not None
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if pod["spec"].get("nodeName") or any(
+            c.get("reason") == "Unschedulable" for c in conditions
+        ):
+            return pod
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{name} never scheduled nor refused")
+
+
+def allocation(cluster: SimCluster, claim: str) -> list[tuple[str, str]]:
+    found = cluster.registry.store.get(kinds.RESOURCECLAIMS.group_resource, "default", claim)
+    assert found is not None
+    results = found["status"]["allocation"]["devices"]["results"]
+    return [(r["pool"], r["device"]) for r in results]
+
+
+async def test_a_claim_is_allocated_from_the_nodes_slice_and_never_twice(cluster: SimCluster):
+    node = cluster.node_names[0]
+    registry = cluster.registry
+    devices = (("gpu-0", "gpu"), ("gpu-1", "gpu"), ("gpu-1-mig-1g18gb-19-0", "mig"))
+    registry.create(dra_kinds.RESOURCESLICES, "", slice_of(node, *devices))
+    registry.create(dra_kinds.RESOURCECLAIMTEMPLATES, "default", template())
+    registry.create(kinds.PODS, "default", claiming_pod("a", "gpus-1"))
+    pod = await scheduled(cluster, "a")
+    assert pod["spec"]["nodeName"] == node
+    assert pod["status"]["resourceClaimStatuses"] == [{"name": "gpu", "resourceClaimName": "a-gpu"}]
+    assert allocation(cluster, "a-gpu") == [(node, "gpu-0")]
+    claim = registry.store.get(kinds.RESOURCECLAIMS.group_resource, "default", "a-gpu")
+    assert claim is not None and claim["status"]["reservedFor"][0]["name"] == "a"
+    assert claim["metadata"]["ownerReferences"][0]["name"] == "a"
+
+    # gpu-1 tainted: the next claim has no whole GPU left on any node
+    selector = {"driver": DRIVER, "pool": node, "device": "gpu-1"}
+    taint = {"key": "gpuop.io/gpu-unhealthy", "effect": "NoSchedule"}
+    rule = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": "quarantine"},
+            "spec": {"deviceSelector": selector, "taint": taint}}  # fmt: skip
+    registry.create(dra_kinds.DEVICETAINTRULES, "", rule)
+    registry.create(kinds.PODS, "default", claiming_pod("b", "gpus-1"))
+    refused = await scheduled(cluster, "b")
+    assert not refused["spec"].get("nodeName")
+    [condition] = [c for c in refused["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert "cannot allocate all claims" in condition["message"]
+
+    # untainted: the waiting pod gets gpu-1 at the next pass (a pod created wakes it), the
+    # new one nothing (both GPUs held)
+    registry.delete(dra_kinds.DEVICETAINTRULES, "", "quarantine")
+    registry.create(kinds.PODS, "default", claiming_pod("c", "gpus-1"))
+    assert not (await scheduled(cluster, "c"))["spec"].get("nodeName")
+    assert (await scheduled(cluster, "b"))["spec"]["nodeName"] == node
+    assert allocation(cluster, "b-gpu") == [(node, "gpu-1")]
+
+
+async def test_a_selector_the_simulation_cannot_read_allocates_nothing(cluster: SimCluster):
+    node = cluster.node_names[0]
+    registry = cluster.registry
+    registry.create(dra_kinds.RESOURCESLICES, "", slice_of(node, ("gpu-0", "gpu")))
+    cel = [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'X'"}}]
+    registry.create(dra_kinds.RESOURCECLAIMTEMPLATES, "default", template(1, cel))
+    registry.create(kinds.PODS, "default", claiming_pod("a", "gpus-1"))
+    refused = await scheduled(cluster, "a")
+    assert not refused["spec"].get("nodeName")
+
+
+async def test_the_switchs_claim_based_validation_pod_succeeds_on_a_dra_node(
+    cluster: SimCluster, tmp_path: Path
+):
+    node = cluster.node_names[1]
+    cluster.registry.create(dra_kinds.RESOURCESLICES, "", slice_of(node, ("gpu-0", "gpu")))
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    async with await kubeclient.connect(kubeconfig) as kube:
+        executor = KubeExecutor(kube, EventRecorder(kube))
+        await executor.execute(node, actions.Cordon(id="cordon"))
+        run = actions.RunValidationPod(
+            id="validate", image="nvcr.io/nvidia/cuda:12.2.2-base-ubuntu22.04",
+            command=("nvidia-smi", "-L"), namespace="default", runtime_class_name="",
+            timeout_seconds=20, device_class=DRIVER,
+        )  # fmt: skip
+        outcome = await executor.execute(node, run)
+    assert isinstance(outcome, observed.ValidationPodSucceeded), outcome
+    claims = cluster.registry.store.view(kinds.RESOURCECLAIMS.group_resource, "default")
+    assert claims == [], "the claim is deleted with the pod"
