@@ -231,11 +231,16 @@ def node_consumer_spec(
 def _reads(identity: Identity, prefix: str) -> tuple[str, ...]:
     """Filters `identity` reads back from the streams at start (`Bus.read`)."""
     node = identity.node
-    if identity.role in ("discovery", "telemetry") and node is not None:
+    if identity.role == "discovery" and node is not None:
         return (subjects.commands_filter(OPERANDS, node, prefix=prefix),)
+    # the node's ResourceClaim facts (`gpuop.inventory.claims`): claim holders and pod labels
+    claims = subjects.events_filter("dra", node, prefix=prefix)
+    if identity.role == "telemetry" and node is not None:
+        return (subjects.commands_filter(OPERANDS, node, prefix=prefix), claims)
     if identity.role == "device-plugin" and node is not None:
         return (
             subjects.commands_filter(OPERANDS, node, prefix=prefix),
+            claims,
             subjects.events_filter("device", node, "health-changed", prefix=prefix),
             subjects.events_filter("driver", node, "validated", prefix=prefix),
             subjects.events_filter("device", node, "plugin-config-selected", prefix=prefix),

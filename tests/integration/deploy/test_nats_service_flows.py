@@ -15,6 +15,7 @@ from gpuop.bus import ConsumerSpec, Delivery, NatsBus
 from gpuop.bus.kv import NatsKeyValue
 from gpuop.bus.protocol import Buckets, KvEntry
 from gpuop.events import Command, device, driver, new_event, subjects, upgrade
+from gpuop.inventory import claims
 from gpuop.services.device_plugin import consumers as device_plugin
 from gpuop.services.discovery import consumers as discovery
 from gpuop.services.discovery import selections as discovery_selections
@@ -127,6 +128,8 @@ def flows() -> dict[str, Flow]:
                 subjects.commands_filter(device.OPERANDS, NODE, prefix=PREFIX),
                 *device_plugin.health_subjects(PREFIX, NODE),
                 device_plugin.config_subject(PREFIX, NODE),
+                # its node's ResourceClaims, for the holders of claims
+                claims.claim_subjects(NODE, prefix=PREFIX),
             ],
         ),
         "network-manager": Flow(
@@ -145,7 +148,11 @@ def flows() -> dict[str, Flow]:
         ),
         "telemetry": Flow(
             consumers=[telemetry.node_commands(PREFIX, NODE, retry_delay=RETRY)],
-            reads=[subjects.commands_filter(device.OPERANDS, NODE, prefix=PREFIX)],
+            reads=[
+                subjects.commands_filter(device.OPERANDS, NODE, prefix=PREFIX),
+                # its node's ResourceClaims, for the pod labels of GPUs held through them
+                claims.claim_subjects(NODE, prefix=PREFIX),
+            ],
         ),
         "telemetry-cluster": Flow(
             reads=[

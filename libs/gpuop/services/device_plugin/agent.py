@@ -16,7 +16,10 @@ backend and `plugins.DevicePlugins` from the settings and the `--config` file, a
     device.plugin-config-selected   `DevicePlugins.select`, then
                         `device.plugin-config-applied`: the config in force, and why
     ListGpuHolders      the pods holding the GPUs, from the kubelet's PodResources
-                        (`holders`): `GpuHoldersListed`, or `GpuHoldersUnknown`
+                        and the node's ResourceClaims (`holders`): `GpuHoldersListed`,
+                        or `GpuHoldersUnknown`
+    dra.claim-*         the node's claim facts, followed from the log's start
+                        (`gpuop.inventory.claims`) for the holders of claims
     (MPS daemons)       every start, stop and failure of an MPS control daemon
                         (`mpscontrol`) as `device.mps-daemon-changed`, in order
 
@@ -53,6 +56,7 @@ from gpuop.bus import (
 from gpuop.bus.protocol import Handler
 from gpuop.events import Envelope, Event, device, driver, new_event, remediation_commands, subjects
 from gpuop.host.roots import HostRoot
+from gpuop.inventory import claims
 from gpuop.kubelet import allocations
 from gpuop.kubelet.allocations import KubeletPodResources, PodResources
 from gpuop.nvml import open_backend
@@ -91,6 +95,8 @@ class NodeAgent:
         self._kubelet = kubelet or KubeletPodResources(allocations.socket_under(plugins.root.path))
         """Asked which pods hold the GPUs; by default the kubelet's under the host root."""
         self._retry_delay = retry_delay
+        self.claims = claims.ClaimHolders()
+        """The node's ResourceClaims holding its GPUs, from the bus."""
         self._source = f"/gpuop/{consumers.SERVICE}/{node}"
         self._selection_seq = 0
         """Stream sequence of the last config selection taken in."""
@@ -114,6 +120,10 @@ class NodeAgent:
             (consumers.node_health(prefix, self._node, retry_delay=retry), self.on_health),
             (consumers.node_config(prefix, self._node, retry_delay=retry), self.on_config),
         ]
+        following = asyncio.create_task(
+            claims.follow(self._bus, self._node, self.claims, retry_seconds=retry),
+            name="device-plugin-claims",
+        )
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._plugins.run(stopping), name="device-plugins")
@@ -124,6 +134,8 @@ class NodeAgent:
                 group.create_task(self._report_mps(stopping), name="device-plugin-mps-report")
             await self._drain_mps()
         finally:
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
             for subscription in subscriptions:
                 await subscription.stop()
             await self._kubelet.close()
@@ -224,8 +236,15 @@ class NodeAgent:
             command = delivery.payload
             if not isinstance(command, remediation_commands.ListGpuHolders):
                 raise PermanentError(f"{delivery.envelope.type} is not a device plugin command")
+            if not self.claims.ready.is_set():
+                raise TemporaryError(
+                    "the node's ResourceClaims are not read from the log yet",
+                    delay=self._retry_delay,
+                )
             inventory = self._plugins.gpu_inventory
-            found = await holders.answer(delivery.envelope.id, command, self._kubelet, inventory)
+            found = await holders.answer(
+                delivery.envelope.id, command, self._kubelet, inventory, self.claims
+            )
             await self._publish(found, delivery.envelope)
 
     service = device.OperandService.DEVICE_PLUGIN
