@@ -4,7 +4,8 @@
 # it stops at once and prints the one command that installs them.
 #
 #   tests/debian-tools.sh test   kmod (modinfo and depmod, which the driver package tests run on
-#                                real modules) and prometheus (telemetry's scrape test)
+#                                real modules), prometheus (telemetry's scrape test) and minisign
+#                                (gpuop's keys and signatures against the reference tool)
 #   tests/debian-tools.sh slow   the above, and what building NVIDIA's modules from Debian's
 #                                packages needs (make, gcc-12, binutils, dpkg, the archive
 #                                keyring), and Debian's containerd 1.6 for the drop-in tests
@@ -16,7 +17,7 @@ set -euo pipefail
 
 # tool:package pairs; a tool is looked for on PATH and in the sbin directories.
 declare -A sets=(
-    [test]="modinfo:kmod depmod:kmod prometheus:prometheus"
+    [test]="modinfo:kmod depmod:kmod prometheus:prometheus minisign:minisign"
     [slow]="strip:binutils make:make gcc-12:gcc-12 dpkg-deb:dpkg containerd:containerd"
     [node]="runc:runc iptables:iptables busybox:busybox-static tcpdump:tcpdump"
 )

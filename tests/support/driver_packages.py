@@ -1,6 +1,6 @@
 """Real driver packages for the slow suites: NVIDIA 535.261.03 built from Debian's packages
-(`gpuop.host.building`) for the kernel of Debian bookworm's point release
-(`point_release_kernel`), once per flavour, and cached under `.cache/driver-packages/<key>/`
+(`gpuop.host.building`) for Debian bookworm's newest kernel, security updates included
+(`newest_kernel`), once per flavour, and cached under `.cache/driver-packages/<key>/`
 (ignored by git).
 
 The key is a digest of the inputs: driver version, kernel release, flavour and the
@@ -40,15 +40,14 @@ class CachedPackage:
     """How long the build took; None when it came from the cache."""
 
 
-def point_release_kernel() -> str:
-    """The kernel release to build for: the newest bookworm `6.1.0-N-amd64` of the point
-    release itself (suite `bookworm`), not of its security updates: Debian's open modules
-    535.261.03 do not compile against the 6.1 kernels of later security updates
-    (`pci_resize_resource` took a fourth argument in 6.1.0-53), the proprietary ones do."""
+def newest_kernel() -> str:
+    """The kernel release to build for: the newest bookworm `6.1.0-N-amd64`, security
+    updates included, as a fleet that applies them runs (the open modules need
+    `gpuop.host.compat`'s `pci_resize_resource` patch there since 6.1.0-53)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     apt = building.Apt(CACHE / "apt")
     apt.update()
-    return building.newest_debian_kernel(apt, suite="bookworm")
+    return building.newest_debian_kernel(apt)
 
 
 def cached_package(flavour: Flavour, kernel_release: str, *, jobs: int = 2) -> CachedPackage:

@@ -1,9 +1,16 @@
 """Inventories for labeling tests: one recorded H200 and its PCI functions, as discovery
-reports them."""
+reports them, and a simulated node's after MIG devices were carved."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpuop.events.hardware import Gpu, HardwareDiscovered, MigMode, PciFunction
+from gpuop.host.roots import HostRoot
+from gpuop.inventory import scanning
+from gpuop.nvml import Nvml, open_backend, opened
+from gpuop.nvml.mig_layout import GpuLayout, apply
+from gpuop_sim.cluster import hosts
 
 H200 = Gpu(
     uuid="GPU-20bce083-dbf9-2d4f-3c35-c858915accc5",
@@ -50,3 +57,20 @@ def inventory(gpus: tuple[Gpu, ...] = (H200,), **overrides: object) -> HardwareD
     }
     values.update(overrides)
     return HardwareDiscovered.model_validate(values)
+
+
+def carved(
+    tmp_path: Path,
+    layouts: dict[int, GpuLayout],
+    gpus: int = 2,
+    boot_id: str = "6f0e6b1c-3a52-4b8e-9a1d-0c5c2f3e4d5a",
+) -> HardwareDiscovered:
+    """The inventory of a simulated node after `layouts` were applied by another session."""
+    root = hosts.build_host_root(tmp_path / "host", "node-1", gpus, boot_id=boot_id)
+
+    def backend() -> Nvml:
+        return open_backend(f"sim:{gpus}", host_root=root.path, node="node-1")
+
+    with opened(backend()) as writer:
+        apply(writer, layouts)  # type: ignore[arg-type]
+    return scanning.scan(HostRoot(root.path), backend())

@@ -6,6 +6,7 @@ NVIDIA packages or NVIDIA's `.run` installer, added to a driver source's index.
         [--module-key PEM --module-cert CERT]     modules signed, for lockdown and Secure Boot
     gpuop package build --from-run NVIDIA-Linux-x86_64-535.261.03.run --extract-only --out DIR
     gpuop package build --from-run FILE --kernel K --flavour F --out /srv/drivers
+    gpuop package keygen [--secret-key ~/.minisign/gpuop.key] [--public-key FILE]
 
 The build itself is `gpuop.host.building`'s; this module reads the flags, says what it
 built (archive, sha256, index) and maps a failed step to exit 1 with its words.
@@ -51,13 +52,48 @@ def add_parser(verbs: Any) -> None:
     build.add_argument("--kernel", help="kernel release to build the modules for")
     build.add_argument("--flavour", choices=[f.value for f in Flavour], help="module tree")
     build.add_argument("--out", type=Path, required=True, help="driver source directory")
-    build.add_argument("--sign-key", type=Path, help="minisign secret key (unencrypted)")
+    build.add_argument(
+        "--sign-key",
+        type=Path,
+        help="minisign secret key (an encrypted one's password from $GPUOP_SIGN_KEY_PASSWORD "
+        "or the terminal)",
+    )
     build.add_argument("--module-key", type=Path, help="sign the modules: private key, PEM")
     build.add_argument("--module-cert", type=Path, help="the module key's X.509 certificate")
     build.add_argument("--work", type=Path, help="work directory, kept (default: temporary)")
     build.add_argument("--debs", type=Path, help="keep fetched .debs here between builds")
     build.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="make -j")
     build.set_defaults(handler=build_package)
+    keygen = actions.add_parser(
+        "keygen",
+        help="make a minisign key pair to sign driver sources with",
+        description="Make an unencrypted minisign key pair (the secret key file mode 0600); "
+        "its public key goes into the policy's publicKeys.",
+    )
+    keygen.add_argument(
+        "--secret-key",
+        type=Path,
+        default=Path("~/.minisign/gpuop.key"),
+        help="secret key file to write (default ~/.minisign/gpuop.key); never replaced",
+    )
+    keygen.add_argument(
+        "--public-key", type=Path, help="public key file to write (default: beside it, .pub)"
+    )
+    keygen.set_defaults(handler=make_key_pair)
+
+
+async def make_key_pair(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    secret = args.secret_key.expanduser()
+    public = (args.public_key or secret.with_suffix(".pub")).expanduser()
+    if secret.exists():
+        raise ValueError(f"--secret-key {secret} exists; refusing to replace a key")
+    key = packaging.write_key_pair(secret, public)
+    print(
+        f"secret key {secret} (mode 0600, unencrypted: keep it as secret as a password)\n"
+        f"public key {public}\n"
+        f"  {key.public_key.to_base64()}   (the policy's driver.gpu.publicKeys entry)"
+    )
+    return 0
 
 
 async def build_package(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

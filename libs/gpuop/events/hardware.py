@@ -94,6 +94,12 @@ class MigInstance(Record):
     """JPEG decoders."""
     ofa_engines: Count = 0
     """Optical flow accelerators."""
+    gpu_instance_profile_id: Annotated[int, Field(ge=0, le=63)] | None = None
+    """NVML's profile id of its GPU instance; absent in inventories from before gpuop read it."""
+    placement_start: Annotated[int, Field(ge=0, le=7)] | None = None
+    """First memory slice of its GPU instance; absent where NVML did not say."""
+    placement_size: Annotated[int, Field(ge=1, le=8)] | None = None
+    """Memory slices of its GPU instance; absent where NVML did not say."""
 
 
 class Gpu(Record):
@@ -119,6 +125,8 @@ class Gpu(Record):
     """CUDA compute capability, `major.minor`: `9.0`."""
     architecture: Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]{1,32}$")] | None = None
     """GPU architecture family in lowercase (`hopper`), when NVML names it."""
+    brand: ShortText | None = None
+    """Brand as nvidia-smi prints it (`NVIDIA`), when NVML names it."""
     clique: Annotated[str, StringConstraints(pattern=r"^[0-9a-f-]{36}\.[0-9]{1,10}$")] | None = None
     """Its multi-node NVLink domain, `<clusterUuid>.<cliqueId>`; absent when it has none."""
     mig_devices: tuple[MigInstance, ...] = Field(default=(), max_length=7)

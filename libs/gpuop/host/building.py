@@ -40,7 +40,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuop.host import manifests, packaging
+from gpuop.host import compat, manifests, packaging
 from gpuop.host.manifests import Flavour, Role
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -65,7 +65,7 @@ INDEPENDENT_PACKAGES = ("nvidia-persistenced",)
 LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu/nvidia/current",)
 BINARY_PATHS = ("usr/lib/nvidia/current/nvidia-smi", "usr/bin/nvidia-persistenced")
 FIRMWARE_DIRS = ("lib/firmware/nvidia/{version}", "usr/lib/firmware/nvidia/{version}")
-RECIPE = "1"
+RECIPE = "2"
 """The build's own version, for caches of built packages: bump it when what a build makes
 of the same inputs changes (other files, flags, layout)."""
 BUILD_TIMEOUT_SECONDS = 3600.0
@@ -256,6 +256,8 @@ class DriverTree:
     binaries: list[Path] = field(default_factory=list)
     firmware: list[Path] = field(default_factory=list)
     built_from: list[manifests.BuiltFrom] = field(default_factory=list)
+    patches: list[str] = field(default_factory=list)
+    """The compatibility patches its module sources were built with (`gpuop.host.compat`)."""
 
 
 @dataclass(frozen=True)
@@ -363,14 +365,39 @@ def compile_modules(
     jobs: int,
     signing: ModuleSigning | None = None,
 ) -> list[Path]:
-    """`make modules` of `tree`'s sources (copied under `work`) against `headers`; the built
-    `.ko` files, stripped of debug info, and signed when `signing` says with what. Paths of
-    `work` are mapped away so the modules do not depend on where they were built."""
+    """`make modules` of `tree`'s sources (copied under `work`, with the compatibility
+    patches the kernel needs: `gpuop.host.compat`, named in `tree.patches`) against `headers`;
+    the built `.ko` files, stripped of debug info, and signed when `signing` says with what.
+    Paths of `work` are mapped away so the modules do not depend on where they were built. A
+    failed compile is one paragraph: the file, the kernel API, what to do (`compat.diagnose`)."""
     build = work / "modules"
     if build.exists():
         shutil.rmtree(build)
     shutil.copytree(tree.module_source, build, symlinks=True)
+    tree.patches = compat.apply(build, headers.source)
     prefix_map = f"-ffile-prefix-map={work.resolve()}/=/"
+    log = work / "modules.log"
+    try:
+        _make_modules(build, headers, prefix_map, jobs, log)
+    except BuildError:
+        text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+        paragraph = compat.diagnose(text, driver=tree.version, kernel=headers.release, log_path=log)
+        if paragraph is None:
+            raise
+        raise BuildError(paragraph) from None
+    built = sorted(build.glob("*.ko"))
+    if not built:
+        raise BuildError(f"make modules built no .ko (see {log})")
+    for module in built:
+        _run(["strip", "--strip-debug", "--remove-section=.comment", str(module)])
+    if signing is not None:
+        sign_modules(built, headers.output / "scripts" / "sign-file", signing)
+    return built
+
+
+def _make_modules(
+    build: Path, headers: KernelHeaders, prefix_map: str, jobs: int, log: Path
+) -> None:
     _run(
         [
             "make", f"-j{jobs}", "modules",
@@ -381,16 +408,8 @@ def compile_modules(
         env={"SOURCE_DATE_EPOCH": "0", "KBUILD_BUILD_TIMESTAMP": "1970-01-01",
              "KBUILD_BUILD_USER": "gpuop", "KBUILD_BUILD_HOST": "gpuop"},
         timeout=BUILD_TIMEOUT_SECONDS,
-        log=work / "modules.log",
+        log=log,
     )  # fmt: skip
-    built = sorted(build.glob("*.ko"))
-    if not built:
-        raise BuildError(f"make modules built no .ko (see {work / 'modules.log'})")
-    for module in built:
-        _run(["strip", "--strip-debug", "--remove-section=.comment", str(module)])
-    if signing is not None:
-        sign_modules(built, headers.output / "scripts" / "sign-file", signing)
-    return built
 
 
 def package_files(

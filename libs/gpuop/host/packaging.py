@@ -25,11 +25,13 @@ unencrypted, what `minisign -G -W` writes), and `sign_driver_source` takes one f
 
 from __future__ import annotations
 
+import getpass
 import gzip
 import hashlib
 import io
 import json
 import os
+import sys
 import tarfile
 import time
 from collections.abc import Iterable, Mapping
@@ -230,17 +232,30 @@ def build_driver_source(
 def sign_driver_source(
     directory: Path, key: signing.SecretKey | Path, *, trusted_comment: str | None = None
 ) -> signing.Signature:
-    """Sign `directory`'s `index.json` with `key` (a key, or an unencrypted minisign secret
-    key file) into `index.json.minisig`, as `minisign -S -m index.json` would: prehashed,
+    """Sign `directory`'s `index.json` with `key` (a key, or a minisign secret key file,
+    `read_secret_key`) into `index.json.minisig`, as `minisign -S -m index.json` would: prehashed,
     trusted comment `timestamp:<now>\tfile:index.json\thashed` unless given. Sign again
     after every change of the index."""
     if isinstance(key, Path):
-        key = signing.SecretKey.from_file_text(key.read_text(encoding="utf-8"))
+        key = read_secret_key(key)
     index = directory / INDEX
     comment = trusted_comment or f"timestamp:{int(time.time())}\tfile:{INDEX}\thashed"
     signature = signing.sign(index.read_bytes(), key, comment)
     write_atomic(directory / (INDEX + signing.SUFFIX), signature.file_text())
     return signature
+
+
+def read_secret_key(path: Path) -> signing.SecretKey:
+    """The key of a minisign secret key file; an encrypted one is opened with the password in
+    `$GPUOP_SIGN_KEY_PASSWORD`, else one asked on the terminal (without either it is refused,
+    saying how to give one)."""
+    text = path.read_text(encoding="utf-8")
+    password = None
+    if signing.encrypted(text):
+        password = os.environ.get(signing.PASSWORD_VARIABLE)
+        if password is None and sys.stdin.isatty():
+            password = getpass.getpass(f"password of the secret key {path}: ")
+    return signing.SecretKey.from_file_text(text, password)
 
 
 def write_key_pair(secret_file: Path, public_file: Path) -> signing.SecretKey:

@@ -16,12 +16,17 @@ checks what gpuop signed, and gpuop checks what `minisign -S` signed:
                   file itself; both verify, gpuop signs "ED"
                   `trusted comment: <text>`
                   base64 of the global signature: Ed25519 over signature || trusted comment
-    secret key    minisign's own file, unencrypted (what `minisign -G -W` writes and
-                  `minisign -S -s` reads): `untrusted comment: ...`, then base64 of "Ed" ||
-                  KDF "\\0\\0" (none) || "B2" || salt (32 zero bytes) || opslimit (8) ||
-                  memlimit (8) || key id (8) || Ed25519 seed (32) || public key (32) ||
-                  BLAKE2b-256("Ed" || key id || seed || public key) (32). A password-protected
-                  key (KDF "Sc", scrypt) is refused: remove its password with `minisign -C -W`.
+    secret key    minisign's own file (what `minisign -G` writes and `minisign -S -s`
+                  reads): `untrusted comment: ...`, then base64 of "Ed" || KDF || "B2" ||
+                  salt (32) || opslimit (8, little-endian) || memlimit (8) || key id (8) ||
+                  Ed25519 seed (32) || public key (32) || BLAKE2b-256("Ed" || key id ||
+                  seed || public key) (32). KDF "\\0\\0": unencrypted (`minisign -G -W`,
+                  which since 0.11 leaves the checksum zero: the public half, derived
+                  again from the seed, is then the only check); KDF "Sc": the last 104
+                  bytes are XORed with scrypt(password, salt) at the N, r, p that libsodium
+                  picks from opslimit and memlimit (`_scrypt_parameters`; minisign's
+                  defaults take 1 GiB and a few seconds), and the checksum tells a wrong
+                  password. gpuop writes unencrypted keys (`gpuop package keygen`).
 """
 
 from __future__ import annotations
@@ -50,6 +55,12 @@ MAX_TRUSTED_COMMENT = 8192 - len(TRUSTED_PREFIX) - 1
 """minisign refuses longer trusted comments (`TRUSTEDCOMMENTMAXBYTES`)."""
 MAX_SIGNATURE_FILE = 16 << 10
 """A signature file is four short lines; anything much larger is not one."""
+
+PASSWORD_VARIABLE = "GPUOP_SIGN_KEY_PASSWORD"
+"""The environment variable gpuop reads an encrypted secret key's password from."""
+MAX_SCRYPT_MEMORY = (1 << 31) - 2
+"""The most memory an encrypted key's scrypt may ask for (minisign's default is 1 GiB; the
+bound is what Python's `hashlib.scrypt` accepts)."""
 
 _KDF_NONE = b"\0\0"
 _KDF_SCRYPT = b"Sc"
@@ -135,8 +146,8 @@ class SecretKey:
         return PublicKey(self.key_id, raw)
 
     @classmethod
-    def from_file_text(cls, text: str) -> SecretKey:
-        """The key of an unencrypted minisign secret key file."""
+    def from_file_text(cls, text: str, password: str | None = None) -> SecretKey:
+        """The key of a minisign secret key file; `password` opens an encrypted one."""
         lines = text.splitlines()
         if len(lines) < 2 or not lines[0].startswith(UNTRUSTED_PREFIX):
             raise SignatureError("a minisign secret key file has a comment line, then the key")
@@ -144,15 +155,23 @@ class SecretKey:
         algorithm, kdf, checksum_algorithm = data[0:2], data[2:4], data[4:6]
         if algorithm != LEGACY or checksum_algorithm != _CHECKSUM:
             raise SignatureError("unsupported minisign secret key algorithm")
+        sealed = data[54:158]
         if kdf == _KDF_SCRYPT:
-            raise SignatureError(
-                "the secret key is password-protected; remove the password with "
-                "`minisign -C -W -s <file>` (keep the unencrypted file as secret as the password)"
-            )
-        if kdf != _KDF_NONE:
+            if password is None:
+                raise SignatureError(
+                    "the secret key is password-protected: give its password (gpuop reads "
+                    f"${PASSWORD_VARIABLE}, or asks on a terminal), or remove it with "
+                    "`minisign -C -W -s <file>`"
+                )
+            stream = _scrypt(password, salt=data[6:38], opslimit=data[38:46], memlimit=data[46:54])
+            sealed = bytes(a ^ b for a, b in zip(sealed, stream, strict=True))
+        elif kdf != _KDF_NONE:
             raise SignatureError(f"unsupported key derivation {kdf!r} in the secret key")
-        key_id, seed, public, checksum = data[54:62], data[62:94], data[94:126], data[126:158]
-        if not hmac.compare_digest(checksum, _checksum(key_id, seed + public)):
+        key_id, seed, public, checksum = sealed[:8], sealed[8:40], sealed[40:72], sealed[72:]
+        unchecked = kdf == _KDF_NONE and checksum == bytes(32)
+        if not unchecked and not hmac.compare_digest(checksum, _checksum(key_id, seed + public)):
+            if kdf == _KDF_SCRYPT:
+                raise SignatureError("the password does not open the secret key")
             raise SignatureError("the secret key's checksum does not match: the file is damaged")
         key = cls(key_id, seed)
         if key.public_key.key != public:
@@ -170,8 +189,47 @@ class SecretKey:
         return Ed25519PrivateKey.from_private_bytes(self.seed)
 
 
+def encrypted(text: str) -> bool:
+    """Whether a minisign secret key file's key is password-protected (KDF "Sc")."""
+    lines = text.splitlines()
+    try:
+        return (
+            len(lines) > 1 and _decode(lines[1], 158, "a minisign secret key")[2:4] == _KDF_SCRYPT
+        )
+    except SignatureError:
+        return False
+
+
 def _checksum(key_id: bytes, secret: bytes) -> bytes:
     return hashlib.blake2b(LEGACY + key_id + secret, digest_size=32).digest()
+
+
+def _scrypt_parameters(opslimit: int, memlimit: int) -> tuple[int, int, int]:
+    """scrypt's (N, r, p) for libsodium's opslimit and memlimit, as its
+    `crypto_pwhash_scryptsalsa208sha256` picks them (and so minisign)."""
+    opslimit = max(opslimit, 32768)
+    r = 8
+    by_ops = opslimit < memlimit // 32
+    most = opslimit // (r * 4) if by_ops else memlimit // (r * 128)
+    log2 = 1
+    while log2 < 63 and (1 << log2) <= most // 2:
+        log2 += 1
+    p = 1 if by_ops else min((opslimit // 4) // (1 << log2), 0x3FFFFFFF) // r
+    return 1 << log2, r, p
+
+
+def _scrypt(password: str, *, salt: bytes, opslimit: bytes, memlimit: bytes) -> bytes:
+    """The 104-byte key stream that seals an encrypted minisign secret key."""
+    n, r, p = _scrypt_parameters(
+        int.from_bytes(opslimit, "little"), int.from_bytes(memlimit, "little")
+    )
+    if n * r * 128 > MAX_SCRYPT_MEMORY:
+        raise SignatureError(
+            f"the secret key asks scrypt for {n * r * 128 >> 20} MiB; at most 2 GiB"
+        )
+    return hashlib.scrypt(
+        password.encode(), salt=salt, n=n, r=r, p=p, maxmem=MAX_SCRYPT_MEMORY, dklen=104
+    )
 
 
 @dataclass(frozen=True)

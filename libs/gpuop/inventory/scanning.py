@@ -153,6 +153,7 @@ def gpu_record(
         mig_mode=mig_mode,
         compute_capability=info.compute_capability,
         architecture=info.architecture,
+        brand=info.brand,
         clique=info.fabric_clique,
         mig_devices=tuple(mig_instance(device) for device in mig_devices),
     )
@@ -172,6 +173,9 @@ def mig_instance(device: MigDevice) -> MigInstance:
         encoders=device.encoders,
         jpeg_engines=device.jpeg_engines,
         ofa_engines=device.ofa_engines,
+        gpu_instance_profile_id=device.gpu_instance_profile_id,
+        placement_start=device.placement.start if device.placement else None,
+        placement_size=device.placement.size if device.placement else None,
     )
 
 

@@ -196,6 +196,8 @@ class MigDevice:
     """JPEG decoders."""
     ofa_engines: int
     """Optical flow accelerators."""
+    placement: Placement | None = None
+    """The GPU instance's memory slices; None where the backend does not say."""
 
 
 def device_profile_name(gpu_instance_profile: str, gi_slices: int, ci_slices: int) -> str:

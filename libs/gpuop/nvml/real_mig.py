@@ -85,7 +85,8 @@ def read_devices(
         ci_id = int(nvml.call("nvmlDeviceGetComputeInstanceId", mig))
         attrs = nvml.call("nvmlDeviceGetAttributes", mig)
         instance = nvml.call("nvmlDeviceGetGpuInstanceById", handle, gi_id)
-        profile_id = int(nvml.call("nvmlGpuInstanceGetInfo", instance).profileId)
+        instance_info = nvml.call("nvmlGpuInstanceGetInfo", instance)
+        profile_id = int(instance_info.profileId)
         gi_slices = int(attrs.gpuInstanceSliceCount)
         ci_slices = int(attrs.computeInstanceSliceCount)
         memory_mb = int(attrs.memorySizeMB)
@@ -109,6 +110,9 @@ def read_devices(
                 encoders=int(attrs.sharedEncoderCount),
                 jpeg_engines=int(attrs.sharedJpegCount),
                 ofa_engines=int(attrs.sharedOfaCount),
+                placement=Placement(
+                    int(instance_info.placement.start), int(instance_info.placement.size)
+                ),
             )
         )
     return tuple(devices)

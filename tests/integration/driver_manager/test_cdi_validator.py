@@ -102,7 +102,7 @@ def kernel() -> str:
                 f"{tool} is not installed: apt-get install kmod binutils make gcc-12 dpkg "
                 "(.ci/run's driver-build-tools stage does)"
             )
-    return driver_packages.point_release_kernel()
+    return driver_packages.newest_kernel()
 
 
 @pytest.mark.slow

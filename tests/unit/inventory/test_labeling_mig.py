@@ -7,28 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuop.events.hardware import HardwareDiscovered
-from gpuop.host.roots import HostRoot
-from gpuop.inventory import labeling, scanning
+from gpuop.inventory import labeling
 from gpuop.inventory.labeling import LabelSettings, MigStrategy
-from gpuop.nvml import Nvml, open_backend, opened
-from gpuop.nvml.mig_layout import GpuLayout, MigBackend, apply
+from gpuop.nvml import open_backend, opened
+from gpuop.nvml.mig_layout import GpuLayout, MigBackend
 from gpuop_sim.cluster import hosts
+from tests.support.inventories import carved
 
 BOOT_ID = "6f0e6b1c-3a52-4b8e-9a1d-0c5c2f3e4d5a"
 MIXED = LabelSettings(mig_strategy=MigStrategy.MIXED)
 SINGLE = LabelSettings(mig_strategy=MigStrategy.SINGLE)
-
-
-def carved(tmp_path: Path, layouts: dict[int, GpuLayout], gpus: int = 2) -> HardwareDiscovered:
-    """The inventory of a simulated node after `layouts` were applied by another session."""
-    root = hosts.build_host_root(tmp_path / "host", "node-1", gpus, boot_id=BOOT_ID)
-
-    def backend() -> Nvml:
-        return open_backend(f"sim:{gpus}", host_root=root.path, node="node-1")
-
-    with opened(backend()) as writer:
-        apply(writer, layouts)  # type: ignore[arg-type]
-    return scanning.scan(HostRoot(root.path), backend())
 
 
 def mig_labels(labels: dict[str, str]) -> dict[str, str]:

@@ -12,6 +12,7 @@ import pytest
 
 from gpuop.nvml import errors
 from gpuop.nvml.metrics import ClockEventReason, FieldId
+from gpuop.nvml.mig import Placement
 from gpuop.nvml.protocol import opened
 from gpuop.nvml.real import PynvmlBackend
 from gpuop.nvml.recorded import RecordedNvml
@@ -354,7 +355,10 @@ def test_mig_devices_are_named_after_their_instance_profiles(
     fake.define("nvmlDeviceGetAttributes", attributes)
     fake.define("nvmlDeviceGetGpuInstanceById", lambda h, gi: gi)
     fake.define(
-        "nvmlGpuInstanceGetInfo", lambda gi: types.SimpleNamespace(profileId=profile_of[gi])
+        "nvmlGpuInstanceGetInfo",
+        lambda gi: types.SimpleNamespace(
+            profileId=profile_of[gi], placement=types.SimpleNamespace(start=gi, size=1)
+        ),
     )
     fake.define("nvmlDeviceGetUUID", uuid)
 
@@ -369,4 +373,5 @@ def test_mig_devices_are_named_after_their_instance_profiles(
     assert (first.memory_total_bytes, first.multiprocessor_count) == (17920 * 1024 * 1024, 16)
     assert (second.index, second.profile, second.gpu_instance_profile_id) == (2, "1c.3g.71gb", 9)
     assert (second.gpu_instance_slices, second.compute_instance_slices) == (3, 1)
+    assert first.placement == Placement(start=1, size=1)
     assert first.parent_uuid == second.parent_uuid == UUID

@@ -73,7 +73,7 @@ class FieldError:
     """One invalid field, as apimachinery's ``field.Error``."""
 
     type: str
-    """``Required``, ``Invalid``, ``Unsupported``, ``Duplicate`` or ``Forbidden``."""
+    """``Required``, ``Invalid``, ``Unsupported``, ``Duplicate``, ``Forbidden`` or ``TooMany``."""
     field: str
     value: Any = None
     detail: str = ""
@@ -99,14 +99,20 @@ class FieldError:
     def forbidden(path: str, detail: str) -> FieldError:
         return FieldError("Forbidden", path, detail=detail)
 
+    @staticmethod
+    def too_many(path: str, count: int, most: int) -> FieldError:
+        return FieldError("TooMany", path, count, f"must have at most {most} items")
+
     def body(self) -> str:
         """The message without the field path (``field.Error.ErrorBody``)."""
         if self.type in ("Required", "Forbidden"):
             text = "Required value" if self.type == "Required" else "Forbidden"
         else:
-            label = {"Invalid": "Invalid value", "Unsupported": "Unsupported value"}.get(
-                self.type, f"{self.type} value"
-            )
+            label = {
+                "Invalid": "Invalid value",
+                "Unsupported": "Unsupported value",
+                "TooMany": "Too many",
+            }.get(self.type, f"{self.type} value")
             text = f"{label}: {render_value(self.value)}"
         if self.supported:
             text += ": supported values: " + ", ".join(json.dumps(s) for s in self.supported)
@@ -121,6 +127,7 @@ class FieldError:
             "Unsupported": "FieldValueNotSupported",
             "Duplicate": "FieldValueDuplicate",
             "Forbidden": "FieldValueForbidden",
+            "TooMany": "FieldValueTooMany",
         }[self.type]
         return {"reason": reason, "message": self.body(), "field": self.field}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuop_sim.apiserver import schemas, validation
+from gpuop_sim.apiserver.dra_kinds import DRA_KINDS
 from gpuop_sim.apiserver.errors import FieldError, RawValue
 from gpuop_sim.apiserver.resources import ResourceType
 from gpuop_sim.apiserver.timestamps import normalize_times
@@ -454,6 +455,7 @@ BUILTIN = (
     LEASES,
     DAEMONSETS,
     RESOURCECLAIMS,
+    *DRA_KINDS,
     CUSTOMRESOURCEDEFINITIONS,
     *REVIEWS,
 )

@@ -235,7 +235,7 @@ class SimMig:
         slice_bytes = _slice_bytes(memory_total_bytes)
         ready = [(gi, i) for gi, i in sorted(self.instances.items()) if i.compute]
         return tuple(
-            _device(parent_index, parent_uuid, position, gi_id, i.shape, slice_bytes)
+            _device(parent_index, parent_uuid, position, gi_id, i, slice_bytes)
             for position, (gi_id, i) in enumerate(ready)
         )
 
@@ -289,8 +289,14 @@ def mig_uuid(parent_uuid: str, gpu_instance_id: int, compute_instance_id: int) -
 
 
 def _device(
-    parent_index: int, parent_uuid: str, position: int, gi_id: int, shape: _Shape, slice_bytes: int
+    parent_index: int,
+    parent_uuid: str,
+    position: int,
+    gi_id: int,
+    instance: _Instance,
+    slice_bytes: int,
 ) -> MigDevice:
+    shape = instance.shape
     return MigDevice(
         parent_index=parent_index,
         parent_uuid=parent_uuid,
@@ -309,6 +315,7 @@ def _device(
         encoders=0,
         jpeg_engines=shape.jpeg,
         ofa_engines=shape.ofa,
+        placement=instance.placement,
     )
 
 
