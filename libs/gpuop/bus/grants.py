@@ -470,15 +470,18 @@ def for_identity(identity: Identity, *, prefix: str = subjects.DEFAULT_PREFIX) -
 
 
 def _orchestrator_streams(prefix: str) -> list[str]:
-    """The orchestrator reconciles the streams' configuration, and a new leader reads the
-    last state change of a saga (`Bus.last`): a direct get with the subject in the API
-    subject, so of upgrade events only, never a message of the log by sequence."""
+    """The orchestrator reconciles the streams' configuration, a new leader reads the last
+    state change of a saga, and a remediation's start the device API a node serves last
+    (`Bus.last`): a direct get with the subject in the API subject, so of upgrade events
+    and `device.api-applied` only, never a message of the log by sequence."""
     names = [layout.name for layout in streams.layouts(prefix)]
     upgrades = subjects.events_filter("upgrade", prefix=prefix)
+    device_apis = subjects.events_filter("device", name="api-applied", prefix=prefix)
     return [
         *(f"{JS_API}.STREAM.INFO.{name}" for name in names),
         *(f"{JS_API}.STREAM.UPDATE.{name}" for name in names),
         f"{JS_API}.DIRECT.GET.{names[0]}.{upgrades}",
+        f"{JS_API}.DIRECT.GET.{names[0]}.{device_apis}",
     ]
 
 

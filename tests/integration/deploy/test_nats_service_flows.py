@@ -174,7 +174,11 @@ def flows() -> dict[str, Flow]:
                 Buckets.NODES: ("get", "keys"),
             },
             # a takeover asks whether a saga's latest state change is in the log
-            lasts=[subjects.event_subject(upgrade.DOMAIN, NODE, "cordon-required", prefix=PREFIX)],
+            # and a remediation's start which device API the node serves
+            lasts=[
+                subjects.event_subject(upgrade.DOMAIN, NODE, "cordon-required", prefix=PREFIX),
+                subjects.event_subject("device", NODE, "api-applied", prefix=PREFIX),
+            ],
             changes_streams=True,
         ),
     }
