@@ -1,7 +1,9 @@
 """`async with` for the product's long-lived resources, written once.
 
 A resource that is ready once built (the Kubernetes client, a list-watch, an informer)
-subclasses `Closable`: leaving its `async with` block closes it. One that must be started
+subclasses `Closable`: leaving its `async with` block closes it; one whose `close` is
+synchronous (a directory watch, a socket's directory descriptor) subclasses `Closing`, for
+a plain `with`. One that must be started
 (the health endpoint server, a nats-server process or cluster) subclasses `Startable`:
 entering starts it, leaving stops it (its `close` is its `stop`). Either way the block
 ends the resource also when its body raises, and the exception goes on.
@@ -50,3 +52,22 @@ class Startable(Closable):
     async def __aenter__(self) -> Self:
         await self.start()
         return self
+
+
+class Closing(abc.ABC):
+    """A resource with a synchronous `close`, which its `with` calls on the way out."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release what the resource holds; safe to call twice."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,5 +1,6 @@
-"""`async with` over the product's resources: a closable closes, a startable starts and stops,
-also when the block raises; a cluster that never formed stops the members that started."""
+"""`async with` (and `with`) over the product's resources: a closable closes, a startable
+starts and stops, also when the block raises; a cluster that never formed stops the members
+that started."""
 
 from __future__ import annotations
 
@@ -29,6 +30,26 @@ class Starting(lifecycles.Startable):
 
     async def stop(self) -> None:
         self.calls.append("stop")
+
+
+class Watching(lifecycles.Closing):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+def test_a_synchronous_resource_is_closed_when_its_block_ends_or_raises() -> None:
+    resource = Watching()
+    with resource as entered:
+        assert entered is resource
+        assert resource.calls == []
+    assert resource.calls == ["close"]
+
+    with pytest.raises(RuntimeError, match="body"), resource:
+        raise RuntimeError("body")
+    assert resource.calls == ["close", "close"]
 
 
 async def test_a_closable_is_closed_when_its_block_raises_and_the_error_goes_on() -> None:

@@ -17,13 +17,11 @@ from typing import Any
 
 from gpuop.bus import backup as backups
 from gpuop.cli.events import nats_prefix
+from gpuop.cli.verbs import add_command
 
 
 def add_parser(verbs: Any) -> None:
-    bus: argparse.ArgumentParser = verbs.add_parser(
-        "bus", help="back up and restore the streams and buckets"
-    )
-    actions = bus.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = add_command(verbs, "bus", help="back up and restore the streams and buckets")
     backup = actions.add_parser(
         "backup",
         help="snapshot every stream and bucket into DIR",

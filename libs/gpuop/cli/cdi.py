@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuop.cli import nodes
+from gpuop.cli.verbs import add_command
 from gpuop.host import cdi
 from gpuop.host.errors import HostError
 from gpuop.host.roots import HostRoot
@@ -27,12 +28,12 @@ from gpuop.nvml import NvmlError
 
 
 def add_parser(verbs: Any) -> None:
-    command: argparse.ArgumentParser = verbs.add_parser(
+    actions = add_command(
+        verbs,
         "cdi",
         help="the CDI spec of the installed NVIDIA driver",
         description="Container Device Interface specs for the driver gpuop installed.",
     )
-    actions = command.add_subparsers(dest="action", required=True, metavar="ACTION")
     generate: argparse.ArgumentParser = actions.add_parser(
         "generate",
         help="print (or write) the spec for a host root",

@@ -42,17 +42,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuop.cli.verbs import add_command
 from gpuop.events import driver as dm
 
 
 def add_parser(verbs: Any) -> None:
-    driver: argparse.ArgumentParser = verbs.add_parser(
+    actions = add_command(
+        verbs,
         "driver",
         help="run one driver-manager step on this host (break glass)",
         description="Install, inspect or roll back a driver on this host through the "
         "driver-manager's own code, without NATS or the orchestrator.",
     )
-    actions = driver.add_subparsers(dest="action", required=True, metavar="ACTION")
     install = actions.add_parser("install", help="install a version, then load it")
     _common(install)
     _source_flags(install, required=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuop.bus import Bus, NatsBus
 from gpuop.bus.protocol import StoredMessage
+from gpuop.cli.verbs import add_command
 from gpuop.events import subjects
 from gpuop.saga import replaying
 
@@ -27,8 +28,7 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 def add_parser(verbs: Any) -> None:
-    events: argparse.ArgumentParser = verbs.add_parser("events", help="read the event log")
-    actions = events.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = add_command(verbs, "events", help="read the event log")
     tail = actions.add_parser(
         "tail",
         help="print events as JSON lines",

@@ -24,17 +24,18 @@ from pathlib import Path
 from typing import Any
 
 from gpuop.cli.errors import CommandFailed
+from gpuop.cli.verbs import add_command
 from gpuop.host import building, manifests, packaging
 from gpuop.host.manifests import Flavour
 
 
 def add_parser(verbs: Any) -> None:
-    package: argparse.ArgumentParser = verbs.add_parser(
+    actions = add_command(
+        verbs,
         "package",
         help="build driver packages for a driver source",
         description="Build format 2 driver packages (kernel modules, user space, firmware).",
     )
-    actions = package.add_subparsers(dest="action", required=True, metavar="ACTION")
     build = actions.add_parser(
         "build",
         help="build a package from Debian's NVIDIA packages or NVIDIA's .run",

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuop.cli import nodes
 from gpuop.cli.errors import CommandFailed
+from gpuop.cli.verbs import add_command
 from gpuop.clocks import SystemClock
 from gpuop.host import restarting, runtimes
 from gpuop.host.errors import HostError
@@ -26,12 +27,12 @@ from gpuop.host.roots import HostRoot
 
 
 def add_parser(verbs: Any) -> None:
-    runtime: argparse.ArgumentParser = verbs.add_parser(
+    actions = add_command(
+        verbs,
         "runtime",
         help="configure the container runtime's nvidia handler with CDI",
         description="Configure containerd or CRI-O on a node for NVIDIA GPUs with CDI.",
     )
-    actions = runtime.add_subparsers(dest="action", required=True, metavar="ACTION")
     configure: argparse.ArgumentParser = actions.add_parser(
         "configure",
         help="write (or print) the drop-in adding the nvidia runtime handler",

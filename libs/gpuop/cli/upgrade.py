@@ -29,6 +29,7 @@ from pydantic import TypeAdapter, ValidationError
 from gpuop.cli import controls, coverage, offering, planning, reports, snapshots
 from gpuop.cli.errors import CommandFailed
 from gpuop.cli.events import nats_bus, nats_prefix
+from gpuop.cli.verbs import add_command
 from gpuop.events.driver import Component
 from gpuop.kube import client as kubeclient
 from gpuop.kube import errors as kubeerrors
@@ -81,12 +82,12 @@ for some node's kernel, naming the nodes and kernels. Changes nothing."""
 
 
 def add_parser(verbs: Any) -> None:
-    upgrade: argparse.ArgumentParser = verbs.add_parser(
+    actions = add_command(
+        verbs,
         "upgrade",
         help="start, watch, pause, resume, abort or plan a rolling driver upgrade",
         description="Operate the rolling driver upgrade through the GPUClusterPolicy.",
     )
-    actions = upgrade.add_subparsers(dest="action", required=True, metavar="ACTION")
     kube = argparse.ArgumentParser(add_help=False)
     kube.add_argument(
         "--kubeconfig",

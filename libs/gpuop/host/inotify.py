@@ -24,10 +24,9 @@ import functools
 import os
 import struct
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from gpuop.host.errors import HostError
+from gpuop.lifecycles import Closing
 
 IN_ATTRIB = 0x00000004
 IN_CLOSE_WRITE = 0x00000008
@@ -65,7 +64,7 @@ class WatchUnavailable(HostError):
     """The directory cannot be watched now; look at it by polling instead."""
 
 
-class DirectoryWatch:
+class DirectoryWatch(Closing):
     """Sets `changed` whenever an entry of `directory` changes; see the module docstring.
 
     Create it inside a running event loop, and `close()` it (or use it as a context
@@ -98,17 +97,6 @@ class DirectoryWatch:
         if not loop.is_closed():
             loop.remove_reader(self._descriptor)
         os.close(self._descriptor)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _read(self) -> None:
         while True:

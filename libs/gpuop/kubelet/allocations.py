@@ -6,9 +6,8 @@ module maps the device ids back to GPUs). `KubeletPodResources` opens one gRPC c
 failed call, so a restarted kubelet (a new socket at the same path) is reached again on the
 next call. A missing socket is reported without trying to connect: the usual cause is a
 DaemonSet that does not mount the pod-resources directory. The simulated kubelet serves the
-same API (`gpuop_sim.cluster.pod_resources`).
-
-Telemetry's `kubelet_pods` is an older client of the same call, written for its labels.
+same API (`gpuop_sim.cluster.pod_resources`). Telemetry's `kubelet_pods` asks through it
+too, for its pod labels.
 """
 
 from __future__ import annotations

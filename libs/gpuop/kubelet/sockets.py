@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import TracebackType
-from typing import Self
+
+from gpuop.lifecycles import Closing
 
 MAX_SOCKET_PATH = 105
 """Bytes of a socket path gRPC binds as it is: `sun_path` holds 108 with the terminating NUL,
@@ -25,7 +25,7 @@ characters"; measured with grpcio 1.85, and seen to stop the device plugin in an
 test whose host root made the path 106 bytes long)."""
 
 
-class UnixTarget:
+class UnixTarget(Closing):
     """The gRPC address (`unix://...`) of the socket at `path`, usable whatever its length.
 
     Raises `FileNotFoundError` when the path is too long and its directory is missing.
@@ -47,14 +47,3 @@ class UnixTarget:
         if self._directory is not None:
             os.close(self._directory)
             self._directory = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -34,8 +34,9 @@ from enum import StrEnum
 from types import MappingProxyType, ModuleType
 from typing import Any, Generic, Protocol, Self, TypeVar
 
-from gpuop.events import Command, Event, ids, kube
+from gpuop.events import Command, Event, fields, ids, kube
 from gpuop.events.deadlines import DeadlineExpired
+from gpuop.events.fields import DocumentedEnum
 from gpuop.policy import GPUClusterPolicySpec
 
 State = TypeVar("State", bound=StrEnum)
@@ -82,6 +83,32 @@ class StepLike(Protocol):
 
     @property
     def token(self) -> str: ...
+
+
+class StepResult(DocumentedEnum):
+    """How a step of a saga ended, in every kind's history of outcomes."""
+
+    SUCCEEDED = "succeeded"
+    """It did what it had to."""
+    FAILED = "failed"
+    """Its executor reported a failure."""
+    EXPIRED = "expired"
+    """Its deadline passed first."""
+    SKIPPED = "skipped"
+    """Nothing to do (no holders, drain disabled, no GPU to re-carve, node gone)."""
+
+
+class StoredRecord(fields.Record):
+    """Base of a kind's durable record: frozen, kept in KV as JSON."""
+
+    def to_json(self) -> bytes:
+        """The record as stored in KV."""
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Self:
+        """A record read back from KV."""
+        return cls.model_validate_json(data)
 
 
 class StepOutcome(Protocol):
@@ -227,8 +254,10 @@ class Kind(Generic[Record, State, Draft_]):
     announce: Callable[[Record, Transition[State]], tuple[Any, ...]]
     """The Kubernetes actions that make a move visible (a state label, an Event), for the
     saga as it is right after the move."""
-    limit: Callable[[Record, StepLike, GPUClusterPolicySpec], float | None]
-    """Seconds a step may take; None for a step without a deadline."""
+    limit: Callable[[Record, Any, GPUClusterPolicySpec], float | None]
+    """Seconds a step (a `step_type`) may take; None for a step without a deadline."""
+    step_type: type[Any] = object
+    """The class of the kind's steps; `start` refuses any other (a bug in a phase)."""
 
     def check(self) -> None:
         """Raise `ValueError` unless the table and the phases cover the same states, every
@@ -260,6 +289,16 @@ class Kind(Generic[Record, State, Draft_]):
         return Decision(
             saga=saga, commands=commands, kube_actions=(*first, *actions), transitions=transitions
         )
+
+    def deadline_seconds(
+        self, saga: Record, step: StepLike, spec: GPUClusterPolicySpec
+    ) -> float | None:
+        """`limit` for a step of this kind; raise `TypeError` for a step of another."""
+        if not isinstance(step, self.step_type):
+            raise TypeError(
+                f"{self.name}: a step is a {self.step_type.__name__}, not {type(step).__name__}"
+            )
+        return self.limit(saga, step, spec)
 
     def require(self, from_state: State, to_state: State) -> None:
         """Raise `IllegalTransition` unless the table has the move."""
@@ -312,7 +351,7 @@ class Draft(Generic[Record, State]):
     def start(self, step: StepLike) -> None:
         """Make `step` the pending one: arm its deadline and issue its effects."""
         self.update(step=step, step_started=self.now)
-        limit = self.kind.limit(self.saga, step, self.spec)
+        limit = self.kind.deadline_seconds(self.saga, step, self.spec)
         self.update(deadline=None if limit is None else self.now + timedelta(seconds=limit))
         commands, actions = self.kind.effects(self.saga, self.spec)
         self.commands.extend(commands)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -43,6 +44,29 @@ def sim(
     )
     nvml.init()
     return nvml
+
+
+def test_a_simulated_gpu_is_the_recorded_one_but_for_its_own_ids(clock: ManualClock) -> None:
+    gpus = inventory(sim(clock, gpus=2, node="gpu-node-7"))
+    recorded = RECORDED.info
+    own = {
+        "index",
+        "uuid",
+        "serial",
+        "pci_bus_id",
+        "minor_number",
+        "mig_mode_current",
+        "mig_mode_pending",
+        "max_mig_devices",
+        "numa_node",
+        "fabric_clique",
+    }
+    for gpu in gpus:
+        for field in dataclasses.fields(gpu):
+            if field.name not in own:
+                assert getattr(gpu, field.name) == getattr(recorded, field.name), field.name
+        assert (gpu.mig_mode_current, gpu.max_mig_devices, gpu.fabric_clique) == (False, 0, None)
+    assert [gpu.minor_number for gpu in gpus] == [0, 1]
 
 
 def test_eight_gpus_have_distinct_identities(clock: ManualClock) -> None:

@@ -10,6 +10,7 @@ from gpuop.events.driver import Component
 from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT, SagaReason
 from gpuop.saga import actions, admission
 from gpuop.saga.admission import NodeStatus
+from gpuop.saga.machine import StepResult
 from gpuop.saga.upgrade import folding, records
 from gpuop.saga.upgrade.kind import pending
 from gpuop.saga.upgrade.steps import StepKind
@@ -136,7 +137,7 @@ def test_a_new_node_is_tainted_as_its_saga_starts_and_never_cordoned_nor_drained
     for state in (S.CORDON_REQUIRED, S.WAIT_FOR_JOBS_REQUIRED, S.DRAIN_REQUIRED):
         assert state in run.states()
     skipped = [o for o in run.saga.history if o.state is S.POD_DELETION_REQUIRED]
-    assert skipped[-1].result is records.StepResult.SKIPPED
+    assert skipped[-1].result is StepResult.SKIPPED
     assert "driver-not-ready" in skipped[-1].detail
 
 

@@ -23,7 +23,9 @@ from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import admission, machine
 from gpuop.saga.admission import NodeStatus
 from gpuop.saga.machine import Admitted, IllegalTransition, Kind, Phase, StepLike
+from gpuop.saga.mig.records import MigStep, MigStepKind
 from gpuop.saga.upgrade import phases, table
+from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.kind import UPGRADE
 from tests.support.sagas import T0, Run, policy, saga_for
 
@@ -237,6 +239,13 @@ def test_a_second_kind_cannot_make_a_move_its_table_lacks():
     # the upgrade's table knows nothing of it, and is as it was
     assert not set(Reset) & set(table.TABLE)
     assert set(table.TABLE) == set(UpgradeState)
+
+
+def test_a_kind_refuses_to_start_a_step_of_another_kind():
+    spec = policy()
+    draft = Draft(UPGRADE, saga_for(spec), spec, T0)
+    with pytest.raises(TypeError, match="a step is a Step, not MigStep"):
+        draft.start(MigStep(kind=MigStepKind.ADMISSION))
 
 
 def test_a_node_another_kind_holds_is_unavailable_and_never_admitted():

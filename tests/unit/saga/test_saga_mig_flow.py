@@ -18,10 +18,10 @@ from gpuop.events import remediation_commands as rem
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.saga import machine
-from gpuop.saga.machine import IllegalTransition, Kind
+from gpuop.saga.machine import IllegalTransition, Kind, StepResult
 from gpuop.saga.mig import kind, phases
 from gpuop.saga.mig.actions import EvictPods, RecordEvent, SetConfigState
-from gpuop.saga.mig.records import MigSaga, MigStepKind, StepResult
+from gpuop.saga.mig.records import MigSaga, MigStepKind
 from gpuop.saga.mig.states import TABLE, ConfigState, MigState
 from tests.support.mig_sagas import BALANCED, POD_A, POD_B, UUIDS, MigRun, inventory, policy
 

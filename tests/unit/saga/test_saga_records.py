@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 from gpuop.events.driver import Component
+from gpuop.saga.machine import StepResult
 from gpuop.saga.upgrade import records
 from gpuop.saga.upgrade.steps import Step, StepKind
 from tests.support.sagas import GPU_NEW, GPU_OLD, OFED_NEW, OFED_OLD, T0, Run, S, policy
@@ -68,7 +69,7 @@ def test_history_keeps_only_the_latest_outcomes():
                 attempt=1,
                 state=S.CORDON_REQUIRED,
                 step="cordon",
-                result=records.StepResult.SUCCEEDED,
+                result=StepResult.SUCCEEDED,
                 detail=str(index),
             )
         )
@@ -86,7 +87,7 @@ def test_a_decoded_saga_with_a_full_history_stays_small():
             attempt=1,
             state=S.DRAIN_REQUIRED,
             step="drain",
-            result=records.StepResult.SUCCEEDED,
+            result=StepResult.SUCCEEDED,
             detail=f"{index} pods evicted",
         )
         saga = saga.with_outcome(outcome)

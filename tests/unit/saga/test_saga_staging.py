@@ -10,8 +10,8 @@ from gpuop.events import kube
 from gpuop.events.driver import Component
 from gpuop.saga import actions, admission
 from gpuop.saga.admission import NodeStatus
+from gpuop.saga.machine import StepResult
 from gpuop.saga.upgrade import kind as upgrade
-from gpuop.saga.upgrade.records import StepResult
 from gpuop.saga.upgrade.steps import StepKind
 from tests.support.sagas import T0, Run, S, policy, saga_for
 

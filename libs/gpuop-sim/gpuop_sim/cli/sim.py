@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuop.cli.verbs import add_command
 from gpuop.events import subjects
 from gpuop.host import system
 from gpuop.host.roots import HostRoot
@@ -56,10 +57,9 @@ def _seconds(text: str) -> float:
 
 
 def add_parser(verbs: Any) -> None:
-    sim: argparse.ArgumentParser = verbs.add_parser(
-        "sim", help="simulated Kubernetes cluster for development and tests"
+    actions = add_command(
+        verbs, "sim", help="simulated Kubernetes cluster for development and tests"
     )
-    actions = sim.add_subparsers(dest="action", required=True, metavar="ACTION")
     apiserver = actions.add_parser(
         "apiserver",
         help="run a simulated cluster's API server in the foreground",

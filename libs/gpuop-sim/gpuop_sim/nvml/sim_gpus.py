@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuop.nvml.devices import MIB, DeviceInfo
 from gpuop.nvml.metrics import ClockEventReason, DeviceMetrics, ProcessInfo
@@ -58,33 +58,20 @@ def numa_node(index: int, gpus: int) -> int:
 
 
 def identity(template: DeviceInfo, node: str, index: int, gpus: int) -> DeviceInfo:
-    """The recorded GPU's inventory, made GPU `index` of a `gpus`-GPU node."""
-    return DeviceInfo(
+    """The recorded GPU's inventory, made GPU `index` of a `gpus`-GPU node: its own ids,
+    bus address and NUMA node, MIG off, no fabric clique; the rest as recorded."""
+    return replace(
+        template,
         index=index,
         uuid=gpu_uuid(node, index),
-        name=template.name,
         serial=serial_number(node, index),
         pci_bus_id=bus_id(index, gpus),
-        pci_device_id=template.pci_device_id,
-        pci_subsystem_id=template.pci_subsystem_id,
         minor_number=index,
-        memory_total_bytes=template.memory_total_bytes,
-        compute_capability_major=template.compute_capability_major,
-        compute_capability_minor=template.compute_capability_minor,
-        architecture=template.architecture,
-        brand=template.brand,
         mig_mode_current=False,
         mig_mode_pending=False,
         max_mig_devices=0,
         numa_node=numa_node(index, gpus),
-        vbios_version=template.vbios_version,
-        inforom_image_version=template.inforom_image_version,
-        board_part_number=template.board_part_number,
-        persistence_mode=template.persistence_mode,
-        compute_mode=template.compute_mode,
-        ecc_enabled=template.ecc_enabled,
-        power_limit_mw=template.power_limit_mw,
-        max_sm_clock_mhz=template.max_sm_clock_mhz,
+        fabric_clique=None,
     )
 
 

@@ -21,9 +21,9 @@ from enum import StrEnum
 from gpuop.events import ids
 from gpuop.policy.mig import MigPolicy
 from gpuop.saga import machine
-from gpuop.saga.machine import Transition
+from gpuop.saga.machine import StepResult, Transition
 from gpuop.saga.mig.actions import EVENT_REASON, MigKubeAction, RecordEvent, SetConfigState
-from gpuop.saga.mig.records import MigFailure, MigSaga, StepResult
+from gpuop.saga.mig.records import MigFailure, MigSaga
 from gpuop.saga.mig.states import MigState, config_state
 
 S = MigState

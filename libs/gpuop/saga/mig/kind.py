@@ -23,10 +23,10 @@ from gpuop.events import Event, ids
 from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine
-from gpuop.saga.machine import Kind, StepLike, Trigger
+from gpuop.saga.machine import Kind, StepResult, Trigger
 from gpuop.saga.mig.drafting import Draft, announce, label_action
 from gpuop.saga.mig.phases import PHASES
-from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind, StepResult
+from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind
 from gpuop.saga.mig.states import TABLE, TERMINAL_STATES, MigState
 from gpuop.saga.mig.steps import limit_seconds
 
@@ -56,9 +56,7 @@ def removed(draft: Draft) -> None:
     draft.move(S.MIG_CONFIG_FAILED, NODE_REMOVED, retry=False)
 
 
-def _limit(saga: MigSaga, step: StepLike, spec: GPUClusterPolicySpec) -> float | None:
-    if not isinstance(step, MigStep):
-        raise TypeError(f"a MIG step is a MigStep, not {type(step).__name__}")
+def _limit(saga: MigSaga, step: MigStep, spec: GPUClusterPolicySpec) -> float | None:
     return limit_seconds(step, spec.mig)
 
 
@@ -71,6 +69,7 @@ MIG: Kind[MigSaga, MigState, Draft] = Kind(
     removed=removed,
     announce=announce,
     limit=_limit,
+    step_type=MigStep,
 )
 """MIG reconfiguration, a saga kind beside the driver upgrade."""
 MIG.check()

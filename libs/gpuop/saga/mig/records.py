@@ -31,7 +31,7 @@ from gpuop.events.fields import (
     Record,
 )
 from gpuop.events.mig import MigPlan
-from gpuop.saga.machine import Transition
+from gpuop.saga.machine import StepResult, StoredRecord, Transition
 from gpuop.saga.mig.states import MigState
 
 HISTORY_LIMIT = 32
@@ -75,19 +75,6 @@ class MigStep(Record):
         return self.kind.value
 
 
-class StepResult(DocumentedEnum):
-    """How a step ended."""
-
-    SUCCEEDED = "succeeded"
-    """It did what it had to."""
-    FAILED = "failed"
-    """Its executor reported a failure."""
-    EXPIRED = "expired"
-    """Its deadline passed first."""
-    SKIPPED = "skipped"
-    """Nothing to do (no holders, no GPU to re-carve, node gone)."""
-
-
 class MigOutcome(Record):
     """One ended step, for operators and the record's audit trail."""
 
@@ -121,7 +108,7 @@ class AppliedAnswer(Record):
     """MIG devices on the node afterwards (its CDI spec names them)."""
 
 
-class MigSaga(Record):
+class MigSaga(StoredRecord):
     """Where one node's MIG reconfiguration stands, durable across any crash."""
 
     saga_id: CorrelationId
@@ -171,13 +158,6 @@ class MigSaga(Record):
     def config(self) -> str:
         """The config requested."""
         return self.plan.config
-
-    def to_json(self) -> bytes:
-        return self.model_dump_json().encode()
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> MigSaga:
-        return cls.model_validate_json(data)
 
     def ended(self, at: datetime, result: str, detail: str) -> MigSaga:
         """This record with the pending step's outcome appended to its bounded history."""

@@ -9,6 +9,7 @@ from gpuop.events.remediation import RemediationState as S
 from gpuop.policy.remediation import RemediationPolicy
 from gpuop.saga import machine
 from gpuop.saga.actions import RecordEvent
+from gpuop.saga.machine import StepResult
 from gpuop.saga.remediation.actions import EVENT_REASON
 from gpuop.saga.remediation.records import RemediationSaga
 
@@ -24,11 +25,14 @@ class Draft(machine.Draft[RemediationSaga, S]):
         return self.spec.remediation
 
     def outcome_ok(self, detail: str) -> None:
-        self.saga = self.saga.ended(self.now, "succeeded", detail[:2048])
+        self.outcome(StepResult.SUCCEEDED, detail)
+
+    def _failed(self, reason: str, *, expired: bool) -> None:
+        self.outcome(StepResult.EXPIRED if expired else StepResult.FAILED, reason)
 
     def fail(self, reason: str, *, expired: bool = False) -> None:
         """The pending step failed for `reason`: remediation-failed."""
-        self.saga = self.saga.ended(self.now, "expired" if expired else "failed", reason[:2048])
+        self._failed(reason, expired=expired)
         self.update(failure=reason[:2048])
         self.move(S.FAILED, reason)
 
@@ -45,7 +49,7 @@ class Draft(machine.Draft[RemediationSaga, S]):
             self.move(S.REBOOT_REQUIRED, f"{reason}; rebooting")
 
     def reset_failed(self, reason: str, *, expired: bool = False) -> None:
-        self.saga = self.saga.ended(self.now, "expired" if expired else "failed", reason[:2048])
+        self._failed(reason, expired=expired)
         self.reboot(reason)
 
 

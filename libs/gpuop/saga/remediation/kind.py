@@ -20,7 +20,7 @@ from gpuop.events.remediation import TERMINAL_STATES
 from gpuop.events.remediation import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine
-from gpuop.saga.machine import Kind, StepLike, Trigger
+from gpuop.saga.machine import Kind, Trigger
 from gpuop.saga.remediation.drafting import Draft, announce
 from gpuop.saga.remediation.phases import PHASES, limit_seconds
 from gpuop.saga.remediation.records import RemediationSaga, Step
@@ -69,9 +69,7 @@ def _removed(draft: Draft) -> None:
         draft.move(S.FAILED, "the node was removed", retry=False)
 
 
-def _limit(saga: RemediationSaga, step: StepLike, spec: GPUClusterPolicySpec) -> float | None:
-    if not isinstance(step, Step):
-        raise TypeError(f"a remediation step is a Step, not {type(step).__name__}")
+def _limit(saga: RemediationSaga, step: Step, spec: GPUClusterPolicySpec) -> float | None:
     return limit_seconds(saga, step, spec)
 
 
@@ -84,6 +82,7 @@ REMEDIATION: Kind[RemediationSaga, S, Draft] = Kind(
     removed=_removed,
     announce=announce,
     limit=_limit,
+    step_type=Step,
 )
 """GPU health remediation, the second saga kind."""
 REMEDIATION.check()

@@ -30,7 +30,7 @@ from gpuop.events.fields import (
     Version,
 )
 from gpuop.events.remediation import MAX_GPUS, RemediationStarted, RemediationState
-from gpuop.saga.machine import Transition
+from gpuop.saga.machine import StoredRecord, Transition
 
 HISTORY_LIMIT = 32
 """Step outcomes kept in the record (the event log keeps them all)."""
@@ -59,7 +59,7 @@ class Outcome(Record):
     detail: Message = ""
 
 
-class RemediationSaga(Record):
+class RemediationSaga(StoredRecord):
     """Where one node's GPU remediation stands, durable across any crash."""
 
     saga_id: CorrelationId
@@ -125,13 +125,6 @@ class RemediationSaga(Record):
             at=at, state=self.state, step=self.step.token, result=str(result), detail=detail
         )
         return self.model_copy(update={"history": (*self.history, outcome)[-HISTORY_LIMIT:]})
-
-    def to_json(self) -> bytes:
-        return self.model_dump_json().encode()
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> RemediationSaga:
-        return cls.model_validate_json(data)
 
 
 def saga_id_for(node: str, now: datetime) -> str:

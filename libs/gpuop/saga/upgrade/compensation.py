@@ -22,8 +22,9 @@ upgrade-required with the next attempt.
 from __future__ import annotations
 
 from gpuop.events.upgrade import UpgradeState
+from gpuop.saga.machine import StepResult
 from gpuop.saga.upgrade.drafting import Draft
-from gpuop.saga.upgrade.records import Failure, StepResult
+from gpuop.saga.upgrade.records import Failure
 from gpuop.saga.upgrade.steps import Step, StepKind
 
 S = UpgradeState

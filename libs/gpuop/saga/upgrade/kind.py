@@ -18,7 +18,7 @@ from gpuop.events.driver import Component
 from gpuop.events.upgrade import TERMINAL_STATES, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.actions import Decision, SetStateLabel
-from gpuop.saga.machine import Kind, StepLike
+from gpuop.saga.machine import Kind
 from gpuop.saga.upgrade import compensation
 from gpuop.saga.upgrade.drafting import Draft, announce
 from gpuop.saga.upgrade.effects import label_id
@@ -75,9 +75,7 @@ def _refresh_previous(draft: Draft, inventory: hw.HardwareDiscovered) -> None:
         draft.update(previous_versions=previous)
 
 
-def _limit(saga: NodeSaga, step: StepLike, spec: GPUClusterPolicySpec) -> float | None:
-    if not isinstance(step, Step):
-        raise TypeError(f"an upgrade step is a Step, not {type(step).__name__}")
+def _limit(saga: NodeSaga, step: Step, spec: GPUClusterPolicySpec) -> float | None:
     return limit_seconds(step, spec.upgrade_policy, saga.attempt)
 
 
@@ -90,6 +88,7 @@ UPGRADE: Kind[NodeSaga, UpgradeState, Draft] = Kind(
     removed=compensation.node_removed,
     announce=announce,
     limit=_limit,
+    step_type=Step,
 )
 """The driver upgrade, the first saga kind."""
 UPGRADE.check()

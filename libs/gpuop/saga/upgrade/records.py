@@ -25,7 +25,6 @@ from gpuop.events.fields import (
     BootId,
     CorrelationId,
     Count,
-    DocumentedEnum,
     KernelRelease,
     Message,
     NodeName,
@@ -38,6 +37,7 @@ from gpuop.events.fields import (
 from gpuop.events.upgrade import SagaReason, UpgradeState
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.policy.drivers import ComponentSpec
+from gpuop.saga.machine import StepResult, StoredRecord
 from gpuop.saga.upgrade.steps import Step, StepKind
 from gpuop.saga.upgrade.table import Transition
 
@@ -45,19 +45,6 @@ COMPONENT_ORDER: tuple[Component, ...] = (Component.GPU, Component.OFED)
 """Every ordered list of components in a saga follows this order."""
 HISTORY_LIMIT = 64
 """Step outcomes kept in the record; older ones are dropped (the event log keeps them all)."""
-
-
-class StepResult(DocumentedEnum):
-    """How a step of the saga ended."""
-
-    SUCCEEDED = "succeeded"
-    """It did what it had to."""
-    FAILED = "failed"
-    """Its executor reported a failure."""
-    EXPIRED = "expired"
-    """Its deadline passed first."""
-    SKIPPED = "skipped"
-    """Nothing to do (no selector to wait for, drain disabled, node gone)."""
 
 
 class Target(Record):
@@ -132,7 +119,7 @@ class Failure(Record):
     """When the core learned of it."""
 
 
-class NodeSaga(Record):
+class NodeSaga(StoredRecord):
     """Where one node's driver upgrade stands, durable across any crash."""
 
     saga_id: CorrelationId
@@ -215,15 +202,6 @@ class NodeSaga(Record):
     since its predecessor may have stored the decision and died before publishing them."""
     history: tuple[Outcome, ...] = Field(default=(), max_length=HISTORY_LIMIT)
     """The latest step outcomes, oldest first."""
-
-    def to_json(self) -> bytes:
-        """The record as stored in KV."""
-        return self.model_dump_json().encode()
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> NodeSaga:
-        """A record read back from KV."""
-        return cls.model_validate_json(data)
 
     def ended(self, at: datetime, result: str, detail: str) -> NodeSaga:
         """This record with the pending step's outcome (`result`, a `StepResult`) appended."""

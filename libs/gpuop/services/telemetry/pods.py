@@ -28,6 +28,7 @@ from typing import Protocol
 from prometheus_client import Gauge
 
 from gpuop.inventory.claims import ClaimHolders
+from gpuop.kubelet.allocations import PodResourcesUnavailable as PodResourcesUnavailable
 from gpuop.nvml import DeviceInfo, MigDevice
 from gpuop.services.telemetry.sessions import Inventory
 
@@ -36,10 +37,6 @@ log = logging.getLogger(__name__)
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 REPLICA_SEPARATOR = "::"
 """Between a GPU's UUID and the replica number in a time-sliced device id."""
-
-
-class PodResourcesUnavailable(Exception):
-    """The kubelet could not be asked: no socket, no answer in time, or an error answer."""
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -42,8 +42,8 @@ from gpuop.events import Event
 from gpuop.observability import tracing
 from gpuop.saga import NodeSaga, machine
 from gpuop.saga.kinds import SagaKind
-from gpuop.saga.machine import SagaRecord
-from gpuop.saga.upgrade.records import Outcome, StepResult
+from gpuop.saga.machine import SagaRecord, StepResult
+from gpuop.saga.upgrade.records import Outcome
 from gpuop.saga.upgrade.steps import StepKind
 
 ROOT = "upgrade saga"

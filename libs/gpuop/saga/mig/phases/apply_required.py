@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from gpuop.events import mig_commands
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.machine import Effects, StepResult, Trigger
 from gpuop.saga.mig.drafting import Draft, issue
 from gpuop.saga.mig.phases.common import answers, fail_on_deadline, start, timeout
-from gpuop.saga.mig.records import AppliedAnswer, MigSaga, MigStepKind, StepResult
+from gpuop.saga.mig.records import AppliedAnswer, MigSaga, MigStepKind
 from gpuop.saga.mig.states import MigState as S
 
 STATE = S.APPLY_REQUIRED

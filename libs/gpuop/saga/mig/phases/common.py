@@ -6,9 +6,9 @@ from __future__ import annotations
 from gpuop.events import kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.machine import Trigger, overdue
+from gpuop.saga.machine import StepResult, Trigger, overdue
 from gpuop.saga.mig.drafting import Draft
-from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind, StepResult
+from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind
 from gpuop.saga.mig.steps import limit_seconds
 from gpuop.saga.upgrade.steps import executor_timeout
 

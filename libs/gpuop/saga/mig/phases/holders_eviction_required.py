@@ -13,7 +13,7 @@ from __future__ import annotations
 from gpuop.events import kube
 from gpuop.events import remediation_commands as rem
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.machine import Effects, StepResult, Trigger
 from gpuop.saga.mig.actions import EvictPods
 from gpuop.saga.mig.drafting import Draft, action_id, issue
 from gpuop.saga.mig.phases.common import (
@@ -23,7 +23,7 @@ from gpuop.saga.mig.phases.common import (
     start,
     timeout,
 )
-from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind, StepResult
+from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind
 from gpuop.saga.mig.states import MigState as S
 
 STATE = S.HOLDERS_EVICTION_REQUIRED

@@ -8,10 +8,10 @@ ends here at once, both in the saga's first decision (`kind.begin`), before any 
 
 from __future__ import annotations
 
-from gpuop.saga.machine import Admitted, Trigger, ignore, no_effects
+from gpuop.saga.machine import Admitted, StepResult, Trigger, ignore, no_effects
 from gpuop.saga.mig.drafting import Draft
 from gpuop.saga.mig.phases.common import start
-from gpuop.saga.mig.records import MigStepKind, StepResult
+from gpuop.saga.mig.records import MigStepKind
 from gpuop.saga.mig.states import MigState as S
 
 STATE = S.MIG_CONFIG_REQUIRED

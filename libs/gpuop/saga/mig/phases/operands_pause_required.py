@@ -14,10 +14,10 @@ from gpuop.events import device as dev
 from gpuop.events.driver import Component
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import operands
-from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.machine import Effects, StepResult, Trigger
 from gpuop.saga.mig.drafting import Draft, issue
 from gpuop.saga.mig.phases.common import fail_on_deadline, start
-from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind, StepResult
+from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind
 from gpuop.saga.mig.states import MigState as S
 
 STATE = S.OPERANDS_PAUSE_REQUIRED

@@ -11,10 +11,10 @@ from gpuop.events import device as dev
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import operands
-from gpuop.saga.machine import Effects, Trigger, overdue
+from gpuop.saga.machine import Effects, StepResult, Trigger, overdue
 from gpuop.saga.mig.drafting import Draft, issue
 from gpuop.saga.mig.phases.common import start
-from gpuop.saga.mig.records import MigFailure, MigSaga, MigStep, MigStepKind, StepResult
+from gpuop.saga.mig.records import MigFailure, MigSaga, MigStep, MigStepKind
 from gpuop.saga.mig.states import MigState as S
 
 STATE = S.OPERANDS_RESUME_REQUIRED

@@ -11,10 +11,10 @@ from gpuop.events import mig_commands
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.mig_commands import GpuMigLayout
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.machine import Effects, Trigger, overdue
+from gpuop.saga.machine import Effects, StepResult, Trigger, overdue
 from gpuop.saga.mig.drafting import Draft, issue
 from gpuop.saga.mig.phases.common import answers, start, timeout
-from gpuop.saga.mig.records import MigSaga, MigStepKind, StepResult
+from gpuop.saga.mig.records import MigSaga, MigStepKind
 from gpuop.saga.mig.states import MigState as S
 
 STATE = S.RESTORE_REQUIRED

@@ -11,9 +11,9 @@ confirms it. A mismatch restores the layout recorded at the start, as a failed a
 
 from __future__ import annotations
 
-from gpuop.saga.machine import ignore, no_effects
+from gpuop.saga.machine import StepResult, ignore, no_effects
 from gpuop.saga.mig.drafting import Draft
-from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind, StepResult
+from gpuop.saga.mig.records import MigSaga, MigStep, MigStepKind
 from gpuop.saga.mig.states import MigState as S
 
 STATE = S.VERIFICATION_REQUIRED

@@ -4,7 +4,6 @@ step, the operands' confirmations, the node's marks (`quarantine`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import StrEnum
 
 from gpuop.events import device as dev
 from gpuop.events import kube
@@ -17,13 +16,6 @@ from gpuop.saga.remediation.actions import EVENT_REASON, MirrorHealth
 from gpuop.saga.remediation.drafting import Draft
 from gpuop.saga.remediation.records import RemediationSaga, Step
 from gpuop.saga.upgrade.steps import executor_timeout
-
-
-class Result(StrEnum):
-    """How a step ended, as the record's outcomes say it (besides `Draft.outcome_ok`)."""
-
-    SKIPPED = "skipped"
-
 
 issue = machine.issue
 action_id = machine.action_id

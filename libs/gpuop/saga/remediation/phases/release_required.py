@@ -24,11 +24,10 @@ from gpuop.events import device as dev
 from gpuop.events import kube
 from gpuop.events.remediation import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
-from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.machine import Effects, StepResult, Trigger
 from gpuop.saga.remediation.actions import MirrorHealth
 from gpuop.saga.remediation.drafting import Draft
 from gpuop.saga.remediation.phases.common import (
-    Result,
     action_id,
     fail_on_deadline,
     issue,
@@ -45,7 +44,7 @@ UNTAINT = "untaint"
 def enter(draft: Draft, retry: bool) -> None:
     if not draft.saga.operands_paused:
         draft.take(Step(name=RESUME))
-        draft.outcome(Result.SKIPPED, "operands running")
+        draft.outcome(StepResult.SKIPPED, "operands running")
         _next_attempt_or(draft, "the GPUs validated, operands running", _untaint)
         return
     draft.update(paused=())

@@ -15,10 +15,9 @@ from gpuop.events import driver as dm
 from gpuop.events import kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import UpgradeState
-from gpuop.saga.machine import Trigger, overdue
+from gpuop.saga.machine import StepResult, Trigger, overdue
 from gpuop.saga.upgrade import compensation
 from gpuop.saga.upgrade.drafting import Draft
-from gpuop.saga.upgrade.records import StepResult
 from gpuop.saga.upgrade.steps import Step, StepKind
 
 SUCCESS: dict[StepKind, type[dm.DriverResult]] = {

@@ -18,11 +18,11 @@ from gpuop.events import kube
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.actions import Cordon
-from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.machine import Effects, StepResult, Trigger
 from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.effects import action_id, driver_effects
 from gpuop.saga.upgrade.phases.common import BROUGHT_UP, fail_on_deadline, on_driver_result
-from gpuop.saga.upgrade.records import NodeSaga, StepResult
+from gpuop.saga.upgrade.records import NodeSaga
 from gpuop.saga.upgrade.steps import Step, StepKind, after, stage_plan
 
 STATE = S.CORDON_REQUIRED

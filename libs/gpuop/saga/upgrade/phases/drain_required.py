@@ -7,7 +7,7 @@ from gpuop.events import kube
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.actions import Drain
-from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.machine import Effects, StepResult, Trigger
 from gpuop.saga.upgrade import compensation
 from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.effects import action_id, timeout
@@ -17,7 +17,7 @@ from gpuop.saga.upgrade.phases.common import (
     fail_on_deadline,
     start_or_pass,
 )
-from gpuop.saga.upgrade.records import NodeSaga, StepResult
+from gpuop.saga.upgrade.records import NodeSaga
 from gpuop.saga.upgrade.steps import StepKind
 
 STATE = S.DRAIN_REQUIRED

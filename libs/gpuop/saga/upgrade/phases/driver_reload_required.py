@@ -10,12 +10,11 @@ from gpuop.events import driver as dm
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.driver import UnloadFailureReason
 from gpuop.events.upgrade import UpgradeState as S
-from gpuop.saga.machine import Trigger, overdue
+from gpuop.saga.machine import StepResult, Trigger, overdue
 from gpuop.saga.upgrade import compensation
 from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.effects import driver_effects
 from gpuop.saga.upgrade.phases.common import on_driver_result
-from gpuop.saga.upgrade.records import StepResult
 from gpuop.saga.upgrade.steps import Step, StepKind, after, reload_plan
 
 STATE = S.DRIVER_RELOAD_REQUIRED

@@ -7,11 +7,11 @@ from gpuop.events import device as dev
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import operands
-from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.machine import Effects, StepResult, Trigger
 from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.effects import issue
 from gpuop.saga.upgrade.phases.common import fail_on_deadline, start_or_pass
-from gpuop.saga.upgrade.records import NodeSaga, StepResult
+from gpuop.saga.upgrade.records import NodeSaga
 from gpuop.saga.upgrade.steps import StepKind
 
 STATE = S.OPERANDS_PAUSE_REQUIRED

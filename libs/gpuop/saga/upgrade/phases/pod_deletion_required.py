@@ -12,12 +12,12 @@ from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.actions import DeletePods
-from gpuop.saga.machine import Effects, Trigger, overdue
+from gpuop.saga.machine import Effects, StepResult, Trigger, overdue
 from gpuop.saga.upgrade import compensation
 from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.effects import action_id, timeout
 from gpuop.saga.upgrade.phases.common import BROUGHT_UP, answers_step, start_or_pass
-from gpuop.saga.upgrade.records import NodeSaga, StepResult
+from gpuop.saga.upgrade.records import NodeSaga
 from gpuop.saga.upgrade.steps import StepKind
 
 STATE = S.POD_DELETION_REQUIRED

@@ -9,11 +9,11 @@ from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import reboots
-from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.machine import Effects, StepResult, Trigger
 from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.effects import issue
 from gpuop.saga.upgrade.phases.common import fail_on_deadline
-from gpuop.saga.upgrade.records import NodeSaga, StepResult
+from gpuop.saga.upgrade.records import NodeSaga
 from gpuop.saga.upgrade.steps import Step, StepKind
 
 STATE = S.REBOOT_REQUIRED

@@ -14,11 +14,11 @@ from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.actions import IssuedCommand, KubeAction, Uncordon, Untaint
-from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.machine import Effects, StepResult, Trigger
 from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.effects import RESUME_STEP, action_id, issue
 from gpuop.saga.upgrade.phases.common import fail_on_deadline
-from gpuop.saga.upgrade.records import NodeSaga, StepResult
+from gpuop.saga.upgrade.records import NodeSaga
 from gpuop.saga.upgrade.steps import Step, StepKind
 
 STATE = S.UNCORDON_REQUIRED

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import UpgradeState as S
-from gpuop.saga.machine import ignore, no_effects
+from gpuop.saga.machine import StepResult, ignore, no_effects
 from gpuop.saga.upgrade import compensation
 from gpuop.saga.upgrade.drafting import Draft
-from gpuop.saga.upgrade.records import StepResult
 from gpuop.saga.upgrade.steps import Step, StepKind
 
 STATE = S.UPGRADE_FAILED

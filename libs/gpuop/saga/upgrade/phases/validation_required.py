@@ -21,12 +21,12 @@ from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import operands
 from gpuop.saga.actions import RunValidationPod
-from gpuop.saga.machine import Effects, Trigger
+from gpuop.saga.machine import Effects, StepResult, Trigger
 from gpuop.saga.upgrade import compensation
 from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.effects import action_id, driver_effects, issue, timeout
 from gpuop.saga.upgrade.phases.common import answers_step, fail_on_deadline, on_driver_result
-from gpuop.saga.upgrade.records import NodeSaga, StepResult
+from gpuop.saga.upgrade.records import NodeSaga
 from gpuop.saga.upgrade.steps import Step, StepKind, after, validation_plan
 
 STATE = S.VALIDATION_REQUIRED

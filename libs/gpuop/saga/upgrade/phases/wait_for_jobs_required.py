@@ -5,10 +5,9 @@ from __future__ import annotations
 from gpuop.events import kube
 from gpuop.events.deadlines import DeadlineExpired
 from gpuop.events.upgrade import UpgradeState as S
-from gpuop.saga.machine import Trigger, no_effects, overdue
+from gpuop.saga.machine import StepResult, Trigger, no_effects, overdue
 from gpuop.saga.upgrade.drafting import Draft
 from gpuop.saga.upgrade.phases.common import BROUGHT_UP, start_or_pass
-from gpuop.saga.upgrade.records import StepResult
 from gpuop.saga.upgrade.steps import StepKind
 
 STATE = S.WAIT_FOR_JOBS_REQUIRED
