@@ -251,6 +251,9 @@ def _reads(identity: Identity, prefix: str) -> tuple[str, ...]:
             subjects.events_filter("device", name="plugin-config-selected", prefix=prefix),
             subjects.events_filter("device", name="mig-config-requested", prefix=prefix),
         )
+    if identity.role == "upgrade-orchestrator":
+        # every node's ResourceClaim facts: the pods holding its GPUs go before a reload
+        return (subjects.events_filter("dra", prefix=prefix),)
     if identity.role == "telemetry-cluster":
         return (
             subjects.stream_filter(subjects.Kind.EVENT, prefix=prefix),

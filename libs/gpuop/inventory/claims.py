@@ -5,7 +5,9 @@ each node whose GPUs a claim holds, `dra.ClaimAllocated` (the devices, each with
 the node it is, and the pods that reserve the claim) and `dra.ClaimReleased`. Node agents
 hold no Kubernetes token, so these facts are how they see DRA allocations of any driver:
 the device plugin's answer to `ListGpuHolders` (`device_plugin.holders`) and telemetry's
-pod labels (`telemetry.pods`) read a `ClaimHolders` that `follow` keeps current.
+pod labels (`telemetry.pods`) read a `ClaimHolders` that `follow` keeps current; the
+upgrade orchestrator's pod deletions (`gpuop.kube.pods.holders_filter`) read every node's,
+a `NodeClaims` that `follow_all` keeps current.
 
 The fold: per claim uid, the newest `resource_version` wins (a redelivered older fact is
 ignored); `ClaimReleased` removes the claim and remembers the version it removed, so an
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpuop.bus import Bus, BusError, StoredMessage
@@ -29,8 +31,8 @@ FOLLOW_RETRY_SECONDS = 2.0
 """Pause before a failed read of the node's claim facts is resumed."""
 
 
-def claim_subjects(node: str, *, prefix: str = subjects.DEFAULT_PREFIX) -> str:
-    """The node's claim facts: `gpuop.evt.dra.<node>.*`."""
+def claim_subjects(node: str | None, *, prefix: str = subjects.DEFAULT_PREFIX) -> str:
+    """The node's claim facts, `gpuop.evt.dra.<node>.*` (None: every node's)."""
     return subjects.events_filter(dra.ClaimAllocated.DOMAIN, node, prefix=prefix)
 
 
@@ -105,23 +107,59 @@ class ClaimHolders:
         }
 
 
-def _payload(stored: StoredMessage) -> Event | None:
-    try:
-        payload = decode(stored.data)[1]
-    except (MalformedMessage, UnknownEventType):
-        return None
-    return payload if isinstance(payload, Event) else None
+class NodeClaims:
+    """Every node's claims (`ClaimHolders`), for the orchestrator, which drains any node."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, ClaimHolders] = {}
+        self.ready = asyncio.Event()
+        """Set once every fact the log held when `follow_all` began was applied."""
+
+    def apply(self, node: str, event: Event) -> bool:
+        """Take in one fact about `node`'s claims; whether it changed anything."""
+        return self._nodes.setdefault(node, ClaimHolders()).apply(event)
+
+    def claimants(self, node: str) -> frozenset[tuple[str, str]]:
+        """The pods (namespace, name) reserving a claim on `node`'s GPUs, of any driver."""
+        found = self._nodes.get(node)
+        if found is None:
+            return frozenset()
+        return frozenset((p.namespace, p.name) for c in found.allocations() for p in c.pods)
 
 
-def _apply(claims: ClaimHolders, stored: StoredMessage, last: int) -> int:
+Apply = Callable[[str, Event], object]
+"""Takes one fact about a node's claims: the node, the fact."""
+
+
+def _apply(apply: Apply, stored: StoredMessage, last: int) -> int:
     """Apply `stored` unless it is at or before `last` (a resumed read starts again at the
     beginning); the sequence applied up to."""
     if stored.seq <= last:
         return last
-    payload = _payload(stored)
-    if payload is not None:
-        claims.apply(payload)
+    try:
+        envelope, payload = decode(stored.data)
+    except (MalformedMessage, UnknownEventType):
+        return stored.seq
+    if isinstance(payload, Event):
+        apply(envelope.node, payload)
     return stored.seq
+
+
+async def _follow(
+    bus: Bus, subject: str, apply: Apply, ready: asyncio.Event, retry_seconds: float
+) -> None:
+    last = 0
+    while True:
+        try:
+            if not ready.is_set():
+                async for stored in bus.read(subject):
+                    last = _apply(apply, stored, last)
+                ready.set()
+            async for stored in bus.read(subject, follow=True):
+                last = _apply(apply, stored, last)
+        except BusError as error:
+            log.warning("reading %s failed, resuming: %s", subject, error)
+        await asyncio.sleep(retry_seconds)
 
 
 async def follow(
@@ -130,15 +168,12 @@ async def follow(
     """Apply the node's claim facts from the start of the log (then `claims.ready` is set),
     then each new one, until cancelled; a failed read resumes after the last fact applied."""
     subject = claim_subjects(node, prefix=bus.prefix)
-    last = 0
-    while True:
-        try:
-            if not claims.ready.is_set():
-                async for stored in bus.read(subject):
-                    last = _apply(claims, stored, last)
-                claims.ready.set()
-            async for stored in bus.read(subject, follow=True):
-                last = _apply(claims, stored, last)
-        except BusError as error:
-            log.warning("reading the claims of %s failed, resuming: %s", node, error)
-        await asyncio.sleep(retry_seconds)
+    await _follow(bus, subject, lambda _, event: claims.apply(event), claims.ready, retry_seconds)
+
+
+async def follow_all(
+    bus: Bus, claims: NodeClaims, *, retry_seconds: float = FOLLOW_RETRY_SECONDS
+) -> None:
+    """`follow` for every node's claim facts at once, into `claims`."""
+    subject = claim_subjects(None, prefix=bus.prefix)
+    await _follow(bus, subject, claims.apply, claims.ready, retry_seconds)

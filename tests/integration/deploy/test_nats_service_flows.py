@@ -174,7 +174,9 @@ def flows() -> dict[str, Flow]:
                 Buckets.NODES: ("get", "keys"),
             },
             # a takeover asks whether a saga's latest state change is in the log
-            # and a remediation's start which device API the node serves
+            # and a remediation's start which device API the node serves; the pod deletions
+            # read every node's claims
+            reads=[claims.claim_subjects(None, prefix=PREFIX)],
             lasts=[
                 subjects.event_subject(upgrade.DOMAIN, NODE, "cordon-required", prefix=PREFIX),
                 subjects.event_subject("device", NODE, "api-applied", prefix=PREFIX),

@@ -8,7 +8,7 @@ import asyncio
 
 from gpuop.bus import InMemoryBus
 from gpuop.events import dra, new_event
-from gpuop.inventory.claims import ClaimHolders, follow
+from gpuop.inventory.claims import ClaimHolders, NodeClaims, follow, follow_all
 from tests.support.node_agents import NODE
 from tests.support.waiting import eventually
 
@@ -131,3 +131,23 @@ async def test_follow_applies_the_logs_facts_before_it_is_ready_then_each_new_on
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert claims.pods_by_gpu() == {}  # the other node's claim was never read
+
+
+async def test_follow_all_keeps_each_nodes_claimants_apart(bus: InMemoryBus) -> None:
+    other = "gpu-2.example.com"
+    await publish(bus, allocated(UID_A, 1, pod("here")), NODE)
+    await publish(bus, allocated(UID_B, 1, pod("there")), other)
+    claims = NodeClaims()
+    task = asyncio.create_task(follow_all(bus, claims, retry_seconds=0.01))
+    try:
+        await asyncio.wait_for(claims.ready.wait(), 5)
+        assert claims.claimants(NODE) == {("ml", "here")}
+        assert claims.claimants(other) == {("ml", "there")}
+        assert claims.claimants("gpu-3.example.com") == frozenset()
+
+        await publish(bus, released(UID_B), other)
+        await eventually(lambda: claims.claimants(other) == frozenset())
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert claims.claimants(NODE) == {("ml", "here")}

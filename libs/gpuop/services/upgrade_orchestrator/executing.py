@@ -23,7 +23,8 @@ read the node's pods from the informer the controller shares between the steps t
 them (`nodepods`), and open a list-watch of their own only when there is none. Pod deletion
 removes the pods holding a device of the components upgraded (`DeletePods.components`,
 `pods.holds`), reading the ResourceClaims of the pods that use any, one GET each: nothing
-more for a node whose pods use none.
+more for a node whose pods use none; the pods that reserve a claim of any DRA driver on the
+node's GPUs are known from the bus (`gpuop.inventory.claims.NodeClaims`) and go too.
 
 Executing an action twice is harmless: `nodes.cordon` records in an annotation whether the
 node was cordoned before the first execution, so a repeat reports the same
@@ -40,6 +41,7 @@ from gpuop.events import kube as observed
 from gpuop.events.dra import DRIVER
 from gpuop.events.fields import NamespacedName
 from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT, UpgradeState
+from gpuop.inventory.claims import NodeClaims
 from gpuop.kube import client, conditions, dra, draining, errors, nodes, pods, validationpods
 from gpuop.kube.recording import EventRecorder, EventType
 from gpuop.policy import selectors
@@ -128,8 +130,11 @@ class KubeExecutor:
         watched_node: Callable[[str], Mapping[str, Any] | None] = lambda name: None,
         node_pods: NodePods | None = None,
         own_namespace: str = "default",
+        claims: NodeClaims | None = None,
     ) -> None:
         self._kube = kube
+        self._claims = claims
+        """Every node's ResourceClaims on its GPUs, from the bus: their pods hold the GPU."""
         self._own_namespace = own_namespace
         """Where a validation pod goes when the policy names no namespace."""
         self._recorder = recorder
@@ -296,11 +301,15 @@ class KubeExecutor:
         self, node: str, action: actions.DeletePods
     ) -> observed.PodsDeleted | observed.PodDeletionFailed:
         components = action.components
+        claimants: frozenset[tuple[str, str]] = frozenset()
+        if self._claims is not None:
+            await self._claims.ready.wait()  # the log's claims read: no holder overlooked
+            claimants = self._claims.claimants(node)
 
         async def holders_of(
             listed: Sequence[Mapping[str, Any]],
         ) -> Callable[[Mapping[str, Any]], bool]:
-            return await pods.holders_filter(self._kube, components, listed)
+            return await pods.holders_filter(self._kube, components, listed, claimants)
 
         return await self._delete_pods(node, action, pod_filter_from=holders_of)
 
