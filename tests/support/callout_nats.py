@@ -64,6 +64,8 @@ class CalloutNats:
     callout_issuers: list[nkeys.KeyPair] = field(default_factory=list)
     """The keys the callout signs with; empty: `issuer` alone."""
     reviewer: reviewers.MemoryReviewer = field(default_factory=reviewers.MemoryReviewer)
+    caching: bool = False
+    """Put `reviewers.CachingReviewer` in front of `reviewer`, as `gpuop nats-auth` does."""
     port: int = 0
     passwords: dict[str, str] = field(default_factory=dict)
     server_passwords: dict[str, str] = field(default_factory=dict)
@@ -125,7 +127,7 @@ class CalloutNats:
         )
         authorizer = callouts.Authorizer(
             self.callout_issuers or self.issuer,
-            self.reviewer,
+            reviewers.CachingReviewer(self.reviewer) if self.caching else self.reviewer,
             accounts,
             max_lifetime=self.max_lifetime,
             metrics=self.metrics,

@@ -21,6 +21,7 @@ from gpuop.host import packaging
 from gpuop.host.roots import HostRoot
 from gpuop.runtime.settings import Settings
 from gpuop.services.driver_manager import agent as agents
+from gpuop.services.driver_manager.anchors import TrustAnchor
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop.services.driver_manager.state import StateStore
 from gpuop_sim import recordings
@@ -34,6 +35,9 @@ OFED_OLD = "24.10-1.1.4.0"
 OFED_NEW = "25.01-0.6.0.0"
 BOOT_ID = "8c1f2f5e-0c53-4d57-a0a4-3e3c1b0c9a11"
 SAGA = "saga-n1-1"
+
+TRUSTED = TrustAnchor.model_validate(keys.TRUST)
+"""The simulated node's driver trust anchor: the simulation's key, local and loopback sources."""
 
 _ids = itertools.count(1)
 
@@ -169,7 +173,7 @@ async def running_agent(
     clock: Clock | None = None,
 ) -> AsyncIterator[Harness]:
     """An agent on `root` consuming from `bus` until the block ends."""
-    config = config or DriverManagerConfig()
+    config = config or DriverManagerConfig(trust=TRUSTED)
     registry = CollectorRegistry()
     executor = agents.build_executor(settings_for(root), config, clock or VirtualClock())
     store = StateStore(root)

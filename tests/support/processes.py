@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from gpuop.bus.launcher import exiting_with_parent
+from gpuop_sim.host import keys
 
 GPUOP = [sys.executable, "-m", "gpuop.cli.main"]
 
@@ -62,7 +64,7 @@ DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 DISCOVERY_CONFIG = (
     "scan_interval_seconds: 1\nheartbeat_interval_seconds: 0.5\nretry_interval_seconds: 0.2\n"
 )
-DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.1\n"
+DRIVER_MANAGER_CONFIG = f"kernel: auto\nunload_poll_seconds: 0.1\ntrust: {json.dumps(keys.TRUST)}\n"
 
 
 async def start_service(arguments: Iterable[str], log: Path) -> asyncio.subprocess.Process:

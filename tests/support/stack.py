@@ -52,7 +52,7 @@ OFED_OLD, OFED_NEW = "24.10-1.1.4.0", "25.01-0.6.0.0"
 DISCOVERY_CONFIG = (
     "scan_interval_seconds: 2\nheartbeat_interval_seconds: 2\nretry_interval_seconds: 0.2\n"
 )
-DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.1\n"
+DRIVER_MANAGER_CONFIG = f"kernel: auto\nunload_poll_seconds: 0.1\ntrust: {json.dumps(keys.TRUST)}\n"
 ORCHESTRATOR_CONFIG = "lease_duration_seconds: 3\nresync_seconds: 0.5\n"
 OPERANDS = ("device-plugin", "telemetry")
 TELEMETRY_CONFIG = "interval_seconds: 1\n"

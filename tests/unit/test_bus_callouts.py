@@ -117,7 +117,8 @@ async def test_a_user_never_outlives_max_lifetime_nor_its_token(
 REFUSALS = [
     # reason, how the token is made, what the answer says
     ("no-token", lambda r: None, "without a token"),
-    ("not-authenticated", lambda r: "forged", "not one this authority issued"),
+    ("not-a-jwt", lambda r: "forged", "not a JWT"),
+    ("not-authenticated", lambda r: "eyJhbGciOiJSUzI1NiJ9.e30.forged", "not one this authority"),
     ("not-authenticated", lambda r: r.issue(sa("gpuop-discovery"), node="n", ttl=-1), "expired"),
     (
         "wrong-audience",
@@ -301,7 +302,7 @@ async def test_while_the_issuer_changes_a_request_for_either_key_is_answered_by_
         callouts.Authorizer([], reviewer, ACCOUNTS)
 
 
-async def test_a_cached_review_is_asked_once_per_token_and_refusals_each_time() -> None:
+async def test_a_cached_review_is_asked_once_per_token_and_a_refusal_once_per_its_ttl() -> None:
     authority = reviewers.MemoryReviewer()
     cached = reviewers.CachingReviewer(authority, ttl=60)
     token = authority.issue(sa("gpuop-discovery"), node="n", ttl=600)
@@ -311,7 +312,12 @@ async def test_a_cached_review_is_asked_once_per_token_and_refusals_each_time() 
     for _ in range(2):
         with pytest.raises(reviewers.TokenRefused):
             await cached.review("unknown")
-    assert authority.reviews == 3
+    assert authority.reviews == 2
+    forgetful = reviewers.CachingReviewer(authority, refused_ttl=0)
+    for _ in range(2):
+        with pytest.raises(reviewers.TokenRefused):
+            await forgetful.review("unknown")
+    assert authority.reviews == 4
 
 
 async def test_a_cached_review_ends_with_its_token_or_its_ttl() -> None:

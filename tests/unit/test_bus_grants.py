@@ -120,7 +120,7 @@ def test_a_node_agent_may_not_act_for_another_node(role: str) -> None:
 
 def test_node_names_with_dots_are_encoded_and_cannot_reach_a_longer_name() -> None:
     granted = grants.for_identity(Identity("driver-manager", "a.b"))
-    assert "gpuop.evt.driver.a_b.*" in granted.publish
+    assert "gpuop.evt.driver.a_b.installed" in granted.publish
     assert not allowed(granted.publish, "gpuop.evt.driver.a_b_c.installed")
     assert granted.inbox_prefix == "_INBOX_driver-manager.a_b"
 

@@ -17,6 +17,7 @@ from gpuop.services.driver_manager.config import DriverManagerConfig, KernelMode
 from gpuop_sim.host.plugin import SimRebooter, SimulatedNode
 from gpuop_sim.host.simkernel import SimKernel
 from gpuop_sim.nvml.simulated import SimNvml
+from tests.support.driver_manager import TRUSTED
 
 
 @pytest.fixture
@@ -35,7 +36,9 @@ def test_the_simulation_registers_every_kind_of_plugin() -> None:
 def test_sim_nvml_and_the_simulated_kernel_come_from_the_plugin(seeded_root: Path) -> None:
     assert isinstance(open_backend("sim:2", host_root=seeded_root, node="n1"), SimNvml)
     settings = Settings(service="driver-manager", node="n1", host_root=seeded_root, nvml="sim:2")
-    executor = agent.build_executor(settings, DriverManagerConfig(kernel=KernelMode.SIMULATED))
+    executor = agent.build_executor(
+        settings, DriverManagerConfig(trust=TRUSTED, kernel=KernelMode.SIMULATED)
+    )
     assert isinstance(executor.installer.kernel, SimKernel)
     assert isinstance(executor.rebooter, SimRebooter)
 
@@ -46,7 +49,9 @@ def test_without_the_simulation_each_flag_says_what_to_install(seeded_root: Path
         open_backend("sim:2", host_root=seeded_root, node="n1")
     settings = Settings(service="driver-manager", node="n1", host_root=seeded_root, nvml="real")
     with pytest.raises(plugins.PluginMissing, match=r"kernel mode simulated.*gpuop-sim"):
-        agent.build_executor(settings, DriverManagerConfig(kernel=KernelMode.SIMULATED))
+        agent.build_executor(
+            settings, DriverManagerConfig(trust=TRUSTED, kernel=KernelMode.SIMULATED)
+        )
     assert "demo" not in cli.parser().format_help()
     assert open_backend("real", host_root=seeded_root, node="n1") is not None
 

@@ -48,6 +48,7 @@ REASONS = (
     "allowed",
     "bad-request",
     "no-token",
+    "not-a-jwt",
     "not-authenticated",
     "wrong-audience",
     "unknown-account",
@@ -56,6 +57,7 @@ REASONS = (
     "no-expiry",
     "reviewer-error",
     "reviewer-timeout",
+    "overloaded",
 )
 """Every outcome the metric counts: `allowed`, or why a client was refused."""
 
@@ -178,6 +180,12 @@ class Authorizer:
         response = self._response(checked, jwt=user, now=now)
         return self._decided(Decision("allowed", _named(identity), identity, response))
 
+    def overloaded(self) -> None:
+        """Count a request dropped unanswered because too many are being worked on."""
+        if self._metrics is not None:
+            self._metrics.decisions.labels(reason="overloaded").inc()
+        log.debug("dropped an authorization request: too many pending")
+
     def _decided(self, decision: Decision) -> Decision:
         if self._metrics is not None:
             self._metrics.decisions.labels(reason=decision.reason).inc()
@@ -220,6 +228,9 @@ class Authorizer:
     async def _identify(self, token: str, now: float) -> tuple[grants.Identity, float]:
         if not token:
             raise Refusal("no-token", "the client connected without a token")
+        if not reviewers.jwt_shaped(token):
+            # any pod may reach NATS: what cannot be a ServiceAccount token costs no review
+            raise Refusal("not-a-jwt", "the client's token is not a JWT")
         try:
             reviewed = await asyncio.wait_for(self._reviewer.review(token), self._review_timeout)
         except reviewers.TokenRefused as refused:
@@ -261,9 +272,7 @@ class Authorizer:
                 "type": natsjwt.USER,
                 "pub": _permission(granted.publish),
                 "sub": _permission(granted.subscribe),
-                "subs": -1,
-                "data": -1,
-                "payload": -1,
+                **_limits(identity),
             },
         }
         return natsjwt.encode(claims, request.issuer, now=now)
@@ -280,6 +289,26 @@ class Authorizer:
         return natsjwt.encode(claims, request.issuer, now=now)
 
 
+NODE_SUBSCRIPTIONS = 128
+"""Subscriptions one node agent's connection may hold: its consumers' pulls, its reads and
+watches and its inbox take a few dozen at most; a flood of interest (each one the server
+matches every message against) ends at this."""
+NODE_DATA = 64 << 20
+"""The data limit of a node agent's user claims (bytes; nats-server 2.15 enforces none for
+a client connection, like `payload` below: set, so a server that does bounds it)."""
+
+
+def _limits(identity: grants.Identity) -> dict[str, int]:
+    """A user's limits: a node agent's bounded (`NODE_SUBSCRIPTIONS`, `NODE_DATA`); a
+    cluster role's, placed where only admins decide, left to the account's. `payload` stays
+    the account's (1 MB, callout.conf): nats-server 2.15 takes no per-user payload limit from
+    a callout's user JWT, so a smaller one for node agents is not possible there; the
+    buckets' `max_msg_size` and the stream's per-subject limits bound what a node stores."""
+    if identity.node is None:
+        return {"subs": -1, "data": -1, "payload": -1}
+    return {"subs": NODE_SUBSCRIPTIONS, "data": NODE_DATA, "payload": -1}
+
+
 def _permission(subjects_: tuple[str, ...]) -> dict[str, list[str]]:
     # an empty allow list would allow everything: nothing allowed is a deny of everything
     return {"allow": list(subjects_)} if subjects_ else {"deny": [">"]}
@@ -289,8 +318,16 @@ def _named(identity: grants.Identity) -> str:
     return identity.role if identity.node is None else f"{identity.role}@{identity.node}"
 
 
-async def serve(nc: Client, authorizer: Authorizer, stopping: asyncio.Event) -> None:
-    """Answer the server's authorization requests on `nc` until `stopping` is set."""
+MAX_PENDING = 1024
+"""Authorization requests one callout works on at once; beyond them a request is dropped
+unanswered (the server refuses that client when its wait ends, and the client retries)."""
+
+
+async def serve(
+    nc: Client, authorizer: Authorizer, stopping: asyncio.Event, *, max_pending: int = MAX_PENDING
+) -> None:
+    """Answer the server's authorization requests on `nc` until `stopping` is set, at most
+    `max_pending` at once (a flood of connects queues no more tasks than that)."""
     pending: set[asyncio.Task[None]] = set()
 
     async def answer(msg: Msg) -> None:
@@ -303,6 +340,9 @@ async def serve(nc: Client, authorizer: Authorizer, stopping: asyncio.Event) -> 
             log.exception("an authorization request went unanswered")
 
     async def received(msg: Msg) -> None:
+        if len(pending) >= max_pending:
+            authorizer.overloaded()
+            return
         # reviews wait on the API server: each request in a task of its own
         task = asyncio.create_task(answer(msg))
         pending.add(task)

@@ -13,7 +13,12 @@ where the error taxonomy becomes an outcome:
     any other exception                -> the consumer's `on_unknown_error` choice
 
 Messages of one node run one at a time in arrival order (never two handlers for a node at
-once); different nodes run concurrently, bounded by `max_in_flight`.
+once); different nodes run concurrently, bounded by `max_in_flight`. One node's lane holds at
+most `max_in_flight_per_node` of those slots: a node that floods its subjects would otherwise
+hold every slot, and the fetch loop, waiting for one, would fetch no other node's message
+until the flood was handled. Its further messages wait in its lane without a slot (parked,
+their ack deadlines extended like the rest), up to `max_in_flight` of them, and beyond that
+are handed back (nak, `retry_delay`): only a lane that far behind can see its order change.
 """
 
 from __future__ import annotations
@@ -36,12 +41,9 @@ from gpuop.bus.errors import (
 )
 from gpuop.bus.protocol import ConsumerSpec, Delivery, Handler, PublishAck, UnknownErrors
 from gpuop.events import (
-    Envelope,
     MalformedMessage,
-    Payload,
     UnknownEventType,
-    decode,
-    subject_of,
+    decode_on,
     subjects,
 )
 from gpuop.observability import logging as oblog
@@ -97,6 +99,8 @@ class Dispatcher:
         self._metrics = metrics
         self._slots = asyncio.Semaphore(spec.max_in_flight)
         self._held = 0
+        self._per_lane = max(1, min(spec.max_in_flight_per_node, spec.max_in_flight))
+        """Slots one lane may hold; its first messages hold them, the rest are parked."""
         self._lanes: dict[str, collections.deque[Inbound]] = {}
         self._holding = asyncio.Event()
         """Set while any message is held: the keep-alive sleeps otherwise (an idle agent's
@@ -118,11 +122,21 @@ class Dispatcher:
         self._heartbeat = asyncio.create_task(self._keep_alive(), name="bus-heartbeat")
 
     async def submit(self, message: Inbound) -> None:
-        """Queue `message` behind earlier messages of its node."""
-        await self._slots.acquire()
-        self._held += 1
+        """Queue `message` behind earlier messages of its node: holding a slot while its lane
+        holds fewer than its share, parked without one after that (see the module)."""
         key = subjects.node_key(message.subject)
         lane = self._lanes.get(key)
+        if lane is not None and len(lane) >= self._per_lane:
+            if len(lane) >= self._per_lane + self._spec.max_in_flight:
+                log.debug("lane %s of %s is full: handing back seq %s", key,
+                          self._spec.durable, message.stream_seq)  # fmt: skip
+                await _quietly(message.nak(self._spec.retry_delay))
+                return
+            lane.append(message)
+            return
+        await self._slots.acquire()
+        self._held += 1
+        lane = self._lanes.get(key)  # the wait for a slot may have let its lane end
         if lane is not None:
             lane.append(message)
             return
@@ -139,9 +153,10 @@ class Dispatcher:
         waiting = [m for lane in self._lanes.values() for m in list(lane)[1:]]
         for lane in self._lanes.values():
             while len(lane) > 1:
+                if len(lane) <= self._per_lane:  # the last message holds a slot
+                    self._held -= 1
+                    self._slots.release()
                 lane.pop()
-                self._held -= 1
-                self._slots.release()
         for message in waiting:
             await _quietly(message.nak(0))
         if self._tasks:
@@ -159,8 +174,10 @@ class Dispatcher:
                     await self._handle(lane[0])
                 finally:
                     lane.popleft()
-                    self._held -= 1
-                    self._slots.release()
+                    if len(lane) < self._per_lane:
+                        self._held -= 1
+                        self._slots.release()
+                    # else its slot passes to the first parked message, now within the share
         finally:
             del self._lanes[key]
             if not self._lanes:
@@ -182,8 +199,7 @@ class Dispatcher:
         if message.attempt > 1:
             self._metrics.redelivered(consumer)
         try:
-            envelope, payload = decode(message.data)
-            _check_subject(message.subject, envelope, payload)
+            envelope, payload = decode_on(message.subject, message.data)
         except MalformedMessage as exc:
             await self._give_up(message, "malformed", str(exc))
             return
@@ -343,24 +359,6 @@ class PumpedSubscription(abc.ABC):
         # a redelivery after a crash between storing the dead letter and terminating the
         # message stores it again under the same id: the earlier copy, not an alarm
         await self._publisher.publish_raw(out.subject, out.data, out.headers, republish=True)
-
-
-def _check_subject(subject: str, envelope: Envelope, payload: Payload) -> None:
-    """A message must travel on the subject its type and node declare (`x-gpuop-subject`).
-    NATS permissions say who may publish on which subjects, so the subject is what ties a
-    type to its publisher: a `NodeAdmitted` that a node agent put on its own hardware
-    subject, or a message about one node on another's, is forged or corrupt, and acting on
-    it would let any credential steer the fleet."""
-    parts = subject.split(".")
-    if len(parts) != 5 or parts[1] not in (subjects.Kind.EVENT, subjects.Kind.COMMAND):
-        return  # not a gpuop event or command subject (a test's own): nothing declares it
-    try:
-        expected = subject_of(envelope, payload, prefix=parts[0])
-    except subjects.InvalidSubject as exc:
-        raise MalformedMessage(str(exc)) from None
-    if subject != expected:
-        raise MalformedMessage(f"a {envelope.type} about {envelope.subject!r} travels on "
-                               f"{expected}, not {subject}")  # fmt: skip
 
 
 async def _quietly(action: Awaitable[None]) -> None:

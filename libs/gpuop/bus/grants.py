@@ -7,9 +7,10 @@ renders it into a server configuration and tries every other node's subjects wit
 services build their consumers from `consumer` (the same table), so a consumer that changes
 here changes in the grants at once, and one that drifts fails a unit test.
 
-A node agent's grants are exact for its node: its own node token in every event it may
-publish, its consumers by name and filter (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`,
-which only the filter-in-subject form lets a permission bind), `MSG.NEXT`, `INFO` and acks of
+A node agent's grants are exact for its node: its own node token and the exact event names
+(`gpuop.events.event_names`, from the events registry) in every event it may publish, its
+consumers by name and filter (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, which only
+the filter-in-subject form lets a permission bind), `MSG.NEXT`, `INFO` and acks of
 those names only, its dead letters for its node, its own KV key (key-scoped direct gets), and
 replies on its own inbox prefix. A stream read back at start (`Bus.read`) uses a short-lived
 push consumer named after the identity and the filter (`read_name`), delivering to that inbox.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 from gpuop.bus import streams
 from gpuop.bus.protocol import Buckets, ConsumerSpec
-from gpuop.events import subjects
+from gpuop.events import event_names, subjects
 
 NODE_ROLES = frozenset(
     {"discovery", "driver-manager", "device-plugin", "network-manager", "telemetry"}
@@ -271,13 +272,18 @@ def reads(identity: Identity, *, prefix: str = subjects.DEFAULT_PREFIX) -> tuple
 
 
 def _node_events(role: str, node: str, prefix: str) -> tuple[str, ...]:
-    def event(domain: str, name: str = "*") -> str:
+    def event(domain: str, name: str) -> str:
         return subjects.events_filter(domain, node, name, prefix=prefix)
+
+    def every(domain: str) -> tuple[str, ...]:
+        # the registry's exact names, never `*`: a subject a node makes up would be one
+        # more the event log keeps `events_per_subject` messages of, without bound
+        return tuple(event(domain, name) for name in event_names(domain))
 
     pause = (event("device", "operand-paused"), event("device", "operand-resumed"))
     published: dict[str, tuple[str, ...]] = {
-        "discovery": (event("hardware"), *pause),
-        "driver-manager": (event("driver"),),
+        "discovery": (*every("hardware"), *pause),
+        "driver-manager": every("driver"),
         "device-plugin": (
             *pause,
             event("device", "plugin-config-applied"),
@@ -285,7 +291,7 @@ def _node_events(role: str, node: str, prefix: str) -> tuple[str, ...]:
             event("device", "gpu-holders-listed"),
             event("device", "gpu-holders-unknown"),
         ),
-        "network-manager": (event("network"),),
+        "network-manager": every("network"),
         "telemetry": (event("device", "health-changed"), *pause),
     }
     return published[role]

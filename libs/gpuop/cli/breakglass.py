@@ -45,7 +45,8 @@ class Host:
             nvml=args.nvml,
             config=args.config,
         )
-        self.executor = driver_manager.open_executor(self.settings)
+        named = _source(args) if getattr(args, "source", None) is not None else None
+        self.executor = driver_manager.open_executor(self.settings, named)
         self.root: HostRoot = self.executor.root
         self.component = dm.Component(args.component)
         self.timeout: int | None = args.timeout

@@ -20,7 +20,7 @@ from typing import Any
 from gpuop.bus import Bus, NatsBus
 from gpuop.bus.protocol import StoredMessage
 from gpuop.cli.verbs import add_command
-from gpuop.events import subjects
+from gpuop.events import MalformedMessage, SubjectMismatch, UnknownEventType, decode_on, subjects
 from gpuop.saga import replaying
 
 _RELATIVE = re.compile(r"^(?P<n>[0-9]+)(?P<unit>s|m|h|d)$")
@@ -102,6 +102,7 @@ async def export_lines(bus: Bus) -> list[str]:
     stored.sort(key=lambda m: (m.time, m.stream, m.seq))
     lines = []
     for message in stored:
+        _warn_if_misplaced(message)
         try:
             lines.append(
                 replaying.export_line(
@@ -111,6 +112,21 @@ async def export_lines(bus: Bus) -> list[str]:
         except ValueError as exc:
             print(f"gpuop events export: skipped: {exc}", file=sys.stderr)
     return lines
+
+
+def _warn_if_misplaced(message: StoredMessage) -> None:
+    """Say on stderr when `message` travels on a subject its type and node do not declare
+    (`check_subject`). The export keeps it, as the log holds it (the audit trail), and
+    `gpuop replay` refuses a log with one."""
+    try:
+        decode_on(message.subject, message.data)
+    except SubjectMismatch as exc:
+        print(
+            f"gpuop events export: {message.stream} #{message.seq} is forged or corrupt: {exc}",
+            file=sys.stderr,
+        )
+    except (MalformedMessage, UnknownEventType):
+        pass  # exported as stored; replay judges what it reads
 
 
 def _write(path: str, text: str) -> None:

@@ -4,7 +4,9 @@ Reads the JSON lines of `gpuop events export`, replays them (`gpuop.saga.replayi
 compares the commands and state changes produced with the recorded ones, and the circuit
 breaker's decisions (each recorded start and refusal) with the replayed breaker's. Exit 0 with one
 summary line when they are identical; 1 with the first divergences per node (expected vs
-got) when not; 2 when the file or the policy cannot be read (the message names the line).
+got) when not, and 1 naming every line whose message travels on a subject its type and node do
+not declare (forged or corrupt: nothing is replayed); 2 when the file or the policy cannot be
+read (the message names the line).
 """
 
 from __future__ import annotations
@@ -56,7 +58,11 @@ def read_policy(path: str) -> GPUClusterPolicySpec:
 
 async def replay_log(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     policy = read_policy(args.policy) if args.policy else None
-    log = replaying.parse_log(_read(args.file).splitlines())
+    try:
+        log = replaying.parse_log(_read(args.file).splitlines())
+    except replaying.MisplacedMessages as exc:
+        print(f"replay refused the log: {exc}")
+        return 1
     replayed = replaying.replay(log, policy)
     comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
     if replayed.breaker_differs:

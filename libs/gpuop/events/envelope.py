@@ -11,15 +11,14 @@ Producers call `new_event` / `new_command`; the bus calls `bus_subject` and `dec
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Final, Literal, TypeVar
+from typing import Any, ClassVar, Final, Literal, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from gpuop.events import subjects
-from gpuop.events.fields import WIRE_MODEL
+from gpuop.events import documents, subjects
+from gpuop.events.fields import MESSAGE_MAX_LENGTH, WIRE_MODEL
 
 SPEC_VERSION: Final = "1.0"
 TYPE_PREFIX = "io.gpuop"
@@ -111,6 +110,19 @@ class Event(Payload):
         return cls.DOMAIN
 
 
+class Move(Protocol):
+    """A saga's move as its kind made it (`gpuop.saga.machine.Transition`)."""
+
+    @property
+    def from_state(self) -> Any: ...
+    @property
+    def to_state(self) -> Any: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+
+
 class StateChangedEvent(Event):
     """A saga's move to a new state, published on the subject of that state (its
     `SUBJECT_FIELD`) instead of its `NAME`, so a subscriber can filter on the state."""
@@ -124,12 +136,43 @@ class StateChangedEvent(Event):
         return str(getattr(self, self.SUBJECT_FIELD).value)
 
     @classmethod
+    def of(cls, move: Move, **fields: Any) -> Self:
+        """The public event of a saga's `move` (its states, attempt, and reason cut to fit a
+        `Message`), with the kind's own `fields`."""
+        moved = {
+            "from_state": move.from_state,
+            "to_state": move.to_state,
+            "reason": move.reason[:MESSAGE_MAX_LENGTH],
+            "attempt": move.attempt,
+        }
+        return cls.model_validate({**moved, **fields})
+
+    @classmethod
     def subject_token_of(cls, data: dict[str, Any]) -> str:
         states: Any = cls.model_fields[cls.SUBJECT_FIELD].annotation
         try:
             return str(states(data[cls.SUBJECT_FIELD]).value)
         except (KeyError, TypeError, ValueError):
             raise MalformedMessage(f"{cls.TYPE} data has no valid {cls.SUBJECT_FIELD}") from None
+
+
+def event_names(domain: str) -> tuple[str, ...]:
+    """Every last subject token an event of `domain` may travel on, from the registry: each
+    event's `NAME`, and for a `StateChangedEvent` every value of its `SUBJECT_FIELD`. The
+    NATS grants of the services publishing a domain are these exact names, never `*`, so a
+    credential cannot make up subjects (each of which the event log would keep)."""
+    names: set[str] = set()
+    for cls in REGISTRY.values():
+        if not issubclass(cls, Event) or domain != cls.DOMAIN:
+            continue
+        if issubclass(cls, StateChangedEvent):
+            states: Any = cls.model_fields[cls.SUBJECT_FIELD].annotation
+            names.update(str(state.value) for state in states)
+        else:
+            names.add(cls.fixed_subject_token())
+    if not names:
+        raise ValueError(f"no event of domain {domain!r} is registered")
+    return tuple(sorted(names))
 
 
 class Command(Payload):
@@ -297,6 +340,39 @@ def subject_of(envelope: Envelope, payload: Payload, *, prefix: str) -> str:
     return subjects.event_subject(cls.DOMAIN, envelope.subject, token, prefix=prefix)
 
 
+class SubjectMismatch(MalformedMessage):
+    """A message on another subject than the one its type and node declare."""
+
+
+def check_subject(subject: str, envelope: Envelope, payload: Payload) -> None:
+    """A message must travel on the subject its type and node declare (`x-gpuop-subject`);
+    `SubjectMismatch` otherwise. NATS permissions say who may publish on which subjects, so
+    the subject is what ties a type to its publisher: a `NodeAdmitted` that a node agent put
+    on its own hardware subject, or a message about one node on another's, is forged or
+    corrupt, and believing it would let any credential steer the fleet. Every reader checks
+    it: the dispatcher (a dead letter), and the readers of stored messages through
+    `decode_on` (telemetry's cluster exporter, `gpuop events export`, `gpuop replay`)."""
+    parts = subject.split(".")
+    if len(parts) != 5 or parts[1] not in (subjects.Kind.EVENT, subjects.Kind.COMMAND):
+        return  # not a gpuop event or command subject (a test's own): nothing declares it
+    try:
+        expected = subject_of(envelope, payload, prefix=parts[0])
+    except subjects.InvalidSubject as exc:
+        raise SubjectMismatch(str(exc)) from None
+    if subject != expected:
+        raise SubjectMismatch(f"a {envelope.type} about {envelope.subject!r} travels on "
+                              f"{expected}, not {subject}")  # fmt: skip
+
+
+def decode_on(subject: str, raw: bytes) -> tuple[Envelope, Payload]:
+    """`decode` the message `raw` stored on `subject`, then `check_subject`: how every
+    reader believes a message. `SubjectMismatch` (a `MalformedMessage`) for one on a subject
+    its type and node do not declare."""
+    envelope, payload = decode(raw)
+    check_subject(subject, envelope, payload)
+    return envelope, payload
+
+
 def decode(raw: bytes) -> tuple[Envelope, Payload]:
     """Bytes -> envelope and typed payload.
 
@@ -304,11 +380,9 @@ def decode(raw: bytes) -> tuple[Envelope, Payload]:
     `UnknownEventType` for a valid envelope of a type this version does not know.
     """
     try:
-        document = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise MalformedMessage(f"not JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise MalformedMessage(f"not a JSON object but {type(document).__name__}")
+        document = documents.json_object(raw)
+    except ValueError as exc:
+        raise MalformedMessage(str(exc)) from None
     try:
         envelope = Envelope.model_validate(document)
     except ValidationError as exc:

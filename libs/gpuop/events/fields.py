@@ -50,7 +50,8 @@ LabelValue = Annotated[
 ]
 """A Kubernetes label value (may be empty)."""
 
-Message = Annotated[str, StringConstraints(max_length=2048)]
+MESSAGE_MAX_LENGTH = 2048
+Message = Annotated[str, StringConstraints(max_length=MESSAGE_MAX_LENGTH)]
 """Human-readable detail for logs and operators; never parsed by code."""
 Version = Annotated[
     str, StringConstraints(min_length=1, max_length=64, pattern=r"^[0-9A-Za-z][0-9A-Za-z.+_~-]*$")

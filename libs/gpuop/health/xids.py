@@ -20,7 +20,6 @@ catalog that does not validate fails the load with `CatalogError` naming the ent
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
@@ -30,6 +29,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpuop.events import documents
 from gpuop.events.device import XidAction
 
 CATALOG_FILE = "xids.json"
@@ -113,11 +113,9 @@ class XidCatalog:
 def parse(text: str, *, origin: str = CATALOG_FILE) -> XidCatalog:
     """The catalog in `text` (the JSON of `xids.json`); `origin` names it in errors."""
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise CatalogError(f"{origin}: not JSON: {error}") from error
-    if not isinstance(document, dict):
-        raise CatalogError(f"{origin}: expected a JSON object, got {type(document).__name__}")
+        document = documents.json_object(text)
+    except ValueError as error:
+        raise CatalogError(f"{origin}: {error}") from error
     if document.get("format") != FORMAT:
         raise CatalogError(
             f"{origin}: format {document.get('format')!r} is not the one this gpuop reads"

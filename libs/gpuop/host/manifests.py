@@ -38,6 +38,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from gpuop.events import documents
+
 FORMAT_V2: Literal["gpuop-package/2"] = "gpuop-package/2"
 NAME = "manifest.json"
 
@@ -149,11 +151,9 @@ def parse(data: bytes, where: str = NAME) -> ManifestV1 | ManifestV2:
     """The manifest in `data`; `ManifestError` naming `where` and the first faults otherwise.
     A document with `format` must be format 2 and pass every rule; one without is format 1."""
     try:
-        document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{where} is not JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise ManifestError(f"{where} is not a JSON object")
+        document = documents.json_object(data)
+    except ValueError as exc:
+        raise ManifestError(f"{where} is {exc}") from None
     try:
         if "format" not in document:
             return ManifestV1.model_validate(document)

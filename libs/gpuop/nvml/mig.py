@@ -26,7 +26,26 @@ from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
-class MigProfile:
+class MigEngines:
+    """The share of the GPU's engines one MIG instance has: what each instance of a
+    `MigProfile` gets, and what a `MigDevice` has."""
+
+    multiprocessor_count: int
+    """Streaming multiprocessors."""
+    copy_engines: int
+    """Copy engines."""
+    decoders: int
+    """Video decoders (NVDEC)."""
+    encoders: int
+    """Video encoders (NVENC)."""
+    jpeg_engines: int
+    """JPEG decoders (NVJPG)."""
+    ofa_engines: int
+    """Optical flow accelerators."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile(MigEngines):
     """A GPU instance profile the GPU supports (`nvmlGpuInstanceProfileInfo_v2_t`)."""
 
     name: str
@@ -39,18 +58,6 @@ class MigProfile:
     """How many instances of this profile fit on an empty GPU."""
     memory_bytes: int
     """Framebuffer of one instance."""
-    multiprocessor_count: int
-    """Streaming multiprocessors of one instance."""
-    copy_engines: int
-    """Copy engines of one instance."""
-    decoders: int
-    """Video decoders (NVDEC)."""
-    encoders: int
-    """Video encoders (NVENC)."""
-    jpeg_engines: int
-    """JPEG decoders (NVJPG)."""
-    ofa_engines: int
-    """Optical flow accelerators."""
     placements: tuple[Placement, ...] = ()
     """Where an instance of the profile may sit (`nvmlDeviceGetGpuInstancePossiblePlacements`);
     empty when the backend did not say."""
@@ -159,7 +166,7 @@ def fit(
 
 
 @dataclass(frozen=True, slots=True)
-class MigDevice:
+class MigDevice(MigEngines):
     """One MIG device: a compute instance inside a GPU instance, usable as a GPU."""
 
     parent_index: int
@@ -184,18 +191,6 @@ class MigDevice:
     """GPU slices of the compute instance (`nvidia.com/mig-<p>.slices.ci`)."""
     memory_total_bytes: int
     """Framebuffer of the device."""
-    multiprocessor_count: int
-    """Streaming multiprocessors."""
-    copy_engines: int
-    """Copy engines."""
-    decoders: int
-    """Video decoders."""
-    encoders: int
-    """Video encoders."""
-    jpeg_engines: int
-    """JPEG decoders."""
-    ofa_engines: int
-    """Optical flow accelerators."""
     placement: Placement | None = None
     """The GPU instance's memory slices; None where the backend does not say."""
 

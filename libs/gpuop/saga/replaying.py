@@ -50,8 +50,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gpuop.events import Envelope, Event, Payload, decode, subjects
-from gpuop.events.envelope import MalformedMessage, UnknownEventType
+from gpuop.events import Envelope, Event, Payload, decode_on, documents, subjects
+from gpuop.events.envelope import MalformedMessage, SubjectMismatch, UnknownEventType
 from gpuop.events.kube import NodeObserved, NodeRemoved
 from gpuop.events.upgrade import PolicyApplied
 from gpuop.policy import GPUClusterPolicySpec, PolicyInvalid, validate_spec
@@ -67,6 +67,12 @@ DIFF_LIMIT = 3
 
 class ReplayInputError(ValueError):
     """The export cannot be replayed; the message names the line."""
+
+
+class MisplacedMessages(ReplayInputError):
+    """Messages of the export travel on subjects their types and nodes do not declare
+    (`check_subject`): forged by whoever could publish there, or corrupt. Replay believes no
+    log holding one; the message names every such line."""
 
 
 @dataclass(frozen=True)
@@ -168,12 +174,9 @@ class Comparison:
 def export_line(stream: str, seq: int, subject: str, time: datetime, data: bytes) -> str:
     """One line of the export; raises `ValueError` when `data` is not a JSON object."""
     try:
-        message = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        # nesting too deep to parse is hostile input too: a line left out, not a crash
-        raise ValueError(f"{stream} #{seq} is not JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise ValueError(f"{stream} #{seq} is not a JSON object")
+        message = documents.json_object(data)
+    except ValueError as exc:
+        raise ValueError(f"{stream} #{seq} is {exc}") from None
     line = {
         "stream": stream,
         "seq": seq,
@@ -185,17 +188,17 @@ def export_line(stream: str, seq: int, subject: str, time: datetime, data: bytes
 
 
 def parse_log(lines: Iterable[str]) -> list[Recorded]:
-    """The export's lines decoded, in stream order; `ReplayInputError` names a bad line."""
+    """The export's lines decoded, in stream order; `ReplayInputError` names a bad line,
+    `MisplacedMessages` every line whose subject its type and node do not declare."""
     log = []
+    misplaced: list[str] = []
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         try:
-            line = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ReplayInputError(f"line {number}: not JSON ({exc})") from None
-        if not isinstance(line, dict):
-            raise ReplayInputError(f"line {number}: not a JSON object")
+            line = documents.json_object(text)
+        except ValueError as exc:
+            raise ReplayInputError(f"line {number}: {exc}") from None
         stream, seq, subject = line.get("stream"), line.get("seq"), line.get("subject")
         message = line.get("message")
         if stream not in (EVENTS_STREAM, COMMANDS_STREAM):
@@ -206,12 +209,20 @@ def parse_log(lines: Iterable[str]) -> list[Recorded]:
             raise ReplayInputError(f"line {number}: needs a message object")
         payload: Payload | None
         try:
-            envelope, payload = decode(json.dumps(message).encode())
+            envelope, payload = decode_on(subject, json.dumps(message).encode())
         except UnknownEventType:
             envelope, payload = Envelope.model_validate(message), None
+        except SubjectMismatch as exc:
+            misplaced.append(f"line {number} ({stream} #{seq}): {exc}")
+            continue
         except MalformedMessage as exc:
             raise ReplayInputError(f"line {number}: {exc}") from None
         log.append(Recorded(number, stream, seq, subject, envelope, payload))
+    if misplaced:
+        raise MisplacedMessages(
+            f"{len(misplaced)} messages travel on subjects their types and nodes do not "
+            "declare (forged or corrupt; nothing was replayed):\n  " + "\n  ".join(misplaced)
+        )
     log.sort(key=lambda r: (r.stream, r.seq))
     return log
 

@@ -42,6 +42,7 @@ from tests.support.buses import (
     seq_of,
     wait_until,
 )
+from tests.support.waiting import eventually
 
 
 @pytest.fixture(params=["memory", "nats"])
@@ -441,3 +442,46 @@ async def _count(recorder: Recorder, node: str, count: int) -> bool:
 
 async def _length(items: list[object], count: int) -> bool:
     return len(items) >= count
+
+
+@pytest.mark.security
+async def test_a_flooding_node_holds_only_its_share_of_the_slots(bus: Bus) -> None:
+    """Attack: gpu-2 floods its subject and the handler takes its messages slowly (not at all
+    until the test lets it); gpu-1's message, published after the flood, must be handled
+    while the flood waits: gpu-2's lane holds at most `max_in_flight_per_node` slots, its
+    further messages wait in order without one. Its outcome is printed."""
+    slots, share = 8, 2
+    flood = slots + share  # its share of slots and `max_in_flight` parked
+    release = asyncio.Event()
+    handled: list[tuple[str, int]] = []
+
+    async def handler(delivery: Delivery) -> None:
+        node = delivery.envelope.subject
+        if node == "gpu-2":
+            await release.wait()
+        handled.append((node, seq_of(delivery)))
+
+    for n in range(flood):
+        await bus.publish(heartbeat("gpu-2", n))
+    await bus.publish(heartbeat("gpu-1", 0))
+    spec = ConsumerSpec(
+        "lanes", [HB_SUBJECT], max_in_flight=slots, max_in_flight_per_node=share, ack_wait=30
+    )
+    subscription = await bus.consume(spec, handler)
+    try:
+        try:
+            await eventually(lambda: ("gpu-1", 0) in handled)
+            outcome = "handled while gpu-2's flood waits"
+        except TimeoutError:
+            outcome = "not handled: gpu-2's lane holds every slot"
+        print(
+            f"\n{flood} heartbeats of gpu-2 (slowly handled), then one of gpu-1, to a consumer "
+            f"of {slots} slots: gpu-1's {outcome}"
+        )
+        assert outcome.startswith("handled")
+        release.set()
+        await eventually(lambda: len(handled) == flood + 1)
+        assert [n for node, n in handled if node == "gpu-2"] == list(range(flood))
+    finally:
+        release.set()
+        await subscription.stop()

@@ -21,6 +21,7 @@ from tests.support.driver_manager import (
     BOOT_ID,
     NEW,
     OLD,
+    TRUSTED,
     Harness,
     build_source,
     running_agent,
@@ -45,7 +46,7 @@ async def harness(host: HostRoot, tmp_path: Path) -> AsyncIterator[Harness]:
     build_source(tmp_path / "source")
     bus = InMemoryBus()
     await bus.start()
-    config = DriverManagerConfig(kernel=KernelMode.STANDINS)
+    config = DriverManagerConfig(trust=TRUSTED, kernel=KernelMode.STANDINS)
     try:
         async with running_agent(bus, host, tmp_path / "source", config) as running:
             yield running

@@ -31,7 +31,7 @@ from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop_sim.host import keys, seeding
 from gpuop_sim.host.simkernel import SimKernel
 from tests.support import driver_packages
-from tests.support.driver_manager import recorded_host, running_agent, source_of
+from tests.support.driver_manager import TRUSTED, recorded_host, running_agent, source_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # a cold build of both flavours
 
@@ -68,7 +68,7 @@ def host(tmp_path: Path, kernel: str) -> HostRoot:
 
 def installer(root: HostRoot) -> installing.Installer:
     return installing.Installer(
-        root, kmod.HostRootKernel(root), DriverManagerConfig(), VirtualClock()
+        root, kmod.HostRootKernel(root), DriverManagerConfig(trust=TRUSTED), VirtualClock()
     )
 
 

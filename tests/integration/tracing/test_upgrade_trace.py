@@ -51,6 +51,7 @@ from gpuop.services.upgrade_orchestrator.running import Runner
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from gpuop_sim.cluster import hosts
 from gpuop_sim.host import keys, seeding
+from tests.support.driver_manager import TRUSTED
 from tests.support.kubelet_plugin import NODE, running_node
 from tests.support.orchestrator import FakeKube
 from tests.support.spans import ancestry, named, one_tree, recorded_spans, untraced
@@ -133,7 +134,7 @@ async def cluster(bus: InMemoryBus, host: HostRoot, source: Path) -> AsyncIterat
     async with AsyncExitStack() as running:
         stopping = asyncio.Event()
         # the node's agents
-        config = DriverManagerConfig()
+        config = DriverManagerConfig(trust=TRUSTED)
         settings = Settings(service=dm.SERVICE, node=NODE, host_root=host.path, nvml=nvml)
         executor = driver_agent.build_executor(settings, config)
         manager = driver_agent.CommandAgent(

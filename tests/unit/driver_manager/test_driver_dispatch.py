@@ -13,7 +13,7 @@ from gpuop.services.driver_manager import agent as agents
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop.services.driver_manager.executor import Executor
 from gpuop.services.driver_manager.state import ComponentRecord, StepContext
-from tests.support.driver_manager import settings_for
+from tests.support.driver_manager import TRUSTED, settings_for
 
 
 def _commands(base: type[Command] = Command) -> list[type[Command]]:
@@ -24,7 +24,9 @@ def _commands(base: type[Command] = Command) -> list[type[Command]]:
 
 
 def _executor(host: HostRoot) -> Executor:
-    return agents.build_executor(settings_for(host), DriverManagerConfig(), VirtualClock())
+    return agents.build_executor(
+        settings_for(host), DriverManagerConfig(trust=TRUSTED), VirtualClock()
+    )
 
 
 def test_every_driver_manager_command_has_a_handler(host: HostRoot) -> None:

@@ -26,7 +26,7 @@ from gpuop.services.driver_manager.reloading import Reloader
 from gpuop.services.driver_manager.state import ComponentRecord, StepContext
 from gpuop.services.driver_manager.validating import Validator
 from gpuop_sim.host import keys, seeding
-from tests.support.driver_manager import recorded_host, source_of
+from tests.support.driver_manager import TRUSTED, recorded_host, source_of
 from tests.support.kernel_modules import module_elf
 
 KERNEL = "6.1.0-57-amd64"
@@ -75,7 +75,7 @@ def build(source: Path, flavour: Flavour) -> packaging.BuiltPackage:
 
 def installer(root: HostRoot) -> installing.Installer:
     return installing.Installer(
-        root, kmod.HostRootKernel(root), DriverManagerConfig(), VirtualClock()
+        root, kmod.HostRootKernel(root), DriverManagerConfig(trust=TRUSTED), VirtualClock()
     )
 
 
@@ -189,7 +189,7 @@ async def test_a_rollback_of_a_flavour_change_installs_the_old_modules_again(
     await installer(root).install("gpu", VERSION, source_of(source), "open")  # the new ones
     reloads = _Reloads()
     executor = Executor(
-        root, DriverManagerConfig(), installer(root), cast(Reloader, reloads),
+        root, DriverManagerConfig(trust=TRUSTED), installer(root), cast(Reloader, reloads),
         cast(Validator, None), cast(Rebooter, None),
     )  # fmt: skip
     back = dm.RollbackDriver(

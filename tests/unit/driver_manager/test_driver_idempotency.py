@@ -27,6 +27,7 @@ from tests.support.driver_manager import (
     NEW,
     NODE,
     OLD,
+    TRUSTED,
     Harness,
     rewrite_index,
     running_agent,
@@ -157,7 +158,7 @@ async def test_reboot_publishes_first_and_honours_the_boot_id(
 async def test_a_command_for_a_component_not_managed_here_fails_without_acting(
     bus: InMemoryBus, host: HostRoot, source: Path
 ) -> None:
-    config = DriverManagerConfig(components=(dm.Component.GPU,))
+    config = DriverManagerConfig(trust=TRUSTED, components=(dm.Component.GPU,))
     async with running_agent(bus, host, source, config) as harness:
         failed = await harness.send(dm.UnloadDriver(component=dm.Component.OFED))
     assert isinstance(failed, dm.DriverUnloadFailed)

@@ -30,6 +30,7 @@ from tests.support.driver_manager import (
     NEW,
     NODE,
     OLD,
+    TRUSTED,
     Harness,
     settings_for,
     source_of,
@@ -171,7 +172,9 @@ async def test_a_driver_manager_starting_after_a_reboot_puts_it_back(
 ) -> None:
     names, before = await carved(harness, host)
     SimKernel(host).reboot(load=("nvidia", "nvidia_uvm"))
-    executor = agents.build_executor(settings_for(host), DriverManagerConfig(), VirtualClock())
+    executor = agents.build_executor(
+        settings_for(host), DriverManagerConfig(trust=TRUSTED), VirtualClock()
+    )
     await executor.catch_up_mig(10)
     assert (instances(host), mig_names(host)) == (before, names)
 
@@ -181,7 +184,9 @@ async def test_starting_without_a_driver_leaves_it_to_the_load(
 ) -> None:
     await carved(harness, host)
     SimKernel(host).reboot()  # nothing loaded at boot
-    executor = agents.build_executor(settings_for(host), DriverManagerConfig(), VirtualClock())
+    executor = agents.build_executor(
+        settings_for(host), DriverManagerConfig(trust=TRUSTED), VirtualClock()
+    )
     await executor.catch_up_mig(10)  # no NVML to ask: nothing done, nothing raised
     assert isinstance(
         await harness.send(dm.LoadDriver(component=GPU, version=OLD)), dm.DriverLoaded

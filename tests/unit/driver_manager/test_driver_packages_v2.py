@@ -25,7 +25,7 @@ from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import installing, reloading
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop_sim.host import keys, seeding
-from tests.support.driver_manager import recorded_host, source_of
+from tests.support.driver_manager import TRUSTED, recorded_host, source_of
 from tests.support.kernel_modules import module_elf
 
 KERNEL = "6.1.0-57-amd64"
@@ -89,7 +89,7 @@ def build(
 
 def installer(root: HostRoot) -> installing.Installer:
     return installing.Installer(
-        root, kmod.HostRootKernel(root), DriverManagerConfig(), VirtualClock()
+        root, kmod.HostRootKernel(root), DriverManagerConfig(trust=TRUSTED), VirtualClock()
     )
 
 
@@ -268,7 +268,7 @@ async def test_v1_and_v2_packages_install_from_one_source(tmp_path: Path) -> Non
     assert {e.get("flavour") for e in index} == {None, "open"}
     # format 1 stand-ins are no ELF: the simulated kernel indexes them, not depmod
     done = await installing.Installer(
-        root, _IndexOnly(), DriverManagerConfig(), VirtualClock()
+        root, _IndexOnly(), DriverManagerConfig(trust=TRUSTED), VirtualClock()
     ).install("gpu", V1_VERSION, source_of(source))
     assert done.fresh
     assert (packages.package_dir(root, KERNEL, "gpu", V1_VERSION) / "nvidia.ko").is_file()

@@ -1,7 +1,9 @@
-"""A driver source's index is believed only when signed by a key the command trusts: an
-index changed after signing, signed by another key, with a forged trusted comment or unsigned
-is refused (unsigned only with `allow_unsigned`), plain http needs a signature, https stays
-https, and a source's own CA bundle replaces the node's trust store."""
+"""A driver source's index is believed only when signed by a key the node's anchor (and the
+command, narrowing it) trusts: an index changed after signing, signed by another key, with a
+forged trusted comment or unsigned is refused (unsigned only with `allow_unsigned`, where the
+anchor allows it too), plain http needs a signature, https stays https, and the anchor's CA
+bundle replaces the node's trust store. The agents here run under an anchor that allows
+unsigned indexes and trusts `ca`, so each check below the anchor shows on its own."""
 
 from __future__ import annotations
 
@@ -14,11 +16,23 @@ import pytest
 import trustme
 from aiohttp import web
 
+from gpuop.bus import InMemoryBus
 from gpuop.events import driver as dm
 from gpuop.host import packages, packaging, signing
 from gpuop.host.roots import HostRoot
+from gpuop.services.driver_manager.anchors import TrustAnchor
+from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop_sim.host import keys
-from tests.support.driver_manager import KERNEL, NEW, OLD, Harness, rewrite_index, source_of
+from tests.support.driver_manager import (
+    KERNEL,
+    NEW,
+    OLD,
+    TRUSTED,
+    Harness,
+    rewrite_index,
+    running_agent,
+    source_of,
+)
 
 pytestmark = pytest.mark.security
 
@@ -83,6 +97,16 @@ def ca_pem(ca: trustme.CA) -> str:
     return ca.cert_pem.bytes().decode()
 
 
+@pytest.fixture
+async def harness(
+    bus: InMemoryBus, host: HostRoot, source: Path, ca: trustme.CA
+) -> AsyncIterator[Harness]:
+    """An agent whose anchor allows unsigned indexes and trusts `ca`."""
+    lax = TRUSTED.model_copy(update={"allow_unsigned": True, "ca_bundle": ca_pem(ca)})
+    async with running_agent(bus, host, source, DriverManagerConfig(trust=lax)) as running:
+        yield running
+
+
 async def test_a_signed_index_installs(harness: Harness, host: HostRoot) -> None:
     answer = await harness.send(install(source_of(harness.source)))
     assert isinstance(answer, dm.DriverInstalled), answer
@@ -131,8 +155,12 @@ async def test_a_missing_signature_is_refused_unless_the_policy_allows_unsigned(
     assert "is not signed; installing from it" in caplog.text
 
 
-async def test_a_signed_index_needs_a_trusted_key_listed(harness: Harness, source: Path) -> None:
-    failed = await refused(harness, dm.DriverSource(uri=str(source)))
+async def test_a_signed_index_needs_a_trusted_key_listed(
+    bus: InMemoryBus, host: HostRoot, source: Path
+) -> None:
+    keyless = DriverManagerConfig(trust=TrustAnchor(sources=TRUSTED.sources))
+    async with running_agent(bus, host, source, keyless) as bare:
+        failed = await refused(bare, dm.DriverSource(uri=str(source)))
     assert "lists no publicKeys" in failed.message
 
 
@@ -165,20 +193,23 @@ async def test_plain_http_needs_a_signature_whatever_allow_unsigned_says(
     assert isinstance(await harness.send(install(source_of(http_url))), dm.DriverInstalled)
 
 
-async def test_a_source_with_its_own_ca_bundle_trusts_that_ca_alone(
-    harness: Harness, host: HostRoot, https_url: str, ca: trustme.CA, tmp_path: Path
+async def test_an_https_source_trusts_the_anchors_ca_alone(
+    bus: InMemoryBus,
+    harness: Harness,
+    host: HostRoot,
+    source: Path,
+    https_url: str,
+    ca: trustme.CA,
 ) -> None:
-    for bundle in (None, ca_pem(trustme.CA())):
-        # the node's trust store, then another CA, do not vouch for the server
-        failed = await harness.send(
-            install(source_of(https_url).model_copy(update={"ca_bundle": bundle}))
-        )
-        assert isinstance(failed, dm.DriverInstallFailed)
-        assert failed.reason is dm.InstallFailureReason.SOURCE_UNREACHABLE
-        assert "certificate" in failed.message.lower()
-    path = tmp_path / "ca.pem"
-    path.write_text(ca_pem(ca))
-    for bundle in (ca_pem(ca), str(path)):
+    async with running_agent(bus, host, source, DriverManagerConfig(trust=TRUSTED)) as store:
+        # an anchor without a CA: the node's trust store does not vouch for the server
+        failed = await store.send(install(source_of(https_url)))
+    assert isinstance(failed, dm.DriverInstallFailed)
+    assert failed.reason is dm.InstallFailureReason.SOURCE_UNREACHABLE
+    assert "certificate" in failed.message.lower()
+    other = source_of(https_url).model_copy(update={"ca_bundle": ca_pem(trustme.CA())})
+    assert "CA bundle the node does not trust" in (await refused(harness, other)).message
+    for bundle in (None, ca_pem(ca)):
         answer = await harness.send(
             install(source_of(https_url).model_copy(update={"ca_bundle": bundle}))
         )

@@ -20,7 +20,15 @@ from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import installing, staging
 from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop_sim.host import keys, seeding
-from tests.support.driver_manager import KERNEL, NEW, OLD, Harness, recorded_host, source_of
+from tests.support.driver_manager import (
+    KERNEL,
+    NEW,
+    OLD,
+    TRUSTED,
+    Harness,
+    recorded_host,
+    source_of,
+)
 from tests.support.kernel_modules import module_elf
 
 GPU = dm.Component.GPU
@@ -197,7 +205,7 @@ def v2_installer(tmp_path: Path) -> installing.Installer:
         tmp_path / "host", recorded_host(), gpu_version=None, kernel_release=V2_KERNEL
     )
     return installing.Installer(
-        root, kmod.HostRootKernel(root), DriverManagerConfig(), VirtualClock()
+        root, kmod.HostRootKernel(root), DriverManagerConfig(trust=TRUSTED), VirtualClock()
     )
 
 

@@ -135,6 +135,11 @@ def test_bad_lines_are_refused(line: str, says: str) -> None:
         replaying.parse_log([line])
 
 
+def test_a_line_nested_too_deep_to_parse_is_refused_not_a_crash() -> None:
+    with pytest.raises(replaying.ReplayInputError, match="line 1: not JSON"):
+        replaying.parse_log(["[" * 100_000])
+
+
 def test_a_missing_file_or_policy_exits_2(
     recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -145,6 +145,7 @@ async def test_a_removed_node_is_no_longer_watched(tmp_path: Path) -> None:
     )  # fmt: skip
     removed = json.loads(observed("gpu-node-2", str(message(tampered[health])["time"])))
     removed["message"]["type"] = kube.NodeRemoved.TYPE
+    removed["subject"] = removed["subject"].rsplit(".", 1)[0] + "." + kube.NodeRemoved.NAME
     removed["message"]["data"] = {}
     removed["message"]["id"] = "removed-gpu-node-2"
     tampered.insert(health, json.dumps(removed))

@@ -74,7 +74,7 @@ NEW_VERSION = "580.200.01"
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 LABELS_SHOWN = ("nvidia.com/gpu.count", "nvidia.com/gpu.product", DRIVER_LABEL)
 DISCOVERY_CONFIG = "scan_interval_seconds: 2\nheartbeat_interval_seconds: 2\n"
-DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.2\n"
+DRIVER_MANAGER_CONFIG = f"kernel: auto\nunload_poll_seconds: 0.2\ntrust: {json.dumps(keys.TRUST)}\n"
 ORCHESTRATOR_CONFIG = "resync_seconds: 0.5\noperands: [{operands}]\n"
 """The orchestrator waits for a pause confirmation from every operand the demo runs."""
 

@@ -20,3 +20,11 @@ SIGNING_KEY = signing.SecretKey(
 """Signs the simulated driver sources (`packaging.build_driver_source(signing_key=...)`)."""
 PUBLIC_KEY = SIGNING_KEY.public_key.to_base64()
 """`SIGNING_KEY`'s public half as the policy lists it (`RW...`)."""
+
+TRUST = {
+    "public_keys": [PUBLIC_KEY],
+    "sources": ["/", "file://", "http://127.0.0.1:", "https://127.0.0.1:"],
+}
+"""The driver-manager's trust anchor (its config's `trust:`) on a simulated node: this key,
+and sources on the agent's own filesystem or served on loopback. A real node lists its own
+mirror and its publisher's key."""

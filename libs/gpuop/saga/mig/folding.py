@@ -79,14 +79,11 @@ def step(
 
 
 def state_changed(saga: MigSaga, transition: machine.Transition[MigState]) -> NodeMigStateChanged:
-    return NodeMigStateChanged(
+    return NodeMigStateChanged.of(
+        transition,
         saga_id=saga.saga_id,
         config=saga.config,
-        from_state=transition.from_state,
-        to_state=transition.to_state,
         config_state=config_state(transition.to_state),
-        reason=transition.reason[:2048],
-        attempt=transition.attempt,
     )
 
 

@@ -80,13 +80,8 @@ def step(
 def state_changed(
     saga: RemediationSaga, transition: machine.Transition[S]
 ) -> NodeRemediationStateChanged:
-    return NodeRemediationStateChanged(
-        saga_id=saga.saga_id,
-        from_state=transition.from_state,
-        to_state=transition.to_state,
-        reason=transition.reason[:2048],
-        attempt=transition.attempt,
-        gpu_uuids=saga.gpu_uuids,
+    return NodeRemediationStateChanged.of(
+        transition, saga_id=saga.saga_id, gpu_uuids=saga.gpu_uuids
     )
 
 

@@ -57,12 +57,9 @@ def decide(saga: NodeSaga, event: Trigger, policy: GPUClusterPolicySpec, now: da
 
 def state_changed(saga: NodeSaga, transition: Transition) -> NodeUpgradeStateChanged:
     """The public event for one of a decision's transitions (`decision.saga` is `saga`)."""
-    return NodeUpgradeStateChanged(
+    return NodeUpgradeStateChanged.of(
+        transition,
         rollout_id=saga.rollout_id,
-        from_state=transition.from_state,
-        to_state=transition.to_state,
-        reason=transition.reason[:2048],
-        attempt=transition.attempt,
         components=saga.components,
         target_versions={c: t.version for c, t in saga.targets.items()},
         previous_versions=dict(saga.previous_versions),

@@ -6,6 +6,9 @@ default on a production node.
 
     components: [gpu, ofed]        driver stacks this agent manages
     kernel: auto                   how modules are changed (see `KernelMode`)
+    trust: {}                      the node's own driver trust anchor (`anchors`): public_keys,
+                                   sources (URI prefixes), allow_unsigned, ca_bundle,
+                                   min_versions, max_index_age_seconds; trusts nothing unset
     driver_source: null            source for a rollback whose command names none: a URI,
                                    or {uri, public_keys, allow_unsigned, ca_bundle}
     connect_timeout_seconds: 10    driver source: connecting
@@ -29,6 +32,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from gpuop.events.driver import Component, DriverSource
 from gpuop.runtime.settings import load_config_file
+from gpuop.services.driver_manager.anchors import TrustAnchor
 
 
 class KernelMode(enum.StrEnum):
@@ -67,11 +71,15 @@ class DriverManagerConfig(BaseModel):
     """Driver stacks this agent manages; a command for another one fails without acting."""
     kernel: KernelMode = KernelMode.AUTO
     """How kernel modules are changed and how the node reboots."""
+    trust: TrustAnchor = TrustAnchor()
+    """The node's own driver trust anchor: the sources, keys and versions it installs from,
+    whatever a command names (`anchors`). The default trusts no source."""
     driver_source: Annotated[DriverSource | None, BeforeValidator(_uri_alone)] = None
     """Driver source (directory or http(s) URL holding `index.json`) for a rollback to a
     version that is no longer installed when the command names no source, with the keys its
     index is signed with (`public_keys`, or `allow_unsigned: true`), as a command's source
-    carries them; a plain URI is a source with no trusted keys."""
+    carries them; a plain URI is a source with the anchor's keys. The anchor (`trust`)
+    admits it as it admits a command's."""
     connect_timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 10.0
     """How long connecting to an http(s) driver source may take."""
     read_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 60.0

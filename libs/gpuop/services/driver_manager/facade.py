@@ -14,8 +14,9 @@ own; a caller outside it imports this module only, so the internals can move wit
 from __future__ import annotations
 
 from gpuop.events import Event
+from gpuop.events.driver import DriverSource
 from gpuop.runtime.settings import Settings
-from gpuop.services.driver_manager import agent, config
+from gpuop.services.driver_manager import agent, anchors, config
 from gpuop.services.driver_manager.answers import ComponentCommand
 from gpuop.services.driver_manager.executor import Executor
 from gpuop.services.driver_manager.installing import active_userspace, clean_staging
@@ -46,10 +47,15 @@ __all__ = [
 ]
 
 
-def open_executor(settings: Settings) -> Executor:
+def open_executor(settings: Settings, named: DriverSource | None = None) -> Executor:
     """The executor for the host root `settings` names, with the collaborators its
-    `--config` file (`settings.config`; the defaults when None) asks for."""
-    return agent.build_executor(settings, config.load(settings.config))
+    `--config` file (`settings.config`; the defaults when None) asks for; trusting the
+    source `named` on the command line (its URI, keys, CA) instead of the config's anchor's
+    sources and keys, when given (an admin at the host, not a command on the bus)."""
+    loaded = config.load(settings.config)
+    if named is not None:
+        loaded = loaded.model_copy(update={"trust": anchors.named_at_the_host(loaded.trust, named)})
+    return agent.build_executor(settings, loaded)
 
 
 async def run_recorded(

@@ -7,10 +7,11 @@ longer installed):
     1. pin the active version: a component without an `active` file gets one naming the
        version that is active now, so the new directory does not become "the newest
        installed" that depmod would index (`gpuop.host.packages`)
-    2. read the source's index and check its minisign signature against the command's
-       trusted keys (`verifying`; an unsigned index only under `allow_unsigned`), pick the
-       build for (component, version, running kernel); the command's digest, when it names
-       one, must be the signed index's too
+    2. admit the command's source, keys and version under the node's own trust anchor
+       (`anchors`, from the agent's config), read the source's index and check its minisign
+       signature against the keys admitted and its age (`verifying`; an unsigned index only
+       where both allow it), pick the build for (component, version, running kernel); the
+       command's digest, when it names one, must be the signed index's too
     3. download into `<host root>/var/lib/gpuop/staging/<id>/`, hashing as it writes, and
        compare with the index
     4. unpack into `.staging-<version>-<id>/` next to the final directory, refusing anything
@@ -46,7 +47,7 @@ from gpuop.host import kmod, manifests, packages, packaging, system
 from gpuop.host.errors import HostReadError, KernelError
 from gpuop.host.protocol import KernelOps
 from gpuop.host.roots import HostRoot
-from gpuop.services.driver_manager import sources, staging
+from gpuop.services.driver_manager import anchors, sources, staging
 from gpuop.services.driver_manager.config import DriverManagerConfig
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class Installer:
         package of those kernel modules (`sources.select`); the same version installed with
         the other ones is replaced (a flavour change: the install precedes the unload, and a
         loaded module keeps running from memory)."""
+        self._check_version(component, version)
         kernel_release = running_kernel(self.root)
         _pin_active(self.root, kernel_release, component)
         final = packages.package_dir(self.root, kernel_release, component, version)
@@ -182,6 +184,7 @@ class Installer:
         install (`staging`); nothing is installed. `InstallError` for every reason the
         install would fail for. A version installed already needs no staging (`fresh`
         False); a staged copy the index still lists is kept as it is."""
+        self._check_version(component, version)
         kernel_release = running_kernel(self.root)
         installed = packages.package_dir(self.root, kernel_release, component, version)
         if installed.is_dir() and serves(installed_flavour(installed), flavour):
@@ -261,12 +264,7 @@ class Installer:
         """The source `where` names and its signed index's entry for the package (of
         `flavour`, when given), checked against the command's digest."""
         try:
-            source = sources.open_source(
-                where,
-                connect_timeout=self.config.connect_timeout_seconds,
-                read_timeout=self.config.read_timeout_seconds,
-                max_bytes=self.config.max_package_bytes,
-            )
+            source = self.open_source(where)
             entry = sources.select(
                 await source.index(), source.uri, component, version, kernel_release, flavour
             )
@@ -279,6 +277,31 @@ class Installer:
                 f"the command expects {where.sha256}",
             )
         return source, entry
+
+    def open_source(self, where: dm.DriverSource) -> sources.DriverSource:
+        """The source `where` names, as the node's trust anchor admits it (its keys, its
+        CA, its index age); `SourceError(verification-failed)` when the anchor refuses."""
+        try:
+            admitted = anchors.admit(self.config.trust, where)
+        except anchors.AnchorRefusal as exc:
+            log.warning("%s", exc)
+            raise sources.SourceError(InstallFailureReason.VERIFICATION_FAILED, str(exc)) from None
+        max_age = self.config.trust.max_index_age_seconds
+        now = self.clock.now().timestamp()
+        return sources.open_source(
+            admitted,
+            connect_timeout=self.config.connect_timeout_seconds,
+            read_timeout=self.config.read_timeout_seconds,
+            max_bytes=self.config.max_package_bytes,
+            signed_after=None if max_age is None else now - max_age,
+        )
+
+    def _check_version(self, component: str, version: str) -> None:
+        try:
+            anchors.check_version(self.config.trust, component, version)
+        except anchors.AnchorRefusal as exc:
+            log.warning("%s", exc)
+            raise InstallError(InstallFailureReason.VERIFICATION_FAILED, str(exc)) from None
 
     async def _fetch(
         self, source: sources.DriverSource, entry: sources.IndexEntry, download: Path

@@ -91,12 +91,7 @@ async def prestage(
     if not kernels:
         return Prestaged()
     try:
-        source = sources.open_source(
-            where,
-            connect_timeout=installer.config.connect_timeout_seconds,
-            read_timeout=installer.config.read_timeout_seconds,
-            max_bytes=installer.config.max_package_bytes,
-        )
+        source = installer.open_source(where)
         index = await source.index()
     except sources.SourceError as exc:
         return _reported(component, version, Prestaged(missing=dict.fromkeys(kernels, exc.message)))

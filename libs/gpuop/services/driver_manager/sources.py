@@ -109,18 +109,25 @@ class DriverSource(Protocol):
 
 
 def open_source(
-    source: dm.DriverSource, *, connect_timeout: float, read_timeout: float, max_bytes: int
+    source: dm.DriverSource,
+    *,
+    connect_timeout: float,
+    read_timeout: float,
+    max_bytes: int,
+    signed_after: float | None = None,
 ) -> DriverSource:
-    """The source `source.uri` names, checking its index with `source`'s keys;
+    """The source `source.uri` names, checking its index with `source`'s keys (and its
+    signing time against `signed_after`, see `verifying.check_index`);
     `SourceError(not-found)` when it names no kind we read."""
     uri = source.uri
     scheme = urlsplit(uri).scheme.lower()
     if scheme in ("http", "https"):
-        return HttpSource(uri, source, connect_timeout, read_timeout, max_bytes)
+        return HttpSource(uri, source, connect_timeout, read_timeout, max_bytes, signed_after)
     if scheme == "file":
-        return DirectorySource(Path(unquote(urlsplit(uri).path)), source, max_bytes)
+        path = Path(unquote(urlsplit(uri).path))
+        return DirectorySource(path, source, max_bytes, signed_after)
     if scheme == "" and uri.startswith("/"):
-        return DirectorySource(Path(uri), source, max_bytes)
+        return DirectorySource(Path(uri), source, max_bytes, signed_after)
     raise SourceError(
         InstallFailureReason.NOT_FOUND,
         f"driver source {uri!r} is neither an absolute directory path nor an http(s) URL",
@@ -187,11 +194,18 @@ def _flavour_name(entry: IndexEntry) -> str:
 
 
 def _parse_index(
-    data: bytes, signature: bytes | None, uri: str, trust: dm.DriverSource, plain_http: bool
+    data: bytes,
+    signature: bytes | None,
+    uri: str,
+    trust: dm.DriverSource,
+    plain_http: bool,
+    signed_after: float | None,
 ) -> SourceIndex:
     """The index `data`, once `verifying` found its `signature` good under `trust`."""
     try:
-        verifying.check_index(data, signature, redacted(uri), trust, plain_http=plain_http)
+        verifying.check_index(
+            data, signature, redacted(uri), trust, plain_http=plain_http, signed_after=signed_after
+        )
     except verifying.UntrustedIndex as exc:
         raise SourceError(InstallFailureReason.VERIFICATION_FAILED, str(exc)) from None
     try:
@@ -215,10 +229,17 @@ def _relative_file(entry: IndexEntry, uri: str) -> PurePosixPath:
 class DirectorySource:
     """A driver source directory on the agent's filesystem."""
 
-    def __init__(self, directory: Path, trust: dm.DriverSource, max_bytes: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        trust: dm.DriverSource,
+        max_bytes: int,
+        signed_after: float | None = None,
+    ) -> None:
         self.directory = directory
         self.trust = trust
         self.max_bytes = max_bytes
+        self.signed_after = signed_after
 
     @property
     def uri(self) -> str:
@@ -253,7 +274,7 @@ class DirectorySource:
             raise SourceError(
                 InstallFailureReason.SOURCE_UNREACHABLE, f"cannot read {signature_path}: {exc}"
             ) from None
-        return _parse_index(data, signature, self.uri, self.trust, plain_http=False)
+        return _parse_index(data, signature, self.uri, self.trust, False, self.signed_after)
 
     async def fetch(self, entry: IndexEntry, destination: Path) -> Fetched:
         path = self.directory / _relative_file(entry, self.uri)
@@ -269,10 +290,17 @@ class HttpSource:
     """A driver source served over http(s)."""
 
     def __init__(
-        self, url: str, trust: dm.DriverSource, connect: float, read: float, max_bytes: int
+        self,
+        url: str,
+        trust: dm.DriverSource,
+        connect: float,
+        read: float,
+        max_bytes: int,
+        signed_after: float | None = None,
     ) -> None:
         self.url = url if url.endswith("/") else url + "/"
         self.trust = trust
+        self.signed_after = signed_after
         self.connect, self.read = connect, read
         self.max_bytes = max_bytes
         self.secure = urlsplit(url).scheme.lower() == "https"
@@ -300,7 +328,8 @@ class HttpSource:
                 raise
         # a redirect off https is refused in `_get`, so only the source's own scheme counts
         plain = not self.secure
-        return _parse_index(b"".join(chunks), signature, url, self.trust, plain_http=plain)
+        data = b"".join(chunks)
+        return _parse_index(data, signature, url, self.trust, plain, self.signed_after)
 
     async def fetch(self, entry: IndexEntry, destination: Path) -> Fetched:
         url = urljoin(self.url, _relative_file(entry, self.uri).as_posix())

@@ -11,6 +11,7 @@ server meant to send.
     signed, by no trusted key or not verifying           refused, whatever allowUnsigned says
     signed, the command trusts no key                    refused (believed, with a warning,
                                                          under allowUnsigned)
+    signed before `signed_after` (the anchor's max age)  refused: a replayed old index
     unsigned                                             refused; believed, with a warning,
                                                          under allowUnsigned
     unsigned over plain http://                          refused, allowUnsigned or not: no
@@ -26,6 +27,7 @@ import logging
 
 from gpuop.events import driver as dm
 from gpuop.host import packaging, signing
+from gpuop.services.driver_manager import anchors
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +46,19 @@ class UntrustedIndex(Exception):
 
 
 def check_index(
-    data: bytes, signature: bytes | None, uri: str, trust: dm.DriverSource, *, plain_http: bool
+    data: bytes,
+    signature: bytes | None,
+    uri: str,
+    trust: dm.DriverSource,
+    *,
+    plain_http: bool,
+    signed_after: float | None = None,
 ) -> None:
     """Return when the index `data` read from `uri` (already `sources.redacted`: it is
-    logged) may be believed under `trust` (the command's source, with its keys and opt-out);
-    `UntrustedIndex` otherwise. `plain_http`: the index came over `http://`."""
+    logged) may be believed under `trust` (the command's source, with its keys and opt-out,
+    as the node's anchor admitted it); `UntrustedIndex` otherwise. `plain_http`: the index
+    came over `http://`; `signed_after` (epoch seconds): a signed index whose trusted
+    timestamp is older, or that has none, is refused (a replayed old index)."""
     if signature is None:
         if plain_http:
             raise UntrustedIndex(
@@ -87,6 +97,14 @@ def check_index(
         signer = signing.verify(data, parsed, keys)
     except signing.SignatureError as exc:
         raise UntrustedIndex(f"{uri}: {SIGNATURE} does not verify: {exc}") from None
+    stamped = anchors.signed_at(parsed.trusted_comment)
+    if signed_after is not None and (stamped is None or stamped < signed_after):
+        when = "no timestamp" if stamped is None else f"timestamp {int(stamped)}"
+        raise UntrustedIndex(
+            f"{uri}: {packaging.INDEX} is signed with {when}, older than the node's "
+            f"max_index_age_seconds allows (signed after {int(signed_after)}): a replayed old "
+            "index is not believed; sign the index again"
+        )
     log.info(
         "%s: %s signed by key %s (trusted comment: %s)",
         uri,

@@ -18,7 +18,14 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry
 
 from gpuop.bus import Bus, BusError, StoredMessage
-from gpuop.events import MalformedMessage, UnknownEventType, decode, driver, subjects
+from gpuop.events import (
+    MalformedMessage,
+    SubjectMismatch,
+    UnknownEventType,
+    decode_on,
+    driver,
+    subjects,
+)
 from gpuop.events.device import DeviceHealthChanged
 from gpuop.events.upgrade import DOMAIN as UPGRADE
 from gpuop.runtime.services import Readiness, ServiceContext
@@ -108,7 +115,12 @@ class ClusterExporter:
 
     def _observe(self, stored: StoredMessage, *, live: bool = True) -> None:
         try:
-            envelope, payload = decode(stored.data)
+            envelope, payload = decode_on(stored.subject, stored.data)
+        except SubjectMismatch as exc:
+            # a node's credential may publish on its own subjects only: a type or a node
+            # other than the subject's would move another node's gauges
+            log.warning("not believed, %s #%d: %s", stored.stream, stored.seq, exc)
+            return
         except (MalformedMessage, UnknownEventType):
             return  # counted by whoever consumes it; nothing to measure here
         self.metrics.observe(envelope, payload, live=live)

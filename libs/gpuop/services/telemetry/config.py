@@ -12,6 +12,8 @@ where the kubelet's PodResources socket is. Read from the `--config` YAML file
     resource_names: [nvidia.com/gpu] # plus every nvidia.com/mig-* resource
     kubelet_socket: null             # <host root>/var/lib/kubelet/pod-resources/kubelet.sock
     ignored_xids: [13, 31, 43, 45, 68, 109]
+    kernel_log: false                # XIDs from the host's /dev/kmsg beside NVML's events
+    kernel_log_interval_seconds: 2
 
 Called once at start by both roles; tests build `TelemetryConfig` directly.
 """
@@ -92,6 +94,16 @@ class TelemetryConfig(BaseModel):
     def maps_pods(self) -> bool:
         """Whether any pod label is kept, so the kubelet must be asked who owns each GPU."""
         return bool(set(self.labels) & set(catalog.POD_LABELS))
+
+    kernel_log: bool = False
+    """Also read XIDs from the host's kernel log (`<host root>/dev/kmsg`): they keep arriving
+    when NVML is wedged or the GPU fell off the bus, and an XID both report is acted on once.
+    Off by default: the process must be able to open the host's `/dev/kmsg` (a device-cgroup
+    allowance for `c 1:11 r`, CAP_SYSLOG where `kernel.dmesg_restrict` is set, and the
+    cursor's directory writable), which the chart's unprivileged telemetry container is not
+    given; a log it cannot read is reported once and NVML's events still count."""
+    kernel_log_interval_seconds: float = Field(default=2.0, ge=0.05, le=3600)
+    """Seconds between two reads of the kernel log."""
 
     def socket_under(self, host_root: Path) -> Path:
         """The PodResources socket for a node whose root is mounted at `host_root`."""

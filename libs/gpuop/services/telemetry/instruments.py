@@ -20,6 +20,16 @@ COLLECTION_SECONDS_BUCKETS: Final = (0.001, 0.005, 0.025, 0.1, 0.5, 2.5)
 """Few buckets: every scrape renders the registry, and a histogram costs a line a bucket."""
 
 
+XID_OUTCOMES = (
+    ("nvml", "acted"),
+    ("nvml", "duplicate"),
+    ("kernel-log", "acted"),
+    ("kernel-log", "duplicate"),
+    ("kernel-log", "unknown-gpu"),
+)
+"""The label pairs of `gpuop_telemetry_xids`, each exported from the start at 0."""
+
+
 class ExporterMetrics:
     """The node exporter's own series on one registry."""
 
@@ -79,6 +89,20 @@ class ExporterMetrics:
             "Health events detected but not yet published (the bus is unreachable).",
             registry=registry,
         )
+        self.xid_sources = Counter(
+            "gpuop_telemetry_xids",
+            "XIDs read, by source (nvml, kernel-log) and outcome: acted on, a duplicate of the"
+            " other source's, or (kernel log) on a PCI address no known GPU has.",
+            ["source", "outcome"],
+            registry=registry,
+        )
+        self.kernel_log_lost = Counter(
+            "gpuop_telemetry_kernel_log_lost_records",
+            "Kernel log records the ring overwrote before telemetry read them.",
+            registry=registry,
+        )
+        for source, outcome in XID_OUTCOMES:
+            self.xid_sources.labels(source=source, outcome=outcome)
         for loop in ("fast", "slow"):
             self.collection_seconds.labels(loop=loop)
             self.collector_cpu_seconds.labels(loop=loop)

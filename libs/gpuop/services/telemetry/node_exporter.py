@@ -10,7 +10,9 @@ session (`sessions`):
   (followed from the bus, `gpuop.inventory.claims`); labels change only when the answer
   does (`pods`);
 - events: NVML's XID and ECC events, turned into `device.health-changed` (`health`), and
-  an outbox that publishes them, keeping them while NATS is unreachable.
+  an outbox that publishes them, keeping them while NATS is unreachable;
+- kernel log: every `kernel_log_interval_seconds`, the XIDs of the host's `/dev/kmsg`
+  (`kernel_log`), acted on as NVML's; an XID both sources report is acted on once.
 
 On `PauseOperands` for the GPU driver it waits for the running queries, closes NVML (the
 event watcher with it), serves no GPU series and confirms with `OperandPaused`;
@@ -41,6 +43,7 @@ from gpuop.services.telemetry.collecting import Collector
 from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.health import HealthTracker, Outbox, XidHistory
 from gpuop.services.telemetry.instruments import ExporterMetrics
+from gpuop.services.telemetry.kernel_log import KernelLog, SeenFaults
 from gpuop.services.telemetry.kubelet_pods import KubeletPodResources
 from gpuop.services.telemetry.sessions import Inventory, NvmlSession, SessionClosed
 
@@ -62,6 +65,7 @@ class NodeExporter(NodeAgentBase):
         registry: CollectorRegistry,
         *,
         pod_resources: pods.PodResourcesSource | None = None,
+        kernel_log: KernelLog | None = None,
         readiness: Readiness | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -74,6 +78,11 @@ class NodeExporter(NodeAgentBase):
         self.collector = Collector(self.session, config, node, self.metrics)
         self.xids = XidHistory()
         self.health = HealthTracker(config.ignored_xids)
+        self.kernel_log = kernel_log
+        self.seen_xids = SeenFaults()
+        self._known: Inventory | None = None
+        """The last inventory an NVML session read: the kernel log's faults are matched to
+        GPUs by it while NVML no longer opens."""
         self.outbox = Outbox(bus, node, self._source, self.metrics)
         self._attributor = None
         if pod_resources is not None and self.metrics.pod_resources_up is not None:
@@ -123,6 +132,8 @@ class NodeExporter(NodeAgentBase):
                         self._bus, self._node, self._attributor.claims, retry_seconds=retry
                     )
                     loops.append(group.create_task(follow, name="telemetry-claims"))
+                if self.kernel_log is not None:
+                    loops.append(group.create_task(self._kernel_log_loop(), name="telemetry-kmsg"))
                 await stopping.wait()
                 for loop in loops:
                     loop.cancel()
@@ -197,8 +208,43 @@ class NodeExporter(NodeAgentBase):
     async def on_device_event(self, event: DeviceEvent, inventory: Inventory) -> None:
         """An XID or ECC event: count it, collect at once so the metrics show it, and tell
         the cluster when the GPU's health changed."""
+        self._known = inventory
         if isinstance(event, XidEvent):
+            if not self._first(event, "nvml"):
+                return
             self.xids.record(event.index, event.xid, self._clock.monotonic())
+        await self._health_changed(event, inventory)
+
+    def _first(self, event: XidEvent, source: str) -> bool:
+        """Whether `event` is news from either source; counted by source and outcome."""
+        first = self.seen_xids.first(event.uuid, event.xid, self._clock.monotonic())
+        outcome = "acted" if first else "duplicate"
+        self.metrics.xid_sources.labels(source=source, outcome=outcome).inc()
+        return first
+
+    async def read_kernel_log(self) -> None:
+        """One read of the kernel log: each new XID acted on as NVML's would be."""
+        assert self.kernel_log is not None
+        inventory = self.session.inventory or self._known
+        try:
+            found = await asyncio.to_thread(self.kernel_log.poll, inventory)
+        except OSError as error:
+            reason = f"kernel log unreadable: {error}"
+            if reason != self._failing:
+                log.warning("%s; NVML's events still count", reason)
+                self._failing = reason
+            return
+        self.metrics.kernel_log_lost.inc(found.lost)
+        if found.unknown_gpus:
+            self.metrics.xid_sources.labels(source="kernel-log", outcome="unknown-gpu").inc(
+                found.unknown_gpus
+            )
+        for event in found.events:
+            if inventory is not None and self._first(event, "kernel-log"):
+                self.xids.record(event.index, event.xid, self._clock.monotonic())
+                await self._health_changed(event, inventory)
+
+    async def _health_changed(self, event: DeviceEvent, inventory: Inventory) -> None:
         await self.collect()
         change = self.health.on_event(event, inventory, self.collector.last)
         if change is not None:
@@ -263,6 +309,11 @@ class NodeExporter(NodeAgentBase):
             retry_seconds=self._config.retry_interval_seconds,
         )
 
+    async def _kernel_log_loop(self) -> None:
+        while True:
+            await self.read_kernel_log()
+            await asyncio.sleep(self._config.kernel_log_interval_seconds)
+
     async def _outbox_loop(self) -> None:
         while True:
             flushed = await self.outbox.flush()
@@ -286,6 +337,7 @@ async def run(context: ServiceContext, config: TelemetryConfig) -> None:
         config,
         context.registry,
         pod_resources=pod_resources,
+        kernel_log=KernelLog(settings.host_root) if config.kernel_log else None,
         readiness=context.set_readiness,
     )
     context.exposition = exporter.exposition
