@@ -15,7 +15,7 @@ from gpuop.events.upgrade import (
     RolloutTrigger,
     UpgradeState,
 )
-from gpuop.saga.machine import Transition
+from gpuop.saga.machine import Transition, state_event
 
 # NVIDIA/k8s-operator-libs pkg/upgrade/consts.go: the label values, as upstream spells them.
 UPSTREAM_LABEL_VALUES = {
@@ -150,8 +150,12 @@ def test_max_unavailable_refuses_anything_else(value: int | str) -> None:
 
 def test_a_moves_event_carries_its_states_and_attempt_and_cuts_a_long_reason() -> None:
     move = Transition(UpgradeState.DRAIN_REQUIRED, UpgradeState.UPGRADE_FAILED, "x" * 5000, 2)
-    event = NodeUpgradeStateChanged.of(
-        move, rollout_id="r1", components=(Component.GPU,), target_versions={}
+    event = state_event(
+        NodeUpgradeStateChanged,
+        move,
+        rollout_id="r1",
+        components=(Component.GPU,),
+        target_versions={},
     )
     assert (event.from_state, event.to_state, event.attempt) == (
         UpgradeState.DRAIN_REQUIRED,
@@ -165,4 +169,4 @@ def test_a_moves_event_carries_its_states_and_attempt_and_cuts_a_long_reason() -
 def test_a_moves_event_without_the_kinds_own_fields_is_refused() -> None:
     move = Transition(None, UpgradeState.UPGRADE_REQUIRED, "started", 1)
     with pytest.raises(ValidationError, match="rollout_id"):
-        NodeUpgradeStateChanged.of(move, components=(Component.GPU,), target_versions={})
+        state_event(NodeUpgradeStateChanged, move, components=(Component.GPU,), target_versions={})

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Final, Literal, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
 from gpuop.events import documents, subjects
-from gpuop.events.fields import MESSAGE_MAX_LENGTH, WIRE_MODEL
+from gpuop.events.fields import WIRE_MODEL
 
 SPEC_VERSION: Final = "1.0"
 TYPE_PREFIX = "io.gpuop"
@@ -110,19 +110,6 @@ class Event(Payload):
         return cls.DOMAIN
 
 
-class Move(Protocol):
-    """A saga's move as its kind made it (`gpuop.saga.machine.Transition`)."""
-
-    @property
-    def from_state(self) -> Any: ...
-    @property
-    def to_state(self) -> Any: ...
-    @property
-    def reason(self) -> str: ...
-    @property
-    def attempt(self) -> int: ...
-
-
 class StateChangedEvent(Event):
     """A saga's move to a new state, published on the subject of that state (its
     `SUBJECT_FIELD`) instead of its `NAME`, so a subscriber can filter on the state."""
@@ -134,18 +121,6 @@ class StateChangedEvent(Event):
 
     def subject_token(self) -> str:
         return str(getattr(self, self.SUBJECT_FIELD).value)
-
-    @classmethod
-    def of(cls, move: Move, **fields: Any) -> Self:
-        """The public event of a saga's `move` (its states, attempt, and reason cut to fit a
-        `Message`), with the kind's own `fields`."""
-        moved = {
-            "from_state": move.from_state,
-            "to_state": move.to_state,
-            "reason": move.reason[:MESSAGE_MAX_LENGTH],
-            "attempt": move.attempt,
-        }
-        return cls.model_validate({**moved, **fields})
 
     @classmethod
     def subject_token_of(cls, data: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 from gpuop.events import Command, Event, fields, ids, kube
 from gpuop.events.deadlines import DeadlineExpired
+from gpuop.events.envelope import StateChangedEvent
 from gpuop.events.fields import DocumentedEnum
 from gpuop.policy import GPUClusterPolicySpec
 
@@ -146,6 +147,21 @@ class SagaRecord(Protocol[State_co]):
 
 Record = TypeVar("Record", bound=SagaRecord[Any])
 """A kind's record."""
+
+
+PublicChange = TypeVar("PublicChange", bound=StateChangedEvent)
+
+
+def state_event(event: type[PublicChange], move: Transition[Any], **own: Any) -> PublicChange:
+    """A kind's public `event` of `move`: its states, its attempt and its reason (cut to fit
+    a `Message`), with the kind's `own` fields (the saga's id, its components, ...)."""
+    moved = {
+        "from_state": move.from_state,
+        "to_state": move.to_state,
+        "reason": move.reason[: fields.MESSAGE_MAX_LENGTH],
+        "attempt": move.attempt,
+    }
+    return event.model_validate({**moved, **own})
 
 
 @dataclass(frozen=True)

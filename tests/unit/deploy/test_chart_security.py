@@ -37,6 +37,7 @@ from tests.support.charts import (
     image_user,
     render,
     render_with,
+    served_in,
 )
 from tests.support.charts import values as values_of
 
@@ -435,7 +436,8 @@ def test_a_web_config_reaches_every_service_and_the_service_monitor_follows_it()
     rendering = render_with(WEB_CONFIG)
     for version in ("1.27", kubernetes_validate.latest_version()):
         for manifest in rendering.all():
-            if manifest["kind"] not in ("ServiceMonitor", "PrometheusRule"):
+            operator = manifest["kind"] in ("ServiceMonitor", "PrometheusRule")
+            if not operator and served_in(manifest, version):
                 kubernetes_validate.validate(manifest, version, strict=True)
 
     for workload, container in gpuop_containers(rendering):
@@ -521,6 +523,7 @@ def test_what_holds_a_key_runs_only_on_nodes_admins_labelled_and_the_node_agents
             continue
         (term,) = terms
         assert term["matchExpressions"] == [ADMINS_LABEL, OFF_GPU_NODES], name
+    assert "Deployment gpuop-device-plugin-cluster" in dict(rows)
     print(f"\nplacement ({values}):")
     for name, where in rows:
         print(f"  {name:<38} {where}")

@@ -79,7 +79,8 @@ def step(
 
 
 def state_changed(saga: MigSaga, transition: machine.Transition[MigState]) -> NodeMigStateChanged:
-    return NodeMigStateChanged.of(
+    return machine.state_event(
+        NodeMigStateChanged,
         transition,
         saga_id=saga.saga_id,
         config=saga.config,

@@ -80,8 +80,8 @@ def step(
 def state_changed(
     saga: RemediationSaga, transition: machine.Transition[S]
 ) -> NodeRemediationStateChanged:
-    return NodeRemediationStateChanged.of(
-        transition, saga_id=saga.saga_id, gpu_uuids=saga.gpu_uuids
+    return machine.state_event(
+        NodeRemediationStateChanged, transition, saga_id=saga.saga_id, gpu_uuids=saga.gpu_uuids
     )
 
 

@@ -57,7 +57,8 @@ def decide(saga: NodeSaga, event: Trigger, policy: GPUClusterPolicySpec, now: da
 
 def state_changed(saga: NodeSaga, transition: Transition) -> NodeUpgradeStateChanged:
     """The public event for one of a decision's transitions (`decision.saga` is `saga`)."""
-    return NodeUpgradeStateChanged.of(
+    return machine.state_event(
+        NodeUpgradeStateChanged,
         transition,
         rollout_id=saga.rollout_id,
         components=saga.components,

@@ -34,21 +34,30 @@ configs; each node runs the one its label
     config       the --config file: one config, or named ones
     metrics      /metrics instruments
     errors       the exception tree
+    cluster      the cluster role: DRA nodes' ResourceSlices, and each ResourceClaim's
+                 allocation told to the node whose GPUs it holds
 """
+
+import importlib
 
 from gpuop.runtime.services import ServiceContext, ServiceDefinition
 from gpuop.runtime.settings import Role
-from gpuop.services.device_plugin import agent, config
+from gpuop.services.device_plugin import config
 
 
 async def main(context: ServiceContext) -> None:
-    """Run the node role until the service stops."""
+    """Run the role `--role` names until the service stops; each imports only its own."""
+    if context.settings.role is Role.CLUSTER:
+        role = importlib.import_module(f"{__name__}.cluster.role")
+        await role.run(context)
+        return
+    agent = importlib.import_module(f"{__name__}.agent")
     await agent.run(context, config.load_configs(context.settings.config))
 
 
 SERVICE = ServiceDefinition(
     name="device-plugin",
-    summary="kubelet device plugin for GPUs and RDMA shared devices",
-    roles=frozenset({Role.NODE}),
+    summary="kubelet device plugin for GPUs and RDMA shared devices; DRA slices and claims",
+    roles=frozenset({Role.NODE, Role.CLUSTER}),
     main=main,
 )
