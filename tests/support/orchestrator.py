@@ -111,7 +111,8 @@ class Stack:
 
     bus: InMemoryBus
     policy: GPUClusterPolicySpec
-    kube: FakeKube = field(default_factory=FakeKube)
+    kube: Any = field(default_factory=FakeKube)
+    """The `KubeActions`: a `FakeKube` unless a test hands it the real executor."""
     clock: VirtualClock = field(default_factory=lambda: ManualClock(T0))
     store_type: type[SagaStore] = SagaStore
     store: SagaStore | None = None

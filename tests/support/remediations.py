@@ -20,14 +20,16 @@ from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import remediation_commands as remedies
 from gpuop.events.fields import NamespacedName
+from gpuop.events.hardware import Gpu
 from gpuop.events.remediation import TERMINAL_STATES
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeStatus
 from gpuop.saga.remediation.records import RemediationSaga
 from gpuop.services.upgrade_orchestrator import intake
+from gpuop.services.upgrade_orchestrator.executing import KubeActions
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION, Starter
 from gpuop.services.upgrade_orchestrator.store import SagaStore
-from tests.support.inventories import inventory
+from tests.support.inventories import H200, inventory
 from tests.support.orchestrator import Stack, answers
 from tests.support.sagas import BOOT_A, BOOT_B
 
@@ -125,19 +127,27 @@ async def remediating(
     *,
     agents: Agents | None = None,
     statuses: Mapping[str, NodeStatus] | None = None,
+    gpus: tuple[Gpu, ...] = (H200,),
+    kube: KubeActions | None = None,
+    bus: InMemoryBus | None = None,
 ) -> AsyncIterator[Remediating]:
-    """The runtime with the remediation kind, each node's inventory in KV (boot id
-    `BOOT_A`), agents answering as `agents` says."""
+    """The runtime with the remediation kind, each node's inventory in KV (`gpus`, boot id
+    `BOOT_A`), agents answering as `agents` says, Kubernetes actions done by `kube` (a
+    `FakeKube` by default). On `bus` (left open: a second runtime on it takes over, as a
+    new leader after a crash), else on a bus of its own."""
     agents = agents or Agents()
-    bus = InMemoryBus()
-    await bus.start()
-    stack = Stack(bus, spec)
+    own_bus = bus is None
+    if bus is None:
+        bus = InMemoryBus()
+        await bus.start()
+    stack = Stack(bus, spec) if kube is None else Stack(bus, spec, kube=kube)
     runner = await stack.start()
     assert stack.store is not None
     inventories = await bus.kv(Buckets.NODES)
     for node in nodes:
         await inventories.put(
-            subjects.encode_node(node), inventory(boot_id=BOOT_A).model_dump_json().encode()
+            subjects.encode_node(node),
+            inventory(gpus, boot_id=BOOT_A).model_dump_json().encode(),
         )
     store = await SagaStore.open(bus, REMEDIATION)
     starter = Starter(runner, stack.store, store, inventories, clock=stack.clock)
@@ -163,7 +173,8 @@ async def remediating(
         await subscription.stop()
         await consumer.stop()
         await stack.stop()
-        await bus.close()
+        if own_bus:
+            await bus.close()
 
 
 def actions_of(stack: Stack, kind: type[Any]) -> list[Any]:

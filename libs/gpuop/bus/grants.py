@@ -234,16 +234,20 @@ def node_consumer_spec(
 def _reads(identity: Identity, prefix: str) -> tuple[str, ...]:
     """Filters `identity` reads back from the streams at start (`Bus.read`)."""
     node = identity.node
-    if identity.role in ("discovery", "telemetry") and node is not None:
+    if identity.role == "discovery" and node is not None:
         return (subjects.commands_filter(OPERANDS, node, prefix=prefix),)
+    # the node's ResourceClaim facts (`gpuop.inventory.claims`): claim holders and pod labels,
+    # and the DRA plugin's claims index, rebuilt at start from the cluster role's facts
+    claims = subjects.events_filter("dra", node, prefix=prefix)
+    if identity.role == "telemetry" and node is not None:
+        return (subjects.commands_filter(OPERANDS, node, prefix=prefix), claims)
     if identity.role == "device-plugin" and node is not None:
         return (
             subjects.commands_filter(OPERANDS, node, prefix=prefix),
+            claims,
             subjects.events_filter("device", node, "health-changed", prefix=prefix),
             subjects.events_filter("driver", node, "validated", prefix=prefix),
             subjects.events_filter("device", node, "plugin-config-selected", prefix=prefix),
-            # the DRA plugin's claims index, rebuilt at start from the cluster role's facts
-            subjects.events_filter("dra", node, prefix=prefix),
         )
     if identity.role == "discovery-cluster":
         return (
@@ -251,6 +255,9 @@ def _reads(identity: Identity, prefix: str) -> tuple[str, ...]:
             subjects.events_filter("device", name="plugin-config-selected", prefix=prefix),
             subjects.events_filter("device", name="mig-config-requested", prefix=prefix),
         )
+    if identity.role == "upgrade-orchestrator":
+        # every node's ResourceClaim facts: the pods holding its GPUs go before a reload
+        return (subjects.events_filter("dra", prefix=prefix),)
     if identity.role == "device-plugin-cluster":
         # at start: each node's latest device API answer, and what it told of claims
         return (

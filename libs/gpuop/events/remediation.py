@@ -19,6 +19,7 @@ from typing import Annotated, ClassVar
 from pydantic import AwareDatetime, Field
 
 from gpuop.events.device import XidAction
+from gpuop.events.dra import DeviceName
 from gpuop.events.envelope import Event, StateChangedEvent
 from gpuop.events.fields import (
     Attempt,
@@ -92,6 +93,12 @@ class RemediationStarted(Event):
     """GPUs validation must find; absent: any number."""
     folded_into: CorrelationId | None = None
     """The node's upgrade saga under way that the remediation folded into; absent: none."""
+    dra_devices: dict[GpuUuid, tuple[DeviceName, ...]] = Field(default={}, max_length=MAX_GPUS)
+    """Set when the node served its GPUs through DRA (its latest `device.api-applied` said
+    `dra` and serving): each GPU's devices in the node's pool of gpuop's driver (`gpu-<minor>`,
+    or its MIG devices). The remediation then quarantines the faulty GPUs' devices (a
+    `DeviceTaintRule` each) instead of the node, so its other GPUs keep serving; empty: the
+    node's quarantine."""
 
 
 class RemediationRefused(Event):

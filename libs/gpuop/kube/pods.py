@@ -17,7 +17,9 @@ reloads (`holds`, `holders_filter`), per component (`COMPONENT_RESOURCE_PREFIXES
           by NVIDIA's DRA drivers `gpu.nvidia.com` and `compute-domain.nvidia.com`
           (`GPU_DRA_DRIVERS`): the claims a pod names in `spec.resourceClaims`, directly or
           made from a template (`status.resourceClaimStatuses`), whose
-          `status.allocation.devices.results[].driver` is one of them
+          `status.allocation.devices.results[].driver` is one of them; and the pods
+          reserving a claim of any other driver whose devices are the node's GPUs, as the
+          device plugin's cluster role matched them (`holders_filter`'s `gpu_claimants`)
     ofed  RDMA and SR-IOV resources (`RDMA_RESOURCE_PREFIXES`, `SRIOV_RESOURCE_PREFIXES`)
 
 So a GPU-only upgrade leaves a pod that holds only an RDMA device running, and an OFED upgrade
@@ -198,18 +200,28 @@ def holds(
 
 
 async def holders_filter(
-    kube: Kube, components: Collection[Component], node_pods: Iterable[Mapping[str, Any]]
+    kube: Kube,
+    components: Collection[Component],
+    node_pods: Iterable[Mapping[str, Any]],
+    gpu_claimants: Collection[tuple[str, str]] = frozenset(),
 ) -> Callable[[Mapping[str, Any]], bool]:
     """`holds` for `components`, as a drain's pod filter over `node_pods`: the claims the
     unfinished ones use are read first, once each, so a node whose pods use no claim costs
-    no request."""
+    no request. With the GPU among `components`, a Running or Pending pod of
+    `gpu_claimants` (namespace, name: the pods that reserve a ResourceClaim whose devices,
+    of any DRA driver, are the node's GPUs, as the device plugin's cluster role publishes
+    them in `dra.ClaimAllocated`) holds one too."""
     wanted = [ref for pod in node_pods if phase(pod) in ACTIVE_PHASES for ref in claims_of(pod)]
     needs_claims = any(COMPONENT_DRA_DRIVERS[c] for c in components)
     claims = await claim_drivers(kube, wanted) if wanted and needs_claims else {}
     chosen = frozenset(components)
+    claimants = frozenset(gpu_claimants) if Component.GPU in chosen else frozenset()
 
     def accept(pod: Mapping[str, Any]) -> bool:
-        return holds(pod, chosen, claims)
+        if holds(pod, chosen, claims):
+            return True
+        ref = PodRef.of(pod)
+        return phase(pod) in ACTIVE_PHASES and (ref.namespace, ref.name) in claimants
 
     return accept
 

@@ -15,6 +15,7 @@ from gpuop.bus import ConsumerSpec, Delivery, NatsBus
 from gpuop.bus.kv import NatsKeyValue
 from gpuop.bus.protocol import Buckets, KvEntry
 from gpuop.events import Command, device, driver, new_event, subjects, upgrade
+from gpuop.inventory import claims
 from gpuop.services.device_plugin import consumers as device_plugin
 from gpuop.services.device_plugin.cluster import role as dra_role
 from gpuop.services.discovery import consumers as discovery
@@ -153,7 +154,11 @@ def flows() -> dict[str, Flow]:
         ),
         "telemetry": Flow(
             consumers=[telemetry.node_commands(PREFIX, NODE, retry_delay=RETRY)],
-            reads=[subjects.commands_filter(device.OPERANDS, NODE, prefix=PREFIX)],
+            reads=[
+                subjects.commands_filter(device.OPERANDS, NODE, prefix=PREFIX),
+                # its node's ResourceClaims, for the pod labels of GPUs held through them
+                claims.claim_subjects(NODE, prefix=PREFIX),
+            ],
         ),
         "telemetry-cluster": Flow(
             reads=[
@@ -174,8 +179,10 @@ def flows() -> dict[str, Flow]:
                 Buckets.SAGAS: ("get", "create", "update", "delete", "keys", "watch"),
                 Buckets.NODES: ("get", "keys"),
             },
-            # a takeover asks whether a saga's latest state change is in the log; the
-            # device-API starter reads a node's latest api-applied and a switch's start
+            # a takeover asks whether a saga's latest state change is in the log, a
+            # remediation's start and the device-API starter which device API a node serves
+            # last, and a switch's start; the pod deletions read every node's claims
+            reads=[claims.claim_subjects(None, prefix=PREFIX)],
             lasts=[
                 subjects.event_subject(upgrade.DOMAIN, NODE, "cordon-required", prefix=PREFIX),
                 subjects.event_subject("device", NODE, "api-applied", prefix=PREFIX),

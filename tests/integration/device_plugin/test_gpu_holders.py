@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.events import remediation_commands
+from gpuop.events import dra, remediation_commands
 from gpuop.events.fields import NamespacedName
 from gpuop.host.roots import HostRoot
 from gpuop_sim.nvml import sim_gpus
@@ -67,3 +67,50 @@ async def test_a_kubelet_that_is_down_makes_the_holders_unknown(host: HostRoot) 
         (answer,) = await node.confirmations(remediation_commands.GpuHoldersUnknown)
 
     assert "PodResources" in answer.message
+
+
+def claim_on(index: int, name: str, uid: str, *pods: str) -> dra.ClaimAllocated:
+    """A claim of another DRA driver's device that is GPU `index`, reserved by `pods`."""
+    return dra.ClaimAllocated(
+        claim=dra.ClaimRef(namespace="ml", name=name, uid=uid),
+        devices=(
+            dra.AllocatedDevice(
+                request="gpu",
+                driver="gpu.example.com",
+                pool=NODE,
+                device=f"dev-{index}",
+                gpu_uuid=gpu(index),
+            ),
+        ),
+        pods=tuple(
+            dra.PodRef(namespace="ml", name=pod, uid=f"{n:08d}-aaaa") for n, pod in enumerate(pods)
+        ),
+        resource_version="7",
+    )
+
+
+async def test_the_pods_of_resource_claims_on_a_gpu_are_its_holders_beside_the_kubelets(
+    host: HostRoot,
+) -> None:
+    async with running_node(host) as node:
+        await node.kubelet.wait_for_devices(GPU, healthy(8))
+        await node.kubelet.allocate(GPU, [gpu(3)], pod="plugin-pod", namespace="ml")
+        await node.publish(claim_on(3, "claim-three", "0000-0003", "claim-pod"))
+        await node.publish(claim_on(5, "claim-five", "0000-0005", "bystander"))
+        await node.publish(claim_on(6, "claim-six", "0000-0006", "gone"))
+        await node.publish(
+            dra.ClaimReleased(
+                claim=dra.ClaimRef(namespace="ml", name="claim-six", uid="0000-0006"),
+                deleted=True,
+            )
+        )
+
+        await node.command(
+            remediation_commands.ListGpuHolders(gpu_uuids=(gpu(3), gpu(6))), "holders"
+        )
+        (answer,) = await node.confirmations(remediation_commands.GpuHoldersListed)
+
+    assert answer.pods == (
+        NamespacedName(namespace="ml", name="claim-pod"),
+        NamespacedName(namespace="ml", name="plugin-pod"),
+    )

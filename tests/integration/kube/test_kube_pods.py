@@ -191,3 +191,23 @@ async def test_the_holders_filter_reads_each_claim_once_and_only_when_pods_use_o
     await pods.holders_filter(kube, [OFED], listed)  # no DRA driver of the OFED's to look for
     await pods.holders_filter(kube, [GPU], [support.pod("web")])
     assert server.request_log[before:] == []
+
+
+async def test_pods_reserving_another_drivers_claim_on_the_nodes_gpus_hold_a_gpu(
+    server: ApiServer, kube: client.Kube
+) -> None:
+    """The device plugin's cluster role matched the other driver's device to one of the
+    node's GPUs (`dra.ClaimAllocated`): its claimants go with the GPU's driver, not the
+    OFED's, and not once they finished."""
+    server.seed(support.claim("vgpu", "gpu.example.com"))
+    claimant = support.with_claims(support.pod("claimant"), named={"g": "vgpu"})
+    finished = support.with_claims(support.pod("finished", phase="Succeeded"), named={"g": "vgpu"})
+    listed = [claimant, finished, support.pod("web")]
+    matched = {("default", "claimant"), ("default", "finished")}
+
+    accept = await pods.holders_filter(kube, [GPU], listed, matched)
+    assert [p["metadata"]["name"] for p in listed if accept(p)] == ["claimant"]
+    unmatched = await pods.holders_filter(kube, [GPU], listed)
+    assert [p["metadata"]["name"] for p in listed if unmatched(p)] == []
+    ofed = await pods.holders_filter(kube, [OFED], listed, matched)
+    assert [p["metadata"]["name"] for p in listed if ofed(p)] == []

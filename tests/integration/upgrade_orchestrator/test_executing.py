@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from gpuop.events import dra
 from gpuop.events import kube as observed
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
+from gpuop.inventory import claims
 from gpuop.kube import client, nodes, pods
 from gpuop.kube.recording import EventRecorder
 from gpuop.saga import actions
@@ -184,12 +186,15 @@ def window_of(*components: Component) -> Run:
     return Run(spec, saga)
 
 
-async def delete_window_pods(kube: client.Kube, run: Run) -> observed.KubeEvent | None:
+async def delete_window_pods(
+    kube: client.Kube, run: Run, node_claims: claims.NodeClaims | None = None
+) -> observed.KubeEvent | None:
     """Drive `run` to its pod deletion and execute it on the node."""
     run.admit()
     run.until(UpgradeState.POD_DELETION_REQUIRED)
     (deletion,) = [a for a in run.kube_actions() if isinstance(a, actions.DeletePods)]
-    return await KubeExecutor(kube, EventRecorder(kube)).execute("node-1", deletion)
+    executor = KubeExecutor(kube, EventRecorder(kube), claims=node_claims)
+    return await executor.execute("node-1", deletion)
 
 
 async def left(kube: client.Kube) -> list[str]:
@@ -258,3 +263,30 @@ async def test_a_pod_with_a_dra_claim_on_nvidias_gpu_driver_is_deleted_in_a_gpu_
 
     assert isinstance(deleted, observed.PodsDeleted) and deleted.deleted == 1, deleted
     assert await left(kube) == ["dra-nic"]
+
+
+async def test_a_gpu_window_deletes_the_pods_of_any_drivers_claims_on_the_nodes_gpus(
+    api: tuple[ApiServer, client.Kube],
+) -> None:
+    """Another DRA driver's device the device plugin's cluster role matched to a GPU of the
+    node (`dra.ClaimAllocated`): its claimant goes before the GPU driver's unload."""
+    server, kube = api
+    server.seed(kube_support.claim("vgpu", "gpu.example.com"))
+    server.seed(kube_support.with_claims(kube_support.pod("vgpu-job"), named={"g": "vgpu"}))
+    server.seed(kube_support.pod("web"))
+    node_claims = claims.NodeClaims()
+    node_claims.apply("node-1", dra.ClaimAllocated(
+        claim=dra.ClaimRef(namespace="default", name="vgpu", uid="0001"),
+        devices=(dra.AllocatedDevice(
+            request="device", driver="gpu.example.com", pool="node-1", device="dev-0",
+            gpu_uuid="GPU-20bce083-dbf9-2d4f-3c35-c858915accc5",
+        ),),
+        pods=(dra.PodRef(namespace="default", name="vgpu-job", uid="0002"),),
+        resource_version="3",
+    ))  # fmt: skip
+    node_claims.ready.set()
+
+    deleted = await delete_window_pods(kube, window_of(Component.GPU), node_claims)
+
+    assert isinstance(deleted, observed.PodsDeleted) and deleted.deleted == 1, deleted
+    assert await left(kube) == ["web"]

@@ -99,6 +99,16 @@ class Walk:
         pod = NamespacedName(namespace="gpuop", name="gpuop-validate")
         self.feed(kube.ValidationPodSucceeded(action_id=self.step_id(), pod=pod))
 
+    def reset_unheld(self, gpu: str) -> None:
+        """Admitted, no pod holds `gpu`: the pause, its reset and the validation."""
+        self.feed(cmd.GpuHoldersListed(command_id=self.step_id(), gpu_uuids=(gpu,), pods=()))
+        pause = self.step_id()
+        for service in dev.OperandService:
+            self.feed(dev.OperandPaused(command_id=pause, service=service))
+        nvml = cmd.ResetMethod.NVML
+        self.feed(cmd.GpuReset(command_id=self.step_id(), gpu_uuids=(gpu,), method=nvml))
+        self.validate()
+
     def release(self) -> None:
         """The executor confirms the release (condition True, taint off)."""
         assert self.state() is S.RELEASE_REQUIRED and self.saga.step.name == "untaint"
@@ -411,13 +421,7 @@ def test_a_gpu_failing_after_the_holders_were_asked_gets_the_next_attempt() -> N
         action=dev.XidAction.RESET_GPU,
     ))  # fmt: skip
     assert walk.saga.gpu_uuids == (GPU,) and kind.leftover(walk.saga) == {other: (48,)}
-    walk.feed(cmd.GpuHoldersListed(command_id=walk.step_id(), gpu_uuids=(GPU,), pods=()))
-    pause = walk.step_id()
-    for service in dev.OperandService:
-        walk.feed(dev.OperandPaused(command_id=pause, service=service))
-    nvml = cmd.ResetMethod.NVML
-    walk.feed(cmd.GpuReset(command_id=walk.step_id(), gpu_uuids=(GPU,), method=nvml))
-    walk.validate()
+    walk.reset_unheld(GPU)
 
     assert walk.state() is S.ADMISSION_REQUIRED and walk.saga.attempt == 2
     assert walk.saga.gpu_uuids == (other,) and walk.saga.unhealthy == {other: (48,)}
@@ -445,3 +449,82 @@ def test_a_gpu_failing_while_the_release_is_pending_gets_the_next_attempt() -> N
     assert walk.state() is S.ADMISSION_REQUIRED and walk.saga.gpu_uuids == (other,)
     quarantine = next(a for a in walk.decisions[-1].kube_actions if isinstance(a, MirrorHealth))
     assert quarantine.taint is True and quarantine.unhealthy == ((other, (48,)),)
+
+
+OTHER = "GPU-30bce083-dbf9-2d4f-3c35-c858915accc5"
+DRA_DEVICES = {GPU: ("gpu-3",), OTHER: ("gpu-4-mig-1g18gb-19-0", "gpu-4-mig-1g18gb-19-1")}
+"""A DRA node's devices: GPU a whole `gpu-3`, OTHER carved into two MIG devices."""
+
+
+def mirrors(actions: list[object]) -> list[MirrorHealth]:
+    return [a for a in actions if isinstance(a, MirrorHealth)]
+
+
+def test_on_a_dra_node_the_quarantine_taints_the_faulty_gpus_devices_not_the_node() -> None:
+    walk = Walk(dra_devices=DRA_DEVICES)
+    _, actions = kind.REMEDIATION.effects(walk.saga, SPEC)
+
+    (mirror,) = mirrors(list(actions))
+    assert mirror.taint is True and mirror.devices == ("gpu-3",)  # OTHER's keep serving
+    assert walk.saga.quarantined_devices == ("gpu-3",)
+
+
+def test_on_a_dra_node_the_release_deletes_exactly_the_rules_it_made_then_ends() -> None:
+    walk = Walk(dra_devices=DRA_DEVICES)
+    walk.to_reset()
+    walk.feed(
+        cmd.GpuReset(command_id=walk.step_id(), gpu_uuids=(GPU,), method=cmd.ResetMethod.NVML)
+    )
+    walk.validate()
+
+    release = mirrors(walk.actions())[-1]
+    assert release.taint is False and release.devices == ("gpu-3",)
+    assert kind.pending(walk.saga, SPEC).kube_actions == (release,)  # a crash: the same again
+    walk.release()
+    assert walk.state() is S.DONE and walk.saga.quarantined_devices == ()
+
+
+def test_on_a_dra_node_a_failure_keeps_the_faulty_gpus_rules() -> None:
+    walk = Walk(dra_devices=DRA_DEVICES)
+    walk.admit()
+    walk.feed(machine.deadline_event(walk.saga))  # the holders never answered
+
+    assert walk.state() is S.FAILED
+    failed = mirrors(walk.decisions[-1].kube_actions)[-1]  # type: ignore[arg-type]
+    assert failed.taint is True and failed.devices == ("gpu-3",)
+
+
+def test_on_a_dra_node_a_gpu_failing_before_admission_has_its_devices_tainted_too() -> None:
+    walk = Walk(dra_devices=DRA_DEVICES)
+    walk.feed(dev.DeviceHealthChanged(
+        gpu_uuid=OTHER, healthy=False, reason=dev.HealthReason.XID, xid=48,
+        action=dev.XidAction.RESET_GPU,
+    ))  # fmt: skip
+
+    (mirror,) = mirrors(list(kind.REMEDIATION.effects(walk.saga, SPEC)[1]))
+    assert mirror.devices == ("gpu-3", "gpu-4-mig-1g18gb-19-0", "gpu-4-mig-1g18gb-19-1")
+
+
+def test_on_a_dra_node_the_next_attempt_taints_the_late_gpu_and_the_release_frees_both() -> None:
+    walk = Walk(dra_devices=DRA_DEVICES)
+    walk.admit()
+    walk.feed(dev.DeviceHealthChanged(
+        gpu_uuid=OTHER, healthy=False, reason=dev.HealthReason.XID, xid=48,
+        action=dev.XidAction.RESET_GPU,
+    ))  # fmt: skip
+    walk.reset_unheld(GPU)
+    assert walk.state() is S.ADMISSION_REQUIRED and walk.saga.gpu_uuids == (OTHER,)
+    both = ("gpu-3", "gpu-4-mig-1g18gb-19-0", "gpu-4-mig-1g18gb-19-1")
+    assert mirrors(walk.actions())[-1].devices == both  # gpu-3's rule stays until the end
+
+    walk.admit()
+    walk.reset_unheld(OTHER)
+    release = mirrors(walk.actions())[-1]
+    assert release.taint is False and release.devices == both
+    walk.release()
+    assert walk.state() is S.DONE
+
+
+def test_a_start_rebuilt_from_its_record_keeps_the_dra_devices() -> None:
+    saga = records.start(NODE, started(dra_devices=DRA_DEVICES), T0)
+    assert records.start(NODE, records.start_of(saga), T0) == saga

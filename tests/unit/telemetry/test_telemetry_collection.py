@@ -5,20 +5,22 @@ cannot open keeps the service not ready until it can, and pod labels follow the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuop.bus import InMemoryBus
+from gpuop.events import dra, new_event
 from gpuop.nvml import DriverNotLoaded, GpuLost, NotInitialized, NvmlError
 from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.pods import DeviceAssignment, InMemoryPodResources, Owner
+from gpuop.services.telemetry.sessions import Inventory
 from gpuop_sim.nvml.modules import NVIDIA, InMemoryModules
 from gpuop_sim.nvml.simulated import SimNvml
-from tests.support.node_agents import running
+from tests.support.node_agents import NODE, running
 from tests.support.telemetry import (
     QUIET,
     CountingNvml,
@@ -199,14 +201,22 @@ async def test_the_driver_going_away_mid_run_is_retried_without_crashing(
         await eventually(lambda: bool(exporter.exposition()))
 
 
-async def test_pod_labels_follow_the_kubelets_answer(
-    make_exporter: Exporters, registry: CollectorRegistry
-) -> None:
+async def collected_with_pods(
+    make_exporter: Exporters,
+) -> tuple[InMemoryPodResources, NodeExporter, Inventory]:
+    """An exporter asking an in-memory kubelet, after its first collection."""
     kubelet = InMemoryPodResources()
     exporter = make_exporter(pods=kubelet)
     await exporter.collect()
     inventory = exporter.session.inventory
     assert inventory is not None
+    return kubelet, exporter, inventory
+
+
+async def test_pod_labels_follow_the_kubelets_answer(
+    make_exporter: Exporters, registry: CollectorRegistry
+) -> None:
+    kubelet, exporter, inventory = await collected_with_pods(make_exporter)
     kubelet.current = (DeviceAssignment("nvidia.com/gpu", inventory.gpus[4].uuid, TRAINER),)
 
     await exporter.refresh_pods()
@@ -278,3 +288,46 @@ async def test_without_pod_labels_the_kubelet_is_never_asked(
 
     assert kubelet.calls == 0
     assert registry.get_sample_value("gpuop_telemetry_pod_resources_up") is None
+
+
+async def test_a_gpu_held_through_a_resource_claim_gets_the_pods_labels(
+    make_exporter: Exporters, bus: InMemoryBus
+) -> None:
+    _, exporter, inventory = await collected_with_pods(make_exporter)
+    claim = dra.ClaimRef(namespace="ml", name="trainer-gpu", uid="0000-0001")
+    allocated = dra.ClaimAllocated(
+        claim=claim,
+        devices=(
+            dra.AllocatedDevice(
+                request="gpu",
+                driver=dra.DRIVER,
+                pool=NODE,
+                device="gpu-6",
+                gpu_uuid=inventory.gpus[6].uuid,
+            ),
+        ),
+        pods=(dra.PodRef(namespace="ml", name="claimant", uid="0000-0002"),),
+        resource_version="12",
+    )
+
+    def owners() -> list[tuple[str, str, str]]:
+        return [
+            (labels["gpu"], labels["pod"], labels.get("container", ""))
+            for labels, _ in series(exporter.exposition(), "DCGM_FI_DEV_FB_USED")
+            if "pod" in labels
+        ]
+
+    def labelled(expected: list[tuple[str, str, str]]) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            await exporter.refresh_pods()
+            await exporter.collect()
+            return owners() == expected
+
+        return check
+
+    async with running(exporter):
+        await bus.publish(new_event(allocated, node=NODE, source="/gpuop/device-plugin"))
+        await eventually(labelled([("6", "claimant", "")]))
+        released = dra.ClaimReleased(claim=claim, deleted=True)
+        await bus.publish(new_event(released, node=NODE, source="/gpuop/device-plugin"))
+        await eventually(labelled([]))

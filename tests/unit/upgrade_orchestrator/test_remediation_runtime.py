@@ -22,6 +22,8 @@ from gpuop.events import Envelope
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import remediation_commands as remedies
+from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied
+from gpuop.events.hardware import Gpu, MigInstance, MigMode
 from gpuop.events.remediation import (
     NodeRemediationStateChanged,
     RemediationRefused,
@@ -37,6 +39,7 @@ from gpuop.services.upgrade_orchestrator.kinds import KindRunner
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION, Starter
 from gpuop.services.upgrade_orchestrator.store import SagaStore, is_saga_key
 from tests.support import orchestrator
+from tests.support.inventories import H200
 from tests.support.orchestrator import events, messages
 from tests.support.remediations import GPU, HOLDER, Agents, Remediating, actions_of, remediating
 from tests.support.sagas import BOOT_A, BOOT_B, policy, saga_for
@@ -501,3 +504,43 @@ async def test_a_remediation_on_a_node_the_upgrades_do_not_select_is_admitted() 
         )
         ids = [p.saga_id for _, p in admitted if isinstance(p, NodeAdmitted)]
         assert ids == [(await harness.started("gpu-node-2")).saga_id]
+
+
+MIG = MigInstance(
+    uuid="MIG-11111111-2222-3333-4444-555555555555", profile="1g.18gb", gpu_instance_slices=1,
+    compute_instance_slices=1, memory_bytes=18 << 30, multiprocessors=16,
+    gpu_instance_profile_id=19, placement_start=2, placement_size=1,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("applied", "gpus", "devices"),
+    [
+        (DeviceApiApplied(api=DeviceApi.DRA, serving=True), (H200,), {GPU: ("gpu-0",)}),
+        (
+            DeviceApiApplied(api=DeviceApi.DRA, serving=True),
+            (H200.model_copy(update={"mig_mode": MigMode.ENABLED, "mig_devices": (MIG,)}),),
+            {GPU: ("gpu-0-mig-1g18gb-19-2",)},
+        ),
+        (DeviceApiApplied(api=DeviceApi.DRA, serving=False), (H200,), {}),
+        (DeviceApiApplied(api=DeviceApi.DEVICE_PLUGIN, serving=True), (H200,), {}),
+        (None, (H200,), {}),
+    ],
+    ids=["dra", "dra-mig", "dra-not-serving", "device-plugin", "never-said"],
+)
+async def test_a_start_quarantines_the_devices_of_a_node_serving_dra_only(
+    applied: DeviceApiApplied | None, gpus: tuple[Gpu, ...], devices: dict[str, tuple[str, ...]]
+) -> None:
+    async with remediating(policy(), gpus=gpus) as harness:
+        if applied is not None:
+            await harness.publish(applied, NODE, source="/gpuop/device-plugin")
+        await harness.fault(NODE)
+        await harness.settle()
+        [(_, started)] = await messages(
+            harness.bus, events(harness.bus.prefix, "remediation", NODE, "started")
+        )
+        first = actions_of(harness.stack, MirrorHealth)[0]
+
+    assert isinstance(started, RemediationStarted) and started.dra_devices == devices
+    assert first.taint is True
+    assert first.devices == (tuple(d for names in devices.values() for d in names) or None)

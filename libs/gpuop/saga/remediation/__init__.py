@@ -18,6 +18,14 @@ node whose upgrade still has its driver reload ahead (`UpgradeState.remediation_
 is not touched twice: the remediation folds into the upgrade (folded-into-upgrade) and ends
 with it (its release through release-required).
 
+On a node serving its GPUs through DRA (`RemediationStarted.dra_devices`, from the node's
+latest `device.api-applied`), the quarantine is of the faulty GPUs' devices, not the node:
+a `DeviceTaintRule` (`NoSchedule`) per device, so no new claim is allocated them while the
+node's other GPUs keep serving; the holders named include the pods of the ResourceClaims on
+those GPUs, evicted through the Eviction API (PDBs respected); the release deletes the
+rules (`quarantined_devices`: exactly those it made), and a failure leaves them, as it
+leaves the node's taint.
+
     records   RemediationSaga (the KV record), Step, start (from RemediationStarted)
     table     TABLE
     phases    one module per state (enter, on_event, on_deadline, effects), PHASES

@@ -2,8 +2,10 @@
 (`RecordEvent`, `RunValidationPod`, `DeletePods` when the holders are unknown).
 
 The orchestrator's executor carries them out through `gpuop.kube.conditions` (the Node
-condition `GPUHealthy` and the taint `gpuop.io/gpu-unhealthy:NoSchedule`) and the drain
-machinery (the eviction of named pods).
+condition `GPUHealthy` and the taint `gpuop.io/gpu-unhealthy:NoSchedule`), `gpuop.kube.dra`
+(on a DRA node, a `DeviceTaintRule` per quarantined device instead of the node's taint) and
+the drain machinery (the eviction of named pods, through the Eviction API: PDBs respected,
+unlike the device taint eviction controller's plain deletions).
 """
 
 from __future__ import annotations
@@ -20,14 +22,20 @@ EVENT_REASON = "GPURemediation"
 class MirrorHealth:
     """Set the node's `GPUHealthy` condition from `unhealthy` (empty: True), with `detail`
     after the message, and put on (`taint` True) or take off (False) the taint
-    `gpuop.io/gpu-unhealthy:NoSchedule`, or leave it (None). The release (`taint` False)
-    is reported as `NodeUntainted` once both are written; the other marks have no outcome."""
+    `gpuop.io/gpu-unhealthy:NoSchedule`, or leave it (None). With `devices` (a node serving
+    its GPUs through DRA), the taint is put on or taken off those devices of the node's pool
+    instead, a `DeviceTaintRule` each (`NoSchedule`: no new claim is allocated them), and the
+    node's taint is left alone. The release (`taint` False) is reported as `NodeUntainted`
+    once everything is written; the other marks have no outcome."""
 
     id: str
     unhealthy: tuple[tuple[str, tuple[int, ...]], ...]
     """GPU uuid and its XIDs, per unhealthy GPU."""
     taint: bool | None
     detail: str = ""
+    devices: tuple[str, ...] | None = None
+    """DRA devices of the node's pool (gpuop's driver) to taint instead of the node; None:
+    the node's taint."""
 
 
 @dataclass(frozen=True)

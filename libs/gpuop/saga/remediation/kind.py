@@ -59,6 +59,8 @@ def _observe(draft: Draft, event: Event) -> None:
         if saga.state in (S.ADMISSION_REQUIRED, S.FOLDED):  # not asked about yet: reset it
             update["gpu_uuids"] = tuple(sorted(unhealthy))
         draft.update(**update)
+        if saga.state in (S.ADMISSION_REQUIRED, S.FOLDED):  # and quarantine its devices
+            draft.update(quarantined_devices=draft.saga.quarantining())
 
 
 def _removed(draft: Draft) -> None:

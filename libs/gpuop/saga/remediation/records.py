@@ -4,7 +4,8 @@
 Frozen, JSON; `start` builds the first record from its `RemediationStarted` (the runtime
 and `gpuop replay` alike). Everything the phases need after a crash is here: the state and
 the pending step with its deadline, the GPUs and the XIDs they reported, the pods that held
-them, whether the operands are paused, the boot id a reboot must change.
+them, whether the operands are paused, the boot id a reboot must change, and on a node
+serving through DRA its GPUs' devices and those the quarantine tainted.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from datetime import datetime
 from pydantic import AwareDatetime, Field
 
 from gpuop.events.device import OperandService, XidAction
+from gpuop.events.dra import DeviceName
 from gpuop.events.fields import (
     Attempt,
     BootId,
@@ -85,6 +87,12 @@ class RemediationSaga(StoredRecord):
     expected_devices: Count | None = None
     folded_into: CorrelationId | None = None
     """The node's upgrade saga whose reload and validation serve."""
+    dra_devices: dict[GpuUuid, tuple[DeviceName, ...]] = Field(default={}, max_length=MAX_GPUS)
+    """On a node serving its GPUs through DRA, each GPU's devices in its pool: the quarantine
+    taints the faulty GPUs' devices, not the node (`device_quarantine`)."""
+    quarantined_devices: tuple[DeviceName, ...] = Field(default=(), max_length=512)
+    """The devices this remediation tainted (a DeviceTaintRule each) and not yet released,
+    sorted: the release deletes exactly these."""
     holders: tuple[NamespacedName, ...] = Field(default=(), max_length=1024)
     """The pods the device plugin named as holding the GPUs."""
     holders_unknown: bool = False
@@ -99,6 +107,18 @@ class RemediationSaga(StoredRecord):
     """Why it failed, in remediation-failed."""
     last_transitions: tuple[Transition[RemediationState], ...] = Field(default=(), max_length=32)
     history: tuple[Outcome, ...] = Field(default=(), max_length=HISTORY_LIMIT)
+
+    @property
+    def device_quarantine(self) -> bool:
+        """Whether the quarantine is of devices (DRA), not of the node."""
+        return bool(self.dra_devices)
+
+    def quarantining(self) -> tuple[str, ...]:
+        """`quarantined_devices` with the devices of the GPUs to reset added."""
+        found = set(self.quarantined_devices)
+        for gpu in self.gpu_uuids:
+            found.update(self.dra_devices.get(gpu, ()))
+        return tuple(sorted(found))
 
     def ended(self, at: datetime, result: str, detail: str) -> RemediationSaga:
         outcome = Outcome(
@@ -121,7 +141,7 @@ def start(node: str, started: RemediationStarted, now: datetime) -> RemediationS
     """The first record of the remediation `started` began at `now`: quarantined, waiting
     for its admission, or folded into the node's upgrade."""
     folded = started.folded_into is not None
-    return RemediationSaga(
+    saga = RemediationSaga(
         saga_id=started.saga_id,
         node=node,
         state=RemediationState.FOLDED if folded else RemediationState.ADMISSION_REQUIRED,
@@ -135,7 +155,9 @@ def start(node: str, started: RemediationStarted, now: datetime) -> RemediationS
         driver_version=started.driver_version,
         expected_devices=started.expected_devices,
         folded_into=started.folded_into,
+        dra_devices=dict(started.dra_devices),
     )
+    return saga.model_copy(update={"quarantined_devices": saga.quarantining()})
 
 
 def start_of(saga: RemediationSaga) -> RemediationStarted:
@@ -148,4 +170,5 @@ def start_of(saga: RemediationSaga) -> RemediationStarted:
         driver_version=saga.driver_version,
         expected_devices=saga.expected_devices,
         folded_into=saga.folded_into,
+        dra_devices=dict(saga.dra_devices),
     )

@@ -16,12 +16,14 @@ backend and `plugins.DevicePlugins` from the settings and the `--config` file, a
     device.plugin-config-selected   `DevicePlugins.select`, then
                         `device.plugin-config-applied`: the config in force, and why
     ListGpuHolders      the pods holding the GPUs, from the kubelet's PodResources
-                        (`holders`): `GpuHoldersListed`, or `GpuHoldersUnknown`
+                        and the node's ResourceClaims (`holders`): `GpuHoldersListed`,
+                        or `GpuHoldersUnknown`
     SetDeviceApi        serve the GPUs through the device plugin API or DRA
                         (`dra.switching`), then `device.api-applied`; also published at
                         start, when the kubelet (re-)registers the DRA plugin, and at stop
     dra.claim-allocated, dra.claim-released   the DRA plugin's claims index (also read
-                        from the log at start)
+                        from the log at start), and the holders of claims, followed from the
+                        log's start (`gpuop.inventory.claims`)
     (MPS daemons)       every start, stop and failure of an MPS control daemon
                         (`mpscontrol`) as `device.mps-daemon-changed`, in order
 
@@ -69,6 +71,7 @@ from gpuop.events import (
 )
 from gpuop.events.driver import Component
 from gpuop.host.roots import HostRoot
+from gpuop.inventory import claims
 from gpuop.kubelet import allocations
 from gpuop.kubelet.allocations import KubeletPodResources, PodResources
 from gpuop.nvml import open_backend
@@ -120,6 +123,8 @@ class NodeAgent:
         )
         """The DRA kubelet plugin, served while the node's GPUs go through DRA."""
         self._device_api = DeviceApiSwitch(plugins, self._dra, register_wait=register_wait)
+        self.claims = claims.ClaimHolders()
+        """The node's ResourceClaims holding its GPUs, from the bus."""
         self._source = f"/gpuop/{consumers.SERVICE}/{node}"
         self._selection_seq = 0
         """Stream sequence of the last config selection taken in."""
@@ -143,6 +148,10 @@ class NodeAgent:
             (consumers.node_health(prefix, self._node, retry_delay=retry), self.on_health),
             (consumers.node_config(prefix, self._node, retry_delay=retry), self.on_config),
         ]
+        following = asyncio.create_task(
+            claims.follow(self._bus, self._node, self.claims, retry_seconds=retry),
+            name="device-plugin-claims",
+        )
         try:
             await self._device_api.start()
             async with asyncio.TaskGroup() as group:
@@ -155,6 +164,8 @@ class NodeAgent:
                 group.create_task(self._report_mps(stopping), name="device-plugin-mps-report")
             await self._drain_mps()
         finally:
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
             for subscription in subscriptions:
                 await subscription.stop()
             await self._stop_dra()
@@ -288,8 +299,15 @@ class NodeAgent:
                 return
             if not isinstance(command, remediation_commands.ListGpuHolders):
                 raise PermanentError(f"{delivery.envelope.type} is not a device plugin command")
+            if not self.claims.ready.is_set():
+                raise TemporaryError(
+                    "the node's ResourceClaims are not read from the log yet",
+                    delay=self._retry_delay,
+                )
             inventory = self._plugins.gpu_inventory
-            found = await holders.answer(delivery.envelope.id, command, self._kubelet, inventory)
+            found = await holders.answer(
+                delivery.envelope.id, command, self._kubelet, inventory, self.claims
+            )
             await self._publish(found, delivery.envelope)
 
     service = device.OperandService.DEVICE_PLUGIN

@@ -16,6 +16,11 @@ An id that maps to no GPU of the inventory (a MIG device of a layout since repla
 index the inventory does not have) counts its pod as a holder of every GPU asked about:
 resetting a GPU under a running container costs more than waiting for one more pod. The
 kubelet not answering is `GpuHoldersUnknown`: the saga cannot know whom to wait for.
+
+Pods given a GPU through a DRA ResourceClaim, by gpuop's DRA driver or any other, hold it
+too: `gpuop.inventory.claims.ClaimHolders` names the pods reserving a claim whose devices
+are the GPUs asked about (from the cluster role's `dra.ClaimAllocated` facts), and the
+answer names them beside the kubelet's device-plugin allocations.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections.abc import Iterable
 
 from gpuop.events import remediation_commands
 from gpuop.events.fields import NamespacedName
+from gpuop.inventory.claims import ClaimHolders
 from gpuop.kubelet.allocations import Allocation, PodResources, PodResourcesUnavailable
 from gpuop.services.device_plugin.config import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from gpuop.services.device_plugin.inventory import GpuInventory
@@ -92,13 +98,24 @@ def pods_holding(
     return tuple(NamespacedName(namespace=ns, name=pod) for ns, pod in sorted(found))
 
 
+def with_claim_holders(
+    pods: tuple[NamespacedName, ...], claims: ClaimHolders, gpu_uuids: Iterable[str]
+) -> tuple[NamespacedName, ...]:
+    """`pods` and the pods whose ResourceClaims hold any of `gpu_uuids`, each once, sorted."""
+    found = {(pod.namespace, pod.name) for pod in pods}
+    found.update((pod.namespace, pod.name) for pod in claims.pods_holding(gpu_uuids))
+    return tuple(NamespacedName(namespace=ns, name=pod) for ns, pod in sorted(found))
+
+
 async def answer(
     command_id: str,
     command: remediation_commands.ListGpuHolders,
     kubelet: PodResources,
     inventory: GpuInventory,
+    claims: ClaimHolders | None = None,
 ) -> Answer:
-    """The answer to one `ListGpuHolders`."""
+    """The answer to one `ListGpuHolders`: the pods of the kubelet's allocations and of
+    `claims` holding any of its GPUs."""
     try:
         allocations = await kubelet.allocations()
     except PodResourcesUnavailable as error:
@@ -107,6 +124,8 @@ async def answer(
             command_id=command_id, message=str(error)[:2048]
         )
     pods = pods_holding(allocations, inventory, command.gpu_uuids)
+    if claims is not None:
+        pods = with_claim_holders(pods, claims, command.gpu_uuids)
     if len(pods) > remediation_commands.MAX_PODS:
         message = f"{len(pods)} pods hold the GPUs, more than one answer names"
         return remediation_commands.GpuHoldersUnknown(command_id=command_id, message=message)

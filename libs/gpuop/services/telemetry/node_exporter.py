@@ -6,8 +6,9 @@ session (`sessions`):
 
 - fast: every `interval_seconds`, read every GPU's hot queries and render (`collecting`);
 - slow: every `slow_interval_seconds`, PCIe throughput and field values, in their own thread;
-- pods: every `pods_interval_seconds`, PodResources `List`; labels change only when the
-  answer does (`pods`);
+- pods: every `pods_interval_seconds`, PodResources `List` and the node's ResourceClaims
+  (followed from the bus, `gpuop.inventory.claims`); labels change only when the answer
+  does (`pods`);
 - events: NVML's XID and ECC events, turned into `device.health-changed` (`health`), and
   an outbox that publishes them, keeping them while NATS is unreachable;
 - kernel log: every `kernel_log_interval_seconds`, the XIDs of the host's `/dev/kmsg`
@@ -32,6 +33,7 @@ from gpuop.bus import Bus, Delivery, spans
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Envelope, Event, device
 from gpuop.events.driver import Component
+from gpuop.inventory import claims
 from gpuop.nvml import DeviceEvent, Nvml, NvmlError, XidEvent, open_backend
 from gpuop.runtime import waiting
 from gpuop.runtime.node_agents import NodeAgentBase
@@ -85,7 +87,9 @@ class NodeExporter(NodeAgentBase):
         self._attributor = None
         if pod_resources is not None and self.metrics.pod_resources_up is not None:
             up = self.metrics.pod_resources_up
-            self._attributor = pods.Attributor(pod_resources, config.resource_names, up)
+            self._attributor = pods.Attributor(
+                pod_resources, config.resource_names, up, claims.ClaimHolders()
+            )
         self._collecting = asyncio.Lock()
         """One fast collection at a time, so an older render never replaces a newer one."""
         self._wake_fast = asyncio.Event()
@@ -123,6 +127,11 @@ class NodeExporter(NodeAgentBase):
                 ]
                 if self._attributor is not None:
                     loops.append(group.create_task(self._pods_loop(), name="telemetry-pods"))
+                if self._attributor is not None and self._attributor.claims is not None:
+                    follow = claims.follow(
+                        self._bus, self._node, self._attributor.claims, retry_seconds=retry
+                    )
+                    loops.append(group.create_task(follow, name="telemetry-claims"))
                 if self.kernel_log is not None:
                     loops.append(group.create_task(self._kernel_log_loop(), name="telemetry-kmsg"))
                 await stopping.wait()

@@ -10,6 +10,12 @@ UUID, a time-slicing replica `<uuid>::<n>` (the replica maps back to its GPU), a
 UUID (attributed to its parent GPU), an index `3` or a device name `nvidia3`. Ids of other
 resources, and ids that match no GPU of this node, are ignored. `Attributor` asks the
 source and reports, once per change rather than once per refresh, when it cannot.
+
+A GPU given to a pod through a DRA ResourceClaim (gpuop's driver or any other) is not in
+those device ids: `Attributor` adds the pods reserving a claim of each GPU, from the node's
+`dra.ClaimAllocated` facts (`gpuop.inventory.claims`, `with_claim_holders`). A claim names
+its pods, not their containers, so such an owner's `container` is empty; a pod the kubelet
+already named for that GPU is not added twice.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Protocol
 
 from prometheus_client import Gauge
 
+from gpuop.inventory.claims import ClaimHolders
 from gpuop.kubelet.allocations import PodResourcesUnavailable as PodResourcesUnavailable
 from gpuop.nvml import DeviceInfo, MigDevice
 from gpuop.services.telemetry.sessions import Inventory
@@ -122,14 +129,40 @@ def attribute(
     return {index: tuple(sorted(found)) for index, found in sorted(owners.items())}
 
 
+def with_claim_holders(
+    attribution: Mapping[int, tuple[Owner, ...]], claims: ClaimHolders, gpus: Sequence[DeviceInfo]
+) -> dict[int, tuple[Owner, ...]]:
+    """`attribution` and, for each GPU of `gpus`, the pods reserving a claim of it."""
+    index_of = {gpu.uuid: gpu.index for gpu in gpus}
+    owners = {index: set(found) for index, found in attribution.items()}
+    for gpu_uuid, holders in claims.pods_by_gpu().items():
+        index = index_of.get(gpu_uuid)
+        if index is None:
+            continue
+        found = owners.setdefault(index, set())
+        named = {(owner.namespace, owner.pod) for owner in found}
+        found.update(
+            Owner(pod.namespace, pod.name, "")
+            for pod in holders
+            if (pod.namespace, pod.name) not in named
+        )
+    return {index: tuple(sorted(found)) for index, found in sorted(owners.items())}
+
+
 class Attributor:
     """Asks a `PodResourcesSource` who holds this node's GPUs; `up` is set to 1 while the
-    kubelet answers and 0 while it cannot be asked (the last answer then stays in force)."""
+    kubelet answers and 0 while it cannot be asked (the last answer then stays in force);
+    the pods of `claims`' ResourceClaims are added to each answer."""
 
     def __init__(
-        self, source: PodResourcesSource, resource_names: Iterable[str], up: Gauge
+        self,
+        source: PodResourcesSource,
+        resource_names: Iterable[str],
+        up: Gauge,
+        claims: ClaimHolders | None = None,
     ) -> None:
         self.source = source
+        self.claims = claims
         self._resource_names = tuple(resource_names)
         self._up = up
         self._answering: bool | None = None
@@ -149,4 +182,7 @@ class Attributor:
         self._answering = True
         self._up.set(1)
         ids = device_ids(inventory.gpus, inventory.migs)
-        return attribute(assignments, ids, self._resource_names)
+        found = attribute(assignments, ids, self._resource_names)
+        if self.claims is None:
+            return found
+        return with_claim_holders(found, self.claims, inventory.gpus)

@@ -24,7 +24,9 @@ Whenever something changed (a decision, a node, the policy) and at least every
 2. runs the admission pass over the selected nodes and those whose saga is under way (it
    admits nothing while the policy is paused), which records admissions as events, and
    watches the pods of the nodes whose saga waits for jobs, deletes pods or drains (`jobs`,
-   one informer per node, shared with the executor's drains: `nodepods`);
+   one informer per node, shared with the executor's drains: `nodepods`; the pods that
+   hold a node's GPUs through ResourceClaims of any driver, from the claim facts on the
+   bus, `gpuop.inventory.claims.follow_all`);
 3. publishes the rollout's events and writes the policy's status (conditions, counts, and
    how many nodes the admission pass leaves out: skip labels, `cordonedNodes: skip`).
 
@@ -45,6 +47,7 @@ from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import hardware, ids, subjects
 from gpuop.events.driver import Component, Flavour
 from gpuop.events.upgrade import TERMINAL_STATES, SagaReason, UpgradeState
+from gpuop.inventory import claims
 from gpuop.kube import client, pods
 from gpuop.kube.errors import KubeError
 from gpuop.kube.recording import EventRecorder
@@ -176,11 +179,13 @@ class Controller:
             self._kube, component=COMPONENT, namespace=self._config.event_namespace,
             clock=self._clock,
         )  # fmt: skip
+        node_claims = claims.NodeClaims()
         executor = KubeExecutor(
             self._kube, recorder, watched_node=self.nodes.node,
             node_pods=self.pod_watches.node_pods,
             # the validation pod's default namespace: the orchestrator's own (the release's)
             own_namespace=self._config.lease_namespace,
+            claims=node_claims,
         )  # fmt: skip
         outbox = Outbox(self._bus, executor, clock=self._clock)
         deadlines = DeadlineScheduler(self._bus, clock=self._clock)
@@ -194,6 +199,7 @@ class Controller:
             asyncio.create_task(self.policies.run(), name="policy-watch"),
             asyncio.create_task(self.nodes.run(), name="node-watch"),
             asyncio.create_task(store.follow(clock=self._clock), name="saga-watch"),
+            asyncio.create_task(claims.follow_all(self._bus, node_claims), name="claims-read"),
         ]
         subscription = None
         try:

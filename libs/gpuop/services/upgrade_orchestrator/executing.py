@@ -7,7 +7,8 @@ action of a persisted decision and publishes the returned outcome (`NodeCordoned
 `DrainFailed`, `ValidationPodSucceeded` / `ValidationPodFailed`) carrying the action's id
 as `action_id`; the core then reads that outcome from
 the log like any other event; a remediation's release (`MirrorHealth` with `taint` False)
-reports `NodeUntainted` once the condition and the taint were both written, so the
+reports `NodeUntainted` once the condition and the taint (on a DRA node, the quarantined
+devices' DeviceTaintRules, `gpuop.kube.dra`) were written, so the
 remediation is done only after the API server shows the node released. Labels, the taint a
 new node is brought up behind, the remediation's other marks and Kubernetes Events have no
 outcome the core waits for.
@@ -22,7 +23,8 @@ read the node's pods from the informer the controller shares between the steps t
 them (`nodepods`), and open a list-watch of their own only when there is none. Pod deletion
 removes the pods holding a device of the components upgraded (`DeletePods.components`,
 `pods.holds`), reading the ResourceClaims of the pods that use any, one GET each: nothing
-more for a node whose pods use none.
+more for a node whose pods use none; the pods that reserve a claim of any DRA driver on the
+node's GPUs are known from the bus (`gpuop.inventory.claims.NodeClaims`) and go too.
 
 Executing an action twice is harmless: `nodes.cordon` records in an annotation whether the
 node was cordoned before the first execution, so a repeat reports the same
@@ -36,9 +38,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from gpuop.events import kube as observed
+from gpuop.events.dra import DRIVER
 from gpuop.events.fields import NamespacedName
 from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT, UpgradeState
-from gpuop.kube import client, conditions, draining, errors, nodes, pods, validationpods
+from gpuop.inventory.claims import NodeClaims
+from gpuop.kube import client, conditions, dra, draining, errors, nodes, pods, validationpods
 from gpuop.kube.recording import EventRecorder, EventType
 from gpuop.policy import selectors
 from gpuop.saga import actions
@@ -126,8 +130,11 @@ class KubeExecutor:
         watched_node: Callable[[str], Mapping[str, Any] | None] = lambda name: None,
         node_pods: NodePods | None = None,
         own_namespace: str = "default",
+        claims: NodeClaims | None = None,
     ) -> None:
         self._kube = kube
+        self._claims = claims
+        """Every node's ResourceClaims on its GPUs, from the bus: their pods hold the GPU."""
         self._own_namespace = own_namespace
         """Where a validation pod goes when the policy names no namespace."""
         self._recorder = recorder
@@ -218,11 +225,25 @@ class KubeExecutor:
             self._kube, node, conditions.GPU_HEALTHY_CONDITION, status, reason, message
         )
         taint = conditions.GPU_UNHEALTHY_TAINT
-        if action.taint is True:
+        if action.devices is not None:
+            await self._taint_devices(node, action.devices, action.taint)
+        elif action.taint is True:
             await conditions.add_taint(self._kube, node, taint, "", "NoSchedule")
         elif action.taint is False:
             await conditions.remove_taint(self._kube, node, taint)
         self._written.pop(node, None)
+
+    async def _taint_devices(self, node: str, devices: Sequence[str], taint: bool | None) -> None:
+        """Put (`taint` True) or delete (False) the `NoSchedule` DeviceTaintRule of each of
+        the node's DRA devices, named after node and device, so a repeat finds its own."""
+        for device in devices:
+            if taint is True:
+                rule = dra.taint_rule(
+                    driver=DRIVER, node=node, device=device, key=conditions.GPU_UNHEALTHY_TAINT
+                )
+                await dra.put_taint_rule(self._kube, rule)
+            elif taint is False:
+                await dra.delete_taint_rule(self._kube, dra.taint_rule_name(node, device))
 
     async def _evict_named(
         self, node: str, action: remedies.EvictPods
@@ -281,11 +302,15 @@ class KubeExecutor:
         self, node: str, action: actions.DeletePods
     ) -> observed.PodsDeleted | observed.PodDeletionFailed:
         components = action.components
+        claimants: frozenset[tuple[str, str]] = frozenset()
+        if self._claims is not None:
+            await self._claims.ready.wait()  # the log's claims read: no holder overlooked
+            claimants = self._claims.claimants(node)
 
         async def holders_of(
             listed: Sequence[Mapping[str, Any]],
         ) -> Callable[[Mapping[str, Any]], bool]:
-            return await pods.holders_filter(self._kube, components, listed)
+            return await pods.holders_filter(self._kube, components, listed, claimants)
 
         return await self._delete_pods(node, action, pod_filter_from=holders_of)
 

@@ -7,13 +7,15 @@ health event that calls for a remediation (`kind.calls_for_remediation`) on a no
 one running starts one, unless the policy disables them or the circuit breaker
 (`breaker.allows` over the starts the records keep) refuses. The start is decided here, once:
 whether the node's upgrade is where a remediation folds into it
-(`UpgradeState.remediation_folds_in`), the
-node's boot id and driver from its inventory. It is stored (compare-and-set), recorded as
-`RemediationStarted` (which `gpuop replay` builds the same saga from, and checks the
-breaker against), and its first state's effects (the quarantine) carried out. A start the
-breaker refuses is recorded as `RemediationRefused`, with an id derived from the health
-event's: once per refused event, however often it is redelivered or retried (the bus drops
-the copy within its duplicate window), so `gpuop replay` refuses it again.
+(`UpgradeState.remediation_folds_in`), the node's boot id and driver from its inventory,
+and, when its latest `device.api-applied` says it serves its GPUs through DRA, each GPU's
+devices in its pool (`dra_devices`: the quarantine is then of the faulty GPUs' devices, not
+of the node). It is stored (compare-and-set), recorded as `RemediationStarted` (which
+`gpuop replay` builds the same saga from, and checks the breaker against), and its first
+state's effects (the quarantine) carried out. A start the breaker refuses is recorded as
+`RemediationRefused`, with an id derived from the health event's: once per refused event,
+however often it is redelivered or retried (the bus drops the copy within its duplicate
+window), so `gpuop replay` refuses it again.
 """
 
 from __future__ import annotations
@@ -23,16 +25,19 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from gpuop.bus import KeyExists, KeyValue, RevisionConflict
+from gpuop.bus import Bus, KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import Event, ids
+from gpuop.events import Event, MalformedMessage, UnknownEventType, decode, ids, subjects
 from gpuop.events import device as dev
+from gpuop.events import hardware as hw
+from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied
 from gpuop.events.remediation import (
     DOMAIN,
     TERMINAL_STATES,
     RemediationRefused,
     RemediationStarted,
 )
+from gpuop.inventory import dra_devices as dra_inventory
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.policy.conditions import Condition, condition
 from gpuop.saga.kinds import SagaKind
@@ -55,6 +60,34 @@ BREAKER_CONDITION = "RemediationBreaker"
 """The policy condition the circuit breaker sets: True while it refuses new remediations."""
 REMEDIATION: SagaKind[RemediationSaga] = folding.KIND
 """The remediation as the runtime runs it."""
+
+
+async def dra_devices(
+    bus: Bus, node: str, inventory: hw.HardwareDiscovered | None
+) -> dict[str, tuple[str, ...]]:
+    """Each GPU's devices in the node's DRA pool when the node serves its GPUs through DRA
+    (its latest `device.api-applied` says `dra` and serving), from its inventory; empty
+    otherwise, or when either is not known (the node's quarantine then, as before DRA)."""
+    if inventory is None:
+        return {}
+    subject = subjects.event_subject(
+        DeviceApiApplied.DOMAIN, node, DeviceApiApplied.NAME, prefix=bus.prefix
+    )
+    stored = await bus.last(subject)
+    if stored is None:
+        return {}
+    try:
+        applied = decode(stored.data)[1]
+    except (MalformedMessage, UnknownEventType):
+        return {}
+    if not isinstance(applied, DeviceApiApplied) or not applied.serving:
+        return {}
+    if applied.api is not DeviceApi.DRA:
+        return {}
+    found: dict[str, tuple[str, ...]] = {}
+    for device in dra_inventory.devices_of(inventory):
+        found[device.gpu_uuid] = (*found.get(device.gpu_uuid, ()), device.name)
+    return found
 
 
 class Starter:
@@ -157,6 +190,7 @@ class Starter:
         folds_in = upgrade is not None and upgrade.saga.state.remediation_folds_in
         folded = upgrade.saga.saga_id if upgrade is not None and folds_in else None
         inventory = await kinds.inventory(self._inventories, node)
+        devices = await dra_devices(self._runner.bus, node, inventory)
         saga_id = records.saga_id_for(node, now)
         started = RemediationStarted(
             saga_id=saga_id,
@@ -165,6 +199,7 @@ class Starter:
             boot_id=inventory.boot_id if inventory else None,
             driver_version=inventory.driver_version if inventory else None,
             folded_into=folded,
+            dra_devices=devices,
         )
         saga = folding.start(node, started, policy, now).saga  # as replay builds it
         earlier = self._store.cached(node)
@@ -183,6 +218,7 @@ class Starter:
             causationid=cause, now=now,
         )  # fmt: skip
         how = f", folded into {folded}" if folded else ""
+        how += ", quarantining its devices (DRA)" if devices else ""
         log.warning("remediating %s on %s%s", event.gpu_uuid, node, how, extra={"node": node})
         await self._runner.act(self.runner(), kind.pending(saga, policy))
 

@@ -75,13 +75,20 @@ def on_operands(
         every(draft)
 
 
+def quarantined_devices(saga: RemediationSaga) -> tuple[str, ...] | None:
+    """The devices a DRA node's quarantine taints (`MirrorHealth.devices`); None: the node."""
+    return saga.quarantined_devices if saga.device_quarantine else None
+
+
 def quarantine(saga: RemediationSaga, spec: GPUClusterPolicySpec) -> Effects:
     """The node marked: `GPUHealthy` False naming the GPUs and XIDs, the taint when the
-    policy quarantines, a Kubernetes Event."""
+    policy quarantines (on a DRA node, the faulty GPUs' devices' instead of the node's), a
+    Kubernetes Event."""
     mirror = MirrorHealth(
         id=action_id(saga, "quarantine"),
         unhealthy=unhealthy_of(saga),
         taint=True if spec.remediation.quarantine else None,
+        devices=quarantined_devices(saga),
     )
     gpus = ", ".join(saga.gpu_uuids)
     event = upgrade_actions.RecordEvent(

@@ -4,8 +4,9 @@ done event finds the node released:
 
     release   the operands resume (skipped when the ladder's pod rung resumed them, or a
               folded remediation never paused them), confirmed by every operand
-    untaint   `GPUHealthy` True and the taint `gpuop.io/gpu-unhealthy` off (`MirrorHealth`),
-              confirmed by the executor's `NodeUntainted` once the API server took both
+    untaint   `GPUHealthy` True and the taint `gpuop.io/gpu-unhealthy` off (`MirrorHealth`;
+              on a DRA node, the DeviceTaintRules of the quarantined devices deleted),
+              confirmed by the executor's `NodeUntainted` once the API server took the
               writes
 
 GPUs that failed after this attempt asked for its holders (too late for its reset) get the
@@ -31,6 +32,7 @@ from gpuop.saga.remediation.phases.common import (
     fail_on_deadline,
     issue,
     on_operands,
+    quarantined_devices,
 )
 from gpuop.saga.remediation.records import RemediationSaga, Step
 
@@ -83,6 +85,7 @@ def _resumed(draft: Draft) -> None:
 
 def _on_untainted(draft: Draft, trigger: Trigger) -> None:
     if isinstance(trigger, kube.NodeUntainted) and trigger.action_id == draft.step_id():
+        draft.update(quarantined_devices=())
         draft.outcome_ok("GPUHealthy True, taint removed")
         _next_attempt_or(draft, "the node released: GPUHealthy True, taint removed", _released)
 
@@ -99,5 +102,6 @@ on_deadline = fail_on_deadline
 
 def effects(saga: RemediationSaga, spec: GPUClusterPolicySpec) -> Effects:
     if saga.step.name == UNTAINT:
-        return (), (MirrorHealth(id=action_id(saga), unhealthy=(), taint=False),)
+        devices = quarantined_devices(saga)
+        return (), (MirrorHealth(id=action_id(saga), unhealthy=(), taint=False, devices=devices),)
     return (issue(saga, dev.ResumeOperands(reason=f"GPU remediation {saga.saga_id} done")),), ()

@@ -13,6 +13,7 @@ STATE = S.ADMISSION_REQUIRED
 
 
 def enter(draft: Draft, retry: bool) -> None:
+    draft.update(quarantined_devices=draft.saga.quarantining())  # the next attempt's GPUs
     draft.start(Step(name="admission"))
 
 

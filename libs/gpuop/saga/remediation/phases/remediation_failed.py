@@ -1,7 +1,8 @@
 """remediation-failed: the node stays marked (`GPUHealthy` False with the reason, the taint
-when the policy quarantines) for a person to look at; operands paused for the remediation
-resume, so the node's other GPUs go back to work (the device plugin keeps the bad one
-Unhealthy)."""
+when the policy quarantines; on a DRA node the faulty GPUs' DeviceTaintRules, so no new
+claim gets a GPU whose remediation failed, while the node's other GPUs serve on) for a
+person to look at; operands paused for the remediation resume, so the node's other GPUs go
+back to work (the device plugin keeps the bad one Unhealthy)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga.machine import Effects, IssuedCommand, ignore
 from gpuop.saga.remediation.actions import MirrorHealth
 from gpuop.saga.remediation.drafting import Draft
-from gpuop.saga.remediation.phases.common import action_id, issue, unhealthy_of
+from gpuop.saga.remediation.phases.common import (
+    action_id,
+    issue,
+    quarantined_devices,
+    unhealthy_of,
+)
 from gpuop.saga.remediation.records import RemediationSaga, Step
 
 STATE = S.FAILED
@@ -31,6 +37,7 @@ def effects(saga: RemediationSaga, spec: GPUClusterPolicySpec) -> Effects:
         unhealthy=unhealthy_of(saga),
         taint=True if spec.remediation.quarantine else None,
         detail=f"remediation failed: {saga.failure}",
+        devices=quarantined_devices(saga),
     )
     commands: tuple[IssuedCommand, ...] = ()
     if saga.operands_paused:
