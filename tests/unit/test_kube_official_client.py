@@ -39,3 +39,10 @@ def test_the_validator_can_still_be_imported_after_the_client() -> None:
 def test_a_process_that_loaded_the_validator_first_keeps_it_for_the_client() -> None:
     loaded = loaded_after("import kubernetes_validate\nimport gpuop.kube.client")
     assert loaded["kubernetes_validate"] and loaded["kubernetes.aio"]
+
+
+def test_a_node_agent_reaching_only_the_kube_errors_loads_no_client() -> None:
+    # the CLI imports gpuop.kube.errors in every process; node agents never talk to the API
+    # server, so the guard must not import the client on their behalf
+    loaded = loaded_after("import gpuop.cli.main\nimport gpuop.kube.errors")
+    assert not loaded["kubernetes.aio"]

@@ -21,5 +21,3 @@ kubeconfig (or the pod's service account), the same against a real cluster as ag
     recording      EventRecorder: core/v1 Events on nodes
     conditions     the GPUHealthy Node condition and the gpu-unhealthy taint
 """
-
-from gpuop.kube import _official  # noqa: F401  # first: the client without kubernetes_validate
