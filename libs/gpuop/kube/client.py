@@ -38,6 +38,9 @@ knowing what a verb did, and wait on a clock tests cannot drive. `Kube.open` doe
 
 from __future__ import annotations
 
+from gpuop.kube import _official  # noqa: F401  # first: the client without its validator
+
+# isort: split
 import json
 import logging
 import random

@@ -16,6 +16,9 @@ the pods of the namespace its clients run in.
 
 from __future__ import annotations
 
+from gpuop.kube import _official  # noqa: F401  # first: the client without its validator
+
+# isort: split
 import base64
 import binascii
 import json
