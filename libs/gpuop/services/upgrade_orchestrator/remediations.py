@@ -27,6 +27,7 @@ from gpuop.bus import KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, ids
 from gpuop.events import device as dev
+from gpuop.events import hardware as hw
 from gpuop.events.remediation import (
     DOMAIN,
     TERMINAL_STATES,
@@ -55,6 +56,13 @@ BREAKER_CONDITION = "RemediationBreaker"
 """The policy condition the circuit breaker sets: True while it refuses new remediations."""
 REMEDIATION: SagaKind[RemediationSaga] = folding.KIND
 """The remediation as the runtime runs it."""
+
+
+def _slots(inventory: hw.HardwareDiscovered | None, gpu_uuid: str) -> dict[str, str]:
+    """The PCI address of `gpu_uuid` where the node's last inventory lists it: a hand-over
+    for new hardware is released by another GPU at that address."""
+    gpus = inventory.gpus if inventory is not None else ()
+    return {gpu.uuid: gpu.pci_bus_id for gpu in gpus if gpu.uuid == gpu_uuid}
 
 
 class Starter:
@@ -165,6 +173,7 @@ class Starter:
             boot_id=inventory.boot_id if inventory else None,
             driver_version=inventory.driver_version if inventory else None,
             folded_into=folded,
+            slots=_slots(inventory, event.gpu_uuid),
         )
         saga = folding.start(node, started, policy, now).saga  # as replay builds it
         earlier = self._store.cached(node)
