@@ -35,6 +35,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from prometheus_client import CollectorRegistry
 
 from gpuop.bus import ConsumerSpec, Delivery, NatsBus, NatsCluster, NatsServer
+from gpuop.bus.streams import DEFAULT_EVENTS_PER_SUBJECT
 from gpuop.events import Envelope, bus_subject, decode, new_event
 from gpuop.events.hardware import HardwareHeartbeat
 from gpuop.observability.metrics import BusMetrics
@@ -43,6 +44,12 @@ PREFIX = "gpuop"
 STREAM = "GPUOP_EVENTS"
 SUBJECTS = ("gpuop.evt.hardware.*.heartbeat",)
 NODES = 16
+"""The fewest nodes the heartbeats of one run come from; more when a run's events would put
+more than `PER_SUBJECT` on one node's subject (`nodes_for`)."""
+PER_SUBJECT = DEFAULT_EVENTS_PER_SUBJECT // 2
+"""Heartbeats per node in one run at most. The event log keeps `DEFAULT_EVENTS_PER_SUBJECT`
+messages per subject and drops the oldest: a run that put more on one subject would lose
+messages before the consumers read them, and neither side would ever see all handled."""
 PUBLISH_CHUNK = 500
 """Envelopes per `publish_batch` call (and per gathered raw chunk), as a busy service sends."""
 MAX_IN_FLIGHT = 256
@@ -57,15 +64,21 @@ INVENTORY_HASH = "a" * 64
 RUN_TIMEOUT = 60.0
 
 
+def nodes_for(count: int) -> int:
+    """Nodes whose heartbeats make `count` events with at most `PER_SUBJECT` per node."""
+    return max(NODES, -(-count // PER_SUBJECT))
+
+
 def heartbeats(count: int, run: int) -> list[Envelope]:
-    """`count` small real events over `NODES` nodes, with ids unique to `run` (the server
-    would drop a repeated `Nats-Msg-Id` inside its duplicate window)."""
+    """`count` small real events over `nodes_for(count)` nodes, with ids unique to `run` (the
+    server would drop a repeated `Nats-Msg-Id` inside its duplicate window)."""
+    nodes = nodes_for(count)
     return [
         new_event(
             HardwareHeartbeat(
                 boot_id=BOOT_ID, inventory_hash=INVENTORY_HASH, uptime_seconds=n, gpu_count=8
             ),
-            node=f"bench-node-{n % NODES:02d}",
+            node=f"bench-node-{n % nodes:03d}",
             source="/gpuop/bench",
             id=f"bench-{run}-{n}",
         )
@@ -75,6 +88,17 @@ def heartbeats(count: int, run: int) -> list[Envelope]:
 
 def chunks(envelopes: Sequence[Envelope]) -> list[Sequence[Envelope]]:
     return [envelopes[i : i + PUBLISH_CHUNK] for i in range(0, len(envelopes), PUBLISH_CHUNK)]
+
+
+async def check_kept(js: JetStreamContext, count: int) -> None:
+    """Raise when the stream holds fewer than the `count` messages just published: its limits
+    dropped some, so no consumer will ever see them all (rather than a run's timeout)."""
+    info = await js.stream_info(STREAM)
+    if info.state.messages < count:
+        raise RuntimeError(
+            f"{STREAM} holds {info.state.messages} of the {count} messages published: its"
+            f" limits (max_msgs_per_subject {info.config.max_msgs_per_subject}) dropped some"
+        )
 
 
 async def wait_all_acked(js: JetStreamContext, durable: str, count: int) -> None:
@@ -154,6 +178,7 @@ async def raw_run(url: str, envelopes: Sequence[Envelope], run: int) -> Run:
                     )
                 for ack in await asyncio.gather(*futures):
                     assert not ack.duplicate, "raw publish dropped as a duplicate"
+            await check_kept(js, len(envelopes))
 
         async def consume() -> None:
             handled = 0
@@ -208,6 +233,7 @@ async def gpuop_run(url: str, envelopes: Sequence[Envelope], run: int) -> Run:
             for chunk in chunks(envelopes):
                 acks = await bus.publish_batch(chunk)
                 assert not any(ack.duplicate for ack in acks), "gpuop publish dropped"
+            await check_kept(bus.js, len(envelopes))
 
         try:
             return await timed(
@@ -294,7 +320,7 @@ def summary(
         ),
         "mode": mode,
         "events": events,
-        "nodes": NODES,
+        "nodes": nodes_for(events),
         "rounds": rounds,
         "gpuop_events_per_s": round(gpuop.per_s),
         "raw_events_per_s": round(raw.per_s),
@@ -311,6 +337,9 @@ def summary(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="5,000 events per run, not 20,000")
+    parser.add_argument(
+        "--smoke", action="store_true", help="4,000 events, one round: does it still run"
+    )
     parser.add_argument("--events", type=int, help="events per run (overrides --quick)")
     parser.add_argument("--rounds", type=int, default=2, help="raw+gpuop rounds; best counts")
     parser.add_argument("--only", choices=("raw", "gpuop"), help="run one side (for --profile)")
@@ -319,8 +348,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cluster", action="store_true", help="on three servers, every stream R3 (not one)"
     )
     args = parser.parse_args(argv)
-    mode = "quick" if args.quick else "full"
-    events = args.events or (5_000 if args.quick else 20_000)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    # a smoke run still puts more on the bus than `NODES` nodes' subjects hold each
+    events = args.events or (4_000 if args.smoke else 5_000 if args.quick else 20_000)
+    if args.smoke:
+        args.rounds = 1
     # `NatsBus.close()` logs the disconnect it causes as a warning; keep stderr for real trouble
     logging.getLogger("gpuop.bus").setLevel(logging.ERROR)
 

@@ -217,11 +217,15 @@ async def measure(calls: int, samples: int, restarts: int) -> dict[str, object]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="100 health events, not 500")
-    parser.add_argument("--calls", type=int, default=ALLOCATE_CALLS, help="Allocate calls")
+    parser.add_argument(
+        "--smoke", action="store_true", help="200 calls, 10 events: does it still run"
+    )
+    parser.add_argument("--calls", type=int, help=f"Allocate calls (default {ALLOCATE_CALLS})")
     args = parser.parse_args(argv)
-    samples, restarts = (100, 5) if args.quick else (500, 20)
+    samples, restarts = (10, 1) if args.smoke else (100, 5) if args.quick else (500, 20)
+    calls = args.calls or (200 if args.smoke else ALLOCATE_CALLS)
     logging.getLogger("gpuop").setLevel(logging.ERROR)  # the plugin logs every XID
-    figures = asyncio.run(measure(args.calls, samples, restarts))
+    figures = asyncio.run(measure(calls, samples, restarts))
     result = {
         "benchmark": "device_plugin",
         "about": (
@@ -233,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             " and the slowest re-registration after a kubelet restart. Kubelet and plugin"
             " share one event loop."
         ),
-        "mode": "quick" if args.quick else "full",
+        "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
         "gpus": GPUS,
         **figures,
         "target": (

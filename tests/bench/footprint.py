@@ -63,8 +63,8 @@ ROLE_MODULES = {
     "telemetry": "gpuop.services.telemetry.node_exporter",
 }
 """What `gpuop run <service> --role node` imports beyond the entry point."""
-WARMUP_SECONDS = {False: 30.0, True: 10.0}
-MEASURE_SECONDS = {False: 60.0, True: 20.0}
+WARMUP_SECONDS = {"full": 30.0, "quick": 10.0, "smoke": 1.0}
+MEASURE_SECONDS = {"full": 60.0, "quick": 20.0, "smoke": 5.0}
 SAMPLE_SECONDS = 5.0
 SCRAPE_SECONDS = 30.0
 READY_TIMEOUT = 60.0
@@ -228,7 +228,7 @@ def netns(name: str, *action: str) -> None:
     subprocess.run([ip, "netns", *action, name], check=True, capture_output=True)
 
 
-async def node_agents(work: Path, quick: bool) -> list[Agent]:
+async def node_agents(work: Path, mode: str) -> list[Agent]:
     """Start the node's five agents, warm them up, measure them, stop them."""
     logs = work / "logs"
     logs.mkdir(parents=True)
@@ -254,15 +254,15 @@ async def node_agents(work: Path, quick: bool) -> list[Agent]:
                 tracked.append(agent.tracked)
                 print(f"{agent.name}: ready in {agent.ready_wall_s:.2f} s, "
                       f"{agent.ready_cpu_s:.2f} s CPU", flush=True)  # fmt: skip
-            await asyncio.sleep(WARMUP_SECONDS[quick])
-            await measure(agents, MEASURE_SECONDS[quick])
+            await asyncio.sleep(WARMUP_SECONDS[mode])
+            await measure(agents, MEASURE_SECONDS[mode])
         finally:
             await stop_all(tracked)
     return agents
 
 
 def summary(
-    agents: list[Agent], demo: float | None, imports: dict[str, list[str]], quick: bool
+    agents: list[Agent], demo: float | None, imports: dict[str, list[str]], mode: str
 ) -> dict[str, object]:
     rss = {a.name: max(a.rss_mb) for a in agents if a.rss_mb}
     node_rss = sum(rss.values())
@@ -290,8 +290,8 @@ def summary(
         "target_met": all(met.values()),
         "targets": TARGETS,
         "benchmark": "footprint",
-        "mode": "quick" if quick else "full",
-        "measured_s": MEASURE_SECONDS[quick],
+        "mode": mode,
+        "measured_s": MEASURE_SECONDS[mode],
         **values,
         "node_pss_mb": round(sum(a.pss_mb or 0.0 for a in agents), 1),
     }
@@ -306,25 +306,28 @@ def summary(
     return result
 
 
-async def run(quick: bool, work: Path, *, no_demo: bool = False) -> dict[str, object]:
+async def run(mode: str, work: Path, *, no_demo: bool = False) -> dict[str, object]:
     task = asyncio.current_task()
     assert task is not None
     # a SIGTERM (run_all's timeout, a Ctrl-C's sibling) unwinds like a cancel, so the agents,
     # nats-server and the network namespace are cleaned up on the way out
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    agents = await node_agents(work / "node", quick)
+    agents = await node_agents(work / "node", mode)
     imports = {name: heaviest_imports(module) for name, module in ROLE_MODULES.items()}
     demo_dir = work / "demo"
     demo_dir.mkdir()
     demo = None if no_demo else await demo_first_admission(demo_dir)
     print(f"demo: first admission after {demo if demo is None else round(demo, 1)} s", flush=True)
-    return summary(agents, demo, imports, quick)
+    return summary(agents, demo, imports, mode)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a shorter warm-up and window")
     parser.add_argument("--work", type=Path, help="keep logs and host root here")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a 5 s window, no demo: does it still run"
+    )
     parser.add_argument("--no-demo", action="store_true", help="leave out the demo's start")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -335,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             work = args.work
             work.mkdir(parents=True, exist_ok=True)
-        result = asyncio.run(run(args.quick, work, no_demo=args.no_demo))
+        mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+        result = asyncio.run(run(mode, work, no_demo=args.no_demo or args.smoke))
     print(json.dumps(result))
     return 0
 

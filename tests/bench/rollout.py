@@ -73,6 +73,7 @@ TARGET_SECONDS = 60.0
 TARGET_RATIO = 1.10
 TARGET_P99_MS = 100.0
 ADMISSION_SIZES = (1_000, 5_000)
+SMOKE_ADMISSION_SIZES = (100, 500)
 """(d): sagas in the store."""
 ADMISSION_PASSES = 200
 """(d): passes timed per size and path (fewer with `--quick`)."""
@@ -297,13 +298,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--step-seconds", type=float, default=STEP_SECONDS, help="(b): each agent step"
     )
     parser.add_argument("--timed-nodes", type=int, help="(b) and (c): nodes (default 200/1000)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a few nodes and passes: does it still run"
+    )
     args = parser.parse_args(argv)
-    mode = "quick" if args.quick else "full"
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     logging.getLogger("gpuop").setLevel(logging.WARNING)
-    fast_nodes, fast_parallel = 1_000, 100
-    timed_nodes, timed_parallel = (200, 50) if args.quick else (1_000, 100)
+    fast_nodes, fast_parallel = (50, 10) if args.smoke else (1_000, 100)
+    timed_nodes, timed_parallel = (
+        (20, 10) if args.smoke else (200, 50) if args.quick else (1_000, 100)
+    )
     timed_nodes = args.timed_nodes or timed_nodes
-    step = args.step_seconds
+    step = 0.1 if args.smoke else args.step_seconds
 
     fast = asyncio.run(rollout(fast_nodes, fast_parallel, 0.0))
     print(f"(a) {fast.nodes} nodes, instant steps: {fast.seconds:.2f} s, "
@@ -316,8 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p50 = percentile(timed.latencies, 0.50) * 1e3
     p99 = percentile(timed.latencies, 0.99) * 1e3
     print(f"(c) {len(timed.latencies)} reactions: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
-    passes = ADMISSION_PASSES // 4 if args.quick else ADMISSION_PASSES
-    costs = [asyncio.run(admission_cost(size, passes)) for size in ADMISSION_SIZES]
+    passes = 2 if args.smoke else ADMISSION_PASSES // 4 if args.quick else ADMISSION_PASSES
+    sizes = SMOKE_ADMISSION_SIZES if args.smoke else ADMISSION_SIZES
+    costs = [asyncio.run(admission_cost(size, passes)) for size in sizes]
     for cost in costs:
         print(f"(d) {cost.sagas} sagas, {cost.passes} passes: index "
               f"{cost.index_ms_per_pass:.3f} ms/pass, full read "

@@ -1,12 +1,15 @@
 """Runs every benchmark script in tests/bench and rewrites BENCHMARKS.md from their results.
 
 Called by `make bench` (full size) or `.venv/bin/python -m tests.bench.run_all --quick`;
+`--smoke` runs every script at its smoke size (`--smoke`: a tiny run, no target judged) and
+writes nothing, as CI's slow stage does through tests/bench/test_smoke.py, so a benchmark that
+no longer runs fails CI rather than the next `make bench`.
 `--args NAME=ARGS` passes a script more arguments (`--args vs_upstream=--slow`), which its
 section's command shows.
 A benchmark is any `tests/bench/*.py` other than this file, `__init__.py`, helper modules
 (names starting with `_`, or listed in `HELPERS`) and the tests of this file (`test_*.py`).
-Each script accepts `--quick` and prints one JSON object as its last line of output; the
-figures of that object become a table.
+Each script accepts `--quick` and `--smoke` and prints one JSON object as its last line of
+output; the figures of that object become a table.
 Optional keys: `about` (a sentence on what is measured), `target` (the goal), `target_met`
 (whether this run reached it) and `targets` (a target per figure, `{"figure": "<= 2"}`: the
 table then shows each such figure's target and whether this run met it).
@@ -48,6 +51,13 @@ with upstream runs six 100-node rollouts, upstream's waiting its 2-minute requeu
 QUICK_LONG_RUNNING = {"cluster_rollout": 600.0, "vs_upstream": 1800.0}
 """Quick-mode limits of the same (vs_upstream's with `--slow`: its slow apiserver run adds
 about five minutes)."""
+SMOKE_TIMEOUT = {"cluster_rollout": 240.0, "soak": 180.0, "vs_upstream": 400.0}
+"""Seconds a smoke run may take, by script; others `SMOKE_DEFAULT_TIMEOUT`. Each is a few
+times what the script takes on a loaded 2-core machine, so only a hang or a breakage hits it."""
+SMOKE_DEFAULT_TIMEOUT = 120.0
+NEEDS_CONTROL_PLANE = frozenset({"vs_upstream"})
+"""Scripts that cannot run at all without the real control plane (`make cluster-tools`) and
+upstream's harness (`make peer-tools`): their smoke runs with the `real_cluster` suites."""
 LOAD_SAMPLE_SECONDS = 5.0
 LOADED_SHARE = 0.25
 """A run is said to be on a loaded machine when, just before it starts, other work keeps at
@@ -189,16 +199,28 @@ def run(script: Path, quick: bool, extra: Sequence[str] = ()) -> Outcome:
     print(f"$ {command}", flush=True)
     lines: list[str] = []
     watch = LoadWatch(wait_for_quiet())
+    long_running = QUICK_LONG_RUNNING if quick else LONG_RUNNING
     try:
-        outcome = _run(script, argv, command, lines, quick)
+        outcome = _run(script, argv, command, lines, long_running.get(script.stem, TIMEOUT[quick]))
     finally:
         load = watch.stop()
     return dataclasses.replace(outcome, load=load)
 
 
-def _run(script: Path, argv: list[str], command: str, lines: list[str], quick: bool) -> Outcome:
-    long_running = QUICK_LONG_RUNNING if quick else LONG_RUNNING
-    limit = long_running.get(script.stem, TIMEOUT[quick])
+def smoke(script: Path) -> Outcome:
+    """Run `script --smoke`, echoing its output, within its `SMOKE_TIMEOUT`."""
+    argv = [sys.executable, "-m", f"tests.bench.{script.stem}", "--smoke"]
+    command = shlex.join([shown(Path(sys.executable)), *argv[1:]])
+    print(f"$ {command}", flush=True)
+    return _run(script, argv, command, [], smoke_limit(script))
+
+
+def smoke_limit(script: Path) -> float:
+    """Seconds `script --smoke` may run."""
+    return SMOKE_TIMEOUT.get(script.stem, SMOKE_DEFAULT_TIMEOUT)
+
+
+def _run(script: Path, argv: list[str], command: str, lines: list[str], limit: float) -> Outcome:
     with subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True, bufsize=1) as process:
         # reading the output blocks, so a hung script is killed from a timer
         watchdog = threading.Timer(limit, process.kill)
@@ -275,14 +297,46 @@ def section(outcome: Outcome) -> list[str]:
         lines += [f"| {key} | {cell(value)} |" for key, value in figures]
         return [*lines, ""]
     lines += ["| figure | value | target | met |", "|---|---|---|---|"]
+    verdicts = figure_verdicts(outcome.result)
     for key, value in figures:
-        target = targets.get(key)
-        met = None if target is None else judged(str(target), value)
-        shown_target = "" if target is None else cell(str(target))
+        target, met = verdicts.get(key, (None, None))
+        shown_target = "" if target is None else cell(target)
         lines.append(
             f"| {key} | {cell(value)} | {shown_target} | {'' if met is None else cell(met)} |"
         )
     return [*lines, ""]
+
+
+def figure_verdicts(result: dict[str, object]) -> dict[str, tuple[str, bool | None]]:
+    """Each figure of `result` that has a target of its own: the target, and whether the
+    figure met it (None when either does not read as a number)."""
+    targets = result.get("targets")
+    if not isinstance(targets, dict):
+        return {}
+    return {
+        key: (str(target), judged(str(target), result[key]))
+        for key, target in targets.items()
+        if key in result
+    }
+
+
+def verdicts(outcome: Outcome) -> list[str]:
+    """One line per target of `outcome`: its figures with their own targets, or else the
+    benchmark's one target; a failed run says so."""
+    if outcome.result is None:
+        return [f"{outcome.name}: **failed** ({outcome.error})"]
+    said = {True: "met", False: "**not met**", None: "not judged"}
+    per_figure = figure_verdicts(outcome.result)
+    if per_figure:
+        return [
+            f"{outcome.name}: {key} {outcome.result[key]} (target {target}): {said[met]}"
+            for key, (target, met) in per_figure.items()
+        ]
+    target = outcome.result.get("target")
+    if target is None:
+        return [f"{outcome.name}: no target"]
+    met = outcome.result.get("target_met")
+    return [f"{outcome.name}: {target}: {said[met if isinstance(met, bool) else None]}"]
 
 
 def report(outcomes: list[Outcome], quick: bool) -> str:
@@ -302,6 +356,10 @@ def report(outcomes: list[Outcome], quick: bool) -> str:
         "absolute rates are noise (they move by 20% or more between runs of the same code);",
         "compare ratios measured in one run against one server, such as the bus benchmark's",
         "`ratio` (gpuop.bus over raw nats-py doing the same work).",
+        "",
+        "Targets of this run:",
+        "",
+        *(f"- {line}" for outcome in outcomes for line in verdicts(outcome)),
         "",
     ]
     for outcome in outcomes:
@@ -367,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
     parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="run every benchmark (or --only these) at its smoke size; write no report",
+    )
+    parser.add_argument(
         "--only",
         nargs="+",
         metavar="NAME",
@@ -390,12 +453,24 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"no benchmark named {', '.join(sorted(unknown))}")
         scripts = [script for script in scripts if script.stem in args.only]
+    if args.smoke:
+        outcomes = [smoke(script) for script in scripts]
+        return judge(outcomes, targets=False)  # a smoke size says nothing of a target
     outcomes = [run(script, args.quick, extra.get(script.stem, ())) for script in scripts]
     written = report(outcomes, args.quick)
     if args.only and REPORT.is_file():
         written = merged(REPORT.read_text(), written, set(args.only))
     REPORT.write_text(written)
     print(f"wrote {shown(REPORT)}")
+    return judge(outcomes)
+
+
+def judge(outcomes: Sequence[Outcome], *, targets: bool = True) -> int:
+    """Print each target's verdict (unless not `targets`) and each failure; the exit status:
+    1 if any failed."""
+    for outcome in outcomes if targets else ():
+        for line in verdicts(outcome):
+            print(line.replace("**", ""))
     failed = [outcome for outcome in outcomes if not outcome.ok]
     for outcome in failed:
         print(f"benchmark {outcome.name} failed: {outcome.error}", file=sys.stderr)

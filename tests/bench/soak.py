@@ -108,6 +108,8 @@ SAMPLE_SECONDS = {False: 5.0, True: 2.5}
 MAX_PARALLEL = {False: 20, True: 10}
 STARTUP_TIMEOUT = {False: 300.0, True: 90.0}
 """Seconds from the first process started until discovery has labelled every node."""
+SMOKE = {"nodes": 4, "sample_nodes": 1, "seconds": 6}
+"""`--smoke`: quick's settings but these, a run that only shows the soak still runs."""
 WARMUP_SHARE = 0.25
 WARMUP_MIN_SECONDS = 60.0
 SCRAPE_SECONDS = 15.0
@@ -353,6 +355,7 @@ class Run:
     """Where the logs, host roots and nats-server's store go and stay; a temporary
     directory by default."""
     trace: str | None = None
+    smoke: bool = False
     """The kind of service to run under tracemalloc, its growth shown by allocation site."""
 
     @property
@@ -554,7 +557,7 @@ def report(
             " growth = median of the last 3 samples / median of the first 3 - 1 (fleet,"
             " nats-server and the benchmark itself for information)."
         ),
-        "mode": "quick" if run.quick else "full",
+        "mode": "smoke" if run.smoke else "quick" if run.quick else "full",
         "target": f"< {TARGET_GROWTH:.0%} RSS growth after warm-up for every service",
         "target_met": met,
         "nodes": run.nodes,
@@ -592,6 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="50 nodes for 40 s (under 2 minutes in all)"
     )
+    parser.add_argument("--smoke", action="store_true", help="4 nodes for 6 s: does it still run")
     parser.add_argument("--seconds", type=float, help="soak length after start-up")
     parser.add_argument("--nodes", type=int, help="nodes of the simulated cluster")
     parser.add_argument("--sample-nodes", type=int, help="nodes whose agents run as processes")
@@ -604,12 +608,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.getLogger("gpuop").setLevel(logging.WARNING)
-    quick = args.quick
+    quick = args.quick or args.smoke
+    smoke = SMOKE if args.smoke else {}
     run = Run(
         quick=quick,
-        nodes=args.nodes or NODES[quick],
-        sample_nodes=args.sample_nodes if args.sample_nodes is not None else SAMPLE_NODES[quick],
-        seconds=args.seconds or SECONDS[quick],
+        smoke=args.smoke,
+        nodes=args.nodes or smoke.get("nodes", NODES[quick]),
+        sample_nodes=(
+            args.sample_nodes
+            if args.sample_nodes is not None
+            else smoke.get("sample_nodes", SAMPLE_NODES[quick])
+        ),
+        seconds=args.seconds or smoke.get("seconds", SECONDS[quick]),
         sample_every=SAMPLE_SECONDS[quick],
         max_parallel=MAX_PARALLEL[quick],
         startup_timeout=STARTUP_TIMEOUT[quick],

@@ -206,12 +206,15 @@ def measure(window: float, scrapes: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a 15 s window and 1,000 scrapes")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a 3 s window and 100 scrapes: does it still run"
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         asyncio.run(serve())
         return 0
-    window, scrapes = (15.0, 1_000) if args.quick else (60.0, 5_000)
+    window, scrapes = (3.0, 100) if args.smoke else (15.0, 1_000) if args.quick else (60.0, 5_000)
     measured = measure(window, scrapes)
     floor = nvml_floor()
     met = (
@@ -233,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                     f" {TARGET_CPU_PERCENT:g}% of one core"
                 ),
                 "target_met": met,
-                "mode": "quick" if args.quick else "full",
+                "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
                 "gpus": GPUS,
                 "pods": GPUS * REPLICAS,
                 "interval_s": INTERVAL,

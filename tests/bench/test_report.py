@@ -11,9 +11,11 @@ from tests.bench.run_all import (
     cpu_busy,
     judged,
     merged,
+    report,
     script_args,
     section,
     title,
+    verdicts,
 )
 
 
@@ -116,3 +118,29 @@ def test_script_args_give_each_named_benchmark_its_own_arguments() -> None:
         script_args(["vs-upstream=--slow"], {"vs_upstream"})
     with pytest.raises(ValueError, match="no benchmark named '--slow'"):
         script_args(["--slow"], {"vs_upstream"})
+
+
+def test_the_report_says_which_targets_each_benchmark_met_before_its_sections() -> None:
+    per_figure = {"targets": {"rss_mb": "<= 200", "cpu": "<= 0.5", "gone": "<= 1"},
+                  "rss_mb": 250.0, "cpu": 0.2, "name": "x"}  # fmt: skip
+    one = {"target": "ratio >= 0.8", "target_met": True, "ratio": 0.9}
+    outcomes = [
+        Outcome("footprint", "cmd", 0, per_figure, None),
+        Outcome("bus", "cmd", 0, one, None),
+        Outcome("soak", "cmd", 1, None, "exit status 1"),
+        Outcome("scale", "cmd", 0, {"target": "t"}, None),
+        Outcome("device_plugin", "cmd", 0, {"p99": 1.0}, None),
+    ]
+
+    assert verdicts(outcomes[0]) == [
+        "footprint: rss_mb 250.0 (target <= 200): **not met**",
+        "footprint: cpu 0.2 (target <= 0.5): met",
+    ]  # a target whose figure the run did not report is left out
+    assert verdicts(outcomes[1]) == ["bus: ratio >= 0.8: met"]
+    assert verdicts(outcomes[2]) == ["soak: **failed** (exit status 1)"]
+    assert verdicts(outcomes[3]) == ["scale: t: not judged"]
+    assert verdicts(outcomes[4]) == ["device_plugin: no target"]
+    written = report(outcomes, quick=True)
+    said = written.split("Targets of this run:\n\n", 1)[1].split("\n\n", 1)[0]
+    assert said.splitlines() == [f"- {line}" for outcome in outcomes for line in verdicts(outcome)]
+    assert written.index("Targets of this run:") < written.index("## footprint")

@@ -21,7 +21,11 @@ ResourceClaims first).
    when `use_eviction` is off), each bound to the pod's uid so that a successor with the
    same name is never touched. A 429 (a PodDisruptionBudget allows no disruption now) is
    retried every `retry_interval` until the deadline, then `DrainTimedOut` names the
-   budget. A pod already gone counts as removed.
+   budget. A pod already gone counts as removed. At a pod's first 429, a budget that
+   already counts an eviction of that very pod (`budgets.counted`: a drain before this one
+   died between the count and the delete, as a leader SIGKILLed mid-eviction does) gets
+   the pod deleted rather than evicted again: the disruption is paid for once, and the drain
+   does not wait two minutes for the disruption controller to forget it.
 4. Wait, on that watch, until every removed pod is gone from the node (deleted, or its name
    taken by a new uid); at the deadline, `DrainTimedOut` names the pods still there.
 
@@ -208,6 +212,7 @@ async def _remove(
     """Evict one pod, retrying while a budget refuses, until the deadline."""
     ref = PodRef.of(pod)
     pdb: str | None = None
+    refusals = 0
     while True:
         try:
             await _remove_once(kube, ref, options)
@@ -216,6 +221,14 @@ async def _remove(
             return _Removal(ref)  # gone already, or replaced by a pod with another uid
         except errors.TooManyRequests as refused:
             pdb = await budgets.blocking(kube, pod, refused)
+            refusals += 1
+        # Only the first refusal looks: a count this drain did not make was made before it
+        # started (its evictions are counted and deleted in one request), and a read per
+        # retry would double a blocked drain's requests.
+        if refusals == 1 and options.use_eviction and pdb and await budgets.counted(kube, pdb, pod):
+            log.info("%s: budget %s counts its eviction already; deleting it", ref, pdb)
+            await pods.delete(kube, ref, grace_period_seconds=options.grace_period_seconds)
+            return _Removal(ref)
         remaining = deadline - clock.monotonic()
         if remaining <= 0:
             return _Removal(ref, timed_out=True, pdb=pdb)

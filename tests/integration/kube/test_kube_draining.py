@@ -4,6 +4,7 @@ PodDisruptionBudgets until the deadline, and waiting for the pods to be gone."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 
 import pytest
 
@@ -327,3 +328,72 @@ async def test_a_filter_built_from_the_listed_pods_narrows_the_removal_too(
     assert names(result.evicted) == ["train"]
     assert sorted(s.pod.name for s in result.skipped) == ["rdma", "web"]
     assert sorted(await remaining(kube)) == ["rdma", "web"]
+
+
+async def counted_but_left(kube: client.Kube, name: str) -> None:
+    """What a drain SIGKILLed mid-eviction leaves: the budget counts the eviction (its name
+    in `disruptedPods`, `disruptionsAllowed` down) but the pod stays. The server counts
+    before it deletes; an eviction whose delete precondition fails stops there too."""
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": "default"},
+        "deleteOptions": {"preconditions": {"uid": "not-this-pod"}},
+    }
+    with pytest.raises(errors.Conflict):
+        await kube.call(kube.core.create_namespaced_pod_eviction, name, "default", eviction)
+
+
+async def budget_status(kube: client.Kube, name: str) -> dict[str, object]:
+    found = await kube.call(kube.policy.read_namespaced_pod_disruption_budget, name, "default")
+    return dict(found.get("status") or {})
+
+
+async def test_a_pod_whose_eviction_the_budget_already_counted_is_deleted_not_evicted_again(
+    server: ApiServer, kube: client.Kube
+) -> None:
+    server.seed(support.pod("db-0", labels={"app": "db"}))
+    server.seed(support.pod("db-1", node="node-2", labels={"app": "db"}))
+    server.seed(support.pdb("db-budget", {"app": "db"}, min_available=1))
+    await counted_but_left(kube, "db-0")
+    status = await budget_status(kube, "db-budget")
+    assert "db-0" in status["disruptedPods"] and status["disruptionsAllowed"] == 0  # type: ignore[operator]
+    assert "db-0" in await remaining(kube)
+
+    # the disruption controller would drop the entry two minutes on; the drain's 60 s
+    # deadline runs on a virtual clock that passes at once while the budget refuses
+    result = await draining.drain_node(
+        kube, "node-1", DrainOptions(timeout=60), clock=VirtualClock()
+    )
+
+    assert names(result.evicted) == ["db-0"]
+    assert await remaining(kube) == []
+    assert evictions(server) == [("db-0", 409), ("db-0", 429)]  # never counted a second time
+    deletes = [r for r in server.request_log if r.method == "DELETE" and r.path.endswith("/db-0")]
+    assert [r.status for r in deletes] == [200]
+    status = await budget_status(kube, "db-budget")
+    assert status["disruptionsAllowed"] == 0  # db-1 is the one healthy pod minAvailable needs
+    assert "db-1" in [pod["metadata"]["name"] for pod in await pods.on_node(kube, "node-2")]
+
+
+async def test_a_budget_entry_older_than_the_pod_is_no_count_of_its_eviction(
+    server: ApiServer, kube: client.Kube
+) -> None:
+    """A StatefulSet's pod takes the name of the one before it: an entry the earlier pod's
+    eviction left (before the disruption controller saw it go) is not this pod's, so the
+    drain waits for the budget as usual."""
+    server.seed(support.pod("db-0", labels={"app": "db"}))
+    server.seed(support.pod("db-1", node="node-2", labels={"app": "db"}))
+    budget = support.pdb("db-budget", {"app": "db"}, min_available=1)
+    earlier = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=30)
+    budget["status"] = {"disruptedPods": {"db-0": earlier.strftime("%Y-%m-%dT%H:%M:%SZ")}}
+    server.seed(budget)
+    status = await budget_status(kube, "db-budget")
+    assert "db-0" in status["disruptedPods"] and status["disruptionsAllowed"] == 0  # type: ignore[operator]
+
+    with pytest.raises(errors.DrainTimedOut) as timed_out:
+        await draining.drain_node(kube, "node-1", DrainOptions(timeout=10), clock=VirtualClock())
+
+    assert timed_out.value.pdbs == ("default/db-budget",)
+    assert await remaining(kube) == ["db-0"]
+    assert not [r for r in server.request_log if r.method == "DELETE"]

@@ -8,7 +8,9 @@ stop is checked to leave nothing behind."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,13 +32,21 @@ def dns_capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DnsCapture
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory, dns_capture: DnsCapture) -> Iterator[RealNode]:
+    with started_node(tmp_path_factory, kwok=False) as running:
+        yield running
+
+
+@contextmanager
+def started_node(tmp_path_factory: pytest.TempPathFactory, **plane: Any) -> Iterator[RealNode]:
+    """A control plane (`plane`: its options) with the real node of `GPUS` GPUs registered;
+    the node's stop is checked to leave nothing behind."""
     absent = real_node.missing()
     if absent:
         pytest.fail("the real node needs: " + ", ".join(absent))
     with ControlPlane(
-        tmp_path_factory.mktemp("control-plane"), kwok=False, advertise=real_node.NODE_IP
-    ) as plane:
-        running = RealNode(plane, tmp_path_factory.mktemp("real-node"), gpus=GPUS)
+        tmp_path_factory.mktemp("control-plane"), advertise=real_node.NODE_IP, **plane
+    ) as started:
+        running = RealNode(started, tmp_path_factory.mktemp("real-node"), gpus=GPUS)
         with running:
             yield running
         left = running.leftovers()
