@@ -128,7 +128,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 POLICY = "default"
 DISCOVERY_CONFIG = "scan_interval_seconds: 10\nheartbeat_interval_seconds: 5\n"
-DRIVER_MANAGER_CONFIG = "kernel: auto\nunload_poll_seconds: 0.1\n"
+DRIVER_MANAGER_CONFIG = f"kernel: auto\nunload_poll_seconds: 0.1\ntrust: {json.dumps(keys.TRUST)}\n"
 TELEMETRY_CONFIG = "interval_seconds: 1\nslow_interval_seconds: 10\n"
 ORCHESTRATOR_CONFIG = "resync_seconds: 1\noperands: [discovery, device-plugin, telemetry]\n"
 

@@ -50,6 +50,14 @@ class Rendering:
         return [m for m in self.all() if m["kind"] in ("DaemonSet", "Deployment", "StatefulSet")]
 
 
+def served_in(manifest: Manifest, version: str) -> bool:
+    """Whether Kubernetes `version` serves the manifest's API: DRA's `resource.k8s.io/v1`
+    from 1.34 on (the chart renders its DeviceClasses only where the cluster serves it)."""
+    if manifest["apiVersion"] == "resource.k8s.io/v1":
+        return tuple(int(part) for part in version.split(".")[:2]) >= (1, 34)
+    return True
+
+
 def values(name: str) -> dict[str, Any] | None:
     path = VALUES[name]
     if path is None:

@@ -74,3 +74,26 @@ def carved(
     with opened(backend()) as writer:
         apply(writer, layouts)  # type: ignore[arg-type]
     return scanning.scan(HostRoot(root.path), backend())
+
+
+def one_gpu(
+    device_id: str, *, kernel: str, machine: str = "x86_64", driver: str | None = None
+) -> HardwareDiscovered:
+    """What discovery reports for a node whose one NVIDIA GPU (PCI `device_id`) no driver
+    has brought up yet: no NVML answers, its architecture only in the device id."""
+    function = PciFunction(
+        address="0000:1b:00.0",
+        vendor_id="10de",
+        device_id=device_id,
+        class_id="030200",
+        subsystem_vendor_id="10de",
+        subsystem_device_id="0000",
+    )
+    return HardwareDiscovered(
+        pci_functions=(function,),
+        kernel_release=kernel,
+        machine=machine,
+        boot_id="8c1f2f5e-0c53-4d57-a0a4-3e3c1b0c9a11",
+        driver_version=driver,
+        inventory_hash="0" * 64,
+    )

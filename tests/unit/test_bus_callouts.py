@@ -134,6 +134,17 @@ REFUSALS = [
     ("no-node", lambda r: r.issue(sa("gpuop-driver-manager")), "bound to no node"),
     ("bad-node", lambda r: r.issue(sa("gpuop-driver-manager"), node="GPU 1"), "invalid node name"),
     ("no-expiry", lambda r: r.issue(sa("gpuop-discovery"), node="n", ttl=None), "never expires"),
+    # a token made by hand for a cluster role (`kubectl create token`): no pod, a year long
+    (
+        "not-pod-bound",
+        lambda r: r.issue(sa("gpuop-upgrade-orchestrator"), pod_bound=False),
+        "bound to no pod",
+    ),
+    (
+        "too-long-lived",
+        lambda r: r.issue(sa("gpuop-upgrade-orchestrator"), ttl=365 * 86400),
+        "over 86400 s",
+    ),
 ]
 
 

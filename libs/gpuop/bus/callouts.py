@@ -44,6 +44,10 @@ ACCOUNT = "GPUOP"
 """The account every user the callout admits is placed in (deploy/nats/callout.conf)."""
 SERVICE_ACCOUNT = "system:serviceaccount:"
 
+MAX_TOKEN_LIFETIME = 86400.0
+"""The longest-lived token the callout takes (issued to expiry): the chart's projected tokens
+live `nats.auth.callout.tokenExpirationSeconds` (1 hour by default, at most a day)."""
+
 REASONS = (
     "allowed",
     "bad-request",
@@ -55,6 +59,8 @@ REASONS = (
     "no-node",
     "bad-node",
     "no-expiry",
+    "not-pod-bound",
+    "too-long-lived",
     "reviewer-error",
     "reviewer-timeout",
     "overloaded",
@@ -246,6 +252,16 @@ class Authorizer:
             raise Refusal("no-expiry", f"{reviewed.username}'s token never expires")
         if reviewed.expires <= now:
             raise Refusal("not-authenticated", f"{reviewed.username}'s token has expired")
+        if not reviewed.pod_bound:
+            # a token made by hand outlives any pod: only the projected ones the chart mounts
+            raise Refusal("not-pod-bound", f"{reviewed.username}'s token is bound to no pod")
+        lifetime = reviewed.expires - (reviewed.issued if reviewed.issued is not None else now)
+        if lifetime > MAX_TOKEN_LIFETIME:
+            raise Refusal(
+                "too-long-lived",
+                f"{reviewed.username}'s token lives {lifetime:.0f} s, over "
+                f"{MAX_TOKEN_LIFETIME:.0f} s",
+            )
         node: str | None = None
         if role in grants.NODE_ROLES:
             node = reviewed.node

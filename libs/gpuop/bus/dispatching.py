@@ -13,12 +13,14 @@ where the error taxonomy becomes an outcome:
     any other exception                -> the consumer's `on_unknown_error` choice
 
 Messages of one node run one at a time in arrival order (never two handlers for a node at
-once); different nodes run concurrently, bounded by `max_in_flight`. One node's lane holds at
-most `max_in_flight_per_node` of those slots: a node that floods its subjects would otherwise
+once); different nodes run concurrently, bounded by `max_in_flight`. With
+`max_in_flight_per_node` (the orchestrator's intake sets it) one node's lane holds at most
+that many of those slots: a node that floods its subjects would otherwise
 hold every slot, and the fetch loop, waiting for one, would fetch no other node's message
 until the flood was handled. Its further messages wait in its lane without a slot (parked,
-their ack deadlines extended like the rest), up to `max_in_flight` of them, and beyond that
-are handed back (nak, `retry_delay`): only a lane that far behind can see its order change.
+their ack deadlines extended like the rest), up to `max_in_flight` of them; beyond that a
+message takes a slot as any does (the fetch waiting for one), so order is never traded: a
+node that far behind slows the others until its lane is back within its parking.
 """
 
 from __future__ import annotations
@@ -99,9 +101,14 @@ class Dispatcher:
         self._metrics = metrics
         self._slots = asyncio.Semaphore(spec.max_in_flight)
         self._held = 0
-        self._per_lane = max(1, min(spec.max_in_flight_per_node, spec.max_in_flight))
-        """Slots one lane may hold; its first messages hold them, the rest are parked."""
+        share = spec.max_in_flight_per_node
+        self._per_lane = max(1, min(share or spec.max_in_flight, spec.max_in_flight))
+        """Slots one lane holds while within its parking: its first messages' ones."""
+        self._parking = spec.max_in_flight if share is not None else 0
+        """Messages one lane may hold beyond its share without a slot."""
         self._lanes: dict[str, collections.deque[Inbound]] = {}
+        self._lane_slots: dict[str, int] = {}
+        """Slots each lane holds now."""
         self._holding = asyncio.Event()
         """Set while any message is held: the keep-alive sleeps otherwise (an idle agent's
         consumers would each wake every `ack_wait / 3` for nothing)."""
@@ -126,12 +133,7 @@ class Dispatcher:
         holds fewer than its share, parked without one after that (see the module)."""
         key = subjects.node_key(message.subject)
         lane = self._lanes.get(key)
-        if lane is not None and len(lane) >= self._per_lane:
-            if len(lane) >= self._per_lane + self._spec.max_in_flight:
-                log.debug("lane %s of %s is full: handing back seq %s", key,
-                          self._spec.durable, message.stream_seq)  # fmt: skip
-                await _quietly(message.nak(self._spec.retry_delay))
-                return
+        if lane is not None and self._per_lane <= len(lane) < self._per_lane + self._parking:
             lane.append(message)
             return
         await self._slots.acquire()
@@ -139,8 +141,10 @@ class Dispatcher:
         lane = self._lanes.get(key)  # the wait for a slot may have let its lane end
         if lane is not None:
             lane.append(message)
+            self._lane_slots[key] += 1
             return
         lane = self._lanes[key] = collections.deque([message])
+        self._lane_slots[key] = 1
         self._holding.set()
         task = asyncio.create_task(self._run_lane(key, lane), name=f"bus-lane-{key}")
         self._tasks.add(task)
@@ -151,12 +155,10 @@ class Dispatcher:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         waiting = [m for lane in self._lanes.values() for m in list(lane)[1:]]
-        for lane in self._lanes.values():
+        for key, lane in self._lanes.items():
             while len(lane) > 1:
-                if len(lane) <= self._per_lane:  # the last message holds a slot
-                    self._held -= 1
-                    self._slots.release()
                 lane.pop()
+            self._release_spare(key, lane)
         for message in waiting:
             await _quietly(message.nak(0))
         if self._tasks:
@@ -174,14 +176,20 @@ class Dispatcher:
                     await self._handle(lane[0])
                 finally:
                     lane.popleft()
-                    if len(lane) < self._per_lane:
-                        self._held -= 1
-                        self._slots.release()
-                    # else its slot passes to the first parked message, now within the share
+                    # a slot the lane still needs passes to its first parked message
+                    self._release_spare(key, lane)
         finally:
             del self._lanes[key]
+            del self._lane_slots[key]
             if not self._lanes:
                 self._holding.clear()
+
+    def _release_spare(self, key: str, lane: collections.deque[Inbound]) -> None:
+        """Hand back the slots `lane` holds beyond its first `_per_lane` messages'."""
+        while self._lane_slots[key] > min(len(lane), self._per_lane):
+            self._lane_slots[key] -= 1
+            self._held -= 1
+            self._slots.release()
 
     async def _keep_alive(self) -> None:
         """Extend the ack deadline of everything held, so a message queued behind a slow

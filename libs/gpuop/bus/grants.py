@@ -36,6 +36,7 @@ NODE_ROLES = frozenset(
 CLUSTER_ROLES = frozenset(
     {
         "discovery-cluster",
+        "device-plugin-cluster",
         "network-manager-cluster",
         "telemetry-cluster",
         "upgrade-orchestrator",
@@ -184,6 +185,7 @@ def _node_consumers(role: str, node: str, prefix: str) -> tuple[Consumer, ...]:
 
 _CLUSTER_DURABLES: dict[str, tuple[str, ...]] = {
     "discovery-cluster": ("discovery-labeler",),
+    "device-plugin-cluster": ("device-plugin-dra",),
     "upgrade-orchestrator": ("upgrade-orchestrator",),
 }
 """Cluster roles' durable consumers, all on the events stream; their filters are in the
@@ -240,12 +242,20 @@ def _reads(identity: Identity, prefix: str) -> tuple[str, ...]:
             subjects.events_filter("device", node, "health-changed", prefix=prefix),
             subjects.events_filter("driver", node, "validated", prefix=prefix),
             subjects.events_filter("device", node, "plugin-config-selected", prefix=prefix),
+            # the DRA plugin's claims index, rebuilt at start from the cluster role's facts
+            subjects.events_filter("dra", node, prefix=prefix),
         )
     if identity.role == "discovery-cluster":
         return (
             subjects.events_filter("device", name="plugin-config-applied", prefix=prefix),
             subjects.events_filter("device", name="plugin-config-selected", prefix=prefix),
             subjects.events_filter("device", name="mig-config-requested", prefix=prefix),
+        )
+    if identity.role == "device-plugin-cluster":
+        # at start: each node's latest device API answer, and what it told of claims
+        return (
+            subjects.events_filter("device", name="api-applied", prefix=prefix),
+            subjects.events_filter("dra", prefix=prefix),
         )
     if identity.role == "telemetry-cluster":
         return (
@@ -282,6 +292,7 @@ def _node_events(role: str, node: str, prefix: str) -> tuple[str, ...]:
             event("device", "mps-daemon-changed"),
             event("device", "gpu-holders-listed"),
             event("device", "gpu-holders-unknown"),
+            event("device", "api-applied"),  # which kubelet API serves its GPUs
         ),
         "network-manager": every("network"),
         "telemetry": (event("device", "health-changed"), *pause),
@@ -294,6 +305,8 @@ _CLUSTER_PUBLISHES: dict[str, Callable[[str], tuple[str, ...]]] = {
         subjects.events_filter("device", name="plugin-config-selected", prefix=p),
         subjects.events_filter("device", name="mig-config-requested", prefix=p),
     ),
+    # the DRA claims' allocations, on any node: only this role reads claims
+    "device-plugin-cluster": lambda p: (subjects.events_filter("dra", prefix=p),),
     "network-manager-cluster": lambda p: (),
     "telemetry-cluster": lambda p: (),
     "upgrade-orchestrator": lambda p: (
@@ -307,6 +320,10 @@ _CLUSTER_PUBLISHES: dict[str, Callable[[str], tuple[str, ...]]] = {
     "observer": lambda p: (),
 }
 _CLUSTER_DEAD_LETTERS: dict[str, Callable[[str], tuple[str, ...]]] = {
+    "device-plugin-cluster": lambda p: (
+        subjects.events_filter("hardware", name="discovered", prefix=p),
+        subjects.events_filter("device", name="api-applied", prefix=p),
+    ),
     "discovery-cluster": lambda p: tuple(
         subjects.events_filter(domain, name=name, prefix=p)
         for domain, name in (
@@ -389,6 +406,9 @@ def _kv(identity: Identity, prefix: str) -> tuple[str, ...]:
         )
     if role == "discovery-cluster":
         return reading(Buckets.NODES)
+    if role == "device-plugin-cluster":
+        # the inventories at start: their keys listed, each read
+        return (*reading(Buckets.NODES), *watching(Buckets.NODES, ">"))
     if role == "network-manager-cluster":
         return (
             *key(Buckets.CONFIG, ">"),

@@ -75,9 +75,10 @@ class ConsumerSpec:
     """Seconds before an unacknowledged delivery is sent again."""
     max_in_flight: int = 256
     """Messages held at once, across all nodes."""
-    max_in_flight_per_node: int = 16
-    """Of those, the most one node's messages may hold; its further ones wait without a slot
-    (see `gpuop.bus.dispatching`), so one node's flood never holds them all."""
+    max_in_flight_per_node: int | None = None
+    """Of those, the most one node's messages may hold, its further ones waiting without a
+    slot (see `gpuop.bus.dispatching`), so that one node's flood never holds them all; None:
+    no share, a node's messages may take every slot."""
     on_unknown_error: UnknownErrors = UnknownErrors.RETRY
     """Outcome for exceptions that are neither temporary nor permanent."""
     retry_delay: float = 1.0

@@ -46,6 +46,11 @@ class ReviewedToken:
     extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     expires: float | None = None
     """Unix time the token stops being valid; None for a token without an expiry."""
+    issued: float | None = None
+    """Unix time the token was issued (its `iat`); None when it does not say."""
+    pod_bound: bool = False
+    """Whether the token is bound to a pod (a projected token), so it dies with the pod;
+    a token made by hand (`kubectl create token`) is bound to none."""
 
     @property
     def node(self) -> str | None:
@@ -117,11 +122,13 @@ class MemoryReviewer:
         node: str | None = None,
         audiences: tuple[str, ...] | None = None,
         ttl: float | None = 3600.0,
+        pod_bound: bool = True,
     ) -> str:
         token = _jwt_of({"sub": username})  # JWT-shaped, as a ServiceAccount token is
         extra = {NODE_NAME: (node,)} if node is not None else {}
-        expires = time.time() + ttl if ttl is not None else None
-        reviewed = ReviewedToken(username, extra, expires)
+        now = time.time()
+        expires = now + ttl if ttl is not None else None
+        reviewed = ReviewedToken(username, extra, expires, now, pod_bound)
         self._issued[token] = _Issued(reviewed, audiences or (self.audience,))
         return token
 

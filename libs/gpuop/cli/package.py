@@ -7,6 +7,12 @@ NVIDIA packages or NVIDIA's `.run` installer, added to a driver source's index.
     gpuop package build --from-run NVIDIA-Linux-x86_64-535.261.03.run --extract-only --out DIR
     gpuop package build --from-run FILE --kernel K --flavour F --out /srv/drivers
     gpuop package keygen [--secret-key ~/.minisign/gpuop.key] [--public-key FILE]
+    gpuop package plan --source DIR|URL [--kubeconfig F] [--nats URLS] [--pool P] [--json]
+    gpuop package build --missing --source DIR [--kubeconfig F] [--nats URLS] [--sign-key KEY]
+
+`plan` reads the fleet as `gpuop upgrade plan` does and prints the packages it needs and the
+source lacks, with the build command of each (`gpuop.cli.matrix`); `build --missing` builds
+exactly those into the source directory.
 
 The build itself is `gpuop.host.building`'s; this module reads the flags, says what it
 built (archive, sha256, index) and maps a failed step to exit 1 with its words.
@@ -17,12 +23,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
+from gpuop.cli import matrix, upgrade
 from gpuop.cli.errors import CommandFailed
 from gpuop.cli.verbs import add_command
 from gpuop.host import building, manifests, packaging
@@ -39,7 +48,9 @@ def add_parser(verbs: Any) -> None:
     build = actions.add_parser(
         "build",
         help="build a package from Debian's NVIDIA packages or NVIDIA's .run",
-        description="Build a driver package and add it to the driver source --out.",
+        description="Build a driver package and add it to the driver source --out; with "
+        "--missing, every package the fleet needs and the driver source --source lacks.",
+        parents=[upgrade.kube_flags(with_json=False), upgrade.nats_flags()],
     )
     origin = build.add_mutually_exclusive_group(required=True)
     origin.add_argument(
@@ -48,11 +59,17 @@ def add_parser(verbs: Any) -> None:
         help="fetch Debian bookworm's NVIDIA packages (non-free, contrib, non-free-firmware)",
     )
     origin.add_argument("--from-run", type=Path, metavar="FILE", help="NVIDIA's .run installer")
+    origin.add_argument(
+        "--missing",
+        action="store_true",
+        help="from Debian, every package `gpuop package plan --source` lists as missing",
+    )
+    build.add_argument("--source", help="--missing: the driver source directory to fill")
     build.add_argument("--extract-only", action="store_true", help="--from-run: only unpack")
     build.add_argument("--version", help="driver version, 535.261.03 (--from-debian)")
     build.add_argument("--kernel", help="kernel release to build the modules for")
     build.add_argument("--flavour", choices=[f.value for f in Flavour], help="module tree")
-    build.add_argument("--out", type=Path, required=True, help="driver source directory")
+    build.add_argument("--out", type=Path, help="driver source directory")
     build.add_argument(
         "--sign-key",
         type=Path,
@@ -81,6 +98,34 @@ def add_parser(verbs: Any) -> None:
         "--public-key", type=Path, help="public key file to write (default: beside it, .pub)"
     )
     keygen.set_defaults(handler=make_key_pair)
+    plan = actions.add_parser(
+        "plan",
+        help="the packages the fleet needs and a driver source lacks",
+        description="List the driver packages (version, flavour, kernel, architecture) the "
+        "fleet's nodes need for the policy's versions and the driver source --source lacks, "
+        "and the gpuop package build command of each. Reads Kubernetes, the event log "
+        "(nodes' inventories: what kernelModuleType auto resolves from) when --nats is given.",
+        parents=[upgrade.kube_flags(), upgrade.nats_flags()],
+    )
+    plan.add_argument("--source", required=True, help="driver source: a directory or URL")
+    plan.set_defaults(handler=plan_packages)
+
+
+async def fleet_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> matrix.Plan:
+    """What the fleet needs from `--source` and it lacks."""
+    given = str(args.source)
+    if given.startswith("file://"):
+        given = unquote(urlsplit(given).path)
+    local = Path(given)
+    source = given if "://" in given else str(await asyncio.to_thread(local.absolute))
+    return await matrix.plan(await upgrade.read(args, environ), source)
+
+
+async def plan_packages(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    found = await fleet_plan(args, environ)
+    text = json.dumps(found.document()) if args.json else "\n".join(found.lines())
+    print(text, flush=True)
+    return 0
 
 
 async def make_key_pair(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -98,7 +143,44 @@ async def make_key_pair(args: argparse.Namespace, environ: Mapping[str, str]) ->
 
 
 async def build_package(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    return await asyncio.to_thread(_build, args)
+    if not args.missing:
+        if args.out is None:
+            raise ValueError("building a package needs --out")
+        if args.source is not None:
+            raise ValueError("--source goes with --missing (one package goes to --out)")
+        return await asyncio.to_thread(_build, args)
+    given = [f for f, v in (("--version", args.version), ("--kernel", args.kernel)) if v]
+    given += ["--flavour"] if args.flavour else []
+    given += ["--out"] if args.out is not None else []
+    if given:
+        raise ValueError(f"--missing builds what the plan lists: drop {', '.join(given)}")
+    if not args.source or "://" in args.source.removeprefix("file://"):
+        raise ValueError("--missing builds into a driver source directory: pass --source DIR")
+    found = await fleet_plan(args, environ)
+    unbuildable = [p for p in found.packages if p.build_command() is None]
+    if unbuildable:
+        raise CommandFailed(
+            "cannot build every missing package, so none was built:\n  "
+            + "\n  ".join(f"{p.describe()}: {p.why_not_buildable()}" for p in unbuildable)
+        )
+    print("\n".join(found.lines()), flush=True)
+    for package in found.packages:
+        one = argparse.Namespace(
+            **{
+                **vars(args),
+                "from_debian": True,
+                "version": package.version,
+                "kernel": package.kernel,
+                "flavour": package.flavour,
+                "out": Path(package.source.removeprefix("file://")),
+                "work": args.work / package.kernel / f"{package.version}-{package.flavour}"
+                if args.work is not None
+                else None,
+            }
+        )
+        await asyncio.to_thread(_build, one)
+    print(f"built {len(found.packages)} package(s) into {found.source}", flush=True)
+    return 0
 
 
 def _build(args: argparse.Namespace) -> int:

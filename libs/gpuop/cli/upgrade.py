@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from gpuop.cli import controls, coverage, offering, planning, reports, snapshots
+from gpuop.cli import controls, coverage, matrix, offering, planning, reports, snapshots
 from gpuop.cli.errors import CommandFailed
 from gpuop.cli.events import nats_bus, nats_prefix
 from gpuop.cli.verbs import add_command
@@ -52,7 +52,10 @@ clears upgradePolicy.paused. The upgrade orchestrator then rolls it across the s
 GPU nodes. The versions it replaced are remembered for `gpuop upgrade abort`.
 Before the policy is edited, the driver source's index (--source, else the policy's) is read
 and a version it does not offer is refused (exit 1), naming the versions it has; a source
-this machine cannot reach is not checked (a note says so). Each node fetches and checks the
+this machine cannot reach is not checked (a note says so). So is the fleet's matrix: every
+node the new version would upgrade needs a package for its kernel, architecture and kernel
+modules; the missing ones are refused (exit 1), each named with the `gpuop package build`
+command that makes it (`gpuop package plan` lists them beforehand). Each node fetches and checks the
 package again before it is cordoned, so a node its source cannot serve fails uncordoned."""
 PAUSE_HELP = """\
 Pause the rollout (upgradePolicy.paused: true): no further node is admitted; nodes already
@@ -88,25 +91,7 @@ def add_parser(verbs: Any) -> None:
         help="start, watch, pause, resume, abort or plan a rolling driver upgrade",
         description="Operate the rolling driver upgrade through the GPUClusterPolicy.",
     )
-    kube = argparse.ArgumentParser(add_help=False)
-    kube.add_argument(
-        "--kubeconfig",
-        help="kubeconfig file (default: GPUOP_KUBECONFIG, KUBECONFIG, ~/.kube/config, "
-        "else the pod's service account)",
-    )
-    kube.add_argument("--context", help="kubeconfig context (default: its current one)")
-    kube.add_argument(
-        "--policy", help="GPUClusterPolicy name (default: the one gpuop follows, first by name)"
-    )
-    kube.add_argument("--json", action="store_true", help="print one JSON object")
-    kube.add_argument(
-        "--pool",
-        help="act on one driver pool (spec.driver.pools[].name); status and plan show its nodes",
-    )
-    nats = argparse.ArgumentParser(add_help=False)
-    nats.add_argument("--nats", help="NATS URLs, comma separated (GPUOP_NATS)")
-    nats.add_argument("--nats-creds", help="NATS credentials file (GPUOP_NATS_CREDS)")
-    nats.add_argument("--prefix", help="subject prefix (GPUOP_PREFIX, default gpuop)")
+    kube, nats = kube_flags(), nats_flags()
 
     def action(
         name: str, short: str, text: str, handler: Any, *parents: argparse.ArgumentParser
@@ -130,6 +115,37 @@ def add_parser(verbs: Any) -> None:
     action("resume", "admit nodes again", RESUME_HELP, resume_rollout)
     action("abort", "undo the last start: back to the previous versions", ABORT_HELP, abort_rollout)
     action("plan", "predict the waves and the makespan (dry run)", PLAN_HELP, plan_rollout, nats)
+
+
+def kube_flags(*, with_json: bool = True) -> argparse.ArgumentParser:
+    """How a command finds the cluster and its policy (`--kubeconfig`, `--context`,
+    `--policy`, `--pool`; `--json` unless told not to), for `parents=`."""
+    kube = argparse.ArgumentParser(add_help=False)
+    kube.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: GPUOP_KUBECONFIG, KUBECONFIG, ~/.kube/config, "
+        "else the pod's service account)",
+    )
+    kube.add_argument("--context", help="kubeconfig context (default: its current one)")
+    kube.add_argument(
+        "--policy", help="GPUClusterPolicy name (default: the one gpuop follows, first by name)"
+    )
+    if with_json:
+        kube.add_argument("--json", action="store_true", help="print one JSON object")
+    kube.add_argument(
+        "--pool",
+        help="act on one driver pool (spec.driver.pools[].name); status and plan show its nodes",
+    )
+    return kube
+
+
+def nats_flags() -> argparse.ArgumentParser:
+    """How a command reads the event log (`--nats`, `--nats-creds`, `--prefix`)."""
+    nats = argparse.ArgumentParser(add_help=False)
+    nats.add_argument("--nats", help="NATS URLs, comma separated (GPUOP_NATS)")
+    nats.add_argument("--nats-creds", help="NATS credentials file (GPUOP_NATS_CREDS)")
+    nats.add_argument("--prefix", help="subject prefix (GPUOP_PREFIX, default gpuop)")
+    return nats
 
 
 def kubeconfig_path(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
@@ -239,6 +255,7 @@ async def start_rollout(args: argparse.Namespace, environ: Mapping[str, str]) ->
     # no source has would fail every node of the rollout (issue 18)
     async with connected(args, environ) as kube:
         policy = snapshots.policy_view(await snapshots.find_policy(kube, args.policy))
+        fleet = await snapshots.read_kube(kube, policy.name)
     after = controls.spec_after(policy, build(policy))
     # and in the kernel modules the policy asks for; `auto` picks per node from its GPUs,
     # which start does not read: the node-independent rule, and a note instead of a refusal
@@ -251,7 +268,23 @@ async def start_rollout(args: argparse.Namespace, environ: Mapping[str, str]) ->
         )
         if note is not None:
             print(f"gpuop upgrade start: {note}", file=sys.stderr, flush=True)
+    await _require_matrix(in_pool(matrix.selected_by(fleet, after), args.pool), after)
     return await _edit(args, environ, build)
+
+
+async def _require_matrix(fleet: snapshots.Snapshot, after: GPUClusterPolicySpec) -> None:
+    """`CommandFailed` unless the sources have a package for every node `after` would
+    upgrade (its kernel, architecture and kernel modules: `gpuop.cli.matrix`), naming the
+    missing packages and the command that builds each; a source not reachable from here was
+    noted by `offering.require` already."""
+    checked = await coverage.check(matrix.wanted(fleet, after, decided_only=True))
+    missing = matrix.lacking(checked, fleet)
+    if missing:
+        raise CommandFailed(
+            f"the driver sources lack {len(missing)} package(s) the nodes need; "
+            f"{offering.UNCHANGED}. Build them (gpuop package build --missing does it all):\n  "
+            + "\n  ".join(matrix.describe(missing))
+        )
 
 
 async def pause_rollout(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -327,7 +360,7 @@ async def plan_rollout(args: argparse.Namespace, environ: Mapping[str, str]) -> 
         why = policy.invalid if policy else "the event log holds no PolicyApplied"
         raise CommandFailed(f"no valid GPUClusterPolicy to plan with: {why}")
     spec = policy.spec
-    checked = await coverage.check(_wanted(snapshot, spec))
+    checked = await coverage.check(matrix.wanted(snapshot, spec))
     if checked.blocking:
         raise CommandFailed(
             "refusing the rollout: it would drain nodes whose kernel the driver source has no "
@@ -351,26 +384,3 @@ async def plan_rollout(args: argparse.Namespace, environ: Mapping[str, str]) -> 
         lines.append(f"  kernel not known, not checked: {', '.join(checked.unknown_kernels)}")
     _print(args, document, lines)
     return 0
-
-
-def _wanted(snapshot: snapshots.Snapshot, spec: GPUClusterPolicySpec) -> list[coverage.Wanted]:
-    """What each managed node not yet running its versions is to install, with its kernel
-    and the GPU driver's kernel modules: the pool's `kernelModuleType`, `auto` resolved as
-    the controller resolves it, from the node's inventory when the event log was read, else
-    by the node-independent rule for the version."""
-    wanted = []
-    for view in reports.managed(snapshot):
-        if reports.state_of(view, spec) is reports.S.UPGRADE_DONE:
-            continue
-        pool = reports.pool_of(view, spec)
-        try:
-            gpu, _ = spec.driver.components_of(pool)
-            flavour = flavours.resolve(gpu.kernel_module_type, view.inventory, gpu.version)
-            targets = desired_targets(spec, pool, flavour.flavour)
-        except KeyError:
-            continue
-        running = snapshots.running_versions(view)
-        for component, target in targets.items():
-            if running.get(component) != target.version:
-                wanted.append(coverage.Wanted(view.name, view.kernel, component, target))
-    return wanted

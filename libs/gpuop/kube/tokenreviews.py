@@ -58,9 +58,12 @@ class KubeTokenReviewer:
                 )
             said = status.get("error") or "the API server does not accept the token"
             raise reviewers.TokenRefused("not-authenticated", str(said))
-        if self.audience not in (status.get("audiences") or [self.audience]):
+        # an answer naming no audience says nothing about ours: refused, not assumed
+        if self.audience not in (status.get("audiences") or []):
             raise reviewers.TokenRefused(
-                "wrong-audience", f"the API server accepted the token for {status['audiences']}"
+                "wrong-audience",
+                f"the API server accepted the token for {status.get('audiences') or 'no'} "
+                f"audiences, not {self.audience}",
             )
         user = status.get("user") or {}
         extra = self._extra(user)
@@ -68,11 +71,14 @@ class KubeTokenReviewer:
             node = await self.bound_pod_node(claims)
             if node is not None:
                 extra[reviewers.NODE_NAME] = (node,)
-        expires = claims.get("exp")
+        expires, issued = claims.get("exp"), claims.get("iat")
+        bound = claims.get("kubernetes.io") or {}
         return reviewers.ReviewedToken(
             str(user.get("username", "")),
             extra,
             float(expires) if isinstance(expires, int | float) else None,
+            float(issued) if isinstance(issued, int | float) else None,
+            isinstance(bound, dict) and isinstance(bound.get("pod"), dict),
         )
 
     @staticmethod

@@ -1,11 +1,14 @@
 """Generates the kubelet API stubs in `gpuop.kubelet` from `proto/kubelet`.
 
 Run by `make proto` (`python -m gpuop.kubelet.codegen`); the drift test calls `render()`
-and compares it with the committed files. Both protos are named `api.proto`, so they are
-compiled from the `proto/` tree (`-I proto`): their descriptors are registered as
-`kubelet/deviceplugin/v1beta1/api.proto` and `kubelet/podresources/v1/api.proto` and never
-collide. protoc writes imports relative to that tree (`from kubelet.deviceplugin...`);
-they are rewritten to the package the stubs live in (`from gpuop.kubelet.deviceplugin...`).
+and compares it with the committed files. Every proto is named `api.proto`, so they are
+compiled from the `proto/` tree (`-I proto`): their descriptors are registered under their
+paths there (`kubelet/deviceplugin/v1beta1/api.proto`, `kubelet/dra/v1/api.proto`, ...) and
+never collide, even where two share a proto package (`v1`: podresources and dra-health).
+protoc writes imports relative to that tree (`from kubelet.deviceplugin...`); they are
+rewritten to the package the stubs live in (`from gpuop.kubelet.deviceplugin...`), whose
+directory is the proto's with `-` spelled `_`, as protoc writes it (`dra-health` is no
+Python name).
 
 Needs the dev tools: grpcio-tools (protoc, the Python and gRPC generators) and
 mypy-protobuf (the `.pyi` stubs), pinned in pyproject.toml so output is reproducible.
@@ -19,7 +22,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-PROTOS = ("kubelet/deviceplugin/v1beta1/api.proto", "kubelet/podresources/v1/api.proto")
+PROTOS = (
+    "kubelet/deviceplugin/v1beta1/api.proto",
+    "kubelet/podresources/v1/api.proto",
+    "kubelet/pluginregistration/v1/api.proto",
+    "kubelet/dra/v1/api.proto",
+    "kubelet/dra/v1beta1/api.proto",
+    "kubelet/dra-health/v1/api.proto",
+)
 """The sources, relative to the proto root."""
 OUTPUTS = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi")
 """What each source generates, beside an `__init__.py` in its package."""
@@ -60,12 +70,20 @@ def render(proto_root: Path) -> dict[str, str]:
         rendered: dict[str, str] = {}
         for source in PROTOS:
             package = Path(source).parent
-            for parent in (package.parent, package):  # kubelet/__init__.py is hand-written
-                rendered[f"{parent}/__init__.py"] = PACKAGE_INIT.format(source=source)
+            python_package = _python_name(package)
+            # kubelet/__init__.py is hand-written; dra/ is named after its first version's proto
+            rendered.setdefault(
+                f"{python_package.parent}/__init__.py", PACKAGE_INIT.format(source=source)
+            )
+            rendered[f"{python_package}/__init__.py"] = PACKAGE_INIT.format(source=source)
             for name in OUTPUTS:
-                text = (out / package / name).read_text(encoding="utf-8")
-                rendered[f"{package}/{name}"] = _IMPORT.sub("from gpuop.kubelet.", text)
+                text = (out / python_package / name).read_text(encoding="utf-8")
+                rendered[f"{python_package}/{name}"] = _IMPORT.sub("from gpuop.kubelet.", text)
         return rendered
+
+
+def _python_name(package: Path) -> Path:
+    return Path(str(package).replace("-", "_"))
 
 
 def write(proto_root: Path, target: Path) -> list[Path]:

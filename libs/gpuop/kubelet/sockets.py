@@ -8,13 +8,17 @@ open until `close()`, so a channel that reconnects later still finds it. Short p
 used as they are.
 
 Every gRPC server and channel on a kubelet socket (the device plugin, the simulated
-kubelet, telemetry's PodResources client) gets its address here.
+kubelet, telemetry's PodResources client) gets its address here; the plugins' servers bind
+through `serve`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
+
+import grpc
 
 from gpuop.lifecycles import Closing
 
@@ -47,3 +51,22 @@ class UnixTarget(Closing):
         if self._directory is not None:
             os.close(self._directory)
             self._directory = None
+
+
+async def serve(server: grpc.aio.Server, path: Path) -> UnixTarget:
+    """Start `server` on a socket at `path`, its directory made and a stale file of an
+    earlier run removed; the target, to close once the server stopped."""
+    target = await asyncio.to_thread(_fresh, path)
+    try:
+        server.add_insecure_port(target.address)
+        await server.start()
+    except BaseException:
+        target.close()
+        raise
+    return target
+
+
+def _fresh(path: Path) -> UnixTarget:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    return UnixTarget(path)

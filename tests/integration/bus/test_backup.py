@@ -5,9 +5,7 @@ backup or a restore is refused."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import io
 import json
 import os
 from collections.abc import AsyncIterator
@@ -22,9 +20,9 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from gpuop.bus import Buckets, NatsBus, NatsServer, RevisionConflict
 from gpuop.bus import backup as backups
-from gpuop.cli.main import main
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from tests.support.buses import heartbeat
+from tests.support.cli_runs import cli
 from tests.support.sagas import NODE, Run, policy, saga_for
 
 pytestmark = pytest.mark.nats
@@ -372,18 +370,3 @@ async def test_the_commands_print_each_stream_and_exit_as_the_cli_does(
     await servers.a.stop()
     code, _, err = await cli("bus", "backup", str(tmp_path / "again"), *a)
     assert code == 1 and "cannot connect" in err
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    """`gpuop ARGV` in this process (its own event loop on a thread), with its output."""
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                return main(list(argv))
-            except SystemExit as exit:  # argparse's usage errors
-                return int(exit.code or 0)
-
-    code = await asyncio.to_thread(run)
-    return code, out.getvalue(), err.getvalue()

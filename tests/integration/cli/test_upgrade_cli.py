@@ -5,9 +5,6 @@ says what is wrong."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import io
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,7 +16,6 @@ import pytest
 
 from gpuop.bus import NatsBus, NatsServer
 from gpuop.cli import controls
-from gpuop.cli.main import main
 from gpuop.events import new_event, subjects
 from gpuop.events import upgrade as up
 from gpuop.events.driver import Component
@@ -31,6 +27,7 @@ from gpuop.saga.remediation.actions import REPLACEMENT_LABEL, MarkReplacement
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
 from gpuop_sim import ApiServer
 from gpuop_sim.apiserver.kubeconfig import write_kubeconfig
+from tests.support.cli_runs import cli
 from tests.support.processes import free_port, gpuop
 from tests.support.rollouts import install_crd
 from tests.support.sagas import T0
@@ -61,21 +58,6 @@ class Cluster:
 
     async def label(self, node: str, **labels: str) -> None:
         await nodes.set_labels(self.kube, node, labels)
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    """`gpuop ARGV` in this process (its own event loop on a thread), with its output."""
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                return main(list(argv))
-            except SystemExit as exit:  # argparse's usage errors
-                return int(exit.code or 0)
-
-    code = await asyncio.to_thread(run)
-    return code, out.getvalue(), err.getvalue()
 
 
 def node(name: str, labels: dict[str, str]) -> dict[str, Any]:

@@ -8,9 +8,6 @@ inventories, and real format-2 packages (modules `modinfo` reads)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import io
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,15 +16,15 @@ from typing import Any
 import pytest
 
 from gpuop.bus import NatsBus, NatsServer
-from gpuop.cli.main import main
 from gpuop.events import new_event
 from gpuop.events.driver import Flavour
-from gpuop.events.hardware import HardwareDiscovered, PciFunction
-from gpuop.host import manifests, packaging
+from gpuop.events.hardware import HardwareDiscovered
+from gpuop.host import packaging
 from gpuop.kube import client, customobjects
 from gpuop.policy import specs
 from gpuop_sim import ApiServer
-from tests.support.kernel_modules import module_elf
+from tests.support.cli_runs import add_package, cli
+from tests.support.inventories import one_gpu
 from tests.support.rollouts import install_crd
 from tests.support.sagas import T0
 
@@ -37,20 +34,6 @@ DRIVER = "nvidia.com/cuda.driver-version.full"
 KERNELS = {"gpu-node-1": KERNEL_A, "gpu-node-2": KERNEL_A, "gpu-node-3": KERNEL_B}
 VOLTA, HOPPER = "1db4", "2335"
 """PCI device ids: V100 (proprietary modules only), H200 (either; open from branch 560)."""
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                return main(list(argv))
-            except SystemExit as exit:
-                return int(exit.code or 0)
-
-    code = await asyncio.to_thread(run)
-    return code, out.getvalue(), err.getvalue()
 
 
 def node(name: str, kernel: str) -> dict[str, Any]:
@@ -83,37 +66,12 @@ def policy(source: Path, kernel_module_type: str | None = None) -> dict[str, Any
 
 def flavoured(source: Path, kernel: str, flavour: Flavour) -> None:
     """A format-2 package of NEW built for `kernel` with the `flavour` modules, indexed."""
-    license_ = "Dual MIT/GPL" if flavour is Flavour.OPEN else "NVIDIA"
-    module = module_elf("nvidia", f"{kernel} SMP mod_unload ", version=NEW, license=license_)
-    built = packaging.write_package_v2(
-        source,
-        component="gpu",
-        version=NEW,
-        flavour=flavour,
-        kernel_release=kernel,
-        files={"modules/nvidia.ko": packaging.PackageContent(module, manifests.Role.MODULE)},
-    )
-    packaging.add_to_index(source, built, None)
+    add_package(source, NEW, flavour, kernel)
 
 
 def inventory(kernel: str, device_id: str) -> HardwareDiscovered:
     """What discovery reports for a node with one NVIDIA GPU of `device_id` running OLD."""
-    function = PciFunction(
-        address="0000:1b:00.0",
-        vendor_id="10de",
-        device_id=device_id,
-        class_id="030200",
-        subsystem_vendor_id="10de",
-        subsystem_device_id="0000",
-    )
-    return HardwareDiscovered(
-        pci_functions=(function,),
-        kernel_release=kernel,
-        machine="x86_64",
-        boot_id="8c1f2f5e-0c53-4d57-a0a4-3e3c1b0c9a11",
-        driver_version=OLD,
-        inventory_hash="0" * 64,
-    )
+    return one_gpu(device_id, kernel=kernel, driver=OLD)
 
 
 async def publish_inventories(url: str, devices: dict[str, str]) -> None:

@@ -5,9 +5,6 @@ own source code)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import io
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,31 +12,17 @@ from typing import Any
 
 import pytest
 
-from gpuop.cli.main import main
 from gpuop.host import packaging
 from gpuop.kube import client, customobjects
 from gpuop.policy import specs
 from gpuop_sim import ApiServer
+from tests.support.cli_runs import cli
 from tests.support.rollouts import install_crd
 
 OLD, NEW = "580.159.04", "580.200.01"
 KERNEL_A, KERNEL_B = "6.1.0-41-amd64", "6.1.0-44-amd64"
 DRIVER = "nvidia.com/cuda.driver-version.full"
 KERNELS = {"gpu-node-1": KERNEL_A, "gpu-node-2": KERNEL_A, "gpu-node-3": KERNEL_B}
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                return main(list(argv))
-            except SystemExit as exit:
-                return int(exit.code or 0)
-
-    code = await asyncio.to_thread(run)
-    return code, out.getvalue(), err.getvalue()
 
 
 def node(name: str, kernel: str) -> dict[str, Any]:

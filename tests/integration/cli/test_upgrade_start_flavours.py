@@ -8,23 +8,19 @@ format-2 packages."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import io
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpuop.cli.main import main
 from gpuop.events.driver import Flavour
-from gpuop.host import manifests, packaging
+from gpuop.host import packaging
 from gpuop.kube import client, customobjects
 from gpuop.policy import specs
 from gpuop_sim import ApiServer
 from gpuop_sim.host import keys
-from tests.support.kernel_modules import module_elf
+from tests.support.cli_runs import add_package, cli
 from tests.support.rollouts import install_crd
 
 OLD, NEW = "580.159.04", "580.200.01"
@@ -32,34 +28,10 @@ KERNEL = "6.1.0-44-amd64"
 RESOURCE = customobjects.GPU_CLUSTER_POLICIES
 
 
-async def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                return main(list(argv))
-            except SystemExit as exit:
-                return int(exit.code or 0)
-
-    code = await asyncio.to_thread(run)
-    return code, out.getvalue(), err.getvalue()
-
-
 def flavoured(source: Path, version: str, flavour: Flavour) -> None:
     """A format-2 package of `version` for KERNEL with the `flavour` modules, indexed and
     signed."""
-    license_ = "Dual MIT/GPL" if flavour is Flavour.OPEN else "NVIDIA"
-    module = module_elf("nvidia", f"{KERNEL} SMP mod_unload ", version=version, license=license_)
-    built = packaging.write_package_v2(
-        source,
-        component="gpu",
-        version=version,
-        flavour=flavour,
-        kernel_release=KERNEL,
-        files={"modules/nvidia.ko": packaging.PackageContent(module, manifests.Role.MODULE)},
-    )
-    packaging.add_to_index(source, built, keys.SIGNING_KEY)
+    add_package(source, version, flavour, KERNEL, keys.SIGNING_KEY)
 
 
 class Cluster:

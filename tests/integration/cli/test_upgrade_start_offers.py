@@ -6,11 +6,8 @@ with the real CRD, and real sources: a directory, and the same directory served 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import http.server
-import io
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,31 +15,17 @@ from typing import Any
 
 import pytest
 
-from gpuop.cli.main import main
 from gpuop.host import packaging, signing
 from gpuop.kube import client, customobjects
 from gpuop.policy import specs
 from gpuop_sim import ApiServer
 from gpuop_sim.host import keys
+from tests.support.cli_runs import cli
 from tests.support.rollouts import install_crd
 
 OLD, NEW, ABSENT = "580.159.04", "580.200.01", "580.210.02"
 KERNEL = "6.1.0-44-amd64"
 RESOURCE = customobjects.GPU_CLUSTER_POLICIES
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                return main(list(argv))
-            except SystemExit as exit:
-                return int(exit.code or 0)
-
-    code = await asyncio.to_thread(run)
-    return code, out.getvalue(), err.getvalue()
 
 
 def policy(source: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from gpuop.events import (
     Payload,
     bus_subject,
     device,
+    device_api_commands,
     ids,
     mig_requests,
     new_command,
@@ -30,6 +31,7 @@ SERVICE_USERS = (
     "discovery-cluster",
     "driver-manager",
     "device-plugin",
+    "device-plugin-cluster",
     "network-manager",
     "network-manager-cluster",
     "telemetry",
@@ -65,6 +67,7 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         "upgrade": "upgrade-orchestrator",
         "remediation": "upgrade-orchestrator",
         "mig": "upgrade-orchestrator",
+        "dra": "device-plugin-cluster",  # claims' allocations: only it reads claims
     }
     if payload is device.DeviceHealthChanged:
         return user == "telemetry"
@@ -72,7 +75,11 @@ def may_publish(user: str, payload: type[Payload]) -> bool:
         return user == "discovery-cluster"  # from the Node's labels, which only it watches
     if payload in (remediation_commands.GpuHoldersListed, remediation_commands.GpuHoldersUnknown):
         return user == "device-plugin"  # the holders of its node's GPUs, from its kubelet
-    if payload in (device.DevicePluginConfigApplied, device.MpsDaemonChanged):
+    if payload in (
+        device.DevicePluginConfigApplied,
+        device.MpsDaemonChanged,
+        device_api_commands.DeviceApiApplied,
+    ):
         return user == "device-plugin"
     return owners[payload.DOMAIN] == user
 

@@ -119,7 +119,7 @@ async def test_a_node_agent_cannot_read_another_identitys_replies(server: Callou
 @pytest.mark.parametrize(
     ("token", "reason"),
     [
-        (lambda s: "not-a-token", "not-authenticated"),
+        (lambda s: "not-a-token", "not-a-jwt"),
         (lambda s: s.token("driver-manager", "gpu-1", ttl=-5), "not-authenticated"),
         (
             lambda s: s.reviewer.issue("system:serviceaccount:gpuop-system:default", node="gpu-1"),

@@ -21,6 +21,7 @@ import pytest
 
 from gpuop.bus import grants, streams
 from gpuop.events import subjects
+from gpuop.services.upgrade_orchestrator import intake
 from tests.support.callout_nats import CalloutNats
 from tests.support.shipped_nats import Refusals
 
@@ -114,3 +115,9 @@ async def test_one_nodes_flood_leaves_the_others_events_and_the_history(
 @pytest.fixture
 def server(callout_server: CalloutNats) -> CalloutNats:
     return callout_server
+
+
+def test_the_orchestrators_intake_gives_one_node_only_a_share_of_its_slots() -> None:
+    spec = intake.consumer_spec("gpuop")
+    assert spec.max_in_flight_per_node is not None
+    assert spec.max_in_flight_per_node < spec.max_in_flight

@@ -16,6 +16,7 @@ from gpuop.bus.kv import NatsKeyValue
 from gpuop.bus.protocol import Buckets, KvEntry
 from gpuop.events import Command, device, driver, new_event, subjects, upgrade
 from gpuop.services.device_plugin import consumers as device_plugin
+from gpuop.services.device_plugin.cluster import role as dra_role
 from gpuop.services.discovery import consumers as discovery
 from gpuop.services.discovery import selections as discovery_selections
 from gpuop.services.network_manager import consumers as network_manager
@@ -105,6 +106,12 @@ def flows() -> dict[str, Flow]:
             ],
             kv={Buckets.NODES: ("get",)},
         ),
+        "device-plugin-cluster": Flow(
+            consumers=[dra_role.consumer_spec(PREFIX, retry_delay=RETRY)],
+            # at start: each node's device API answer, and what it told of claims
+            reads=[dra_role.api_applied_filter(PREFIX), dra_role.dra_filter(PREFIX)],
+            kv={Buckets.NODES: ("get", "keys")},
+        ),
         "driver-manager": Flow(
             # as driver_manager.agent.CommandAgent.consumer_spec builds it
             consumers=[
@@ -127,6 +134,7 @@ def flows() -> dict[str, Flow]:
                 subjects.commands_filter(device.OPERANDS, NODE, prefix=PREFIX),
                 *device_plugin.health_subjects(PREFIX, NODE),
                 device_plugin.config_subject(PREFIX, NODE),
+                device_plugin.claims_subject(PREFIX, NODE),
             ],
         ),
         "network-manager": Flow(

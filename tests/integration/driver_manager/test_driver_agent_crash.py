@@ -23,6 +23,7 @@ from gpuop.events import new_command
 from gpuop.host import modules, packages
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import agent as agents
+from gpuop_sim.host import keys
 from tests.support.driver_manager import (
     KERNEL,
     NEW,
@@ -38,6 +39,9 @@ from tests.support.driver_manager import (
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.nats
+
+TRUST = f"trust: {json.dumps(keys.TRUST)}\n"
+"""The simulated node's driver trust anchor, as its config carries it."""
 
 
 @asynccontextmanager
@@ -80,7 +84,9 @@ async def test_an_agent_killed_mid_install_is_restarted_and_finishes_once(
     root = seed(tmp_path / "host")
     build_source(tmp_path / "source")
     config, log = tmp_path / "driver-manager.yaml", tmp_path / "agent.log"
-    config.write_text("kernel: simulated\nack_wait_seconds: 1\ninstall_pause_seconds: 120\n")
+    config.write_text(
+        f"kernel: simulated\nack_wait_seconds: 1\ninstall_pause_seconds: 120\n{TRUST}"
+    )
     bus = NatsBus(nats_server.url, name="test")
     await bus.start()
     try:
@@ -105,7 +111,7 @@ async def test_an_agent_killed_mid_install_is_restarted_and_finishes_once(
         assert state["commands"]["install-1"]["status"] == "started"
         assert await result_of(bus, "install-1", timeout=0.2) is None
 
-        config.write_text("kernel: simulated\nack_wait_seconds: 1\n")
+        config.write_text(f"kernel: simulated\nack_wait_seconds: 1\n{TRUST}")
         async with agent_process(nats_server, root, config, log) as second:
             answer = await result_of(bus, "install-1", timeout=30)
             assert answer is not None, log.read_text()

@@ -44,6 +44,14 @@ MUST = {
         ("create", "network-attachment-definitions.k8s.cni.cncf.io", "ml-serving"),
         ("delete", "network-attachment-definitions.k8s.cni.cncf.io", "ml-serving"),
     ],
+    "device-plugin-cluster": [
+        ("create", "resourceslices.resource.k8s.io", ""),
+        ("update", "resourceslices.resource.k8s.io", ""),
+        ("delete", "resourceslices.resource.k8s.io", ""),
+        ("watch", "resourceslices.resource.k8s.io", ""),
+        ("watch", "resourceclaims.resource.k8s.io", ""),
+        ("get", "nodes", ""),
+    ],
     "telemetry-cluster": [],
     "node-agent": [],
     # callout mode, the default: each node agent service under a ServiceAccount of its own

@@ -4,7 +4,8 @@ driver-manager as `gpuop run` processes on each node's host root, and the orches
 
 The driver source has the new driver for node 1's kernel only; node 2 runs another kernel.
 `gpuop upgrade start` refuses a version the source lacks altogether (the policy unchanged),
-then starts the new one, which the source has. Node 1 is staged, cordoned, drained and
+and the new one, which the source lacks for a node's kernel; the policy is then edited as
+kubectl would, which only the nodes check. Node 1 is staged, cordoned, drained and
 upgraded; node 2's stage fails (no package for its kernel), so its saga ends upgrade-failed
 with the reason while node 2 was never cordoned, none of its pods was evicted, and its old
 driver still runs. The exported log replays to the same decisions."""
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -25,7 +25,6 @@ from kubernetes.aio import client as k8s
 
 from gpuop.bus import NatsBus, NatsServer
 from gpuop.cli.events import export_lines
-from gpuop.cli.main import main
 from gpuop.events import decode, subjects
 from gpuop.events import driver as dm
 from gpuop.events import kube as observed
@@ -40,6 +39,7 @@ from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop_sim import SimCluster
 from gpuop_sim.cluster import hosts
 from gpuop_sim.host import keys, seeding
+from tests.support.cli_runs import cli
 from tests.support.processes import (
     DISCOVERY_CONFIG,
     DRIVER_LABEL,
@@ -77,20 +77,6 @@ def policy(source: Path) -> dict[str, Any]:
             },
         },
     }  # fmt: skip
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                return main(list(argv))
-            except SystemExit as exit:
-                return int(exit.code or 0)
-
-    code = await asyncio.to_thread(run)
-    return code, out.getvalue(), err.getvalue()
 
 
 async def wait_until(what: str, check: Any, logs: list[Path], timeout: float) -> None:
@@ -188,8 +174,16 @@ async def test_a_node_whose_package_cannot_be_staged_fails_uncordoned_with_its_p
             spec = await customobjects.get(kube, customobjects.GPU_CLUSTER_POLICIES, "default")
             assert spec["spec"]["driver"]["gpu"]["version"] == OLD
 
+            # NEW lacks a package for some node's kernel: start refuses it too, so the policy
+            # is edited as kubectl would, which nothing checks but the nodes themselves
             code, _, err = await cli("upgrade", "start", "--version", NEW, *kube_flag)
-            assert code == 0, err
+            assert code == 1 and "lack 1 package(s) the nodes need" in err, err
+            await customobjects.patch(
+                kube,
+                customobjects.GPU_CLUSTER_POLICIES,
+                "default",
+                {"spec": {"driver": {"gpu": {"version": NEW}}}},
+            )
 
             async def settled() -> bool:
                 return (await label(first, STATE_LABEL), await label(second, STATE_LABEL)) == (

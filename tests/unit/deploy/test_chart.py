@@ -46,6 +46,7 @@ from tests.support.charts import (
     nats_address,
     render,
     render_with,
+    served_in,
 )
 
 KUBERNETES = ("1.27", kubernetes_validate.latest_version())
@@ -80,6 +81,8 @@ def test_every_manifest_is_valid_kubernetes_in_strict_mode(values: str, version:
     checked = 0
     for template, manifest in rendering.manifests:
         if manifest["kind"] in OPERATOR_KINDS:
+            continue
+        if not served_in(manifest, version):
             continue
         try:
             kubernetes_validate.validate(manifest, version, strict=True)
@@ -261,6 +264,13 @@ def test_rbac_grants_each_role_exactly_what_its_calls_need() -> None:
         ("*", "nodes"): {"get", "list", "watch", "patch"},
         ("default", "events"): {"create"},
     }
+    assert rules_of(rendering, "gpuop-device-plugin-cluster") == {
+        ("*", "resource.k8s.io/resourceslices"): {
+            "get", "list", "watch", "create", "update", "delete",
+        },
+        ("*", "resource.k8s.io/resourceclaims"): {"get", "list", "watch"},
+        ("*", "nodes"): {"get"},  # the slices' ownerReference
+    }  # fmt: skip
     assert rules_of(rendering, "gpuop-network-manager-cluster") == {
         ("*", "gpuop.io/gpuclusterpolicies"): {"get", "list", "watch"},
         ("*", "nodes"): {"list", "watch"},  # the address blocks' nodes
@@ -284,6 +294,29 @@ def test_rbac_grants_each_role_exactly_what_its_calls_need() -> None:
     }
     service_accounts = {s["metadata"]["name"]: s for s in rendering.all("ServiceAccount")}
     assert all(s["automountServiceAccountToken"] is False for s in service_accounts.values())
+
+
+def test_nvidias_device_classes_select_gpuops_devices_by_type() -> None:
+    rendering = render("defaults")
+    without = render_with({"devicePlugin": {"deviceClasses": {"extendedResourceName": False}}})
+    none = render_with({"devicePlugin": {"deviceClasses": {"enabled": False}}})
+
+    gpu = rendering.get("DeviceClass", "gpu.nvidia.com")["spec"]
+    mig = rendering.get("DeviceClass", "mig.nvidia.com")["spec"]
+    assert [s["cel"]["expression"] for s in (*gpu["selectors"], *mig["selectors"])] == [
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
+    ]
+    assert gpu["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in mig
+    assert "extendedResourceName" not in without.get("DeviceClass", "gpu.nvidia.com")["spec"]
+    assert none.all("DeviceClass") == []
+    deployment = rendering.get("Deployment", "gpuop-device-plugin-cluster")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    assert "cluster" in " ".join(container.get("args", []) + container.get("command", [])) or any(
+        env.get("value") == "cluster" for env in container.get("env", [])
+    )
 
 
 def test_the_orchestrator_runs_two_replicas_apart_behind_a_disruption_budget() -> None:
@@ -507,7 +540,7 @@ def test_every_service_knows_every_server_and_keeps_three_copies() -> None:
         assert all(url.startswith("tls://") for url in loaded.nats)
         checked += 1
 
-    assert checked == 9
+    assert checked == 10
 
 
 @pytest.mark.parametrize(
@@ -560,7 +593,7 @@ def test_operator_objects_have_what_their_operators_read() -> None:
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert {e["port"] for e in monitor["spec"]["endpoints"]} == ports
     assert all(selector.items() <= s["metadata"]["labels"].items() for s in metrics_services)
-    assert len(metrics_services) == 10  # nine services and the NATS auth callout
+    assert len(metrics_services) == 11  # ten services and the NATS auth callout
     workloads = rendering.workloads()
     for service in metrics_services:
         (selected,) = [

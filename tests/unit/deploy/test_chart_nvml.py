@@ -74,6 +74,7 @@ def test_the_current_link_resolves_inside_the_mount(tmp_path: Path) -> None:
     assert (link / "lib" / "libnvidia-ml.so.1").read_text() == "library"
 
 
+@pytest.mark.timeout(60)  # seven renders of the whole chart: over 15 s on a loaded machine
 def test_a_simulated_node_sets_the_nvml_and_the_root_of_every_host_path() -> None:
     overrides = {"nodeAgents": {"nvml": "sim:8", "hostRoot": "/srv/node/host/"}}
     for name in (*NVML_AGENTS, "driver-manager", "network-manager"):

@@ -20,6 +20,8 @@ from gpuop.inventory import scanning
 from gpuop.kubelet import constants
 from gpuop.runtime import settings
 from gpuop.services.device_plugin import hcas, inventory
+from gpuop.services.device_plugin.dra import deviceapis
+from gpuop.services.device_plugin.dra import serving as dra_serving
 from gpuop.services.network_manager import rdma
 from gpuop.services.telemetry import config as telemetry_config
 from tests.support.charts import (
@@ -37,6 +39,7 @@ from tests.support.charts import (
     image_user,
     render,
     render_with,
+    served_in,
 )
 from tests.support.charts import values as values_of
 
@@ -62,6 +65,10 @@ HOST_PATHS: dict[str, dict[str, tuple[str, bool]]] = {
         "/var/lib/kubelet/device-plugins": ("Directory", True),
         "/var/lib/kubelet/pod-resources": ("Directory", False),
         "/var/run/cdi": ("DirectoryOrCreate", True),
+        "/var/lib/kubelet/plugins_registry": ("DirectoryOrCreate", True),
+        "/var/lib/kubelet/plugins": ("DirectoryOrCreate", True),
+        "/var/lib/gpuop/device-plugin": ("DirectoryOrCreate", True),
+        "/proc/sys/kernel/random/boot_id": ("File", False),
         "/dev": ("Directory", False),
         "/proc/driver": ("Directory", False),
         "/sys/module": ("Directory", False),
@@ -96,6 +103,10 @@ READS: dict[str, tuple[str, ...]] = {
         constants.DEVICE_PLUGIN_DIR,
         constants.POD_RESOURCES_DIR,
         constants.CDI_SPEC_DIR,
+        dra_serving.registration_socket(),
+        dra_serving.plugin_socket(),
+        deviceapis.FILE,
+        system.BOOT_ID,
         *inventory.CONTROL_DEVICES,
         "proc/driver/nvidia/capabilities",
         pci.DEVICES,
@@ -435,7 +446,8 @@ def test_a_web_config_reaches_every_service_and_the_service_monitor_follows_it()
     rendering = render_with(WEB_CONFIG)
     for version in ("1.27", kubernetes_validate.latest_version()):
         for manifest in rendering.all():
-            if manifest["kind"] not in ("ServiceMonitor", "PrometheusRule"):
+            operator = manifest["kind"] in ("ServiceMonitor", "PrometheusRule")
+            if not operator and served_in(manifest, version):
                 kubernetes_validate.validate(manifest, version, strict=True)
 
     for workload, container in gpuop_containers(rendering):
@@ -521,6 +533,7 @@ def test_what_holds_a_key_runs_only_on_nodes_admins_labelled_and_the_node_agents
             continue
         (term,) = terms
         assert term["matchExpressions"] == [ADMINS_LABEL, OFF_GPU_NODES], name
+    assert "Deployment gpuop-device-plugin-cluster" in dict(rows)
     print(f"\nplacement ({values}):")
     for name, where in rows:
         print(f"  {name:<38} {where}")

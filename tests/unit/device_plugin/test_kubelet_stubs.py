@@ -9,6 +9,10 @@ import pytest
 
 from gpuop.kubelet import codegen
 from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2 as deviceplugin
+from gpuop.kubelet.dra.v1 import api_pb2 as dra_v1
+from gpuop.kubelet.dra.v1beta1 import api_pb2 as dra_v1beta1
+from gpuop.kubelet.dra_health.v1 import api_pb2 as dra_health
+from gpuop.kubelet.pluginregistration.v1 import api_pb2 as pluginregistration
 from gpuop.kubelet.podresources.v1 import api_pb2 as podresources
 
 HINT = "proto/kubelet changed: run `make proto` and commit libs/gpuop/kubelet"
@@ -75,11 +79,57 @@ POD_RESOURCES = {
     },
     "CDIDevice": {"name": 1},
 }
+# From the kubelet's dra/v1/api.proto (v1beta1 is the same without `share_id`).
+DRA_V1 = {
+    "NodePrepareResourcesRequest": {"claims": 1},
+    "NodePrepareResourcesResponse": {"claims": 1},
+    "NodePrepareResourceResponse": {"devices": 1, "error": 2},
+    "Device": {
+        "request_names": 1,
+        "pool_name": 2,
+        "device_name": 3,
+        "cdi_device_ids": 4,
+        "share_id": 5,
+    },
+    "NodeUnprepareResourcesRequest": {"claims": 1},
+    "NodeUnprepareResourcesResponse": {"claims": 1},
+    "NodeUnprepareResourceResponse": {"error": 1},
+    "Claim": {"namespace": 1, "uid": 2, "name": 3},
+}
+DRA_V1BETA1 = {
+    **DRA_V1,
+    "Device": {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4},
+}
+DRA_HEALTH = {
+    "NodeWatchResourcesRequest": {},
+    "DeviceIdentifier": {"pool_name": 1, "device_name": 2},
+    "DeviceHealth": {
+        "device": 1,
+        "health": 2,
+        "last_updated_time": 3,
+        "health_check_timeout_seconds": 4,
+        "message": 5,
+    },
+    "NodeWatchResourcesResponse": {"devices": 1},
+}
+PLUGIN_REGISTRATION = {
+    "PluginInfo": {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4},
+    "RegistrationStatus": {"plugin_registered": 1, "error": 2},
+    "RegistrationStatusResponse": {},
+    "InfoRequest": {},
+}
 
 
 @pytest.mark.parametrize(
     ("module", "package", "messages"),
-    [(deviceplugin, "v1beta1", DEVICE_PLUGIN), (podresources, "v1", POD_RESOURCES)],
+    [
+        (deviceplugin, "v1beta1", DEVICE_PLUGIN),
+        (podresources, "v1", POD_RESOURCES),
+        (dra_v1, "k8s.io.kubelet.pkg.apis.dra.v1", DRA_V1),
+        (dra_v1beta1, "k8s.io.kubelet.pkg.apis.dra.v1beta1", DRA_V1BETA1),
+        (dra_health, "v1", DRA_HEALTH),
+        (pluginregistration, "pluginregistration", PLUGIN_REGISTRATION),
+    ],
 )
 def test_every_message_has_upstreams_fields_and_numbers(
     module: ModuleType, package: str, messages: dict[str, dict[str, int]]
@@ -110,11 +160,28 @@ def test_the_services_have_upstreams_methods() -> None:
         "v1.PodResourcesLister.GetAllocatableResources",
         "v1.PodResourcesLister.Get",
     }
+    for dra in (dra_v1, dra_v1beta1):
+        package = dra.DESCRIPTOR.package
+        assert methods(dra, "DRAPlugin") == {
+            f"{package}.DRAPlugin.NodePrepareResources": False,
+            f"{package}.DRAPlugin.NodeUnprepareResources": False,
+        }
+    assert methods(dra_health, "DRAResourceHealth") == {
+        "v1.DRAResourceHealth.NodeWatchResources": True
+    }
+    assert methods(pluginregistration, "Registration") == {
+        "pluginregistration.Registration.GetInfo": False,
+        "pluginregistration.Registration.NotifyRegistrationStatus": False,
+    }
 
 
-def test_both_api_protos_load_side_by_side() -> None:
+def test_every_api_proto_loads_side_by_side() -> None:
     assert deviceplugin.DESCRIPTOR.name == "kubelet/deviceplugin/v1beta1/api.proto"
     assert podresources.DESCRIPTOR.name == "kubelet/podresources/v1/api.proto"
+    assert dra_v1.DESCRIPTOR.name == "kubelet/dra/v1/api.proto"
+    assert dra_v1beta1.DESCRIPTOR.name == "kubelet/dra/v1beta1/api.proto"
+    assert dra_health.DESCRIPTOR.name == "kubelet/dra-health/v1/api.proto"
+    assert pluginregistration.DESCRIPTOR.name == "kubelet/pluginregistration/v1/api.proto"
 
 
 def test_a_message_survives_the_wire() -> None:

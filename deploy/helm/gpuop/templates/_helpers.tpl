@@ -167,7 +167,7 @@ DRIVER_MANAGER_PASSWORD. */}}
 
 {{/* Every user of deploy/nats/accounts.conf; in callout mode also callout.conf's nats-auth. */}}
 {{- define "gpuop.natsUsers" -}}
-discovery discovery-cluster driver-manager device-plugin network-manager network-manager-cluster telemetry telemetry-cluster upgrade-orchestrator observer admin
+discovery discovery-cluster driver-manager device-plugin device-plugin-cluster network-manager network-manager-cluster telemetry telemetry-cluster upgrade-orchestrator observer admin
 {{- if include "gpuop.natsCallout" . }} nats-auth{{ end -}}
 {{- end -}}
 
@@ -385,6 +385,9 @@ resources:
 {{- if lt $seconds 600 -}}
 {{- fail (printf "nats.auth.callout.tokenExpirationSeconds must be at least 600 (the API server's minimum), not %d" $seconds) -}}
 {{- end -}}
+{{- if gt $seconds 86400 -}}
+{{- fail (printf "nats.auth.callout.tokenExpirationSeconds must be at most 86400 (the callout refuses longer-lived tokens), not %d" $seconds) -}}
+{{- end -}}
 {{- $seconds -}}
 {{- end -}}
 
@@ -485,6 +488,7 @@ its Lease in the release's namespace and the pausing operands that are deployed.
 {{- define "gpuop.clusterRoles" -}}
 {{- $roles := list -}}
 {{- if and .Values.discovery.enabled .Values.discovery.cluster.enabled }}{{ $roles = append $roles "discovery-cluster" }}{{ end -}}
+{{- if and .Values.devicePlugin.enabled .Values.devicePlugin.cluster.enabled }}{{ $roles = append $roles "device-plugin-cluster" }}{{ end -}}
 {{- if and .Values.networkManager.enabled .Values.networkManager.cluster.enabled }}{{ $roles = append $roles "network-manager-cluster" }}{{ end -}}
 {{- if and .Values.telemetry.enabled .Values.telemetry.cluster.enabled }}{{ $roles = append $roles "telemetry-cluster" }}{{ end -}}
 {{- if .Values.upgradeOrchestrator.enabled }}{{ $roles = append $roles "upgrade-orchestrator" }}{{ end -}}

@@ -8,7 +8,10 @@ comes from telemetry's `device.health-changed` events and comes back when the
 driver-manager validates a driver; a pause command makes it advertise every device
 Unhealthy, quit its MPS daemons and let go of NVML. The `--config` file may hold named
 configs; each node runs the one its label
-`nvidia.com/device-plugin.config` names, switched at run time without a restart.
+`nvidia.com/device-plugin.config` names, switched at run time without a restart. On a node
+switched to Dynamic Resource Allocation (`SetDeviceApi`), `nvidia.com/gpu` is advertised
+with no device and the DRA kubelet plugin of driver `gpu.nvidia.com` serves the GPUs
+instead (`dra`), preparing the claims whose allocations the bus tells it.
 
     agent        the bus side: restore, consumers, pause/resume confirmations, the config
                  in force; `run`
@@ -34,21 +37,33 @@ configs; each node runs the one its label
     config       the --config file: one config, or named ones
     metrics      /metrics instruments
     errors       the exception tree
+    cluster      the cluster role: DRA nodes' ResourceSlices, and each ResourceClaim's
+                 allocation told to the node whose GPUs it holds
+    dra          the DRA kubelet plugin: registration, prepare and unprepare from the
+                 claims' allocations on the bus, a CDI spec per claim, its checkpoint,
+                 sharing from the claim's config, health; the switch between the two APIs
 """
+
+import importlib
 
 from gpuop.runtime.services import ServiceContext, ServiceDefinition
 from gpuop.runtime.settings import Role
-from gpuop.services.device_plugin import agent, config
+from gpuop.services.device_plugin import config
 
 
 async def main(context: ServiceContext) -> None:
-    """Run the node role until the service stops."""
+    """Run the role `--role` names until the service stops; each imports only its own."""
+    if context.settings.role is Role.CLUSTER:
+        role = importlib.import_module(f"{__name__}.cluster.role")
+        await role.run(context)
+        return
+    agent = importlib.import_module(f"{__name__}.agent")
     await agent.run(context, config.load_configs(context.settings.config))
 
 
 SERVICE = ServiceDefinition(
     name="device-plugin",
-    summary="kubelet device plugin for GPUs and RDMA shared devices",
-    roles=frozenset({Role.NODE}),
+    summary="kubelet device plugin for GPUs and RDMA shared devices; DRA slices and claims",
+    roles=frozenset({Role.NODE, Role.CLUSTER}),
     main=main,
 )

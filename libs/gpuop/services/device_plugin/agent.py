@@ -17,6 +17,11 @@ backend and `plugins.DevicePlugins` from the settings and the `--config` file, a
                         `device.plugin-config-applied`: the config in force, and why
     ListGpuHolders      the pods holding the GPUs, from the kubelet's PodResources
                         (`holders`): `GpuHoldersListed`, or `GpuHoldersUnknown`
+    SetDeviceApi        serve the GPUs through the device plugin API or DRA
+                        (`dra.switching`), then `device.api-applied`; also published at
+                        start, when the kubelet (re-)registers the DRA plugin, and at stop
+    dra.claim-allocated, dra.claim-released   the DRA plugin's claims index (also read
+                        from the log at start)
     (MPS daemons)       every start, stop and failure of an MPS control daemon
                         (`mpscontrol`) as `device.mps-daemon-changed`, in order
 
@@ -51,7 +56,18 @@ from gpuop.bus import (
     spans,
 )
 from gpuop.bus.protocol import Handler
-from gpuop.events import Envelope, Event, device, driver, new_event, remediation_commands, subjects
+from gpuop.events import (
+    Envelope,
+    Event,
+    device,
+    device_api_commands,
+    dra,
+    driver,
+    new_event,
+    remediation_commands,
+    subjects,
+)
+from gpuop.events.driver import Component
 from gpuop.host.roots import HostRoot
 from gpuop.kubelet import allocations
 from gpuop.kubelet.allocations import KubeletPodResources, PodResources
@@ -60,6 +76,8 @@ from gpuop.runtime import waiting
 from gpuop.runtime.services import ServiceContext
 from gpuop.services.device_plugin import config, consumers, holders, restoring, selecting
 from gpuop.services.device_plugin.config import PluginConfigs
+from gpuop.services.device_plugin.dra.plugin import DraPlugin
+from gpuop.services.device_plugin.dra.switching import REGISTER_WAIT, DeviceApiSwitch
 from gpuop.services.device_plugin.metrics import PluginMetrics
 from gpuop.services.device_plugin.mpscontrol import MpsControl, MpsSupervisor
 from gpuop.services.device_plugin.plugins import DevicePlugins, Reload
@@ -83,7 +101,9 @@ class NodeAgent:
         plugins: DevicePlugins,
         *,
         kubelet: PodResources | None = None,
+        dra_plugin: DraPlugin | None = None,
         retry_delay: float = RETRY_DELAY,
+        register_wait: float = REGISTER_WAIT,
     ) -> None:
         self._bus = bus
         self._node = subjects.validate_node_name(node)
@@ -91,6 +111,15 @@ class NodeAgent:
         self._kubelet = kubelet or KubeletPodResources(allocations.socket_under(plugins.root.path))
         """Asked which pods hold the GPUs; by default the kubelet's under the host root."""
         self._retry_delay = retry_delay
+        self._dra = dra_plugin or DraPlugin(
+            plugins.root,
+            node,
+            lambda: plugins.gpu_inventory,
+            plugins.health,
+            paused=lambda: Component.GPU in plugins.paused,
+        )
+        """The DRA kubelet plugin, served while the node's GPUs go through DRA."""
+        self._device_api = DeviceApiSwitch(plugins, self._dra, register_wait=register_wait)
         self._source = f"/gpuop/{consumers.SERVICE}/{node}"
         self._selection_seq = 0
         """Stream sequence of the last config selection taken in."""
@@ -115,8 +144,10 @@ class NodeAgent:
             (consumers.node_config(prefix, self._node, retry_delay=retry), self.on_config),
         ]
         try:
+            await self._device_api.start()
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._plugins.run(stopping), name="device-plugins")
+                group.create_task(self._report_api(stopping), name="device-plugin-api-report")
                 group.create_task(
                     self._follow(wanted, subscriptions, stopping, restored=restored),
                     name="device-plugin-follow",
@@ -126,7 +157,32 @@ class NodeAgent:
         finally:
             for subscription in subscriptions:
                 await subscription.stop()
+            await self._stop_dra()
             await self._kubelet.close()
+
+    async def _report_api(self, stopping: asyncio.Event) -> None:
+        """Publish what the node serves whenever it changes on its own (start, the kubelet's
+        registrations), until `stopping` is set; while the bus does not take it, try again."""
+        changes = self._device_api.changes
+        while not stopping.is_set():
+            await waiting.idle(None, wake=self._device_api.changed, stopping=stopping)
+            while changes and not stopping.is_set():
+                try:
+                    await self._bus.publish(self._envelope(changes[0], cause=None))
+                    changes.popleft()
+                except BusError as error:
+                    log.warning("cannot report the device API yet: %s", error)
+                    await waiting.stopped_within(stopping, self._retry_delay)
+
+    async def _stop_dra(self) -> None:
+        """Stop the DRA plugin, and say so once (the cluster role stops its slices)."""
+        stopped = await self._device_api.stop()
+        if stopped is None:
+            return
+        try:
+            await self._bus.publish(self._envelope(stopped, cause=None))
+        except BusError as error:
+            log.warning("cannot report that the DRA plugin stopped: %s", error)
 
     async def _report_mps(self, stopping: asyncio.Event) -> None:
         """Publish the MPS daemons' changes as they come, until `stopping` is set; while the
@@ -167,11 +223,14 @@ class NodeAgent:
             paused = await operands.from_log(self._bus, self._node)
             history = await restoring.health(self._bus, self._node)
             last = await restoring.selection(self._bus, self._node)
+            claims = await restoring.claims(self._bus, self._node)
         except BusError as error:
             log.warning("cannot read the node's history yet: %s", error)
             return False
         answer = await self._select(last.requested, last.seq) or self._plugins.selection
         await self._plugins.restore(paused, history)
+        for fact in claims:
+            await self._dra.apply(fact)
         if paused:
             log.info("the node's operands are paused (%s)", ", ".join(sorted(paused)))
         try:
@@ -219,9 +278,14 @@ class NodeAgent:
         await operands.handle(self, delivery)
 
     async def on_own_command(self, delivery: Delivery) -> None:
-        """`ListGpuHolders`, in its `handle <verb>` span."""
+        """`ListGpuHolders` and `SetDeviceApi`, in their `handle <verb>` spans."""
         with spans.handling(__name__, delivery):
             command = delivery.payload
+            if isinstance(command, device_api_commands.SetDeviceApi):
+                answer = await self._device_api.apply(command.api)
+                answered = answer.model_copy(update={"command_id": delivery.envelope.id})
+                await self._publish(answered, delivery.envelope)
+                return
             if not isinstance(command, remediation_commands.ListGpuHolders):
                 raise PermanentError(f"{delivery.envelope.type} is not a device plugin command")
             inventory = self._plugins.gpu_inventory
@@ -233,21 +297,30 @@ class NodeAgent:
     async def pause(self, command: device.PauseOperands) -> None:
         log.info("pausing %s: %s", ", ".join(command.components), command.reason or "")
         await self._plugins.pause(command.components)
+        await self._dra.health_changed()
 
     async def resume(self, command: device.ResumeOperands) -> None:
         log.info("resuming: %s", command.reason or "")
         await self._plugins.resume()
+        await self._dra.health_changed()
 
     async def confirm(self, confirmation: Event, cause: Envelope) -> None:
         await self._publish_after_mps(confirmation, cause)
 
     async def on_health(self, delivery: Delivery) -> None:
-        """Telemetry's health events and the driver-manager's validations of this node."""
+        """Telemetry's health events and the driver-manager's validations of this node, and
+        its claims' allocations (the same consumer: every event of the node)."""
         payload = delivery.payload
+        if isinstance(payload, dra.ClaimAllocated | dra.ClaimReleased):
+            await self._dra.apply(payload)
+            return
         if isinstance(payload, device.DeviceHealthChanged):
             await self._plugins.device_health(payload)
         elif isinstance(payload, driver.DriverValidated):
             await self._plugins.driver_validated(payload.component)
+        else:
+            return
+        await self._dra.health_changed()
 
     async def _publish_after_mps(self, payload: Event, cause: Envelope) -> None:
         """`_publish`, after what the MPS daemons did in the meantime."""

@@ -15,6 +15,8 @@ goes on serving the last known health.
     pause     the paused driver's devices advertised Unhealthy; for the GPU driver, NVML
               closed, so the `nvidia` module can be unloaded
     resume    NVML opened and read again, the devices advertised with their health
+    dra       `set_advertise_gpus(False)` while the node serves its GPUs through DRA
+              (`dra.switching`): `nvidia.com/gpu` advertised with no device, no MPS daemon
     select    the named config the node's label selects (`selecting`): the file read again,
               then, if the config in force changes, its resources planned anew from the
               inventory last read and re-advertised (no restart, no NVML read)
@@ -125,6 +127,11 @@ class DevicePlugins:
         self._servers: dict[str, PluginServer] = {}
         self._lock = asyncio.Lock()
         self._registration_problem: str | None = "starting"
+        self.advertise_gpus = True
+        """Whether the GPUs are served through the device plugin API; False while the node
+        serves them through DRA (`dra.switching`): `nvidia.com/gpu` is then advertised with
+        no device and no MPS daemon runs. Set before `run`, then through
+        `set_advertise_gpus`."""
         self._registrar = registering.Registrar(
             self.directory,
             lambda: list(self._servers.values()),
@@ -235,6 +242,16 @@ class DevicePlugins:
             await self._read_gpus()
             await self._advertise()
 
+    async def set_advertise_gpus(self, advertise: bool) -> None:
+        """Serve the GPUs through the device plugin API, or stop (`advertise_gpus`)."""
+        async with self._lock:
+            if advertise == self.advertise_gpus:
+                return
+            self.advertise_gpus = advertise
+            if not self._stale:
+                await self._plan_gpus()
+            await self._advertise()
+
     async def select(self, requested: str | None) -> selecting.Selection:
         """Run the config the node's label `requested` selects (None: no label), reading
         the `--config` file again first; re-advertise when the config in force changes.
@@ -307,7 +324,9 @@ class DevicePlugins:
         found = self._inventory
         self._gpus = gpu_resources(found, self.config)
         self._gpu_problem = self._gpus.problem
-        if Component.GPU not in self._paused:
+        if not self.advertise_gpus:
+            await self.mps.apply((), "the node's GPUs are served through DRA")
+        elif Component.GPU not in self._paused:
             reason = f"the GPUs or their sharing changed (config {self._selection.name})"
             await self.mps.apply(mps_daemons(self._gpus), reason)
         if self._gpu_problem:
@@ -350,7 +369,8 @@ class DevicePlugins:
 
     async def _advertise(self) -> None:
         """Serve every resource with its devices' health now; new resources get a server."""
-        listed: list[Resource] = [*self._gpus.resources, *self._rdma]
+        gpus = self._gpus.resources if self.advertise_gpus else ()
+        listed: list[Resource] = [*gpus, *self._rdma]
         resources = {resource.name: resource for resource in listed}
         for name, server in self._servers.items():
             if name not in resources:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import grpc
 
-from gpuop.kubelet import statuses
+from gpuop.kubelet import sockets, statuses
 from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpuop.kubelet.sockets import UnixTarget
 from gpuop.services.device_plugin.errors import AllocationError
@@ -108,17 +108,9 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
 
     async def start(self) -> None:
         """Bind the socket (replacing a stale file) and serve."""
-        self.socket.parent.mkdir(parents=True, exist_ok=True)
-        self.socket.unlink(missing_ok=True)
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(self, server)
-        target = UnixTarget(self.socket)
-        try:
-            server.add_insecure_port(target.address)
-            await server.start()
-        except BaseException:
-            target.close()
-            raise
+        target = await sockets.serve(server, self.socket)
         self._server, self._target = server, target
         self._identity = identity(self.socket)
         log.info("serving %s on %s", self.name, self.socket)

@@ -30,6 +30,10 @@ successor can lead sooner, so by the time one does, every message the crashed le
 due again and comes before newer ones, in the node's order."""
 
 
+MAX_IN_FLIGHT_PER_NODE = 16
+"""Of the intake's in-flight slots, the most one node's events hold (`gpuop.bus.dispatching`)."""
+
+
 def consumer_spec(
     prefix: str, ack_wait: float = ACK_WAIT, kinds: Sequence[SagaKind[Any]] = KINDS
 ) -> ConsumerSpec:
@@ -40,6 +44,8 @@ def consumer_spec(
         subjects=tuple(dict.fromkeys(wanted)),
         max_deliver=20,
         ack_wait=ack_wait,
+        # one node flooding its subjects must not hold every slot: the others' events go on
+        max_in_flight_per_node=MAX_IN_FLIGHT_PER_NODE,
         # a first leader has no saga that older events could concern; later leaders resume
         # the durable consumer where the previous one acked
         deliver_new_only=True,
