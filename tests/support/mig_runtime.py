@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuop.bus import Buckets, InMemoryBus
 from gpuop.events import Event, new_event, subjects
+from gpuop.events import driver as dm
 from gpuop.events import mig_commands as migev
 from gpuop.events import remediation_commands as remedies
 from gpuop.events.fields import NamespacedName
@@ -36,8 +37,12 @@ class MigAgents:
     """The apply's failure (the node restores, `restored`), or None: it succeeds."""
     restored: bool = True
     applied: list[migev.ApplyMigLayout] = field(default_factory=list)
+    boot_after_reboot: str = "7f0e6b1c-3a52-4b8e-9a1d-0c5c2f3e4d5b"
+    """The boot id discovery reports once the node rebooted (`RebootNode`)."""
 
     def answer(self, payload: object, command_id: str) -> list[Event]:
+        if isinstance(payload, dm.RebootNode):
+            return [inventory().model_copy(update={"boot_id": self.boot_after_reboot})]
         if isinstance(payload, remedies.ListGpuHolders):
             listed = remedies.GpuHoldersListed(
                 command_id=command_id, gpu_uuids=payload.gpu_uuids, pods=self.holders

@@ -226,7 +226,7 @@ class MigRun:
             return self.feed(listed)
         if step is MigStepKind.EVICT_HOLDERS:
             return self.feed(kube.PodsDeleted(action_id=step_id, deleted=len(saga.holders)))
-        if step in (MigStepKind.APPLY, MigStepKind.RESTORE):
+        if step in (MigStepKind.APPLY, MigStepKind.REAPPLY, MigStepKind.RESTORE):
             return self.feed(self.applied(devices))
         raise AssertionError(f"no success answer for {step}")
 

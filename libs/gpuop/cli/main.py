@@ -48,6 +48,7 @@ def parser(*, only_run: bool = False) -> argparse.ArgumentParser:
         events,
         natsauth,
         package,
+        remediation,
         replay,
         runtimes,
         upgrade,
@@ -63,6 +64,7 @@ def parser(*, only_run: bool = False) -> argparse.ArgumentParser:
     driver.add_parser(verbs)
     runtimes.add_parser(verbs)
     cdi.add_parser(verbs)
+    remediation.add_parser(verbs)
     for add_parser in plugins.load_all("gpuop.commands").values():  # `demo`, `sim`
         add_parser(verbs)
     return top

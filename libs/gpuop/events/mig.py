@@ -23,6 +23,7 @@ from gpuop.events.device import OperandService
 from gpuop.events.envelope import Event, StateChangedEvent
 from gpuop.events.fields import (
     Attempt,
+    BootId,
     CorrelationId,
     Count,
     DocumentedEnum,
@@ -47,6 +48,8 @@ class MigState(DocumentedEnum):
     """The pods holding the GPUs being re-carved are to be listed and evicted -> apply."""
     APPLY_REQUIRED = "apply-required"
     """The driver-manager is to apply the layout -> verification, or restore/resume on failure."""
+    REBOOT_REQUIRED = "reboot-required"
+    """The GPUs' MIG mode stays pending until a reboot: a new boot id -> apply again."""
     VERIFICATION_REQUIRED = "verification-required"
     """The layout the node reported is compared with the request -> resume, or restore."""
     RESTORE_REQUIRED = "restore-required"
@@ -60,14 +63,14 @@ class MigState(DocumentedEnum):
 
 
 class ConfigState(DocumentedEnum):
-    """Values of `nvidia.com/mig.config.state`, upstream's. Upstream's manager reboots the
-    node for a MIG mode change (`rebooting`); gpuop never does (the driver-manager resets
-    the GPUs it re-carves, and a failure restores instead), so it never sets that value."""
+    """Values of `nvidia.com/mig.config.state`, upstream's. gpuop reboots the node only for
+    a MIG mode NVML leaves pending until one (`rebooting`); otherwise the driver-manager
+    resets the GPUs it re-carves."""
 
     PENDING = "pending"
     """A reconfiguration is under way (or waiting for its slot)."""
     REBOOTING = "rebooting"
-    """Upstream's: the node reboots for a MIG mode change (never set by gpuop)."""
+    """The node reboots for a MIG mode change that stays pending until then."""
     SUCCESS = "success"
     """The node has the layout its label names."""
     FAILED = "failed"
@@ -131,6 +134,9 @@ class MigReconfigurationStarted(Event):
     """The layouts requested and the one each re-carved GPU had."""
     operands: tuple[OperandService, ...] = tuple(OperandService)
     """The operand services that must confirm a pause."""
+    boot_id: BootId | None = None
+    """The node's boot id when it started (its inventory's): a reboot for a pending MIG
+    mode is confirmed by another."""
 
 
 class NodeMigStateChanged(StateChangedEvent):

@@ -31,6 +31,7 @@ from gpuop.events.fields import (
     Message,
     Version,
 )
+from gpuop.events.hardware import PciAddress
 
 DOMAIN = "remediation"
 MAX_GPUS = 64
@@ -58,6 +59,8 @@ class RemediationState(DocumentedEnum):
     """The node's upgrade was under way: its reload and validation serve, and end it."""
     RELEASE_REQUIRED = "release-required"
     """Validated: operands resumed, taint removed, condition True; then remediation-done."""
+    REPLACEMENT_REQUIRED = "hardware-replacement-required"
+    """Handed over for new hardware (cordoned, labelled); held until a release and a new GPU."""
     DONE = "remediation-done"
     """The GPUs validated again and the node is back in service."""
     FAILED = "remediation-failed"
@@ -99,6 +102,9 @@ class RemediationStarted(Event):
     or its MIG devices). The remediation then quarantines the faulty GPUs' devices (a
     `DeviceTaintRule` each) instead of the node, so its other GPUs keep serving; empty: the
     node's quarantine."""
+    slots: dict[GpuUuid, PciAddress] = Field(default_factory=dict, max_length=MAX_GPUS)
+    """The PCI address of each unhealthy GPU the node's inventory listed: a replacement is
+    confirmed by another GPU at that address."""
 
 
 class RemediationRefused(Event):

@@ -62,6 +62,9 @@ class MigDeadlines(Section):
     apply: DeadlineSeconds = 900
     """The driver-manager applying the layout (MIG mode, GPU and compute instances, the
     CDI spec) and answering."""
+    reboot: DeadlineSeconds = 1800
+    """The node coming back with a new boot id after a reboot for a MIG mode NVML left
+    pending until one."""
     restore: DeadlineSeconds = 900
     """Putting back the layout recorded at the start, after a failure the node did not
     undo itself."""

@@ -74,21 +74,30 @@ async def test_the_recorded_start_rebuilds_the_same_saga():
         assert envelope.correlationid == saga.saga_id
 
 
-async def test_a_failed_apply_the_node_did_not_undo_is_restored_and_fails():
-    agents = MigAgents(fails=migev.MigFailureReason.APPLY_FAILED, restored=False)
+async def half_balanced(agents: MigAgents) -> tuple[records.MigSaga, list[ConfigState],
+                                                 list[MigState], list[str]]:  # fmt: skip
+    """Relabel the node to half-balanced with `agents` until it ends: its saga, the values of
+    its state label, the states published and the log."""
     async with reconfiguring(policy(), agents=agents) as harness:
         await harness.relabel(NODE, "half-balanced")
         await harness.started(NODE)
         await harness.settle(until_ended=(NODE,))
         saga = await harness.saga(NODE)
-
-        assert saga is not None and saga.state is S.MIG_CONFIG_FAILED
-        assert saga.restored is True
-        _, restore = agents.applied
-        assert [layout.mig_enabled for layout in restore.layouts] == [False, False]
-        assert S.RESTORE_REQUIRED in await published_states(harness)
+        assert saga is not None
         labels = [a.value for a in actions_of(harness.stack, SetConfigState)]
-        assert labels[-1] is ConfigState.FAILED
+        return saga, labels, await published_states(harness), await export_lines(harness.bus)
+
+
+async def test_a_failed_apply_the_node_did_not_undo_is_restored_and_fails():
+    agents = MigAgents(fails=migev.MigFailureReason.APPLY_FAILED, restored=False)
+    saga, labels, states, _ = await half_balanced(agents)
+
+    assert saga.state is S.MIG_CONFIG_FAILED
+    assert saga.restored is True
+    _, restore = agents.applied
+    assert [layout.mig_enabled for layout in restore.layouts] == [False, False]
+    assert S.RESTORE_REQUIRED in states
+    assert labels[-1] is ConfigState.FAILED
 
 
 async def test_an_unknown_config_fails_at_once_without_a_command():
@@ -233,3 +242,17 @@ async def test_a_request_about_no_node_starts_nothing_and_is_settled():
             assert await harness.saga(subjects.CLUSTER) is None
             await harness.relabel(NODE, "half-balanced")
             await harness.started(NODE)  # the intake went on past it
+
+
+async def test_a_pending_mig_mode_reboots_the_node_applies_again_and_replays():
+    agents = MigAgents(fails=migev.MigFailureReason.MODE_PENDING, restored=False)
+    saga, labels, states, lines = await half_balanced(agents)
+
+    assert saga.state is S.MIG_CONFIG_DONE and saga.rebooted, saga
+    assert saga.boot_id == agents.boot_after_reboot and len(agents.applied) == 2
+    assert S.REBOOT_REQUIRED in states
+    assert ConfigState.REBOOTING in labels and labels[-1] is ConfigState.SUCCESS
+    replays_identically(lines)
+    recorded = replaying.recorded_outputs(replaying.parse_log(lines))
+    sent = [o.type for o in recorded[NODE] if o.kind == "command"]
+    assert "io.gpuop.cmd.driver-manager.reboot.v1" in sent

@@ -49,3 +49,15 @@ async def test_skip_labels_reach_admission_and_each_change_is_observed(bus: InMe
     assert len(seen) == 3
     assert seen[1].labels == {OFED_SKIP: "true"}  # the log shows why the node waited
     assert seen[2].labels == {} and seen[2].unschedulable
+
+
+async def test_a_change_of_the_replacement_label_is_observed(bus: InMemoryBus) -> None:
+    """A repair flow releases a node held for new hardware by this label alone."""
+    watcher = NodeWatcher(bus, cast(client.Kube, None))
+    label = "gpuop.io/hardware-replacement"
+
+    await watcher._observed("gpu-a", node(1, unschedulable=True, **{label: "required"}))
+    await watcher._observed("gpu-a", node(2, unschedulable=True, **{label: "done"}))
+
+    seen = await observations(bus)
+    assert [s.labels.get(label) for s in seen] == ["required", "done"]

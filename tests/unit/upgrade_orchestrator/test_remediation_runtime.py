@@ -18,7 +18,7 @@ import pytest
 
 from gpuop.bus import Buckets, KeyValue, PublishAck
 from gpuop.cli.replay import replay_log
-from gpuop.events import Envelope
+from gpuop.events import Envelope, kube
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
 from gpuop.events import remediation_commands as remedies
@@ -34,12 +34,17 @@ from gpuop.events.upgrade import NodeAdmitted, NodeUpgradeStateChanged, UpgradeS
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import NodeStatus, actions, replaying
 from gpuop.saga.remediation import records
-from gpuop.saga.remediation.actions import EvictPods, MirrorHealth
+from gpuop.saga.remediation.actions import (
+    REPLACEMENT_LABEL,
+    EvictPods,
+    MarkReplacement,
+    MirrorHealth,
+)
 from gpuop.services.upgrade_orchestrator.kinds import KindRunner
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION, Starter
 from gpuop.services.upgrade_orchestrator.store import SagaStore, is_saga_key
 from tests.support import orchestrator
-from tests.support.inventories import H200
+from tests.support.inventories import H200, inventory
 from tests.support.orchestrator import events, messages
 from tests.support.remediations import GPU, HOLDER, Agents, Remediating, actions_of, remediating
 from tests.support.sagas import BOOT_A, BOOT_B, policy, saga_for
@@ -544,3 +549,51 @@ async def test_a_start_quarantines_the_devices_of_a_node_serving_dra_only(
     assert isinstance(started, RemediationStarted) and started.dra_devices == devices
     assert first.taint is True
     assert first.devices == (tuple(d for names in devices.values() for d in names) or None)
+
+
+NEW_GPU = "GPU-30bce083-dbf9-2d4f-3c35-c858915accc6"
+
+
+async def ask_release(harness: Remediating) -> None:
+    """An admin (`gpuop remediation release`) or a repair flow set the label to done."""
+    seen = kube.NodeObserved(
+        ready=True, unschedulable=True, boot_id=BOOT_A, labels={REPLACEMENT_LABEL: "done"}
+    )
+    await harness.publish(seen, NODE, source="/gpuop/upgrade-orchestrator")
+    await harness.settle()
+
+
+async def test_drain_and_replace_holds_the_node_until_new_hardware_is_released() -> None:
+    async with remediating(policy()) as harness:
+        await harness.fault(NODE, action=dev.XidAction.DRAIN_AND_REPLACE)
+        await harness.settle()
+        saga = await harness.saga(NODE)
+        assert saga is not None and saga.state is R.REPLACEMENT_REQUIRED
+        assert saga.step.name == "replacement"
+        assert saga.slots == {saga.gpu_uuids[0]: H200.pci_bus_id}
+        [evicted] = actions_of(harness.stack, EvictPods)
+        assert evicted.pods == (HOLDER,)
+        assert len(actions_of(harness.stack, actions.Cordon)) == 1
+        assert [m.value for m in actions_of(harness.stack, MarkReplacement)] == ["required"]
+        commands = await messages(harness.bus, f"{harness.bus.prefix}.cmd.>")
+        assert not any(isinstance(p, dm.RebootNode) for _, p in commands)
+
+        await ask_release(harness)  # the old GPU is still what discovery last listed
+        saga = await harness.saga(NODE)
+        assert saga is not None and saga.state is R.REPLACEMENT_REQUIRED
+        assert saga.release_refusals == 1 and not actions_of(harness.stack, actions.Uncordon)
+
+        swapped = inventory(gpus=(H200.model_copy(update={"uuid": NEW_GPU}),), boot_id=BOOT_A)
+        await harness.publish(swapped, NODE, source="/gpuop/discovery")
+        await ask_release(harness)
+        await harness.settle(until_ended=(NODE,))
+
+        saga = await harness.saga(NODE)
+        assert saga is not None and saga.state is R.DONE, saga
+        assert len(actions_of(harness.stack, actions.Uncordon)) == 1
+        assert [m.value for m in actions_of(harness.stack, MarkReplacement)][-1] is None
+        walked = await states(harness.bus.prefix, harness)
+        assert walked[-4:] == [
+            R.REPLACEMENT_REQUIRED, R.VALIDATION_REQUIRED, R.RELEASE_REQUIRED, R.DONE,
+        ]  # fmt: skip
+        replays_identically(await harness.export())

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuop.nvml.errors import InvalidBackendSpec
-from gpuop_sim.nvml import sim_mig_fault, sim_xids
+from gpuop_sim.nvml import sim_mig_fault, sim_replacements, sim_xids
 from gpuop_sim.nvml.modules import HostRootModules
 from gpuop_sim.nvml.simulated import MAX_GPUS, SimNvml
 
@@ -31,4 +31,5 @@ def open_sim(
         mig_state=host_root / MIG_STATE,
         xid_feed=host_root / sim_xids.XIDS,
         mig_fault=host_root / sim_mig_fault.MIG_FAULT,
+        replaced=host_root / sim_replacements.REPLACED,
     )

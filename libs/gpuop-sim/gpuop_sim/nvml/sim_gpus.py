@@ -34,15 +34,20 @@ IDLE_SM_CLOCK_MHZ = 345
 """The recorded H200's SM clock at idle."""
 
 
-def gpu_uuid(node: str, index: int) -> str:
-    """`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, fixed by node name and index."""
-    d = hashlib.sha256(f"gpuop-sim/{node}/{index}".encode()).hexdigest()
+def _board(board: int) -> str:
+    return f"/board-{board}" if board else ""
+
+
+def gpu_uuid(node: str, index: int, board: int = 0) -> str:
+    """`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, fixed by node name and index (and the
+    boards put in that slot since the first, `sim_replacements`)."""
+    d = hashlib.sha256(f"gpuop-sim/{node}/{index}{_board(board)}".encode()).hexdigest()
     return f"GPU-{d[:8]}-{d[8:12]}-{d[12:16]}-{d[16:20]}-{d[20:32]}"
 
 
-def serial_number(node: str, index: int) -> str:
-    """A 13-digit board serial, fixed by node name and index."""
-    d = hashlib.sha256(f"gpuop-sim-serial/{node}/{index}".encode()).hexdigest()
+def serial_number(node: str, index: int, board: int = 0) -> str:
+    """A 13-digit board serial, fixed by node name and index (and board, as the UUID)."""
+    d = hashlib.sha256(f"gpuop-sim-serial/{node}/{index}{_board(board)}".encode()).hexdigest()
     return f"{int(d[:16], 16) % 10**13:013d}"
 
 

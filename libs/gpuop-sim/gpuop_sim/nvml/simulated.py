@@ -15,7 +15,10 @@ lives in that file, read before and written after every MIG call, so every servi
 process puts there (`sim_xids.inject`: the demo's fault knob) reach this one's open watchers
 too, within one of their waits. With `mig_fault` (`--nvml sim:` sets
 `<host root>/run/gpuop/sim-nvml/mig-fault`) a MIG call another process asked to fail there
-(`sim_mig_fault.set_fault`) fails here, as `fail_mig_call` does within one process.
+(`sim_mig_fault.set_fault`) fails here, as `fail_mig_call` does within one process. With
+`replaced` (`--nvml sim:` sets `<host root>/run/gpuop/sim-nvml/replaced.json`) a GPU another
+process replaced there (`sim_replacements.replace_gpu`) has its new board's UUID and serial
+from the next session on.
 
 Driver coupling, through `modules.ModuleState`: `init()` raises `DriverNotLoaded` while the
 `nvidia` module is not loaded; an open session holds the module as `holder_id` until
@@ -68,10 +71,10 @@ from gpuop.nvml.watching import (
     XidEvent,
 )
 from gpuop_sim import recordings
-from gpuop_sim.nvml import sim_mig, sim_mig_fault, sim_topology, sim_xids
+from gpuop_sim.nvml import sim_mig, sim_mig_fault, sim_replacements, sim_topology, sim_xids
 from gpuop_sim.nvml.modules import DRIVER_RESETS, NVIDIA, ModuleState, reset_key
 from gpuop_sim.nvml.sim_fields import field_value, pcie_throughput
-from gpuop_sim.nvml.sim_gpus import SimGpu, identity
+from gpuop_sim.nvml.sim_gpus import SimGpu, gpu_uuid, identity, serial_number
 
 MAX_GPUS = 64
 """The most GPUs one node's inventory can carry (`hardware.Gpu.index` is at most 63)."""
@@ -110,6 +113,7 @@ class SimNvml:
         mig_state: Path | None = None,
         xid_feed: Path | None = None,
         mig_fault: Path | None = None,
+        replaced: Path | None = None,
     ) -> None:
         if not 1 <= gpus <= MAX_GPUS:
             raise ValueError(f"a simulated node has 1 to {MAX_GPUS} GPUs, not {gpus}")
@@ -136,6 +140,9 @@ class SimNvml:
         self._mig_state = mig_state
         self._mig_failures: dict[str, list[NvmlError | None]] = {}
         self._mig_fault = mig_fault
+        self._replaced = replaced
+        self._boards: dict[int, int] = {}
+        """GPU index -> the board in its slot, as the last session found it."""
         self._lost: set[int] = set()
         self._watchers: WatcherSet[QueueWatcher] = WatcherSet()
         self._xid_feed = sim_xids.XidFeed(xid_feed) if xid_feed is not None else None
@@ -162,6 +169,7 @@ class SimNvml:
             if self._unloaded_seen or self._last_version not in (None, version):
                 self._reload_driver()
             self._apply_resets()
+            self._take_replacements()
             self._unloaded_seen = False
             self._session_version = self._last_version = version
 
@@ -525,6 +533,24 @@ class SimNvml:
                 gpu.advance(now)
                 gpu.driver_reloaded()
                 self._lost.discard(index)
+
+    def _take_replacements(self) -> None:
+        """Each GPU whose slot got a new board since the last session has that board's
+        identity (same index and PCI address, another UUID and serial), clean."""
+        if self._replaced is None:
+            return
+        counted = sim_replacements.boards(self._replaced)
+        for index, gpu in enumerate(self._gpus):
+            board = counted.get(index, 0)
+            if board != self._boards.get(index, 0):
+                gpu.info = dataclasses.replace(
+                    gpu.info,
+                    uuid=gpu_uuid(self.node, index, board),
+                    serial=serial_number(self.node, index, board),
+                )
+                gpu.driver_reloaded()
+                self._lost.discard(index)
+        self._boards = counted
 
     def _take_fed_xids(self) -> None:
         """Deliver the XIDs another process put in the feed since the last look."""

@@ -20,6 +20,7 @@ from datetime import datetime
 
 from gpuop.events import Event, kube
 from gpuop.events import device as dev
+from gpuop.events import hardware as hw
 from gpuop.events import mig_commands as migev
 from gpuop.events import remediation_commands as rem
 from gpuop.events.deadlines import DeadlineExpired
@@ -43,6 +44,7 @@ INBOUND: tuple[type[Event], ...] = (
     migev.MigLayoutFailed,
     DeadlineExpired,
     NodeAdmitted,
+    hw.HardwareDiscovered,
 )
 
 
@@ -57,16 +59,18 @@ trigger = kinds.admission_trigger
 def started(node: str, event: MigReconfigurationStarted, now: datetime) -> MigSaga:
     """The saga `event` started (before its first decision, `kind.begin`)."""
     saga = records.new_saga(
-        node=node, request_id=event.request_id, plan=event.plan, now=now, operands=event.operands
-    )
+        node=node, request_id=event.request_id, plan=event.plan, now=now,
+        operands=event.operands, boot_id=event.boot_id,
+    )  # fmt: skip
     return saga.model_copy(update={"saga_id": event.saga_id})
 
 
 def start_of(saga: MigSaga) -> MigReconfigurationStarted:
     """The `MigReconfigurationStarted` that `started` rebuilds `saga` from."""
     return MigReconfigurationStarted(
-        saga_id=saga.saga_id, request_id=saga.request_id, plan=saga.plan, operands=saga.operands
-    )
+        saga_id=saga.saga_id, request_id=saga.request_id, plan=saga.plan,
+        operands=saga.operands, boot_id=saga.boot_id,
+    )  # fmt: skip
 
 
 def step(

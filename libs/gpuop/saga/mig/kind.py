@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from gpuop.events import Event, ids
+from gpuop.events import Event, ids, kube
+from gpuop.events import hardware as hw
 from gpuop.events.mig_requests import MigConfigRequested
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine
@@ -38,8 +39,16 @@ Decision = machine.Decision[MigSaga, MigState]
 
 
 def observe(draft: Draft, event: Event) -> None:
-    """Queue a later request while this one runs."""
+    """Keep the node's boot id (not while a reboot is awaited: the new one confirms it), and
+    queue a later request while this one runs."""
     saga = draft.saga
+    if (
+        isinstance(event, kube.NodeObserved | hw.HardwareDiscovered)
+        and event.boot_id
+        and saga.state not in (*TERMINAL_STATES, S.REBOOT_REQUIRED)
+        and event.boot_id != saga.boot_id
+    ):
+        draft.update(boot_id=event.boot_id)
     if not isinstance(event, MigConfigRequested) or saga.state in TERMINAL_STATES:
         return
     queued = None if event.config in (None, saga.config) else event.config

@@ -21,6 +21,7 @@ from pydantic import AwareDatetime, Field
 from gpuop.events.device import OperandService
 from gpuop.events.fields import (
     Attempt,
+    BootId,
     CorrelationId,
     DocumentedEnum,
     LabelValue,
@@ -52,6 +53,10 @@ class MigStepKind(DocumentedEnum):
     """Those pods to be evicted and gone."""
     APPLY = "apply"
     """The driver-manager to apply the layouts and answer."""
+    REBOOT = "reboot"
+    """The node to come back with a new boot id, the pending MIG mode in force."""
+    REAPPLY = "apply-after-reboot"
+    """The driver-manager to apply the layouts again after the reboot (its own command id)."""
     VERIFY = "verify"
     """The answer compared with the request (no wait)."""
     RESTORE = "restore"
@@ -135,6 +140,12 @@ class MigSaga(StoredRecord):
     """A pause was sent and no resume confirmed since: a failure must resume them."""
     holders: tuple[NamespacedName, ...] = Field(default=(), max_length=MAX_PODS)
     """The pods the device plugin named as holding the re-carved GPUs (evicted)."""
+    boot_id: BootId | None = None
+    """The node's boot id, as last seen (not while a reboot is awaited)."""
+    boot_id_at_reboot: BootId | None = None
+    """The boot id the reboot was decided in: only another confirms it."""
+    rebooted: bool = False
+    """The node rebooted for a pending MIG mode (once per reconfiguration)."""
     applied: bool = False
     """`ApplyMigLayout` was sent: the GPUs may have changed, a failure must restore."""
     restored: bool | None = None
@@ -184,6 +195,7 @@ def new_saga(
     plan: MigPlan,
     now: datetime,
     operands: Iterable[OperandService] = tuple(OperandService),
+    boot_id: str | None = None,
 ) -> MigSaga:
     """The first record of the request `request_id` for `plan.config` on `node`, waiting
     for admission; its first decision (`kind.begin`) fails it at once when `plan` has a
@@ -195,4 +207,5 @@ def new_saga(
         plan=plan,
         step_started=now,
         operands=tuple(dict.fromkeys(operands)),
+        boot_id=boot_id,
     )

@@ -9,6 +9,9 @@ The main line:
     apply-required -(MigLayoutApplied)-> verification-required -(the layout and CDI spec
     as requested)-> operands-resume-required -(every operand resumed)-> mig-config-done
 
+A MIG mode NVML leaves pending until a reboot (`MigLayoutFailed` `mode-pending`):
+apply-required -> reboot-required -(a new boot id)-> apply-required again, once.
+
 Compensation: a failure before the apply resumes the operands (when paused) and ends in
 mig-config-failed; a failure of the apply that the driver-manager undid itself
 (`MigLayoutFailed.restored`) does the same; one it did not undo, a layout that verifies
@@ -61,8 +64,15 @@ TABLE: Mapping[MigState, Mapping[MigState, str]] = MappingProxyType(
         },
         S.APPLY_REQUIRED: {
             S.VERIFICATION_REQUIRED: "MigLayoutApplied",
+            S.REBOOT_REQUIRED: "MigLayoutFailed mode-pending: the mode takes effect at a boot",
             S.OPERANDS_RESUME_REQUIRED: "MigLayoutFailed, the node restored the layout",
             S.RESTORE_REQUIRED: f"MigLayoutFailed not restored, or no answer: {_RESTORE}",
+            S.MIG_CONFIG_FAILED: "node removed",
+        },
+        S.REBOOT_REQUIRED: {
+            S.APPLY_REQUIRED: "a new boot id: apply the layout again",
+            S.RESTORE_REQUIRED: f"no new boot id by the deadline: {_RESTORE}",
+            S.OPERANDS_RESUME_REQUIRED: "no new boot id by the deadline, nothing to restore",
             S.MIG_CONFIG_FAILED: "node removed",
         },
         S.VERIFICATION_REQUIRED: {
@@ -102,4 +112,6 @@ def config_state(state: MigState) -> ConfigState:
         return ConfigState.SUCCESS
     if state is S.MIG_CONFIG_FAILED:
         return ConfigState.FAILED
+    if state is S.REBOOT_REQUIRED:
+        return ConfigState.REBOOTING
     return ConfigState.PENDING

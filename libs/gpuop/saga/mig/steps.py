@@ -20,6 +20,8 @@ def limit_seconds(step: MigStep, policy: MigPolicy) -> float | None:
         K.LIST_HOLDERS: deadlines.holders,
         K.EVICT_HOLDERS: deadlines.eviction,
         K.APPLY: deadlines.apply,
+        K.REBOOT: deadlines.reboot,
+        K.REAPPLY: deadlines.apply,
         K.RESTORE: deadlines.restore,
         K.OPERANDS_RESUME: deadlines.operands_resume,
     }

@@ -50,4 +50,20 @@ class EvictPods:
     delete_empty_dir: bool
 
 
-RemediationAction = MirrorHealth | EvictPods
+REPLACEMENT_LABEL = "gpuop.io/hardware-replacement"
+"""The node label a repair flow watches: `required` while gpuop holds the node for new
+hardware; the flow (or `gpuop remediation release`) sets it to `done` once it replaced it."""
+REPLACEMENT_REQUIRED = "required"
+REPLACEMENT_DONE = "done"
+
+
+@dataclass(frozen=True)
+class MarkReplacement:
+    """Set the node label `gpuop.io/hardware-replacement` to `value`, or remove it (None);
+    no outcome."""
+
+    id: str
+    value: str | None
+
+
+RemediationAction = MirrorHealth | EvictPods | MarkReplacement

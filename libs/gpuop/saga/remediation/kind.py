@@ -49,6 +49,8 @@ def _observe(draft: Draft, event: Event) -> None:
         and saga.state is not S.REBOOT_REQUIRED
     ):
         draft.update(boot_id=event.boot_id)
+    if isinstance(event, hw.HardwareDiscovered):
+        draft.update(inventory={gpu.pci_bus_id: gpu.uuid for gpu in event.gpus})
     if calls_for_remediation(event):
         assert isinstance(event, dev.DeviceHealthChanged)
         xids = saga.unhealthy.get(event.gpu_uuid, ())

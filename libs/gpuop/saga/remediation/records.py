@@ -29,6 +29,7 @@ from gpuop.events.fields import (
     Token,
     Version,
 )
+from gpuop.events.hardware import PciAddress
 from gpuop.events.remediation import MAX_GPUS, RemediationStarted, RemediationState
 from gpuop.saga.machine import StoredRecord, Transition
 
@@ -103,6 +104,14 @@ class RemediationSaga(StoredRecord):
     operands_paused: bool = False
     """A pause was sent and no resume since."""
     rebooted: bool = False
+    slots: dict[GpuUuid, PciAddress] = Field(default_factory=dict, max_length=MAX_GPUS)
+    """The PCI address of each unhealthy GPU, from the inventories seen."""
+    inventory: dict[PciAddress, GpuUuid] | None = Field(default=None, max_length=MAX_GPUS)
+    """The GPUs the node's last inventory listed, by PCI address; None before one is seen."""
+    cordoned_before: bool = False
+    """The node was cordoned before the hand-over cordoned it: the release leaves it so."""
+    release_refusals: int = Field(default=0, ge=0)
+    """Releases of a node held for replacement refused because the hardware had not changed."""
     failure: Message = ""
     """Why it failed, in remediation-failed."""
     last_transitions: tuple[Transition[RemediationState], ...] = Field(default=(), max_length=32)
@@ -156,6 +165,7 @@ def start(node: str, started: RemediationStarted, now: datetime) -> RemediationS
         expected_devices=started.expected_devices,
         folded_into=started.folded_into,
         dra_devices=dict(started.dra_devices),
+        slots=dict(started.slots),
     )
     return saga.model_copy(update={"quarantined_devices": saga.quarantining()})
 
@@ -171,4 +181,5 @@ def start_of(saga: RemediationSaga) -> RemediationStarted:
         expected_devices=saga.expected_devices,
         folded_into=saga.folded_into,
         dra_devices=dict(saga.dra_devices),
+        slots=dict(saga.slots),
     )

@@ -4,8 +4,11 @@
     gpu-holders-required -(holders named)-> gpu-pods-eviction-required | operands-pause
     gpu-pods-eviction-required -(evicted)-> operands-pause-required
     operands-pause-required -(paused)-> gpu-reset-required | reboot-required
+        | hardware-replacement-required
     gpu-reset-required -(reset)-> validation-required; -(failed)-> reboot-required
     reboot-required -(new boot id)-> validation-required
+    hardware-replacement-required -(released, another GPU in each faulty slot)->
+        validation-required
     validation-required -(validated)-> release-required
     release-required -(resumed, then GPUHealthy True and the taint off, confirmed)->
         remediation-done, or the next attempt's admission for GPUs that failed after the
@@ -39,6 +42,7 @@ TABLE: Mapping[S, Mapping[S, str]] = MappingProxyType(
         S.OPERANDS_PAUSE_REQUIRED: {
             S.RESET_REQUIRED: "every operand paused",
             S.REBOOT_REQUIRED: "paused, and the fault asks for a reboot",
+            S.REPLACEMENT_REQUIRED: "paused, and the fault asks for new hardware",
             S.FAILED: _FAIL,
         },
         S.RESET_REQUIRED: {
@@ -47,6 +51,10 @@ TABLE: Mapping[S, Mapping[S, str]] = MappingProxyType(
             S.FAILED: _FAIL,
         },
         S.REBOOT_REQUIRED: {S.VALIDATION_REQUIRED: "a new boot id", S.FAILED: _FAIL},
+        S.REPLACEMENT_REQUIRED: {
+            S.VALIDATION_REQUIRED: "released, and another GPU in each faulty slot",
+            S.FAILED: "the node is gone",
+        },
         S.VALIDATION_REQUIRED: {S.RELEASE_REQUIRED: "every rung passed", S.FAILED: _FAIL},
         S.RELEASE_REQUIRED: {
             S.DONE: "operands resumed, the node untainted (NodeUntainted)",

@@ -18,7 +18,8 @@ and simulated ones do, not the recorded one):
 
 NVML's MIG calls block for up to seconds on a real GPU and run in a thread. A mode change
 NVML leaves pending answers `mode-pending`, not restored: the saga reboots the node (state
-`rebooting`, as upstream's mig-manager does) and sends the same command again.
+`reboot-required`, label `rebooting`, as upstream's mig-manager does) and sends the layout
+again under a new command id once the node is back with a new boot id.
 
 The MIG mode survives a driver reload and a reboot, the GPU and compute instances do not
 (upstream's mig-manager applies its config again after every boot). So each apply that ends

@@ -171,6 +171,10 @@ class KubeExecutor:
             return observed.NodeUntainted(action_id=action.id) if action.taint is False else None
         if isinstance(action, remedies.EvictPods):
             return await self._evict_named(node, action)
+        if isinstance(action, remedies.MarkReplacement):
+            self._written.pop(node, None)
+            await nodes.set_labels(self._kube, node, {remedies.REPLACEMENT_LABEL: action.value})
+            return None
         if isinstance(action, mig_actions.SetConfigState):
             self._written.pop(node, None)
             await nodes.set_labels(self._kube, node, {action.key: action.value.value})

@@ -131,8 +131,12 @@ class Starter:
         if policy is None:
             return
         file, source = await self._configs(policy)
-        plan = plans.plan(config, file, source, await kinds.inventory(self._inventories, node))
-        saga = records.new_saga(node=node, request_id=request_id, plan=plan, now=now)
+        inventory = await kinds.inventory(self._inventories, node)
+        plan = plans.plan(config, file, source, inventory)
+        boot_id = inventory.boot_id if inventory is not None else None
+        saga = records.new_saga(
+            node=node, request_id=request_id, plan=plan, now=now, boot_id=boot_id
+        )
         first = kind.begin(saga, policy, now)
         started = folding.start_of(saga)
         if not await kinds.store_new(self._store, self._publish, first.saga, started, now, cause):

@@ -27,6 +27,7 @@ from gpuop.events.driver import Component
 from gpuop.kube import client, nodes
 from gpuop.kube.watching import ListWatch
 from gpuop.saga import NodeStatus, admission
+from gpuop.saga.remediation.actions import REPLACEMENT_LABEL
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,14 @@ def observation(node: Mapping[str, Any]) -> observed.NodeObserved:
     )
 
 
-_Facts = tuple[bool, bool, str | None, frozenset[Component]]
+_Facts = tuple[bool, bool, str | None, frozenset[Component], str | None]
 
 
 def _facts(seen: observed.NodeObserved, status: NodeStatus) -> _Facts:
-    return (seen.ready, seen.unschedulable, seen.boot_id, status.skip)
+    # the replacement label is a fact: a repair flow releases a node held for new hardware
+    # by setting it, and the remediation waits for nothing else
+    replacement = seen.labels.get(REPLACEMENT_LABEL)
+    return (seen.ready, seen.unschedulable, seen.boot_id, status.skip, replacement)
 
 
 class NodeWatcher:

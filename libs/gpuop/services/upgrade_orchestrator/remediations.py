@@ -90,6 +90,13 @@ async def dra_devices(
     return found
 
 
+def _slots(inventory: hw.HardwareDiscovered | None, gpu_uuid: str) -> dict[str, str]:
+    """The PCI address of `gpu_uuid` where the node's last inventory lists it: a hand-over
+    for new hardware is released by another GPU at that address."""
+    gpus = inventory.gpus if inventory is not None else ()
+    return {gpu.uuid: gpu.pci_bus_id for gpu in gpus if gpu.uuid == gpu_uuid}
+
+
 class Starter:
     """Starts remediations from health events (see the module docstring)."""
 
@@ -200,6 +207,7 @@ class Starter:
             driver_version=inventory.driver_version if inventory else None,
             folded_into=folded,
             dra_devices=devices,
+            slots=_slots(inventory, event.gpu_uuid),
         )
         saga = folding.start(node, started, policy, now).saga  # as replay builds it
         earlier = self._store.cached(node)

@@ -8,6 +8,8 @@ as the upgrade's phases do (`gpuop.saga.upgrade.phases`). `PHASES` is what the k
     operands_pause_required    operands released (the GPUs held)  -> holders-eviction
     holders_eviction_required  holders listed, only they evicted  -> apply
     apply_required             ApplyMigLayout answered            -> verification | restore
+                                                                     | reboot (mode pending)
+    reboot_required            a new boot id                      -> apply
     verification_required      the answer is the request          -> operands-resume | restore
     restore_required           the start's layout applied again   -> operands-resume
     operands_resume_required   operands back                      -> done | failed
@@ -30,6 +32,7 @@ from gpuop.saga.mig.phases import (
     mig_config_required,
     operands_pause_required,
     operands_resume_required,
+    reboot_required,
     restore_required,
     verification_required,
 )
@@ -41,6 +44,7 @@ MODULES: tuple[ModuleType, ...] = (
     operands_pause_required,
     holders_eviction_required,
     apply_required,
+    reboot_required,
     verification_required,
     restore_required,
     operands_resume_required,

@@ -8,6 +8,10 @@ changed): restored, the operands are resumed and the request fails; not restored
 restores the layout recorded at its start (`restore-required`) when it knows it, and fails
 with the GPUs as they are when it does not. No answer by the deadline counts as not
 restored: the GPUs may be half re-carved.
+
+A failure `mode-pending` (NVML left the new MIG mode pending until a reset the driver could
+not make) reboots the node (`reboot-required`) when a boot id is known to confirm it, once;
+after the reboot this step runs again as `apply-after-reboot`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,20 @@ STATE = S.APPLY_REQUIRED
 
 def enter(draft: Draft, retry: bool) -> None:
     draft.update(applied=True)
-    start(draft, MigStepKind.APPLY)
+    start(draft, MigStepKind.REAPPLY if draft.saga.rebooted else MigStepKind.APPLY)
+
+
+def _pending(draft: Draft, detail: str) -> None:
+    """The MIG mode waits for a reboot: reboot once, when a new boot id can confirm it."""
+    saga = draft.saga
+    if saga.rebooted:
+        draft.fail(f"{detail}; still pending after the reboot")
+    elif saga.boot_id is None:
+        draft.fail(f"{detail}; no boot id known to confirm a reboot")
+    else:
+        draft.outcome(StepResult.FAILED, detail)
+        draft.update(boot_id_at_reboot=saga.boot_id)
+        draft.move(S.REBOOT_REQUIRED, "the MIG mode is pending until a reboot")
 
 
 def on_event(draft: Draft, trigger: Trigger) -> None:
@@ -44,7 +61,10 @@ def on_event(draft: Draft, trigger: Trigger) -> None:
             draft.update(restored=True)  # not restored: compensation restores, or says not
         undone = "the node restored the layout" if trigger.restored else "not restored"
         detail = f"MigLayoutFailed {trigger.reason} ({undone}): {trigger.message}"
-        draft.fail(detail.rstrip(": "))
+        if trigger.reason is mig_commands.MigFailureReason.MODE_PENDING:
+            _pending(draft, detail.rstrip(": "))
+        else:
+            draft.fail(detail.rstrip(": "))
 
 
 on_deadline = fail_on_deadline

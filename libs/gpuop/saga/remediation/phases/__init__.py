@@ -8,9 +8,10 @@ Each module names its `STATE` and defines `enter`, `on_event`, `on_deadline` and
     remediation_admission_required  quarantined, a slot        -> gpu-holders-required
     gpu_holders_required            the holders named          -> eviction | operands pause
     gpu_pods_eviction_required      only those pods evicted    -> operands-pause-required
-    operands_pause_required         operands released          -> reset | reboot
+    operands_pause_required         operands released          -> reset | reboot | replace
     gpu_reset_required              the GPUs reset             -> validation | reboot
     reboot_required                 a new boot id              -> validation-required
+    hardware_replacement_required   handed over, released      -> validation-required
     validation_required             the ladder's rungs         -> release-required
     release_required                resumed, then untainted    -> done | the next attempt
     folded_into_upgrade             the upgrade's own reload   -> release | failed
@@ -31,6 +32,7 @@ from gpuop.saga.remediation.phases import (
     gpu_holders_required,
     gpu_pods_eviction_required,
     gpu_reset_required,
+    hardware_replacement_required,
     operands_pause_required,
     reboot_required,
     release_required,
@@ -49,6 +51,7 @@ MODULES: tuple[ModuleType, ...] = (
     operands_pause_required,
     gpu_reset_required,
     reboot_required,
+    hardware_replacement_required,
     validation_required,
     release_required,
     folded_into_upgrade,

@@ -1,6 +1,6 @@
 """operands-pause-required: the node's operands (device plugin, telemetry, discovery)
-release the GPU stack, as for an upgrade's reload; then the reset, or the reboot at once
-when the fault asks for one (`reboot`, `drain-and-replace`)."""
+release the GPU stack, as for an upgrade's reload; then the reset, the reboot at once when
+the fault asks for one (`reboot`), or the hand-over for new hardware (`drain-and-replace`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from gpuop.saga.remediation.phases.common import fail_on_deadline, issue, on_ope
 from gpuop.saga.remediation.records import RemediationSaga, Step
 
 STATE = S.OPERANDS_PAUSE_REQUIRED
-REBOOTING = frozenset({XidAction.REBOOT, XidAction.DRAIN_AND_REPLACE})
-"""Faults no reset clears: the node reboots instead."""
+REBOOTING = frozenset({XidAction.REBOOT})
+"""Faults no reset clears but a reboot may: the node reboots instead."""
 
 
 def enter(draft: Draft, retry: bool) -> None:
@@ -28,7 +28,9 @@ def enter(draft: Draft, retry: bool) -> None:
 
 
 def _paused(draft: Draft) -> None:
-    if draft.saga.action in REBOOTING:
+    if draft.saga.action is XidAction.DRAIN_AND_REPLACE:
+        draft.move(S.REPLACEMENT_REQUIRED, "the fault asks for new hardware")
+    elif draft.saga.action in REBOOTING:
         draft.reboot(f"the fault asks for a {draft.saga.action}")
     else:
         draft.move(S.RESET_REQUIRED, "operands released the GPUs")
