@@ -15,6 +15,8 @@ looks). It behaves as the real kubelet does (pkg/kubelet/cm/devicemanager):
                    and creates a new kubelet.sock: plugins must notice and register again
     PodResources   answers List, Get and GetAllocatableResources from the allocations made
                    through `allocate()` (`gpuop_sim.cluster.pod_resources`)
+    DRA plugins    register through `plugins_registry` in the kubelet directory
+                   (`gpuop_sim.cluster.plugin_watcher`), watched while the kubelet runs
 
     kubelet = KubeletGrpc.under(host_root)
     await kubelet.start()
@@ -40,6 +42,7 @@ from gpuop.kubelet import constants, statuses
 from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpuop.kubelet.podresources.v1 import api_pb2_grpc as podresources_grpc
 from gpuop.kubelet.sockets import UnixTarget
+from gpuop_sim.cluster.plugin_watcher import PLUGINS_REGISTRY, PluginWatcher
 from gpuop_sim.cluster.pod_resources import Allocation, PodResourcesServicer
 
 log = logging.getLogger(__name__)
@@ -90,6 +93,8 @@ class KubeletGrpc(api_pb2_grpc.RegistrationServicer):
         self._plugins: dict[str, PluginConnection] = {}
         self._changed = asyncio.Condition()
         self._servers: list[tuple[grpc.aio.Server, UnixTarget]] = []
+        self.plugin_watcher = PluginWatcher(device_plugin_dir.parent / PLUGINS_REGISTRY)
+        """Registers the DRA kubelet plugins of this node."""
 
     @classmethod
     def under(cls, host_root: Path) -> KubeletGrpc:
@@ -127,11 +132,13 @@ class KubeletGrpc(api_pb2_grpc.RegistrationServicer):
             server.add_insecure_port(target.address)
             await server.start()
             self._servers.append((server, target))
+        await self.plugin_watcher.start()
 
     async def stop(self) -> None:
         """The kubelet goes away: its servers stop, its sockets go, every plugin stream is
-        dropped (so their devices read Unhealthy). Allocations are kept, as in the
-        kubelet's checkpoint."""
+        dropped (so their devices read Unhealthy), DRA plugins are forgotten. Allocations
+        are kept, as in the kubelet's checkpoint."""
+        await self.plugin_watcher.stop()
         for server, target in self._servers:
             await server.stop(None)
             target.close()
