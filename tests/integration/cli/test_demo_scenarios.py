@@ -1,4 +1,4 @@
-"""`gpuop demo --scenario remediation|mig` as a person runs it, headless: real processes, a
+"""`gpuop demo --scenario remediation|mig|dra` as a person runs it, headless: real processes, a
 real nats-server, the simulated cluster; each ends with its JSON summary checked for what
 must have happened, and its recorded log replays identically."""
 
@@ -86,6 +86,23 @@ async def test_two_nodes_relabelled_to_a_mixed_layout_advertise_its_mig_devices(
         assert seen["evicted"] == seen["holders"] != [] and not seen["kept"], seen
         assert re.search(rf"\] {node}\s+mig: operands-resume-required -> mig-config-done", out)
     await replays_identically(record)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+async def test_two_nodes_switch_to_dra_once_the_kubelet_registers_their_dra_plugin(
+    tmp_path: Path,
+) -> None:
+    out, summary = await play("dra", tmp_path / "dra.jsonl")
+
+    assert (summary["scenario"], summary["targets"]) == ("dra", 2), summary
+    assert len(summary["switched"]) == 2, summary
+    for seen in summary["switched"].values():
+        assert (seen["state"], seen["api"]) == ("device-api-done", "dra"), seen
+        assert "api-switch-required" in seen["states"], seen
+    for claim in summary["claims"].values():
+        assert claim["phase"] == "Running", claim
+    assert summary["fault"]["node"] in summary["switched"], summary  # reported, not judged
 
 
 @pytest.mark.parametrize(
