@@ -97,9 +97,11 @@ async def test_two_nodes_switch_to_dra_once_the_kubelet_registers_their_dra_plug
 
     assert (summary["scenario"], summary["targets"]) == ("dra", 2), summary
     assert len(summary["switched"]) == 2, summary
-    for seen in summary["switched"].values():
+    for node, seen in summary["switched"].items():
         assert (seen["state"], seen["api"]) == ("device-api-done", "dra"), seen
         assert "api-switch-required" in seen["states"], seen
+        assert re.search(rf"\] {node}\s+device-api: api-switch-required -> validation-required"
+                         r".*DeviceApiApplied: dra serving", out), out  # fmt: skip
     for claim in summary["claims"].values():
         assert claim["phase"] == "Running", claim
     assert summary["fault"]["node"] in summary["switched"], summary  # reported, not judged
