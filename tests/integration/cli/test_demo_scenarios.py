@@ -102,8 +102,11 @@ async def test_two_nodes_switch_to_dra_once_the_kubelet_registers_their_dra_plug
         assert "api-switch-required" in seen["states"], seen
         assert re.search(rf"\] {node}\s+device-api: api-switch-required -> validation-required"
                          r".*DeviceApiApplied: dra serving", out), out  # fmt: skip
-    for claim in summary["claims"].values():
+    for node, claim in summary["claims"].items():
         assert claim["phase"] == "Running", claim
+        assert claim["claim"] == f"{claim['pod']}-gpu", claim
+        (result,) = claim["allocation"]["devices"]["results"]
+        assert (result["driver"], result["pool"]) == ("gpu.nvidia.com", node), claim
     assert summary["fault"]["node"] in summary["switched"], summary  # reported, not judged
 
 

@@ -20,6 +20,8 @@ Obj = dict[str, Any]
 
 POD_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
 RUN_SECONDS_ANNOTATION = "sim.gpuop.io/run-seconds"
+KEPT = ("qosClass", "startTime", "resourceClaimStatuses")
+"""Status fields a running pod keeps from before: the claims the scheduler recorded stay."""
 """A pod annotation the simulated kubelet honours: containers exit 0 after this many
 seconds of running, so the pod Succeeds (how generated Jobs finish)."""
 
@@ -89,7 +91,7 @@ def running(pod: Obj, host_ip: str, pod_ip: str, now: datetime, *, restarted: bo
     spec = pod.get("spec") or {}
     stamp = format_time(now)
     restarts = restarts_of(pod) + (1 if restarted else 0)
-    status: Obj = {key: old[key] for key in ("qosClass", "startTime") if key in old}
+    status: Obj = {key: old[key] for key in KEPT if key in old}
     status["conditions"] = [dict(c) for c in old.get("conditions") or []]
     status.setdefault("startTime", stamp)
     for kind in (*POD_CONDITIONS, "PodScheduled"):
