@@ -21,11 +21,13 @@ from gpuop_sim.cluster.plugin_watcher import PLUGINS_REGISTRY, PluginWatcher
 class FakePlugin(api_pb2_grpc.RegistrationServicer):
     def __init__(self, info: api_pb2.PluginInfo) -> None:
         self.info = info
+        self.asked = 0
         self.statuses: list[api_pb2.RegistrationStatus] = []
 
     async def GetInfo(
         self, request: api_pb2.InfoRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.PluginInfo:
+        self.asked += 1
         return self.info
 
     async def NotifyRegistrationStatus(
@@ -99,7 +101,7 @@ async def test_hidden_sockets_are_ignored(watcher: PluginWatcher) -> None:
     plugin = FakePlugin(info())
     async with serving(watcher.directory / ".hidden.sock", plugin):
         await watcher.poll()
-    assert plugin.statuses == []
+    assert (plugin.asked, plugin.statuses) == (0, [])
     assert watcher.plugins == {}
 
 
