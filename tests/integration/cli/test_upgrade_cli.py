@@ -129,11 +129,11 @@ async def test_start_asks_for_the_version_with_its_limits_and_nodes(cluster: Clu
 async def test_start_of_the_ofed_driver_adds_the_component(cluster: Cluster) -> None:
     code, _, err = await cluster.cli(
         "upgrade", "start", "--component", "ofed", "--version", "25.04-0.6.1.0",
-        "--source", "https://drivers.example.com/ofed",
+        "--source", "https://127.0.0.1:9/ofed",
     )  # fmt: skip
     assert code == 0, err
     ofed = (await cluster.spec())["driver"]["ofed"]
-    assert ofed == {"version": "25.04-0.6.1.0", "source": "https://drivers.example.com/ofed"}
+    assert ofed == {"version": "25.04-0.6.1.0", "source": "https://127.0.0.1:9/ofed"}
 
 
 async def test_pause_and_resume_set_and_clear_paused(cluster: Cluster) -> None:
@@ -150,7 +150,7 @@ async def test_pause_and_resume_set_and_clear_paused(cluster: Cluster) -> None:
 
 async def test_abort_goes_back_to_the_versions_start_replaced_once(cluster: Cluster) -> None:
     code, _, err = await cluster.cli(
-        "upgrade", "start", "--version", NEW, "--source", "https://mirror.example.com/gpu"
+        "upgrade", "start", "--version", NEW, "--source", "https://127.0.0.1:9/gpu"
     )
     assert code == 0, err
     assert (await cluster.cli("upgrade", "pause"))[0] == 0
@@ -347,7 +347,7 @@ async def test_no_crd_is_a_clear_failure(tmp_path: Path) -> None:
 
 async def test_a_start_amended_with_another_source_is_aborted_as_one(cluster: Cluster) -> None:
     assert (await cluster.cli("upgrade", "start", "--version", NEW))[0] == 0
-    mirror = "https://mirror.example.com/gpu"
+    mirror = "https://127.0.0.1:9/gpu"
     assert (await cluster.cli("upgrade", "start", "--version", NEW, "--source", mirror))[0] == 0
     code, _, err = await cluster.cli("upgrade", "abort")
     assert code == 0, err
