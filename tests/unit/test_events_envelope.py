@@ -198,7 +198,10 @@ STATE_CHANGES = [cls for cls in REGISTRY.values() if issubclass(cls, StateChange
 
 
 def test_every_saga_kind_publishes_its_state_changes_on_the_state_subject() -> None:
-    assert {cls.DOMAIN for cls in STATE_CHANGES} == {"upgrade", "remediation", "mig"}
+    from gpuop.saga.registry import KINDS
+
+    assert {cls.DOMAIN for cls in STATE_CHANGES} == {kind.state_change.DOMAIN for kind in KINDS}
+    assert {cls.DOMAIN for cls in STATE_CHANGES} >= {"upgrade", "remediation", "mig", "device-api"}
 
 
 @pytest.mark.parametrize("cls", STATE_CHANGES, ids=lambda cls: cls.__name__)
