@@ -34,7 +34,7 @@ WORKLOADS = {
     },
     "Deployment": {
         "gpuop-discovery-cluster", "gpuop-network-manager-cluster", "gpuop-telemetry-cluster",
-        "gpuop-upgrade-orchestrator", "gpuop-nats-auth",
+        "gpuop-device-plugin-cluster", "gpuop-upgrade-orchestrator", "gpuop-nats-auth",
     },
     "StatefulSet": {"gpuop-nats"},
 }  # fmt: skip
