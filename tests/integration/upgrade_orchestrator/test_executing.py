@@ -21,6 +21,7 @@ from gpuop.kube import client, nodes, pods
 from gpuop.kube.recording import EventRecorder
 from gpuop.saga import actions
 from gpuop.saga.upgrade import records
+from gpuop.services.upgrade_orchestrator import executing
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
 from gpuop.services.upgrade_orchestrator.nodepods import NodePods
 from gpuop_sim import ApiServer, RequestKind, SimCluster
@@ -287,6 +288,25 @@ async def test_a_gpu_window_deletes_the_pods_of_any_drivers_claims_on_the_nodes_
     node_claims.ready.set()
 
     deleted = await delete_window_pods(kube, window_of(Component.GPU), node_claims)
+
+    assert isinstance(deleted, observed.PodsDeleted) and deleted.deleted == 1, deleted
+    assert await left(kube) == ["web"]
+
+
+async def test_a_claims_read_that_never_finishes_does_not_hold_the_pod_deletion(
+    api: tuple[ApiServer, client.Kube], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log's claim facts never read (a reader whose consumer name an orphaned one holds,
+    seen after a NATS server was killed): the deletion goes on after its bounded wait with
+    the claims it knows, NVIDIA's drivers' holders still found from the API server."""
+    server, kube = api
+    server.seed(kube_support.claim("gpus", "gpu.nvidia.com"))
+    server.seed(kube_support.with_claims(kube_support.pod("dra-train"), named={"g": "gpus"}))
+    server.seed(kube_support.pod("web"))
+    monkeypatch.setattr(executing, "CLAIMS_READ_WAIT_SECONDS", 0.2)
+
+    never_read = claims.NodeClaims()
+    deleted = await delete_window_pods(kube, window_of(Component.GPU), never_read)
 
     assert isinstance(deleted, observed.PodsDeleted) and deleted.deleted == 1, deleted
     assert await left(kube) == ["web"]

@@ -33,7 +33,9 @@ node was cordoned before the first execution, so a repeat reports the same
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -49,6 +51,15 @@ from gpuop.saga import actions
 from gpuop.saga.mig import actions as mig_actions
 from gpuop.saga.remediation import actions as remedies
 from gpuop.services.upgrade_orchestrator.nodepods import NodePods
+
+CLAIMS_READ_WAIT_SECONDS = 10.0
+"""How long a pod deletion waits for the log's claim facts to be read before it goes on with
+the claims it knows: pods of NVIDIA's DRA drivers are still found from the API server's
+claims (`pods.holders_filter`); other drivers' claim holders may be missed, and a warning
+says so. Without the bound a read that cannot start (its consumer name held by a reader
+orphaned in a server loss) held every pod deletion until its step's deadline failed it."""
+
+log = logging.getLogger(__name__)
 
 PODS_REPORTED = 64
 """Pods named in a failure event at most (the event's limit)."""
@@ -308,7 +319,15 @@ class KubeExecutor:
         components = action.components
         claimants: frozenset[tuple[str, str]] = frozenset()
         if self._claims is not None:
-            await self._claims.ready.wait()  # the log's claims read: no holder overlooked
+            try:  # the log's claims read first: no holder overlooked
+                await asyncio.wait_for(self._claims.ready.wait(), CLAIMS_READ_WAIT_SECONDS)
+            except TimeoutError:
+                log.warning(
+                    "the claims of the log are not read yet after %.0f s: deleting the holders "
+                    "on %s with the claims known (other DRA drivers' holders may be missed)",
+                    CLAIMS_READ_WAIT_SECONDS,
+                    node,
+                )
             claimants = self._claims.claimants(node)
 
         async def holders_of(
