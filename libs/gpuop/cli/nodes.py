@@ -25,9 +25,13 @@ def add_nvml(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", help="node name; names simulated GPUs (GPUOP_NODE)")
 
 
+DEFAULT_HOST_ROOT = Path("/host")
+"""Where the chart mounts the host's root in a node agent's container."""
+
+
 def host_root(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
     """The host root `--host-root` names; `SettingsError` when it is no directory."""
-    root = Path(args.host_root or environ.get("GPUOP_HOST_ROOT") or "/host")
+    root = Path(args.host_root or environ.get("GPUOP_HOST_ROOT") or DEFAULT_HOST_ROOT)
     if not root.is_dir():
         raise SettingsError(f"--host-root {root}: no such directory")
     return root

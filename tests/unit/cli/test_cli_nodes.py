@@ -29,12 +29,14 @@ def test_the_host_root_comes_from_the_flag_then_the_environment(tmp_path: Path) 
     assert nodes.host_root(parsed(), {"GPUOP_HOST_ROOT": str(env)}) == env
 
 
-def test_a_host_root_that_is_no_directory_is_refused_naming_it(tmp_path: Path) -> None:
+def test_a_host_root_that_is_no_directory_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(SettingsError, match=f"--host-root {tmp_path / 'absent'}: no such"):
         nodes.host_root(parsed("--host-root", str(tmp_path / "absent")), {})
-    if Path("/host").is_dir():
-        pytest.skip("this machine has a /host: the default is a directory here")
-    with pytest.raises(SettingsError, match="--host-root /host: no such directory"):
+    # the default, wherever this machine has or lacks a /host
+    monkeypatch.setattr(nodes, "DEFAULT_HOST_ROOT", tmp_path / "host")
+    with pytest.raises(SettingsError, match=f"--host-root {tmp_path / 'host'}: no such directory"):
         nodes.host_root(parsed(), {})
 
 

@@ -181,13 +181,13 @@ def support_host(tmp_path: Path) -> HostRoot:
     return root
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root (CAP_MKNOD)")
 async def test_every_load_makes_the_control_nodes_so_the_spec_names_them(
     harness: Harness, host: HostRoot, source: Path
 ) -> None:
     """No program asked NVIDIA's driver for its unified memory nodes: the load makes them
     (as `nvidia-ctk system create-device-nodes` does), numbered in the spec it writes next;
     again after a load that finds them gone."""
+    assert os.geteuid() == 0, "mknod needs root (CAP_MKNOD): run the suites as root, as CI does"
     await new_with_userspace(harness, host, source)
     for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
         host.join(f"dev/{name}").unlink()
