@@ -65,13 +65,18 @@ class ClaimHolders:
             self._claims[event.claim.uid] = _Known(version, event)
         elif isinstance(event, dra.ClaimReleased):
             known = self._claims.get(event.claim.uid)
-            if known is not None and known.allocated is None:
-                return False
-            self._claims[event.claim.uid] = _Known(known.version if known else 0, None)
+            if known is None or known.allocated is None:
+                return False  # nothing allocated to release
+            self._claims[event.claim.uid] = _Known(known.version, None)
         else:
             return False
         self.changed.set()
         return True
+
+    def get(self, uid: str) -> dra.ClaimAllocated | None:
+        """The claim's allocation on this node; None while none is known, or once released."""
+        known = self._claims.get(uid)
+        return known.allocated if known is not None else None
 
     def allocations(self) -> tuple[dra.ClaimAllocated, ...]:
         """The claims allocated now, by uid."""

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from gpuop.host.roots import HostRoot
+from gpuop.inventory.claims import ClaimHolders
 from gpuop.services.device_plugin.dra import cdispecs, checkpoint
 from gpuop.services.device_plugin.dra.checkpoint import Checkpoint, PreparedClaim, State
-from gpuop.services.device_plugin.dra.claims import ClaimsIndex
 from gpuop.services.device_plugin.dra.preparing import (
     NOT_YET_KNOWN,
     ClaimName,
@@ -42,9 +42,11 @@ def inventory(root: HostRoot) -> GpuInventory:
     return sim_inventory(root, gpus=2, mig={1: ["3g.71gb"]})
 
 
-def preparer(root: HostRoot, inventory: GpuInventory, index: ClaimsIndex | None = None) -> Preparer:
+def preparer(
+    root: HostRoot, inventory: GpuInventory, index: ClaimHolders | None = None
+) -> Preparer:
     path = root.join("var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json")
-    return Preparer(root, index or ClaimsIndex(), Checkpoint.load(path, BOOT), lambda: inventory)
+    return Preparer(root, index or ClaimHolders(), Checkpoint.load(path, BOOT), lambda: inventory)
 
 
 def gpu(inventory: GpuInventory, i: int) -> str:
@@ -271,7 +273,7 @@ def test_time_slicing_with_the_default_interval_is_applied_and_kept(
 
 
 def test_the_newest_allocation_wins_and_a_release_is_not_undone_by_an_old_one() -> None:
-    index = ClaimsIndex()
+    index = ClaimHolders()
     gpus = ["GPU-00000000-0000-0000-0000-000000000001", "GPU-00000000-0000-0000-0000-000000000002"]
     assert index.apply(allocated(1, gpus[:1], node=NODE, version=20))
     assert not index.apply(allocated(1, gpus[1:], node=NODE, version=19))

@@ -5,10 +5,10 @@ The allocations come over the bus (the device plugin's cluster role reads Resour
 publishes `dra.ClaimAllocated` for the node), since node agents hold no Kubernetes token;
 the slices are the cluster role's too. This package prepares what the kubelet asks for:
 
-    plugin       `DraPlugin`: the claims index, the checkpoint and the servers of one node
+    plugin       `DraPlugin`: the claims (`gpuop.inventory.claims.ClaimHolders`, the same
+                 fold the holders read), the checkpoint and the servers of one node
     serving      the gRPC servers: registration, DRAPlugin v1 and v1beta1, DRAResourceHealth
     preparing    NodePrepareResources and NodeUnprepareResources, per claim, idempotent
-    claims       the newest allocation per claim, from the bus
     checkpoint   what was prepared, on the host, across restarts of this boot
     cdispecs     one CDI spec per claim, with the node's `nvidia.com/gpu` spec's edits
     sharing      the claim's opaque configuration (NVIDIA's `GpuConfig`), strictly

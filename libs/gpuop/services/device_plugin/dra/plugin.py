@@ -22,8 +22,8 @@ from gpuop.clocks import Clock
 from gpuop.events import dra
 from gpuop.host import system
 from gpuop.host.roots import HostRoot
+from gpuop.inventory.claims import ClaimHolders
 from gpuop.services.device_plugin.dra import checkpoint, serving
-from gpuop.services.device_plugin.dra.claims import ClaimsIndex
 from gpuop.services.device_plugin.dra.preparing import Preparer
 from gpuop.services.device_plugin.dra.serving import DeviceHealth, DraServer, Registered
 from gpuop.services.device_plugin.health import HealthBook
@@ -58,7 +58,7 @@ class DraPlugin:
         self.root = root
         self.pool = node
         """gpuop's pool on this node is named after it."""
-        self.index = ClaimsIndex()
+        self.index = ClaimHolders()
         self._inventory = inventory
         self._health = health
         self._paused = paused

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from gpuop.events import dra
 from gpuop.host.roots import HostRoot
+from gpuop.inventory.claims import ClaimHolders
 from gpuop.services.device_plugin.dra import cdispecs, sharing
 from gpuop.services.device_plugin.dra.checkpoint import (
     Checkpoint,
@@ -34,7 +35,6 @@ from gpuop.services.device_plugin.dra.checkpoint import (
     PreparedDevice,
     State,
 )
-from gpuop.services.device_plugin.dra.claims import ClaimsIndex
 from gpuop.services.device_plugin.inventory import GpuInventory, Target
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class Preparer:
     def __init__(
         self,
         root: HostRoot,
-        index: ClaimsIndex,
+        index: ClaimHolders,
         checkpoint: Checkpoint,
         inventory: Callable[[], GpuInventory],
     ) -> None:
