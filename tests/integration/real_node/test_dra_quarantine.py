@@ -48,20 +48,24 @@ pytestmark = [pytest.mark.real_node, pytest.mark.nats]
 
 GPUS = 2
 WAIT = {"timeout": 180, "interval": 0.5}
+REAL_NODE_LABEL = "gpuop.io/real-node"
 CLAIMS = f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims"
 RULES = f"{RESOURCE}/devicetaintrules"
-POLICY: dict[str, Any] = {
-    "deviceAPI": "dra",
-    "upgradePolicy": {
-        "maxParallelUpgrades": 3,
-        "maxUnavailable": 3,
-        "podDeletion": {"force": True, "timeoutSeconds": 240},
-        # the ladder's pod rung asks one nvidia.com/gpu, which a DRA node does not offer
-        "validation": {"rungs": ["nvml", "cuda"]},
-    },
+UPGRADE_POLICY: dict[str, Any] = {
+    "podDeletion": {"force": True, "timeoutSeconds": 240},
+    # the ladder's pod rung asks one nvidia.com/gpu, which a DRA node does not offer
+    "validation": {"rungs": ["nvml", "cuda"]},
 }
-"""The node serves DRA as the policy wants (no switch back), and the KWOK node's switch to
-DRA takes no slot the remediation waits for; the workloads are bare pods."""
+"""The workloads are bare pods (evicting them takes `force`)."""
+
+
+def policy(source: Path, version: str) -> dict[str, Any]:
+    """The real node in a driver pool of its own that serves DRA (what it serves already:
+    no switch), the KWOK node left on the device plugin (no switch there either, which
+    would hold a slot of the budget the remediation waits for)."""
+    driver = node_rollouts.driver_spec(source, version)
+    pool = {"name": "real", "nodeSelector": f"{REAL_NODE_LABEL}=true", "deviceAPI": "dra"}
+    return {"driver": {**driver, "pools": [pool]}, "upgradePolicy": UPGRADE_POLICY}
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +121,7 @@ async def test_an_xid_quarantines_one_dra_device_and_evicts_only_its_claims_hold
                 device["name"]: device["attributes"]["uuid"]["string"]
                 for device in published["spec"]["devices"]
             }
-            node_rollouts.apply_policy(
-                plane, {**POLICY, "driver": node_rollouts.driver_spec(source, running)}
-            )
+            node_rollouts.apply_policy(plane, policy(source, running))
             for name in ("holder-a", "holder-b"):
                 plane.call("POST", CLAIMS, dra_nodes.resource_claim(f"{name}-gpu"))
                 plane.call("POST", PODS, holder(name))
@@ -130,6 +132,9 @@ async def test_an_xid_quarantines_one_dra_device_and_evicts_only_its_claims_hold
             kept_before = plane.call("GET", f"{PODS}/holder-b")
             print(f"\nclaims: holder-a on {device_a}, holder-b on {device_b}")
             rule = dra.taint_rule_name(node.name, device_a)
+            # an XID told before the orchestrator leads starts its remediation only at a resync
+            log = node.work / "agents" / "orchestrator.log"
+            await eventually(lambda: "leading as" in log.read_text(errors="replace"), **WAIT)
             store = SagaStore(await orchestrator.bus.kv(Buckets.SAGAS), REMEDIATION)
 
             async def quarantined() -> bool:
@@ -144,8 +149,6 @@ async def test_an_xid_quarantines_one_dra_device_and_evicts_only_its_claims_hold
 
             async def remediated() -> RemediationSaga | None:
                 stored = await store.get(node.name)
-                if stored is not None:
-                    print(f"remediation: {stored.saga.state}", flush=True)
                 ended = stored is not None and stored.saga.state in (
                     RemediationState.DONE,
                     RemediationState.FAILED,
