@@ -30,6 +30,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field, StrictInt
 from pydantic_core import PydanticCustomError
 
+from gpuop import moduleparams
 from gpuop.policy.fields import Section
 
 MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
@@ -91,13 +92,6 @@ class ModuleParameters(Section):
         return {m: given for m in MODULES if (given := getattr(self, m))}
 
 
-Options = Mapping[str, Mapping[str, str]]
-"""Module name to `{parameter: value as modprobe takes it}`."""
-
-_INTEGER_TYPES = {"byte", "short", "ushort", "int", "uint", "long", "ulong", "ullong", "hexint"}
-_UNSIGNED = {"byte", "ushort", "uint", "ulong", "ullong", "hexint"}
-_BOOL_TYPES = {"bool", "invbool"}
-_BOOL_WORDS = {"y", "n", "1", "0"}
 _NEAREST = 3
 
 
@@ -131,7 +125,7 @@ def check_declared(
             if name not in known:
                 problems.append(f"{module}: no parameter {name}; {_nearest(name, known)}")
                 continue
-            wrong = _type_problem(value, known[name])
+            wrong = moduleparams.value_problem(value, known[name])
             if wrong:
                 problems.append(f"{module}.{name}: {wrong}")
     return problems
@@ -146,38 +140,3 @@ def _nearest(name: str, known: Mapping[str, str]) -> str:
     if close:
         return "did you mean " + " or ".join(close) + f"? ({len(known)} declared)"
     return f"it declares {', '.join(sorted(known)[:8]) or 'none'}"
-
-
-def _type_problem(value: int | str, kind: str) -> str | None:
-    """Why `value` does not fit modinfo's `kind`; None when it does (or the type is one
-    this check does not know, which the kernel judges at load)."""
-    kind = kind.strip()
-    if kind.startswith("array of "):
-        element = kind.removeprefix("array of ").strip()
-        items = str(value).split(",") if isinstance(value, str) else [value]
-        for item in items:
-            wrong = _type_problem(item, element)
-            if wrong:
-                return f"{wrong} (in the {kind} {value!r})"
-        return None
-    if kind in _BOOL_TYPES:
-        if str(value).lower() in _BOOL_WORDS:
-            return None
-        return f"is a {kind}: Y or N (or 1 or 0), not {value!r}"
-    if kind in _INTEGER_TYPES:
-        number = _integer(value)
-        if number is None:
-            return f"is an {kind}: an integer, not {value!r}"
-        if kind in _UNSIGNED and number < 0:
-            return f"is an {kind}: at least 0, not {value!r}"
-        return None
-    return None  # charp, string and types we do not know: any text
-
-
-def _integer(value: int | str) -> int | None:
-    if isinstance(value, int):
-        return value
-    try:
-        return int(value, 0)
-    except ValueError:
-        return None

@@ -33,7 +33,12 @@ def test_a_package_holds_a_manifest_and_one_stand_in_per_module(tmp_path: Path) 
         "modules": list(components.modules_of("gpu")),
     }
     assert standin == packages.ModuleStandin(
-        "nvidia_drm", "590.44.01", KERNEL, ("nvidia", "nvidia_modeset"), 135168
+        "nvidia_drm",
+        "590.44.01",
+        KERNEL,
+        ("nvidia", "nvidia_modeset"),
+        135168,
+        parameters=(("modeset", "bool"),),  # what the real module's modinfo declares
     )
 
 
