@@ -5,10 +5,12 @@ does not take; modinfo's `parm:` lines become the declarations; stand-ins carry 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpuop import moduleparams
-from gpuop.host import errors, modules, packages, parameters
+from gpuop.host import errors, manifests, modules, packages, packaging, parameters
 from gpuop.host.roots import HostRoot
 from gpuop_sim.host.simkernel import SimKernel
 
@@ -93,3 +95,28 @@ def test_nvidia_stand_ins_declare_the_535_parameters_and_keep_them_encoded() -> 
     assert packages.ModuleStandin.decode(nvidia.encode()) == nvidia
     ofed = packages.standins_for("ofed", "24.10-1.1.4.0", KERNEL)
     assert all(standin.parameters == () for standin in ofed)
+
+
+def test_a_sources_index_lists_what_each_packages_modules_declare(tmp_path: Path) -> None:
+    built = packaging.build_package(tmp_path, "gpu", "535.261.03", KERNEL)
+    entry = built.index_entry()
+    assert entry["parameters"] == {  # type: ignore[index]
+        s.name: dict(s.parameters) for s in packages.standins_for("gpu", "535.261.03", KERNEL)
+    }
+    assert (
+        "parameters" not in packaging.build_package(tmp_path, "ofed", "24.10", KERNEL).index_entry()
+    )
+
+    drm = packages.standins_for("gpu", "535.261.03", KERNEL)[-2]
+    v2 = packaging.write_package_v2(
+        tmp_path / "v2",
+        component="gpu",
+        version="535.261.03",
+        flavour=manifests.Flavour.OPEN,
+        kernel_release=KERNEL,
+        files={
+            f"modules/{drm.name}.ko": packaging.PackageContent(drm.encode(), manifests.Role.MODULE),
+            "modules/broken.ko": packaging.PackageContent(b"\x7fELF", manifests.Role.MODULE),
+        },
+    )
+    assert v2.index_entry()["parameters"] == {drm.name: dict(drm.parameters)}

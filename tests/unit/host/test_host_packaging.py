@@ -61,6 +61,7 @@ def test_a_driver_source_indexes_its_archives(tmp_path: Path) -> None:
         "kernel_release": KERNEL,
         "sha256": built[1].sha256,
         "file": f"gpu-590.44.01-{KERNEL}.tar.gz",
+        "parameters": built[1].parameters,  # what its modules declare
     }
 
 
