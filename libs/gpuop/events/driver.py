@@ -38,6 +38,16 @@ from gpuop.events.fields import (
 
 SERVICE = "driver-manager"
 
+ParameterName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
+"""A module parameter's name, as `module_param` declares it: `NVreg_EnableGpuFirmware`."""
+ParameterValue = Annotated[str, StringConstraints(pattern=r"^[^\s\"'\\]{0,1024}$")]
+"""A module parameter's value as modprobe takes it and sysfs shows it: `0`, `Y`, `a=1;b=2`."""
+ModuleParameters = Annotated[
+    dict[ModuleName, Annotated[dict[ParameterName, ParameterValue], Field(max_length=64)]],
+    Field(max_length=16),
+]
+"""Module name to its parameters: `{"nvidia": {"NVreg_EnableGpuFirmware": "0"}}`."""
+
 
 class Component(DocumentedEnum):
     """Which driver stack a command or result is about; upstream's `<drv>` names."""
@@ -256,6 +266,9 @@ class LoadDriver(Command):
     """Driver version expected to load; a different one is a failure."""
     timeout_seconds: TimeoutSeconds = 300
     """How long loading may take."""
+    parameters: ModuleParameters = Field(default_factory=dict)
+    """The parameters each module is loaded with (the policy's `kernelModuleParameters`);
+    empty: none."""
 
 
 class ValidateDriver(Command):
@@ -294,6 +307,8 @@ class RollbackDriver(Command):
     version as it is installed."""
     timeout_seconds: TimeoutSeconds = 1800
     """How long the whole rollback may take."""
+    parameters: ModuleParameters = Field(default_factory=dict)
+    """The parameters the modules ran with before, loaded with them again; empty: none."""
 
 
 class RebootNode(Command):
@@ -419,6 +434,9 @@ class DriverLoaded(DriverResult):
     """Loaded version."""
     modules: tuple[ModuleName, ...] = Field(default=(), max_length=64)
     """Modules now loaded, in load order."""
+    parameters: ModuleParameters = Field(default_factory=dict)
+    """The parameters the load asked for, each as the module shows it now
+    (`/sys/module/<module>/parameters/`); one the module took none of is left out."""
 
 
 class DriverLoadFailed(DriverFailure):
