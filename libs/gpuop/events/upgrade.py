@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, StringConstraints
 
 from gpuop.events.device import OperandService
-from gpuop.events.driver import Component, Flavour
+from gpuop.events.driver import Component, Flavour, ModuleParameters
 from gpuop.events.envelope import Event, StateChangedEvent
 from gpuop.events.fields import (
     Attempt,
@@ -196,6 +196,9 @@ class SagaStarted(Event):
     running_flavour: Flavour | None = None
     """The kernel modules the node's GPU driver ran (from its inventory); absent: none ran,
     or discovery did not say."""
+    running_parameters: ModuleParameters | None = None
+    """The parameters the node's GPU driver modules ran with (those its last saga loaded
+    them with), loaded again by a rollback; absent: unknown."""
 
 
 class PolicyApplied(Event):
