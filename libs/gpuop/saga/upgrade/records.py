@@ -321,13 +321,9 @@ def start_reason(
         )
         return SagaReason.KERNEL_DRIFT if drifted else SagaReason.NO_DRIVER
     if components_to_upgrade(
-        policy,
-        running,
-        pool,
-        flavour=flavour,
-        running_flavour=running_flavour,
-        running_parameters=running_parameters,
-    ):
+        policy, running, pool,
+        flavour=flavour, running_flavour=running_flavour, running_parameters=running_parameters,
+    ):  # fmt: skip
         return SagaReason.VERSION_CHANGE
     return None
 
@@ -385,13 +381,9 @@ def new_saga(
     `ValueError` when the node already runs every target.
     """
     components = components_to_upgrade(
-        policy,
-        running,
-        pool,
-        flavour=flavour,
-        running_flavour=running_flavour,
-        running_parameters=running_parameters,
-    )
+        policy, running, pool,
+        flavour=flavour, running_flavour=running_flavour, running_parameters=running_parameters,
+    )  # fmt: skip
     if not components:
         raise ValueError(f"{node} already runs the desired drivers: nothing to upgrade")
     targets = desired_targets(policy, pool, flavour)
