@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar
 
-from pydantic import Field, StringConstraints
+from pydantic import BaseModel, Field, StringConstraints
 
 from gpuop.events.envelope import Command, Event
 from gpuop.events.fields import (
@@ -47,6 +47,18 @@ ModuleParameters = Annotated[
     Field(max_length=16),
 ]
 """Module name to its parameters: `{"nvidia": {"NVreg_EnableGpuFirmware": "0"}}`."""
+
+
+def hash_with_parameters(self: BaseModel) -> int:
+    """An event's hash where a field is a `ModuleParameters` mapping: events are hashable
+    (kept in sets and as keys), and a dict is not."""
+    return hash((type(self), tuple((k, _hashable(v)) for k, v in self.__dict__.items())))
+
+
+def _hashable(value: object) -> object:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
 
 
 class Component(DocumentedEnum):
@@ -257,6 +269,7 @@ class StageDriver(Command):
 class LoadDriver(Command):
     """Load the installed `version` of the component."""
 
+    __hash__ = hash_with_parameters
     SERVICE: ClassVar[str] = SERVICE
     VERB: ClassVar[str] = "load"
 
@@ -292,6 +305,7 @@ class ValidateDriver(Command):
 class RollbackDriver(Command):
     """Return the component to `version`: unload what runs, reinstall if needed, load."""
 
+    __hash__ = hash_with_parameters
     SERVICE: ClassVar[str] = SERVICE
     VERB: ClassVar[str] = "rollback"
 
@@ -428,6 +442,7 @@ class DriverStageFailed(DriverFailure):
 class DriverLoaded(DriverResult):
     """The driver is loaded."""
 
+    __hash__ = hash_with_parameters
     NAME: ClassVar[str] = "loaded"
 
     version: Version

@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, StringConstraints
 
 from gpuop.events.device import OperandService
-from gpuop.events.driver import Component, Flavour, ModuleParameters
+from gpuop.events.driver import Component, Flavour, ModuleParameters, hash_with_parameters
 from gpuop.events.envelope import Event, StateChangedEvent
 from gpuop.events.fields import (
     Attempt,
@@ -162,6 +162,7 @@ class SagaStarted(Event):
     inputs and the policy in force; recorded so a replay of the log (`gpuop replay`) builds
     the same saga with `gpuop.saga.new_saga`, at the time of this event."""
 
+    __hash__ = hash_with_parameters
     DOMAIN: ClassVar[str] = DOMAIN
     NAME: ClassVar[str] = "saga-started"
 

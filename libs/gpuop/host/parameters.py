@@ -1,5 +1,11 @@
 """Module parameters on a host: what a loaded module shows in `sys/module/<name>/parameters/`,
-and what the module stand-ins declare.
+the `options` lines of `etc/modprobe.d/`, and what the module stand-ins declare.
+
+The driver-manager writes the parameters it loads a component's modules with into
+`etc/modprobe.d/gpuop-<component>.conf` (`write_options`) as well as on modprobe's command
+line, so a load it does not make (the boot after a reboot, a `modprobe` by hand) uses them
+too; `configured` reads every file there as modprobe does, and the simulated kernel applies
+them.
 
 The driver-manager reads `shown` after a load to record the parameters the kernel took (a
 parameter the module does not declare is ignored by the kernel and shows nowhere); the
@@ -11,9 +17,14 @@ are read with modinfo (`gpuop.host.indexing.declared_module`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from gpuop import moduleparams
+from gpuop.host.files import write_atomic
 from gpuop.host.modules import SYS_MODULE
 from gpuop.host.roots import HostRoot
 
+MODPROBE_D = "etc/modprobe.d"
 PARAMETERS = "parameters"
 """The directory of `sys/module/<name>` holding one file per readable parameter."""
 
@@ -90,6 +101,35 @@ STANDIN_DECLARED: dict[str, dict[str, str]] = {
     "nvidia_peermem": {"peerdirect_support": "int"},
 }
 """The parameters each NVIDIA module's stand-in declares (OFED's declare none)."""
+
+
+def write_options(root: HostRoot, component: str, options: Mapping[str, Mapping[str, str]]) -> None:
+    """`etc/modprobe.d/gpuop-<component>.conf` with one `options` line per module of
+    `options`; removed when there are none."""
+    path = root.join(f"{MODPROBE_D}/gpuop-{component}.conf")
+    lines = [
+        f"options {m} {' '.join(moduleparams.words(p))}" for m, p in sorted(options.items()) if p
+    ]
+    if not lines:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = "# written by gpuop's driver-manager: the policy's kernelModuleParameters"
+    write_atomic(path, "\n".join([header, *lines]) + "\n")
+
+
+def configured(root: HostRoot) -> dict[str, dict[str, str]]:
+    """The `options` of every `etc/modprobe.d/*.conf`, module to parameters, files in name
+    order and a later value winning, as modprobe reads them."""
+    found: dict[str, dict[str, str]] = {}
+    for name in sorted(root.list_dir(MODPROBE_D)):
+        text = root.read_text(f"{MODPROBE_D}/{name}") if name.endswith(".conf") else None
+        for line in (text or "").splitlines():
+            fields = line.split()
+            if len(fields) > 2 and fields[0] == "options":
+                module = fields[1].replace("-", "_")
+                found.setdefault(module, {}).update(moduleparams.parsed(fields[2:]))
+    return found
 
 
 def shown(root: HostRoot, module: str) -> dict[str, str]:

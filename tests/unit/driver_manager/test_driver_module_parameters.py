@@ -8,6 +8,7 @@ from __future__ import annotations
 from gpuop.events import driver as dm
 from gpuop.host import parameters
 from gpuop.host.roots import HostRoot
+from gpuop_sim.host.simkernel import SimKernel
 from tests.support.driver_manager import OLD, Harness
 
 GPU = dm.Component.GPU
@@ -32,11 +33,15 @@ async def test_a_load_passes_the_parameters_and_records_what_the_modules_show(
     assert parameters.shown(host, "nvidia") == AFTER["nvidia"]
     assert parameters.shown(host, "nvidia_uvm") == AFTER["nvidia_uvm"]
     assert harness.store.load().component("gpu").parameters == AFTER
+    SimKernel(host).reboot(load=("nvidia", "nvidia_uvm"))  # modprobe.d has them for the boot
+    assert parameters.shown(host, "nvidia") == AFTER["nvidia"]
+    assert parameters.shown(host, "nvidia_uvm") == AFTER["nvidia_uvm"]
 
     loaded = await reload(harness, {})  # a load without: the module defaults again
     assert isinstance(loaded, dm.DriverLoaded) and loaded.parameters == {}
     assert parameters.shown(host, "nvidia") == {}
     assert harness.store.load().component("gpu").parameters == {}
+    assert parameters.configured(host) == {}  # the file is gone with them
 
 
 async def test_a_parameter_the_module_does_not_declare_is_left_out_of_the_answer(

@@ -67,6 +67,31 @@ def test_a_value_the_declared_type_refuses_fails_the_load(
     assert modules.loaded_modules(seeded) == ()
 
 
+def test_modprobe_d_options_apply_to_every_load_and_the_command_line_wins(
+    seeded: HostRoot,
+) -> None:
+    parameters.write_options(seeded, "gpu", {"nvidia": {"NVreg_EnableMSI": "0"}, "nvidia_uvm": {}})
+    conf = seeded.join("etc/modprobe.d/gpuop-gpu.conf").read_text()
+    assert conf.splitlines()[1:] == ["options nvidia NVreg_EnableMSI=0"]
+    seeded.join("etc/modprobe.d/zz-admin.conf").write_text("options nvidia-uvm uvm_disable_hmm=Y\n")
+    assert parameters.configured(seeded) == {
+        "nvidia": {"NVreg_EnableMSI": "0"},
+        "nvidia_uvm": {"uvm_disable_hmm": "Y"},
+    }
+    kernel = SimKernel(seeded)
+    kernel.rmmod("nvidia_uvm")
+    kernel.rmmod("nvidia")
+    kernel.modprobe("nvidia_uvm")  # nvidia, a need, gets its modprobe.d options too
+    assert parameters.shown(seeded, "nvidia") == {"NVreg_EnableMSI": "0"}
+    assert parameters.shown(seeded, "nvidia_uvm") == {"uvm_disable_hmm": "Y"}
+    kernel.rmmod("nvidia_uvm")
+    kernel.rmmod("nvidia")
+    kernel.modprobe("nvidia", {"NVreg_EnableMSI": "1"})
+    assert parameters.shown(seeded, "nvidia") == {"NVreg_EnableMSI": "1"}
+    parameters.write_options(seeded, "gpu", {})
+    assert not seeded.join("etc/modprobe.d/gpuop-gpu.conf").exists()
+
+
 def test_modinfo_parm_lines_become_declarations() -> None:
     assert moduleparams.declared(
         [

@@ -32,7 +32,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from gpuop import moduleparams
-from gpuop.host import indexing, modules, packages, system
+from gpuop.host import indexing, modules, packages, parameters, system
 from gpuop.host.errors import (
     HostReadError,
     KernelError,
@@ -77,7 +77,8 @@ class SimKernel:
 
     def modprobe(self, module: str, options: Mapping[str, str] | None = None) -> None:
         """Load `module` and what it needs; nothing when it is loaded or built in.
-        `options`: `module`'s parameters (not its needs'), each one it declares shown in
+        `options`: `module`'s parameters (not its needs'), after those `etc/modprobe.d` gives
+        every module (`gpuop.host.parameters.configured`), each one it declares shown in
         `sys/module/<module>/parameters/`; one it does not declare is ignored, as the kernel
         does ("unknown parameter ignored"), and a value its type does not take fails the
         load ("Invalid argument")."""
@@ -90,10 +91,14 @@ class SimKernel:
             if entry is None:
                 raise ModuleNotFound(name, kernel_release)
             base = packages.modules_dir(self.root, kernel_release)
+            configured = parameters.configured(self.root)
             for path in (*reversed(entry.dependencies), entry.path):
                 needed = indexing.module_name(path)
                 if not self._present(needed, loaded):
-                    given = (options or {}) if needed == name else {}
+                    given = {
+                        **configured.get(needed, {}),
+                        **((options or {}) if needed == name else {}),
+                    }
                     self._insert(needed, base / path, kernel_release, loaded, given)
 
     def rmmod(self, module: str) -> None:

@@ -159,6 +159,8 @@ class Reloader:
         packages.select_version(self.root, kernel_release, component, version)
         # a format 2 version's user space switches with its modules: one link's rename
         previous = installing.select_userspace(self.root, component, version)
+        # for the loads it does not make too (the boot after a reboot)
+        parameters.write_options(self.root, str(component), options or {})
         try:
             await self.kernel.depmod(kernel_release)
             for module in components.load_order(wanted):
