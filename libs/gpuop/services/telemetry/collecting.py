@@ -4,8 +4,10 @@ The node exporter runs two loops over one `Collector`. The fast one (`collect()`
 `interval_seconds`) reads every GPU's hot queries, microseconds each, then renders the whole
 exposition once; scrapes serve `rendered` as it is until the next. The slow one
 (`collect_slow()`, every `slow_interval_seconds`) runs the two blocking queries, PCIe
-throughput (about 21 ms a GPU) and batched field values (about 3.4 ms), in its own thread,
-and the next fast round renders what it found; it never holds a fast round up.
+throughput (about 21 ms a GPU) and batched field values (about 3.4 ms), and takes a GPM
+sample of every GPU and MIG GPU instance (`Nvml.activity()`, the profiling metrics over the
+slow interval), in its own thread, and the next fast round renders what it found; it never
+holds a fast round up. A GPU without GPM (NotSupported) is not asked again in the session.
 
 A GPU whose query fails is left out of that round, the others are not: its failure is
 counted and returned to the caller (the health tracker turns a lost GPU into an event). Only
@@ -22,18 +24,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuop.nvml import (
-    DeviceInfo,
     DeviceMetrics,
     DriverUnavailable,
     NotInitialized,
+    NotSupported,
     Nvml,
     NvmlError,
     PcieThroughput,
 )
+from gpuop.nvml.profiling import Activity
 from gpuop.services.telemetry import catalog, exposition
 from gpuop.services.telemetry.catalog import Reading
 from gpuop.services.telemetry.config import TelemetryConfig
-from gpuop.services.telemetry.exposition import GpuLabels
+from gpuop.services.telemetry.exposition import GpuLabels, InstanceKey
 from gpuop.services.telemetry.instruments import ExporterMetrics
 from gpuop.services.telemetry.pods import Attribution
 from gpuop.services.telemetry.sessions import Inventory, NvmlSession
@@ -50,6 +53,10 @@ class SlowReading:
 
     pcie: PcieThroughput | None
     fields: Mapping[int, int | float]
+    activity: Activity | None = None
+    """GPM's answer for the whole GPU; None where it has no GPM."""
+    instances: Mapping[int, Activity] = field(default_factory=dict)
+    """GPM's answers for its MIG GPU instances, by `GPU_I_ID`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +100,10 @@ class Collector:
         self._enabled = frozenset(config.metrics if config.metrics is not None else catalog.NAMES)
         self._attribution: Attribution = {}
         self._labels: dict[int, GpuLabels] = {}
+        self._instance_labels: dict[InstanceKey, GpuLabels] = {}
+        self._without_gpm: set[int] = set()
+        """GPUs that answered GPM NotSupported in the session `_gpm_session` read."""
+        self._gpm_session: Inventory | None = None
         self._labelled: Inventory | None = None
         """The inventory `_labels` were built for; another one rebuilds them."""
         self._slow: Mapping[int, SlowReading] = {}
@@ -146,8 +157,11 @@ class Collector:
         """One round of the slow queries, kept for the next fast collection to render."""
         started = time.monotonic()
         async with self._session.use() as inventory:
+            if self._gpm_session is not inventory:  # another session: ask every GPU again
+                self._without_gpm = set()
+                self._gpm_session = inventory
             found, cpu_seconds = await asyncio.to_thread(
-                self._slow_round, self._session.nvml, inventory.gpus
+                self._slow_round, self._session.nvml, inventory
             )
             self._slow = found
         self._metrics.collected("slow", seconds=time.monotonic() - started, cpu_seconds=cpu_seconds)
@@ -159,6 +173,13 @@ class Collector:
                 node=self._node,
                 driver_version=inventory.driver_version,
                 attribution=self._attribution,
+                allowed=self._config.labels,
+            )
+            self._instance_labels = exposition.instance_label_sets(
+                inventory.gpus,
+                inventory.migs,
+                node=self._node,
+                driver_version=inventory.driver_version,
                 allowed=self._config.labels,
             )
             self._labelled = inventory
@@ -191,17 +212,23 @@ class Collector:
                 pcie=found.pcie if found else None,
                 fields=found.fields if found else {},
                 last_xid=xids.last.get(gpu.index, 0) if xids else None,
+                activity=found.activity if found else None,
             )
+        instances = [
+            (labelled, Reading(fast=None, activity=slow[index].instances.get(instance_id)))
+            for (index, instance_id), labelled in self._instance_labels.items()
+            if index in slow
+        ]
         counts = xids.window_counts if xids else {}
-        rendered = exposition.render(readings, labels, xid_counts=counts, enabled=self._enabled)
+        rendered = exposition.render(
+            readings, labels, xid_counts=counts, enabled=self._enabled, instances=instances
+        )
         return FastRound(inventory, rendered, answered, failures, time.thread_time() - cpu)
 
-    def _slow_round(
-        self, nvml: Nvml, gpus: Sequence[DeviceInfo]
-    ) -> tuple[dict[int, SlowReading], float]:
+    def _slow_round(self, nvml: Nvml, inventory: Inventory) -> tuple[dict[int, SlowReading], float]:
         cpu = time.thread_time()
         found: dict[int, SlowReading] = {}
-        for gpu in gpus:
+        for gpu in inventory.gpus:
             pcie: PcieThroughput | None = None
             fields: dict[int, int | float] = {}
             try:
@@ -220,5 +247,31 @@ class Collector:
                 log.debug("field values of GPU %d failed: %s", gpu.index, error)
             else:
                 fields = {a.field_id: a.value for a in answers if a.value is not None}
-            found[gpu.index] = SlowReading(pcie, fields)
+            instance_ids = sorted(
+                {m.gpu_instance_id for m in inventory.migs if m.parent_index == gpu.index}
+            )
+            activity, instances = self._activity(nvml, gpu.index, instance_ids)
+            found[gpu.index] = SlowReading(pcie, fields, activity, instances)
         return found, time.thread_time() - cpu
+
+    def _activity(
+        self, nvml: Nvml, index: int, instance_ids: Sequence[int]
+    ) -> tuple[Activity | None, dict[int, Activity]]:
+        """GPM's answers for the GPU and its GPU instances; a GPU without GPM is skipped."""
+        if index in self._without_gpm:
+            return None, {}
+        instances: dict[int, Activity] = {}
+        try:
+            activity = nvml.activity(index)
+            for instance_id in instance_ids:
+                instances[instance_id] = nvml.activity(index, instance_id)
+        except SESSION_ERRORS:
+            raise
+        except NotSupported:
+            self._without_gpm.add(index)
+            return None, {}
+        except NvmlError as error:
+            self._metrics.nvml_failed("gpm")
+            log.debug("GPM of GPU %d failed: %s", index, error)
+            return None, {}
+        return activity, instances

@@ -6,8 +6,8 @@ where the kubelet's PodResources socket is. Read from the `--config` YAML file
     slow_interval_seconds: 30        # PCIe throughput and batched field values (blocking)
     pods_interval_seconds: 5         # PodResources List, for the pod labels
     retry_interval_seconds: 5        # NVML not available yet, or a publish failed
-    labels: [gpu, UUID, pci_bus_id, device, modelName, Hostname,
-             DCGM_FI_DRIVER_VERSION, pod, namespace, container]
+    labels: [gpu, UUID, pci_bus_id, device, modelName, GPU_I_PROFILE, GPU_I_ID,
+             Hostname, DCGM_FI_DRIVER_VERSION, pod, namespace, container]
     metrics: null                    # null: every metric; else the names to export
     resource_names: [nvidia.com/gpu] # plus every nvidia.com/mig-* resource
     kubelet_socket: null             # <host root>/var/lib/kubelet/pod-resources/kubelet.sock
