@@ -9,6 +9,12 @@ sample of every GPU and MIG GPU instance (`Nvml.activity()`, the profiling metri
 slow interval), in its own thread, and the next fast round renders what it found; it never
 holds a fast round up. A GPU without GPM (NotSupported) is not asked again in the session.
 
+Each fast round ends with one render of the process's registry (the exporter's own metrics,
+the bus's, the process collector's) put before the GPU series, marked `Complete`: a scrape
+serves those bytes as they are, renders nothing and takes no lock the collector holds, so
+its cost does not grow with the registry and no collection can stretch it. The registry's
+values are as old as the last collection, as the GPU series are.
+
 A GPU whose query fails is left out of that round, the others are not: its failure is
 counted and returned to the caller (the health tracker turns a lost GPU into an event). Only
 errors that mean the session itself is gone (`SESSION_ERRORS`) end a round early, and the
@@ -23,6 +29,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+
 from gpuop.nvml import (
     DeviceMetrics,
     DriverUnavailable,
@@ -33,6 +42,7 @@ from gpuop.nvml import (
     PcieThroughput,
 )
 from gpuop.nvml.profiling import Activity
+from gpuop.observability.http import Complete
 from gpuop.services.telemetry import catalog, exposition
 from gpuop.services.telemetry.catalog import Reading
 from gpuop.services.telemetry.config import TelemetryConfig
@@ -92,8 +102,11 @@ class Collector:
         config: TelemetryConfig,
         node: str,
         metrics: ExporterMetrics,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self._session = session
+        self._registry = registry
+        """The process's registry, rendered with each collection; None: the server does."""
         self._config = config
         self._node = node
         self._metrics = metrics
@@ -113,7 +126,8 @@ class Collector:
         """The last fast collection."""
 
     def exposition(self) -> bytes:
-        """The scrape path: the bytes of the last collection, and nothing else."""
+        """The scrape path: the bytes of the last collection (`Complete` once the registry
+        is rendered with them), and nothing else."""
         return self.rendered
 
     def attribute(self, attribution: Attribution) -> bool:
@@ -145,13 +159,23 @@ class Collector:
             # kept while still a user of the session, so a close that follows forgets it
             self.rendered = collected.rendered
             self.last = collected
-        self._metrics.collected(
-            "fast", seconds=time.monotonic() - started, cpu_seconds=collected.cpu_seconds
-        )
-        self._metrics.last_collection.set(time.time())
-        self._metrics.gpus.set(len(collected.metrics))
-        self._metrics.nvml_failed("metrics", len(collected.failures))
+            self._metrics.collected(
+                "fast", seconds=time.monotonic() - started, cpu_seconds=collected.cpu_seconds
+            )
+            self._metrics.last_collection.set(time.time())
+            self._metrics.gpus.set(len(collected.metrics))
+            self._metrics.nvml_failed("metrics", len(collected.failures))
+            if self._registry is not None:
+                self.rendered = await asyncio.to_thread(self._complete, collected.rendered)
         return collected
+
+    def _complete(self, rendered: bytes) -> Complete:
+        """The registry's render, then `rendered`; its CPU counts as the fast loop's."""
+        assert self._registry is not None
+        cpu = time.thread_time()
+        complete = Complete(generate_latest(self._registry) + rendered)
+        self._metrics.collector_cpu_seconds.labels(loop="fast").inc(time.thread_time() - cpu)
+        return complete
 
     async def collect_slow(self) -> None:
         """One round of the slow queries, kept for the next fast collection to render."""

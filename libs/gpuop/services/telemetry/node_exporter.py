@@ -75,7 +75,7 @@ class NodeExporter(NodeAgentBase):
         maps_pods = pod_resources is not None and config.maps_pods
         self.metrics = ExporterMetrics(registry, maps_pods=maps_pods)
         self.session = NvmlSession(nvml)
-        self.collector = Collector(self.session, config, node, self.metrics)
+        self.collector = Collector(self.session, config, node, self.metrics, registry)
         self.xids = XidHistory()
         self.health = HealthTracker(config.ignored_xids)
         self.kernel_log = kernel_log
@@ -106,7 +106,7 @@ class NodeExporter(NodeAgentBase):
         return self._paused
 
     def exposition(self) -> bytes:
-        """What `/metrics` serves after the registry: the last collection's render."""
+        """What `/metrics` serves: the last collection's render, the registry's included."""
         return self.collector.rendered
 
     async def run(self, stopping: asyncio.Event) -> None:
