@@ -13,25 +13,10 @@ from prometheus_client import CollectorRegistry
 from gpuop.services.telemetry import catalog
 from gpuop.services.telemetry.instruments import ExporterMetrics
 from gpuop.services.telemetry.operator_metrics import OperatorMetrics
+from tests.support.telemetry import ISSUE_38
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy/grafana/gpuop-telemetry.json"
 ALERTS = Path(__file__).resolve().parents[3] / "deploy/helm/gpuop/templates/prometheusrule.yaml"
-ISSUE_38 = {
-    "DCGM_FI_PROF_SM_ACTIVE",
-    "DCGM_FI_PROF_SM_OCCUPANCY",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_PROF_DRAM_ACTIVE",
-    "DCGM_FI_PROF_NVLINK_TX_BYTES",
-    "DCGM_FI_PROF_NVLINK_RX_BYTES",
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_RETIRED_SBE",
-    "DCGM_FI_DEV_RETIRED_DBE",
-    "DCGM_FI_DEV_RETIRED_PENDING",
-}
-"""The families issue 38 added: the profiling set, NVLink errors and retired pages."""
 ALERTED = ISSUE_38 - {
     "DCGM_FI_PROF_SM_OCCUPANCY",  # how well a program fills the GPU is not an operator's alarm
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",

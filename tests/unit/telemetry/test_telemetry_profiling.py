@@ -14,23 +14,16 @@ from gpuop.nvml import NotSupported, NvmlError
 from gpuop.services.telemetry import catalog
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop_sim.nvml.simulated import SimNvml
-from tests.support.telemetry import CountingNvml, by_gpu, scraping, series
+from tests.support.telemetry import (
+    NVLINK_ERRORS,
+    PROFILING,
+    CountingNvml,
+    by_gpu,
+    scraping,
+    series,
+)
 
 Exporters = Callable[..., NodeExporter]
-PROFILING = (
-    "DCGM_FI_PROF_SM_ACTIVE",
-    "DCGM_FI_PROF_SM_OCCUPANCY",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_PROF_DRAM_ACTIVE",
-    "DCGM_FI_PROF_NVLINK_TX_BYTES",
-    "DCGM_FI_PROF_NVLINK_RX_BYTES",
-)
-NVLINK_ERRORS = (
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-)
 
 
 async def collected(exporter: NodeExporter, slow_rounds: int = 2) -> bytes:
