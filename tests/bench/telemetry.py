@@ -217,8 +217,10 @@ def measure(window: float, scrapes: int, load: int) -> dict[str, Any]:
             time.sleep(0.1)
 
         first = scrape(connection)
+        connection.close()  # the server closes a connection idle for a minute
         started = time.monotonic()
         time.sleep(window)
+        connection.connect()
         last = scrape(connection)
         elapsed = time.monotonic() - started
         (c0, p0, n0), (c1, p1, n1) = cpu_seconds(first), cpu_seconds(last)
