@@ -37,7 +37,12 @@ series only."""
 INSTANCE_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
 POD_LABELS = ("pod", "namespace", "container")
 """Labels of a GPU's series while one container holds it."""
+POD_UID = "pod_uid"
+"""The holding pod's uid: off by default, as in dcgm-exporter (`--kubernetes-enable-pod-uid`)."""
 LABELS = GPU_LABELS + POD_LABELS
+"""The labels series carry by default."""
+KNOWN_LABELS = (*LABELS, POD_UID)
+"""Every label a configuration may name."""
 KIB = 1024
 """NVML's PCIe throughput and NVLink counters count in KiB."""
 

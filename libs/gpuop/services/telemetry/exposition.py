@@ -17,12 +17,15 @@ has its own series (`instance_label_sets()`): its GPU's labels with `GPU_I_PROFI
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuop.nvml import DeviceInfo, MigDevice
 from gpuop.services.telemetry import catalog
 from gpuop.services.telemetry.catalog import Metric, Reading
 from gpuop.services.telemetry.pods import Attribution, Owner
+
+OWNER_LABELS = (*catalog.POD_LABELS, catalog.POD_UID)
+"""The labels of a container holding a GPU, in their order (`pod_uid` only where known)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,8 @@ def label_sets(
         values = _gpu_values(gpu, node, driver_version)
         identity = _identity(values, allowed)
         owners = attribution.get(gpu.index, ())
+        if catalog.POD_UID not in allowed:
+            owners = tuple(replace(owner, uid="") for owner in owners)
         series = identity
         if len(owners) == 1:
             series = _join(identity, _owner_pairs(owners[0], allowed))
@@ -141,7 +146,7 @@ def _xid_counts(
 def _pod_info(labels: Mapping[int, GpuLabels]) -> list[str]:
     metric = catalog.POD_INFO
     lines = [
-        f"{metric.name}{{{_join(gpu.identity, _owner_pairs(owner, catalog.POD_LABELS))}}} 1\n"
+        f"{metric.name}{{{_join(gpu.identity, _owner_pairs(owner, OWNER_LABELS))}}} 1\n"
         for _, gpu in sorted(labels.items())
         for owner in gpu.owners
     ]
@@ -172,7 +177,11 @@ def _header(metric: Metric) -> str:
 
 def _owner_pairs(owner: Owner, allowed: Collection[str]) -> str:
     values = {"pod": owner.pod, "namespace": owner.namespace, "container": owner.container}
-    return _pairs((name, values[name]) for name in catalog.POD_LABELS if name in allowed)
+    if owner.uid:
+        values[catalog.POD_UID] = owner.uid
+    return _pairs(
+        (name, values[name]) for name in OWNER_LABELS if name in allowed and name in values
+    )
 
 
 def _pairs(pairs: Iterable[tuple[str, str]]) -> str:

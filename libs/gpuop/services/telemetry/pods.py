@@ -15,14 +15,15 @@ A GPU given to a pod through a DRA ResourceClaim (gpuop's driver or any other) i
 those device ids: `Attributor` adds the pods reserving a claim of each GPU, from the node's
 `dra.ClaimAllocated` facts (`gpuop.inventory.claims`, `with_claim_holders`). A claim names
 its pods, not their containers, so such an owner's `container` is empty; a pod the kubelet
-already named for that GPU is not added twice.
+already named for that GPU is not added twice. With the `pod_uid` label on, each owner also
+carries its pod's uid (`pod_uids`, or the claim's for a DRA pod).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from prometheus_client import Gauge
@@ -30,6 +31,7 @@ from prometheus_client import Gauge
 from gpuop.inventory.claims import ClaimHolders
 from gpuop.kubelet.allocations import PodResourcesUnavailable as PodResourcesUnavailable
 from gpuop.nvml import DeviceInfo, MigDevice
+from gpuop.services.telemetry.pod_uids import PodKey, PodUids
 from gpuop.services.telemetry.sessions import Inventory
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ class Owner:
     namespace: str
     pod: str
     container: str
+    uid: str = ""
+    """The pod's uid where known (`pod_uids`); empty otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +146,7 @@ def with_claim_holders(
         found = owners.setdefault(index, set())
         named = {(owner.namespace, owner.pod) for owner in found}
         found.update(
-            Owner(pod.namespace, pod.name, "")
+            Owner(pod.namespace, pod.name, "", pod.uid)
             for pod in holders
             if (pod.namespace, pod.name) not in named
         )
@@ -160,9 +164,12 @@ class Attributor:
         resource_names: Iterable[str],
         up: Gauge,
         claims: ClaimHolders | None = None,
+        uids: PodUids | None = None,
     ) -> None:
         self.source = source
         self.claims = claims
+        self.uids = uids
+        """Where the pods' uids come from, when the `pod_uid` label is on."""
         self._resource_names = tuple(resource_names)
         self._up = up
         self._answering: bool | None = None
@@ -183,6 +190,21 @@ class Attributor:
         self._up.set(1)
         ids = device_ids(inventory.gpus, inventory.migs)
         found = attribute(assignments, ids, self._resource_names)
+        if self.uids is not None:
+            found = with_uids(found, self.uids.read())
         if self.claims is None:
             return found
         return with_claim_holders(found, self.claims, inventory.gpus)
+
+
+def with_uids(
+    attribution: Mapping[int, tuple[Owner, ...]], uids: Mapping[PodKey, str]
+) -> dict[int, tuple[Owner, ...]]:
+    """`attribution` with each owner's pod uid, where `uids` knows it."""
+    return {
+        index: tuple(
+            replace(owner, uid=uids.get((owner.namespace, owner.pod), owner.uid))
+            for owner in owners
+        )
+        for index, owners in attribution.items()
+    }
