@@ -10,9 +10,10 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuop.nvml import NotSupported, NvmlError
+from gpuop.nvml import NotSupported, NvmlError, opened
 from gpuop.services.telemetry import catalog
 from gpuop.services.telemetry.node_exporter import NodeExporter
+from gpuop.services.telemetry.pods import DeviceAssignment, InMemoryPodResources, Owner
 from gpuop_sim.nvml.simulated import SimNvml
 from tests.support.telemetry import (
     NVLINK_ERRORS,
@@ -143,3 +144,34 @@ async def test_scrapes_of_profiled_mig_series_never_call_nvml(
 
     assert after == calls
     assert len(series(bodies[-1], "DCGM_FI_PROF_SM_ACTIVE")) == 8 + 7
+
+
+async def test_a_mig_instance_one_pod_holds_carries_its_pod_labels(
+    make_exporter: Exporters, sim: SimNvml
+) -> None:
+    sim.enable_mig(1, ["3g.71gb", "1g.18gb"])
+    with opened(sim):
+        devices = {device.profile: device for device in sim.mig_devices(1)}
+    big, small = devices["3g.71gb"], devices["1g.18gb"]
+    trainer, sharer = Owner("ml", "trainer-0", "main"), Owner("ml", "notebook", "lab")
+    kubelet = InMemoryPodResources(
+        [
+            DeviceAssignment("nvidia.com/mig-3g.71gb", big.uuid, trainer),
+            DeviceAssignment("nvidia.com/mig-1g.18gb", f"{small.uuid}::0", trainer),
+            DeviceAssignment("nvidia.com/mig-1g.18gb", f"{small.uuid}::1", sharer),
+        ]
+    )
+    exporter = make_exporter(pods=kubelet)
+    await exporter.collect()
+    await exporter.refresh_pods()
+    text = await collected(exporter)
+    await exporter.session.close()
+
+    instances = {
+        labels["GPU_I_ID"]: labels
+        for labels, _ in series(text, "DCGM_FI_PROF_SM_ACTIVE")
+        if "GPU_I_ID" in labels
+    }
+    assert instances[str(big.gpu_instance_id)]["pod"] == "trainer-0"
+    assert "pod" not in instances[str(small.gpu_instance_id)]  # time-sliced: shared
+    assert all("pod" not in labels for labels, _ in series(text, "DCGM_FI_DEV_GPU_TEMP"))

@@ -46,9 +46,9 @@ from gpuop.observability.http import Complete
 from gpuop.services.telemetry import catalog, exposition
 from gpuop.services.telemetry.catalog import Reading
 from gpuop.services.telemetry.config import TelemetryConfig
-from gpuop.services.telemetry.exposition import GpuLabels, InstanceKey
+from gpuop.services.telemetry.exposition import GpuLabels
 from gpuop.services.telemetry.instruments import ExporterMetrics
-from gpuop.services.telemetry.pods import Attribution
+from gpuop.services.telemetry.pods import Attribution, InstanceKey
 from gpuop.services.telemetry.sessions import Inventory, NvmlSession
 
 log = logging.getLogger(__name__)
@@ -204,6 +204,7 @@ class Collector:
                 inventory.migs,
                 node=self._node,
                 driver_version=inventory.driver_version,
+                attribution=self._attribution,
                 allowed=self._config.labels,
             )
             self._labelled = inventory

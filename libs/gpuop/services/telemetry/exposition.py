@@ -11,7 +11,8 @@ pod labels only on GPUs one container holds. A GPU that several containers share
 slicing) keeps one series per metric, without pod labels, rather than the same values copied
 to every pod; `gpuop_telemetry_gpu_pod_info` lists who shares it. Each MIG GPU instance
 has its own series (`instance_label_sets()`): its GPU's labels with `GPU_I_PROFILE` and
-`GPU_I_ID` after `modelName`, as dcgm-exporter writes them.
+`GPU_I_ID` after `modelName`, as dcgm-exporter writes them, and the pod labels of the one
+container holding it through a MIG device, by the same rule as a GPU's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 from gpuop.nvml import DeviceInfo, MigDevice
 from gpuop.services.telemetry import catalog
 from gpuop.services.telemetry.catalog import Metric, Reading
-from gpuop.services.telemetry.pods import Attribution, Owner
+from gpuop.services.telemetry.pods import Attribution, InstanceKey, Owner
 
 OWNER_LABELS = (*catalog.POD_LABELS, catalog.POD_UID)
 """The labels of a container holding a GPU, in their order (`pod_uid` only where known)."""
@@ -58,18 +59,18 @@ def label_sets(
     for gpu in gpus:
         values = _gpu_values(gpu, node, driver_version)
         identity = _identity(values, allowed)
-        owners = attribution.get(gpu.index, ())
-        if catalog.POD_UID not in allowed:
-            owners = tuple(replace(owner, uid="") for owner in owners)
-        series = identity
-        if len(owners) == 1:
-            series = _join(identity, _owner_pairs(owners[0], allowed))
-        found[gpu.index] = GpuLabels(series=f"{{{series}}}", identity=identity, owners=owners)
+        found[gpu.index] = _labelled(identity, attribution.get(gpu.index, ()), allowed)
     return found
 
 
-InstanceKey = tuple[int, int]
-"""A MIG GPU instance: its GPU's NVML index and its `GPU_I_ID`."""
+def _labelled(identity: str, owners: tuple[Owner, ...], allowed: Collection[str]) -> GpuLabels:
+    """A series' labels: the pod labels of its one holder, none when shared or free."""
+    if catalog.POD_UID not in allowed:
+        owners = tuple(replace(owner, uid="") for owner in owners)
+    series = identity
+    if len(owners) == 1:
+        series = _join(identity, _owner_pairs(owners[0], allowed))
+    return GpuLabels(series=f"{{{series}}}", identity=identity, owners=owners)
 
 
 def instance_label_sets(
@@ -78,9 +79,11 @@ def instance_label_sets(
     *,
     node: str,
     driver_version: str,
+    attribution: Attribution,
     allowed: Collection[str],
 ) -> dict[InstanceKey, GpuLabels]:
-    """The labels of every MIG GPU instance's series, keeping only the `allowed` names."""
+    """The labels of every MIG GPU instance's series, keeping only the `allowed` names; an
+    instance one container holds carries its pod labels."""
     by_index = {gpu.index: gpu for gpu in gpus}
     found: dict[InstanceKey, GpuLabels] = {}
     for mig in sorted(migs, key=lambda m: (m.parent_index, m.gpu_instance_id)):
@@ -91,8 +94,7 @@ def instance_label_sets(
         values = _gpu_values(gpu, node, driver_version)
         values["GPU_I_PROFILE"] = gpu_instance_profile(mig.profile)
         values["GPU_I_ID"] = str(mig.gpu_instance_id)
-        identity = _identity(values, allowed)
-        found[key] = GpuLabels(series=f"{{{identity}}}", identity=identity, owners=())
+        found[key] = _labelled(_identity(values, allowed), attribution.get(key, ()), allowed)
     return found
 
 
