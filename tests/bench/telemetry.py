@@ -15,10 +15,13 @@ own `/metrics`, the CPU its collector threads used
 (`gpuop_telemetry_collector_cpu_seconds_total`) and the whole process used
 (`process_cpu_seconds_total`); then it scrapes it back to back over one keep-alive
 connection, as Prometheus does, while collections go on, and times each full response:
-first on the machine as it is (`quiet`), then with `--load` busy processes (default: one per
-CPU) that this benchmark starts and stops itself (`loaded`, the figure the target judges), so
+first on the machine as it is (`quiet`), then with `--load` busy processes (default one:
+"another process", as issue 40 puts it; `--load 2` fills both CPUs of a 2-core machine)
+that this benchmark starts and stops itself (`loaded`, the figure the target judges), so
 the loaded figure does not depend on what else the machine runs. The load line gives the
-CPUs, the busy processes and the 1-minute load average when the loaded scrapes ended.
+CPUs, the busy processes and the 1-minute load average when the loaded scrapes ended. After
+each scrape it asks `/healthz` on the same connection (`healthz_*`): the same server with
+nothing to render or send, so the tail this machine's scheduling alone gives any request.
 
 The NVML floor is what the same fast queries cost on the real H200 (fixtures/h200/nvml.json
 `timing_us`, medians): the calls timed there at their measured cost, the others a
@@ -138,8 +141,8 @@ async def serve() -> None:
 # The measurements, in this process.
 
 
-def scrape(connection: http.client.HTTPConnection) -> bytes:
-    connection.request("GET", "/metrics")
+def scrape(connection: http.client.HTTPConnection, path: str = "/metrics") -> bytes:
+    connection.request("GET", path)
     response = connection.getresponse()
     body = response.read()
     assert response.status == 200, response.status
@@ -180,15 +183,21 @@ def loading(processes: int) -> Iterator[None]:
 
 def timed_scrapes(
     connection: http.client.HTTPConnection, scrapes: int
-) -> tuple[list[float], bytes]:
-    """Each full response's milliseconds, sorted, and the last body."""
+) -> tuple[list[float], list[float], bytes]:
+    """Each full response's milliseconds, sorted, and the last body; and, asked right after
+    each scrape over the same connection, each `/healthz`'s: the same server's answer with
+    nothing to send, the floor this machine's scheduling puts under any request."""
     latencies = []
+    floor = []
     body = b""
     for _ in range(scrapes):
         began = time.perf_counter()
         body = scrape(connection)
         latencies.append((time.perf_counter() - began) * 1000)
-    return sorted(latencies), body
+        began = time.perf_counter()
+        scrape(connection, "/healthz")
+        floor.append((time.perf_counter() - began) * 1000)
+    return sorted(latencies), sorted(floor), body
 
 
 def tail(latencies: list[float], prefix: str) -> dict[str, float]:
@@ -225,10 +234,10 @@ def measure(window: float, scrapes: int, load: int) -> dict[str, Any]:
         elapsed = time.monotonic() - started
         (c0, p0, n0), (c1, p1, n1) = cpu_seconds(first), cpu_seconds(last)
 
-        quiet, body = timed_scrapes(connection, scrapes)
+        quiet, quiet_floor, body = timed_scrapes(connection, scrapes)
         (c2, p2, _) = cpu_seconds(scrape(connection))
         with loading(load):
-            loaded, _ = timed_scrapes(connection, scrapes)
+            loaded, loaded_floor, _ = timed_scrapes(connection, scrapes)
             load_average = os.getloadavg()[0]
         connection.close()
     finally:
@@ -240,6 +249,8 @@ def measure(window: float, scrapes: int, load: int) -> dict[str, Any]:
     return {
         **tail(loaded, "scrape"),
         **tail(quiet, "scrape_quiet"),
+        **tail(loaded_floor, "healthz"),
+        **tail(quiet_floor, "healthz_quiet"),
         "scrapes": scrapes,
         "load": f"{os.cpu_count()} CPUs, {load} busy processes, load average {load_average:.2f}",
         "scrape_bytes": len(body),
@@ -248,7 +259,8 @@ def measure(window: float, scrapes: int, load: int) -> dict[str, Any]:
         "collector_cpu_percent": round((c1 - c0) / elapsed * 100, 4),
         "collector_us_per_collection": round((c1 - c0) / collections * 1e6, 1),
         "process_cpu_percent": round((p1 - p0) / elapsed * 100, 3),
-        # what serving costs the exporter, free of this machine's scheduling noise
+        # what serving costs the exporter, free of this machine's scheduling noise (a scrape
+        # and the /healthz after it)
         "server_cpu_ms_per_scrape": round(((p2 - p1) - (c2 - c1)) / (scrapes + 1) * 1000, 3),
         "window_s": round(elapsed, 1),
         "collections": int(collections),
@@ -264,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--load",
         type=int,
-        default=os.cpu_count() or 1,
-        help="busy processes started while the loaded scrapes run (default: one per CPU)",
+        default=1,
+        help="busy processes started while the loaded scrapes run (default: 1)",
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
