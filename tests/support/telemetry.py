@@ -29,6 +29,30 @@ QUIET = TelemetryConfig(
 """Intervals long enough that only what a test does makes the exporter collect."""
 
 
+PROFILING = (
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_PROF_SM_OCCUPANCY",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_NVLINK_TX_BYTES",
+    "DCGM_FI_PROF_NVLINK_RX_BYTES",
+)
+"""The profiling families issue 38 added (GPM); PCIe's were exported before."""
+NVLINK_ERRORS = (
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+)
+RETIRED_PAGES = (
+    "DCGM_FI_DEV_RETIRED_SBE",
+    "DCGM_FI_DEV_RETIRED_DBE",
+    "DCGM_FI_DEV_RETIRED_PENDING",
+)
+ISSUE_38 = frozenset((*PROFILING, *NVLINK_ERRORS, *RETIRED_PAGES))
+"""The families issue 38 added: the profiling set, NVLink errors and retired pages."""
+
+
 def uuid_of(index: int) -> str:
     """The UUID of the simulated node's GPU `index`."""
     return gpu_uuid(NODE, index)

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from gpuop.observability import metrics
-from gpuop.observability.http import HealthServer
+from gpuop.observability.http import Complete, HealthServer
 
 
 @pytest.fixture
@@ -213,3 +213,20 @@ async def test_stop_closes_an_idle_kept_alive_connection():
     await reader.readexactly(16)  # the body; then the server's close
     assert await asyncio.wait_for(reader.read(), timeout=5) == b""
     writer.close()
+
+
+async def test_an_exposition_follows_the_registry_unless_it_is_complete(client):
+    registry = CollectorRegistry()
+    requests = Counter("gpuop_test_requests", "Requests.", registry=registry)
+    served: list[bytes] = [b"DCGM_FI_DEV_GPU_TEMP 34\n"]
+    async with HealthServer(registry, exposition=lambda: served[0]) as server:
+        async with client.get(url(server, "/metrics")) as response:
+            appended = await response.read()
+        served[0] = Complete(b"# rendered earlier\nDCGM_FI_DEV_GPU_TEMP 35\n")
+        requests.inc()
+        async with client.get(url(server, "/metrics")) as response:
+            complete = await response.read()
+
+    assert appended.startswith(b"# HELP gpuop_test_requests_total")
+    assert appended.endswith(b"DCGM_FI_DEV_GPU_TEMP 34\n")
+    assert complete == b"# rendered earlier\nDCGM_FI_DEV_GPU_TEMP 35\n"  # no render per scrape

@@ -29,6 +29,7 @@ from gpuop.nvml.metrics import (
     ProcessInfo,
 )
 from gpuop.nvml.mig import MigDevice, MigProfile
+from gpuop.nvml.profiling import Activity
 from gpuop.nvml.protocol import Nvml, inventory, opened
 from gpuop.nvml.real import PynvmlBackend
 from gpuop.nvml.recorded import RecordedNvml
@@ -37,6 +38,7 @@ from gpuop.nvml.topology import NvLink, NvLinkRemote, PcieLevel, PeerTopology
 from gpuop.nvml.watching import DeviceEvent, EccEvent, EventWatcher, XidEvent
 
 __all__ = [
+    "Activity",
     "ClockEventReason",
     "ComputeMode",
     "DeviceEvent",

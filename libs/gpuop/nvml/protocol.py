@@ -28,6 +28,7 @@ from typing import Protocol, TypeVar
 from gpuop.nvml.devices import DeviceInfo
 from gpuop.nvml.metrics import DeviceMetrics, FieldValue, PcieThroughput
 from gpuop.nvml.mig import MigDevice, MigProfile
+from gpuop.nvml.profiling import Activity
 from gpuop.nvml.topology import NvLink, PeerTopology
 from gpuop.nvml.watching import EventWatcher
 
@@ -75,6 +76,13 @@ class Nvml(Protocol):
 
     def field_values(self, index: int, field_ids: Sequence[int]) -> tuple[FieldValue, ...]:
         """Batched `NVML_FI_DEV_*` values, one per id in order. Slow: about 3.4 ms a call."""
+        ...
+
+    def activity(self, index: int, gpu_instance_id: int | None = None) -> Activity:
+        """GPM profiling of the GPU, or of one of its MIG GPU instances, since the previous
+        call for it in this session (`profiling`); every value None on the first call.
+        Raises `NotSupported` where the GPU has no GPM (before Hopper). A sample each:
+        tens of microseconds, but it belongs on the slow loop with the other rates."""
         ...
 
     def nvlinks(self, index: int) -> tuple[NvLink, ...]:

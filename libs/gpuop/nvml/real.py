@@ -35,6 +35,8 @@ from gpuop.nvml.metrics import (
     ProcessInfo,
 )
 from gpuop.nvml.mig import GpuInstance, MigDevice, MigModeState, MigProfile, Placement
+from gpuop.nvml.profiling import Activity
+from gpuop.nvml.real_gpm import GpmSampler
 from gpuop.nvml.real_watching import PynvmlEventWatcher
 from gpuop.nvml.topology import NvLink, PeerTopology
 from gpuop.nvml.watching import EventWatcher, WatcherSet, instance_id
@@ -54,6 +56,7 @@ class PynvmlBackend:
         self._uuids: dict[str, int] = {}
         self._watchers: WatcherSet[PynvmlEventWatcher] = WatcherSet()
         self._memory_v2 = True
+        self._gpm = GpmSampler(self._nvml)
         self._lock = threading.Lock()
 
     def init(self) -> None:
@@ -78,6 +81,7 @@ class PynvmlBackend:
             if self._handles is None:
                 return
             self._handles = None
+            self._gpm.free()
             self._nvml.call("nvmlShutdown")
 
     def driver_version(self) -> str:
@@ -191,6 +195,9 @@ class PynvmlBackend:
             return ()
         answers = self._nvml.call("nvmlDeviceGetFieldValues", h, [int(f) for f in field_ids])
         return tuple(_field_value(answer) for answer in answers)
+
+    def activity(self, index: int, gpu_instance_id: int | None = None) -> Activity:
+        return self._gpm.activity(index, self._handle(index), gpu_instance_id)
 
     def nvlinks(self, index: int) -> tuple[NvLink, ...]:
         return real_topology.read_nvlinks(self._nvml, self._handle(index))

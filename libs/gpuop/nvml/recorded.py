@@ -4,7 +4,9 @@
 H200 recording (`gpuop_sim.recordings`, `h200/nvml.json`) is one NVIDIA H200 on driver
 580.159.04 (decoded by `recordings.py`, which says how unrecorded values read). The readings
 never move, no event ever arrives (a wait times out, as the recorded one did), and there is
-no NVLink or MIG.
+no NVLink or MIG. The recording holds no GPM sample: `activity()` answers what the
+recorded readings imply for the idle H200 (no SM or tensor activity at 0% utilisation, the
+DRAM ratio from the memory utilisation, the PCIe rates from the throughput query).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from gpuop.nvml.devices import DeviceInfo
 from gpuop.nvml.errors import ERROR_NOT_SUPPORTED, InvalidArgument, NotInitialized
 from gpuop.nvml.metrics import DeviceMetrics, FieldValue, PcieThroughput
 from gpuop.nvml.mig import MigDevice, MigProfile
+from gpuop.nvml.profiling import Activity
 from gpuop.nvml.recordings import RecordedDevice, Recording, load_recording
 from gpuop.nvml.topology import NvLink, PcieLevel, PeerTopology
 from gpuop.nvml.watching import EventWatcher, QueueWatcher, WatcherSet
@@ -28,12 +31,14 @@ class RecordedNvml:
         self.recording = load_recording(path)
         self._open = False
         self._watchers: WatcherSet[QueueWatcher] = WatcherSet()
+        self._sampled: set[int] = set()
 
     def init(self) -> None:
         self._open = True
 
     def shutdown(self) -> None:
         self._watchers.close_all()
+        self._sampled.clear()
         self._open = False
 
     def driver_version(self) -> str:
@@ -61,6 +66,15 @@ class RecordedNvml:
         recorded = {value.field_id: value for value in self._device(index).field_values}
         missing = ERROR_NOT_SUPPORTED
         return tuple(recorded.get(f, FieldValue(int(f), missing, None)) for f in field_ids)
+
+    def activity(self, index: int, gpu_instance_id: int | None = None) -> Activity:
+        device = self._device(index)
+        if gpu_instance_id is not None:
+            raise InvalidArgument(f"GPU {index} has no MIG GPU instance {gpu_instance_id}")
+        if index not in self._sampled:
+            self._sampled.add(index)  # GPM's first sample: no interval yet
+            return Activity(index, None)
+        return recorded_activity(device.metrics, device.pcie)
 
     def nvlinks(self, index: int) -> tuple[NvLink, ...]:
         self._device(index)
@@ -98,3 +112,20 @@ class RecordedNvml:
         if not 0 <= index < len(devices):
             raise InvalidArgument(f"no GPU at index {index}: the recording has {len(devices)}")
         return devices[index]
+
+
+def recorded_activity(metrics: DeviceMetrics, pcie: PcieThroughput) -> Activity:
+    """What a recorded GPU's readings say of its GPM activity (see the module docstring)."""
+    idle = metrics.gpu_utilization_percent == 0
+    memory = metrics.memory_utilization_percent
+    tx, rx = pcie.tx_kilobytes_per_second, pcie.rx_kilobytes_per_second
+    return Activity(
+        index=metrics.index,
+        gpu_instance_id=None,
+        sm_active=0.0 if idle else None,
+        sm_occupancy=0.0 if idle else None,
+        tensor_active=0.0 if idle else None,
+        dram_active=None if memory is None else memory / 100,
+        pcie_tx_bytes_per_second=None if tx is None else tx * 1024.0,
+        pcie_rx_bytes_per_second=None if rx is None else rx * 1024.0,
+    )

@@ -10,7 +10,9 @@ Kubernetes API, and the readiness probe reports what it is still waiting for.
   OpenMetrics). Collection is cheap because exporters gather off the scrape path. A service
   that keeps its own pre-rendered Prometheus text (telemetry's GPU metrics, rendered once per
   collection with dcgm-exporter's exact names) passes it as `exposition`; the response is
-  then Prometheus text, the registry's followed by those bytes as they are.
+  then Prometheus text, the registry's followed by those bytes as they are. Bytes marked
+  `Complete` already hold a render of the registry and are served alone: a scrape is then a
+  copy, with no rendering on the scrape path at all.
 
 It is HTTP/1.1 on asyncio's streams, not a web framework: three GET routes need a request line
 and a few headers, and every node agent runs one, where aiohttp's import alone was a tenth
@@ -44,6 +46,11 @@ ReadinessCheck = Callable[[], Readiness | Awaitable[Readiness]]
 """Answers whether the service can do its job now; may be a plain or an async function."""
 Exposition = Callable[[], bytes | None]
 """Pre-rendered Prometheus text (format 0.0.4) to serve after the registry's; None: nothing."""
+
+
+class Complete(bytes):
+    """An exposition that begins with its own render of the registry: served as it is."""
+
 
 MAX_HEAD_BYTES = 16 * 1024
 """A request line and headers longer than this are refused (431) and the connection closed."""
@@ -218,7 +225,11 @@ class HealthServer(lifecycles.Startable):
         rendered = self._exposition() if self._exposition is not None else None
         if rendered is not None:
             # dcgm-exporter's counters have no `_total`, which OpenMetrics would require
-            body = generate_latest(self._registry) + rendered
+            body = (
+                rendered
+                if isinstance(rendered, Complete)
+                else generate_latest(self._registry) + rendered
+            )
             return _Response(200, body, CONTENT_TYPE_PLAIN_0_0_4)
         encoder, content_type = choose_encoder(headers.get("accept", ""))
         return _Response(200, encoder(self._registry), content_type)

@@ -12,8 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuop.bus import InMemoryBus
-from gpuop.events import dra, new_event
+from gpuop.events import device, dra, driver, new_event
 from gpuop.nvml import DriverNotLoaded, GpuLost, NotInitialized, NvmlError
+from gpuop.observability.http import Complete
 from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.pods import DeviceAssignment, InMemoryPodResources, Owner
@@ -331,3 +332,34 @@ async def test_a_gpu_held_through_a_resource_claim_gets_the_pods_labels(
         released = dra.ClaimReleased(claim=claim, deleted=True)
         await bus.publish(new_event(released, node=NODE, source="/gpuop/device-plugin"))
         await eventually(labelled([]))
+
+
+async def test_a_scrape_serves_the_registry_rendered_with_the_collection_and_renders_nothing(
+    scraped: tuple[NodeExporter, Callable[[], Any]],
+) -> None:
+    exporter, scrape = scraped
+    await exporter.collect()
+    collected = await scrape()
+    exporter.metrics.kernel_log_lost.inc(5)  # a registry change between two collections
+
+    assert await scrape() == collected  # served as rendered: the registry is not rendered again
+    assert isinstance(exporter.exposition(), Complete)
+    assert b"gpuop_telemetry_kernel_log_lost_records" in collected
+    assert collected.index(b"gpuop_telemetry_collection_seconds") < collected.index(b"DCGM_")
+    await exporter.collect()
+    assert b"gpuop_telemetry_kernel_log_lost_records_total 5.0" in await scrape()
+
+
+async def test_while_paused_a_scrape_renders_the_registry_live(
+    scraped: tuple[NodeExporter, Callable[[], Any]],
+) -> None:
+    exporter, scrape = scraped
+    await exporter.collect()
+    await exporter.pause(device.PauseOperands(components=(driver.Component.GPU,), reason="upgrade"))
+
+    paused = await scrape()
+    exporter.metrics.kernel_log_lost.inc(2)
+
+    assert b"DCGM_" not in paused
+    assert b"gpuop_telemetry_paused 1.0" in paused
+    assert b"gpuop_telemetry_kernel_log_lost_records_total 2.0" in await scrape()

@@ -1,5 +1,6 @@
 """The Grafana dashboard in deploy/grafana reads only series that telemetry exports, so a
-renamed metric fails here rather than as an empty panel."""
+renamed metric fails here rather than as an empty panel; the profiling, NVLink, row-remap
+and retired-page families have their panels and the chart's alert rules read them."""
 
 from __future__ import annotations
 
@@ -12,8 +13,19 @@ from prometheus_client import CollectorRegistry
 from gpuop.services.telemetry import catalog
 from gpuop.services.telemetry.instruments import ExporterMetrics
 from gpuop.services.telemetry.operator_metrics import OperatorMetrics
+from tests.support.telemetry import ISSUE_38
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy/grafana/gpuop-telemetry.json"
+ALERTS = Path(__file__).resolve().parents[3] / "deploy/helm/gpuop/templates/prometheusrule.yaml"
+ALERTED = ISSUE_38 - {
+    "DCGM_FI_PROF_SM_OCCUPANCY",  # how well a program fills the GPU is not an operator's alarm
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_NVLINK_TX_BYTES",
+    "DCGM_FI_PROF_NVLINK_RX_BYTES",
+    "DCGM_FI_DEV_RETIRED_SBE",  # single-bit errors are corrected; DBE and pending alert
+}
+"""Of those, the ones an alert reads; the others are the dashboard's only."""
 SERIES = re.compile(r"\b(DCGM_\w+|gpuop_\w+)")
 
 
@@ -57,3 +69,24 @@ def test_panels_have_unique_ids_and_use_the_datasource_variable() -> None:
     for panel in panels:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}"
+
+
+def test_every_family_issue_38_added_has_a_panel_and_the_alerts_read_theirs() -> None:
+    referenced = {
+        name
+        for query in expressions(json.loads(DASHBOARD.read_text()))
+        for name in SERIES.findall(query)
+    }
+    alerted = set(SERIES.findall(ALERTS.read_text()))
+
+    assert {metric.name for metric in catalog.METRICS} >= ISSUE_38
+    assert ISSUE_38 - referenced == set()
+    assert ALERTED - alerted == set()
+    assert {"DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_PENDING"} <= alerted
+
+
+def test_mig_instance_series_are_told_apart_in_the_profiling_panels() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    sm_active = next(p for p in panels if p["title"] == "SM active")
+
+    assert "{{GPU_I_ID}}" in sm_active["targets"][0]["legendFormat"]

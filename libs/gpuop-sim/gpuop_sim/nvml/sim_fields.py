@@ -1,15 +1,20 @@
-"""The slow queries of a simulated GPU: batched field values and PCIe throughput.
+"""The slow queries of a simulated GPU: batched field values, PCIe throughput, GPM activity.
 
 `SimNvml.field_values()` answers the `FieldId`s telemetry asks for from the GPU's moving
 state and counters, and NotSupported (return code 3) for the rest, as the recorded H200
 does for `NVLINK_BANDWIDTH_C0_TOTAL`. PCIe throughput rises from the recorded idle traffic
-with utilisation. Neither draws random numbers, so reading them never changes the walk.
+with utilisation. GPM activity (`activity()`) follows utilisation too: a whole GPU's, or a
+MIG GPU instance's share of it by its slices. The error counters telemetry exports
+(`profiling.ErrorCounter`) read 0 where the GPU has NVLink, NotSupported for retired pages
+(the H200 remaps rows instead). None draws random numbers, so reading them never changes the
+walk.
 """
 
 from __future__ import annotations
 
 from gpuop.nvml.errors import ERROR_NOT_SUPPORTED, SUCCESS
 from gpuop.nvml.metrics import FieldId, FieldValue, PcieThroughput
+from gpuop.nvml.profiling import Activity, ErrorCounter
 from gpuop_sim.nvml.sim_gpus import SimGpu
 
 IDLE_PCIE_TX_KBPS = 1540
@@ -34,6 +39,7 @@ def field_value(gpu: SimGpu, field_id: int, *, nvlink: bool) -> FieldValue:
     if nvlink:
         values[FieldId.NVLINK_THROUGHPUT_DATA_TX] = gpu.nvlink_tx_kib
         values[FieldId.NVLINK_THROUGHPUT_DATA_RX] = gpu.nvlink_rx_kib
+        values.update(nvlink_error_counters(gpu))
     if field_id not in values:
         return FieldValue(field_id, ERROR_NOT_SUPPORTED, None)
     return FieldValue(field_id, SUCCESS, values[field_id])
@@ -46,4 +52,40 @@ def pcie_throughput(gpu: SimGpu) -> PcieThroughput:
         index=gpu.info.index,
         tx_kilobytes_per_second=IDLE_PCIE_TX_KBPS + round(load * 8_000_000),
         rx_kilobytes_per_second=IDLE_PCIE_RX_KBPS + round(load * 12_000_000),
+    )
+
+
+NVLINK_ERROR_COUNTERS = (
+    ErrorCounter.NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    ErrorCounter.NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+    ErrorCounter.NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+    ErrorCounter.NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+)
+
+
+def nvlink_error_counters(gpu: SimGpu) -> dict[int, int]:
+    """The NVLink error totals of a GPU with NVLink: none so far."""
+    del gpu  # a healthy simulated link never errs
+    return dict.fromkeys(NVLINK_ERROR_COUNTERS, 0)
+
+
+def activity(
+    gpu: SimGpu, gpu_instance_id: int | None = None, share: float = 1.0, *, nvlink: bool
+) -> Activity:
+    """GPM activity of the GPU now, or of one GPU instance holding `share` of its slices."""
+    load = gpu.utilization / 100
+    pcie = pcie_throughput(gpu)
+    tx = pcie.tx_kilobytes_per_second or 0
+    rx = pcie.rx_kilobytes_per_second or 0
+    return Activity(
+        index=gpu.info.index,
+        gpu_instance_id=gpu_instance_id,
+        sm_active=round(load, 4),
+        sm_occupancy=round(load * 0.6, 4),
+        tensor_active=round(load * 0.4, 4),
+        dram_active=round(gpu.memory_utilization / 100, 4),
+        pcie_tx_bytes_per_second=tx * 1024.0 * share,
+        pcie_rx_bytes_per_second=rx * 1024.0 * share,
+        nvlink_tx_bytes_per_second=round(load * 200e9 * share) if nvlink else None,
+        nvlink_rx_bytes_per_second=round(load * 200e9 * share) if nvlink else None,
     )

@@ -55,11 +55,13 @@ from gpuop.nvml.errors import (
     DriverNotLoaded,
     GpuLost,
     InvalidArgument,
+    NotFound,
     NotInitialized,
     NvmlError,
 )
 from gpuop.nvml.metrics import DeviceMetrics, FieldValue, PcieThroughput
 from gpuop.nvml.mig import GpuInstance, MigDevice, MigModeState, MigProfile, Placement
+from gpuop.nvml.profiling import Activity
 from gpuop.nvml.recordings import load_recording
 from gpuop.nvml.topology import NvLink, PeerTopology
 from gpuop.nvml.watching import (
@@ -71,7 +73,14 @@ from gpuop.nvml.watching import (
     XidEvent,
 )
 from gpuop_sim import recordings
-from gpuop_sim.nvml import sim_mig, sim_mig_fault, sim_replacements, sim_topology, sim_xids
+from gpuop_sim.nvml import (
+    sim_fields,
+    sim_mig,
+    sim_mig_fault,
+    sim_replacements,
+    sim_topology,
+    sim_xids,
+)
 from gpuop_sim.nvml.modules import DRIVER_RESETS, NVIDIA, ModuleState, reset_key
 from gpuop_sim.nvml.sim_fields import field_value, pcie_throughput
 from gpuop_sim.nvml.sim_gpus import SimGpu, gpu_uuid, identity, serial_number
@@ -151,6 +160,8 @@ class SimNvml:
         self._last_version: str | None = None
         self._unloaded_seen = False
         self._resets_seen = self._reset_counts()
+        self._gpm_sampled: set[tuple[int, int | None]] = set()
+        """The GPUs and GPU instances `activity()` sampled in this session."""
 
     # The session and the driver behind it.
 
@@ -179,6 +190,7 @@ class SimNvml:
             if self._session_version is None:
                 return
             self._session_version = None
+            self._gpm_sampled.clear()
             if self._modules is not None:
                 self._modules.release(NVIDIA, self.holder_id)
 
@@ -240,6 +252,20 @@ class SimNvml:
             answer = tuple(field_value(gpu, int(f), nvlink=nvlink) for f in field_ids)
         self._slow("fields")
         return answer
+
+    def activity(self, index: int, gpu_instance_id: int | None = None) -> Activity:
+        with self._lock:
+            gpu = self._gpu(index)
+            gpu.advance(self._clock.monotonic())
+            share = 1.0
+            if gpu_instance_id is not None:
+                share = self._mig_share(index, gpu_instance_id)
+            first = (index, gpu_instance_id) not in self._gpm_sampled
+            self._gpm_sampled.add((index, gpu_instance_id))
+            nvlink = sim_topology.has_nvlink(len(self._gpus))
+        if first:  # GPM's first sample: no interval yet
+            return Activity(index, gpu_instance_id)
+        return sim_fields.activity(gpu, gpu_instance_id, share, nvlink=nvlink)
 
     def nvlinks(self, index: int) -> tuple[NvLink, ...]:
         with self._lock:
@@ -427,6 +453,14 @@ class SimNvml:
     def _info(self, index: int) -> DeviceInfo:
         with self._lock:
             return self._gpus[self._index(index)].info
+
+    def _mig_share(self, index: int, gpu_instance_id: int) -> float:
+        """The share of GPU `index`'s slices its GPU instance holds."""
+        info = self._gpu(index).info
+        for device in self._load_mig()[index].devices(index, info.uuid, info.memory_total_bytes):
+            if device.gpu_instance_id == gpu_instance_id:
+                return device.gpu_instance_slices / sim_mig.COMPUTE_SLICES
+        raise NotFound(f"GPU {index} has no GPU instance {gpu_instance_id}")
 
     def _gpu(self, index: int) -> SimGpu:
         self._session()

@@ -1,11 +1,14 @@
 """The GPU metrics telemetry exports: dcgm-exporter's names, types, help and labels, each
-with the NVML answer it comes from (dcgm-exporter's default metric set and labels).
+with the NVML answer it comes from (dcgm-exporter's default metric set and labels, its
+profiling set, and the NVLink, retired-page and row-remap counters it offers).
 
-`exposition` renders a `Reading` of every GPU with this table once per collection. A metric
-whose source the GPU answers NotSupported is left out for that GPU, never exported as zero;
-the DCGM profiling fields (`DCGM_FI_PROF_GR_ENGINE_ACTIVE` and kin) have no NVML source and
-are absent, as dcgm-exporter leaves them out where profiling is unavailable. The PCIe rates
-come from NVML's blocking throughput query, which the slow loop runs, not from profiling.
+`exposition` renders a `Reading` of every GPU, and of every MIG GPU instance, with this
+table once per collection. A metric whose source the GPU answers NotSupported is left out
+for that GPU, never exported as zero. The `DCGM_FI_PROF_*` activity fields come from NVML's
+GPM (`nvml.profiling`, Hopper on) and are absent on GPUs without it, as dcgm-exporter leaves
+them out where profiling is unavailable; the PCIe rates then come from NVML's blocking
+throughput query, which the slow loop runs. A MIG GPU instance's series carry
+dcgm-exporter's `GPU_I_PROFILE` and `GPU_I_ID` labels and what GPM measures of it alone.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 
 from gpuop.nvml import DeviceMetrics, FieldId, PcieThroughput
 from gpuop.nvml.devices import MIB
+from gpuop.nvml.profiling import Activity, ErrorCounter
 
 GPU_LABELS = (
     "gpu",
@@ -23,13 +27,22 @@ GPU_LABELS = (
     "pci_bus_id",
     "device",
     "modelName",
+    "GPU_I_PROFILE",
+    "GPU_I_ID",
     "Hostname",
     "DCGM_FI_DRIVER_VERSION",
 )
-"""Labels of every GPU series, in dcgm-exporter's order."""
+"""Labels of every GPU series, in dcgm-exporter's order; `GPU_I_*` on a MIG GPU instance's
+series only."""
+INSTANCE_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
 POD_LABELS = ("pod", "namespace", "container")
 """Labels of a GPU's series while one container holds it."""
+POD_UID = "pod_uid"
+"""The holding pod's uid: off by default, as in dcgm-exporter (`--kubernetes-enable-pod-uid`)."""
 LABELS = GPU_LABELS + POD_LABELS
+"""The labels series carry by default."""
+KNOWN_LABELS = (*LABELS, POD_UID)
+"""Every label a configuration may name."""
 KIB = 1024
 """NVML's PCIe throughput and NVLink counters count in KiB."""
 
@@ -53,6 +66,8 @@ class Reading:
     """The slow loop's last field values that NVML answered, by `FieldId`."""
     last_xid: int | None = None
     """The last XID since telemetry started watching (0: none yet); None when not watching."""
+    activity: Activity | None = None
+    """The slow loop's last GPM answer; None before it ran or where the GPU has no GPM."""
 
 
 Value = int | float | None
@@ -85,7 +100,7 @@ def _flag(value: bool | None) -> int | None:
     return None if value is None else int(value)
 
 
-def _field(field_id: FieldId) -> Callable[[Reading], Value]:
+def _field(field_id: int) -> Callable[[Reading], Value]:
     return lambda reading: reading.fields.get(field_id)
 
 
@@ -95,8 +110,20 @@ def _nvlink_total(reading: Reading) -> Value:
     return None if tx is None or rx is None else tx + rx
 
 
+def _activity(attribute: str) -> Callable[[Reading], Value]:
+    def read(reading: Reading) -> Value:
+        value: Value = None if reading.activity is None else getattr(reading.activity, attribute)
+        return value
+
+    return read
+
+
 def _pcie(direction: str) -> Callable[[Reading], Value]:
     def read(reading: Reading) -> Value:
+        if reading.activity is not None:  # GPM's rate, where the GPU has GPM
+            rate = _activity(f"pcie_{direction}_bytes_per_second")(reading)
+            if rate is not None:
+                return rate
         pcie = reading.pcie
         kib = None if pcie is None else getattr(pcie, f"{direction}_kilobytes_per_second")
         return None if kib is None else kib * KIB
@@ -105,6 +132,51 @@ def _pcie(direction: str) -> Callable[[Reading], Value]:
 
 
 G, C = Kind.GAUGE, Kind.COUNTER
+
+ERROR_COUNTERS = {
+    ErrorCounter.RETIRED_SBE: "Total number of retired pages due to single-bit errors.",
+    ErrorCounter.RETIRED_DBE: "Total number of retired pages due to double-bit errors.",
+    ErrorCounter.NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: (
+        "Total number of NVLink flow-control CRC errors."
+    ),
+    ErrorCounter.NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "Total number of NVLink data CRC errors.",
+    ErrorCounter.NVLINK_REPLAY_ERROR_COUNT_TOTAL: "Total number of NVLink retries.",
+    ErrorCounter.NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "Total number of NVLink recovery errors.",
+}
+"""The field-value error counters, each exported as `DCGM_FI_DEV_<its name>`, with its help."""
+ACTIVITY = (
+    (
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "sm_active",
+        "The ratio of cycles an SM has at least 1 warp assigned.",
+    ),
+    (
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "sm_occupancy",
+        "The ratio of number of warps resident on an SM.",
+    ),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "tensor_active",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+    ),
+    (
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "dram_active",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+    ),
+    (
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "nvlink_tx_bytes_per_second",
+        "The rate of data transmitted over NVLink, headers included (bytes/s).",
+    ),
+    (
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+        "nvlink_rx_bytes_per_second",
+        "The rate of data received over NVLink, headers included (bytes/s).",
+    ),
+)
+"""The GPM families but PCIe's: name, `Activity` attribute, help."""
 
 METRICS: tuple[Metric, ...] = (
     Metric("DCGM_FI_DEV_SM_CLOCK", G, "SM clock frequency (in MHz).",
@@ -151,7 +223,7 @@ METRICS: tuple[Metric, ...] = (
            _fast(lambda m: _flag(m.remapped_rows_failure))),
     Metric("DCGM_FI_DEV_ROW_REMAP_PENDING", G, "Whether remapping of rows is pending.",
            _fast(lambda m: _flag(m.remapped_rows_pending))),
-    Metric("DCGM_FI_DEV_RETIRED_PENDING", G, "Whether a page retirement is pending.",
+    Metric("DCGM_FI_DEV_RETIRED_PENDING", C, "Total number of pages pending retirement.",
            _fast(lambda m: _flag(m.retired_pages_pending))),
     Metric("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", C, "Total number of single-bit volatile ECC errors.",
            _fast(lambda m: m.ecc_volatile_corrected)),
@@ -176,6 +248,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("DCGM_FI_PROF_PCIE_RX_BYTES", G,
            "The rate of data received over the PCIe bus, headers included (bytes/s).",
            _pcie("rx")),
+    *(Metric(f"DCGM_FI_DEV_{counter.name}", C, text, _field(counter))
+      for counter, text in ERROR_COUNTERS.items()),
+    *(Metric(name, G, text, _activity(attribute)) for name, attribute, text in ACTIVITY),
 )  # fmt: skip
 """Every per-GPU metric, in the order rendered."""
 
@@ -198,5 +273,6 @@ SLOW_FIELDS = (
     FieldId.POWER_INSTANT,
     FieldId.NVLINK_THROUGHPUT_DATA_TX,
     FieldId.NVLINK_THROUGHPUT_DATA_RX,
+    *ErrorCounter,
 )
 """What the slow loop asks `field_values()` for: what no fast query answers."""

@@ -4,8 +4,16 @@ The node exporter runs two loops over one `Collector`. The fast one (`collect()`
 `interval_seconds`) reads every GPU's hot queries, microseconds each, then renders the whole
 exposition once; scrapes serve `rendered` as it is until the next. The slow one
 (`collect_slow()`, every `slow_interval_seconds`) runs the two blocking queries, PCIe
-throughput (about 21 ms a GPU) and batched field values (about 3.4 ms), in its own thread,
-and the next fast round renders what it found; it never holds a fast round up.
+throughput (about 21 ms a GPU) and batched field values (about 3.4 ms), and takes a GPM
+sample of every GPU and MIG GPU instance (`Nvml.activity()`, the profiling metrics over the
+slow interval), in its own thread, and the next fast round renders what it found; it never
+holds a fast round up. A GPU without GPM (NotSupported) is not asked again in the session.
+
+Each fast round ends with one render of the process's registry (the exporter's own metrics,
+the bus's, the process collector's) put before the GPU series, marked `Complete`: a scrape
+serves those bytes as they are, renders nothing and takes no lock the collector holds, so
+its cost does not grow with the registry and no collection can stretch it. The registry's
+values are as old as the last collection, as the GPU series are.
 
 A GPU whose query fails is left out of that round, the others are not: its failure is
 counted and returned to the caller (the health tracker turns a lost GPU into an event). Only
@@ -21,21 +29,26 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+
 from gpuop.nvml import (
-    DeviceInfo,
     DeviceMetrics,
     DriverUnavailable,
     NotInitialized,
+    NotSupported,
     Nvml,
     NvmlError,
     PcieThroughput,
 )
+from gpuop.nvml.profiling import Activity
+from gpuop.observability.http import Complete
 from gpuop.services.telemetry import catalog, exposition
 from gpuop.services.telemetry.catalog import Reading
 from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.exposition import GpuLabels
 from gpuop.services.telemetry.instruments import ExporterMetrics
-from gpuop.services.telemetry.pods import Attribution
+from gpuop.services.telemetry.pods import Attribution, InstanceKey
 from gpuop.services.telemetry.sessions import Inventory, NvmlSession
 
 log = logging.getLogger(__name__)
@@ -50,6 +63,10 @@ class SlowReading:
 
     pcie: PcieThroughput | None
     fields: Mapping[int, int | float]
+    activity: Activity | None = None
+    """GPM's answer for the whole GPU; None where it has no GPM."""
+    instances: Mapping[int, Activity] = field(default_factory=dict)
+    """GPM's answers for its MIG GPU instances, by `GPU_I_ID`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +102,21 @@ class Collector:
         config: TelemetryConfig,
         node: str,
         metrics: ExporterMetrics,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self._session = session
+        self._registry = registry
+        """The process's registry, rendered with each collection; None: the server does."""
         self._config = config
         self._node = node
         self._metrics = metrics
         self._enabled = frozenset(config.metrics if config.metrics is not None else catalog.NAMES)
         self._attribution: Attribution = {}
         self._labels: dict[int, GpuLabels] = {}
+        self._instance_labels: dict[InstanceKey, GpuLabels] = {}
+        self._without_gpm: set[int] = set()
+        """GPUs that answered GPM NotSupported in the session `_gpm_session` read."""
+        self._gpm_session: Inventory | None = None
         self._labelled: Inventory | None = None
         """The inventory `_labels` were built for; another one rebuilds them."""
         self._slow: Mapping[int, SlowReading] = {}
@@ -102,7 +126,8 @@ class Collector:
         """The last fast collection."""
 
     def exposition(self) -> bytes:
-        """The scrape path: the bytes of the last collection, and nothing else."""
+        """The scrape path: the bytes of the last collection (`Complete` once the registry
+        is rendered with them), and nothing else."""
         return self.rendered
 
     def attribute(self, attribution: Attribution) -> bool:
@@ -134,20 +159,33 @@ class Collector:
             # kept while still a user of the session, so a close that follows forgets it
             self.rendered = collected.rendered
             self.last = collected
-        self._metrics.collected(
-            "fast", seconds=time.monotonic() - started, cpu_seconds=collected.cpu_seconds
-        )
-        self._metrics.last_collection.set(time.time())
-        self._metrics.gpus.set(len(collected.metrics))
-        self._metrics.nvml_failed("metrics", len(collected.failures))
+            self._metrics.collected(
+                "fast", seconds=time.monotonic() - started, cpu_seconds=collected.cpu_seconds
+            )
+            self._metrics.last_collection.set(time.time())
+            self._metrics.gpus.set(len(collected.metrics))
+            self._metrics.nvml_failed("metrics", len(collected.failures))
+            if self._registry is not None:
+                self.rendered = await asyncio.to_thread(self._complete, collected.rendered)
         return collected
+
+    def _complete(self, rendered: bytes) -> Complete:
+        """The registry's render, then `rendered`; its CPU counts as the fast loop's."""
+        assert self._registry is not None
+        cpu = time.thread_time()
+        complete = Complete(generate_latest(self._registry) + rendered)
+        self._metrics.collector_cpu_seconds.labels(loop="fast").inc(time.thread_time() - cpu)
+        return complete
 
     async def collect_slow(self) -> None:
         """One round of the slow queries, kept for the next fast collection to render."""
         started = time.monotonic()
         async with self._session.use() as inventory:
+            if self._gpm_session is not inventory:  # another session: ask every GPU again
+                self._without_gpm = set()
+                self._gpm_session = inventory
             found, cpu_seconds = await asyncio.to_thread(
-                self._slow_round, self._session.nvml, inventory.gpus
+                self._slow_round, self._session.nvml, inventory
             )
             self._slow = found
         self._metrics.collected("slow", seconds=time.monotonic() - started, cpu_seconds=cpu_seconds)
@@ -156,6 +194,14 @@ class Collector:
         if self._labelled is not inventory:
             self._labels = exposition.label_sets(
                 inventory.gpus,
+                node=self._node,
+                driver_version=inventory.driver_version,
+                attribution=self._attribution,
+                allowed=self._config.labels,
+            )
+            self._instance_labels = exposition.instance_label_sets(
+                inventory.gpus,
+                inventory.migs,
                 node=self._node,
                 driver_version=inventory.driver_version,
                 attribution=self._attribution,
@@ -191,17 +237,23 @@ class Collector:
                 pcie=found.pcie if found else None,
                 fields=found.fields if found else {},
                 last_xid=xids.last.get(gpu.index, 0) if xids else None,
+                activity=found.activity if found else None,
             )
+        instances = [
+            (labelled, Reading(fast=None, activity=slow[index].instances.get(instance_id)))
+            for (index, instance_id), labelled in self._instance_labels.items()
+            if index in slow
+        ]
         counts = xids.window_counts if xids else {}
-        rendered = exposition.render(readings, labels, xid_counts=counts, enabled=self._enabled)
+        rendered = exposition.render(
+            readings, labels, xid_counts=counts, enabled=self._enabled, instances=instances
+        )
         return FastRound(inventory, rendered, answered, failures, time.thread_time() - cpu)
 
-    def _slow_round(
-        self, nvml: Nvml, gpus: Sequence[DeviceInfo]
-    ) -> tuple[dict[int, SlowReading], float]:
+    def _slow_round(self, nvml: Nvml, inventory: Inventory) -> tuple[dict[int, SlowReading], float]:
         cpu = time.thread_time()
         found: dict[int, SlowReading] = {}
-        for gpu in gpus:
+        for gpu in inventory.gpus:
             pcie: PcieThroughput | None = None
             fields: dict[int, int | float] = {}
             try:
@@ -220,5 +272,31 @@ class Collector:
                 log.debug("field values of GPU %d failed: %s", gpu.index, error)
             else:
                 fields = {a.field_id: a.value for a in answers if a.value is not None}
-            found[gpu.index] = SlowReading(pcie, fields)
+            instance_ids = sorted(
+                {m.gpu_instance_id for m in inventory.migs if m.parent_index == gpu.index}
+            )
+            activity, instances = self._activity(nvml, gpu.index, instance_ids)
+            found[gpu.index] = SlowReading(pcie, fields, activity, instances)
         return found, time.thread_time() - cpu
+
+    def _activity(
+        self, nvml: Nvml, index: int, instance_ids: Sequence[int]
+    ) -> tuple[Activity | None, dict[int, Activity]]:
+        """GPM's answers for the GPU and its GPU instances; a GPU without GPM is skipped."""
+        if index in self._without_gpm:
+            return None, {}
+        instances: dict[int, Activity] = {}
+        try:
+            activity = nvml.activity(index)
+            for instance_id in instance_ids:
+                instances[instance_id] = nvml.activity(index, instance_id)
+        except SESSION_ERRORS:
+            raise
+        except NotSupported:
+            self._without_gpm.add(index)
+            return None, {}
+        except NvmlError as error:
+            self._metrics.nvml_failed("gpm")
+            log.debug("GPM of GPU %d failed: %s", index, error)
+            return None, {}
+        return activity, instances

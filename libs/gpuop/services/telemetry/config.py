@@ -6,8 +6,8 @@ where the kubelet's PodResources socket is. Read from the `--config` YAML file
     slow_interval_seconds: 30        # PCIe throughput and batched field values (blocking)
     pods_interval_seconds: 5         # PodResources List, for the pod labels
     retry_interval_seconds: 5        # NVML not available yet, or a publish failed
-    labels: [gpu, UUID, pci_bus_id, device, modelName, Hostname,
-             DCGM_FI_DRIVER_VERSION, pod, namespace, container]
+    labels: [gpu, UUID, pci_bus_id, device, modelName, GPU_I_PROFILE, GPU_I_ID,
+             Hostname, DCGM_FI_DRIVER_VERSION, pod, namespace, container]  # + pod_uid
     metrics: null                    # null: every metric; else the names to export
     resource_names: [nvidia.com/gpu] # plus every nvidia.com/mig-* resource
     kubelet_socket: null             # <host root>/var/lib/kubelet/pod-resources/kubelet.sock
@@ -55,7 +55,9 @@ class TelemetryConfig(BaseModel):
     """Seconds before NVML is opened again after it failed, or a health event is republished."""
     labels: tuple[str, ...] = catalog.LABELS
     """Labels GPU series carry, from dcgm-exporter's set; leave some out to bound cardinality
-    (without pod, namespace and container the kubelet is not asked at all)."""
+    (without pod, namespace and container the kubelet is not asked at all). `pod_uid`, off
+    by default as in dcgm-exporter, adds the holding pod's uid, read from the kubelet's pod
+    log directories under the host root (`/var/log/pods`, which the chart then mounts)."""
     metrics: tuple[str, ...] | None = None
     """Metric names to export (dcgm-exporter's counters file); None exports every one."""
     resource_names: tuple[str, ...] = ("nvidia.com/gpu",)
@@ -73,12 +75,12 @@ class TelemetryConfig(BaseModel):
     @field_validator("labels")
     @classmethod
     def _known_labels(cls, labels: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = sorted(set(labels) - set(catalog.LABELS))
+        unknown = sorted(set(labels) - set(catalog.KNOWN_LABELS))
         if unknown:
-            raise ValueError(f"unknown labels {unknown}; known: {', '.join(catalog.LABELS)}")
+            raise ValueError(f"unknown labels {unknown}; known: {', '.join(catalog.KNOWN_LABELS)}")
         if "UUID" not in labels and "gpu" not in labels:
             raise ValueError("keep UUID or gpu: without either, the GPUs' series collide")
-        return tuple(label for label in catalog.LABELS if label in labels)
+        return tuple(label for label in catalog.KNOWN_LABELS if label in labels)
 
     @field_validator("metrics")
     @classmethod

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from gpuop.events.device import HealthReason
 
 Loop = Literal["fast", "slow"]
-Query = Literal["open", "metrics", "pcie", "fields", "events"]
-QUERIES: Final[tuple[Query, ...]] = ("open", "metrics", "pcie", "fields", "events")
+Query = Literal["open", "metrics", "pcie", "fields", "gpm", "events"]
+QUERIES: Final[tuple[Query, ...]] = ("open", "metrics", "pcie", "fields", "gpm", "events")
 COLLECTION_SECONDS_BUCKETS: Final = (0.001, 0.005, 0.025, 0.1, 0.5, 2.5)
 """Few buckets: every scrape renders the registry, and a histogram costs a line a bucket."""
 

@@ -7,8 +7,8 @@ session (`sessions`):
 - fast: every `interval_seconds`, read every GPU's hot queries and render (`collecting`);
 - slow: every `slow_interval_seconds`, PCIe throughput and field values, in their own thread;
 - pods: every `pods_interval_seconds`, PodResources `List` and the node's ResourceClaims
-  (followed from the bus, `gpuop.inventory.claims`); labels change only when the answer
-  does (`pods`);
+  (followed from the bus, `gpuop.inventory.claims`), and the pods' uids when the `pod_uid`
+  label is on (`pod_uids`); labels change only when the answer does (`pods`);
 - events: NVML's XID and ECC events, turned into `device.health-changed` (`health`), and
   an outbox that publishes them, keeping them while NATS is unreachable;
 - kernel log: every `kernel_log_interval_seconds`, the XIDs of the host's `/dev/kmsg`
@@ -38,13 +38,14 @@ from gpuop.nvml import DeviceEvent, Nvml, NvmlError, XidEvent, open_backend
 from gpuop.runtime import waiting
 from gpuop.runtime.node_agents import NodeAgentBase
 from gpuop.runtime.services import Readiness, ServiceContext
-from gpuop.services.telemetry import consumers, health, pods
+from gpuop.services.telemetry import catalog, consumers, health, pods
 from gpuop.services.telemetry.collecting import Collector
 from gpuop.services.telemetry.config import TelemetryConfig
 from gpuop.services.telemetry.health import HealthTracker, Outbox, XidHistory
 from gpuop.services.telemetry.instruments import ExporterMetrics
 from gpuop.services.telemetry.kernel_log import KernelLog, SeenFaults
 from gpuop.services.telemetry.kubelet_pods import KubeletPodResources
+from gpuop.services.telemetry.pod_uids import PodUids
 from gpuop.services.telemetry.sessions import Inventory, NvmlSession, SessionClosed
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class NodeExporter(NodeAgentBase):
         registry: CollectorRegistry,
         *,
         pod_resources: pods.PodResourcesSource | None = None,
+        pod_uids: PodUids | None = None,
         kernel_log: KernelLog | None = None,
         readiness: Readiness | None = None,
         clock: Clock = SYSTEM_CLOCK,
@@ -75,7 +77,7 @@ class NodeExporter(NodeAgentBase):
         maps_pods = pod_resources is not None and config.maps_pods
         self.metrics = ExporterMetrics(registry, maps_pods=maps_pods)
         self.session = NvmlSession(nvml)
-        self.collector = Collector(self.session, config, node, self.metrics)
+        self.collector = Collector(self.session, config, node, self.metrics, registry)
         self.xids = XidHistory()
         self.health = HealthTracker(config.ignored_xids)
         self.kernel_log = kernel_log
@@ -88,7 +90,7 @@ class NodeExporter(NodeAgentBase):
         if pod_resources is not None and self.metrics.pod_resources_up is not None:
             up = self.metrics.pod_resources_up
             self._attributor = pods.Attributor(
-                pod_resources, config.resource_names, up, claims.ClaimHolders()
+                pod_resources, config.resource_names, up, claims.ClaimHolders(), pod_uids
             )
         self._collecting = asyncio.Lock()
         """One fast collection at a time, so an older render never replaces a newer one."""
@@ -106,7 +108,7 @@ class NodeExporter(NodeAgentBase):
         return self._paused
 
     def exposition(self) -> bytes:
-        """What `/metrics` serves after the registry: the last collection's render."""
+        """What `/metrics` serves: the last collection's render, the registry's included."""
         return self.collector.rendered
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -337,6 +339,7 @@ async def run(context: ServiceContext, config: TelemetryConfig) -> None:
         config,
         context.registry,
         pod_resources=pod_resources,
+        pod_uids=PodUids(settings.host_root) if catalog.POD_UID in config.labels else None,
         kernel_log=KernelLog(settings.host_root) if config.kernel_log else None,
         readiness=context.set_readiness,
     )

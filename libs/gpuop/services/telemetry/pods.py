@@ -7,7 +7,8 @@ unix socket; `InMemoryPodResources` stands in for it in tests and the benchmark.
 
 Device ids are whatever the device plugin advertised, so every form is accepted: a GPU
 UUID, a time-slicing replica `<uuid>::<n>` (the replica maps back to its GPU), a MIG device
-UUID (attributed to its parent GPU), an index `3` or a device name `nvidia3`. Ids of other
+UUID (attributed to its parent GPU, and to its MIG GPU instance: `attribute_instances`),
+an index `3` or a device name `nvidia3`. Ids of other
 resources, and ids that match no GPU of this node, are ignored. `Attributor` asks the
 source and reports, once per change rather than once per refresh, when it cannot.
 
@@ -15,14 +16,15 @@ A GPU given to a pod through a DRA ResourceClaim (gpuop's driver or any other) i
 those device ids: `Attributor` adds the pods reserving a claim of each GPU, from the node's
 `dra.ClaimAllocated` facts (`gpuop.inventory.claims`, `with_claim_holders`). A claim names
 its pods, not their containers, so such an owner's `container` is empty; a pod the kubelet
-already named for that GPU is not added twice.
+already named for that GPU is not added twice. With the `pod_uid` label on, each owner also
+carries its pod's uid (`pod_uids`, or the claim's for a DRA pod).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from prometheus_client import Gauge
@@ -30,6 +32,7 @@ from prometheus_client import Gauge
 from gpuop.inventory.claims import ClaimHolders
 from gpuop.kubelet.allocations import PodResourcesUnavailable as PodResourcesUnavailable
 from gpuop.nvml import DeviceInfo, MigDevice
+from gpuop.services.telemetry.pod_uids import PodKey, PodUids
 from gpuop.services.telemetry.sessions import Inventory
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,8 @@ class Owner:
     namespace: str
     pod: str
     container: str
+    uid: str = ""
+    """The pod's uid where known (`pod_uids`); empty otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +95,11 @@ class InMemoryPodResources:
         pass
 
 
-Attribution = Mapping[int, tuple[Owner, ...]]
-"""The containers holding each GPU, by NVML index, sorted; GPUs nobody holds are absent."""
+InstanceKey = tuple[int, int]
+"""A MIG GPU instance: its GPU's NVML index and its `GPU_I_ID`."""
+Attribution = Mapping[int | InstanceKey, tuple[Owner, ...]]
+"""The containers holding each GPU, by NVML index, and each MIG GPU instance, by
+`InstanceKey`, sorted; GPUs and instances nobody holds are absent."""
 
 
 def device_ids(gpus: Sequence[DeviceInfo], migs: Iterable[MigDevice] = ()) -> dict[str, int]:
@@ -129,12 +137,30 @@ def attribute(
     return {index: tuple(sorted(found)) for index, found in sorted(owners.items())}
 
 
+def attribute_instances(
+    assignments: Iterable[DeviceAssignment],
+    migs: Iterable[MigDevice],
+    resource_names: Iterable[str],
+) -> dict[InstanceKey, tuple[Owner, ...]]:
+    """The containers holding each MIG GPU instance (through one of its MIG devices)."""
+    names = frozenset(resource_names)
+    instance_of = {mig.uuid: (mig.parent_index, mig.gpu_instance_id) for mig in migs}
+    owners: dict[InstanceKey, set[Owner]] = {}
+    for assignment in assignments:
+        key = instance_of.get(assignment.device_id.partition(REPLICA_SEPARATOR)[0])
+        if key is not None and is_gpu_resource(assignment.resource_name, names):
+            owners.setdefault(key, set()).add(assignment.owner)
+    return {key: tuple(sorted(found)) for key, found in sorted(owners.items())}
+
+
 def with_claim_holders(
-    attribution: Mapping[int, tuple[Owner, ...]], claims: ClaimHolders, gpus: Sequence[DeviceInfo]
-) -> dict[int, tuple[Owner, ...]]:
+    attribution: Attribution, claims: ClaimHolders, gpus: Sequence[DeviceInfo]
+) -> dict[int | InstanceKey, tuple[Owner, ...]]:
     """`attribution` and, for each GPU of `gpus`, the pods reserving a claim of it."""
     index_of = {gpu.uuid: gpu.index for gpu in gpus}
-    owners = {index: set(found) for index, found in attribution.items()}
+    owners: dict[int | InstanceKey, set[Owner]] = {
+        key: set(found) for key, found in attribution.items()
+    }
     for gpu_uuid, holders in claims.pods_by_gpu().items():
         index = index_of.get(gpu_uuid)
         if index is None:
@@ -142,11 +168,11 @@ def with_claim_holders(
         found = owners.setdefault(index, set())
         named = {(owner.namespace, owner.pod) for owner in found}
         found.update(
-            Owner(pod.namespace, pod.name, "")
+            Owner(pod.namespace, pod.name, "", pod.uid)
             for pod in holders
             if (pod.namespace, pod.name) not in named
         )
-    return {index: tuple(sorted(found)) for index, found in sorted(owners.items())}
+    return {key: tuple(sorted(found)) for key, found in owners.items()}
 
 
 class Attributor:
@@ -160,15 +186,19 @@ class Attributor:
         resource_names: Iterable[str],
         up: Gauge,
         claims: ClaimHolders | None = None,
+        uids: PodUids | None = None,
     ) -> None:
         self.source = source
         self.claims = claims
+        self.uids = uids
+        """Where the pods' uids come from, when the `pod_uid` label is on."""
         self._resource_names = tuple(resource_names)
         self._up = up
         self._answering: bool | None = None
 
-    async def refresh(self, inventory: Inventory) -> dict[int, tuple[Owner, ...]] | None:
-        """The containers holding each GPU of `inventory`; None when the kubelet failed."""
+    async def refresh(self, inventory: Inventory) -> Attribution | None:
+        """The containers holding each GPU and MIG GPU instance of `inventory`; None when
+        the kubelet failed."""
         try:
             assignments = await self.source.assignments()
         except PodResourcesUnavailable as error:
@@ -182,7 +212,26 @@ class Attributor:
         self._answering = True
         self._up.set(1)
         ids = device_ids(inventory.gpus, inventory.migs)
-        found = attribute(assignments, ids, self._resource_names)
+        holders: dict[int | InstanceKey, tuple[Owner, ...]] = {}
+        for index, owners in attribute(assignments, ids, self._resource_names).items():
+            holders[index] = owners
+        instances = attribute_instances(assignments, inventory.migs, self._resource_names)
+        for key, owners in instances.items():
+            holders[key] = owners
+        found: Attribution = holders
+        if self.uids is not None:
+            found = with_uids(found, self.uids.read())
         if self.claims is None:
             return found
         return with_claim_holders(found, self.claims, inventory.gpus)
+
+
+def with_uids(attribution: Attribution, uids: Mapping[PodKey, str]) -> Attribution:
+    """`attribution` with each owner's pod uid, where `uids` knows it."""
+    return {
+        key: tuple(
+            replace(owner, uid=uids.get((owner.namespace, owner.pod), owner.uid))
+            for owner in owners
+        )
+        for key, owners in attribution.items()
+    }
