@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
+import subprocess
 import tarfile
 import time
 from collections.abc import Iterable
@@ -47,9 +48,11 @@ def newest_kernel(arch: str = "amd64") -> str:
     updates included, as a fleet that applies them runs (the open modules need
     `gpuop.host.compat`'s `pci_resize_resource` patch there since 6.1.0-53)."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    apt = building.Apt(CACHE / "apt", arches=(arch,))
-    apt.update()
-    return building.newest_debian_kernel(apt, arch)
+    apt = building.Apt(CACHE / ("apt" if arch == "amd64" else f"apt-{arch}"), arches=(arch,))
+    with (CACHE / ".apt-lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # apt locks its lists and fails rather than wait
+        apt.update()
+        return building.newest_debian_kernel(apt, arch)
 
 
 def cached_package(
@@ -90,6 +93,15 @@ def cached_package(
             json.dumps({"file": package.path.name, "sha256": package.sha256, "seconds": seconds})
         )
         return CachedPackage(package, seconds)
+
+
+def elf_machine(path: Path) -> str:
+    """What binutils' `readelf -h` says of the ELF file's Machine (`AArch64`)."""
+    header = subprocess.run(
+        ["readelf", "-h", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    (line,) = [line for line in header.splitlines() if line.strip().startswith("Machine:")]
+    return line.split(":", 1)[1].strip()
 
 
 def real_source(directory: Path, built: Iterable[packaging.BuiltPackage]) -> Path:
