@@ -100,19 +100,7 @@ async def test_the_agent_moves_a_node_from_535_to_550_and_rolls_back(
             if version == NEW:
                 unloaded = await agent.send(dm.UnloadDriver(component=gpu), timeout=60)
                 assert isinstance(unloaded, dm.DriverUnloaded), unloaded
-            installed = await agent.send(
-                dm.InstallDriver(
-                    component=gpu, version=version, source=source_of(source), flavour=Flavour.OPEN
-                ),
-                timeout=120,
-            )
-            assert isinstance(installed, dm.DriverInstalled), installed
-            loaded = await agent.send(dm.LoadDriver(component=gpu, version=version), timeout=60)
-            assert isinstance(loaded, dm.DriverLoaded), loaded
-            validated = await agent.send(
-                dm.ValidateDriver(component=gpu, version=version, timeout_seconds=30), timeout=60
-            )
-            assert isinstance(validated, dm.DriverValidated), validated
+            await agent.install_load_validate(version, Flavour.OPEN)
             assert root.read_text("sys/module/nvidia/version") == f"{version}\n"
             assert installing.active_userspace(root, "gpu") == version
             modules = packages.package_dir(root, kernel, "gpu", version) / "modules"

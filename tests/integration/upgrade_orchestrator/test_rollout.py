@@ -36,12 +36,7 @@ from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop_sim import SimCluster
 from gpuop_sim.cluster import hosts
 from gpuop_sim.host import keys, seeding
-from tests.support.processes import (
-    DISCOVERY_CONFIG,
-    DRIVER_LABEL,
-    DRIVER_MANAGER_CONFIG,
-    service,
-)
+from tests.support.processes import DRIVER_LABEL, cluster_discovery, node_agents
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
@@ -104,49 +99,25 @@ async def test_a_new_gpu_driver_in_the_policy_rolls_across_every_node(
     logs: list[Path] = []
     async with SimCluster(nodes=NODES, gpus=GPUS, workloads=True, seed=5) as cluster:
         kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
-        (tmp_path / "discovery.yaml").write_text(DISCOVERY_CONFIG)
-        (tmp_path / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
-        nats = ["--nats", nats_server.url]
         source = tmp_path / "driver-source"
         bus = NatsBus(nats_server.url, name="orchestrator")
         await bus.start()
         async with AsyncExitStack() as stack:
             stack.push_async_callback(bus.close)
+            roots = {}
             for node in cluster.node_names:
                 machine = cluster.machine(node)
-                root = hosts.build_host_root(
+                roots[node] = hosts.build_host_root(
                     tmp_path / f"host-{node}", node, GPUS, gpu_version=OLD,
                     boot_id=machine.boot_id, product_name=machine.type.name,
                 )  # fmt: skip
-                if not source.exists():
-                    kernel = system.kernel_release(root)
-                    assert kernel is not None
-                    packaging.build_driver_source(
-                        source,
-                        [("gpu", OLD, kernel), ("gpu", NEW, kernel)],
-                        signing_key=keys.SIGNING_KEY,
-                    )
-                on_node = ["--node", node, *nats, "--host-root", str(root.path)]
-                on_node += ["--nvml", f"sim:{GPUS}"]
-                for name, arguments in (
-                    ("discovery", ["--role", "node", "--config", f"{tmp_path}/discovery.yaml"]),
-                    ("driver-manager", ["--config", f"{tmp_path}/driver-manager.yaml"]),
-                ):
-                    log = tmp_path / f"{name}-{node}.log"
-                    logs.append(log)
-                    await stack.enter_async_context(
-                        service(f"{name}-{node}", [name, *on_node, *arguments], log, exit_codes)
-                    )
-            log = tmp_path / "discovery-cluster.log"
-            logs.append(log)
-            await stack.enter_async_context(
-                service(
-                    "discovery-cluster",
-                    ["discovery", "--role", "cluster", *nats, "--kubeconfig", str(kubeconfig)],
-                    log,
-                    exit_codes,
-                )
+            kernel = system.kernel_release(roots[cluster.node_names[0]])
+            assert kernel is not None
+            packaging.build_driver_source(
+                source, [("gpu", OLD, kernel), ("gpu", NEW, kernel)], signing_key=keys.SIGNING_KEY
             )
+            await node_agents(stack, tmp_path, nats_server.url, roots, GPUS, logs, exit_codes)
+            await cluster_discovery(stack, tmp_path, nats_server.url, kubeconfig, logs, exit_codes)
             kube = await stack.enter_async_context(await client.connect(kubeconfig))
 
             async def labelled(key: str, value: str) -> bool:
@@ -314,46 +285,25 @@ async def test_a_mixed_amd64_and_arm64_fleet_moves_from_535_to_550_per_architect
     async with SimCluster(nodes=2, gpus=GPUS, workloads=True, seed=5) as cluster:
         arches = dict(zip(cluster.node_names, ("amd64", "arm64"), strict=True))
         kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
-        (tmp_path / "discovery.yaml").write_text(DISCOVERY_CONFIG)
-        (tmp_path / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
-        nats = ["--nats", nats_server.url]
         bus = NatsBus(nats_server.url, name="orchestrator")
         await bus.start()
         async with AsyncExitStack() as stack:
             stack.push_async_callback(bus.close)
             kube = await stack.enter_async_context(await client.connect(kubeconfig))
+            roots = {}
             for node, arch in arches.items():
                 machine = cluster.machine(node)
-                root = hosts.build_host_root(
+                roots[node] = hosts.build_host_root(
                     tmp_path / f"host-{node}", node, GPUS, gpu_version=BRANCH_OLD,
                     boot_id=machine.boot_id, product_name=machine.type.name,
                     kernel_release=KERNELS[arch],
                 )  # fmt: skip
-                uname_m = root.join(system.ARCH)
+                uname_m = roots[node].join(system.ARCH)
                 uname_m.parent.mkdir(parents=True, exist_ok=True)
                 uname_m.write_text("aarch64\n" if arch == "arm64" else "x86_64\n")
                 await nodes.set_labels(kube, node, {"kubernetes.io/arch": arch})
-                on_node = ["--node", node, *nats, "--host-root", str(root.path)]
-                on_node += ["--nvml", f"sim:{GPUS}"]
-                for name, arguments in (
-                    ("discovery", ["--role", "node", "--config", f"{tmp_path}/discovery.yaml"]),
-                    ("driver-manager", ["--config", f"{tmp_path}/driver-manager.yaml"]),
-                ):
-                    log = tmp_path / f"{name}-{node}.log"
-                    logs.append(log)
-                    await stack.enter_async_context(
-                        service(f"{name}-{node}", [name, *on_node, *arguments], log, exit_codes)
-                    )
-            log = tmp_path / "discovery-cluster.log"
-            logs.append(log)
-            await stack.enter_async_context(
-                service(
-                    "discovery-cluster",
-                    ["discovery", "--role", "cluster", *nats, "--kubeconfig", str(kubeconfig)],
-                    log,
-                    exit_codes,
-                )
-            )
+            await node_agents(stack, tmp_path, nats_server.url, roots, GPUS, logs, exit_codes)
+            await cluster_discovery(stack, tmp_path, nats_server.url, kubeconfig, logs, exit_codes)
 
             async def running(expected: dict[str, str], state: str | None = None) -> bool:
                 found = {n: nodes.labels_of(await nodes.get(kube, n)) for n in arches}
