@@ -84,8 +84,8 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m "slow and not real_cluster and not real_node and not driver_matrix" --durations=15
 
 # Every (branch, flavour, architecture) driver package built from Debian for the newest
-# kernels, cold about 6 min each on two cores; CI's test-slow builds four of them
-# (docs/drivers.md, "What CI builds").
+# kernels, cold about 6 min each on two cores; CI's test-slow builds three of them
+# (docs/driver-packages.md, "What CI builds").
 test-driver-matrix: $(STAMP)
 	@tests/debian-tools.sh slow
 	$(BIN)/python -m pytest -q -s -m driver_matrix --durations=15

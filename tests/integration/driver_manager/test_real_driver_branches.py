@@ -1,16 +1,16 @@
 """The second driver branch and the second architecture with NVIDIA's real files: Debian
-trixie's 550.163.01 (open) built for bookworm's newest kernel beside 535.261.03, and the same
-cross-compiled for the newest arm64 kernel (cached, see `tests.support.driver_packages`).
+trixie's 550.163.01 (open) cross-compiled for bookworm's newest arm64 kernel (cached, see
+`tests.support.driver_packages`), the one package of either that CI's slow suite builds
+(its budget: docs/driver-packages.md, "What CI builds").
 
-On the simulated node the driver-manager agent installs, loads (the simulated kernel reads
-the real modules' `.modinfo`) and validates 535, moves to 550 as an upgrade does, and rolls
-back to 535, user space switching with the modules. The arm64 package's modules are AArch64
-ELF whose vermagic names the arm64 kernel, its libraries the aarch64 ones, and an arm64
-host's CDI spec mounts them into `/usr/lib/aarch64-linux-gnu`.
+The package holds trixie's files, its modules are AArch64 ELF whose vermagic names the arm64
+kernel, its libraries the aarch64 ones; on a simulated arm64 node the driver-manager agent
+installs, loads (the simulated kernel reads the real modules' `.modinfo`) and validates it,
+and the node's CDI spec mounts the libraries into `/usr/lib/aarch64-linux-gnu`.
 
-Only the open flavour of 550 and one arm64 package are built here (CI's budget); every
-(branch, flavour, architecture) is `make test-driver-matrix`
-(`test_real_driver_matrix.py`)."""
+With `make test-driver-matrix` (marker `driver_matrix`) also 550 for amd64: the agent moves
+a node from 535 to 550 as an upgrade does and rolls back to 535, user space switching with
+the modules."""
 
 from __future__ import annotations
 
@@ -20,16 +20,14 @@ from pathlib import Path
 import pytest
 
 from gpuop.bus import InMemoryBus
-from gpuop.clocks import VirtualClock
 from gpuop.events import driver as dm
 from gpuop.host import cdi, kmod, packages, packaging, system
 from gpuop.host.manifests import Flavour, Role
 from gpuop.host.roots import HostRoot
 from gpuop.services.driver_manager import installing
-from gpuop.services.driver_manager.config import DriverManagerConfig
 from gpuop_sim.host import seeding
 from tests.support import driver_packages
-from tests.support.driver_manager import TRUSTED, recorded_host, running_agent, source_of
+from tests.support.driver_manager import recorded_host, running_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # cold builds
 
@@ -71,19 +69,20 @@ def host(tmp_path: Path, kernel: str, machine: str = "x86_64") -> HostRoot:
     return root
 
 
-def test_the_550_package_holds_trixies_files_built_for_bookworms_kernel(
-    both: dict[str, packaging.BuiltPackage], kernel: str
+def test_the_550_package_holds_trixies_files_built_for_bookworms_arm64_kernel(
+    arm: packaging.BuiltPackage, arm_kernel: str
 ) -> None:
-    manifest = driver_packages.manifest_of(both[NEW])
-    assert (manifest.version, manifest.kernel_release) == (NEW, kernel)
+    manifest = driver_packages.manifest_of(arm)
+    assert (manifest.version, manifest.kernel_release) == (NEW, arm_kernel)
     sources = {b.name: b.version for b in manifest.built_from}
     assert sources["nvidia-open-kernel-dkms"].startswith(NEW)
     assert sources["libnvidia-ml1"].startswith(NEW)
-    assert f"linux-headers-{kernel}" in sources
+    assert f"linux-headers-{arm_kernel}" in sources
     paths = {f.path for f in manifest.files}
     assert {f"userspace/lib/libcuda.so.{NEW}", "modules/nvidia.ko"} <= paths
 
 
+@pytest.mark.driver_matrix
 async def test_the_agent_moves_a_node_from_535_to_550_and_rolls_back(
     tmp_path: Path, both: dict[str, packaging.BuiltPackage], kernel: str
 ) -> None:
@@ -133,16 +132,17 @@ def test_the_arm64_package_holds_aarch64_modules_for_the_arm64_kernel(
     assert {f"linux-headers-{arm_kernel}", "linux-kbuild-6.1"} <= sources
 
 
-async def test_an_arm64_node_installs_the_package_and_its_cdi_spec_names_aarch64_libraries(
+async def test_an_arm64_node_installs_loads_and_validates_it_and_its_cdi_names_aarch64(
     arm: packaging.BuiltPackage, arm_kernel: str, tmp_path: Path
 ) -> None:
     root = host(tmp_path, arm_kernel, machine="aarch64")
+    for needed in BASE_KERNEL:
+        root.join(f"sys/module/{needed}").mkdir(parents=True)
     source = driver_packages.real_source(tmp_path / "source", [arm])
-    installer = installing.Installer(
-        root, kmod.HostRootKernel(root), DriverManagerConfig(trust=TRUSTED), VirtualClock()
-    )
-    await installer.install("gpu", NEW, source_of(source))
-    installing.activate_userspace(root, "gpu", NEW)
+    async with running_agent(InMemoryBus(), root, source) as agent:
+        await agent.install_load_validate(NEW, Flavour.OPEN)
+    assert root.read_text("sys/module/nvidia/version") == f"{NEW}\n"
+    assert installing.active_userspace(root, "gpu") == NEW
     relative = f"updates/gpuop/gpu/{NEW}/modules"
     dep = root.join(f"lib/modules/{arm_kernel}/modules.dep").read_text()
     assert f"{relative}/nvidia-uvm.ko: {relative}/nvidia.ko" in dep

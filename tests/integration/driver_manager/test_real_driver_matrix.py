@@ -1,6 +1,6 @@
 """Every (branch, flavour, architecture) package gpuop builds from Debian, for bookworm's
 newest kernel of each architecture: `make test-driver-matrix`, not CI (each cold build takes
-minutes; CI's slow suite builds the four that `test_real_driver_packages.py` and
+minutes; CI's slow suite builds the three that `test_real_driver_packages.py` and
 `test_real_driver_branches.py` use). Each package is built (or found in the cache,
 `tests.support.driver_packages`) and its modules are checked as a node's kernel would:
 ELF machine of the architecture, vermagic naming the kernel, the driver's version."""
