@@ -9,6 +9,7 @@ import gzip
 import io
 import lzma
 import re
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -291,6 +292,59 @@ def test_user_space_needing_a_newer_glibc_is_refused_with_which_package_and_why(
     assert "libcuda1 Depends libc6 (>= 2.34), nvidia-smi Depends libc6 (>= 2.34)" in said
     assert "--host-glibc" in said
     assert branches.version_tuple("2.36-9+deb12u13") > branches.version_tuple("2.4")
+
+
+class DebianArchive:
+    """`building.Apt`'s reading side over `.deb`s made here with dpkg-deb: every package at
+    trixie's 550.163.01-2, with the `Depends` given."""
+
+    def __init__(self, directory: Path, depends: dict[str, str]) -> None:
+        self.directory, self.depends, self.asked = directory, depends, []
+
+    def version_of(self, package: str, upstream: str | None, arch: str = "amd64") -> str:
+        return "550.163.01-2"
+
+    def download(
+        self, wanted: list[tuple[str, str]], into: Path, arch: str = "amd64"
+    ) -> dict[str, Path]:
+        made = {}
+        for name, version in wanted:
+            self.asked.append((name, arch))
+            tree = self.directory / "trees" / name
+            (tree / "DEBIAN").mkdir(parents=True, exist_ok=True)
+            (tree / "DEBIAN/control").write_text(
+                f"Package: {name}\nVersion: {version}\nArchitecture: {arch}\n"
+                f"Maintainer: t <t@example.com>\nDescription: t\n"
+                f"Depends: {self.depends.get(name, 'nvidia-support')}\n"
+            )
+            made[name] = into / f"{name}_{version}_{arch}.deb"
+            into.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["dpkg-deb", "-b", str(tree), str(made[name])], check=True,
+                           capture_output=True)  # fmt: skip
+        return made
+
+
+def test_a_branch_whose_user_space_needs_a_newer_glibc_is_refused_before_unpacking(
+    tmp_path: Path,
+) -> None:
+    archive = DebianArchive(tmp_path, {"nvidia-smi": TRIXIE_NVIDIA_SMI})
+    root = tmp_path / "root"
+    apt: building.Apt = archive  # type: ignore[assignment]
+    with pytest.raises(
+        building.BuildError, match=re.escape("needs glibc 2.34 and the hosts run 2.31")
+    ):
+        building.tree_from_debian(
+            apt, "550.163.01", Flavour.OPEN, tmp_path / "debs", root, host_glibc="2.31"
+        )
+    assert not root.exists()
+    assert ("nvidia-open-kernel-dkms", "amd64") in archive.asked
+    # within the hosts' glibc it goes on to unpack (these packages hold no module sources)
+    with pytest.raises(
+        building.BuildError, match=re.escape("has no nvidia-current-open-550.163.01")
+    ):
+        building.tree_from_debian(
+            apt, "550.163.01", Flavour.OPEN, tmp_path / "debs2", tmp_path / "root2"
+        )
 
 
 def test_the_architecture_is_the_kernels_unless_given_and_never_another() -> None:
