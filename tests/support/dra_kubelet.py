@@ -24,7 +24,8 @@ from gpuop.kubelet.pluginregistration.v1 import api_pb2 as registration
 from gpuop.kubelet.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 from gpuop.kubelet.sockets import UnixTarget
 
-REGISTRY = "var/lib/kubelet/plugins_registry"
+KUBELET_DIR = "var/lib/kubelet"
+"""The kubelet's root directory, relative to the host root, unless a test says otherwise."""
 NAMESPACE = "ml"
 
 
@@ -80,15 +81,17 @@ def claim(n: int) -> v1.Claim:
 class FakeKubelet:
     """What the kubelet does with a DRA plugin, under one host root."""
 
-    def __init__(self, host_root: Path) -> None:
+    def __init__(self, host_root: Path, kubelet_dir: str = KUBELET_DIR) -> None:
         self.host_root = host_root
+        self.registry = host_root / kubelet_dir / "plugins_registry"
+        """Where this kubelet watches for registration sockets."""
         self.info: registration.PluginInfo | None = None
         self._channel: grpc.aio.Channel | None = None
         self._targets: list[UnixTarget] = []
 
     async def register(self, driver: str = dra.DRIVER, *, accept: bool = True) -> None:
         """GetInfo on the plugin's registration socket, then tell it the outcome."""
-        socket = self.host_root / REGISTRY / f"{driver}-reg.sock"
+        socket = self.registry / f"{driver}-reg.sock"
         target = UnixTarget(socket)
         self._targets.append(target)
         async with grpc.aio.insecure_channel(target.address) as channel:

@@ -175,7 +175,10 @@ async def running_node(
     stopping = asyncio.Event()
     if start_kubelet:
         await kubelet.start()
-    task = asyncio.create_task(NodeAgent(bus, NODE, plugins, retry_delay=0.2).run(stopping))
+    # the kubelet's root from the config, as the service's entry point takes it
+    configs = config if isinstance(config, PluginConfigs) else PluginConfigs.single(plugins.config)
+    agent = NodeAgent(bus, NODE, plugins, kubelet_dir=configs.kubelet_root_dir, retry_delay=0.2)
+    task = asyncio.create_task(agent.run(stopping))
     try:
         yield node
     finally:

@@ -37,6 +37,7 @@ from gpuop.host.roots import HostRoot
 from gpuop.policy import crd, specs
 from gpuop_sim.host import keys
 from tests.support import cdi as support_cdi
+from tests.support import dra_nodes
 from tests.support.control_plane import ControlPlane, binary
 from tests.support.orchestrator import answers
 from tests.support.processes import DISCOVERY_CONFIG, DRIVER_MANAGER_CONFIG, GPUOP, service
@@ -161,9 +162,12 @@ async def orchestrating(
     *,
     gpus: int,
     kwok_version: str,
+    dra: bool = False,
 ) -> AsyncIterator[Orchestrating]:
     """The real node's agents, the KWOK nodes' fake ones (running `kwok_version`) and the
-    orchestrator, until the block ends; every agent then stops with SIGTERM."""
+    orchestrator, until the block ends; every agent then stops with SIGTERM. With `dra`,
+    the real node serves its GPUs through DRA (`tests.support.dra_nodes`) and the device
+    plugin's cluster role runs too."""
     work = node.work / "agents"
     work.mkdir(exist_ok=True)
     configs = {
@@ -184,16 +188,28 @@ async def orchestrating(
         "telemetry": ["--role", "node", "--config", str(work / "telemetry.yaml")],
     }
     plugin_log = work / "device-plugin.log"
-    registered = _registrations(plugin_log)
+    registrations = dra_nodes.registrations if dra else _registrations
+    registered = registrations(plugin_log)
     async with AsyncExitStack() as exits:
+        if dra:
+            dra_nodes.serving_dra(node)
+            exits.enter_context(dra_nodes.kubelet_root_seen(node))
+            config = dra_nodes.plugin_config(node, work / "device-plugin.yaml")
+            agents["device-plugin"] += ["--config", str(config)]
+            agents["device-plugin-cluster"] = [
+                "--role", "cluster", "--kubeconfig", str(plane.admin_kubeconfig),
+            ]  # fmt: skip
         for name, extra in agents.items():
             log = work / f"{name}.log"
-            await exits.enter_async_context(
-                service(name, [name, *on_node, *extra], log, exit_codes)
-            )
+            if name == "device-plugin-cluster":
+                arguments = ["device-plugin", *extra, "--nats", nats.url]
+                arguments += ["--metrics-listen", "127.0.0.1:0"]
+            else:
+                arguments = [name, *on_node, *extra]
+            await exits.enter_async_context(service(name, arguments, log, exit_codes))
         # a pod admitted before this plugin registers goes to the endpoint of the one a test
         # before stopped, which the kubelet keeps a while: UnexpectedAdmissionError
-        await eventually(lambda: _registrations(plugin_log) > registered, timeout=120, interval=0.5)
+        await eventually(lambda: registrations(plugin_log) > registered, timeout=120, interval=0.5)
         (work / "orchestrator.yaml").write_text(ORCHESTRATOR, encoding="utf-8")
         orchestrator = ["upgrade-orchestrator", "--role", "cluster", "--nats", nats.url]
         orchestrator += ["--kubeconfig", str(plane.admin_kubeconfig)]

@@ -293,7 +293,9 @@ def _installed(root: HostRoot, component: dm.Component) -> tuple[str, ...]:
 def _answer_text(result: Event) -> str:
     fields = result.model_dump(mode="json", exclude={"command_id", "component"})
     said = ", ".join(
-        f"{k} {_plain(v)}" for k, v in fields.items() if v not in (None, "", []) and v is not False
+        f"{k} {_plain(v)}"
+        for k, v in fields.items()
+        if v not in (None, "", [], {}) and v is not False
     )
     return f"{result.NAME}: {said}" if said else result.NAME
 

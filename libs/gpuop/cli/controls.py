@@ -136,7 +136,9 @@ def _start_pool(
     _pool_named(policy, spec, pool)
 
     def change(entry: Obj) -> Obj:
-        wanted: Obj = {"version": version}
+        # The patch replaces the pools list whole: keep what the pool's entry has beside the
+        # version (its source, keys, kernelModuleType), as the merge patch of the defaults does.
+        wanted: Obj = {**(entry.get(str(component)) or {}), "version": version}
         if source is not None:
             wanted["source"] = source
         upgrade = {**entry.get("upgradePolicy", {}), "paused": False}

@@ -17,6 +17,11 @@ The GPU driver's version must also come in the kernel modules the policy's
 `kernelModuleType` names (a format-1 package serves either, as a node's selection has it:
 `driver_manager.select`); with `auto`, which each node resolves from its own GPUs, the flavour the
 version's branch recommends is checked and a source without it is noted, not refused.
+
+The policy's `kernelModuleParameters` must be ones the version's modules declare, with values
+their types take (`declared_for`, from what the index lists of each package's modules): the
+kernel would ignore a misspelt name at the load, silently, so it is refused here, naming the
+nearest declared names.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import re
 from gpuop.cli import coverage
 from gpuop.cli.errors import CommandFailed
 from gpuop.events.driver import Component
+from gpuop.policy import parameters
+from gpuop.policy.parameters import ModuleParameters
 from gpuop.saga.upgrade.records import Target
 from gpuop.services.driver_manager import facade as driver_manager
 
@@ -43,13 +50,20 @@ def _version_key(version: str) -> tuple[tuple[int, int | str], ...]:
 
 
 async def require(
-    component: Component, target: Target, *, flavour_decided: bool = True
+    component: Component,
+    target: Target,
+    *,
+    flavour_decided: bool = True,
+    module_parameters: ModuleParameters | None = None,
 ) -> str | None:
     """`CommandFailed` unless `target.source` offers `target.version` of `component`, of
     `target.flavour` when it names one (for some kernel: which kernel each node needs is
-    `gpuop upgrade plan`'s check); a note when the source could not be read from here (not
-    checked), or when it lacks the flavour but `flavour_decided` is False (the policy's
-    `auto`, resolved without the nodes' GPUs: a node's may pick the other), else None."""
+    `gpuop upgrade plan`'s check), whose modules declare every one of `module_parameters`
+    (the policy's `kernelModuleParameters`) with a type its value fits; a note when the
+    source could not be read from here (not checked), when it lacks the flavour but
+    `flavour_decided` is False (the policy's `auto`, resolved without the nodes' GPUs: a
+    node's may pick the other), or when its index does not list what the modules declare,
+    else None."""
     uri = target.source
     if uri is None:
         return None
@@ -66,7 +80,7 @@ async def require(
             f"(it has: {has}); {UNCHANGED}"
         )
     if target.flavour is None or in_flavour(indexes[uri], uri, component, target):
-        return None
+        return declared_for(indexes[uri], uri, component, target, module_parameters)
     flavoured = ", ".join(flavours_offered(indexes[uri], component, target.version))
     lacking = (
         f"driver source {uri} has no {component} {target.version} package of the "
@@ -78,6 +92,47 @@ async def require(
         f"{lacking}, which kernelModuleType auto picks for {target.version} on GPUs it "
         "cannot see from here; gpuop upgrade plan checks each node's"
     )
+
+
+def declared_for(
+    index: driver_manager.SourceIndex,
+    uri: str,
+    component: Component,
+    target: Target,
+    module_parameters: ModuleParameters | None,
+) -> str | None:
+    """`CommandFailed` naming each of `module_parameters` that a package of `target`'s
+    version (and flavour) does not declare, with the nearest names it does, or whose value
+    its type refuses: the kernel would ignore a misspelt one at the load, silently. A note
+    when no such package lists what its modules declare (built before they were listed)."""
+    if not module_parameters or not module_parameters.by_module():
+        return None
+    entries = [
+        e
+        for e in index.packages
+        if e.component == component
+        and e.version == target.version
+        and (target.flavour is None or e.flavour in (None, target.flavour))
+    ]
+    listed = [e for e in entries if e.parameters is not None]
+    if not listed:
+        return (
+            f"driver source {uri}'s index does not list the parameters its {component} "
+            f"{target.version} modules declare: kernelModuleParameters not checked"
+        )
+    problems = sorted(
+        {
+            p
+            for e in listed
+            for p in parameters.check_declared(module_parameters, e.parameters or {})
+        }
+    )
+    if problems:
+        raise CommandFailed(
+            f"kernelModuleParameters: the {component} {target.version} modules of {uri} "
+            f"would not take them ({UNCHANGED}):\n  " + "\n  ".join(problems)
+        )
+    return None
 
 
 def in_flavour(

@@ -264,7 +264,10 @@ async def start_rollout(args: argparse.Namespace, environ: Mapping[str, str]) ->
     targets = desired_targets(after, args.pool, modules.flavour)
     if component in targets:
         note = await offering.require(
-            component, targets[component], flavour_decided=gpu.kernel_module_type != "auto"
+            component,
+            targets[component],
+            flavour_decided=gpu.kernel_module_type != "auto",
+            module_parameters=gpu.kernel_module_parameters if component is Component.GPU else None,
         )
         if note is not None:
             print(f"gpuop upgrade start: {note}", file=sys.stderr, flush=True)

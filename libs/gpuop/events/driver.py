@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar
 
-from pydantic import Field, StringConstraints
+from pydantic import BaseModel, Field, StringConstraints
 
 from gpuop.events.envelope import Command, Event
 from gpuop.events.fields import (
@@ -37,6 +37,28 @@ from gpuop.events.fields import (
 )
 
 SERVICE = "driver-manager"
+
+ParameterName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
+"""A module parameter's name, as `module_param` declares it: `NVreg_EnableGpuFirmware`."""
+ParameterValue = Annotated[str, StringConstraints(pattern=r"^[^\s\"'\\]{0,1024}$")]
+"""A module parameter's value as modprobe takes it and sysfs shows it: `0`, `Y`, `a=1;b=2`."""
+ModuleParameters = Annotated[
+    dict[ModuleName, Annotated[dict[ParameterName, ParameterValue], Field(max_length=64)]],
+    Field(max_length=16),
+]
+"""Module name to its parameters: `{"nvidia": {"NVreg_EnableGpuFirmware": "0"}}`."""
+
+
+def hash_with_parameters(self: BaseModel) -> int:
+    """An event's hash where a field is a `ModuleParameters` mapping: events are hashable
+    (kept in sets and as keys), and a dict is not."""
+    return hash((type(self), tuple((k, _hashable(v)) for k, v in self.__dict__.items())))
+
+
+def _hashable(value: object) -> object:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
 
 
 class Component(DocumentedEnum):
@@ -247,6 +269,7 @@ class StageDriver(Command):
 class LoadDriver(Command):
     """Load the installed `version` of the component."""
 
+    __hash__ = hash_with_parameters
     SERVICE: ClassVar[str] = SERVICE
     VERB: ClassVar[str] = "load"
 
@@ -256,6 +279,9 @@ class LoadDriver(Command):
     """Driver version expected to load; a different one is a failure."""
     timeout_seconds: TimeoutSeconds = 300
     """How long loading may take."""
+    parameters: ModuleParameters = Field(default_factory=dict)
+    """The parameters each module is loaded with (the policy's `kernelModuleParameters`);
+    empty: none."""
 
 
 class ValidateDriver(Command):
@@ -279,6 +305,7 @@ class ValidateDriver(Command):
 class RollbackDriver(Command):
     """Return the component to `version`: unload what runs, reinstall if needed, load."""
 
+    __hash__ = hash_with_parameters
     SERVICE: ClassVar[str] = SERVICE
     VERB: ClassVar[str] = "rollback"
 
@@ -294,6 +321,8 @@ class RollbackDriver(Command):
     version as it is installed."""
     timeout_seconds: TimeoutSeconds = 1800
     """How long the whole rollback may take."""
+    parameters: ModuleParameters = Field(default_factory=dict)
+    """The parameters the modules ran with before, loaded with them again; empty: none."""
 
 
 class RebootNode(Command):
@@ -413,12 +442,16 @@ class DriverStageFailed(DriverFailure):
 class DriverLoaded(DriverResult):
     """The driver is loaded."""
 
+    __hash__ = hash_with_parameters
     NAME: ClassVar[str] = "loaded"
 
     version: Version
     """Loaded version."""
     modules: tuple[ModuleName, ...] = Field(default=(), max_length=64)
     """Modules now loaded, in load order."""
+    parameters: ModuleParameters = Field(default_factory=dict)
+    """The parameters the load asked for, each as the module shows it now
+    (`/sys/module/<module>/parameters/`); one the module took none of is left out."""
 
 
 class DriverLoadFailed(DriverFailure):

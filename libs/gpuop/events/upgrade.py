@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, StringConstraints
 
 from gpuop.events.device import OperandService
-from gpuop.events.driver import Component, Flavour
+from gpuop.events.driver import Component, Flavour, ModuleParameters, hash_with_parameters
 from gpuop.events.envelope import Event, StateChangedEvent
 from gpuop.events.fields import (
     Attempt,
@@ -162,6 +162,7 @@ class SagaStarted(Event):
     inputs and the policy in force; recorded so a replay of the log (`gpuop replay`) builds
     the same saga with `gpuop.saga.new_saga`, at the time of this event."""
 
+    __hash__ = hash_with_parameters
     DOMAIN: ClassVar[str] = DOMAIN
     NAME: ClassVar[str] = "saga-started"
 
@@ -196,6 +197,9 @@ class SagaStarted(Event):
     running_flavour: Flavour | None = None
     """The kernel modules the node's GPU driver ran (from its inventory); absent: none ran,
     or discovery did not say."""
+    running_parameters: ModuleParameters | None = None
+    """The parameters the node's GPU driver modules ran with (those its last saga loaded
+    them with), loaded again by a rollback; absent: unknown."""
 
 
 class PolicyApplied(Event):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuop import moduleparams
 from gpuop.host import kmod, packages
 from gpuop.host.errors import DepmodFailed, HostReadError, ModuleLoadFailed
 from gpuop.host.files import write_atomic
@@ -109,8 +110,9 @@ def _indexable_files(root: HostRoot, base: Path, kernel_release: str) -> dict[st
 
 def declared_module(path: Path) -> packages.ModuleStandin:
     """What the module file `path` declares: a stand-in's own document, or a real module's
-    `.modinfo` fields (name, version, `depends`, the kernel release of its vermagic) read
-    with kmod's `modinfo`, its size the file's. `ValueError` when it is neither."""
+    `.modinfo` fields (name, version, `depends`, the kernel release of its vermagic, the
+    parameters its `parm:` lines declare) read with kmod's `modinfo`, its size the file's.
+    `ValueError` when it is neither."""
     data = path.read_bytes()
     try:
         return packages.ModuleStandin.decode(data)
@@ -132,6 +134,7 @@ def declared_module(path: Path) -> packages.ModuleStandin:
         kernel_release=vermagic[0],
         depends=tuple(d.replace("-", "_") for d in depends.split(",") if d),
         size=len(data),
+        parameters=tuple(sorted(moduleparams.declared(info.get("parm", [])).items())),
     )
 
 

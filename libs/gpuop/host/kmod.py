@@ -20,7 +20,7 @@ import asyncio
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from gpuop.host.errors import DepmodFailed, KernelToolMissing, ModuleLoadFailed
@@ -170,7 +170,7 @@ class HostRootKernel:
     async def loaded(self) -> tuple[LoadedModule, ...]:
         return ()
 
-    async def load(self, module: str) -> None:
+    async def load(self, module: str, options: Mapping[str, str] | None = None) -> None:
         raise ModuleLoadFailed(module, f"{self.root.path} is not a running kernel's root")
 
     async def unload(self, module: str) -> None:

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuop.host import components
+from gpuop.host import components, parameters
 from gpuop.host.files import write_atomic
 from gpuop.host.roots import HostRoot
 
@@ -76,6 +76,10 @@ class ModuleStandin:
     """False stands in for a defective build that loads but initialises no GPU (built, say,
     without the firmware the node's GPUs need): the simulated NVML then sees no devices, so
     the driver fails validation. Written to the file only when False."""
+    parameters: tuple[tuple[str, str], ...] = ()
+    """The parameters it declares, name and type as modinfo's `parm:` shows them
+    (`("NVreg_EnableGpuFirmware", "uint")`); the simulated kernel ignores any other, as the
+    real one does, and refuses a value its type does not take."""
 
     def encode(self) -> bytes:
         """The stand-in's file content."""
@@ -89,6 +93,8 @@ class ModuleStandin:
         }
         if not self.brings_up_gpus:
             document["brings_up_gpus"] = False
+        if self.parameters:
+            document["parameters"] = dict(self.parameters)
         return (json.dumps(document, indent=2) + "\n").encode()
 
     @classmethod
@@ -104,6 +110,11 @@ class ModuleStandin:
             depends = document.get("depends", [])
             if not isinstance(depends, list) or not all(isinstance(d, str) for d in depends):
                 raise TypeError("depends")
+            declared = document.get("parameters", {})
+            if not isinstance(declared, dict) or not all(
+                isinstance(v, str) for v in declared.values()
+            ):
+                raise TypeError("parameters")
             standin = cls(
                 name=str(document["name"]),
                 version=str(document["version"]),
@@ -111,6 +122,7 @@ class ModuleStandin:
                 depends=tuple(depends),
                 size=int(document.get("size", 65536)),
                 brings_up_gpus=document.get("brings_up_gpus", True) is not False,
+                parameters=tuple(sorted(declared.items())),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"module stand-in field {error} is missing or wrong") from None
@@ -130,6 +142,7 @@ def standins_for(
             depends=components.dependencies(module),
             size=_SIZES.get(module, 65536),
             brings_up_gpus=not defective,
+            parameters=tuple(sorted(parameters.STANDIN_DECLARED.get(module, {}).items())),
         )
         for module in components.modules_of(component)
     )

@@ -37,11 +37,11 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
-from gpuop.host import manifests, packages, signing
+from gpuop.host import indexing, manifests, packages, signing
 from gpuop.host.files import write_atomic
 
 MANIFEST = "manifest.json"
@@ -61,11 +61,14 @@ class BuiltPackage:
     """Hex SHA-256 of the archive's bytes."""
     flavour: str | None = None
     """Format 2: `open` or `proprietary`."""
+    parameters: Mapping[str, Mapping[str, str]] | None = None
+    """The parameters its modules declare, module to `{name: modinfo type}`; None: not read."""
 
-    def index_entry(self) -> dict[str, str]:
+    def index_entry(self) -> dict[str, object]:
         """This package's entry in a driver source's `index.json` (format 2 packages add
-        `flavour`)."""
-        entry = {
+        `flavour`; packages whose modules declare parameters, `parameters`, which
+        `gpuop upgrade start` checks the policy's `kernelModuleParameters` against)."""
+        entry: dict[str, object] = {
             "component": self.component,
             "version": self.version,
             "kernel_release": self.kernel_release,
@@ -74,6 +77,8 @@ class BuiltPackage:
         }
         if self.flavour is not None:
             entry["flavour"] = self.flavour
+        if self.parameters:
+            entry["parameters"] = {m: dict(p) for m, p in sorted(self.parameters.items())}
         return entry
 
 
@@ -99,7 +104,9 @@ def build_package(
     data = _reproducible_tar_gz(members)
     path = directory / archive_name(component, version, kernel_release)
     write_atomic(path, data)
-    return BuiltPackage(component, version, kernel_release, path, hashlib.sha256(data).hexdigest())
+    declared = {s.name: dict(s.parameters) for s in standins if s.parameters}
+    digest = hashlib.sha256(data).hexdigest()
+    return BuiltPackage(component, version, kernel_release, path, digest, parameters=declared)
 
 
 def archive_name_v2(component: str, version: str, flavour: str, kernel_release: str) -> str:
@@ -166,7 +173,34 @@ def write_package_v2(
     with partial.open("wb") as stream:
         write_reproducible_tar_gz(stream, members, compresslevel=6)
     partial.replace(path)
-    return BuiltPackage(component, version, kernel_release, path, sha256_of(path), flavour.value)
+    return BuiltPackage(
+        component,
+        version,
+        kernel_release,
+        path,
+        sha256_of(path),
+        flavour.value,
+        parameters=_declared_by(files),
+    )
+
+
+def _declared_by(files: Mapping[str, PackageContent]) -> dict[str, dict[str, str]]:
+    """The parameters each module among `files` declares: a stand-in's own list, a real
+    module's `parm:` lines (kmod's modinfo); a module neither reads is left out."""
+    declared: dict[str, dict[str, str]] = {}
+    for item in files.values():
+        if item.role is not manifests.Role.MODULE:
+            continue
+        try:
+            if isinstance(item.content, Path):
+                module = indexing.declared_module(item.content)
+            else:
+                module = packages.ModuleStandin.decode(item.content)
+        except (OSError, ValueError):
+            continue
+        if module.parameters:
+            declared[module.name] = dict(module.parameters)
+    return declared
 
 
 def add_to_index(
@@ -177,7 +211,7 @@ def add_to_index(
     the index with `key`; without a key the old signature, no longer true, is removed (the
     agents then refuse the source unless the policy says `allowUnsigned`). The new index."""
     index_path = directory / INDEX
-    entries: list[dict[str, str]] = []
+    entries: list[dict[str, Any]] = []
     if index_path.exists():
         try:
             document = json.loads(index_path.read_text(encoding="utf-8"))
@@ -186,7 +220,7 @@ def add_to_index(
             raise ValueError(f"{index_path} is not a driver source index: {exc}") from None
     new = package.index_entry()
 
-    def same(entry: dict[str, str]) -> bool:
+    def same(entry: dict[str, Any]) -> bool:
         keys = ("component", "version", "kernel_release")
         return entry.get("file") == new["file"] or (
             all(entry.get(k) == new[k] for k in keys) and entry.get("flavour") == new.get("flavour")

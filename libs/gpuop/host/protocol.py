@@ -9,7 +9,7 @@ in tests, or `SubprocessKernelOps(chroot=False)` with the stand-in tools of
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from gpuop.host.cuda import CudaProbe
@@ -25,8 +25,11 @@ class KernelOps(Protocol):
         """The loaded modules with their use counts and users, as `proc/modules` lists them."""
         ...
 
-    async def load(self, module: str) -> None:
+    async def load(self, module: str, options: Mapping[str, str] | None = None) -> None:
         """Load `module` and what it depends on, as `modprobe` does; nothing when loaded.
+        `options`: `module`'s parameters (`modprobe nvidia NVreg_EnableGpuFirmware=0`); the
+        kernel ignores one the module does not declare and refuses a value its type does not
+        take (`ModuleLoadFailed`, "Invalid argument").
 
         Raises `ModuleNotFound` when the running kernel has no such module installed and
         indexed, `ModuleLoadFailed` when the kernel refuses it.

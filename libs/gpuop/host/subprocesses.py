@@ -27,6 +27,7 @@ import signal
 from collections.abc import Mapping
 from contextlib import suppress
 
+from gpuop import moduleparams
 from gpuop.host import modules
 from gpuop.host.errors import (
     DepmodFailed,
@@ -66,8 +67,8 @@ class SubprocessKernelOps:
     async def loaded(self) -> tuple[LoadedModule, ...]:
         return modules.loaded_modules(self.root)
 
-    async def load(self, module: str) -> None:
-        returncode, output = await self._run("modprobe", module)
+    async def load(self, module: str, options: Mapping[str, str] | None = None) -> None:
+        returncode, output = await self._run("modprobe", module, *moduleparams.words(options or {}))
         if returncode != 0:
             raise failure("modprobe", module, output) or ModuleLoadFailed(module, output)
 

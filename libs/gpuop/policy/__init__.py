@@ -11,6 +11,7 @@ Modules, in the order a policy flows through them:
     selectors    label selector strings (`podSelector`), checked up front
     drivers      `driver`: `DriverSpec` and `ComponentSpec` (version, source)
     flavours     `driver.gpu.kernelModuleType` resolved for one node (`auto`: its GPUs)
+    parameters   `driver.gpu.kernelModuleParameters`, checked against what modules declare
     deadlines    `upgradePolicy.deadlines` and `upgradePolicy.retry`
     ladders      `upgradePolicy.validation`: the rungs checked before the uncordon
     upgrades     `upgradePolicy`: `UpgradePolicy` and its upstream sections, plus canary

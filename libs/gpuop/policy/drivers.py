@@ -33,7 +33,7 @@ from pydantic_core import PydanticCustomError
 
 from gpuop import selectors as selecting
 from gpuop.events import driver
-from gpuop.policy import deviceapis
+from gpuop.policy import deviceapis, parameters
 from gpuop.policy.deviceapis import DeviceApiSetting
 from gpuop.policy.fields import Section, matching
 from gpuop.policy.selectors import LabelSelector
@@ -207,6 +207,13 @@ class GpuComponentSpec(ComponentSpec):
     flavour of the same version is reloaded, as for a version change; the driver source must
     have packages of the flavour (a format-1 package, which names none, serves either). A
     pool's `gpu` has its own (unset: `auto`)."""
+    kernel_module_parameters: parameters.ModuleParameters | None = None
+    """Parameters each of the GPU driver's modules is loaded with, by module (`nvidia`,
+    `nvidia_uvm`, `nvidia_modeset`, `nvidia_drm`, `nvidia_peermem`) then parameter name:
+    `{nvidia: {NVreg_EnableGpuFirmware: 0}}`. `gpuop upgrade start` refuses a parameter the
+    package's module does not declare (`modinfo`'s `parm:`) or a value of another type.
+    Changing them reloads the modules of every node they apply to, as a version change
+    does. A pool's `gpu` has its own (unset: none)."""
 
 
 def _gpu_spec(value: object) -> object:

@@ -178,3 +178,40 @@ async def test_a_pool_the_policy_lacks_is_a_usage_error(cluster: Cluster) -> Non
         "upgrade", "start", "--pool", "train", "--version", NEW, "--selector", "x=y"
     )
     assert code == 2 and "a pool's nodes are its nodeSelector" in err
+
+
+async def test_start_in_a_pool_keeps_its_gpu_entrys_source_keys_and_module_type(
+    cluster: Cluster,
+) -> None:
+    """The pools list is patched whole: the pool's `gpu` keeps all it had but the version."""
+    own = {
+        "version": TRAIN_OLD,
+        "source": "https://drivers.example/train",
+        "publicKeys": ["RWQ" + "A" * 53],
+        "kernelModuleType": "open",
+    }
+    pools = [
+        {**p, "gpu": own} if p["name"] == "train" else p
+        for p in policy()["spec"]["driver"]["pools"]
+    ]
+    await customobjects.patch(
+        cluster.kube, RESOURCE, "default", {"spec": {"driver": {"pools": pools}}}
+    )
+    code, _, err = await cluster.cli("upgrade", "start", "--pool", "train", "--version", NEW)
+    assert code == 0, err
+    assert (await cluster.pools())["train"]["gpu"] == {**own, "version": NEW}
+
+    code, _, err = await cluster.cli(
+        "upgrade", "start", "--pool", "train", "--version", NEW, "--source", "/srv/train"
+    )
+    assert code == 0, err
+    assert (await cluster.pools())["train"]["gpu"] == {
+        **own,
+        "version": NEW,
+        "source": "/srv/train",
+    }
+
+    code, _, err = await cluster.cli("upgrade", "abort", "--pool", "train")
+    assert code == 0, err
+    # abort undoes the last start: the entry as it was, its own source back
+    assert (await cluster.pools())["train"]["gpu"] == {**own, "version": NEW}

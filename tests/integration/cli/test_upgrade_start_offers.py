@@ -136,3 +136,38 @@ async def test_a_source_unreachable_from_here_is_noted_and_left_to_the_nodes(
     assert f"driver source {only_on_nodes} not checked" in err
     assert "each node checks it before its cordon" in err
     assert (await cluster.policy())["spec"]["driver"]["gpu"]["version"] == ABSENT
+
+
+async def with_parameters(cluster: Cluster, wanted: dict[str, Any]) -> None:
+    await customobjects.patch(
+        cluster.kube,
+        RESOURCE,
+        "default",
+        {"spec": {"driver": {"gpu": {"kernelModuleParameters": wanted}}}},
+    )
+
+
+async def test_a_parameter_the_modules_do_not_declare_is_refused_naming_the_nearest(
+    cluster: Cluster, drivers: Path
+) -> None:
+    await with_parameters(
+        cluster, {"nvidia": {"NVreg_EnableGpuFirmwre": 0}, "nvidia_uvm": {"uvm_disable_hmm": 2}}
+    )
+    before = await cluster.policy()
+    code, out, err = await cluster.start("--version", NEW)
+    assert code == 1, out + err
+    assert f"kernelModuleParameters: the gpu {NEW} modules of {drivers} would not take" in err
+    assert (
+        "nvidia: no parameter NVreg_EnableGpuFirmwre; did you mean NVreg_EnableGpuFirmware" in err
+    )
+    assert "nvidia_uvm.uvm_disable_hmm: is a bool: Y or N (or 1 or 0), not 2" in err
+    assert (await cluster.policy())["spec"] == before["spec"]
+
+
+async def test_declared_parameters_of_the_right_type_start_the_rollout(cluster: Cluster) -> None:
+    wanted = {"nvidia": {"NVreg_EnableGpuFirmware": 0, "NVreg_RegistryDwords": "RMUseSwI2c=0x01"}}
+    await with_parameters(cluster, wanted)
+    code, _, err = await cluster.start("--version", NEW)
+    assert code == 0, err
+    gpu = (await cluster.policy())["spec"]["driver"]["gpu"]
+    assert (gpu["version"], gpu["kernelModuleParameters"]) == (NEW, wanted)

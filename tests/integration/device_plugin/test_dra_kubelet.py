@@ -20,6 +20,7 @@ from gpuop.host.roots import HostRoot
 from gpuop.kubelet.dra.v1 import api_pb2 as v1
 from gpuop.kubelet.dra_health.v1 import api_pb2 as health
 from gpuop.services.device_plugin import agent
+from gpuop.services.device_plugin.config import DevicePluginConfig
 from gpuop.services.device_plugin.dra import cdispecs, deviceapis, serving
 from gpuop.services.device_plugin.dra.plugin import PAUSED, DraPlugin
 from gpuop.services.device_plugin.dra.preparing import NOT_YET_KNOWN
@@ -110,6 +111,40 @@ async def test_switching_to_dra_serves_the_plugin_instead_of_nvidia_com_gpu(
         back = await switch(node, DeviceApi.DEVICE_PLUGIN)
         assert (back.api, back.serving) == (DeviceApi.DEVICE_PLUGIN, True)
         await node.kubelet.wait_for_devices(GPU, healthy(GPUS))
+        assert not host.join(serving.registration_socket()).exists()
+        assert not host.join(serving.plugin_socket()).exists()
+    await kubelet.close()
+
+
+async def test_the_plugin_serves_in_the_kubelet_root_dir_its_config_names(
+    host: HostRoot, bus: Bus
+) -> None:
+    config = DevicePluginConfig.model_validate({"flags": {"kubeletRootDir": "/data/kubelet"}})
+    kubelet = FakeKubelet(host.path, "data/kubelet")
+    async with running_node(host, gpus=GPUS, bus=bus, config=config) as node:
+        envelope = await node.command(SetDeviceApi(api=DeviceApi.DRA, reason="test"), "dra")
+        socket = kubelet.registry / f"{dra.DRIVER}-reg.sock"
+        async with asyncio.timeout(10):
+            while not socket.exists():
+                await asyncio.sleep(0.02)
+        await kubelet.register()
+        assert kubelet.info is not None
+        assert kubelet.info.endpoint == "/data/kubelet/plugins/gpu.nvidia.com/dra.sock"
+        await node.publish(allocated(1, gpu_uuids(node)[:1], node=NODE))
+        answer = await prepared(kubelet, 1)
+        assert answer.claims[claim_uid(1)].error == ""
+        checkpoint = host.join("data/kubelet/plugins/gpu.nvidia.com/checkpoint.json")
+        assert claim_uid(1) in checkpoint.read_text()
+        async with asyncio.timeout(10):
+            while not (
+                applied := [
+                    a
+                    for a in await node.confirmations(DeviceApiApplied)
+                    if a.command_id == envelope.id
+                ]
+            ):
+                await asyncio.sleep(0.05)
+        assert [(a.api, a.serving) for a in applied] == [(DeviceApi.DRA, True)]
         assert not host.join(serving.registration_socket()).exists()
         assert not host.join(serving.plugin_socket()).exists()
     await kubelet.close()

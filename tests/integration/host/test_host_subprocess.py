@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.host import errors, modules, nvidia, packages, packaging
+from gpuop.host import errors, modules, nvidia, packages, packaging, parameters
 from gpuop.host.roots import HostRoot
 from gpuop.host.subprocesses import SubprocessKernelOps
 from gpuop_sim.host import standins
@@ -161,3 +161,19 @@ def test_the_tools_print_kmods_messages(
     monkeypatch.delenv("GPUOP_HOST_ROOT")
     assert standins.run_tool("depmod", ["-a"]) == 1
     assert "GPUOP_HOST_ROOT is not set" in capsys.readouterr().err
+
+
+async def test_module_parameters_reach_the_kernel_as_modprobe_words(
+    ops: SubprocessKernelOps, seeded: HostRoot
+) -> None:
+    await ops.unload("nvidia_uvm")
+    await ops.unload("nvidia")
+    await ops.load("nvidia", {"NVreg_EnableGpuFirmware": "0", "NVreg_RegistryDwords": "A=1;B=2"})
+    assert parameters.shown(seeded, "nvidia") == {
+        "NVreg_EnableGpuFirmware": "0",
+        "NVreg_RegistryDwords": "A=1;B=2",
+    }
+    await ops.unload("nvidia")
+    with pytest.raises(errors.ModuleLoadFailed) as refused:
+        await ops.load("nvidia", {"NVreg_EnableGpuFirmware": "off"})
+    assert "Invalid argument" in str(refused.value)

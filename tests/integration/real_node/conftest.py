@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from tests.support import real_node
 from tests.support.control_plane import ControlPlane
 from tests.support.dns_capture import DnsCapture
+from tests.support.fleet import create_nodes
 from tests.support.real_node import RealNode
 
 GPUS = 8
@@ -37,8 +39,10 @@ def node(tmp_path_factory: pytest.TempPathFactory, dns_capture: DnsCapture) -> I
 
 
 @contextmanager
-def started_node(tmp_path_factory: pytest.TempPathFactory, **plane: Any) -> Iterator[RealNode]:
-    """A control plane (`plane`: its options) with the real node of `GPUS` GPUs registered;
+def started_node(
+    tmp_path_factory: pytest.TempPathFactory, gpus: int = GPUS, **plane: Any
+) -> Iterator[RealNode]:
+    """A control plane (`plane`: its options) with the real node of `gpus` GPUs registered;
     the node's stop is checked to leave nothing behind."""
     absent = real_node.missing()
     if absent:
@@ -46,11 +50,37 @@ def started_node(tmp_path_factory: pytest.TempPathFactory, **plane: Any) -> Iter
     with ControlPlane(
         tmp_path_factory.mktemp("control-plane"), advertise=real_node.NODE_IP, **plane
     ) as started:
-        running = RealNode(started, tmp_path_factory.mktemp("real-node"), gpus=GPUS)
+        running = RealNode(started, tmp_path_factory.mktemp("real-node"), gpus=gpus)
         with running:
             yield running
         left = running.leftovers()
         assert left == [], f"the real node left behind: {left}"
+
+
+@dataclass
+class Cluster:
+    """The real node among KWOK nodes on one control plane."""
+
+    plane: ControlPlane
+    node: RealNode
+    kwok: list[str]
+
+
+@contextmanager
+def started_cluster(
+    tmp_path_factory: pytest.TempPathFactory, *, gpus: int = GPUS, kwok_nodes: int = 2
+) -> Iterator[Cluster]:
+    """The control plane with KWOK managing its own nodes only, the real node (`gpus`
+    simulated GPUs, labelled a GPU node as discovery's cluster role labels one) and
+    `kwok_nodes` KWOK GPU nodes of 8 GPUs."""
+    with started_node(tmp_path_factory, gpus=gpus, kwok_fake_only=True) as node:
+        kwok = create_nodes(node.plane, kwok_nodes, GPUS, workloads=False)
+        patch = {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}}
+        node.plane.call(
+            "PATCH", f"/api/v1/nodes/{node.name}", patch,
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
+        yield Cluster(node.plane, node, kwok)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,215 +1,101 @@
-"""GPUs through DRA on the real node: gpuop's DRA kubelet plugin (`DraPlugin`, in this
-process, on the real node's host root) is registered by the real kubelet through its
-`plugins_registry`; the real scheduler allocates a ResourceClaim against a ResourceSlice
-the test writes for the node (as the device plugin's cluster role will), and the test hands
-the plugin the claim's allocation as the cluster role publishes it (`dra.ClaimAllocated`).
-The real kubelet prepares the claim, containerd injects the claim's CDI devices, and the
-container lists exactly its GPU's device node; a plugin restart while the pod runs loses
-no prepared claim, and the pod's deletion makes the kubelet unprepare it, which removes the
-claim's CDI spec."""
+"""GPUs through DRA on the real node, with gpuop's processes as the chart runs them: the
+device plugin's node agent (`gpuop run device-plugin --role node`, its `flags.kubeletRootDir`
+the real kubelet's `--root-dir`) serves the DRA kubelet plugin, which the real kubelet
+registers through its `plugins_registry`; the device plugin's cluster role (`--role
+cluster`) writes the node's ResourceSlice from discovery's inventory and, once the real
+scheduler allocated a ResourceClaim against it, tells the node the claim's allocation over
+a real nats-server (`dra.ClaimAllocated`). The real kubelet prepares the claim, containerd
+injects the claim's CDI devices, and the container lists exactly its GPU's device node; a
+restart of the node agent while the pod runs loses no prepared claim, and the pod's deletion
+makes the kubelet unprepare it at the restarted agent, which removes the claim's CDI spec."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import re
-from collections.abc import Iterator
-from pathlib import PurePosixPath
-from typing import Any
+from contextlib import AsyncExitStack
 
 import pytest
 
-from gpuop.events import dra
+from gpuop.bus import NatsServer
 from gpuop.host.roots import HostRoot
-from gpuop.nvml import open_backend
-from gpuop.nvml.protocol import opened
 from gpuop.services.device_plugin.dra import cdispecs
-from gpuop.services.device_plugin.dra.plugin import DraPlugin
-from gpuop.services.device_plugin.health import HealthBook
-from gpuop.services.device_plugin.inventory import GpuInventory, read_inventory
 from tests.integration.real_node.conftest import GPUS
+from tests.support import dra_nodes
+from tests.support.dra_nodes import RESOURCE
 from tests.support.node_pods import pod, running
+from tests.support.processes import DISCOVERY_CONFIG, service
 from tests.support.real_node import RealNode
 from tests.support.waiting import eventually
 
-pytestmark = [pytest.mark.real_node]
+pytestmark = [pytest.mark.real_node, pytest.mark.nats]
 
 WAIT = {"timeout": 120, "interval": 0.5}
-RESOURCE = "/apis/resource.k8s.io/v1"
 CLAIM = "gpu-claim"
-CLASS = "gpu.nvidia.com"
 LISTING = "ls -l /dev | grep nvidia; echo done; "
 
 
-def inventory_of(node: RealNode) -> GpuInventory:
-    """The node's GPUs as its device plugin reads them (`--nvml sim:8`)."""
-    nvml = open_backend(f"sim:{GPUS}", host_root=node.host_root, node=node.name)
-    with opened(nvml):
-        return read_inventory(nvml, HostRoot(node.host_root))
-
-
-@contextlib.contextmanager
-def kubelet_dirs(node: RealNode) -> Iterator[None]:
-    """The kubelet's plugin directories (under its `--root-dir`) where the host root has
-    them, as on a node whose kubelet runs with the default root."""
-    links = []
-    for name in ("plugins_registry", "plugins"):
-        link = node.host_root / "var/lib/kubelet" / name
-        (node.kubelet_root / name).mkdir(parents=True, exist_ok=True)
-        link.symlink_to(node.kubelet_root / name)
-        links.append(link)
-    try:
-        yield
-    finally:
-        for link in links:
-            link.unlink()
-
-
-async def started(node: RealNode, inventory: GpuInventory, answers: list[bool]) -> DraPlugin:
-    """A DRA plugin instance on the node, as a new pod of the DaemonSet starts one; the
-    kubelet's registration answers go to `answers`."""
-    plugin = DraPlugin(
-        HostRoot(node.host_root),
-        node.name,
-        lambda: inventory,
-        HealthBook(()),
-        on_registration=lambda registered, error: answers.append(registered),
-        seen_as=PurePosixPath(node.host_root),  # the kubelet dials the socket there
-    )
-    await plugin.start()
-    return plugin
-
-
-def resource_slice(node: RealNode, inventory: GpuInventory) -> dict[str, Any]:
-    """The node's pool, as the cluster role publishes it (its relevant part)."""
-    devices = [
-        {
-            "name": f"gpu-{gpu.whole.device_nodes[0].removeprefix('/dev/nvidia')}",
-            "attributes": {"type": {"string": "gpu"}, "uuid": {"string": gpu.whole.uuid}},
-        }
-        for gpu in inventory.gpus
-    ]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node.name}-{dra.DRIVER}"},
-        "spec": {
-            "driver": dra.DRIVER,
-            "nodeName": node.name,
-            "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
-
-
-def device_class() -> dict[str, Any]:
-    expression = f"device.driver == '{dra.DRIVER}'"
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": CLASS},
-        "spec": {"selectors": [{"cel": {"expression": expression}}]},
-    }
-
-
-def resource_claim() -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": CLAIM, "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]}},
-    }
-
-
-def claim_pod(name: str) -> dict[str, Any]:
-    manifest = pod(name, LISTING, resourceClaims=[{"name": "gpu", "resourceClaimName": CLAIM}])
-    manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
-    return manifest
-
-
-def allocation(claim: dict[str, Any], inventory: GpuInventory) -> dra.ClaimAllocated | None:
-    """What the cluster role publishes for an allocated, reserved claim; None before."""
-    status = claim.get("status", {})
-    results = status.get("allocation", {}).get("devices", {}).get("results", [])
-    if not results or not status.get("reservedFor"):
-        return None
-    uuids = {
-        f"gpu-{g.whole.device_nodes[0].removeprefix('/dev/nvidia')}": g.whole.uuid
-        for g in inventory.gpus
-    }
-    meta = claim["metadata"]
-    return dra.ClaimAllocated(
-        claim=dra.ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"]),
-        devices=tuple(
-            dra.AllocatedDevice(
-                request=r["request"],
-                driver=r["driver"],
-                pool=r["pool"],
-                device=r["device"],
-                gpu_uuid=uuids[r["device"]],
-            )
-            for r in results
-        ),
-        pods=tuple(
-            dra.PodRef(namespace="default", name=p["name"], uid=p["uid"])
-            for p in status["reservedFor"]
-        ),
-        resource_version=meta["resourceVersion"],
-    )
-
-
-async def publish_allocation(
-    node: RealNode, plugin_of: list[DraPlugin], inventory: GpuInventory
-) -> dra.ClaimAllocated:
-    """Act as the cluster role: once the scheduler allocated the claim, hand it over."""
-    path = f"{RESOURCE}/namespaces/default/resourceclaims/{CLAIM}"
-    fact = await eventually(lambda: allocation(node.plane.call("GET", path), inventory), **WAIT)
-    await plugin_of[-1].apply(fact)
-    return fact
-
-
-async def test_the_real_kubelet_prepares_a_claim_and_the_container_sees_its_gpu(
-    node: RealNode,
+async def test_the_real_kubelet_prepares_a_claim_the_cluster_role_told_the_node_of(
+    node: RealNode, nats_server: NatsServer
 ) -> None:
-    inventory = await asyncio.to_thread(inventory_of, node)
-    answers: list[bool] = []
-    objects = [
-        (f"{RESOURCE}/deviceclasses", device_class(), CLASS),
-        (f"{RESOURCE}/resourceslices", resource_slice(node, inventory), f"{node.name}-{CLASS}"),
-        (f"{RESOURCE}/namespaces/default/resourceclaims", resource_claim(), CLAIM),
-    ]
-    with kubelet_dirs(node):
-        plugins = [await started(node, inventory, answers)]
+    work = node.work / "dra-agents"
+    work.mkdir(exist_ok=True)
+    (work / "discovery.yaml").write_text(DISCOVERY_CONFIG, encoding="utf-8")
+    config = dra_nodes.plugin_config(node, work / "device-plugin.yaml")
+    on_node = ["--node", node.name, "--nats", nats_server.url, "--host-root", str(node.host_root)]
+    on_node += ["--nvml", f"sim:{GPUS}", "--metrics-listen", "127.0.0.1:0"]
+    plugin = ["device-plugin", "--role", "node", "--config", str(config), *on_node]
+    cluster = ["device-plugin", "--role", "cluster", "--nats", nats_server.url]
+    cluster += ["--kubeconfig", str(node.plane.admin_kubeconfig), "--metrics-listen", "127.0.0.1:0"]
+    discovery = ["discovery", "--role", "node", "--config", str(work / "discovery.yaml"), *on_node]
+    exit_codes: dict[str, int | None] = {}
+    claims = f"{RESOURCE}/namespaces/default/resourceclaims"
+    dra_nodes.serving_dra(node)
+    with dra_nodes.kubelet_root_seen(node) as kubelet_root:
+        node.plane.call("POST", f"{RESOURCE}/deviceclasses", dra_nodes.device_class())
         try:
-            await eventually(lambda: answers and answers[-1], **WAIT)
-            for path, body, _ in objects:
-                node.plane.call("POST", path, body)
-            feeding = asyncio.create_task(publish_allocation(node, plugins, inventory))
-            async with running(node, claim_pod("dra")) as current:
-                fact = await feeding
-                log = current["log"]
-                (container,) = node.crictl("ps", "--name", "main", "--quiet").stdout.split()
-                inspected = json.loads(node.crictl("inspect", container).stdout)
-                spec = cdispecs.spec_path(HostRoot(node.host_root), fact.claim.uid)
-                assert spec.exists()
+            async with AsyncExitStack() as agents:
+                for name, arguments in (("discovery", discovery), ("cluster", cluster)):
+                    await agents.enter_async_context(
+                        service(name, arguments, work / f"{name}.log", exit_codes)
+                    )
+                first = AsyncExitStack()
+                logs = [work / "device-plugin-1.log", work / "device-plugin-2.log"]
+                await first.enter_async_context(service("plugin-1", plugin, logs[0], exit_codes))
+                await eventually(lambda: dra_nodes.registrations(logs[0]) > 0, **WAIT)
+                published = await eventually(lambda: dra_nodes.slice_of(node), **WAIT)
+                node.plane.call("POST", claims, dra_nodes.resource_claim(CLAIM))
+                manifest = dra_nodes.with_claim(pod("dra", LISTING), CLAIM)
+                async with running(node, manifest) as current:
+                    log = current["log"]
+                    uid = node.plane.call("GET", f"{claims}/{CLAIM}")["metadata"]["uid"]
+                    (device,) = dra_nodes.allocated_devices(node, CLAIM)
+                    (container,) = node.crictl("ps", "--name", "main", "--quiet").stdout.split()
+                    inspected = json.loads(node.crictl("inspect", container).stdout)
+                    spec = cdispecs.spec_path(HostRoot(node.host_root), uid)
+                    assert spec.exists()
+                    checkpoint = kubelet_root / "plugins/gpu.nvidia.com/checkpoint.json"
+                    assert uid in checkpoint.read_text(encoding="utf-8")
 
-                # the plugin restarts while the pod runs: a new instance, registered anew,
-                # that knows the claim only from the checkpoint
-                await plugins[-1].stop()
-                count = len(answers)
-                plugins.append(await started(node, inventory, answers))
-                await eventually(lambda: len(answers) > count and answers[-1], **WAIT)
-                assert spec.exists(), "the restart removed nothing"
-            # the pod is gone: the kubelet unprepared the claim at the restarted instance
-            await eventually(lambda: not spec.exists(), **WAIT)
+                    # the node agent restarts while the pod runs: a new process, registered
+                    # anew by the kubelet, that finds the claim prepared in its checkpoint
+                    await first.aclose()
+                    await agents.enter_async_context(
+                        service("plugin-2", plugin, logs[1], exit_codes)
+                    )
+                    await eventually(lambda: dra_nodes.registrations(logs[1]) > 0, **WAIT)
+                    assert spec.exists(), "the restart removed nothing"
+                # the pod is gone: the kubelet unprepared the claim at the restarted agent
+                await eventually(lambda: not spec.exists(), **WAIT)
+                assert uid not in checkpoint.read_text(encoding="utf-8")
         finally:
-            await plugins[-1].stop()
-            for path, _, name in reversed(objects):
-                node.plane.request(f"{path}/{name}", method="DELETE")
+            node.plane.request(f"{claims}/{CLAIM}", method="DELETE")
+            node.plane.request(f"{RESOURCE}/deviceclasses/{dra_nodes.CLASS}", method="DELETE")
 
-    device = fact.devices[0].device
+    assert exit_codes == dict.fromkeys(("plugin-1", "plugin-2", "cluster", "discovery"), 0)
+    names = [d["name"] for d in published["spec"]["devices"]]
+    assert names == [f"gpu-{minor}" for minor in range(GPUS)], names
     gpu_nodes = re.findall(r" (nvidia\d+)$", log, re.MULTILINE)
     assert gpu_nodes == [f"nvidia{device.removeprefix('gpu-')}"], log
-    names = [d["name"] for d in inspected["info"]["config"]["CDI_devices"]]
-    assert names == [f"k8s.gpu.nvidia.com/claim={fact.claim.uid}-{device}"], names
+    cdi_names = [d["name"] for d in inspected["info"]["config"]["CDI_devices"]]
+    assert cdi_names == [f"k8s.gpu.nvidia.com/claim={uid}-{device}"], cdi_names

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +39,9 @@ from gpuop.saga.remediation.records import RemediationSaga
 from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from gpuop_sim.nvml import sim_xids
-from tests.integration.real_node.conftest import GPUS, started_node
+from tests.integration.real_node.conftest import GPUS, Cluster, started_cluster
 from tests.support import node_rollouts, tiny_images
 from tests.support.control_plane import ControlPlane
-from tests.support.fleet import create_nodes
 from tests.support.real_node import RealNode
 from tests.support.waiting import eventually
 
@@ -71,25 +69,11 @@ SCRIPT = (
 )
 
 
-@dataclass
-class Cluster:
-    plane: ControlPlane
-    node: RealNode
-    kwok: list[str]
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The control plane with KWOK managing its own nodes only, the real node (8 simulated
-    GPUs, labelled a GPU node as discovery's cluster role labels one) and 2 KWOK GPU nodes."""
-    with started_node(tmp_path_factory, kwok_fake_only=True) as node:
-        kwok = create_nodes(node.plane, KWOK_NODES, GPUS, workloads=False)
-        patch = {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}}
-        node.plane.call(
-            "PATCH", f"/api/v1/nodes/{node.name}", patch,
-            content_type="application/merge-patch+json",
-        )  # fmt: skip
-        yield Cluster(node.plane, node, kwok)
+    """The real node (8 simulated GPUs) and 2 KWOK GPU nodes."""
+    with started_cluster(tmp_path_factory, kwok_nodes=KWOK_NODES) as started:
+        yield started
 
 
 def workload(name: str, gpus: int, **labels: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from gpuop.services.device_plugin.config import (
     DeviceListStrategy,
     MigStrategy,
     load_config,
+    load_configs,
 )
 
 UPSTREAM = """\
@@ -138,3 +139,28 @@ def test_a_file_that_is_not_yaml_is_refused(tmp_path: Path) -> None:
 def test_a_missing_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="cannot read it"):
         load_config(tmp_path / "absent.yaml")
+
+
+def test_the_kubelet_root_dir_defaults_to_the_kubelets_and_is_read_from_flags(
+    tmp_path: Path,
+) -> None:
+    assert load_configs(None).kubelet_root_dir == "var/lib/kubelet"
+    path = write(tmp_path, "flags: {kubeletRootDir: /data/kubelet/}\n")
+    assert load_configs(path).kubelet_root_dir == "data/kubelet"
+
+
+@pytest.mark.parametrize("root", ["data/kubelet", "/data/../etc"])
+def test_a_kubelet_root_dir_that_is_not_an_absolute_host_path_is_refused(
+    tmp_path: Path, root: str
+) -> None:
+    path = write(tmp_path, f"flags: {{kubeletRootDir: '{root}'}}\n")
+    with pytest.raises(SettingsError, match=r"flags\.kubeletRootDir: .*absolute host path"):
+        load_configs(path)
+
+
+def test_named_configs_that_name_two_kubelet_root_dirs_are_refused(tmp_path: Path) -> None:
+    text = "configs:\n  a: {flags: {kubeletRootDir: /data/kubelet}}\n  b: {}\ndefault: a\n"
+    with pytest.raises(SettingsError, match=r"the same in every config, not /data/kubelet, /var"):
+        load_configs(write(tmp_path, text))
+    same = text.replace("b: {}", "b: {flags: {kubeletRootDir: /data/kubelet}}")
+    assert load_configs(write(tmp_path, same)).kubelet_root_dir == "data/kubelet"

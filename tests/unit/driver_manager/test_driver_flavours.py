@@ -174,9 +174,14 @@ class _Reloads:
     async def unload(self, component: str, timeout: float, allow: bool) -> tuple[str, ...]:
         return ()
 
-    async def load(self, component: str, version: str, wanted: tuple[str, ...]) -> tuple[str, ...]:
+    async def load(
+        self, component: str, version: str, wanted: tuple[str, ...], options: object = None
+    ) -> tuple[str, ...]:
         self.loaded.append(version)
         return ("nvidia",)
+
+    def parameters_shown(self, options: object) -> dict[str, dict[str, str]]:
+        return {}
 
 
 async def test_a_rollback_of_a_flavour_change_installs_the_old_modules_again(

@@ -33,7 +33,12 @@ def test_a_package_holds_a_manifest_and_one_stand_in_per_module(tmp_path: Path) 
         "modules": list(components.modules_of("gpu")),
     }
     assert standin == packages.ModuleStandin(
-        "nvidia_drm", "590.44.01", KERNEL, ("nvidia", "nvidia_modeset"), 135168
+        "nvidia_drm",
+        "590.44.01",
+        KERNEL,
+        ("nvidia", "nvidia_modeset"),
+        135168,
+        parameters=(("modeset", "bool"),),  # what the real module's modinfo declares
     )
 
 
@@ -56,6 +61,7 @@ def test_a_driver_source_indexes_its_archives(tmp_path: Path) -> None:
         "kernel_release": KERNEL,
         "sha256": built[1].sha256,
         "file": f"gpu-590.44.01-{KERNEL}.tar.gz",
+        "parameters": built[1].parameters,  # what its modules declare
     }
 
 

@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from gpuop.host import indexing, modules, packages, system
+from gpuop import moduleparams
+from gpuop.host import indexing, modules, packages, parameters, system
 from gpuop.host.errors import (
     HostReadError,
     KernelError,
@@ -48,6 +49,7 @@ from gpuop_sim.host import simreset, simstate
 
 _EXEC_FORMAT = "Exec format error"
 _UNKNOWN_SYMBOL = "Unknown symbol in module, or unknown parameter (see dmesg)"
+_INVALID_ARGUMENT = "Invalid argument"
 
 
 class SimKernel:
@@ -61,8 +63,8 @@ class SimKernel:
     async def loaded(self) -> tuple[LoadedModule, ...]:
         return modules.loaded_modules(self.root)
 
-    async def load(self, module: str) -> None:
-        await asyncio.to_thread(self.modprobe, module)
+    async def load(self, module: str, options: Mapping[str, str] | None = None) -> None:
+        await asyncio.to_thread(self.modprobe, module, options)
 
     async def unload(self, module: str) -> None:
         with suppress(ModuleNotLoaded):
@@ -73,8 +75,13 @@ class SimKernel:
 
     # The tools, synchronously: what the stand-in executables call.
 
-    def modprobe(self, module: str) -> None:
-        """Load `module` and what it needs; nothing when it is loaded or built in."""
+    def modprobe(self, module: str, options: Mapping[str, str] | None = None) -> None:
+        """Load `module` and what it needs; nothing when it is loaded or built in.
+        `options`: `module`'s parameters (not its needs'), after those `etc/modprobe.d` gives
+        every module (`gpuop.host.parameters.configured`), each one it declares shown in
+        `sys/module/<module>/parameters/`; one it does not declare is ignored, as the kernel
+        does ("unknown parameter ignored"), and a value its type does not take fails the
+        load ("Invalid argument")."""
         name = module.replace("-", "_")
         with self._locked() as loaded:
             if self._present(name, loaded):
@@ -84,10 +91,15 @@ class SimKernel:
             if entry is None:
                 raise ModuleNotFound(name, kernel_release)
             base = packages.modules_dir(self.root, kernel_release)
+            configured = parameters.configured(self.root)
             for path in (*reversed(entry.dependencies), entry.path):
                 needed = indexing.module_name(path)
                 if not self._present(needed, loaded):
-                    self._insert(needed, base / path, kernel_release, loaded)
+                    given = {
+                        **configured.get(needed, {}),
+                        **((options or {}) if needed == name else {}),
+                    }
+                    self._insert(needed, base / path, kernel_release, loaded, given)
 
     def rmmod(self, module: str) -> None:
         """Unload `module` only. Raises `ModuleNotLoaded`, `ModuleInUse` with the dependent
@@ -187,7 +199,12 @@ class SimKernel:
         return info is not None and info.builtin
 
     def _insert(
-        self, name: str, path: os.PathLike[str], kernel_release: str, loaded: list[LoadedModule]
+        self,
+        name: str,
+        path: os.PathLike[str],
+        kernel_release: str,
+        loaded: list[LoadedModule],
+        options: Mapping[str, str],
     ) -> None:
         try:
             standin = indexing.declared_module(Path(path))
@@ -199,7 +216,11 @@ class SimKernel:
             raise ModuleLoadFailed(name, _UNKNOWN_SYMBOL)
         if name == "nvidia" and simreset.wedged(self.root):
             raise ModuleLoadFailed(name, "No such device")  # RmInitAdapter failed
-        simstate.create_module_dir(self.root, standin)
+        declared = dict(standin.parameters)
+        taken = {k: v for k, v in options.items() if k in declared}
+        if any(moduleparams.value_problem(v, declared[k]) for k, v in taken.items()):
+            raise ModuleLoadFailed(name, _INVALID_ARGUMENT)
+        simstate.create_module_dir(self.root, standin, taken)
         loaded.insert(0, LoadedModule(name, standin.size, 0, (), "Live", taints="O"))
         if name == "nvidia":
             simstate.restore_nvidia_procfs(self.root, standin.version)

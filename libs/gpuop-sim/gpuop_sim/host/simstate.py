@@ -30,10 +30,10 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpuop.host import components, modules, nvidia, pci, system
+from gpuop.host import components, modules, nvidia, parameters, pci, system
 from gpuop.host.files import write_atomic
 from gpuop.host.modules import LoadedModule
 from gpuop.host.packages import ModuleStandin
@@ -103,8 +103,11 @@ def dependents(root: HostRoot, name: str, loaded_names: Sequence[str]) -> tuple[
     return tuple(other for other in loaded_names if other in recorded | known)
 
 
-def create_module_dir(root: HostRoot, standin: ModuleStandin) -> None:
-    """`sys/module/<name>` for a freshly loaded module, and its name in its needs' holders."""
+def create_module_dir(
+    root: HostRoot, standin: ModuleStandin, options: Mapping[str, str] | None = None
+) -> None:
+    """`sys/module/<name>` for a freshly loaded module, with the parameters it was given in
+    `parameters/`, and its name in its needs' holders."""
     base = root.join(f"{modules.SYS_MODULE}/{standin.name}")
     shutil.rmtree(base, ignore_errors=True)
     (base / "holders").mkdir(parents=True)
@@ -118,6 +121,10 @@ def create_module_dir(root: HostRoot, standin: ModuleStandin) -> None:
         ("taint", "O"),
     ):
         write_atomic(base / name, value + "\n")
+    if options:
+        (base / parameters.PARAMETERS).mkdir()
+        for name, value in options.items():
+            write_atomic(base / parameters.PARAMETERS / name, value + "\n")
     inert = root.join(f"{NO_GPUS}/{standin.name}")
     if standin.brings_up_gpus:
         inert.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gpuop import moduleparams
 from gpuop.host.errors import (
     DepmodFailed,
     HostError,
@@ -81,7 +82,7 @@ def _modprobe(kernel: SimKernel, names: list[str], flags: set[str]) -> int:
                 return _fail(f"modprobe: FATAL: {error.message}")
         return 0
     try:
-        kernel.modprobe(names[0])  # the rest are module parameters
+        kernel.modprobe(names[0], moduleparams.parsed(names[1:]))  # the rest: its parameters
     except ModuleNotFound as error:
         return _fail(
             f"modprobe: FATAL: Module {error.module} not found in directory "

@@ -96,7 +96,12 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: 
             allow_management_interface=allow_nic_reload and component is dm.Component.OFED,
         )
     if step.kind is StepKind.LOAD:
-        return dm.LoadDriver(component=component, version=target.version, timeout_seconds=timeout)
+        return dm.LoadDriver(
+            component=component,
+            version=target.version,
+            timeout_seconds=timeout,
+            parameters=target.parameters,
+        )
     if step.kind is StepKind.RUNTIME_CONFIGURE:
         # half the time for the answer: a runtime that does not answer is restarted again
         # with its earlier files, and that wait must fit in the step's deadline too
@@ -119,6 +124,7 @@ def _driver_command(saga: NodeSaga, step: Step, timeout: int, allow_nic_reload: 
         return dm.RollbackDriver(
             component=component, version=previous, source=source, flavour=flavour,
             timeout_seconds=timeout,
+            parameters=(saga.previous_parameters or {}) if component is dm.Component.GPU else {},
         )  # fmt: skip
     if step.kind is StepKind.ROLLBACK_VALIDATE:
         return dm.ValidateDriver(

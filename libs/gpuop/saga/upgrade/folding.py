@@ -93,6 +93,7 @@ def started_saga(
         saga_id=started.saga_id,
         flavour=started.flavour,
         running_flavour=started.running_flavour,
+        running_parameters=started.running_parameters,
     )
 
 
@@ -113,6 +114,7 @@ def start_of(saga: NodeSaga, running: Mapping[Component, str | None]) -> SagaSta
         kernel_release=saga.kernel_release,
         flavour=saga.targets[Component.GPU].flavour if Component.GPU in saga.targets else None,
         running_flavour=saga.previous_flavour,
+        running_parameters=saga.previous_parameters,
     )
 
 

@@ -19,7 +19,14 @@ from pydantic import AwareDatetime, ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
 from gpuop.events.device import OperandService
-from gpuop.events.driver import MAX_PUBLIC_KEYS, CaBundle, Component, Flavour, MinisignPublicKey
+from gpuop.events.driver import (
+    MAX_PUBLIC_KEYS,
+    CaBundle,
+    Component,
+    Flavour,
+    MinisignPublicKey,
+    ModuleParameters,
+)
 from gpuop.events.fields import (
     Attempt,
     BootId,
@@ -35,8 +42,8 @@ from gpuop.events.fields import (
     Version,
 )
 from gpuop.events.upgrade import SagaReason, UpgradeState
-from gpuop.policy import GPUClusterPolicySpec
-from gpuop.policy.drivers import ComponentSpec
+from gpuop.policy import GPUClusterPolicySpec, parameters
+from gpuop.policy.drivers import ComponentSpec, GpuComponentSpec
 from gpuop.saga.machine import StepResult, StoredRecord
 from gpuop.saga.upgrade.steps import Step, StepKind
 from gpuop.saga.upgrade.table import Transition
@@ -65,6 +72,9 @@ class Target(Record):
     flavour: Flavour | None = None
     """The GPU driver's kernel modules, the policy's `kernelModuleType` resolved for the node
     when the saga started (`gpuop.policy.flavours`); None: OFED, or not resolved (any)."""
+    parameters: ModuleParameters = Field(default_factory=dict)
+    """The parameters the GPU driver's modules are loaded with, the policy's
+    `kernelModuleParameters` as modprobe takes them; empty: none (OFED's always)."""
 
     @classmethod
     def of(cls, spec: ComponentSpec, flavour: Flavour | None = None) -> Target:
@@ -78,6 +88,11 @@ class Target(Record):
             allow_unsigned=bool(spec.allow_unsigned),
             ca_bundle=spec.ca_bundle,
             flavour=flavour,
+            parameters=(
+                parameters.options(spec.kernel_module_parameters)
+                if isinstance(spec, GpuComponentSpec)
+                else {}
+            ),
         )
 
 
@@ -160,6 +175,9 @@ class NodeSaga(StoredRecord):
     """Version each component ran before the upgrade: the rollback target."""
     previous_flavour: Flavour | None = None
     """The kernel modules the GPU driver ran before the upgrade; None: none ran, or unknown."""
+    previous_parameters: ModuleParameters | None = None
+    """The parameters the GPU driver's modules ran with before (the node's last saga's),
+    which a rollback loads them with again; None: unknown, or the GPU driver not upgraded."""
     expected_devices: dict[Component, Count] = Field(default_factory=dict, max_length=2)
     """Devices validation must find per component; absent: any number passes."""
     operands: tuple[OperandService, ...] = tuple(OperandService)
@@ -246,15 +264,23 @@ def components_to_upgrade(
     *,
     flavour: Flavour | None = None,
     running_flavour: Flavour | None = None,
+    running_parameters: Mapping[str, Mapping[str, str]] | None = None,
 ) -> tuple[Component, ...]:
     """Components whose desired version differs from what the node runs (unknown counts),
-    and the GPU driver when it runs other kernel modules than `flavour` (`flavour_differs`)."""
+    and the GPU driver when it runs other kernel modules than `flavour` (`flavour_differs`)
+    or its modules with other parameters than the policy's (`running_parameters`, when
+    known: a change of them alone reloads the modules, the version staying)."""
     targets = desired_targets(policy, pool, flavour)
     return ordered(
         c
         for c, target in targets.items()
         if running.get(c) != target.version
         or (c is Component.GPU and flavour_differs(target.flavour, running_flavour))
+        or (
+            c is Component.GPU
+            and running_parameters is not None
+            and running_parameters != target.parameters
+        )
     )
 
 
@@ -274,6 +300,7 @@ def start_reason(
     *,
     flavour: Flavour | None = None,
     running_flavour: Flavour | None = None,
+    running_parameters: Mapping[str, Mapping[str, str]] | None = None,
 ) -> SagaReason | None:
     """Why the node needs a saga, from what it runs now and its `last` saga: None when it
     runs the policy's drivers. A node that runs no GPU driver needs one whatever the
@@ -282,7 +309,8 @@ def start_reason(
     `no-driver`. A loaded driver was built for the running kernel (no other loads), so a
     node whose driver came up on a new kernel (packages pre-staged for it) needs nothing.
     A GPU driver of the policy's version but other kernel modules than `flavour` is
-    reloaded as for a version change."""
+    reloaded as for a version change, and so is one whose modules run with other parameters
+    (`running_parameters`, when known)."""
     if running.get(Component.GPU) is None:
         drifted = (
             last is not None
@@ -293,10 +321,21 @@ def start_reason(
         )
         return SagaReason.KERNEL_DRIFT if drifted else SagaReason.NO_DRIVER
     if components_to_upgrade(
-        policy, running, pool, flavour=flavour, running_flavour=running_flavour
-    ):
+        policy, running, pool,
+        flavour=flavour, running_flavour=running_flavour, running_parameters=running_parameters,
+    ):  # fmt: skip
         return SagaReason.VERSION_CHANGE
     return None
+
+
+def parameters_loaded_by(last: NodeSaga | None) -> dict[str, dict[str, str]] | None:
+    """The parameters the node's GPU driver modules run with, as far as the log tells: those
+    its `last` saga loaded them with, when it ended done; None when unknown (no saga, one not
+    done, or one that left the GPU driver alone), which reloads nothing for parameters."""
+    if last is None or last.state is not UpgradeState.UPGRADE_DONE:
+        return None
+    target = last.targets.get(Component.GPU)
+    return None if target is None else {m: dict(p) for m, p in target.parameters.items()}
 
 
 def saga_id_for(rollout_id: str, node: str) -> str:
@@ -329,6 +368,7 @@ def new_saga(
     saga_id: str | None = None,
     flavour: Flavour | None = None,
     running_flavour: Flavour | None = None,
+    running_parameters: Mapping[str, Mapping[str, str]] | None = None,
 ) -> NodeSaga:
     """The first record of `node`'s saga in `rollout_id`, in upgrade-required.
 
@@ -336,12 +376,14 @@ def new_saga(
     rollback target; `unschedulable` says whether the node is cordoned already, so gpuop
     will leave it cordoned. `saga_id` defaults to `saga_id_for` (a reinstall's is
     `reinstall_saga_id`). `flavour` is the GPU driver's kernel modules as resolved for the
-    node (recorded in the GPU target), `running_flavour` the ones it runs. Raises
+    node (recorded in the GPU target), `running_flavour` the ones it runs,
+    `running_parameters` the parameters its modules run with (when known). Raises
     `ValueError` when the node already runs every target.
     """
     components = components_to_upgrade(
-        policy, running, pool, flavour=flavour, running_flavour=running_flavour
-    )
+        policy, running, pool,
+        flavour=flavour, running_flavour=running_flavour, running_parameters=running_parameters,
+    )  # fmt: skip
     if not components:
         raise ValueError(f"{node} already runs the desired drivers: nothing to upgrade")
     targets = desired_targets(policy, pool, flavour)
@@ -355,6 +397,11 @@ def new_saga(
         targets={c: targets[c] for c in components},
         previous_versions={c: v for c, v in running.items() if c in components and v},
         previous_flavour=running_flavour if Component.GPU in components else None,
+        previous_parameters=(
+            {m: dict(p) for m, p in running_parameters.items()}
+            if running_parameters is not None and Component.GPU in components
+            else None
+        ),
         expected_devices=dict(expected_devices or {}),
         operands=tuple(dict.fromkeys(operands)),
         initially_unschedulable=unschedulable,

@@ -72,13 +72,14 @@ from gpuop.events import (
 from gpuop.events.driver import Component
 from gpuop.host.roots import HostRoot
 from gpuop.inventory import claims
-from gpuop.kubelet import allocations
+from gpuop.kubelet import constants
 from gpuop.kubelet.allocations import KubeletPodResources, PodResources
 from gpuop.nvml import open_backend
 from gpuop.runtime import waiting
 from gpuop.runtime.services import ServiceContext
 from gpuop.services.device_plugin import config, consumers, holders, restoring, selecting
 from gpuop.services.device_plugin.config import PluginConfigs
+from gpuop.services.device_plugin.dra import serving
 from gpuop.services.device_plugin.dra.plugin import DraPlugin
 from gpuop.services.device_plugin.dra.switching import REGISTER_WAIT, DeviceApiSwitch
 from gpuop.services.device_plugin.metrics import PluginMetrics
@@ -89,6 +90,8 @@ log = logging.getLogger(__name__)
 
 NVML_HOLDER = consumers.SERVICE
 """Who the plugin's NVML session holds the simulated `nvidia` module as."""
+POD_RESOURCES = "pod-resources"
+"""The kubelet's PodResources directory in its root directory."""
 RETRY_DELAY = 2.0
 """Seconds before a failed handler or subscription is tried again."""
 
@@ -105,14 +108,18 @@ class NodeAgent:
         *,
         kubelet: PodResources | None = None,
         dra_plugin: DraPlugin | None = None,
+        kubelet_dir: str = serving.KUBELET_DIR,
         retry_delay: float = RETRY_DELAY,
         register_wait: float = REGISTER_WAIT,
     ) -> None:
         self._bus = bus
         self._node = subjects.validate_node_name(node)
         self._plugins = plugins
-        self._kubelet = kubelet or KubeletPodResources(allocations.socket_under(plugins.root.path))
-        """Asked which pods hold the GPUs; by default the kubelet's under the host root."""
+        self._kubelet = kubelet or KubeletPodResources(
+            plugins.root.join(f"{kubelet_dir}/{POD_RESOURCES}/{constants.POD_RESOURCES_SOCKET}")
+        )
+        """Asked which pods hold the GPUs; by default the kubelet's in its root directory
+        `kubelet_dir` (relative to the host root)."""
         self._retry_delay = retry_delay
         self._dra = dra_plugin or DraPlugin(
             plugins.root,
@@ -120,6 +127,7 @@ class NodeAgent:
             lambda: plugins.gpu_inventory,
             plugins.health,
             paused=lambda: Component.GPU in plugins.paused,
+            kubelet_dir=kubelet_dir,
         )
         """The DRA kubelet plugin, served while the node's GPUs go through DRA."""
         self._device_api = DeviceApiSwitch(plugins, self._dra, register_wait=register_wait)
@@ -420,4 +428,5 @@ async def run(context: ServiceContext, configs: PluginConfigs) -> None:
         readiness=context.set_readiness,
         mps=mps,
     )
-    await NodeAgent(context.bus, node, plugins).run(context.stopping)
+    agent = NodeAgent(context.bus, node, plugins, kubelet_dir=configs.kubelet_root_dir)
+    await agent.run(context.stopping)

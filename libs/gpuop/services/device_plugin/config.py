@@ -12,6 +12,7 @@ settings carry over; every key is optional:
                                        # where the node has the driver's CDI spec
         passDeviceSpecs: false         # also hand out /dev/nvidia* device nodes
       mpsRoot: /run/nvidia/mps         # the host directory of the MPS daemons' pipes
+      kubeletRootDir: /var/lib/kubelet # the kubelet's --root-dir (DRA and PodResources sockets)
     sharing:
       timeSlicing:
         renameByDefault: false         # advertise nvidia.com/gpu.shared instead
@@ -105,6 +106,8 @@ MPS_MAX_REPLICAS = 48
 """Clients one MPS server takes on Volta and later GPUs (upstream's limit; 16 before Volta)."""
 DEFAULT_MPS_ROOT = "/run/nvidia/mps"
 """Where on the host the MPS daemons keep their pipes and logs (upstream's default)."""
+DEFAULT_KUBELET_ROOT_DIR = "/var/lib/kubelet"
+"""The kubelet's `--root-dir` unless the node's kubelet runs with another (its default)."""
 DEFAULT_NAME = "default"
 """The name of a single config, and of the default of named ones that name none (upstream's
 fallback name)."""
@@ -189,8 +192,15 @@ class Flags(_Section):
     mps_root: str = DEFAULT_MPS_ROOT
     """The host directory under which each MPS daemon gets `<resource>/pipe` and
     `<resource>/log`, and the containers their `shm`."""
+    kubelet_root_dir: str = DEFAULT_KUBELET_ROOT_DIR
+    """The node's kubelet `--root-dir`, as the host sees it: the DRA plugin's registration
+    socket goes into its `plugins_registry`, its DRA socket and checkpoint into
+    `plugins/gpu.nvidia.com`, and the PodResources socket is read from its `pod-resources`
+    (all under the host root). The device plugin API's directory is
+    `/var/lib/kubelet/device-plugins` whatever it says, as the kubelet's is. The node's, so
+    the same in every named config."""
 
-    @field_validator("mps_root")
+    @field_validator("mps_root", "kubelet_root_dir")
     @classmethod
     def _absolute(cls, value: str) -> str:
         if not value.startswith("/") or ".." in value.split("/"):
@@ -507,6 +517,16 @@ class NamedConfigs(_Section):
             raise ValueError(f"{default!r} is not one of the configs ({names})")
         return default
 
+    @model_validator(mode="after")
+    def _one_kubelet(self) -> Self:
+        roots = {config.flags.kubelet_root_dir for config in self.configs.values()}
+        if len(roots) > 1:
+            raise ValueError(
+                "flags.kubeletRootDir is the node's kubelet's, the same in every config,"
+                f" not {', '.join(sorted(roots))}"
+            )
+        return self
+
     @property
     def default_name(self) -> str:
         if self.default is not None:
@@ -541,6 +561,12 @@ class PluginConfigs:
     @property
     def default_config(self) -> DevicePluginConfig:
         return self.configs[self.default]
+
+    @property
+    def kubelet_root_dir(self) -> str:
+        """The kubelet's `--root-dir` on the host, relative to the host root
+        (`var/lib/kubelet`): every config names the same."""
+        return self.default_config.flags.kubelet_root_dir.lstrip("/")
 
 
 def load_config(path: Path | None) -> DevicePluginConfig:

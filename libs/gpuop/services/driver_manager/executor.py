@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,6 +248,7 @@ class Executor:
                 record,
                 command.timeout_seconds,
                 self.specs.after_load,
+                command.parameters,
             )
         except LoadError as exc:
             return Outcome(answers.load_failed(command_id, command, exc))
@@ -258,6 +259,7 @@ class Executor:
             component=command.component,
             version=command.version,
             modules=up.loaded,
+            parameters=up.changes.get("parameters", {}),
         )
         return Outcome(answer, up.changes)
 
@@ -401,14 +403,20 @@ class Executor:
         return Outcome(answer, changes)
 
     async def _load_version(
-        self, component: dm.Component, version: str, record: ComponentRecord, timeout: float
+        self,
+        component: dm.Component,
+        version: str,
+        record: ComponentRecord,
+        timeout: float,
+        options: Mapping[str, Mapping[str, str]],
     ) -> tuple[tuple[str, ...], dict[str, Any]]:
-        """Load `version` with the modules `record` remembers; the modules loaded and the
-        record's changes (`previous` becomes the version that ran before, if another)."""
+        """Load `version` with the modules `record` remembers, each with its `options`; the
+        modules loaded and the record's changes (`previous` becomes the version that ran
+        before, if another; `parameters` what the modules show of `options`)."""
         wanted = record.modules or self.config.modules_to_load(component)
         try:
             async with asyncio.timeout(timeout):
-                loaded = await self.reloader.load(component, version, wanted)
+                loaded = await self.reloader.load(component, version, wanted, options)
         except TimeoutError:
             raise LoadError(
                 dm.LoadFailureReason.TIMEOUT,
@@ -419,7 +427,10 @@ class Executor:
             pause = self.config.load_pause_seconds
             log.warning("pausing %.1f s after the load, before answering (fault injection)", pause)
             await self.installer.clock.sleep(pause)
-        changes: dict[str, Any] = {"loaded": version}
+        changes: dict[str, Any] = {
+            "loaded": version,
+            "parameters": self.reloader.parameters_shown(options),
+        }
         if record.loaded not in (None, version):
             changes["previous"] = record.loaded
         return loaded, changes
@@ -473,6 +484,7 @@ class Executor:
                 record.model_copy(update=updates),
                 command.timeout_seconds,
                 self.specs.after_rollback,
+                command.parameters,
             )
         except LoadError as exc:
             return failed(dm.DriverStep.LOAD, exc.message, exc.retryable)
@@ -500,12 +512,13 @@ class Executor:
         record: ComponentRecord,
         timeout: float,
         write_spec: Callable[[dm.Component, str, float], Awaitable[None]],
+        options: Mapping[str, Mapping[str, str]],
     ) -> _Up:
         """A load's and a rollback's way up: `version` loaded (`_load_version`; `LoadError`
         when it is not), the GPU's MIG layout put back, then its CDI spec (`write_spec`:
         written afresh, or restored by a rollback). A layout or spec not back is the
         outcome's `failure`: the driver runs, and its record's changes stand."""
-        loaded, changes = await self._load_version(component, version, record, timeout)
+        loaded, changes = await self._load_version(component, version, record, timeout, options)
         try:
             await self._mig_back(component, timeout, spec=False)
             await write_spec(component, version, timeout)

@@ -22,10 +22,11 @@ Called by `executor.Executor` for `UnloadDriver`, `LoadDriver` and `RollbackDriv
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from gpuop.clocks import Clock
 from gpuop.events.driver import Component, LoadFailureReason, Process, UnloadFailureReason
-from gpuop.host import components, devnodes, modules, packages
+from gpuop.host import components, devnodes, modules, packages, parameters
 from gpuop.host.errors import (
     KernelError,
     KernelToolTimedOut,
@@ -130,9 +131,14 @@ class Reloader:
         return tuple(removed)
 
     async def load(
-        self, component: Component, version: str, wanted: tuple[str, ...]
+        self,
+        component: Component,
+        version: str,
+        wanted: tuple[str, ...],
+        options: Mapping[str, Mapping[str, str]] | None = None,
     ) -> tuple[str, ...]:
-        """Select `version`, index it and load `wanted`; the component's modules now loaded."""
+        """Select `version`, index it and load `wanted`, each module with its `options`
+        (the policy's parameters); the component's modules now loaded."""
         try:
             kernel_release = running_kernel(self.root)
         except InstallError as exc:
@@ -153,10 +159,12 @@ class Reloader:
         packages.select_version(self.root, kernel_release, component, version)
         # a format 2 version's user space switches with its modules: one link's rename
         previous = installing.select_userspace(self.root, component, version)
+        # for the loads it does not make too (the boot after a reboot)
+        parameters.write_options(self.root, str(component), options or {})
         try:
             await self.kernel.depmod(kernel_release)
             for module in components.load_order(wanted):
-                await self.kernel.load(module)
+                await self.kernel.load(module, (options or {}).get(module))
         except KernelToolTimedOut as exc:
             installing.restore_userspace(self.root, component, previous)
             raise LoadError(LoadFailureReason.TIMEOUT, str(exc), retryable=True) from None
@@ -172,6 +180,22 @@ class Reloader:
         if component is Component.GPU:
             self._make_device_nodes()
         return await self.loaded_modules(component)
+
+    def parameters_shown(
+        self, options: Mapping[str, Mapping[str, str]]
+    ) -> dict[str, dict[str, str]]:
+        """Each parameter of `options` as its loaded module shows it now; one it does not
+        show is left out (the kernel ignored it: the module does not declare it) and logged."""
+        shown: dict[str, dict[str, str]] = {}
+        for module, asked in sorted(options.items()):
+            now = parameters.shown(self.root, module)
+            took = {name: now[name] for name in sorted(asked) if name in now}
+            ignored = sorted(set(asked) - set(took))
+            if ignored:
+                log.warning("%s shows no parameter %s: ignored", module, ", ".join(ignored))
+            if took:
+                shown[module] = took
+        return shown
 
     def _make_device_nodes(self) -> None:
         try:

@@ -74,6 +74,9 @@ class IndexEntry(BaseModel):
     """Archive location relative to the source; never absolute and never climbing out."""
     flavour: Literal["open", "proprietary"] | None = None
     """Format 2 packages: which kernel module tree they hold; None for format 1."""
+    parameters: dict[str, dict[str, str]] | None = None
+    """The parameters its modules declare, module to `{name: modinfo type}`, as the packager
+    read them (`gpuop upgrade start` checks the policy's against them); None: not listed."""
 
 
 class SourceIndex(BaseModel):

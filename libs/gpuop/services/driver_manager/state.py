@@ -101,6 +101,9 @@ class ComponentRecord(_Frozen):
     """Version last seen running: what an unload removed, or what a load loaded."""
     previous: str | None = None
     """Version that ran before the one loaded last: where a rollback goes."""
+    parameters: dict[str, dict[str, str]] = Field(default_factory=dict)
+    """The parameters the last load asked for, module to `{name: value}` as the modules
+    showed them: what the node runs with."""
     modules: tuple[str, ...] = ()
     """Modules loaded before the last unload, in load order; a load restores this set."""
     devices: int | None = None

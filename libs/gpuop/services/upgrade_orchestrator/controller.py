@@ -55,7 +55,7 @@ from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition, flavour
 from gpuop.policy.conditions import RolloutRecord
 from gpuop.saga import Decision, NodeSaga, new_saga
 from gpuop.saga.upgrade import folding
-from gpuop.saga.upgrade.records import reinstall_saga_id, start_reason
+from gpuop.saga.upgrade.records import parameters_loaded_by, reinstall_saga_id, start_reason
 from gpuop.services.upgrade_orchestrator import device_apis, intake, jobs, migs, remediations
 from gpuop.services.upgrade_orchestrator.acting import Outbox
 from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
@@ -338,9 +338,11 @@ class Controller:
         running = {Component.GPU: inventory.driver_version, Component.OFED: inventory.ofed_version}
         last = stored.saga if stored is not None else None
         flavour, running_flavour = gpu_flavours(spec, pool, inventory)
+        running_parameters = parameters_loaded_by(last)
         reason = start_reason(
             spec, running, inventory.kernel_release, last, pool,
             flavour=flavour, running_flavour=running_flavour,
+            running_parameters=running_parameters,
         )  # fmt: skip
         if reason is None or (again and reason is SagaReason.VERSION_CHANGE):
             return None
@@ -362,6 +364,7 @@ class Controller:
             saga_id=reinstall_saga_id(rollout_id, node, reason, now) if again else None,
             flavour=flavour,
             running_flavour=running_flavour,
+            running_parameters=running_parameters,
         )
         try:
             if stored is None:

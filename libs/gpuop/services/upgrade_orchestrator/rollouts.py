@@ -22,6 +22,7 @@ rollout only.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -32,7 +33,7 @@ from gpuop.events import ids, subjects
 from gpuop.events import upgrade as up
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
-from gpuop.policy import GPUClusterPolicySpec
+from gpuop.policy import GPUClusterPolicySpec, parameters
 from gpuop.policy.conditions import PoolProgress, RolloutRecord
 from gpuop.policy.drivers import DEFAULT_POOL
 from gpuop.saga import NodeSaga
@@ -40,6 +41,8 @@ from gpuop.saga.upgrade.records import desired_targets
 from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/-]")
+KERNEL_MODULE_PARAMETERS = "kernelModuleParameters"
+"""The suffix of the rollout's record of a digest of the GPU driver's parameters."""
 KERNEL_MODULE_TYPE = "kernelModuleType"
 """The suffix of the rollout's record of a GPU driver's `kernelModuleType` (`versions_of`)."""
 
@@ -64,7 +67,9 @@ def versions_of(policy: GPUClusterPolicySpec) -> dict[str, str]:
     driver's `kernelModuleType` where it is not `auto` (`gpu.kernelModuleType`,
     `<pool>/gpu.kernelModuleType`), so that a change of it is a new rollout, whose sagas
     reload the nodes that run the other kernel modules (`auto` leaves the key out: a policy
-    that never set it keeps the rollout it had)."""
+    that never set it keeps the rollout it had); and a digest of its `kernelModuleParameters`
+    where it sets any, so that a change of them alone is a new rollout too, whose sagas
+    reload the modules of the nodes their last saga loaded with others."""
     found: dict[str, str] = {}
     for pool in (None, *(p.name for p in policy.driver.pools)):
         prefix = "" if pool is None else f"{pool}/"
@@ -73,6 +78,10 @@ def versions_of(policy: GPUClusterPolicySpec) -> dict[str, str]:
         gpu, _ = policy.driver.components_of(pool)
         if gpu.kernel_module_type != "auto":
             found[f"{prefix}{Component.GPU}.{KERNEL_MODULE_TYPE}"] = gpu.kernel_module_type
+        options = parameters.options(gpu.kernel_module_parameters)
+        if options:
+            digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()
+            found[f"{prefix}{Component.GPU}.{KERNEL_MODULE_PARAMETERS}"] = digest[:16]
     return found
 
 
