@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lock image sbom test test-security test-slow test-all test-cluster test-node cluster-tools cluster demo lint schemas bench bench-smoke proto clean
+.PHONY: setup lock image sbom test test-security test-slow test-driver-matrix test-all test-cluster test-node cluster-tools cluster demo lint schemas bench bench-smoke proto clean
 
 setup: $(STAMP)
 
@@ -81,7 +81,14 @@ test-security: $(STAMP)
 
 test-slow: $(STAMP)
 	@tests/debian-tools.sh slow
-	$(BIN)/python -m pytest -q -m "slow and not real_cluster and not real_node" --durations=15
+	$(BIN)/python -m pytest -q -m "slow and not real_cluster and not real_node and not driver_matrix" --durations=15
+
+# Every (branch, flavour, architecture) driver package built from Debian for the newest
+# kernels, cold about 6 min each on two cores; CI's test-slow builds three of them
+# (docs/driver-packages.md, "What CI builds").
+test-driver-matrix: $(STAMP)
+	@tests/debian-tools.sh slow
+	$(BIN)/python -m pytest -q -s -m driver_matrix --durations=15
 
 # peer-tools: the side by side's smoke (tests/bench/test_smoke.py) runs upstream's harness too
 test-cluster: $(STAMP) cluster-tools peer-tools

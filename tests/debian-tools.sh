@@ -8,7 +8,9 @@
 #                                (gpuop's keys and signatures against the reference tool)
 #   tests/debian-tools.sh slow   the above, and what building NVIDIA's modules from Debian's
 #                                packages needs (make, gcc-12, binutils, dpkg, the archive
-#                                keyring), and Debian's containerd 1.6 for the drop-in tests
+#                                keyring; for arm64, Debian's cross compiler and binutils:
+#                                modules need no cross libc, so not crossbuild-essential-arm64),
+#                                and Debian's containerd 1.6 for the drop-in tests
 #   tests/debian-tools.sh node   the first set, and what the real node runs (make test-node):
 #                                runc (its Go module needs cgo and libseccomp), iptables for
 #                                kube-proxy, busybox-static for the node's images, tcpdump
@@ -18,7 +20,9 @@ set -euo pipefail
 # tool:package pairs; a tool is looked for on PATH and in the sbin directories.
 declare -A sets=(
     [test]="modinfo:kmod depmod:kmod prometheus:prometheus minisign:minisign"
-    [slow]="strip:binutils make:make gcc-12:gcc-12 dpkg-deb:dpkg containerd:containerd"
+    [slow]="strip:binutils make:make gcc-12:gcc-12 dpkg-deb:dpkg containerd:containerd
+            aarch64-linux-gnu-gcc-12:gcc-12-aarch64-linux-gnu
+            aarch64-linux-gnu-strip:binutils-aarch64-linux-gnu"
     [node]="runc:runc iptables:iptables busybox:busybox-static tcpdump:tcpdump"
 )
 

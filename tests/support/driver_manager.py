@@ -127,6 +127,24 @@ class Harness:
             while self.counted(verb, outcome) < count:
                 await asyncio.sleep(0.01)
 
+    async def install_load_validate(self, version: str, flavour: dm.Flavour | None) -> None:
+        """Install (from this harness's source), load and validate the GPU driver `version`,
+        asserting each result."""
+        gpu = dm.Component.GPU
+        installed = await self.send(
+            dm.InstallDriver(
+                component=gpu, version=version, source=source_of(self.source), flavour=flavour
+            ),
+            timeout=120,
+        )
+        assert isinstance(installed, dm.DriverInstalled), installed
+        loaded = await self.send(dm.LoadDriver(component=gpu, version=version), timeout=60)
+        assert isinstance(loaded, dm.DriverLoaded), loaded
+        validated = await self.send(
+            dm.ValidateDriver(component=gpu, version=version, timeout_seconds=30), timeout=60
+        )
+        assert isinstance(validated, dm.DriverValidated), validated
+
 
 async def driver_events(bus: Bus) -> list[tuple[Envelope, Event]]:
     """Every driver event about the test node, in stream order."""

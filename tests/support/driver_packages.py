@@ -1,11 +1,12 @@
-"""Real driver packages for the slow suites: NVIDIA 535.261.03 built from Debian's packages
-(`gpuop.host.building`) for Debian bookworm's newest kernel, security updates included
-(`newest_kernel`), once per flavour, and cached under `.cache/driver-packages/<key>/`
-(ignored by git).
+"""Real driver packages for the slow suites: NVIDIA 535.261.03 (bookworm) and 550.163.01
+(trixie) built from Debian's packages (`gpuop.host.building`) for Debian bookworm's newest
+kernel, security updates included (`newest_kernel`, amd64 or arm64), once per flavour, and
+cached under `.cache/driver-packages/<key>/` (ignored by git).
 
-The key is a digest of the inputs: driver version, kernel release, flavour and the
-builder's recipe version (`building.RECIPE`, bumped when a build would make something else
-of the same inputs), so a second run finds the archive and builds nothing.
+The key is a digest of the inputs (`building.package_key`): driver version, kernel release
+(which names the architecture), flavour and the recipe versions (`building.RECIPE` and the
+branch's, bumped when a build would make something else of the same inputs), so a second
+run finds the archive and builds nothing.
 `real_source(directory, built)` copies the cached archives into a driver source signed with
 the simulation's key.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
+import subprocess
 import tarfile
 import time
 from collections.abc import Iterable
@@ -29,6 +31,7 @@ from gpuop.host.manifests import Flavour
 from gpuop_sim.host import keys
 
 VERSION = "535.261.03"
+VERSION_550 = "550.163.01"
 REPOSITORY = Path(__file__).resolve().parents[2]
 CACHE = REPOSITORY / ".cache" / "driver-packages"
 
@@ -40,20 +43,25 @@ class CachedPackage:
     """How long the build took; None when it came from the cache."""
 
 
-def newest_kernel() -> str:
-    """The kernel release to build for: the newest bookworm `6.1.0-N-amd64`, security
+def newest_kernel(arch: str = "amd64") -> str:
+    """The kernel release to build for: the newest bookworm `6.1.0-N-<arch>`, security
     updates included, as a fleet that applies them runs (the open modules need
     `gpuop.host.compat`'s `pci_resize_resource` patch there since 6.1.0-53)."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    apt = building.Apt(CACHE / "apt")
-    apt.update()
-    return building.newest_debian_kernel(apt)
+    apt = building.Apt(CACHE / ("apt" if arch == "amd64" else f"apt-{arch}"), arches=(arch,))
+    with (CACHE / ".apt-lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # apt locks its lists and fails rather than wait
+        apt.update()
+        return building.newest_debian_kernel(apt, arch)
 
 
-def cached_package(flavour: Flavour, kernel_release: str, *, jobs: int = 2) -> CachedPackage:
-    """The package of `flavour` for `kernel_release`, from the cache or built into it (one
-    build at a time: a lock file serializes concurrent test processes)."""
-    key = building.cache_key(VERSION, kernel_release, flavour.value, building.RECIPE)
+def cached_package(
+    flavour: Flavour, kernel_release: str, *, version: str = VERSION, jobs: int = 2
+) -> CachedPackage:
+    """The package of driver `version` and `flavour` for `kernel_release` (amd64 or arm64,
+    as it names), from the cache or built into it (one build at a time: a lock file
+    serializes concurrent test processes)."""
+    key = building.package_key(version, kernel_release, flavour)
     directory = CACHE / key
     CACHE.mkdir(parents=True, exist_ok=True)
     with (CACHE / ".lock").open("w") as lock:
@@ -63,7 +71,7 @@ def cached_package(flavour: Flavour, kernel_release: str, *, jobs: int = 2) -> C
             fields = json.loads(record.read_text())
             path = directory / fields["file"]
             package = packaging.BuiltPackage(
-                "gpu", VERSION, kernel_release, path, fields["sha256"], flavour.value
+                "gpu", version, kernel_release, path, fields["sha256"], flavour.value
             )
             return CachedPackage(package, None)
         if directory.exists():
@@ -71,7 +79,7 @@ def cached_package(flavour: Flavour, kernel_release: str, *, jobs: int = 2) -> C
         work = CACHE / f"work-{flavour.value}"
         start = time.monotonic()
         package = building.build_from_debian(
-            version=VERSION,
+            version=version,
             kernel_release=kernel_release,
             flavour=flavour,
             out=directory,
@@ -85,6 +93,15 @@ def cached_package(flavour: Flavour, kernel_release: str, *, jobs: int = 2) -> C
             json.dumps({"file": package.path.name, "sha256": package.sha256, "seconds": seconds})
         )
         return CachedPackage(package, seconds)
+
+
+def elf_machine(path: Path) -> str:
+    """What binutils' `readelf -h` says of the ELF file's Machine (`AArch64`)."""
+    header = subprocess.run(
+        ["readelf", "-h", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    (line,) = [line for line in header.splitlines() if line.strip().startswith("Machine:")]
+    return line.split(":", 1)[1].strip()
 
 
 def real_source(directory: Path, built: Iterable[packaging.BuiltPackage]) -> Path:

@@ -1,6 +1,7 @@
 """The `gpuop` command and the processes it starts, as tests see them from outside: `gpuop`
 runs one command, `service` runs one `gpuop run` for the length of a block (with the fast
-agent configs below), and `descendants` finds what a process started."""
+agent configs below; `node_agents` and `cluster_discovery` those of a simulated cluster's
+rollout), and `descendants` finds what a process started."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from gpuop.bus.launcher import exiting_with_parent
+from gpuop.host.roots import HostRoot
 from gpuop_sim.host import keys
 
 GPUOP = [sys.executable, "-m", "gpuop.cli.main"]
@@ -101,3 +103,49 @@ async def service(
                 exit_codes[name] = process.returncode
         else:
             exit_codes[name] = process.returncode
+
+
+async def node_agents(
+    stack: contextlib.AsyncExitStack,
+    work: Path,
+    nats_url: str,
+    roots: Mapping[str, HostRoot],
+    gpus: int,
+    logs: list[Path],
+    exit_codes: dict[str, int | None],
+) -> None:
+    """Discovery (node role) and the driver-manager of each node as `gpuop run` processes on
+    its host root in `roots`, NVML simulated with `gpus` GPUs, with the fast configs (written
+    into `work`), for the length of `stack`; each log goes into `logs`."""
+    (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
+    (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
+    for node, root in roots.items():
+        on_node = ["--node", node, "--nats", nats_url, "--host-root", str(root.path)]
+        on_node += ["--nvml", f"sim:{gpus}"]
+        for name, arguments in (
+            ("discovery", ["--role", "node", "--config", f"{work}/discovery.yaml"]),
+            ("driver-manager", ["--config", f"{work}/driver-manager.yaml"]),
+        ):
+            log = work / f"{name}-{node}.log"
+            logs.append(log)
+            await stack.enter_async_context(
+                service(f"{name}-{node}", [name, *on_node, *arguments], log, exit_codes)
+            )
+
+
+async def cluster_discovery(
+    stack: contextlib.AsyncExitStack,
+    work: Path,
+    nats_url: str,
+    kubeconfig: Path,
+    logs: list[Path],
+    exit_codes: dict[str, int | None],
+) -> None:
+    """Discovery's cluster role (node labels) as a `gpuop run` process for the length of
+    `stack`, logging into `work`."""
+    log = work / "discovery-cluster.log"
+    logs.append(log)
+    arguments = ["discovery", "--role", "cluster", "--nats", nats_url]
+    await stack.enter_async_context(
+        service("discovery-cluster", [*arguments, "--kubeconfig", str(kubeconfig)], log, exit_codes)
+    )

@@ -35,7 +35,7 @@ from pathlib import Path
 from gpuop.cli import coverage, reports, snapshots
 from gpuop.cli.errors import CommandFailed
 from gpuop.events.driver import Component
-from gpuop.host import packaging
+from gpuop.host import branches, packaging
 from gpuop.policy import GPUClusterPolicySpec, flavours, selectors
 from gpuop.saga.upgrade.records import Target, desired_targets
 from gpuop.services.driver_manager import facade as driver_manager
@@ -47,7 +47,7 @@ KERNEL_ARCHES = ("amd64", "arm64")
 """Debian's kernel flavours, the last part of its kernel releases (`6.1.0-57-arm64`)."""
 MACHINES = {"x86_64": "amd64", "aarch64": "arm64"}
 """`uname -m` (the inventory's `machine`) to Debian's and Kubernetes' architecture names."""
-BUILDABLE_ARCHES = frozenset({"amd64"})
+BUILDABLE_ARCHES = frozenset(branches.ARCHES)
 """Architectures `gpuop package build --from-debian` builds packages for."""
 KERNEL_RELEASE = re.compile(r"[0-9][A-Za-z0-9._+~-]{0,127}")
 """What `uname -r` can say: anything else in an inventory is not a kernel to build for."""
@@ -74,7 +74,9 @@ class Package:
         if self.why_not_buildable() is not None:
             return None
         words = ["gpuop", "package", "build", "--from-debian", "--version", self.version]
-        words += ["--flavour", str(self.flavour), "--kernel", self.kernel, "--out", self.source]
+        words += ["--flavour", str(self.flavour), "--kernel", self.kernel]
+        words += ["--arch", self.arch] if self.arch != DEFAULT_ARCH else []
+        words += ["--out", self.source]
         return shlex.join(words)
 
     def why_not_buildable(self) -> str | None:

@@ -3,6 +3,8 @@ NVIDIA packages or NVIDIA's `.run` installer, added to a driver source's index.
 
     gpuop package build --from-debian --version 535.261.03 --kernel 6.1.0-57-amd64 \\
         --flavour open --out /srv/drivers [--sign-key KEY] [--work DIR] [--debs DIR]
+        [--arch arm64]                            cross-compiled (the kernel names it too)
+        [--host-glibc 2.36]                       the hosts' glibc the user space must fit
         [--module-key PEM --module-cert CERT]     modules signed, for lockdown and Secure Boot
     gpuop package build --from-run NVIDIA-Linux-x86_64-535.261.03.run --extract-only --out DIR
     gpuop package build --from-run FILE --kernel K --flavour F --out /srv/drivers
@@ -34,7 +36,7 @@ from urllib.parse import unquote, urlsplit
 from gpuop.cli import matrix, upgrade
 from gpuop.cli.errors import CommandFailed
 from gpuop.cli.verbs import add_command
-from gpuop.host import building, manifests, packaging
+from gpuop.host import branches, building, manifests, packaging
 from gpuop.host.manifests import Flavour
 
 
@@ -56,7 +58,8 @@ def add_parser(verbs: Any) -> None:
     origin.add_argument(
         "--from-debian",
         action="store_true",
-        help="fetch Debian bookworm's NVIDIA packages (non-free, contrib, non-free-firmware)",
+        help="fetch Debian's NVIDIA packages of the version's branch (535: bookworm, 550: "
+        "trixie; non-free, contrib, non-free-firmware)",
     )
     origin.add_argument("--from-run", type=Path, metavar="FILE", help="NVIDIA's .run installer")
     origin.add_argument(
@@ -69,6 +72,18 @@ def add_parser(verbs: Any) -> None:
     build.add_argument("--version", help="driver version, 535.261.03 (--from-debian)")
     build.add_argument("--kernel", help="kernel release to build the modules for")
     build.add_argument("--flavour", choices=[f.value for f in Flavour], help="module tree")
+    build.add_argument(
+        "--arch",
+        choices=sorted(branches.ARCHES),
+        help="architecture to build for (default: the one the kernel release names, else "
+        "amd64); arm64 with Debian's cross compiler",
+    )
+    build.add_argument(
+        "--host-glibc",
+        default=branches.HOST_GLIBC,
+        help=f"the hosts' glibc: a branch whose user space needs more is refused "
+        f"(default {branches.HOST_GLIBC}, Debian bookworm's)",
+    )
     build.add_argument("--out", type=Path, help="driver source directory")
     build.add_argument(
         "--sign-key",
@@ -151,6 +166,7 @@ async def build_package(args: argparse.Namespace, environ: Mapping[str, str]) ->
         return await asyncio.to_thread(_build, args)
     given = [f for f, v in (("--version", args.version), ("--kernel", args.kernel)) if v]
     given += ["--flavour"] if args.flavour else []
+    given += ["--arch"] if args.arch else []
     given += ["--out"] if args.out is not None else []
     if given:
         raise ValueError(f"--missing builds what the plan lists: drop {', '.join(given)}")
@@ -172,6 +188,7 @@ async def build_package(args: argparse.Namespace, environ: Mapping[str, str]) ->
                 "version": package.version,
                 "kernel": package.kernel,
                 "flavour": package.flavour,
+                "arch": package.arch,
                 "out": Path(package.source.removeprefix("file://")),
                 "work": args.work / package.kernel / f"{package.version}-{package.flavour}"
                 if args.work is not None
@@ -214,7 +231,9 @@ def _build(args: argparse.Namespace) -> int:
         work = args.work or Path(scratch)
         try:
             build = (
-                functools.partial(building.build_from_debian, version=args.version)
+                functools.partial(
+                    building.build_from_debian, version=args.version, host_glibc=args.host_glibc
+                )
                 if args.from_debian
                 else functools.partial(building.build_from_run, args.from_run)
             )
@@ -227,6 +246,7 @@ def _build(args: argparse.Namespace) -> int:
                 jobs=args.jobs,
                 signing_key=args.sign_key,
                 module_signing=module_signing,
+                arch=args.arch,
             )
         except (building.BuildError, manifests.ManifestError) as exc:
             raise CommandFailed(str(exc)) from None

@@ -5,17 +5,22 @@ From Debian (`build_from_debian`):
 
     1. apt, with a configuration of its own under the work directory (its sources list adds
        `contrib non-free non-free-firmware` to bookworm, bookworm-updates and
-       bookworm-security; the machine's apt configuration is neither read for sources nor
+       bookworm-security, and the driver branch's own suites, trixie for 550:
+       `gpuop.host.branches`; the machine's apt configuration is neither read for sources nor
        changed), fetches the module sources of the flavour (`nvidia-kernel-dkms` or
        `nvidia-open-kernel-dkms`), `libnvidia-ml1`, `libcuda1`, `nvidia-smi`,
        `nvidia-persistenced`, `firmware-nvidia-gsp`, and `linux-headers-<kernel>` with the
-       packages it depends on (`linux-headers-*-common`, `linux-kbuild-*`)
-    2. `dpkg-deb -x` unpacks them into a private root; the kernel's headers are built against
+       packages it depends on (`linux-headers-*-common`, `linux-kbuild-*`), all of the target
+       architecture except `linux-kbuild-*`, whose tools run on the build machine
+    2. a user-space package that needs a newer glibc than the hosts' (its `Depends: libc6 (>=
+       X)`) stops the build with that reason, before anything is compiled
+    3. `dpkg-deb -x` unpacks them into a private root; the kernel's headers are built against
        there, never the running kernel's
-    3. `make modules` with NVIDIA's Makefile (SYSSRC, SYSOUT, KERNEL_UNAME), paths of the work
-       directory mapped away (`-ffile-prefix-map`), debug info stripped as `make
-       modules_install INSTALL_MOD_STRIP=1` would
-    4. the modules, user space and GSP firmware go into a reproducible archive: the same
+    4. `make modules` with NVIDIA's Makefile (SYSSRC, SYSOUT, KERNEL_UNAME; for arm64, ARCH and
+       Debian's cross compiler), paths of the work directory mapped away
+       (`-ffile-prefix-map`), debug info stripped as `make modules_install
+       INSTALL_MOD_STRIP=1` would
+    5. the modules, user space and GSP firmware go into a reproducible archive: the same
        `.deb`s and compiler give the same sha256
 
 From a `.run` (`extract_run`): NVIDIA's installer is a makeself archive, a shell script
@@ -36,38 +41,28 @@ import shlex
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
-from gpuop.host import compat, manifests, packaging
+from gpuop.host import branches, compat, manifests, packaging
+from gpuop.host.branches import Arch
 from gpuop.host.manifests import Flavour, Role
 
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
-DEBIAN_SECURITY = "http://deb.debian.org/debian-security"
+_T = TypeVar("_T")
 DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
-DEBIAN_SUITES = (
-    (DEBIAN_MIRROR, "bookworm"),
-    (DEBIAN_MIRROR, "bookworm-updates"),
-    (DEBIAN_SECURITY, "bookworm-security"),
-)
-COMPONENTS = "main contrib non-free non-free-firmware"
-
-MODULE_SOURCE_PACKAGES = {
-    Flavour.PROPRIETARY: ("nvidia-kernel-dkms", "nvidia-current-{version}"),
-    Flavour.OPEN: ("nvidia-open-kernel-dkms", "nvidia-current-open-{version}"),
-}
-"""Per flavour: the Debian package of the module sources and its directory under usr/src."""
 USERSPACE_PACKAGES = ("libnvidia-ml1", "libcuda1", "nvidia-smi", "firmware-nvidia-gsp")
 """Built from the driver's own source package: taken at the driver's version."""
 INDEPENDENT_PACKAGES = ("nvidia-persistenced",)
 """Versioned on their own (535.171.04 for driver 535.261.03): the newest the archive has."""
-LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu/nvidia/current",)
+LIBRARY_DIRS = ("usr/lib/{multiarch}/nvidia/current",)
 BINARY_PATHS = ("usr/lib/nvidia/current/nvidia-smi", "usr/bin/nvidia-persistenced")
 FIRMWARE_DIRS = ("lib/firmware/nvidia/{version}", "usr/lib/firmware/nvidia/{version}")
 RECIPE = "2"
 """The build's own version, for caches of built packages: bump it when what a build makes
-of the same inputs changes (other files, flags, layout)."""
+of the same inputs changes (other files, flags, layout); each branch adds its own
+(`branches.Branch.recipe`)."""
 BUILD_TIMEOUT_SECONDS = 3600.0
 TOOL_TIMEOUT_SECONDS = 600.0
 
@@ -117,26 +112,37 @@ _INSTALL_HINTS = {
     "dpkg-deb": "apt-get install dpkg",
     "make": "apt-get install make",
     "gcc-12": "apt-get install gcc-12 (the compiler Debian's bookworm kernels are built with)",
+    "aarch64-linux-gnu-gcc-12": "apt-get install gcc-12-aarch64-linux-gnu (Debian's cross "
+    "compiler for arm64, the one its arm64 kernels are built with)",
+    "aarch64-linux-gnu-strip": "apt-get install binutils-aarch64-linux-gnu",
     "strip": "apt-get install binutils",
 }
 
 
 class Apt:
-    """apt with a configuration of its own under `directory`: its sources list, package
-    lists and cache; the machine's sources and state are left alone."""
+    """apt with a configuration of its own under `directory`: its sources list (`suites`,
+    bookworm's by default), package lists of `arches` and cache; the machine's sources and
+    state are left alone."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        suites: Sequence[branches.Suite] = branches.KERNEL_SUITES,
+        arches: Sequence[str] = (branches.BUILD_ARCH,),
+    ) -> None:
         self.directory = directory
+        self.arches = tuple(dict.fromkeys((branches.BUILD_ARCH, *arches)))
         for sub in ("lists/partial", "cache/archives/partial", "sources.list.d", "preferences.d"):
             (directory / sub).mkdir(parents=True, exist_ok=True)
         lines = [
-            f"deb [signed-by={DEBIAN_KEYRING}] {mirror} {suite} {COMPONENTS}"
-            for mirror, suite in DEBIAN_SUITES
+            f"deb [signed-by={DEBIAN_KEYRING}] {mirror} {suite} {components}"
+            for mirror, suite, components in suites
         ]
         (directory / "sources.list").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     def options(self) -> list[str]:
         d = self.directory
+        arches = [f"APT::Architectures::={arch}" for arch in self.arches]
         return [
             "-o", f"Dir::Etc::sourcelist={d / 'sources.list'}",
             "-o", f"Dir::Etc::sourceparts={d / 'sources.list.d'}",
@@ -144,61 +150,68 @@ class Apt:
             "-o", f"Dir::State::Lists={d / 'lists'}",
             "-o", f"Dir::Cache={d / 'cache'}",
             "-o", "APT::Sandbox::User=root",
+            "-o", f"APT::Architecture={branches.BUILD_ARCH}",
+            *(word for option in arches for word in ("-o", option)),
         ]  # fmt: skip
 
     def update(self) -> None:
         _run(["apt-get", *self.options(), "-q", "update"], timeout=TOOL_TIMEOUT_SECONDS)
 
-    def versions(self, package: str) -> list[str]:
-        """Every version of `package` the sources offer, newest first."""
-        out = _run(["apt-cache", *self.options(), "madison", package])
+    def versions(self, package: str, arch: str = branches.BUILD_ARCH) -> list[str]:
+        """Every version of `package` for `arch` the sources offer, newest first."""
+        out = _run(["apt-cache", *self.options(), "madison", f"{package}:{arch}"])
         seen: list[str] = []
         for line in out.splitlines():
             parts = [p.strip() for p in line.split("|")]
-            if len(parts) >= 2 and parts[0] == package and parts[1] not in seen:
+            if len(parts) >= 2 and parts[0].split(":")[0] == package and parts[1] not in seen:
                 seen.append(parts[1])
         return seen
 
-    def version_of(self, package: str, upstream: str | None) -> str:
-        """The newest Debian version of `package` whose upstream part is `upstream` (any when
-        None); `BuildError` naming what there is."""
-        offered = self.versions(package)
+    def version_of(
+        self, package: str, upstream: str | None, arch: str = branches.BUILD_ARCH
+    ) -> str:
+        """The newest Debian version of `package` for `arch` whose upstream part is
+        `upstream` (any when None); `BuildError` naming what there is."""
+        offered = self.versions(package, arch)
         for version in offered:
             plain = version.split(":", 1)[-1]
             if upstream is None or plain.rsplit("-", 1)[0] == upstream:
                 return version
         raise BuildError(
             f"the Debian archive has no {package} {upstream or ''}".rstrip()
-            + f" (it has: {', '.join(offered) or 'none'})"
+            + f" for {arch} (it has: {', '.join(offered) or 'none'})"
         )
 
-    def download(self, wanted: Iterable[tuple[str, str]], into: Path) -> dict[str, Path]:
-        """`name=version` of each into `into` (kept: a file already there is not fetched
-        again); the `.deb` of each name."""
+    def download(
+        self, wanted: Iterable[tuple[str, str]], into: Path, arch: str = branches.BUILD_ARCH
+    ) -> dict[str, Path]:
+        """`name=version` of each for `arch` into `into` (kept: a file already there is not
+        fetched again); the `.deb` of each name."""
         into.mkdir(parents=True, exist_ok=True)
         paths: dict[str, Path] = {}
         missing = []
         for name, version in wanted:
-            path = into / f"{name}_{version.replace(':', '%3a')}_{_deb_arch(name)}.deb"
-            found = sorted(into.glob(f"{name}_{version.replace(':', '%3a')}_*.deb"))
+            found = _debs_in(into, name, version, arch)
             if found:
                 paths[name] = found[0]
             else:
-                missing.append(f"{name}={version}")
-                paths[name] = path
+                missing.append(f"{name}:{arch}={version}")
+                paths[name] = into / f"{name}_{version.replace(':', '%3a')}_{arch}.deb"
         if missing:
             _run(["apt-get", *self.options(), "-q", "download", *missing], cwd=into)
-        for name in list(paths):
+        for name, version in wanted:
             if not paths[name].exists():
-                found = sorted(into.glob(f"{name}_*.deb"))
+                found = _debs_in(into, name, version, arch)
                 if not found:
-                    raise BuildError(f"apt-get download gave no .deb for {name}")
-                paths[name] = found[-1]
+                    raise BuildError(f"apt-get download gave no .deb for {name} ({arch})")
+                paths[name] = found[0]
         return paths
 
 
-def _deb_arch(name: str) -> str:
-    return "all" if name.endswith("-common") else "amd64"
+def _debs_in(into: Path, name: str, version: str, arch: str) -> list[Path]:
+    """The `.deb` of `name` at `version` in `into` for `arch` (or for all architectures)."""
+    stem = f"{name}_{version.replace(':', '%3a')}"
+    return [p for p in (into / f"{stem}_{arch}.deb", into / f"{stem}_all.deb") if p.is_file()]
 
 
 def newest_debian_kernel(apt: Apt, flavour: str = "amd64", *, suite: str | None = None) -> str:
@@ -267,15 +280,18 @@ class KernelHeaders:
     """SYSSRC: the headers' common tree."""
     output: Path
     """SYSOUT: the release's own tree (its .config, Module.symvers)."""
+    arch: Arch = branches.ARCHES["amd64"]
+    """The architecture the kernel runs on, which the modules are compiled for."""
 
 
 def headers_from_debian(
-    apt: Apt, release: str, debs: Path, root: Path
+    apt: Apt, release: str, debs: Path, root: Path, arch: Arch = branches.ARCHES["amd64"]
 ) -> tuple[KernelHeaders, list[manifests.BuiltFrom]]:
-    """Fetch and unpack `linux-headers-<release>` and the packages it needs into `root`."""
+    """Fetch and unpack `linux-headers-<release>` (of `arch`) and the packages it needs into
+    `root`: its common tree, and `linux-kbuild-*` of the build machine, whose tools run here."""
     name = f"linux-headers-{release}"
-    version = apt.version_of(name, None)
-    (deb,) = apt.download([(name, version)], debs).values()
+    version = apt.version_of(name, None, arch.name)
+    (deb,) = apt.download([(name, version)], debs, arch.name).values()
     needed = []
     for part in deb_field(deb, "Depends").split(","):
         match = re.match(
@@ -294,7 +310,8 @@ def headers_from_debian(
     common = [p for p in (root / "usr/src").glob("linux-headers-*-common") if p.is_dir()]
     if not common:
         raise BuildError(f"{name} brought no linux-headers-*-common tree")
-    return KernelHeaders(release, common[0], output), [_built_from(p) for p in fetched.values()]
+    headers = KernelHeaders(release, common[0], output, arch)
+    return headers, [_built_from(p) for p in fetched.values()]
 
 
 def _built_from(deb: Path) -> manifests.BuiltFrom:
@@ -306,25 +323,39 @@ def _built_from(deb: Path) -> manifests.BuiltFrom:
 
 
 def tree_from_debian(
-    apt: Apt, version: str, flavour: Flavour, debs: Path, root: Path
+    apt: Apt,
+    version: str,
+    flavour: Flavour,
+    debs: Path,
+    root: Path,
+    arch: Arch = branches.ARCHES["amd64"],
+    host_glibc: str = branches.HOST_GLIBC,
 ) -> DriverTree:
-    """Fetch and unpack the driver's packages (`MODULE_SOURCE_PACKAGES`, `USERSPACE_PACKAGES`,
-    `INDEPENDENT_PACKAGES`) into `root`; what they hold."""
-    source_package, source_dir = MODULE_SOURCE_PACKAGES[flavour]
+    """Fetch the driver's packages for `arch` (the module sources of its branch's `flavour`,
+    `USERSPACE_PACKAGES`, `INDEPENDENT_PACKAGES`), refuse them when their user space needs a
+    newer glibc than `host_glibc` (`check_glibc`), unpack them into `root`; what they hold."""
+    source_package, source_dir = branches.branch_of(version).module_source(flavour)
     wanted = [
-        (name, apt.version_of(name, version)) for name in (source_package, *USERSPACE_PACKAGES)
+        (name, apt.version_of(name, version, arch.name))
+        for name in (source_package, *USERSPACE_PACKAGES)
     ]
-    wanted += [(name, apt.version_of(name, None)) for name in INDEPENDENT_PACKAGES]
-    fetched = apt.download(wanted, debs)
+    wanted += [(name, apt.version_of(name, None, arch.name)) for name in INDEPENDENT_PACKAGES]
+    fetched = apt.download(wanted, debs, arch.name)
+    check_glibc(
+        version,
+        {name: deb_field(fetched[name], "Depends") for name in fetched if name != source_package},
+        host_glibc,
+    )
     for path in fetched.values():
         unpack_deb(path, root)
     tree = DriverTree(version, root / "usr/src" / source_dir.format(version=version))
     if not (tree.module_source / "Makefile").is_file():
         raise BuildError(f"{source_package} has no {source_dir.format(version=version)}/Makefile")
     for library_dir in LIBRARY_DIRS:
-        tree.libraries += sorted(
-            p for p in (root / library_dir).iterdir() if p.name.startswith("lib")
-        )
+        directory = root / library_dir.format(multiarch=arch.multiarch)
+        if not directory.is_dir():
+            raise BuildError(f"the {arch.name} user-space packages have no {directory}")
+        tree.libraries += sorted(p for p in directory.iterdir() if p.name.startswith("lib"))
     tree.binaries = [root / p for p in BINARY_PATHS if (root / p).exists()]
     for pattern in FIRMWARE_DIRS:
         firmware_dir = root / pattern.format(version=version)
@@ -332,6 +363,30 @@ def tree_from_debian(
             tree.firmware += sorted(p for p in firmware_dir.iterdir() if p.suffix == ".bin")
     tree.built_from = [_built_from(p) for p in fetched.values()]
     return tree
+
+
+_LIBC6 = re.compile(r"(?:^|,)\s*libc6\s*\(\s*>=\s*([^)\s]+)\s*\)")
+
+
+def check_glibc(version: str, depends: dict[str, str], host_glibc: str) -> None:
+    """`BuildError` when a package's `Depends` (name: field) asks for a glibc newer than the
+    hosts' `host_glibc`: its user space would not start there (`version GLIBC_2.x not
+    found`), whatever the modules do."""
+    needs = {
+        name: match[1]
+        for name, field_text in depends.items()
+        if (match := _LIBC6.search(field_text))
+        and branches.version_tuple(match[1]) > branches.version_tuple(host_glibc)
+    }
+    if needs:
+        newest = max(needs.values(), key=branches.version_tuple)
+        raise BuildError(
+            f"driver {version}'s user space needs glibc {newest} and the hosts run "
+            f"{host_glibc}: "
+            + ", ".join(f"{name} Depends libc6 (>= {need})" for name, need in sorted(needs.items()))
+            + ". Build a branch whose user space the hosts can run, or give the hosts' glibc "
+            "(--host-glibc) when they run a newer one."
+        )
 
 
 @dataclass(frozen=True)
@@ -389,7 +444,8 @@ def compile_modules(
     if not built:
         raise BuildError(f"make modules built no .ko (see {log})")
     for module in built:
-        _run(["strip", "--strip-debug", "--remove-section=.comment", str(module)])
+        strip = f"{headers.arch.cross_compile}strip"
+        _run([strip, "--strip-debug", "--remove-section=.comment", str(module)])
     if signing is not None:
         sign_modules(built, headers.output / "scripts" / "sign-file", signing)
     return built
@@ -403,6 +459,7 @@ def _make_modules(
             "make", f"-j{jobs}", "modules",
             f"SYSSRC={headers.source}", f"SYSOUT={headers.output}",
             f"KERNEL_UNAME={headers.release}", f"KCFLAGS={prefix_map}",
+            *cross_flags(headers.arch),
         ],
         cwd=build,
         env={"SOURCE_DATE_EPOCH": "0", "KBUILD_BUILD_TIMESTAMP": "1970-01-01",
@@ -410,6 +467,24 @@ def _make_modules(
         timeout=BUILD_TIMEOUT_SECONDS,
         log=log,
     )  # fmt: skip
+
+
+def cross_flags(arch: Arch) -> list[str]:
+    """make's variables for compiling `arch`'s modules on the build machine: none natively;
+    else ARCH, and Debian's cross tools for CC (NVIDIA's Makefile would take the kernel's
+    `CONFIG_CC_VERSION_TEXT`, the native `gcc-12`), LD and OBJDUMP."""
+    if not arch.cross_compile:
+        return []
+    if shutil.which(f"{arch.cross_compile}gcc-12") is None:
+        raise BuildError(
+            f"{arch.cross_compile}gcc-12 is not installed: "
+            + _INSTALL_HINTS[f"{arch.cross_compile}gcc-12"]
+        )
+    tools = arch.cross_compile
+    return [
+        f"ARCH={arch.name}", f"CROSS_COMPILE={tools}", f"CC={tools}gcc-12",
+        f"LD={tools}ld", f"OBJDUMP={tools}objdump",
+    ]  # fmt: skip
 
 
 def package_files(
@@ -454,24 +529,53 @@ def build_from_debian(
     jobs: int = 2,
     signing_key: Path | None = None,
     module_signing: ModuleSigning | None = None,
+    arch: str | None = None,
+    host_glibc: str = branches.HOST_GLIBC,
 ) -> packaging.BuiltPackage:
-    """Build the `flavour` package of driver `version` for `kernel_release` from Debian's
-    packages into the driver source `out` and add it to its index (signed with the minisign
+    """Build the `flavour` package of driver `version` for `kernel_release` (on `arch`,
+    which the kernel release names by default: `6.1.0-57-arm64`) from Debian's packages of
+    its branch into the driver source `out` and add it to its index (signed with the minisign
     secret key file `signing_key`, else left unsigned). `work` holds apt's state, the
     unpacked packages and the build (kept for a look after a failure); `debs` keeps the
     `.deb`s between builds (default: under `work`)."""
+    target = arch_of(kernel_release, arch)
+    branch = _known(lambda: branches.branch_of(version))
     work.mkdir(parents=True, exist_ok=True)
-    apt, root = _fresh_apt(work)
+    apt, root = _fresh_apt(work, (*branches.KERNEL_SUITES, *branch.suites), target)
     debs = debs or work / "debs"
-    headers, header_debs = headers_from_debian(apt, kernel_release, debs, root)
-    tree = tree_from_debian(apt, version, flavour, debs, root)
+    headers, header_debs = headers_from_debian(apt, kernel_release, debs, root, target)
+    tree = tree_from_debian(apt, version, flavour, debs, root, target, host_glibc)
     tree.built_from += header_debs
     return assemble(tree, headers, flavour, out, work, jobs, signing_key, module_signing)
 
 
-def _fresh_apt(work: Path) -> tuple[Apt, Path]:
-    """Apt under `work`, its lists updated, and an empty `work/root` to unpack packages in."""
-    apt = Apt(work / "apt")
+def arch_of(kernel_release: str, arch: str | None) -> Arch:
+    """The architecture to build for: `arch`, else the one Debian's kernel release names
+    (its last part: `6.1.0-57-arm64`), else amd64; `BuildError` when they disagree."""
+    named = kernel_release.rsplit("-", 1)[-1]
+    if arch is None:
+        return branches.ARCHES.get(named, branches.ARCHES[branches.BUILD_ARCH])
+    target = _known(lambda: branches.arch_named(arch))
+    if named in branches.ARCHES and named != target.name:
+        raise BuildError(f"kernel {kernel_release} is an {named} kernel, not {target.name}")
+    return target
+
+
+def _known(find: Callable[[], _T]) -> _T:
+    try:
+        return find()
+    except branches.UnknownTarget as exc:
+        raise BuildError(str(exc)) from None
+
+
+def _fresh_apt(
+    work: Path,
+    suites: Sequence[branches.Suite] = branches.KERNEL_SUITES,
+    arch: Arch = branches.ARCHES["amd64"],
+) -> tuple[Apt, Path]:
+    """Apt under `work` for `suites` and `arch`, its lists updated, and an empty `work/root`
+    to unpack packages in."""
+    apt = Apt(work / "apt", suites, (arch.name,))
     apt.update()
     root = work / "root"
     if root.exists():
@@ -603,6 +707,14 @@ def cache_key(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
+def package_key(version: str, kernel_release: str, flavour: Flavour) -> str:
+    """`cache_key` of a package built from Debian: what it is for (the kernel release names
+    the architecture), the builder's recipe and its branch's."""
+    branch = _known(lambda: branches.branch_of(version))
+    recipe = (RECIPE, branch.recipe) if branch.recipe else (RECIPE,)
+    return cache_key(version, kernel_release, flavour.value, *recipe)
+
+
 _RUN_VERSION = re.compile(r"(\d+\.\d+(?:\.\d+)?)")
 RUN_LIBRARIES = ("libnvidia-ml.so", "libcuda.so")
 RUN_BINARIES = ("nvidia-smi", "nvidia-persistenced")
@@ -656,16 +768,20 @@ def build_from_run(
     jobs: int = 2,
     signing_key: Path | None = None,
     module_signing: ModuleSigning | None = None,
+    arch: str | None = None,
 ) -> packaging.BuiltPackage:
     """As `build_from_debian`, from NVIDIA's `.run` installer: its payload is extracted
     (never run) and its modules compiled against Debian's headers for `kernel_release`."""
+    target = arch_of(kernel_release, arch)
     work.mkdir(parents=True, exist_ok=True)
     extracted = work / "run"
     if extracted.exists():
         shutil.rmtree(extracted)
     extract_run(run, extracted)
     tree = tree_from_run(extracted, flavour, run)
-    apt, root = _fresh_apt(work)
-    headers, header_debs = headers_from_debian(apt, kernel_release, debs or work / "debs", root)
+    apt, root = _fresh_apt(work, arch=target)
+    headers, header_debs = headers_from_debian(
+        apt, kernel_release, debs or work / "debs", root, target
+    )
     tree.built_from += header_debs
     return assemble(tree, headers, flavour, out, work, jobs, signing_key, module_signing)

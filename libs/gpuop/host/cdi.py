@@ -9,7 +9,7 @@ module reads the files from the format 2 manifest of the driver whose user space
 (`opt/gpuop/gpu/current`, switched with the modules by the driver-manager's load):
 
     manifest            host path                                container path
-    userspace/lib/X     /opt/gpuop/gpu/<version>/lib/X           /usr/lib/x86_64-linux-gnu/X
+    userspace/lib/X     /opt/gpuop/gpu/<version>/lib/X           /usr/lib/<triplet>/X
     userspace/bin/X     /opt/gpuop/gpu/<version>/bin/X           /usr/bin/X
     userspace/etc/X     /opt/gpuop/gpu/<version>/etc/X           /etc/X
     firmware/X          /lib/firmware/nvidia/<version>/X         the same
@@ -26,8 +26,9 @@ installs no such binary on the host, and a hook whose path is missing fails ever
 that asks for a GPU. `LD_LIBRARY_PATH` would replace the image's own (CDI's env edits
 overwrite a variable of the same name: CUDA and NGC images set theirs). The libraries go to
 `/usr/lib/x86_64-linux-gnu`, which glibc of Debian and Ubuntu images searches after
-`ld.so.cache` without being told; images whose linker does not (RHEL family: `/usr/lib64`)
-need a hook of gpuop's own, which is not written yet.
+`ld.so.cache` without being told (`/usr/lib/aarch64-linux-gnu` on an arm64 host: the
+triplet is the host's, `library_dir`); images whose linker does not (RHEL family:
+`/usr/lib64`) need a hook of gpuop's own, which is not written yet.
 
 Spec-wide edits carry `NVIDIA_VISIBLE_DEVICES=void` (the legacy runtime hook injects nothing
 a second time), the control device nodes and the mounts; each device carries its device
@@ -53,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpuop.host import manifests, packages, system
+from gpuop.host import branches, manifests, packages, system
 from gpuop.host.errors import HostError, HostReadError
 from gpuop.host.files import write_atomic
 from gpuop.host.roots import HostRoot
@@ -68,9 +69,10 @@ SPEC_FILE = "nvidia.com-gpu.json"
 PREVIOUS_SUFFIX = ".previous"
 """The spec a `write` replaced, beside it."""
 COMPONENT = "gpu"
-LIBRARY_DIR = "/usr/lib/x86_64-linux-gnu"
-"""Where the libraries go in the container: Debian's multiarch directory, which upstream's
-spec uses on such hosts, and which the images' linker searches by default."""
+LIBRARY_DIR = branches.ARCHES["amd64"].library_dir
+"""Where the libraries go in the container of an x86_64 host: Debian's multiarch directory,
+which upstream's spec uses on such hosts, and which the images' linker searches by default;
+`library_dir` gives other architectures'."""
 BINARY_DIR = "/usr/bin"
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 CONTROL_DEVICES = (
@@ -166,11 +168,26 @@ def driver_files(root: HostRoot) -> DriverFiles:
         raise CdiError(f"{path} is a format 1 manifest, which lists no user space")
     if manifest.version != version:
         raise CdiError(f"{path} describes {manifest.version}, not {version}")
-    return files_of(manifest)
+    try:
+        machine = system.machine(root)
+    except HostReadError as exc:
+        raise CdiError(str(exc)) from None
+    return files_of(manifest, library_dir(machine))
 
 
-def files_of(manifest: manifests.ManifestV2) -> DriverFiles:
-    """The mounts of a format 2 manifest's libraries, links, binaries, configs and firmware."""
+def library_dir(machine: str | None) -> str:
+    """Where the libraries go in the containers of a host whose CPU is `machine` (`uname -m`):
+    the Debian multiarch directory of its architecture (`/usr/lib/aarch64-linux-gnu`),
+    `<machine>-linux-gnu` for one gpuop builds no packages for, x86_64's when unknown."""
+    if machine is None:
+        return LIBRARY_DIR
+    known = [a for a in branches.ARCHES.values() if a.machine == machine]
+    return known[0].library_dir if known else f"/usr/lib/{machine}-linux-gnu"
+
+
+def files_of(manifest: manifests.ManifestV2, libraries: str = LIBRARY_DIR) -> DriverFiles:
+    """The mounts of a format 2 manifest's libraries (into `libraries` in the container),
+    links, binaries, configs and firmware."""
     userspace = f"/{packages.USERSPACE}/{manifest.component}/{manifest.version}"
     firmware = f"/lib/firmware/nvidia/{manifest.version}"
     mounts: list[Mount] = []
@@ -185,7 +202,7 @@ def files_of(manifest: manifests.ManifestV2) -> DriverFiles:
             mounts.append(Mount(f"{firmware}/{inside}", f"{firmware}/{inside}"))
             continue
         top, rest = parts[1], "/".join(parts[2:])
-        where = {"lib": LIBRARY_DIR, "bin": BINARY_DIR, "etc": "/etc"}.get(top)
+        where = {"lib": libraries, "bin": BINARY_DIR, "etc": "/etc"}.get(top)
         if where is None or not rest:
             continue  # nothing a container runs: no place for it
         mounts.append(Mount(f"{userspace}/{top}/{rest}", f"{where}/{rest}"))

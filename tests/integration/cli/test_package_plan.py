@@ -137,7 +137,8 @@ async def test_plan_of_an_empty_directory_names_every_package_once(fleet: Fleet)
     ]
     assert rows[(NEW, "open", KERNEL_A, "amd64")]["nodes"] == ["gpu-node-1", "gpu-node-2"]
     arm = rows[(NEW, "open", ARM_KERNEL, "arm64")]
-    assert arm["command"] is None and "amd64 only" in arm["notBuildable"]
+    assert arm["notBuildable"] is None
+    assert arm["command"].endswith(f"--kernel {ARM_KERNEL} --arch arm64 --out {fleet.source}")
 
 
 async def test_build_missing_builds_exactly_the_missing_packages(fleet: Fleet) -> None:
@@ -152,14 +153,27 @@ async def test_build_missing_builds_exactly_the_missing_packages(fleet: Fleet) -
     assert code == 0 and "has all 2 package(s) the fleet needs" in out, out + err
 
 
-async def test_build_missing_builds_nothing_when_one_package_cannot_be_built(
-    fleet: Fleet,
-) -> None:
+async def test_build_missing_cross_builds_an_arm64_nodes_package(fleet: Fleet) -> None:
+    add_package(fleet.source, NEW, Flavour.OPEN, KERNEL_A)
+    add_package(fleet.source, NEW, Flavour.PROPRIETARY, KERNEL_B)
     fleet.server.seed(gpu_node("gpu-node-4", ARM_KERNEL, OLD, **{"kubernetes.io/arch": "arm64"}))
     await fleet.with_policy(policy(NEW, fleet.source))
     code, _, err = await fleet.run("package", "build", "--missing", "--source", str(fleet.source))
+    assert code == 0, err
+    asked = [(b["flavour"], b["kernel_release"], b["arch"]) for b in fleet.built]
+    assert asked == [(Flavour.OPEN, ARM_KERNEL, "arm64")]
+
+
+async def test_build_missing_builds_nothing_when_one_package_cannot_be_built(
+    fleet: Fleet,
+) -> None:
+    power = "6.1.0-57-powerpc64le"
+    fleet.server.seed(gpu_node("gpu-node-4", power, OLD, **{"kubernetes.io/arch": "ppc64le"}))
+    await fleet.with_policy(policy(NEW, fleet.source))
+    code, _, err = await fleet.run("package", "build", "--missing", "--source", str(fleet.source))
     assert code == 1
-    assert f"gpu {NEW} open for kernel {ARM_KERNEL} (arm64)" in err and "amd64 only" in err
+    assert f"gpu {NEW} open for kernel {power} (ppc64le)" in err
+    assert "builds amd64, arm64 only" in err
     assert fleet.built == []
 
 

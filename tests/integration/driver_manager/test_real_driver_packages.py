@@ -20,7 +20,6 @@ import pytest
 
 from gpuop.bus import InMemoryBus
 from gpuop.clocks import VirtualClock
-from gpuop.events import driver as dm
 from gpuop.events.driver import InstallFailureReason
 from gpuop.host import building, kmod, packages, packaging
 from gpuop.host.errors import ModuleLoadFailed
@@ -251,21 +250,8 @@ async def test_the_agent_installs_loads_and_validates_a_real_package_on_the_simu
     for needed in BASE_KERNEL:
         root.join(f"sys/module/{needed}").mkdir(parents=True)
     source = driver_packages.real_source(tmp_path / "source", [built[flavour]])
-    gpu = dm.Component.GPU
     async with running_agent(InMemoryBus(), root, source) as agent:
-        installed = await agent.send(
-            dm.InstallDriver(
-                component=gpu, version=VERSION, source=source_of(source), flavour=flavour
-            ),
-            timeout=120,
-        )
-        assert isinstance(installed, dm.DriverInstalled), installed
-        loaded = await agent.send(dm.LoadDriver(component=gpu, version=VERSION), timeout=60)
-        assert isinstance(loaded, dm.DriverLoaded), loaded
-        validated = await agent.send(
-            dm.ValidateDriver(component=gpu, version=VERSION, timeout_seconds=30), timeout=60
-        )
-        assert isinstance(validated, dm.DriverValidated), validated
+        await agent.install_load_validate(VERSION, flavour)
     assert root.read_text("sys/module/nvidia/version") == f"{VERSION}\n"
     assert root.read_text("sys/module/nvidia_uvm/version") == f"{VERSION}\n"
     assert "nvidia_uvm" in os.listdir(root.join("sys/module/nvidia/holders"))

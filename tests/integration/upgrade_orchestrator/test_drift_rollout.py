@@ -48,7 +48,7 @@ from gpuop_sim import SimCluster
 from gpuop_sim.cluster import hosts
 from gpuop_sim.host import keys, seeding
 from gpuop_sim.host.simkernel import SimKernel
-from tests.support.processes import DISCOVERY_CONFIG, DRIVER_MANAGER_CONFIG, service
+from tests.support.processes import cluster_discovery, node_agents
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
@@ -123,9 +123,6 @@ async def test_new_nodes_and_kernel_drift_need_no_policy_change(
     async with SimCluster(nodes=3, gpus=GPUS, workloads=False, seed=5) as cluster:
         upgraded, staged, new = cluster.node_names
         kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
-        (tmp_path / "discovery.yaml").write_text(DISCOVERY_CONFIG)
-        (tmp_path / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
-        nats = ["--nats", nats_server.url]
         source = tmp_path / "driver-source"
         roots: dict[str, HostRoot] = {}
         bus = NatsBus(nats_server.url, name="orchestrator")
@@ -148,28 +145,9 @@ async def test_new_nodes_and_kernel_drift_need_no_policy_change(
                         [("gpu", OLD, kernel), ("gpu", NEW, kernel), ("gpu", NEW, NEXT_KERNEL)],
                         signing_key=keys.SIGNING_KEY,
                     )
-                on_node = ["--node", node, *nats, "--host-root", str(root.path)]
-                on_node += ["--nvml", f"sim:{GPUS}"]
-                for name, arguments in (
-                    ("discovery", ["--role", "node", "--config", f"{tmp_path}/discovery.yaml"]),
-                    ("driver-manager", ["--config", f"{tmp_path}/driver-manager.yaml"]),
-                ):
-                    log = tmp_path / f"{name}-{node}.log"
-                    logs.append(log)
-                    await stack.enter_async_context(
-                        service(f"{name}-{node}", [name, *on_node, *arguments], log, exit_codes)
-                    )
+            await node_agents(stack, tmp_path, nats_server.url, roots, GPUS, logs, exit_codes)
             install_kernel(roots[staged], NEXT_KERNEL)  # installed, to be booted later
-            log = tmp_path / "discovery-cluster.log"
-            logs.append(log)
-            await stack.enter_async_context(
-                service(
-                    "discovery-cluster",
-                    ["discovery", "--role", "cluster", *nats, "--kubeconfig", str(kubeconfig)],
-                    log,
-                    exit_codes,
-                )
-            )
+            await cluster_discovery(stack, tmp_path, nats_server.url, kubeconfig, logs, exit_codes)
             kube = await stack.enter_async_context(await client.connect(kubeconfig))
 
             async def labels() -> dict[str, dict[str, str]]:

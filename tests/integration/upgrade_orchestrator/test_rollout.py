@@ -24,6 +24,7 @@ from kubernetes.aio import client as k8s
 from gpuop.bus import NatsBus, NatsServer
 from gpuop.cli.events import export_lines
 from gpuop.events import decode, subjects
+from gpuop.events.hardware import HardwareDiscovered
 from gpuop.events.upgrade import NodeUpgradeStateChanged, RolloutCompleted, UpgradeState
 from gpuop.host import packaging, system
 from gpuop.kube import client, customobjects, nodes
@@ -35,12 +36,7 @@ from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop_sim import SimCluster
 from gpuop_sim.cluster import hosts
 from gpuop_sim.host import keys, seeding
-from tests.support.processes import (
-    DISCOVERY_CONFIG,
-    DRIVER_LABEL,
-    DRIVER_MANAGER_CONFIG,
-    service,
-)
+from tests.support.processes import DRIVER_LABEL, cluster_discovery, node_agents
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
@@ -103,49 +99,25 @@ async def test_a_new_gpu_driver_in_the_policy_rolls_across_every_node(
     logs: list[Path] = []
     async with SimCluster(nodes=NODES, gpus=GPUS, workloads=True, seed=5) as cluster:
         kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
-        (tmp_path / "discovery.yaml").write_text(DISCOVERY_CONFIG)
-        (tmp_path / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
-        nats = ["--nats", nats_server.url]
         source = tmp_path / "driver-source"
         bus = NatsBus(nats_server.url, name="orchestrator")
         await bus.start()
         async with AsyncExitStack() as stack:
             stack.push_async_callback(bus.close)
+            roots = {}
             for node in cluster.node_names:
                 machine = cluster.machine(node)
-                root = hosts.build_host_root(
+                roots[node] = hosts.build_host_root(
                     tmp_path / f"host-{node}", node, GPUS, gpu_version=OLD,
                     boot_id=machine.boot_id, product_name=machine.type.name,
                 )  # fmt: skip
-                if not source.exists():
-                    kernel = system.kernel_release(root)
-                    assert kernel is not None
-                    packaging.build_driver_source(
-                        source,
-                        [("gpu", OLD, kernel), ("gpu", NEW, kernel)],
-                        signing_key=keys.SIGNING_KEY,
-                    )
-                on_node = ["--node", node, *nats, "--host-root", str(root.path)]
-                on_node += ["--nvml", f"sim:{GPUS}"]
-                for name, arguments in (
-                    ("discovery", ["--role", "node", "--config", f"{tmp_path}/discovery.yaml"]),
-                    ("driver-manager", ["--config", f"{tmp_path}/driver-manager.yaml"]),
-                ):
-                    log = tmp_path / f"{name}-{node}.log"
-                    logs.append(log)
-                    await stack.enter_async_context(
-                        service(f"{name}-{node}", [name, *on_node, *arguments], log, exit_codes)
-                    )
-            log = tmp_path / "discovery-cluster.log"
-            logs.append(log)
-            await stack.enter_async_context(
-                service(
-                    "discovery-cluster",
-                    ["discovery", "--role", "cluster", *nats, "--kubeconfig", str(kubeconfig)],
-                    log,
-                    exit_codes,
-                )
+            kernel = system.kernel_release(roots[cluster.node_names[0]])
+            assert kernel is not None
+            packaging.build_driver_source(
+                source, [("gpu", OLD, kernel), ("gpu", NEW, kernel)], signing_key=keys.SIGNING_KEY
             )
+            await node_agents(stack, tmp_path, nats_server.url, roots, GPUS, logs, exit_codes)
+            await cluster_discovery(stack, tmp_path, nats_server.url, kubeconfig, logs, exit_codes)
             kube = await stack.enter_async_context(await client.connect(kubeconfig))
 
             async def labelled(key: str, value: str) -> bool:
@@ -266,5 +238,107 @@ async def test_a_new_gpu_driver_in_the_policy_rolls_across_every_node(
         "Progressing": "False",
         "Ready": "True",
         "RemediationBreaker": "False",
+    }
+    assert all(code == 0 for code in exit_codes.values()), sorted(exit_codes.items())
+
+
+BRANCH_OLD, AMD64_NEW, ARM64_NEW = "535.261.03", "550.163.01", "550.144.03"
+KERNELS = {"amd64": "6.1.0-57-amd64", "arm64": "6.1.0-57-arm64"}
+
+
+def mixed_policy(source: Path) -> dict[str, Any]:
+    """550 on the amd64 nodes (the default), a version of its own pinned on the arm64 ones by
+    a pool that selects them by the kubelet's `kubernetes.io/arch` label."""
+    document = policy(source)
+    document["spec"]["driver"] = {
+        "gpu": {"version": AMD64_NEW, "source": str(source), **SIGNED},
+        "pools": [
+            {
+                "name": "arm64",
+                "nodeSelector": "kubernetes.io/arch=arm64",
+                "gpu": {"version": ARM64_NEW, "source": str(source), **SIGNED},
+            }
+        ],
+    }
+    return document
+
+
+async def test_a_mixed_amd64_and_arm64_fleet_moves_from_535_to_550_per_architecture(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """One amd64 and one arm64 node (Debian's kernels of each, the arm64 host root saying
+    aarch64 and its Node labelled arm64) run 535; the policy asks for 550 and pins the arm64
+    pool's own 550 version: each node's saga installs the package of its kernel and both
+    end upgrade-done, discovery reporting each node's architecture."""
+    exit_codes: dict[str, int | None] = {}
+    logs: list[Path] = []
+    source = tmp_path / "driver-source"
+    packaging.build_driver_source(
+        source,
+        [
+            ("gpu", version, KERNELS[arch])
+            for arch, new in (("amd64", AMD64_NEW), ("arm64", ARM64_NEW))
+            for version in (BRANCH_OLD, new)
+        ],
+        signing_key=keys.SIGNING_KEY,
+    )
+    async with SimCluster(nodes=2, gpus=GPUS, workloads=True, seed=5) as cluster:
+        arches = dict(zip(cluster.node_names, ("amd64", "arm64"), strict=True))
+        kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+        bus = NatsBus(nats_server.url, name="orchestrator")
+        await bus.start()
+        async with AsyncExitStack() as stack:
+            stack.push_async_callback(bus.close)
+            kube = await stack.enter_async_context(await client.connect(kubeconfig))
+            roots = {}
+            for node, arch in arches.items():
+                machine = cluster.machine(node)
+                roots[node] = hosts.build_host_root(
+                    tmp_path / f"host-{node}", node, GPUS, gpu_version=BRANCH_OLD,
+                    boot_id=machine.boot_id, product_name=machine.type.name,
+                    kernel_release=KERNELS[arch],
+                )  # fmt: skip
+                uname_m = roots[node].join(system.ARCH)
+                uname_m.parent.mkdir(parents=True, exist_ok=True)
+                uname_m.write_text("aarch64\n" if arch == "arm64" else "x86_64\n")
+                await nodes.set_labels(kube, node, {"kubernetes.io/arch": arch})
+            await node_agents(stack, tmp_path, nats_server.url, roots, GPUS, logs, exit_codes)
+            await cluster_discovery(stack, tmp_path, nats_server.url, kubeconfig, logs, exit_codes)
+
+            async def running(expected: dict[str, str], state: str | None = None) -> bool:
+                found = {n: nodes.labels_of(await nodes.get(kube, n)) for n in arches}
+                return all(
+                    labels.get(DRIVER_LABEL) == expected[n] and labels.get(STATE_LABEL) == state
+                    for n, labels in found.items()
+                )
+
+            old = dict.fromkeys(arches, BRANCH_OLD)
+            await wait_until("discovery labelling 535", lambda: running(old), logs, 20)
+            definition = yaml.safe_load((REPO / crd.COMMITTED).read_text(encoding="utf-8"))
+            await k8s.ApiextensionsV1Api(kube.api_client).create_custom_resource_definition(
+                definition
+            )
+            await customobjects.create(
+                kube, customobjects.GPU_CLUSTER_POLICIES, mixed_policy(source)
+            )
+            new = {n: AMD64_NEW if a == "amd64" else ARM64_NEW for n, a in arches.items()}
+            done = UpgradeState.UPGRADE_DONE.value
+            async with orchestrator(bus, kube, "replica-a"):
+                await wait_until(
+                    "each node upgrade-done on its 550", lambda: running(new, done), logs, 120
+                )
+
+        machines: dict[str, set[str]] = defaultdict(set)
+        reader = NatsBus(nats_server.url, name="reader")
+        await reader.start()
+        try:
+            async for message in reader.read(subjects.events_filter("hardware", name="*")):
+                envelope, payload = decode(message.data)
+                if isinstance(payload, HardwareDiscovered):
+                    machines[envelope.node].add(payload.machine)
+        finally:
+            await reader.close()
+    assert {n: machines[n] for n in arches} == {
+        n: {"aarch64" if a == "arm64" else "x86_64"} for n, a in arches.items()
     }
     assert all(code == 0 for code in exit_codes.values()), sorted(exit_codes.items())

@@ -38,12 +38,7 @@ from gpuop.services.upgrade_orchestrator.config import OrchestratorConfig
 from gpuop_sim import SimCluster
 from gpuop_sim.cluster import hosts
 from gpuop_sim.host import keys, seeding, simruntime
-from tests.support.processes import (
-    DISCOVERY_CONFIG,
-    DRIVER_LABEL,
-    DRIVER_MANAGER_CONFIG,
-    service,
-)
+from tests.support.processes import DRIVER_LABEL, cluster_discovery, node_agents
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
@@ -123,9 +118,6 @@ async def test_a_runtime_that_does_not_come_back_is_restored_and_its_node_rolled
     async with SimCluster(nodes=2, gpus=GPUS, workloads=True, seed=5) as cluster:
         first, second = cluster.node_names
         kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
-        (tmp_path / "discovery.yaml").write_text(DISCOVERY_CONFIG)
-        (tmp_path / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
-        nats = ["--nats", nats_server.url]
         bus = NatsBus(nats_server.url, name="orchestrator")
         await bus.start()
         roots = {}
@@ -140,30 +132,11 @@ async def test_a_runtime_that_does_not_come_back_is_restored_and_its_node_rolled
                 config = roots[node].join(runtimes.CONTAINERD_CONFIG)
                 config.parent.mkdir(parents=True, exist_ok=True)
                 config.write_text(MAIN)
-                on_node = ["--node", node, *nats, "--host-root", str(roots[node].path)]
-                on_node += ["--nvml", f"sim:{GPUS}"]
-                for name, arguments in (
-                    ("discovery", ["--role", "node", "--config", f"{tmp_path}/discovery.yaml"]),
-                    ("driver-manager", ["--config", f"{tmp_path}/driver-manager.yaml"]),
-                ):
-                    log = tmp_path / f"{name}-{node}.log"
-                    logs.append(log)
-                    await stack.enter_async_context(
-                        service(f"{name}-{node}", [name, *on_node, *arguments], log, exit_codes)
-                    )
+            await node_agents(stack, tmp_path, nats_server.url, roots, GPUS, logs, exit_codes)
             fault = roots[second].join(simruntime.FAULT)
             fault.parent.mkdir(parents=True, exist_ok=True)
             fault.write_text("containerd fails to start\n")
-            log = tmp_path / "discovery-cluster.log"
-            logs.append(log)
-            await stack.enter_async_context(
-                service(
-                    "discovery-cluster",
-                    ["discovery", "--role", "cluster", *nats, "--kubeconfig", str(kubeconfig)],
-                    log,
-                    exit_codes,
-                )
-            )
+            await cluster_discovery(stack, tmp_path, nats_server.url, kubeconfig, logs, exit_codes)
             kube = await stack.enter_async_context(await client.connect(kubeconfig))
 
             async def label(node: str, key: str) -> str | None:

@@ -4,6 +4,7 @@ command of each row or why none can make it."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -101,8 +102,13 @@ def test_nodes_needing_the_same_package_are_one_row_and_architectures_apart() ->
         f"gpuop package build --from-debian --version {NEW} --flavour open "
         f"--kernel 6.1.0-57-amd64 --out {SOURCE}"
     )
-    assert rows[1].build_command() is None
-    assert "amd64 only" in str(rows[1].why_not_buildable())
+    assert rows[1].build_command() == (
+        f"gpuop package build --from-debian --version {NEW} --flavour open "
+        f"--kernel 6.1.0-57-arm64 --arch arm64 --out {SOURCE}"
+    )
+    ppc = dataclasses.replace(rows[1], arch="ppc64le", kernel="6.1.0-57-powerpc64le")
+    assert ppc.build_command() is None
+    assert "builds amd64, arm64 only" in str(ppc.why_not_buildable())
 
 
 def test_the_command_is_quoted_for_a_shell_and_none_where_gpuop_cannot_build() -> None:

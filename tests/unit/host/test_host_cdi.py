@@ -288,3 +288,21 @@ def test_nvmls_mig_devices_are_named_by_gpu_and_position_beside_their_gpu(
     assert names[-1] == ("all",)
     node = f"/dev/nvidia{gpu1.minor_number}"
     assert devices[2].device_nodes == (node,)  # no capabilities listed under /proc here
+
+
+def test_an_arm64_hosts_spec_mounts_the_libraries_into_the_aarch64_directory(
+    tmp_path: Path,
+) -> None:
+    root = host(tmp_path)
+    arch = root.join(system.ARCH)
+    arch.parent.mkdir(parents=True, exist_ok=True)
+    arch.write_text("aarch64\n")
+    support.install_userspace(root, support.manifest(VERSION, kernel(root)))
+
+    mounts = {m["containerPath"] for m in generate(root)["containerEdits"]["mounts"]}
+
+    assert f"/usr/lib/aarch64-linux-gnu/libcuda.so.{VERSION}" in mounts
+    assert "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1" in mounts
+    assert not [m for m in mounts if "x86_64" in m]
+    assert cdi.library_dir("x86_64") == cdi.LIBRARY_DIR == "/usr/lib/x86_64-linux-gnu"
+    assert cdi.library_dir("s390x") == "/usr/lib/s390x-linux-gnu"
