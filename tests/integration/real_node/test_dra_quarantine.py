@@ -31,7 +31,10 @@ from gpuop.services.upgrade_orchestrator.remediations import REMEDIATION
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 from gpuop_sim.nvml import sim_xids
 from tests.integration.real_node.conftest import Cluster, started_cluster
-from tests.integration.real_node.test_rollout import (
+from tests.support import dra_nodes, node_rollouts
+from tests.support.control_plane import ControlPlane
+from tests.support.dra_nodes import RESOURCE
+from tests.support.node_workloads import (
     NAMESPACE,
     PODS,
     XID,
@@ -39,9 +42,6 @@ from tests.integration.real_node.test_rollout import (
     stopped_by_kubelet,
     workload,
 )
-from tests.support import dra_nodes, node_rollouts
-from tests.support.control_plane import ControlPlane
-from tests.support.dra_nodes import RESOURCE
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.real_node, pytest.mark.nats]
