@@ -37,7 +37,7 @@ from tests.support.callout_nats import CalloutNats, running
 from tests.support.rollouts import log_of, upgrade_policy
 from tests.support.stack import Stack, stack
 
-pytestmark = [pytest.mark.nats, pytest.mark.security, pytest.mark.slow]
+pytestmark = [pytest.mark.nats, pytest.mark.security]
 
 S = UpgradeState
 NODES, GPUS = 4, 2
