@@ -62,7 +62,10 @@ ROWS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "tests/unit/test_bus_callouts.py::test_every_refusal_answers_an_error_with_its_reason",
         "tests/unit/deploy/test_chart_callout.py::test_a_token_may_live_at_most_the_day_the_callout_takes",
     )),
-    ("low: the pod-create admission policy misses fields", OPEN, (
+    ("low: the pod-create admission policy: seccomp, hostPort, procMount", "closed", (
+        "tests/integration/real_cluster/test_chart_real.py::test_the_orchestrator_creates_validation_pods_and_no_pod_that_reads_a_secret",
+    )),
+    ("low, rest: the pod-create policy's runtimeClassName and nodeName", OPEN, (
         "The orchestrator's pod-create admission policy",
     )),
     ("low: a writable /var/run/cdi lets the device plugin add hooks", OPEN, (
