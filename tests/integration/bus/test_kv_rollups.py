@@ -9,7 +9,7 @@ import logging
 
 import nats.js.errors
 import pytest
-from nats.js.api import KeyValueConfig, StorageType
+from nats.js.api import DiscardPolicy, KeyValueConfig, StorageType, StreamConfig
 
 from gpuop.bus import Buckets, NatsBus, NatsServer, streams
 
@@ -66,3 +66,38 @@ async def test_a_bucket_made_with_roll_ups_has_them_turned_off_at_the_next_start
         await bus.close()
     assert "bucket gpuop_ipam allows roll-ups" in caplog.text
     assert "bucket gpuop_ipam takes messages of up to -1 bytes (gpuop wants 4096)" in caplog.text
+
+
+async def test_a_bucket_made_first_to_drop_keys_keeps_them_from_the_next_start(
+    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37, low: a bucket someone made before gpuop with a maximum age (or the
+    old-first discard) would drop sagas or address claims silently; the next start gives it
+    gpuop's (no age, new writes refused when full) and says so."""
+    old = NatsBus(nats_server.url, name="before")
+    await old.connect()
+    try:
+        await old.js.create_key_value(
+            KeyValueConfig(bucket="gpuop_sagas", history=16, storage=StorageType.FILE, ttl=60)
+        )
+        made = (await old.js.stream_info("KV_gpuop_sagas")).config
+        assert made.max_age == 60 and made.discard == DiscardPolicy.NEW
+        await old.js.add_stream(
+            StreamConfig(
+                name="KV_gpuop_nodes", subjects=["$KV.gpuop_nodes.>"], max_msgs_per_subject=16,
+                discard=DiscardPolicy.OLD, allow_direct=True,
+            )
+        )  # fmt: skip
+    finally:
+        await old.close()
+    caplog.set_level(logging.WARNING, logger="gpuop.bus")
+    bus = NatsBus(nats_server.url, name="after")
+    await bus.start()
+    try:
+        for bucket in ("sagas", "nodes"):
+            stream = (await bus.js.stream_info(f"KV_gpuop_{bucket}")).config
+            assert not stream.max_age and stream.discard == DiscardPolicy.NEW, (bucket, stream)
+    finally:
+        await bus.close()
+    assert "bucket gpuop_sagas drops keys (max_age 60.0, discard" in caplog.text
+    assert "bucket gpuop_nodes drops keys (max_age" in caplog.text
