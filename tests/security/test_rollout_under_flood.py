@@ -11,7 +11,8 @@ subjects, events under made-up names (refused: the grants are the events
 registry's exact names), and holds subscriptions up to the account's per-connection cap.
 The rollout of the other nodes finishes; each of their events is in the log in order (every
 state change follows on from the one before, every driver command has its answer); the log
-keeps its history (its first sequence, and every subject's messages from before the flood).
+keeps its history (its first event of another node than the flooder's, and every other
+node's messages from before the flood).
 Each attempt's outcome is printed as a row of the attack table.
 """
 
@@ -24,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats.errors
+import nats.js.errors
 import pytest
+from nats.aio.client import Client
 
 from gpuop.bus import grants, streams
 from gpuop.events import Command, subjects
@@ -35,6 +38,7 @@ from gpuop.saga.actions import STATE_LABEL
 from tests.support import invariants
 from tests.support.callout_nats import CalloutNats, running
 from tests.support.rollouts import log_of, upgrade_policy
+from tests.support.shipped_nats import SENTINEL
 from tests.support.stack import Stack, stack
 
 pytestmark = [pytest.mark.nats, pytest.mark.security]
@@ -80,6 +84,18 @@ class Flood:
             self._thread.join(timeout=60)
             assert not self._thread.is_alive(), "the flood did not stop"
 
+    async def _settle(self, publisher: Client) -> None:
+        """Until the server has answered every publish so far: a PONG may overtake the -ERR
+        of a refused publish, so the proof is the refusal of one more, sent last."""
+        refusal = f'permissions violation for publish to "{SENTINEL}"'
+        await publisher.publish(SENTINEL, b"")
+        await publisher.flush(timeout=30)
+        for _ in range(300):
+            if any(refusal in error for error in self.errors):
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no refusal of {SENTINEL} within 30 s")
+
     async def _run(self) -> None:
         async def record(error: Exception) -> None:
             self.errors.append(str(error).lower())
@@ -109,6 +125,7 @@ class Flood:
                 self.sent["made-up"] += 1
                 await publisher.flush(timeout=30)
                 rounds += 1
+            await self._settle(publisher)
             self.refused["made-up"] = sum(
                 f'permissions violation for publish to "gpuop.evt.driver.{node}.flood-' in e
                 for e in self.errors
@@ -128,6 +145,25 @@ async def stream_state(server: CalloutNats, stream: str) -> tuple[int, dict[str,
     try:
         info = await admin.jetstream().stream_info(stream, subjects_filter=">")
         return info.state.first_seq, dict(info.state.subjects or {})
+    finally:
+        await admin.close()
+
+
+async def first_of_others(server: CalloutNats, node_token: str, seq: int) -> tuple[int, str]:
+    """The first message of the log from `seq` on that is not about node `node_token`
+    (whose own names the flood may roll): its sequence and subject; (0, "") when none."""
+    admin = await server.password_client("admin")
+    try:
+        js = admin.jetstream()
+        last = (await js.stream_info(EVENTS)).state.last_seq
+        for at in range(seq, last + 1):
+            try:
+                message = await js.get_msg(EVENTS, seq=at)
+            except nats.js.errors.NotFoundError:
+                continue
+            if message.subject and message.subject.split(".")[3] != node_token:
+                return at, message.subject
+        return 0, ""
     finally:
         await admin.close()
 
@@ -171,6 +207,7 @@ async def test_a_rollout_finishes_while_one_nodes_credential_floods_the_bus(
             await rolling.start_rollout({**upgrade_policy(max_parallel=2), "maxUnavailable": "50%"})
             await rolling.wait_until("a first cordon", lambda: cordoned(rolling), 120)
             first_seq, before = await stream_state(server, EVENTS)
+            history = await first_of_others(server, subjects.encode_node(flooded), first_seq)
             dlq_first, _ = await stream_state(server, DLQ)
             flood.start()
             try:
@@ -182,6 +219,7 @@ async def test_a_rollout_finishes_while_one_nodes_credential_floods_the_bus(
             finally:
                 flood.finish()
             after_seq, after = await stream_state(server, EVENTS)
+            kept_history = await first_of_others(server, subjects.encode_node(flooded), history[0])
             dlq_after, _ = await stream_state(server, DLQ)
             states = {
                 node: found.get(STATE_LABEL) for node, found in (await rolling.labels()).items()
@@ -203,7 +241,8 @@ async def test_a_rollout_finishes_while_one_nodes_credential_floods_the_bus(
          f"{flood.refused['made-up']} refused: permissions violation"),
         (f"{SUBSCRIPTIONS} subscriptions held on its own inbox", f"{flood.subscriptions} taken"),
         ("the rollout meanwhile", ", ".join(f"{n}={s}" for n, s in states.items())),
-        ("the log's history", f"first sequence {first_seq} -> {after_seq}"),
+        ("the log's history", f"first sequence {first_seq} -> {after_seq}; the first "
+         f"other node's event #{history[0]} ({history[1]}) kept: {kept_history == history}"),
     ]  # fmt: skip
     print(f"\ndriver-manager@{flooded} flooding the bus during a rollout:")
     for what, outcome in rows:
@@ -212,8 +251,10 @@ async def test_a_rollout_finishes_while_one_nodes_credential_floods_the_bus(
 
     assert flood.sent["events"] > 0 and flood.subscriptions == SUBSCRIPTIONS
     assert flood.refused["made-up"] == flood.sent["made-up"]
-    assert after_seq == first_seq, "the flood rolled the log's history out"
-    lost = {s: (n, after.get(s, 0)) for s, n in before.items() if after.get(s, 0) < n}
+    assert history[0] > 0 and kept_history == history, "the flood rolled the log's history out"
+    # the flooder rolls its own node's names (at most 240 each), nobody else's
+    others_before = {s: n for s, n in before.items() if s.split(".")[3] != node_token}
+    lost = {s: (n, after.get(s, 0)) for s, n in others_before.items() if after.get(s, 0) < n}
     assert lost == {}, f"subjects that lost messages from before the flood: {lost}"
     log = log_of(lines, tmp_path / "rollout.jsonl")
     walk = invariants.check(log, max_unavailable=2)
