@@ -93,6 +93,11 @@ class CalloutNats:
     def url(self) -> str:
         return f"tls://localhost:{self.port}"
 
+    @property
+    def admin_url(self) -> str:
+        """`url` with the `admin` user's password in it."""
+        return self.url.replace("tls://", f"tls://admin:{self.passwords['admin']}@")
+
     def tls(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_file))
 
@@ -163,10 +168,7 @@ class CalloutNats:
     async def make_streams(self) -> None:
         """The streams and buckets, as the orchestrator makes them (as admin; the caller
         points SSL_CERT_FILE at `ca_file`)."""
-        admin = NatsBus(
-            self.url.replace("tls://", f"tls://admin:{self.passwords['admin']}@"),
-            name="test-admin",
-        )
+        admin = NatsBus(self.admin_url, name="test-admin")
         await admin.start()
         await admin.close()
 

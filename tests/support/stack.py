@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from kubernetes.aio import client as k8s
 
-from gpuop.bus import NatsBus
+from gpuop.bus import NatsBus, grants
 from gpuop.cli.events import export_lines
 from gpuop.host import packaging, system
 from gpuop.host.roots import HostRoot
@@ -41,6 +41,7 @@ from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
 from gpuop_sim.cluster.kwok import KwokFleet
 from gpuop_sim.host import keys, seeding
 from tests.support import fleet
+from tests.support.callout_nats import CalloutNats
 from tests.support.control_plane import ControlPlane
 from tests.support.processes import start_service
 from tests.support.waiting import eventually
@@ -97,12 +98,26 @@ class Stack:
     """The cluster roles' own kubeconfigs by role ("upgrade-orchestrator",
     "discovery-cluster"): on a real cluster their chart ServiceAccount's token, so a missing
     permission fails the test; the admin's (`kubeconfig`) where a role has none."""
+    callout: CalloutNats | None = None
+    """In callout mode (the shipped default): the server and its callout; each service then
+    connects with a token of its own ServiceAccount on its node (`nats_flags`)."""
     _started: int = 0
 
     @property
     def nats_arguments(self) -> list[str]:
         """The NATS flags of every service: the server list and the replica count."""
         return ["--nats", self.nats_url, "--nats-replicas", str(self.nats_replicas)]
+
+    def nats_flags(self, identity: grants.Identity) -> list[str]:
+        """The NATS flags of the service that is `identity`: `nats_arguments`, and in
+        callout mode a file with a token of its own, which the callout admits as that
+        identity's user."""
+        if self.callout is None:
+            return self.nats_arguments
+        token = self.work / "tokens" / f"{identity.role}-{identity.node or 'cluster'}"
+        token.parent.mkdir(exist_ok=True)
+        token.write_text(self.callout.token(identity.role, identity.node), encoding="utf-8")
+        return [*self.nats_arguments, "--nats-token-file", str(token)]
 
     @property
     def node_names(self) -> list[str]:
@@ -150,7 +165,8 @@ class Stack:
         name = f"orchestrator-{self._started}"
         log = self.work / f"{name}.log"
         self.logs.append(log)
-        arguments = ["upgrade-orchestrator", "--role", "cluster", *self.nats_arguments]
+        orchestrator = grants.Identity("upgrade-orchestrator", None)
+        arguments = ["upgrade-orchestrator", "--role", "cluster", *self.nats_flags(orchestrator)]
         kubeconfig = self.role_kubeconfigs.get("upgrade-orchestrator", self.kubeconfig)
         arguments += ["--kubeconfig", str(kubeconfig), "--config", str(self._orchestrator)]
         self.replicas[name] = await start_service(arguments, log)
@@ -290,6 +306,7 @@ async def stack(
     labeler_retry: float | None = None,
     nats_replicas: int = 1,
     plane: ControlPlane | None = None,
+    callout: CalloutNats | None = None,
 ) -> AsyncIterator[Stack]:
     """The stack with no orchestrator yet, once discovery has labelled every node;
     `kernels`: node index -> kernel release for nodes that run another kernel than the
@@ -304,7 +321,9 @@ async def stack(
     `plane`: a running real control plane to use instead of the simulated cluster: KWOK GPU
     nodes, the same workloads placed by the real scheduler, the chart installed by the real
     Helm, and the cluster roles acting as their chart ServiceAccounts (`faults` needs the
-    simulated cluster)."""
+    simulated cluster); `callout`: the server of `nats_url` runs the shipped callout
+    configuration, and each service connects as its own per-node user (`Stack.nats_flags`),
+    the stack's observer as `admin`."""
     kernels = kernels or {}
     (work / "discovery.yaml").write_text(DISCOVERY_CONFIG)
     (work / "driver-manager.yaml").write_text(DRIVER_MANAGER_CONFIG)
@@ -328,7 +347,8 @@ async def stack(
             cluster = KwokFleet(admin, nodes_count, gpus, prefix="gpu-node-", seed=seed)
             await cluster.create()  # the nodes go with the plane
             role_kubeconfigs = await asyncio.to_thread(_chart_roles, plane, work)
-        bus = NatsBus(nats_url, name="e2e-observer", replicas=nats_replicas)
+        observer_url = nats_url if callout is None else callout.admin_url
+        bus = NatsBus(observer_url, name="e2e-observer", replicas=nats_replicas)
         await bus.start()
         exits.push_async_callback(bus.close)
         kube = await exits.enter_async_context(await client.connect(kubeconfig))
@@ -359,11 +379,11 @@ async def stack(
         running.nats_replicas = nats_replicas
         running.role_kubeconfigs = role_kubeconfigs
         running.kubelets = kubelets
+        running.callout = callout
         exits.push_async_callback(_stop_all, running)
         agents = []
         for index, (node, root) in enumerate(roots.items()):
-            on_node = ["--node", node, *running.nats_arguments, "--host-root", str(root.path)]
-            on_node += ["--nvml", f"sim:{gpus}"]
+            on_node = ["--node", node, "--host-root", str(root.path), "--nvml", f"sim:{gpus}"]
             config = work / "driver-manager.yaml"
             if index in (driver_manager or {}):
                 config = work / f"driver-manager-{node}.yaml"
@@ -376,12 +396,14 @@ async def stack(
                 services.append(("device-plugin", []))
                 services.append(("telemetry", ["--config", str(work / "telemetry.yaml")]))
             for name, extra in services:
-                agents.append((f"{name}-{node}", [name, *on_node, *extra]))
-        cluster_role = ["discovery", "--role", "cluster", *running.nats_arguments]
+                flags = running.nats_flags(grants.Identity(name, node))
+                agents.append((f"{name}-{node}", [name, *on_node, *flags, *extra]))
+        labeler = running.nats_flags(grants.Identity("discovery-cluster", None))
+        cluster_role = ["discovery", "--role", "cluster", *labeler]
         if labeler_retry is not None:
-            labeler = work / "discovery-cluster.yaml"
-            labeler.write_text(f"retry_interval_seconds: {labeler_retry}\n")
-            cluster_role += ["--config", str(labeler)]
+            labeler_config = work / "discovery-cluster.yaml"
+            labeler_config.write_text(f"retry_interval_seconds: {labeler_retry}\n")
+            cluster_role += ["--config", str(labeler_config)]
         labeler_kubeconfig = role_kubeconfigs.get("discovery-cluster", kubeconfig)
         agents.append(
             ("discovery-cluster", [*cluster_role, "--kubeconfig", str(labeler_kubeconfig)])

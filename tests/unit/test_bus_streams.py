@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from nats.js.api import DiscardPolicy
 
-from gpuop.bus import Buckets, streams
+from gpuop.bus import Buckets, grants, streams
 from gpuop.events import subjects
 
 ACCOUNTS = Path(__file__).parents[2] / "deploy" / "nats" / "accounts.conf"
@@ -41,6 +41,30 @@ def test_the_event_log_keeps_two_hours_of_heartbeats_per_node_and_the_others_no_
     assert events.max_msgs_per_subject == streams.DEFAULT_EVENTS_PER_SUBJECT == 2 * 3600 // 30
     assert commands.max_msgs_per_subject == dead_letters.max_msgs_per_subject == -1
     assert events.share == streams.DEFAULT_LIMITS.share(subjects.Kind.EVENT)
+
+
+@pytest.mark.security
+def test_one_nodes_agents_flooding_every_event_name_they_have_fit_in_the_logs_share() -> None:
+    """Issue 37, finding 4: each of a node's exact event names keeps `events_per_subject`
+    messages, each at most `EVENT_BYTES`; all of them together must leave the log's older
+    messages (the audit trail) in place, which 1 MB events did not (4.5 GB for the driver
+    domain alone)."""
+    events, commands, dead_letters = streams.layouts("gpuop")
+    assert events.max_msg_size == streams.EVENT_BYTES
+    assert commands.max_msg_size == dead_letters.max_msg_size == -1
+    names = {
+        subject
+        for role in grants.NODE_ROLES
+        for subject in grants.for_identity(grants.Identity(role, "gpu-1")).publish
+        if subject.startswith("gpuop.evt.")
+    }
+    assert not any("*" in name or ">" in name for name in names)
+    flood = len(names) * streams.DEFAULT_EVENTS_PER_SUBJECT * streams.EVENT_BYTES
+    assert flood < 0.75 * events.share, (len(names), flood, events.share)
+    print(
+        f"\none node's five agents flooding each of their {len(names)} event names: at most "
+        f"{flood / streams.GiB:.2f} GiB of the log's {events.share / streams.GiB:.2f} GiB"
+    )
 
 
 def test_a_replicated_stream_reserves_its_share_over_all_its_replicas() -> None:

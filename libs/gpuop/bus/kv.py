@@ -141,7 +141,7 @@ async def _reconcile(
     max_value_size: int | None = None,
 ) -> bool:
     """Report and correct what differs (replicas, byte limit, value size, direct gets,
-    roll-ups); whether direct gets were turned on."""
+    roll-ups, age and discard); whether direct gets were turned on."""
     stream = f"KV_{name}"
     try:
         config = (await js.stream_info(stream)).config
@@ -185,6 +185,18 @@ async def _reconcile(
             name,
         )
         config.allow_rollup_hdrs = False
+    # a bucket someone made first with an age or the old-first discard would drop keys
+    # (sagas, claims) silently: gpuop's keep every key until it is written again or deleted
+    kept = not config.max_age and config.discard == DiscardPolicy.NEW
+    if not kept:
+        log.warning(
+            "bucket %s drops keys (max_age %s, discard %s; gpuop wants 0, new); updating it",
+            name,
+            config.max_age,
+            config.discard,
+        )
+        config.max_age = 0
+        config.discard = DiscardPolicy.NEW
     sized = max_value_size is None or config.max_msg_size == max_value_size
     if not sized:
         log.warning(
@@ -204,7 +216,7 @@ async def _reconcile(
             limit,
         )
         config.max_bytes = limit
-    elif have >= replicas and direct and not rollups and sized:
+    elif have >= replicas and direct and not rollups and sized and kept:
         return False
     try:
         async with asyncio.timeout(RECONCILE_TIMEOUT):
@@ -215,7 +227,7 @@ async def _reconcile(
         log.warning(
             "bucket %s not updated (%r): update it as an administrator "
             "(nats stream edit KV_%s --replicas %d --max-bytes %d --max-msg-size %d "
-            "--allow-direct --no-allow-rollup)",
+            "--max-age 0 --discard new --allow-direct --no-allow-rollup)",
             name,
             exc,
             name,

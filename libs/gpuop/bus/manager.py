@@ -52,6 +52,7 @@ class StreamManager:
             max_age=layout.max_age,
             max_bytes=streams.replica_bytes(layout.share, self._replicas),
             max_msgs_per_subject=layout.max_msgs_per_subject,
+            max_msg_size=layout.max_msg_size,
             discard=DiscardPolicy.OLD,
             duplicate_window=streams.DUPLICATE_WINDOW,
             num_replicas=self._replicas,

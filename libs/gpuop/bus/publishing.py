@@ -61,13 +61,19 @@ def size_on_wire(data: bytes, headers: dict[str, str]) -> int:
 
 
 def fitting(out: Outgoing, max_payload: int) -> Outgoing:
-    """`out`, or `MessageTooLarge` when the server would refuse it."""
+    """`out`, or `MessageTooLarge` when the server would refuse it: over `max_payload`, or
+    an event over what the event log stores (`streams.EVENT_BYTES`)."""
     if len(out.subject.encode()) > MAX_SUBJECT:
         raise MessageTooLarge(f"{out.subject[:200]}...: a subject over {MAX_SUBJECT} bytes")
     size = size_on_wire(out.data, out.headers)
     if size > max_payload:
         raise MessageTooLarge(
             f"{out.subject[:200]}: {size} bytes with headers, the server accepts {max_payload}"
+        )
+    if out.kind == subjects.Kind.EVENT and size > streams.EVENT_BYTES:
+        raise MessageTooLarge(
+            f"{out.subject[:200]}: {size} bytes with headers, the event log stores "
+            f"{streams.EVENT_BYTES}"
         )
     return out
 

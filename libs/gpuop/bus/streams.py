@@ -37,6 +37,17 @@ DEFAULT_EVENTS_PER_SUBJECT = 240
 """Messages the event log keeps per subject: two hours of a node's heartbeats (one every
 30 s, about 0.6 KB: 0.7 GB at 5,000 nodes). Every other event subject is one node's one
 event name, which a node sees a few times per rollout, so only heartbeats reach it."""
+EVENT_BYTES = 128 * 1024
+"""The largest message the event log stores (its `max_msg_size`). gpuop's largest event, a
+node's inventory, is a few KB to a few tens of KB; a node's flood of messages as large as
+the account takes (1 MB) on each of its exact names would otherwise hold `events_per_subject`
+of them per name: 4.5 GB for the driver domain's 19 names alone, more than the log's share
+of the store, whose byte limit then drops the oldest messages, the audit trail first. At
+this bound all five agents of one node (33 names) keep at most 1 GiB, within the default
+share (2.4 GiB), and a batch of 64 events fetched by a consumer is at most 8 MiB, far below
+the server's per-client write buffer (64 MiB), past which the server cuts the client off
+as a slow consumer: the orchestrator, fetching a node's 1 MB messages, was cut off again
+and again and decided nothing."""
 SHARES: Mapping[str, float] = {
     subjects.Kind.EVENT: 0.40,
     subjects.Kind.COMMAND: 0.10,
@@ -108,6 +119,8 @@ class StreamLayout:
     """Bytes of the store it may reserve, all replicas together (`replica_bytes`)."""
     max_msgs_per_subject: int = -1
     """Messages kept per subject, the oldest dropped first; -1: no limit."""
+    max_msg_size: int = -1
+    """The largest message stored (a larger one is refused); -1: the server's limit."""
 
 
 @functools.cache
@@ -129,7 +142,9 @@ def layouts(
     subjects.validate_prefix(prefix)
     stem = prefix.upper().replace("-", "_")
 
-    def layout(name: str, kind: subjects.Kind, per_subject: int = -1) -> StreamLayout:
+    def layout(
+        name: str, kind: subjects.Kind, per_subject: int = -1, size: int = -1
+    ) -> StreamLayout:
         return StreamLayout(
             f"{stem}_{name}",
             kind,
@@ -137,10 +152,11 @@ def layouts(
             events_max_age,
             limits.share(kind),
             per_subject,
+            size,
         )
 
     return (
-        layout("EVENTS", subjects.Kind.EVENT, limits.events_per_subject),
+        layout("EVENTS", subjects.Kind.EVENT, limits.events_per_subject, EVENT_BYTES),
         layout("COMMANDS", subjects.Kind.COMMAND),
         layout("DLQ", subjects.Kind.DEAD_LETTER),
     )
@@ -154,6 +170,7 @@ DRIFT_COMPARED = (
     "num_replicas",
     "max_bytes",
     "max_msgs_per_subject",
+    "max_msg_size",
     "discard",
     "allow_direct",
 )
@@ -177,7 +194,7 @@ def drift(have: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, tuple[A
             return round(float(value), 3)
         if key == "num_replicas":
             return int(value or 1)
-        if key in ("max_bytes", "max_msgs_per_subject"):
+        if key in ("max_bytes", "max_msgs_per_subject", "max_msg_size"):
             return -1 if value is None or int(value) <= 0 else int(value)
         if key == "discard":
             return str(getattr(value, "value", value) or "old")

@@ -197,19 +197,40 @@ async def test_a_message_over_the_payload_limit_is_refused_and_the_bus_carries_o
 async def test_a_malformed_message_at_the_payload_limit_is_dead_lettered_cut_to_fit(
     bus: Bus,
 ) -> None:
+    """Only a command can be that large: the event log stores none over `EVENT_BYTES`."""
+    subject = "gpuop.cmd.driver-manager.n1.install"
     big = b"{" + b"x" * (bus.max_payload - 100)
-    await publish_raw(bus, "gpuop.evt.hardware.n1.heartbeat", big)
-    recorder = Recorder()
-    sub = await bus.consume(spec(), recorder)
-    await bus.publish(heartbeat("n1", 2))
-    await recorder.wait_for(1)  # the consumer's connection survived the dead letter
-    await wait_until(lambda: _has_dead_letters(bus, 1))
+    await publish_raw(bus, subject, big)
+    await publish_raw(bus, subject, b"{ after it")
+    sub = await bus.consume(spec(subjects=[subject]), Recorder())
+    # the consumer's connection survived the first dead letter: it dead-letters the second
+    await wait_until(lambda: _has_dead_letters(bus, 2))
     await sub.stop()
-    (letter,) = await dead_letters(bus)
+    letter, after = await dead_letters(bus)
     assert letter.headers[streams.DLQ_KIND] == "malformed"
     assert letter.headers[streams.DLQ_TRUNCATED] == str(len(big))
     assert big.startswith(letter.data) and len(letter.data) > len(big) - 2048
-    assert [seq_of(d) for d in recorder.seen] == [2]
+    assert after.data == b"{ after it" and streams.DLQ_TRUNCATED not in after.headers
+
+
+@pytest.mark.security
+async def test_an_event_over_what_the_log_stores_is_refused_and_the_bus_carries_on(
+    bus: Bus,
+) -> None:
+    """A node's flood of events as large as the account takes would roll the log by bytes
+    (`streams.EVENT_BYTES`); the server refuses them, and so does the product's publisher."""
+    with pytest.raises(MessageTooLarge, match="the event log stores"):
+        await publish_raw(bus, HB_SUBJECT, b"x" * (streams.EVENT_BYTES + 1))
+    await publish_raw(bus, "gpuop.cmd.driver-manager.n1.install", b"x" * streams.EVENT_BYTES)
+    recorder = Recorder()
+    sub = await bus.consume(spec(), recorder)
+    await bus.publish(heartbeat("n1", 1))
+    await recorder.wait_for(1)
+    await sub.stop()
+    print(
+        f"\nan event of {streams.EVENT_BYTES + 1} bytes on {HB_SUBJECT}: refused (the event "
+        f"log stores at most {streams.EVENT_BYTES})"
+    )
 
 
 @pytest.mark.security

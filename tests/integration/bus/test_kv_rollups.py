@@ -9,7 +9,7 @@ import logging
 
 import nats.js.errors
 import pytest
-from nats.js.api import KeyValueConfig, StorageType
+from nats.js.api import DiscardPolicy, KeyValueConfig, StorageType, StreamConfig
 
 from gpuop.bus import Buckets, NatsBus, NatsServer, streams
 
@@ -42,27 +42,62 @@ async def test_a_roll_up_of_the_whole_bucket_is_refused_and_every_key_kept(
         await bus.close()
 
 
-async def test_a_bucket_made_with_roll_ups_has_them_turned_off_at_the_next_start(
-    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
-) -> None:
+async def made_before(nats_server: NatsServer, *buckets: KeyValueConfig | StreamConfig) -> None:
+    """Buckets (or bare bucket streams) made before gpuop starts, as another client would."""
     old = NatsBus(nats_server.url, name="before")
     await old.connect()
     try:
-        await old.js.create_key_value(
-            KeyValueConfig(bucket="gpuop_ipam", history=16, storage=StorageType.FILE, direct=True)
-        )
-        assert (await old.js.stream_info("KV_gpuop_ipam")).config.allow_rollup_hdrs
+        for bucket in buckets:
+            if isinstance(bucket, KeyValueConfig):
+                await old.js.create_key_value(bucket)
+            else:
+                await old.js.add_stream(bucket)
     finally:
         await old.close()
-    caplog.set_level(logging.WARNING, logger="gpuop.bus")
+
+
+async def at_the_next_start(nats_server: NatsServer, *buckets: str) -> dict[str, StreamConfig]:
+    """The streams of `buckets` once a gpuop service has started."""
     bus = NatsBus(nats_server.url, name="after")
     await bus.start()
     try:
-        config = (await bus.js.stream_info("KV_gpuop_ipam")).config
-        assert not config.allow_rollup_hdrs
-        # nor any value size (issue 37, finding 5): it gets gpuop's bound too
-        assert config.max_msg_size == streams.VALUE_BYTES[Buckets.IPAM]
+        return {b: (await bus.js.stream_info(f"KV_gpuop_{b}")).config for b in buckets}
     finally:
         await bus.close()
+
+
+async def test_a_bucket_made_with_roll_ups_has_them_turned_off_at_the_next_start(
+    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    await made_before(
+        nats_server,
+        KeyValueConfig(bucket="gpuop_ipam", history=16, storage=StorageType.FILE, direct=True),
+    )
+    caplog.set_level(logging.WARNING, logger="gpuop.bus")
+    config = (await at_the_next_start(nats_server, "ipam"))["ipam"]
+    assert not config.allow_rollup_hdrs
+    # nor any value size (issue 37, finding 5): it gets gpuop's bound too
+    assert config.max_msg_size == streams.VALUE_BYTES[Buckets.IPAM]
     assert "bucket gpuop_ipam allows roll-ups" in caplog.text
     assert "bucket gpuop_ipam takes messages of up to -1 bytes (gpuop wants 4096)" in caplog.text
+
+
+async def test_a_bucket_made_first_to_drop_keys_keeps_them_from_the_next_start(
+    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37, low: a bucket someone made before gpuop with a maximum age (or the
+    old-first discard) would drop sagas or inventories silently; the next start gives it
+    gpuop's (no age, new writes refused when full) and says so."""
+    await made_before(
+        nats_server,
+        KeyValueConfig(bucket="gpuop_sagas", history=16, storage=StorageType.FILE, ttl=60),
+        StreamConfig(
+            name="KV_gpuop_nodes", subjects=["$KV.gpuop_nodes.>"], max_msgs_per_subject=16,
+            discard=DiscardPolicy.OLD, allow_direct=True,
+        ),
+    )  # fmt: skip
+    caplog.set_level(logging.WARNING, logger="gpuop.bus")
+    for bucket, stream in (await at_the_next_start(nats_server, "sagas", "nodes")).items():
+        assert not stream.max_age and stream.discard == DiscardPolicy.NEW, (bucket, stream)
+    assert "bucket gpuop_sagas drops keys (max_age 60.0, discard" in caplog.text
+    assert "bucket gpuop_nodes drops keys (max_age" in caplog.text

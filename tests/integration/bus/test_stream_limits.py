@@ -74,6 +74,17 @@ async def test_a_flood_on_one_stream_fills_that_stream_and_no_other(
     assert account.storage < sum(SMALL.share(part) for part in streams.SHARES)
 
 
+async def test_the_server_refuses_an_event_larger_than_the_log_stores(bus: NatsBus) -> None:
+    """Any client meets the event log's own bound (a node's flood of 1 MB events, which would
+    roll the log by bytes), not only gpuop's publisher, which refuses it first."""
+    events = streams.layouts("gpuop", limits=SMALL)[0].name
+    with pytest.raises(nats.js.errors.APIError) as refused:
+        await bus.js.publish("gpuop.evt.driver.n1.loaded", b"x" * (streams.EVENT_BYTES + 1))
+    assert "maximum" in str(refused.value.description), refused.value
+    await bus.js.publish("gpuop.evt.driver.n1.loaded", b"x" * (streams.EVENT_BYTES - 64))
+    assert (await state(bus, events))[1] == 1
+
+
 async def test_heartbeats_beyond_their_bound_drop_the_oldest_heartbeats_not_other_events(
     bus: NatsBus,
 ) -> None:
@@ -123,6 +134,7 @@ async def test_streams_and_buckets_made_before_the_limits_get_them_at_the_next_s
             config = (await bus.js.stream_info(layout.name)).config
             assert config.max_bytes == layout.share, layout.name
             assert config.max_msgs_per_subject == layout.max_msgs_per_subject, layout.name
+            assert (config.max_msg_size or -1) == layout.max_msg_size, layout.name
             assert config.discard == DiscardPolicy.OLD
             # `last` reads by direct get, which streams made before did not allow
             assert config.allow_direct is True, layout.name
@@ -138,6 +150,7 @@ async def test_streams_and_buckets_made_before_the_limits_get_them_at_the_next_s
     assert f"GPUOP_EVENTS exists with max_bytes -1 (gpuop wants {wanted})" in caplog.text
     assert "allow_direct False (gpuop wants True)" in caplog.text
     assert "max_msgs_per_subject -1 (gpuop wants 5)" in caplog.text
+    assert f"max_msg_size -1 (gpuop wants {streams.EVENT_BYTES})" in caplog.text
     assert "bucket gpuop_sagas holds up to -1 bytes" in caplog.text
     # a later change of the limits reaches the running server the same way
     caplog.clear()

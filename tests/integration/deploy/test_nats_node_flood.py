@@ -33,7 +33,10 @@ EVENTS = "GPUOP_EVENTS"
 SUBSCRIPTIONS = 1024
 """callout.conf's `max_subscriptions` per connection (the user JWT's smaller `subs`,
 `callouts.NODE_SUBSCRIPTIONS`, nats-server 2.15 does not apply to a callout's users)."""
-MADE_UP, REAL, BODY = 300, streams.DEFAULT_EVENTS_PER_SUBJECT + 60, b"x" * 200_000
+MADE_UP, REAL = 300, streams.DEFAULT_EVENTS_PER_SUBJECT + 60
+BODY = b"x" * (streams.EVENT_BYTES - 64)
+"""As large as the event log stores (a larger one the stream refuses:
+`test_the_server_refuses_an_event_larger_than_the_log_stores`)."""
 
 
 async def connect(server: CalloutNats, identity: grants.Identity, refusals: Refusals) -> None:
@@ -70,7 +73,7 @@ async def test_one_nodes_flood_leaves_the_others_events_and_the_history(
         await flooder.settle()
         refused = sum(flooder.refused_publish(f"gpuop.evt.driver.gpu-2.filler-{n}")
                       for n in range(MADE_UP))  # fmt: skip
-        rows.append((f"{MADE_UP} events of 200 KB under made-up names",
+        rows.append((f"{MADE_UP} events of 128 KB under made-up names",
                      f"{refused} refused: permissions violation"))  # fmt: skip
 
         real = subjects.event_subject("driver", "gpu-2", "loaded")
@@ -81,7 +84,7 @@ async def test_one_nodes_flood_leaves_the_others_events_and_the_history(
         await flooder.nc.flush()
         await honest.nc.flush()
         kept = (await stored(server, real)).get(real, 0)
-        rows.append((f"{REAL} events of 200 KB on {real}", f"the log keeps the last {kept}"))
+        rows.append((f"{REAL} events of 128 KB on {real}", f"the log keeps the last {kept}"))
 
         taken = 0
         for n in range(SUBSCRIPTIONS + 10):

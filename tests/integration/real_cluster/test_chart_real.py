@@ -459,6 +459,28 @@ POD_CREATES = [
         "no host namespace, privilege or added capability",
     ),
     ("the node's network", lambda pod: _with(pod, hostNetwork=True), "no host namespace"),
+    (
+        "a port on the node's address",
+        lambda pod: _container_with(pod, ports=[{"containerPort": 8080, "hostPort": 8080}]),
+        "no host port",
+    ),
+    (
+        "an unmasked /proc",
+        lambda pod: _with(  # an unmasked /proc is valid in a user namespace only
+            _container_with(pod, securityContext={"procMount": "Unmasked"}), hostUsers=False),
+        "the default /proc mount only",
+    ),
+    (
+        "no seccomp filter (pod)",
+        lambda pod: _with(pod, securityContext={"seccompProfile": {"type": "Unconfined"}}),
+        "no unconfined seccomp profile",
+    ),
+    (
+        "no seccomp filter (container)",
+        lambda pod: _container_with(
+            pod, securityContext={"seccompProfile": {"type": "Unconfined"}}),
+        "no unconfined seccomp profile",
+    ),
 ]  # fmt: skip
 """(what the pod takes, how it differs from a validation pod, None where it may be created,
 else part of the refusal)."""
