@@ -4,9 +4,11 @@ the real kubelet registers, and its cluster role (`--role cluster`) writes the n
 ResourceSlice and tells the node the claims' allocations over the bus.
 
 The real node's kubelet runs with `--root-dir <work>/kubelet`, outside the node's host root,
-so `kubelet_root_seen` makes that directory appear under the host root where the host has it
-(as on a node whose host root is `/`), and `plugin_config` names it as the device plugin's
-`flags.kubeletRootDir`: the plugin's sockets are then where the kubelet watches and dials.
+so `kubelet_root_seen` (and `show_kubelet_root`, for the chart's install) makes that
+directory appear under the host root where the host has it (as on a node whose host root is
+`/`), and `plugin_config` names it as the device plugin's `flags.kubeletRootDir` (the chart's
+`nodeAgents.kubeletRootDir`): the plugin's sockets are then where the kubelet watches and
+dials.
 `serving_dra` keeps DRA as the node's device API, as a finished switch leaves it, so the
 plugin serves DRA from its start.
 """
@@ -31,19 +33,33 @@ CLASS = dra.DRIVER
 """NVIDIA's DeviceClass of whole GPUs (the chart's)."""
 
 
+def show_kubelet_root(node: RealNode) -> list[Path]:
+    """The kubelet's root directory made to appear at its own path under the host root (a
+    link to it), as on a node whose host root is `/`; the directories made for the link,
+    outermost first (none when it is there already)."""
+    root = node.kubelet_root.resolve()
+    link = node.host_root / root.relative_to("/")
+    if link.is_symlink():
+        return []
+    made = [parent for parent in reversed(link.parents) if not parent.exists()]
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(root)
+    return made
+
+
 @contextlib.contextmanager
 def kubelet_root_seen(node: RealNode) -> Iterator[Path]:
     """The kubelet's root directory at its own path under the host root (a link to it)
     while the block runs; yields that path as the host sees it."""
     root = node.kubelet_root.resolve()
     link = node.host_root / root.relative_to("/")
-    made = [parent for parent in reversed(link.parents) if not parent.exists()]
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.symlink_to(root)
+    there = link.is_symlink()
+    made = show_kubelet_root(node)
     try:
         yield root
     finally:
-        link.unlink()
+        if not there:
+            link.unlink()
         for directory in reversed(made):
             directory.rmdir()
 

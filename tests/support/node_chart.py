@@ -11,6 +11,10 @@ What differs from a production install, each a values override (`values`):
   GPU host root (`nodeAgents.hostRoot`: every host path they mount is under it, so they see
   the recorded H200 node's sysfs and procfs, not this machine's, and the driver-manager works
   there rather than in this machine's `/`);
+- the kubelet's root directory is the real node's (`nodeAgents.kubeletRootDir`, its
+  `--root-dir` in its work directory), which a link in the host root shows at its own path
+  (`dra_nodes.show_kubelet_root`), as a node whose host root is `/` has it: the device
+  plugin's DRA sockets and the PodResources sockets are where the kubelet has them;
 - the cluster roles and NATS are allowed onto GPU nodes (`clusterRoles.avoidNodes: []`) and
   kept on the real node (`nodeSelector` its label `gpuop.io/real-node`; it gets the admin's
   label `clusterRoles.nodeLabel` names, as the chart's docs say): it is the one node
@@ -28,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from tests.support import fleet
+from tests.support import dra_nodes, fleet
 from tests.support.control_plane import ControlPlane, ControlPlaneError
 from tests.support.images import build
 from tests.support.real_node import RealNode
@@ -56,7 +60,11 @@ def values(node: RealNode, gpuop: build.Built, nats: build.Built) -> dict[str, A
     nats_repository, _, nats_tag = nats.name.rpartition(":")
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "nodeAgents": {"nvml": f"sim:{node.gpus}", "hostRoot": str(node.host_root)},
+        "nodeAgents": {
+            "nvml": f"sim:{node.gpus}",
+            "hostRoot": str(node.host_root),
+            "kubeletRootDir": str(node.kubelet_root.resolve()),
+        },
         "clusterRoles": {"avoidNodes": [], "nodeSelector": REAL},
         "upgradeOrchestrator": {"nodeSelector": REAL},
         "nats": {
@@ -75,6 +83,7 @@ def install(plane: ControlPlane, node: RealNode, *extra: str) -> tuple[build.Bui
     node.import_archive(nats.path)
     _nats_volume(plane, node)
     _control_plane_node(plane, node)
+    dra_nodes.show_kubelet_root(node)
     chosen = values(node, gpuop, nats)
     path = node.work / "chart-values.yaml"
     path.write_text(yaml.safe_dump(chosen), encoding="utf-8")

@@ -20,7 +20,9 @@ KUBELET_SOCKET = "kubelet.sock"
 CHECKPOINT = "kubelet_internal_checkpoint"
 """The kubelet's allocation checkpoint in `DEVICE_PLUGIN_DIR`; nobody else deletes it."""
 
-POD_RESOURCES_DIR = "var/lib/kubelet/pod-resources"
+POD_RESOURCES = "pod-resources"
+"""The kubelet's PodResources directory in its `--root-dir`."""
+POD_RESOURCES_DIR = f"var/lib/kubelet/{POD_RESOURCES}"
 """Where the kubelet serves PodResources, relative to the host root; mount the directory,
 not the socket, since a kubelet restart re-creates the socket with a new inode."""
 POD_RESOURCES_SOCKET = "kubelet.sock"

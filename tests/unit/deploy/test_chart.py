@@ -286,6 +286,9 @@ def test_rbac_grants_each_role_exactly_what_its_calls_need() -> None:
         ("*", "pods/eviction"): {"create"},
         ("*", "policy/poddisruptionbudgets"): {"list"},
         ("*", "resource.k8s.io/resourceclaims"): {"get"},
+        # the device-api switch's validation pod's claim, here only
+        ("gpuop-system", "resource.k8s.io/resourceclaims"): {"create", "delete"},
+        ("*", "resource.k8s.io/devicetaintrules"): {"get", "create", "update", "delete"},
         ("*", "gpuop.io/gpuclusterpolicies"): {"get", "list", "watch"},
         ("*", "gpuop.io/gpuclusterpolicies/status"): {"get", "patch"},
         (NAMESPACE, "coordination.k8s.io/leases"): {"create", *lease.split(",")},

@@ -31,6 +31,7 @@ def test_a_file_sets_intervals_and_allowlists(tmp_path: Path) -> None:
         "labels: [pod, UUID, gpu]\n"
         "metrics: [DCGM_FI_DEV_GPU_TEMP]\n"
         "kubelet_socket: /run/pr.sock\n"
+        "kubelet_root_dir: /data/kubelet\n"
     )
 
     config = load_config(path)
@@ -52,6 +53,8 @@ def test_without_pod_labels_the_kubelet_is_not_needed() -> None:
         ("labels: [modelName, Hostname]\n", "UUID or gpu"),
         ("metrics: [DCGM_FI_DEV_NOT_A_THING]\n", "metrics"),
         ("interval_seconds: 0\n", "interval_seconds"),
+        ("kubelet_root_dir: var/lib/kubelet\n", "kubelet_root_dir"),
+        ("kubelet_root_dir: /data/../kubelet\n", "kubelet_root_dir"),
         ("scrape_me: true\n", "scrape_me"),
         ("- just\n- a list\n", "mapping"),
         ("interval_seconds: [unclosed\n", "cannot read"),

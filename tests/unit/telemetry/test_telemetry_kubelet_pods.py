@@ -14,6 +14,7 @@ import pytest
 from gpuop.kubelet.deviceplugin.v1beta1 import api_pb2 as deviceplugin
 from gpuop.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
 from gpuop.kubelet.sockets import UnixTarget
+from gpuop.services.telemetry.config import load_config
 from gpuop.services.telemetry.kubelet_pods import KubeletPodResources
 from gpuop.services.telemetry.pods import DeviceAssignment, Owner, PodResourcesUnavailable
 from gpuop_sim.cluster.pod_resources import Allocation, PodResourcesServicer
@@ -92,6 +93,33 @@ async def test_list_answers_become_device_assignments(kubelet: Kubelet, socket: 
         ],
         key=lambda a: (a.owner, a.device_id),
     )
+
+
+async def test_the_socket_is_found_in_the_kubelet_root_dir_the_config_names(
+    tmp_path: Path,
+) -> None:
+    host = tmp_path / "host"
+    socket = host / "data/kubelet/pod-resources/kubelet.sock"
+    socket.parent.mkdir(parents=True)
+    kubelet = Kubelet(socket)
+    await kubelet.serve(listing([allocation("trainer-0", "nvidia.com/gpu", UUID)]))
+    path = tmp_path / "telemetry.yaml"
+    path.write_text("kubelet_root_dir: /data/kubelet/\n", encoding="utf-8")
+    moved, default = load_config(path), load_config(None)
+    client = KubeletPodResources(moved.socket_under(host))
+    at_default = KubeletPodResources(default.socket_under(host))
+
+    try:
+        found = await client.assignments()
+        with pytest.raises(PodResourcesUnavailable, match="no kubelet PodResources socket"):
+            await at_default.assignments()
+    finally:
+        await client.close()
+        await at_default.close()
+        await kubelet.stop()
+
+    assert moved.socket_under(host) == socket
+    assert [a.owner.pod for a in found] == ["trainer-0"]
 
 
 async def test_a_missing_socket_says_to_mount_the_directory(tmp_path: Path) -> None:

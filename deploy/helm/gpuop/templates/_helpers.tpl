@@ -472,6 +472,18 @@ its Lease in the release's namespace and the pausing operands that are deployed.
 {{- $defaults := dict "lease_namespace" .root.Release.Namespace "event_namespace" "default" "operands" $operands -}}
 {{- $config = merge $config $defaults -}}
 {{- end -}}
+{{- if eq .service "device-plugin" -}}
+{{- if hasKey $config "configs" -}}
+{{- range $name, $named := $config.configs -}}
+{{- include "gpuop.pluginKubeletRootDir" (dict "root" $.root "config" $named "where" (printf "devicePlugin.config.configs.%s" $name)) -}}
+{{- end -}}
+{{- else -}}
+{{- include "gpuop.pluginKubeletRootDir" (dict "root" .root "config" $config "where" "devicePlugin.config") -}}
+{{- end -}}
+{{- end -}}
+{{- if eq .service "telemetry" -}}
+{{- include "gpuop.setKubeletRootDir" (dict "root" .root "config" $config "key" "kubelet_root_dir" "where" "telemetry.config") -}}
+{{- end -}}
 {{- if eq .service "network-manager" -}}
 {{- $selector := list -}}
 {{- range $key, $value := .root.Values.nicNodeSelector }}{{ $selector = append $selector (printf "%s=%s" $key $value) }}{{ end -}}
@@ -531,6 +543,43 @@ mounted at <hostRoot><path>, the place the services look for it (libs/gpuop/host
 {{- define "gpuop.nodePath" -}}
 {{- $prefix := trimSuffix "/" .root.Values.nodeAgents.hostRoot -}}
 {{- if eq .path "/" -}}{{ default "/" $prefix }}{{- else -}}{{ $prefix }}{{ .path }}{{- end -}}
+{{- end -}}
+
+{{/* A directory in the node's kubelet root directory (nodeAgents.kubeletRootDir), as the
+host sees it: mounted, like every host path, under nodeAgents.hostRoot. Call with
+(dict "root" $ "path" "plugins"). */}}
+{{- define "gpuop.kubeletPath" -}}
+{{- $dir := include "gpuop.kubeletRootDir" .root -}}
+{{- if eq $dir "/" -}}/{{ .path }}{{- else -}}{{ $dir }}/{{ .path }}{{- end -}}
+{{- end -}}
+
+{{/* nodeAgents.kubeletRootDir, checked: an absolute path without '..', no trailing '/'. */}}
+{{- define "gpuop.kubeletRootDir" -}}
+{{- $dir := toString .Values.nodeAgents.kubeletRootDir -}}
+{{- if or (not (hasPrefix "/" $dir)) (has ".." (splitList "/" $dir)) -}}
+{{- fail (printf "nodeAgents.kubeletRootDir must be an absolute path without '..' (the kubelet's --root-dir), not %q" $dir) -}}
+{{- end -}}
+{{- default "/" (trimSuffix "/" $dir) -}}
+{{- end -}}
+
+{{/* Sets `key` of a service's config (a dict) to nodeAgents.kubeletRootDir, failing where
+the config names another: the chart's mounts follow nodeAgents.kubeletRootDir alone. Call
+with (dict "root" $ "config" $flags "key" "kubeletRootDir" "where" "devicePlugin.config.flags"). */}}
+{{- define "gpuop.setKubeletRootDir" -}}
+{{- $dir := include "gpuop.kubeletRootDir" .root -}}
+{{- $given := get .config .key -}}
+{{- if and $given (ne (default "/" (trimSuffix "/" (toString $given))) $dir) -}}
+{{- fail (printf "%s.%s %q is not nodeAgents.kubeletRootDir %q: set the kubelet's root directory once, in nodeAgents.kubeletRootDir, which the node agents' mounts follow" .where .key (toString $given) $dir) -}}
+{{- end -}}
+{{- $_ := set .config .key $dir -}}
+{{- end -}}
+
+{{/* A device plugin config (a dict) with flags.kubeletRootDir set (gpuop.setKubeletRootDir).
+Call with (dict "root" $ "config" $config "where" "devicePlugin.config"). */}}
+{{- define "gpuop.pluginKubeletRootDir" -}}
+{{- $flags := default dict (get .config "flags") -}}
+{{- include "gpuop.setKubeletRootDir" (dict "root" .root "config" $flags "key" "kubeletRootDir" "where" (printf "%s.flags" .where)) -}}
+{{- $_ := set .config "flags" $flags -}}
 {{- end -}}
 
 {{/* The driver's user space the driver-manager installs (gpuop.host.packages USERSPACE/gpu):

@@ -10,7 +10,8 @@ where the kubelet's PodResources socket is. Read from the `--config` YAML file
              Hostname, DCGM_FI_DRIVER_VERSION, pod, namespace, container]  # + pod_uid
     metrics: null                    # null: every metric; else the names to export
     resource_names: [nvidia.com/gpu] # plus every nvidia.com/mig-* resource
-    kubelet_socket: null             # <host root>/var/lib/kubelet/pod-resources/kubelet.sock
+    kubelet_root_dir: /var/lib/kubelet # the kubelet's --root-dir, as the host sees it
+    kubelet_socket: null             # <host root><kubelet_root_dir>/pod-resources/kubelet.sock
     ignored_xids: [13, 31, 43, 45, 68, 109]
     kernel_log: false                # XIDs from the host's /dev/kmsg beside NVML's events
     kernel_log_interval_seconds: 2
@@ -30,7 +31,9 @@ from gpuop.runtime.settings import load_config_file
 from gpuop.services.telemetry import catalog
 
 POD_RESOURCES_SOCKET = Path(constants.POD_RESOURCES_DIR) / constants.POD_RESOURCES_SOCKET
-"""Where the kubelet serves PodResources, relative to the host root."""
+"""Where the kubelet serves PodResources, relative to the host root, with the default
+`kubelet_root_dir`."""
+DEFAULT_KUBELET_ROOT_DIR = "/var/lib/kubelet"
 
 
 class TelemetryConfig(BaseModel):
@@ -62,8 +65,13 @@ class TelemetryConfig(BaseModel):
     """Metric names to export (dcgm-exporter's counters file); None exports every one."""
     resource_names: tuple[str, ...] = ("nvidia.com/gpu",)
     """Extended resources whose devices are GPUs; `nvidia.com/mig-*` resources always are."""
+    kubelet_root_dir: str = DEFAULT_KUBELET_ROOT_DIR
+    """The node's kubelet `--root-dir`, as the host sees it: the PodResources socket is its
+    `pod-resources/kubelet.sock`, under the host root (the chart sets it from
+    `nodeAgents.kubeletRootDir`, as the device plugin's `flags.kubeletRootDir`)."""
     kubelet_socket: Path | None = None
-    """The kubelet's PodResources socket; by default the one under the host root."""
+    """The kubelet's PodResources socket, whatever `kubelet_root_dir` says; by default the
+    one in `kubelet_root_dir` under the host root."""
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS
     """XIDs counted in `DCGM_FI_DEV_XID_ERRORS` but never published as a health change,
     whatever gpuop's XID catalog says of them: an explicit list wins over the catalog. The
@@ -81,6 +89,13 @@ class TelemetryConfig(BaseModel):
         if "UUID" not in labels and "gpu" not in labels:
             raise ValueError("keep UUID or gpu: without either, the GPUs' series collide")
         return tuple(label for label in catalog.KNOWN_LABELS if label in labels)
+
+    @field_validator("kubelet_root_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or ".." in value.split("/"):
+            raise ValueError("expected an absolute host path without '..'")
+        return value.rstrip("/") or "/"
 
     @field_validator("metrics")
     @classmethod
@@ -109,7 +124,10 @@ class TelemetryConfig(BaseModel):
 
     def socket_under(self, host_root: Path) -> Path:
         """The PodResources socket for a node whose root is mounted at `host_root`."""
-        return self.kubelet_socket or host_root / POD_RESOURCES_SOCKET
+        if self.kubelet_socket is not None:
+            return self.kubelet_socket
+        kubelet = host_root / self.kubelet_root_dir.lstrip("/")
+        return kubelet / constants.POD_RESOURCES / constants.POD_RESOURCES_SOCKET
 
 
 def load_config(path: Path | None) -> TelemetryConfig:
