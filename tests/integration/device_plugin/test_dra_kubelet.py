@@ -17,6 +17,7 @@ from gpuop.bus import Bus, InMemoryBus
 from gpuop.events import device, dra, driver
 from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied, SetDeviceApi
 from gpuop.host.roots import HostRoot
+from gpuop.inventory.claims import ClaimHolders
 from gpuop.kubelet.dra.v1 import api_pb2 as v1
 from gpuop.kubelet.dra_health.v1 import api_pb2 as health
 from gpuop.services.device_plugin import agent
@@ -313,3 +314,40 @@ async def next_report(
             report = await anext(stream)
             if {d.health for d in report.devices} == {state}:
                 return report
+
+
+async def test_a_claim_from_the_bus_reaches_the_health_stream_and_the_holders_at_once(
+    host: HostRoot, bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one reader of the node's claim facts feeds one fold: the DRA plugin's devices and the
+    # holders the remediation asks for answer from the same claims
+    made: list[DraPlugin] = []
+
+    def plugin(*args: object, **kwargs: object) -> DraPlugin:
+        made.append(DraPlugin(*args, resend_interval=3600, **kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    followed: list[ClaimHolders] = []
+    follow = agent.claims.follow
+
+    async def reader(bus: Bus, node: str, holders: ClaimHolders, **kwargs: float) -> None:
+        followed.append(holders)
+        await follow(bus, node, holders, **kwargs)
+
+    monkeypatch.setattr(agent, "DraPlugin", plugin)
+    monkeypatch.setattr(agent.claims, "follow", reader)
+    kubelet = FakeKubelet(host.path)
+    async with running_node(host, gpus=GPUS, bus=bus) as node:
+        await switch(node, DeviceApi.DRA, kubelet)
+        async with kubelet.health() as stream:
+            first = await anext(stream)
+            assert {d.device.device_name for d in first.devices} == {"gpu-0", "gpu-1"}
+            mig = "gpu-0-mig-1g18gb-19-0"
+            await node.publish(allocated(7, gpu_uuids(node)[:1], node=NODE, devices=[mig]))
+            async with asyncio.timeout(10):
+                report = await anext(stream)  # no periodic report: sent for the claim
+            assert {d.device.device_name for d in report.devices} == {"gpu-0", "gpu-1", mig}
+        [dra_plugin] = made
+        assert followed == [dra_plugin.index], "one reader, into the DRA plugin's claims"
+        assert followed[0] is dra_plugin.index
+    await kubelet.close()
