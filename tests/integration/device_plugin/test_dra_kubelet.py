@@ -16,16 +16,19 @@ import pytest
 from gpuop.bus import Bus, InMemoryBus
 from gpuop.events import device, dra, driver
 from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied, SetDeviceApi
+from gpuop.host import system
 from gpuop.host.roots import HostRoot
 from gpuop.inventory.claims import ClaimHolders
 from gpuop.kubelet.dra.v1 import api_pb2 as v1
 from gpuop.kubelet.dra_health.v1 import api_pb2 as health
 from gpuop.services.device_plugin import agent
 from gpuop.services.device_plugin.dra import cdispecs, deviceapis, serving
+from gpuop.services.device_plugin.dra.checkpoint import Checkpoint, PreparedClaim, State
 from gpuop.services.device_plugin.dra.plugin import PAUSED, DraPlugin
-from gpuop.services.device_plugin.dra.preparing import NOT_YET_KNOWN
+from gpuop.services.device_plugin.dra.preparing import NOT_YET_KNOWN, SWEEP_INTERVAL
 from gpuop.services.device_plugin.health import HealthBook
 from gpuop.services.device_plugin.inventory import GpuInventory
+from tests.support.clocks import ManualClock
 from tests.support.device_plugin import sim_inventory
 from tests.support.dra_kubelet import FakeKubelet, allocated, claim, claim_uid, released
 from tests.support.kubelet_plugin import GPU, NODE, Node, build_host, healthy, running_node
@@ -351,3 +354,33 @@ async def test_a_claim_from_the_bus_reaches_the_health_stream_and_the_holders_at
         assert followed == [dra_plugin.index], "one reader, into the DRA plugin's claims"
         assert followed[0] is dra_plugin.index
     await kubelet.close()
+
+
+async def test_the_serving_plugin_sweeps_a_half_prepared_claim_every_ten_minutes(
+    host: HostRoot,
+) -> None:
+    # a plugin that died mid-prepare left claim 4 half made; its pod went, the claim was
+    # released, and the kubelet never asks about it again
+    clock = ManualClock()
+    inventory = sim_inventory(host, gpus=GPUS)
+    plugin = DraPlugin(host, NODE, lambda: inventory, HealthBook(()), clock=clock)
+    boot = system.boot_id(host)
+    path = host.join("var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json")
+    Checkpoint(path, boot).put(
+        claim_uid(4), PreparedClaim(State.STARTED, "ml", "claim-4", started_at=clock.now())
+    )
+    spec = cdispecs.spec_path(host, claim_uid(4))
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text("half\n")
+    plugin.index.ready.set()  # every claim fact read: claim 4 is not among them
+    await plugin.start()
+    try:
+        await asyncio.sleep(0.05)
+        assert spec.exists(), "no sweep before ten minutes"
+        clock.advance(SWEEP_INTERVAL)
+        async with asyncio.timeout(10):
+            while spec.exists():
+                await asyncio.sleep(0.02)
+        assert Checkpoint.load(path, boot).get(claim_uid(4)) is None
+    finally:
+        await plugin.stop()

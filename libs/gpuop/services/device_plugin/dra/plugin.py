@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from pathlib import PurePosixPath
 
-from gpuop.clocks import Clock
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import dra
 from gpuop.host import system
 from gpuop.host.roots import HostRoot
@@ -70,6 +70,7 @@ class DraPlugin:
         self._checkpoint_path = root.join(f"{data_dir(kubelet_dir)}/{checkpoint.FILE}")
         self.on_registration: Registered = on_registration or (lambda registered, error: None)
         """Told the kubelet's word on every registration (replaceable before `start`)."""
+        self._clock = clock or SYSTEM_CLOCK
         self._new_server = functools.partial(
             DraServer,
             root.path,
@@ -92,7 +93,7 @@ class DraPlugin:
             return
         boot = await asyncio.to_thread(system.boot_id, self.root)
         loaded = await asyncio.to_thread(checkpoint.Checkpoint.load, self._checkpoint_path, boot)
-        preparer = Preparer(self.root, self.index, loaded, self._inventory)
+        preparer = Preparer(self.root, self.index, loaded, self._inventory, self._clock)
         server = self._new_server(preparer, self.devices_health)
         await server.start()
         self._server = server
