@@ -165,7 +165,7 @@ async def publish_allocation(
     """Act as the cluster role: once the scheduler allocated the claim, hand it over."""
     path = f"{RESOURCE}/namespaces/default/resourceclaims/{CLAIM}"
     fact = await eventually(lambda: allocation(node.plane.call("GET", path), inventory), **WAIT)
-    await plugin_of[-1].apply(fact)
+    plugin_of[-1].index.apply(fact)
     return fact
 
 
