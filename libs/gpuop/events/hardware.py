@@ -119,6 +119,11 @@ class Gpu(Record):
     """Total framebuffer memory."""
     numa_node: NumaNode | None = None
     """NUMA node the GPU is attached to; absent when the platform does not say."""
+    pcie_root: (
+        Annotated[str, StringConstraints(pattern=r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")] | None
+    ) = None
+    """The PCIe root complex it sits below, as sysfs names it (`pci0000:00`); absent when the
+    host root does not say."""
     mig_mode: MigMode
     """Current MIG mode."""
     compute_capability: Annotated[str, StringConstraints(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from gpuop.host.errors import HostReadError
 from gpuop.host.roots import HostRoot
@@ -29,6 +30,7 @@ NETWORK_CLASS = 0x02
 
 _HEX = re.compile(r"^0x[0-9a-fA-F]+$")
 _LINK_SPEED = re.compile(r"^(\d+(?:\.\d+)?) GT/s\b")
+_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class PciFunction:
     """Current PCIe link width in lanes; None when unknown."""
     driver: str | None
     """Name of the kernel driver bound to the function (`nvidia`); None when unbound."""
+    pcie_root: str | None = None
+    """The PCIe root complex it sits below, `pci<domain>:<bus>` (`pci0000:00`); None when
+    sysfs does not say (`pcie_root`)."""
 
     @property
     def base_class(self) -> int:
@@ -88,7 +93,25 @@ def pci_function(root: HostRoot, address: str) -> PciFunction:
         link_speed_gts=_link_speed(root, f"{base}/current_link_speed"),
         link_width=_link_width(root, f"{base}/current_link_width"),
         driver=bound_driver(root, address),
+        pcie_root=pcie_root(root, address),
     )
+
+
+def pcie_root(root: HostRoot, address: str) -> str | None:
+    """The PCIe root complex of the function at `address`, or None.
+
+    `sys/bus/pci/devices/<address>` is a link into the device tree,
+    `../../../devices/pci0000:15/0000:15:01.0/0000:16:00.0`, whose `pci<domain>:<bus>`
+    component is the root complex: the value of Kubernetes' standard DRA attribute
+    `resource.kubernetes.io/pcieRoot`, which the `deviceattribute` package reads the same
+    way. Read from the real link, else the one recorded in `SYMLINKS.txt`."""
+    target = root.link_target(f"{DEVICES}/{address}")
+    if target is None:
+        return None
+    for part in PurePosixPath(target).parts:
+        if _PCIE_ROOT.match(part):
+            return part
+    return None
 
 
 def bound_driver(root: HostRoot, address: str) -> str | None:

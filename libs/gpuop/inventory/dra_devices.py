@@ -31,6 +31,9 @@ MAX_DEVICES_PER_SLICE = 128
 """The API server's limit of devices in one ResourceSlice (without taints or counters)."""
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 """The standard attribute of a device's PCI address (`0000:00:06.0`)."""
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+"""The standard attribute of a device's PCIe root complex (`pci0000:00`), for claims that
+want devices below one root (`matchAttribute`); left out when the inventory does not know."""
 API_VERSION = "resource.k8s.io/v1"
 MAX_NAME = 253
 
@@ -119,6 +122,7 @@ def _common_attributes(gpu: Gpu, inventory: HardwareDiscovered) -> Obj:
         "driverVersion": _version(inventory.driver_version),
         "cudaDriverVersion": _version(inventory.cuda_driver_version),
         PCI_BUS_ID: _string(gpu.pci_bus_id),
+        PCIE_ROOT: _string(gpu.pcie_root) if gpu.pcie_root else None,
     }
     return {key: value for key, value in candidates.items() if value is not None}
 

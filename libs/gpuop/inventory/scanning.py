@@ -136,8 +136,10 @@ def gpu_record(
     info: DeviceInfo,
     sysfs_numa_node: int | None = None,
     mig_devices: tuple[MigDevice, ...] = (),
+    pcie_root: str | None = None,
 ) -> Gpu:
-    """The inventory record of one GPU; the PCI address in sysfs's form (`0000:00:06.0`)."""
+    """The inventory record of one GPU; the PCI address in sysfs's form (`0000:00:06.0`),
+    its NUMA node (when NVML does not say) and PCIe root complex from sysfs."""
     if info.mig_mode_current is None:
         mig_mode = MigMode.UNSUPPORTED
     else:
@@ -150,6 +152,7 @@ def gpu_record(
         model_name=info.name,
         memory_bytes=info.memory_total_bytes,
         numa_node=info.numa_node if info.numa_node is not None else sysfs_numa_node,
+        pcie_root=pcie_root,
         mig_mode=mig_mode,
         compute_capability=info.compute_capability,
         architecture=info.architecture,
@@ -180,7 +183,7 @@ def mig_instance(device: MigDevice) -> MigInstance:
 
 
 def _gpus(nvml: Nvml, functions: tuple[pci.PciFunction, ...]) -> tuple[Gpu, ...]:
-    numa_by_address = {function.address: function.numa_node for function in functions}
+    by_address = {function.address: function for function in functions}
     gpus = []
     for index in range(nvml.device_count()):
         try:
@@ -190,7 +193,9 @@ def _gpus(nvml: Nvml, functions: tuple[pci.PciFunction, ...]) -> tuple[Gpu, ...]
             # a GPU that fell off the bus is not one the node can offer
             log.warning("GPU %d does not answer, leaving it out: %s", index, error)
             continue
-        gpus.append(gpu_record(info, numa_by_address.get(info.sysfs_bus_id), migs))
+        function = by_address.get(info.sysfs_bus_id)
+        numa, root = (function.numa_node, function.pcie_root) if function else (None, None)
+        gpus.append(gpu_record(info, numa, migs, root))
     return tuple(gpus)
 
 

@@ -10,12 +10,14 @@ NoSchedule/NoExecute taints, so it tolerates the cordon's taint and gpuop's own
 so executing the action again after a crash finds the same pod (AlreadyExists) and waits
 for it instead of starting a second one.
 
-On a node serving its GPUs through DRA (`PodSpec.device_class`, the device-API switch's
-validation) the pod asks no `nvidia.com/gpu`: it holds a ResourceClaim for one device of
-that DeviceClass, created first under the pod's name and deleted after it. A claim is
-allocated by the scheduler only, so that pod is not bound by `nodeName` but pinned to the
-node by a required node affinity on `metadata.name` (and tolerates the cordon, which the
-scheduler honours): only a device of the node's own slice can satisfy it.
+On a node serving its GPUs through DRA (`PodSpec.device_class`: the device-API switch's
+validation, and the upgrade's and remediation's pod rung there) the pod asks no
+`nvidia.com/gpu`: it holds a ResourceClaim for one device of that DeviceClass, created first
+under the pod's name and deleted after it. A claim is allocated by the scheduler only, so
+that pod is not bound by `nodeName` but pinned to the node by a required node affinity on
+`metadata.name` (and tolerates the cordon, which the scheduler honours): only a device of
+the node's own slice can satisfy it. A claim still unallocated at the timeout (no free
+device in the node's slices, or no slice) is the timeout's reason, with the scheduler's.
 
 Waiting reads the pod (`read_namespaced_pod`) on a backoff from `FIRST_POLL` to
 `LAST_POLL` seconds: a few requests for a pod that runs for a second, one every few
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT
-from gpuop.kube import errors, pods
+from gpuop.kube import conditions, errors, pods
 from gpuop.kube.client import Kube, Obj
 
 LABEL = "gpuop.io/validation-pod"
@@ -57,6 +59,9 @@ class PodSpec:
     runtime_class_name: str = ""
     device_class: str = ""
     """Empty: one `nvidia.com/gpu`; else a ResourceClaim for one device of this DeviceClass."""
+    gpu_uuids: tuple[str, ...] = ()
+    """With `device_class`: the claim asks these GPUs, by the `uuid` attribute NVIDIA's
+    driver publishes, tolerating the quarantine's device taint; empty: any one device."""
 
 
 @dataclass(frozen=True)
@@ -122,8 +127,19 @@ def manifest(node: str, name: str, spec: PodSpec) -> Obj:
 
 
 def claim_manifest(node: str, name: str, spec: PodSpec) -> Obj:
-    """The pod's ResourceClaim: one device of `spec.device_class` (`resource.k8s.io/v1`)."""
-    request = {"deviceClassName": spec.device_class, "allocationMode": "ExactCount", "count": 1}
+    """The pod's ResourceClaim (`resource.k8s.io/v1`): one device of `spec.device_class`, or
+    the GPUs `spec.gpu_uuids` names, quarantined or not."""
+    request: dict[str, Any] = {
+        "deviceClassName": spec.device_class, "allocationMode": "ExactCount", "count": 1,
+    }  # fmt: skip
+    if spec.gpu_uuids:
+        named = ", ".join(f"'{uuid}'" for uuid in spec.gpu_uuids)
+        expression = f"device.attributes['{spec.device_class}'].uuid in [{named}]"
+        request["count"] = len(spec.gpu_uuids)
+        request["selectors"] = [{"cel": {"expression": expression}}]
+        request["tolerations"] = [
+            {"key": conditions.GPU_UNHEALTHY_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+        ]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -157,10 +173,13 @@ async def run(kube: Kube, node: str, action_id: str, spec: PodSpec, timeout: flo
     refused = ""
     for attempt in itertools.count(1):
         ref = pods.PodRef(spec.namespace, pod_name(node, action_id, attempt))
+        unallocated: list[str] = []
         try:
-            end = await asyncio.wait_for(_one(kube, node, ref, spec), deadline - loop.time())
+            end = await asyncio.wait_for(
+                _one(kube, node, ref, spec, unallocated), deadline - loop.time()
+            )
         except TimeoutError:
-            why = f": {refused}" if refused else ""
+            why = f": {'; '.join(unallocated) or refused}" if unallocated or refused else ""
             return PodEnd(ref, "Timeout", f"not Succeeded within {timeout:g} s{why}")
         if not _refused_at_admission(end):
             return end
@@ -169,7 +188,11 @@ async def run(kube: Kube, node: str, action_id: str, spec: PodSpec, timeout: flo
     raise AssertionError("unreachable")
 
 
-async def _one(kube: Kube, node: str, ref: pods.PodRef, spec: PodSpec) -> PodEnd:
+async def _one(
+    kube: Kube, node: str, ref: pods.PodRef, spec: PodSpec, unallocated: list[str]
+) -> PodEnd:
+    """Run one pod (and its claim) to its end; deleted after, however it ended. Before the
+    claim is deleted, why it was never allocated, if it was not, goes into `unallocated`."""
     body = manifest(node, ref.name, spec)
     if spec.device_class:
         claim = claim_manifest(node, ref.name, spec)
@@ -177,9 +200,14 @@ async def _one(kube: Kube, node: str, ref: pods.PodRef, spec: PodSpec) -> PodEnd
             await kube.call(kube.resource.create_namespaced_resource_claim, spec.namespace, claim)
     with contextlib.suppress(errors.AlreadyExists):  # created before a crash: wait for it
         await kube.call(kube.core.create_namespaced_pod, spec.namespace, body)
+    end: PodEnd | None = None
     try:
-        return await _ended(kube, ref)
+        end = await _ended(kube, ref)
+        return end
     finally:
+        if spec.device_class and end is None:  # cut off at the timeout: say why, if it was
+            with contextlib.suppress(errors.KubeError):
+                unallocated += await _never_allocated(kube, node, ref, spec.device_class)
         # a pod left behind holds a GPU of a node about to be uncordoned; the client retries
         # a delete it may; one that still fails must not turn the pod's verdict into an error
         with contextlib.suppress(errors.KubeError):
@@ -188,6 +216,25 @@ async def _one(kube: Kube, node: str, ref: pods.PodRef, spec: PodSpec) -> PodEnd
             with contextlib.suppress(errors.KubeError):
                 delete = kube.resource.delete_namespaced_resource_claim
                 await kube.call(delete, ref.name, ref.namespace)
+
+
+async def _never_allocated(kube: Kube, node: str, ref: pods.PodRef, device_class: str) -> list[str]:
+    """Why the pod's claim has no allocation, with the scheduler's word on the pod; empty
+    when it has one."""
+    claim = await kube.call(kube.resource.read_namespaced_resource_claim, ref.name, ref.namespace)
+    if ((claim.get("status") or {}).get("allocation")) is not None:
+        return []
+    pod = await kube.call(kube.core.read_namespaced_pod, ref.name, ref.namespace)
+    scheduled = [
+        condition.get("message") or condition.get("reason") or ""
+        for condition in (pod.get("status") or {}).get("conditions") or []
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+    ]
+    said = f" (the scheduler: {scheduled[0]})" if scheduled and scheduled[0] else ""
+    return [
+        f"its ResourceClaim {ref.namespace}/{ref.name} was never allocated: no free "
+        f"{device_class} device in the slices of {node}{said}"
+    ]
 
 
 def _refused_at_admission(end: PodEnd) -> bool:

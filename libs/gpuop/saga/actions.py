@@ -104,7 +104,9 @@ class RunValidationPod:
     `nvidia.com/gpu`, bound by `nodeName`, tolerating the cordon's and gpuop's taints; wait
     for it to end, delete it, and report `ValidationPodSucceeded` or `ValidationPodFailed`.
     With `device_class`, the pod holds a ResourceClaim for one device of that DeviceClass
-    instead, and is pinned to the node by affinity (the scheduler allocates the claim)."""
+    instead, and is pinned to the node by affinity (the scheduler allocates the claim);
+    without, the executor asks the same of a node whose device plugin last said it serves
+    its GPUs through DRA (the upgrade's and the remediation's pod rung there)."""
 
     id: str
     image: str
@@ -116,8 +118,13 @@ class RunValidationPod:
     timeout_seconds: int
     """How long the pod may take to succeed before reporting `ValidationPodFailed`."""
     device_class: str = ""
-    """Empty: one `nvidia.com/gpu`; else the DeviceClass its ResourceClaim asks one device
-    of (`gpu.nvidia.com`: the device-API switch's validation of a node serving DRA)."""
+    """Empty: one `nvidia.com/gpu`, or on a node serving DRA one `gpu.nvidia.com` device;
+    else the DeviceClass its ResourceClaim asks one device of (`gpu.nvidia.com`: the
+    device-API switch's validation of a node it switched to DRA)."""
+    gpu_uuids: tuple[str, ...] = ()
+    """With `device_class`: the GPUs the claim must be given, tolerating the quarantine's
+    device taint (a device quarantine's pod rung validates the GPUs it reset, not another);
+    empty: any one device."""
 
 
 @dataclass(frozen=True)

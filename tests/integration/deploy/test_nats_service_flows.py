@@ -135,7 +135,7 @@ def flows() -> dict[str, Flow]:
                 subjects.commands_filter(device.OPERANDS, NODE, prefix=PREFIX),
                 *device_plugin.health_subjects(PREFIX, NODE),
                 device_plugin.config_subject(PREFIX, NODE),
-                device_plugin.claims_subject(PREFIX, NODE),
+                claims.claim_subjects(NODE, prefix=PREFIX),
             ],
         ),
         "network-manager": Flow(

@@ -16,16 +16,20 @@ import pytest
 from gpuop.bus import Bus, InMemoryBus
 from gpuop.events import device, dra, driver
 from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied, SetDeviceApi
+from gpuop.host import system
 from gpuop.host.roots import HostRoot
+from gpuop.inventory.claims import ClaimHolders
 from gpuop.kubelet.dra.v1 import api_pb2 as v1
 from gpuop.kubelet.dra_health.v1 import api_pb2 as health
 from gpuop.services.device_plugin import agent
 from gpuop.services.device_plugin.config import DevicePluginConfig
 from gpuop.services.device_plugin.dra import cdispecs, deviceapis, serving
+from gpuop.services.device_plugin.dra.checkpoint import Checkpoint, PreparedClaim, State
 from gpuop.services.device_plugin.dra.plugin import PAUSED, DraPlugin
-from gpuop.services.device_plugin.dra.preparing import NOT_YET_KNOWN
+from gpuop.services.device_plugin.dra.preparing import NOT_YET_KNOWN, SWEEP_INTERVAL
 from gpuop.services.device_plugin.health import HealthBook
 from gpuop.services.device_plugin.inventory import GpuInventory
+from tests.support.clocks import ManualClock
 from tests.support.device_plugin import sim_inventory
 from tests.support.dra_kubelet import FakeKubelet, allocated, claim, claim_uid, released
 from tests.support.kubelet_plugin import GPU, NODE, Node, build_host, healthy, running_node
@@ -348,3 +352,70 @@ async def next_report(
             report = await anext(stream)
             if {d.health for d in report.devices} == {state}:
                 return report
+
+
+async def test_a_claim_from_the_bus_reaches_the_health_stream_and_the_holders_at_once(
+    host: HostRoot, bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one reader of the node's claim facts feeds one fold: the DRA plugin's devices and the
+    # holders the remediation asks for answer from the same claims
+    made: list[DraPlugin] = []
+
+    def plugin(*args: object, **kwargs: object) -> DraPlugin:
+        made.append(DraPlugin(*args, resend_interval=3600, **kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    followed: list[ClaimHolders] = []
+    follow = agent.claims.follow
+
+    async def reader(bus: Bus, node: str, holders: ClaimHolders, **kwargs: float) -> None:
+        followed.append(holders)
+        await follow(bus, node, holders, **kwargs)
+
+    monkeypatch.setattr(agent, "DraPlugin", plugin)
+    monkeypatch.setattr(agent.claims, "follow", reader)
+    kubelet = FakeKubelet(host.path)
+    async with running_node(host, gpus=GPUS, bus=bus) as node:
+        await switch(node, DeviceApi.DRA, kubelet)
+        async with kubelet.health() as stream:
+            first = await anext(stream)
+            assert {d.device.device_name for d in first.devices} == {"gpu-0", "gpu-1"}
+            mig = "gpu-0-mig-1g18gb-19-0"
+            await node.publish(allocated(7, gpu_uuids(node)[:1], node=NODE, devices=[mig]))
+            async with asyncio.timeout(10):
+                report = await anext(stream)  # no periodic report: sent for the claim
+            assert {d.device.device_name for d in report.devices} == {"gpu-0", "gpu-1", mig}
+        [dra_plugin] = made
+        assert followed == [dra_plugin.index], "one reader, into the DRA plugin's claims"
+        assert followed[0] is dra_plugin.index
+    await kubelet.close()
+
+
+async def test_the_serving_plugin_sweeps_a_half_prepared_claim_every_ten_minutes(
+    host: HostRoot,
+) -> None:
+    # a plugin that died mid-prepare left claim 4 half made; its pod went, the claim was
+    # released, and the kubelet never asks about it again
+    clock = ManualClock()
+    inventory = sim_inventory(host, gpus=GPUS)
+    plugin = DraPlugin(host, NODE, lambda: inventory, HealthBook(()), clock=clock)
+    boot = system.boot_id(host)
+    path = host.join("var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json")
+    Checkpoint(path, boot).put(
+        claim_uid(4), PreparedClaim(State.STARTED, "ml", "claim-4", started_at=clock.now())
+    )
+    spec = cdispecs.spec_path(host, claim_uid(4))
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text("half\n")
+    plugin.index.ready.set()  # every claim fact read: claim 4 is not among them
+    await plugin.start()
+    try:
+        await asyncio.sleep(0.05)
+        assert spec.exists(), "no sweep before ten minutes"
+        clock.advance(SWEEP_INTERVAL)
+        async with asyncio.timeout(10):
+            while spec.exists():
+                await asyncio.sleep(0.02)
+        assert Checkpoint.load(path, boot).get(claim_uid(4)) is None
+    finally:
+        await plugin.stop()

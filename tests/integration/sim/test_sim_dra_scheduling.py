@@ -2,7 +2,9 @@
 goes to a node whose ResourceSlices can give it, the claim (made from its template, owned
 by the pod) allocated from that node's devices and reserved for the pod; a device another
 claim holds or a DeviceTaintRule taints is never given; a claim no node can satisfy leaves
-the pod Unschedulable; and the device-API switch's claim-based validation pod succeeds."""
+the pod Unschedulable; and the claim-based validation pod: the device-API switch's, the
+upgrade's pod rung on a node serving DRA, a device quarantine's for exactly the GPU it reset
+(through its taint), and one whose claim is never allocated failing at its deadline."""
 
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ from typing import Any
 import pytest
 
 from gpuop.events import kube as observed
+from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied
 from gpuop.kube import client as kubeclient
+from gpuop.kube import conditions
+from gpuop.kube import dra as kube_dra
 from gpuop.kube.recording import EventRecorder
 from gpuop.saga import actions
 from gpuop.services.upgrade_orchestrator.executing import KubeExecutor
@@ -160,3 +165,98 @@ async def test_the_switchs_claim_based_validation_pod_succeeds_on_a_dra_node(
     assert isinstance(outcome, observed.ValidationPodSucceeded), outcome
     claims = cluster.registry.store.view(kinds.RESOURCECLAIMS.group_resource, "default")
     assert claims == [], "the claim is deleted with the pod"
+
+
+def gpu_slice(node: str, uuids: dict[str, str]) -> Obj:
+    """The node's slice with whole GPUs named by `uuids` (device name -> UUID)."""
+    found = slice_of(node, *((name, "gpu") for name in uuids))
+    for device in found["spec"]["devices"]:
+        device["attributes"]["uuid"] = {"string": uuids[device["name"]]}
+    return found
+
+
+def rung(timeout: int = 20, device_class: str = "", gpus: tuple[str, ...] = ()) -> Any:
+    return actions.RunValidationPod(
+        id="validate", image="nvcr.io/nvidia/cuda:12.2.2-base-ubuntu22.04",
+        command=("nvidia-smi", "-L"), namespace="default", runtime_class_name="",
+        timeout_seconds=timeout, device_class=device_class, gpu_uuids=gpus,
+    )  # fmt: skip
+
+
+async def serving(api: DeviceApi) -> DeviceApiApplied:
+    return DeviceApiApplied(api=api, serving=True)
+
+
+async def validate(cluster: SimCluster, tmp_path: Path, node: str, run: Any, api: DeviceApi) -> Any:
+    """The rung's outcome on the cordoned `node`, whose device plugin last said it serves
+    `api`."""
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    async with await kubeclient.connect(kubeconfig) as kube:
+        executor = KubeExecutor(kube, EventRecorder(kube), served=lambda _: serving(api))
+        await executor.execute(node, actions.Cordon(id="cordon"))
+        return await executor.execute(node, run)
+
+
+async def test_the_upgrades_pod_rung_holds_a_claim_on_a_node_serving_dra(
+    cluster: SimCluster, tmp_path: Path
+):
+    node = cluster.node_names[1]
+    cluster.registry.create(dra_kinds.RESOURCESLICES, "", slice_of(node, ("gpu-0", "gpu")))
+    outcome = await validate(cluster, tmp_path, node, rung(), DeviceApi.DRA)
+    assert isinstance(outcome, observed.ValidationPodSucceeded), outcome
+    claims = cluster.registry.store.view(kinds.RESOURCECLAIMS.group_resource, "default")
+    assert claims == [], "the claim is deleted with the pod"
+
+
+async def test_a_claim_never_allocated_fails_the_rung_at_its_deadline_saying_so(
+    cluster: SimCluster, tmp_path: Path
+):
+    # the node serves DRA but publishes no slice: an nvidia.com/gpu pod would run here
+    node = cluster.node_names[1]
+    outcome = await validate(cluster, tmp_path, node, rung(timeout=2), DeviceApi.DRA)
+    assert isinstance(outcome, observed.ValidationPodFailed), outcome
+    assert outcome.reason is observed.ValidationPodFailureReason.TIMEOUT
+    assert "was never allocated" in outcome.message
+    assert f"{DRIVER} device in the slices of {node}" in outcome.message
+    claims = cluster.registry.store.view(kinds.RESOURCECLAIMS.group_resource, "default")
+    assert claims == [], "the claim is deleted at the deadline too"
+
+    served_by_the_device_plugin = await validate(
+        cluster, tmp_path, node, rung(), DeviceApi.DEVICE_PLUGIN
+    )
+    assert isinstance(served_by_the_device_plugin, observed.ValidationPodSucceeded)
+
+
+UUIDS = {"gpu-0": "GPU-00000000-0000-0000-0000-000000000000",
+         "gpu-1": "GPU-11111111-1111-1111-1111-111111111111"}  # fmt: skip
+
+
+async def test_a_device_quarantines_rung_claims_the_reset_gpu_through_its_taint(
+    cluster: SimCluster, tmp_path: Path
+):
+    node = cluster.node_names[1]
+    cluster.registry.create(dra_kinds.RESOURCESLICES, "", gpu_slice(node, UUIDS))
+    quarantine = kube_dra.taint_rule(
+        driver=DRIVER, node=node, device="gpu-1", key=conditions.GPU_UNHEALTHY_TAINT
+    )
+    cluster.registry.create(dra_kinds.DEVICETAINTRULES, "", quarantine)
+    run = rung(device_class=DRIVER, gpus=(UUIDS["gpu-1"],))
+    outcome = await validate(cluster, tmp_path, node, run, DeviceApi.DRA)
+    assert isinstance(outcome, observed.ValidationPodSucceeded), outcome
+
+
+async def test_a_device_quarantines_rung_takes_no_other_gpu_than_the_reset_one(
+    cluster: SimCluster, tmp_path: Path
+):
+    node = cluster.node_names[1]
+    cluster.registry.create(dra_kinds.RESOURCESLICES, "", gpu_slice(node, UUIDS))
+    registry = cluster.registry
+    registry.create(dra_kinds.RESOURCECLAIMTEMPLATES, "default", template(1))
+    registry.create(kinds.PODS, "default", claiming_pod("holder", "gpus-1"))
+    await scheduled(cluster, "holder")
+    [(_, held)] = allocation(cluster, "holder-gpu")
+    free = "gpu-1" if held == "gpu-0" else "gpu-0"
+    run = rung(timeout=2, device_class=DRIVER, gpus=(UUIDS[held],))
+    outcome = await validate(cluster, tmp_path, node, run, DeviceApi.DRA)
+    assert isinstance(outcome, observed.ValidationPodFailed), f"{free} was free: {outcome}"
+    assert "was never allocated" in outcome.message

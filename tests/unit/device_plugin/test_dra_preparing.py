@@ -4,16 +4,19 @@ CDI spec per claim, the checkpoint across restarts, per-claim errors."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from gpuop.clocks import VirtualClock
 from gpuop.host.roots import HostRoot
 from gpuop.inventory.claims import ClaimHolders
 from gpuop.services.device_plugin.dra import cdispecs, checkpoint
 from gpuop.services.device_plugin.dra.checkpoint import Checkpoint, PreparedClaim, State
 from gpuop.services.device_plugin.dra.preparing import (
     NOT_YET_KNOWN,
+    SWEEP_AFTER,
     ClaimName,
     PrepareError,
     Preparer,
@@ -43,10 +46,16 @@ def inventory(root: HostRoot) -> GpuInventory:
 
 
 def preparer(
-    root: HostRoot, inventory: GpuInventory, index: ClaimHolders | None = None
+    root: HostRoot,
+    inventory: GpuInventory,
+    index: ClaimHolders | None = None,
+    clock: VirtualClock | None = None,
 ) -> Preparer:
     path = root.join("var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json")
-    return Preparer(root, index or ClaimHolders(), Checkpoint.load(path, BOOT), lambda: inventory)
+    loaded = Checkpoint.load(path, BOOT)
+    return Preparer(
+        root, index or ClaimHolders(), loaded, lambda: inventory, clock or VirtualClock()
+    )
 
 
 def gpu(inventory: GpuInventory, i: int) -> str:
@@ -283,3 +292,68 @@ def test_the_newest_allocation_wins_and_a_release_is_not_undone_by_an_old_one() 
     assert index.get(claim_uid(1)) is None
     assert index.apply(allocated(1, gpus[1:], node=NODE, version=30)), "allocated again"
     assert not index.apply(released(2))
+
+
+def half_prepared(plugin: Preparer, n: int, started_at: datetime | None) -> Path:
+    """Claim `n` as a plugin that died mid-prepare left it: `PrepareStarted`, its spec
+    written; the spec's path."""
+    entry = PreparedClaim(State.STARTED, "ml", f"claim-{n}", started_at=started_at)
+    plugin.checkpoint.put(claim_uid(n), entry)
+    spec = cdispecs.spec_path(plugin.root, claim_uid(n))
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text("half\n")
+    return spec
+
+
+def test_a_half_prepared_claim_no_longer_allocated_is_swept_after_ten_minutes(
+    root: HostRoot, inventory: GpuInventory
+) -> None:
+    clock = VirtualClock()
+    plugin = preparer(root, inventory, clock=clock)
+    plugin.index.apply(allocated(1, [gpu(inventory, 0)], node=NODE))
+    plugin.index.apply(released(1))
+    plugin.index.ready.set()
+    spec = half_prepared(plugin, 1, clock.now())
+    clock.advance(SWEEP_AFTER.total_seconds() - 1)
+    assert plugin.sweep() == (), "a prepare younger than ten minutes may be in flight"
+    assert spec.exists()
+    clock.advance(1)
+    assert plugin.sweep() == (claim_uid(1),)
+    assert not spec.exists()
+    assert preparer(root, inventory).checkpoint.get(claim_uid(1)) is None, "written through"
+
+
+def test_the_sweep_leaves_allocated_completed_and_not_yet_read_claims(
+    root: HostRoot, inventory: GpuInventory
+) -> None:
+    clock = VirtualClock()
+    index = ClaimHolders()
+    plugin = preparer(root, inventory, index, clock=clock)
+    index.apply(allocated(1, [gpu(inventory, 0)], node=NODE))
+    index.apply(allocated(2, [gpu(inventory, 1)], node=NODE, devices=["gpu-1"]))
+    assert not isinstance(plugin.prepare(name(2)), PrepareError)
+    index.apply(released(2))
+    allocated_spec = half_prepared(plugin, 1, clock.now())  # the kubelet will ask again
+    unknown_spec = half_prepared(plugin, 3, None)  # from a checkpoint without times
+    clock.advance(3600)
+    assert plugin.sweep() == (), "not before every claim fact of the log was read"
+    index.ready.set()
+    assert plugin.sweep() == (claim_uid(3),)
+    assert allocated_spec.exists() and not unknown_spec.exists()
+    assert plugin.checkpoint.get(claim_uid(2)).state is State.COMPLETED  # type: ignore[union-attr]
+    assert cdispecs.spec_path(root, claim_uid(2)).exists(), "unprepare is the kubelet's"
+
+
+def test_a_sweep_that_cannot_remove_the_spec_keeps_the_entry_for_the_next(
+    root: HostRoot, inventory: GpuInventory
+) -> None:
+    clock = VirtualClock()
+    plugin = preparer(root, inventory, clock=clock)
+    plugin.index.ready.set()
+    spec = half_prepared(plugin, 1, clock.now())
+    spec.unlink()
+    spec.mkdir()  # a directory where the spec was: its removal fails
+    (spec / "inside").touch()
+    clock.advance(SWEEP_AFTER.total_seconds())
+    assert plugin.sweep() == ()
+    assert plugin.checkpoint.get(claim_uid(1)) is not None

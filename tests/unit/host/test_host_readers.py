@@ -53,6 +53,30 @@ def test_a_real_driver_link_wins_over_the_recorded_list(tmp_path: Path) -> None:
     assert pci.bound_driver(root, "0000:17:00.0") == "nvidia"
 
 
+def test_the_pcie_root_is_the_root_complex_in_the_functions_link(tmp_path: Path) -> None:
+    # a real sysfs: the function's directory lives under its root complex and bridges, and
+    # sys/bus/pci/devices/<address> links to it
+    address = "0000:17:00.0"
+    tree = f"sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/{address}"
+    files = {f"{tree}/{name.rpartition('/')[2]}": v for name, v in gpu_files().items()}
+    root = make_root(tmp_path, files)
+    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)
+    (tmp_path / GPU).symlink_to(f"../../../devices/pci0000:15/0000:15:01.0/0000:16:00.0/{address}")
+    assert pci.pci_function(root, address).pcie_root == "pci0000:15"
+
+
+def test_the_pcie_root_comes_from_the_recorded_link_and_is_none_without_one(
+    tmp_path: Path,
+) -> None:
+    files = gpu_files()
+    root = make_root(tmp_path, files)
+    assert pci.pci_function(root, "0000:17:00.0").pcie_root is None
+    files["SYMLINKS.txt"] = f"{GPU} -> ../../../devices/pci10000:e0/10000:e0:02.0/0000:17:00.0\n"
+    assert pci.pcie_root(make_root(tmp_path, files), "0000:17:00.0") == "pci10000:e0"
+    files["SYMLINKS.txt"] = f"{GPU} -> ../../../devices/platform/0000:17:00.0\n"
+    assert pci.pcie_root(make_root(tmp_path, files), "0000:17:00.0") is None
+
+
 def test_uevent_names_the_driver_when_no_link_was_kept(tmp_path: Path) -> None:
     root = make_root(tmp_path, gpu_files(uevent="DRIVER=vfio-pci\nPCI_CLASS=30200\n"))
     assert pci.bound_driver(root, "0000:17:00.0") == "vfio-pci"

@@ -27,6 +27,7 @@ def test_the_h200_is_the_only_nvidia_gpu_with_its_recorded_ids_and_link(
             link_speed_gts=32.0,
             link_width=16,
             driver="nvidia",
+            pcie_root="pci0000:00",
         )
     ]
     assert gpus[0].base_class == pci.DISPLAY_CLASS

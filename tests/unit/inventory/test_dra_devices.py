@@ -39,6 +39,7 @@ def test_the_recorded_h200_is_one_gpu_device_named_and_described_as_nvidias(
         "driverVersion": {"version": "580.159.4"},
         "cudaDriverVersion": {"version": "13.0.0"},
         "resource.kubernetes.io/pciBusID": {"string": "0000:00:06.0"},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
     }
     assert device.body["capacity"] == {"memory": {"value": "143771Mi"}}
     assert (device.gpu_uuid, device.mig_uuid) == ("GPU-20bce083-dbf9-2d4f-3c35-c858915accc5", None)
@@ -55,6 +56,7 @@ def test_versions_are_normalised_as_semver_and_unknown_ones_left_out() -> None:
     assert "driverVersion" not in device.body["attributes"]
     assert "cudaDriverVersion" not in device.body["attributes"]
     assert "brand" not in device.body["attributes"]  # the fixture's GPU names none
+    assert dra_devices.PCIE_ROOT not in device.body["attributes"]  # nor its root complex
 
 
 def test_quantities_take_the_largest_exact_binary_suffix() -> None:

@@ -115,6 +115,10 @@ def test_a_simulated_8_gpu_node_agrees_in_sysfs_and_nvml(tmp_path: Path) -> None
     assert [f.address for f in nvidia_functions] == [g.pci_bus_id for g in inventory.gpus]
     assert [f.numa_node for f in nvidia_functions] == [g.numa_node for g in inventory.gpus]
     assert [g.numa_node for g in inventory.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [g.pcie_root for g in inventory.gpus] == [
+        f"pci0000:{int(g.pci_bus_id.split(':')[1], 16) - 1:02x}" for g in inventory.gpus
+    ]
+    assert inventory.gpus[0].pcie_root == "pci0000:0f"  # above 0000:10:00.0
     assert {f.driver for f in nvidia_functions} == {"nvidia"}
     assert len({g.uuid for g in inventory.gpus}) == 8
     labels = labeling.labels_for(inventory)

@@ -93,7 +93,8 @@ class Walk:
         for service in dev.OperandService:
             self.feed(dev.OperandPaused(command_id=pause, service=service))
 
-    def validate(self) -> None:
+    def driver_rungs(self) -> None:
+        """The ladder up to its pod: the driver's rungs pass, the operands resume."""
         for _ in range(2):
             self.feed(dm.DriverValidated(
                 command_id=self.step_id(), component=dm.Component.GPU, version="535.161.08",
@@ -102,17 +103,24 @@ class Walk:
         resume = self.step_id()
         for service in dev.OperandService:
             self.feed(dev.OperandResumed(command_id=resume, service=service))
+
+    def validate(self) -> None:
+        self.driver_rungs()
         pod = NamespacedName(namespace="gpuop", name="gpuop-validate")
         self.feed(kube.ValidationPodSucceeded(action_id=self.step_id(), pod=pod))
 
-    def reset_unheld(self, gpu: str) -> None:
-        """Admitted, no pod holds `gpu`: the pause, its reset and the validation."""
+    def reset(self, gpu: str) -> None:
+        """Admitted, no pod holds `gpu`: the pause and its reset."""
         self.feed(cmd.GpuHoldersListed(command_id=self.step_id(), gpu_uuids=(gpu,), pods=()))
         pause = self.step_id()
         for service in dev.OperandService:
             self.feed(dev.OperandPaused(command_id=pause, service=service))
         nvml = cmd.ResetMethod.NVML
         self.feed(cmd.GpuReset(command_id=self.step_id(), gpu_uuids=(gpu,), method=nvml))
+
+    def reset_unheld(self, gpu: str) -> None:
+        """Admitted, no pod holds `gpu`: the pause, its reset and the validation."""
+        self.reset(gpu)
         self.validate()
 
     def release(self) -> None:
@@ -657,3 +665,26 @@ def test_a_removed_held_node_ends_it() -> None:
     walk = held()
     walk.feed(kube.NodeRemoved())
     assert walk.state() is S.FAILED and walk.saga.failure == "the node was removed"
+
+
+def validation_pod(walk: Walk, gpu: str) -> upgrade_actions.RunValidationPod:
+    """The pod rung's action once `gpu`, unheld, was reset and its driver rungs passed."""
+    walk.admit()
+    walk.reset(gpu)
+    walk.driver_rungs()
+    assert walk.saga.step.name == "validate-pod"
+    (run,) = [a for a in walk.actions() if isinstance(a, upgrade_actions.RunValidationPod)]
+    return run
+
+
+def test_on_a_dra_node_the_pod_rung_claims_exactly_the_reset_gpu_through_its_taint() -> None:
+    run = validation_pod(Walk(dra_devices=DRA_DEVICES), GPU)
+    assert (run.device_class, run.gpu_uuids) == ("gpu.nvidia.com", (GPU,))
+
+
+def test_the_pod_rung_of_a_node_quarantine_or_a_mig_gpu_asks_as_the_node_serves() -> None:
+    node_quarantine = validation_pod(Walk(), GPU)
+    assert (node_quarantine.device_class, node_quarantine.gpu_uuids) == ("", ())
+    mig = Walk(dra_devices=DRA_DEVICES, unhealthy={OTHER: (79,)})
+    carved = validation_pod(mig, OTHER)  # no whole-GPU device to claim
+    assert (carved.device_class, carved.gpu_uuids) == ("", ())

@@ -13,9 +13,10 @@ Called by ``scheduling.Scheduler`` for each pod that names claims (``spec.resour
   classes are known by name (``CLASS_TYPES``: ``gpu.nvidia.com`` takes the devices whose
   attribute ``type`` is ``gpu``, ``mig.nvidia.com`` ``mig``), and a class or a request
   selector the simulation cannot read makes the claim unallocatable here, never wrongly
-  allocated.
+  allocated. The one selector it reads is the validation pod's, naming GPUs by UUID
+  (``device.attributes['gpu.nvidia.com'].uuid in ['GPU-…', …]``).
 - A device another allocated claim holds, or a DeviceTaintRule taints ``NoSchedule`` or
-  ``NoExecute``, is not given.
+  ``NoExecute``, is not given, unless the request tolerates that taint's key (``Exists``).
 - The allocation (``status.allocation.devices.results``: request, driver, pool, device, and
   the node selector) and the pod in ``status.reservedFor`` go to the claim's status, which
   the device plugin's cluster role reads to tell the node.
@@ -23,6 +24,7 @@ Called by ``scheduling.Scheduler`` for each pod that names claims (``spec.resour
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gpuop_sim.apiserver import dra_kinds, kinds
@@ -62,16 +64,21 @@ class Claims:
                 held.add((result["driver"], result["pool"], result["device"]))
         return held
 
-    def _tainted(self) -> list[Obj]:
-        """The device selectors of the DeviceTaintRules that keep new claims off."""
+    def _tainted(self) -> list[tuple[Obj, str]]:
+        """The device selectors of the DeviceTaintRules that keep new claims off, each with
+        its taint's key."""
         rules = self._registry.store.view(dra_kinds.DEVICETAINTRULES.group_resource)
-        return [
-            (rule.get("spec") or {}).get("deviceSelector") or {}
-            for rule in rules
-            if ((rule.get("spec") or {}).get("taint") or {}).get("effect") in _TAINTING
-        ]
+        found = []
+        for rule in rules:
+            spec = rule.get("spec") or {}
+            taint = spec.get("taint") or {}
+            if taint.get("effect") in _TAINTING:
+                found.append((spec.get("deviceSelector") or {}, str(taint.get("key", ""))))
+        return found
 
-    def _free(self, node: str, held: set[Device]) -> list[tuple[Device, Obj]]:
+    def _free(self, node: str, held: set[Device]) -> list[tuple[Device, Obj, frozenset[str]]]:
+        """The devices of `node`'s slices no claim holds, each with the keys of the taints
+        that keep new claims off it."""
         tainted = self._tainted()
         found = []
         for slice_ in self._registry.store.view(dra_kinds.RESOURCESLICES.group_resource):
@@ -81,8 +88,9 @@ class Claims:
             driver, pool = spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")
             for device in spec.get("devices") or []:
                 key = (driver, pool, device.get("name", ""))
-                if key not in held and not any(_selects(s, key) for s in tainted):
-                    found.append((key, device))
+                if key not in held:
+                    taints = frozenset(k for s, k in tainted if _selects(s, key))
+                    found.append((key, device, taints))
         return found
 
     def plan(self, pod: Obj, node: str) -> list[tuple[Obj | None, Obj, list[Obj]]] | None:
@@ -102,15 +110,23 @@ class Claims:
             for request in ((spec.get("devices") or {}).get("requests")) or []:
                 exactly = request.get("exactly") or {}
                 wanted = CLASS_TYPES.get(exactly.get("deviceClassName", ""))
-                if wanted is None or exactly.get("selectors"):
+                uuids = _uuids_selected(exactly.get("selectors") or [])
+                if wanted is None or uuids is None:
                     return None
+                tolerated = _tolerated(exactly.get("tolerations") or [])
                 count = int(exactly.get("count", 1))
-                fitting = [(key, d) for key, d in free if _type(d) == wanted][:count]
+                fitting = [
+                    (key, d)
+                    for key, d, taints in free
+                    if _type(d) == wanted
+                    and taints <= tolerated
+                    and (not uuids or _attribute(d, "uuid") in uuids)
+                ][:count]
                 if len(fitting) < count:
                     return None
                 for key, _ in fitting:
                     held.add(key)
-                    free = [(k, d) for k, d in free if k != key]
+                    free = [(k, d, t) for k, d, t in free if k != key]
                     results.append(
                         {"request": request["name"], "driver": key[0], "pool": key[1],
                          "device": key[2]}
@@ -195,6 +211,39 @@ def _generated(pod: Obj, entry: Obj) -> str:
 def _results(claim: Obj) -> list[Obj]:
     allocation = (claim.get("status") or {}).get("allocation") or {}
     return list((allocation.get("devices") or {}).get("results") or [])
+
+
+_UUID_SELECTOR = re.compile(
+    r"^device\.attributes\['gpu\.nvidia\.com'\]\.uuid in \[((?:'[A-Za-z0-9-]+'(?:, )?)+)\]$"
+)
+
+
+def _uuids_selected(selectors: list[Obj]) -> frozenset[str] | None:
+    """The UUIDs the request's selectors name (empty: none selected, every device goes);
+    None when a selector is not one the simulation reads."""
+    found: set[str] = set()
+    for selector in selectors:
+        match = _UUID_SELECTOR.match(((selector.get("cel") or {}).get("expression") or "").strip())
+        if match is None:
+            return None
+        found.update(re.findall(r"'([^']+)'", match.group(1)))
+    return frozenset(found)
+
+
+def _tolerated(tolerations: list[Obj]) -> frozenset[str]:
+    """The taint keys the request tolerates (`Exists` on a key, any effect that keeps new
+    claims off)."""
+    return frozenset(
+        str(t["key"])
+        for t in tolerations
+        if t.get("operator") == "Exists" and t.get("key")
+        and t.get("effect") in (None, "", *_TAINTING)
+    )  # fmt: skip
+
+
+def _attribute(device: Obj, name: str) -> str | None:
+    value = ((device.get("attributes") or {}).get(name) or {}).get("string")
+    return str(value) if value is not None else None
 
 
 def _selects(selector: Obj, device: Device) -> bool:

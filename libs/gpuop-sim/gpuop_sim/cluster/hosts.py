@@ -3,9 +3,11 @@
 `seeding.seed_host_root` copies the recorded H200 host: one GPU at `0000:00:06.0`. A
 simulated node has `gpus` GPUs whose identities `SimNvml` derives from the node name and
 index (`gpuop_sim.nvml.sim_gpus`). `build_host_root` makes the host agree with that NVML: one
-sysfs PCI function per simulated GPU at the bus id and NUMA node `SimNvml` reports, each
-listed by the driver in `proc/driver/nvidia/gpus/<address>/information` with its UUID and
-minor number, in place of the recorded GPU. So discovery's sysfs view and its NVML view of
+sysfs PCI function per simulated GPU at the bus id and NUMA node `SimNvml` reports, below
+its own PCIe root complex (`sim_gpus.pcie_root`; the link recorded in `SYMLINKS.txt`, as
+the recording's are), each listed by the driver in
+`proc/driver/nvidia/gpus/<address>/information` with its UUID and minor number, in place of
+the recorded GPU. So discovery's sysfs view and its NVML view of
 a simulated node are the same machine, as on a real one.
 
 Called by the simulated cluster, the demo and tests, before any agent runs on the root.
@@ -93,6 +95,25 @@ def _replace_gpus(root: HostRoot, node: str, gpus: int) -> None:
     shutil.rmtree(template)
     shutil.rmtree(driver_gpus / RECORDED_GPU)
     _forget_links(root, f"{pci.DEVICES}/{RECORDED_GPU}")
+    _record_links(root, [_device_link(index, gpus) for index in range(gpus)])
+
+
+def _device_link(index: int, gpus: int) -> str:
+    """`sys/bus/pci/devices/<address>`'s link into the device tree, below its root complex
+    and the root port above it."""
+    address = gpu_address(index, gpus)
+    root_complex = sim_gpus.pcie_root(index, gpus)
+    port = f"{root_complex.removeprefix('pci')}:01.0"
+    return f"{pci.DEVICES}/{address} -> ../../../devices/{root_complex}/{port}/{address}"
+
+
+def _record_links(root: HostRoot, links: list[str]) -> None:
+    """Add `PATH -> TARGET` lines to `SYMLINKS.txt`."""
+    recorded = root.join(RECORDED_LINKS)
+    kept = recorded.read_text() if recorded.is_file() else ""
+    if kept and not kept.endswith("\n"):
+        kept += "\n"
+    write_atomic(recorded, kept + "".join(f"{link}\n" for link in links))
 
 
 def _driver_gpus_dir(root: HostRoot) -> Path:

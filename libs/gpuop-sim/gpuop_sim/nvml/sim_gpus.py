@@ -57,6 +57,14 @@ def bus_id(index: int, gpus: int) -> str:
     return f"00000000:{0x10 + index * (0xE0 // gpus):02X}:00.0"
 
 
+def pcie_root(index: int, gpus: int) -> str:
+    """The PCIe root complex above GPU `index` of `gpus`, as sysfs names it: each GPU behind
+    a root port of its own host bridge, one bus below its own (`pci0000:0f` above
+    `0000:10:00.0`), as on HGX machines."""
+    bus = 0x10 + index * (0xE0 // gpus)
+    return f"pci0000:{bus - 1:02x}"
+
+
 def numa_node(index: int, gpus: int) -> int:
     """The first half of the GPUs on NUMA node 0, the rest on node 1."""
     return index * 2 // gpus if gpus > 1 else 0

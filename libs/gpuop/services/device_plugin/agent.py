@@ -21,9 +21,9 @@ backend and `plugins.DevicePlugins` from the settings and the `--config` file, a
     SetDeviceApi        serve the GPUs through the device plugin API or DRA
                         (`dra.switching`), then `device.api-applied`; also published at
                         start, when the kubelet (re-)registers the DRA plugin, and at stop
-    dra.claim-allocated, dra.claim-released   the DRA plugin's claims index (also read
-                        from the log at start), and the holders of claims, followed from the
-                        log's start (`gpuop.inventory.claims`)
+    dra.claim-allocated, dra.claim-released   one `ClaimHolders`, followed from the log's
+                        start (`gpuop.inventory.claims.follow`): the DRA plugin's claims
+                        and the holders of claims
     (MPS daemons)       every start, stop and failure of an MPS control daemon
                         (`mpscontrol`) as `device.mps-daemon-changed`, in order
 
@@ -63,7 +63,6 @@ from gpuop.events import (
     Event,
     device,
     device_api_commands,
-    dra,
     driver,
     new_event,
     remediation_commands,
@@ -131,8 +130,8 @@ class NodeAgent:
         )
         """The DRA kubelet plugin, served while the node's GPUs go through DRA."""
         self._device_api = DeviceApiSwitch(plugins, self._dra, register_wait=register_wait)
-        self.claims = claims.ClaimHolders()
-        """The node's ResourceClaims holding its GPUs, from the bus."""
+        self.claims = self._dra.index
+        """The node's ResourceClaims holding its GPUs, from the bus: the DRA plugin's too."""
         self._source = f"/gpuop/{consumers.SERVICE}/{node}"
         self._selection_seq = 0
         """Stream sequence of the last config selection taken in."""
@@ -170,6 +169,9 @@ class NodeAgent:
                     name="device-plugin-follow",
                 )
                 group.create_task(self._report_mps(stopping), name="device-plugin-mps-report")
+                group.create_task(
+                    self._dra.watch_claims(stopping), name="device-plugin-claims-health"
+                )
             await self._drain_mps()
         finally:
             following.cancel()
@@ -242,14 +244,11 @@ class NodeAgent:
             paused = await operands.from_log(self._bus, self._node)
             history = await restoring.health(self._bus, self._node)
             last = await restoring.selection(self._bus, self._node)
-            claims = await restoring.claims(self._bus, self._node)
         except BusError as error:
             log.warning("cannot read the node's history yet: %s", error)
             return False
         answer = await self._select(last.requested, last.seq) or self._plugins.selection
         await self._plugins.restore(paused, history)
-        for fact in claims:
-            await self._dra.apply(fact)
         if paused:
             log.info("the node's operands are paused (%s)", ", ".join(sorted(paused)))
         try:
@@ -334,12 +333,9 @@ class NodeAgent:
         await self._publish_after_mps(confirmation, cause)
 
     async def on_health(self, delivery: Delivery) -> None:
-        """Telemetry's health events and the driver-manager's validations of this node, and
-        its claims' allocations (the same consumer: every event of the node)."""
+        """Telemetry's health events and the driver-manager's validations of this node (the
+        consumer takes every event of the node; its claims' come through `claims.follow`)."""
         payload = delivery.payload
-        if isinstance(payload, dra.ClaimAllocated | dra.ClaimReleased):
-            await self._dra.apply(payload)
-            return
         if isinstance(payload, device.DeviceHealthChanged):
             await self._plugins.device_health(payload)
         elif isinstance(payload, driver.DriverValidated):

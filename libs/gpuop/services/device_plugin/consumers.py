@@ -11,7 +11,7 @@ agent ignores all but the two types.
 from __future__ import annotations
 
 from gpuop.bus import ConsumerSpec, grants
-from gpuop.events import device, dra, driver, subjects
+from gpuop.events import device, driver, subjects
 
 SERVICE = str(device.OperandService.DEVICE_PLUGIN)
 
@@ -70,9 +70,3 @@ def node_config(prefix: str, node: str, *, retry_delay: float) -> ConsumerSpec:
     """The config selections of `node`. From the start on first creation, like the health
     history; the agent skips what it already read from the log at start."""
     return _node_consumer(prefix, node, "config", retry_delay)
-
-
-def claims_subject(prefix: str, node: str) -> str:
-    """The node's claims' allocations and releases (the DRA plugin's index), which the
-    health consumer takes live and the agent reads back at start."""
-    return subjects.events_filter(dra.ClaimAllocated.DOMAIN, node, prefix=prefix)

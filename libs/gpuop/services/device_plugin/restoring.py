@@ -6,9 +6,8 @@ streams: the node's pause and resume commands (read by `gpuop.operands.from_log`
 health events and driver validations (read here). `agent.NodeAgent` reads them at start
 and hands them to `plugins.DevicePlugins.restore`; the live consumers take over from there.
 The config the node's label selects is the last `device.plugin-config-selected` of the node
-(`selection`), so a restarted plugin starts on it rather than on the default. The claims
-allocated on the node (`claims`) feed the DRA plugin's index, so a restarted plugin can
-prepare a claim allocated while it was down.
+(`selection`), so a restarted plugin starts on it rather than on the default. (The claims
+allocated on the node are `gpuop.inventory.claims.follow`'s, from the log's start.)
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuop.bus import Bus, StoredMessage
-from gpuop.events import MalformedMessage, Payload, UnknownEventType, decode, device, dra
+from gpuop.events import MalformedMessage, Payload, UnknownEventType, decode, device
 from gpuop.events.driver import DriverValidated
 from gpuop.services.device_plugin import consumers
 from gpuop.services.device_plugin.plugins import HealthRecord
@@ -53,17 +52,6 @@ async def selection(bus: Bus, node: str) -> LastSelection:
         if isinstance(payload, device.DevicePluginConfigSelected) and message.seq > last.seq:
             last = LastSelection(payload.config, message.seq)
     return last
-
-
-async def claims(bus: Bus, node: str) -> list[dra.ClaimAllocated | dra.ClaimReleased]:
-    """The node's claim allocations and releases, in stream order (the DRA plugin's index
-    keeps the newest per claim)."""
-    found: list[dra.ClaimAllocated | dra.ClaimReleased] = []
-    async for message in bus.read(consumers.claims_subject(bus.prefix, node)):
-        payload = _payload(message)
-        if isinstance(payload, dra.ClaimAllocated | dra.ClaimReleased):
-            found.append(payload)
-    return found
 
 
 def _payload(stored: StoredMessage) -> Payload | None:

@@ -186,6 +186,7 @@ class Controller:
             # the validation pod's default namespace: the orchestrator's own (the release's)
             own_namespace=self._config.lease_namespace,
             claims=node_claims,
+            served=lambda node: device_apis.served(self._bus, node),
         )  # fmt: skip
         outbox = Outbox(self._bus, executor, clock=self._clock)
         deadlines = DeadlineScheduler(self._bus, clock=self._clock)

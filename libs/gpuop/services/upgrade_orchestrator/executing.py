@@ -36,10 +36,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from gpuop.events import kube as observed
+from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied
 from gpuop.events.dra import DRIVER
 from gpuop.events.fields import NamespacedName
 from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT, UpgradeState
@@ -51,6 +52,9 @@ from gpuop.saga import actions
 from gpuop.saga.mig import actions as mig_actions
 from gpuop.saga.remediation import actions as remedies
 from gpuop.services.upgrade_orchestrator.nodepods import NodePods
+
+ServedApi = Callable[[str], Awaitable[DeviceApiApplied | None]]
+"""The node's device plugin's latest word on the API it serves, from the log."""
 
 CLAIMS_READ_WAIT_SECONDS = 10.0
 """How long a pod deletion waits for the log's claim facts to be read before it goes on with
@@ -142,8 +146,12 @@ class KubeExecutor:
         node_pods: NodePods | None = None,
         own_namespace: str = "default",
         claims: NodeClaims | None = None,
+        served: ServedApi | None = None,
     ) -> None:
         self._kube = kube
+        self._served = served
+        """What the node's device plugin last said it serves (`device_apis.served`); None:
+        every node serves the device plugin API."""
         self._claims = claims
         """Every node's ResourceClaims on its GPUs, from the bus: their pods hold the GPU."""
         self._own_namespace = own_namespace
@@ -281,7 +289,8 @@ class KubeExecutor:
             command=action.command,
             namespace=namespace,
             runtime_class_name=action.runtime_class_name,
-            device_class=action.device_class,
+            device_class=action.device_class or await self._dra_class(node),
+            gpu_uuids=action.gpu_uuids,
         )
         ref = NamespacedName(namespace=namespace, name=validationpods.pod_name(node, action.id))
         reasons = observed.ValidationPodFailureReason
@@ -304,6 +313,17 @@ class KubeExecutor:
         return observed.ValidationPodFailed(
             action_id=action.id, pod=ref, reason=reason, message=message
         )
+
+    async def _dra_class(self, node: str) -> str:
+        """`gpu.nvidia.com` when the node's device plugin last said it serves the node's GPUs
+        through DRA, else empty (`nvidia.com/gpu`): the upgrade's and the remediation's pod
+        rung ask a GPU the way the node serves them when the pod runs. A switch never runs
+        meanwhile: every kind holds its node."""
+        if self._served is None:
+            return ""
+        applied = await self._served(node)
+        serves_dra = applied is not None and applied.serving and applied.api is DeviceApi.DRA
+        return DRIVER if serves_dra else ""
 
     async def _remove_pods(self, node: str, options: draining.DrainOptions) -> draining.DrainResult:
         if self._node_pods is None:

@@ -6,8 +6,8 @@ remediation (there is no other driver to roll back to)."""
 from __future__ import annotations
 
 from gpuop.events import device as dev
+from gpuop.events import dra, kube
 from gpuop.events import driver as dm
-from gpuop.events import kube
 from gpuop.events.remediation import RemediationState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import actions as upgrade_actions
@@ -100,6 +100,9 @@ def on_event(draft: Draft, trigger: Trigger) -> None:
         _on_driver(draft, trigger)
 
 
+MIG_DEVICE = "-mig-"
+"""What the name of a MIG device of NVIDIA's DRA driver has in it (`gpu-0-mig-1g18gb-19-0`)."""
+
 on_deadline = fail_on_deadline
 
 
@@ -109,9 +112,16 @@ def effects(saga: RemediationSaga, spec: GPUClusterPolicySpec) -> Effects:
         return (issue(saga, dev.ResumeOperands(reason=f"validation of {saga.saga_id}")),), ()
     if name == "validate-pod":
         pod = spec.upgrade_policy.validation.pod
+        # a device quarantine validates the GPUs it reset: a claim for exactly them, through
+        # their quarantine taint (the node's other GPUs serve meanwhile). A GPU in MIG mode
+        # has no whole-GPU device: its pod asks as any DRA node's (the executor's look-up)
+        reset = [d for gpu in saga.gpu_uuids for d in saga.dra_devices.get(gpu, ())]
+        quarantine = bool(reset) and not any(MIG_DEVICE in device for device in reset)
         run = upgrade_actions.RunValidationPod(
             id=action_id(saga), image=pod.image, command=pod.command, namespace=pod.namespace,
             runtime_class_name=pod.runtime_class_name, timeout_seconds=timeout(saga, spec),
+            device_class=dra.DRIVER if quarantine else "",
+            gpu_uuids=saga.gpu_uuids if quarantine else (),
         )  # fmt: skip
         return (), (run,)
     if saga.driver_version is None:

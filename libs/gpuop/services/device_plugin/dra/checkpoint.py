@@ -7,11 +7,12 @@ driver's place and states, its own JSON), replaced atomically on every change:
 
     {"bootId": ..., "preparedClaims": {<uid>: {"state": "PrepareStarted" | "PrepareCompleted",
      "namespace", "name", "devices": [{"requestNames", "poolName", "deviceName",
-     "cdiDeviceIds"}], "sharing": {<request>: <strategy or null>}}}}
+     "cdiDeviceIds"}], "sharing": {<request>: <strategy or null>}, "startedAt": <ISO time>}}}
 
 `PrepareStarted` is written before anything else for a claim and `PrepareCompleted` after
 its CDI spec, so a plugin that dies in between finds the claim half made and rolls it back
-before preparing it again (`preparing`). A checkpoint of another boot is discarded whole:
+before preparing it again (`preparing`), or sweeps it when the kubelet never asks again
+(`Preparer.sweep`). A checkpoint of another boot is discarded whole:
 `/var/run/cdi` is tmpfs and the containers it served are gone. An unreadable checkpoint is
 an error (`CheckpointError`) rather than an empty one: forgetting prepared claims would hand
 their GPUs out twice.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -78,15 +80,20 @@ class PreparedClaim:
     name: str
     devices: tuple[PreparedDevice, ...] = ()
     sharing: dict[str, str | None] = field(default_factory=dict)
+    started_at: datetime | None = None
+    """When its prepare began; None in a checkpoint written before gpuop recorded it."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        document: dict[str, Any] = {
             "state": str(self.state),
             "namespace": self.namespace,
             "name": self.name,
             "devices": [device.to_json() for device in self.devices],
             "sharing": self.sharing,
         }
+        if self.started_at is not None:
+            document["startedAt"] = self.started_at.isoformat()
+        return document
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedClaim:
@@ -96,6 +103,7 @@ class PreparedClaim:
             str(data["name"]),
             tuple(PreparedDevice.from_json(d) for d in data.get("devices", ())),
             dict(data.get("sharing", {})),
+            datetime.fromisoformat(data["startedAt"]) if data.get("startedAt") else None,
         )
 
 

@@ -1,9 +1,11 @@
 """The DRA kubelet plugin of one node: the claims it learnt, what it prepared, its servers.
 
 `DraPlugin` is what the device plugin's node agent drives while the node's GPUs are served
-through DRA: it takes in the node's `dra.ClaimAllocated` and `dra.ClaimReleased` facts at
-any time (kept while stopped, so a switch to DRA finds the claims allocated before it), and
-`start` loads the checkpoint of this boot, then serves the kubelet (`serving.DraServer`).
+through DRA: it reads the node's claims from the one `ClaimHolders` the agent keeps (fed by
+`gpuop.inventory.claims.follow`, which the holders read too; kept while stopped, so a switch
+to DRA finds the claims allocated before it), tells the kubelet's health streams when they
+change (`watch_claims`), and `start` loads the checkpoint of this boot, then serves the
+kubelet (`serving.DraServer`).
 Device health comes from the device plugin's health book: every whole GPU of the inventory
 (`gpu-<minor>`, the name the cluster role publishes) and every MIG device a claim holds,
 healthy while its physical GPU is, and every one unhealthy while the GPU driver is paused
@@ -18,11 +20,12 @@ import re
 from collections.abc import Callable
 from pathlib import PurePosixPath
 
-from gpuop.clocks import Clock
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import dra
 from gpuop.host import system
 from gpuop.host.roots import HostRoot
 from gpuop.inventory.claims import ClaimHolders
+from gpuop.runtime import waiting
 from gpuop.services.device_plugin.dra import checkpoint, serving
 from gpuop.services.device_plugin.dra.preparing import Preparer
 from gpuop.services.device_plugin.dra.serving import DeviceHealth, DraServer, Registered
@@ -54,17 +57,20 @@ class DraPlugin:
         seen_as: PurePosixPath = serving.HOST_ROOT,
         resend_interval: float = serving.RESEND_INTERVAL,
         clock: Clock | None = None,
+        claims: ClaimHolders | None = None,
     ) -> None:
         self.root = root
         self.pool = node
         """gpuop's pool on this node is named after it."""
-        self.index = ClaimHolders()
+        self.index = claims if claims is not None else ClaimHolders()
+        """The node's claims: the agent's one fold of their facts."""
         self._inventory = inventory
         self._health = health
         self._paused = paused
         self._checkpoint_path = root.join(f"{data_dir(kubelet_dir)}/{checkpoint.FILE}")
         self.on_registration: Registered = on_registration or (lambda registered, error: None)
         """Told the kubelet's word on every registration (replaceable before `start`)."""
+        self._clock = clock or SYSTEM_CLOCK
         self._new_server = functools.partial(
             DraServer,
             root.path,
@@ -87,7 +93,7 @@ class DraPlugin:
             return
         boot = await asyncio.to_thread(system.boot_id, self.root)
         loaded = await asyncio.to_thread(checkpoint.Checkpoint.load, self._checkpoint_path, boot)
-        preparer = Preparer(self.root, self.index, loaded, self._inventory)
+        preparer = Preparer(self.root, self.index, loaded, self._inventory, self._clock)
         server = self._new_server(preparer, self.devices_health)
         await server.start()
         self._server = server
@@ -99,9 +105,12 @@ class DraPlugin:
         if server is not None:
             await server.stop()
 
-    async def apply(self, fact: dra.ClaimAllocated | dra.ClaimReleased) -> None:
-        """Take in one allocation fact of this node."""
-        if self.index.apply(fact):
+    async def watch_claims(self, stopping: asyncio.Event) -> None:
+        """Tell the kubelet's health streams whenever the claims changed (the MIG devices
+        they hold are among the devices reported), until `stopping` is set."""
+        changed = self.index.changed
+        while not stopping.is_set():
+            await waiting.idle(None, wake=changed, stopping=stopping)
             await self.health_changed()
 
     async def health_changed(self) -> None:

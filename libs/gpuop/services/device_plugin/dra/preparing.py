@@ -14,6 +14,13 @@ fails the others.
               admin access; `PrepareStarted`, the CDI spec (`cdispecs`), `PrepareCompleted`.
     unprepare the claim's spec removed and its checkpoint entry dropped; a claim never
               prepared here succeeds (the kubelet may ask any instance).
+    sweep     every `SWEEP_INTERVAL` seconds: a claim half prepared (`PrepareStarted`, the
+              plugin died mid-prepare) at least `SWEEP_AFTER` ago whose allocation on this
+              node the claim facts no longer hold (released or deleted: the kubelet will
+              never ask about it again) is unprepared, its CDI spec removed. NVIDIA's
+              driver does the same every 10 minutes, asking the API server whether the
+              claim still exists; gpuop's node asks the facts it reads from the bus, once
+              it has read every one the log held.
 
 Devices of other drivers in the allocation are left to them. Called under one lock by
 `serving.DraServer`, so two kubelet calls never interleave on the checkpoint.
@@ -24,7 +31,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
+from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import dra
 from gpuop.host.roots import HostRoot
 from gpuop.inventory.claims import ClaimHolders
@@ -41,6 +50,12 @@ log = logging.getLogger(__name__)
 
 NOT_YET_KNOWN = "allocation not yet known"
 """The start of the error for a claim whose `ClaimAllocated` has not reached the node."""
+
+
+SWEEP_INTERVAL = 600.0
+"""Seconds between two sweeps of half-prepared claims (NVIDIA's driver's 10 minutes)."""
+SWEEP_AFTER = timedelta(seconds=SWEEP_INTERVAL)
+"""How old a half-prepared claim must be to be swept: a prepare in flight never is."""
 
 
 class PrepareError(Exception):
@@ -72,11 +87,13 @@ class Preparer:
         index: ClaimHolders,
         checkpoint: Checkpoint,
         inventory: Callable[[], GpuInventory],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.root = root
         self.index = index
         self.checkpoint = checkpoint
         self._inventory = inventory
+        self._clock = clock
 
     def prepare(self, claim: ClaimName) -> Prepared:
         """The claim's devices, or a `PrepareError` saying why not (returned, not raised)."""
@@ -98,6 +115,30 @@ class Preparer:
             log.error("cannot unprepare claim %s: %s", uid, error)
             return f"cannot remove the claim's CDI spec or checkpoint entry: {error}"
         return ""
+
+    def sweep(self) -> tuple[str, ...]:
+        """Unprepare the stale half-prepared claims (see the module docstring); the uids
+        swept. Nothing before every claim fact the log held was read: a claim not known
+        yet is not a claim gone."""
+        if not self.index.ready.is_set():
+            return ()
+        now = self._clock.now()
+        swept: list[str] = []
+        for uid, claim in sorted(self.checkpoint.claims().items()):
+            if claim.state is not State.STARTED or self.index.get(uid) is not None:
+                continue
+            if claim.started_at is not None and now - claim.started_at < SWEEP_AFTER:
+                continue
+            error = self.unprepare(uid)
+            if error:
+                log.warning("cannot sweep half-prepared claim %s (next sweep): %s", uid, error)
+                continue
+            log.info(
+                "swept claim %s/%s (%s): half prepared, and no longer allocated here",
+                claim.namespace, claim.name, uid,
+            )  # fmt: skip
+            swept.append(uid)
+        return tuple(swept)
 
     def _prepare(self, claim: ClaimName) -> tuple[PreparedDevice, ...]:
         known = self.checkpoint.get(claim.uid)
@@ -123,7 +164,10 @@ class Preparer:
         targets = [self._target(device) for device in ours]
         self._check_free(claim.uid, ours)
         strategies = {r: (str(s) if s else None) for r, s in shared.items()}
-        started = PreparedClaim(State.STARTED, claim.namespace, claim.name, sharing=strategies)
+        started = PreparedClaim(
+            State.STARTED, claim.namespace, claim.name, sharing=strategies,
+            started_at=self._clock.now(),
+        )  # fmt: skip
         self.checkpoint.put(claim.uid, started)
         cdispecs.write(
             self.root,
@@ -139,7 +183,9 @@ class Preparer:
             )
             for device in ours
         )
-        completed = PreparedClaim(State.COMPLETED, claim.namespace, claim.name, devices, strategies)
+        completed = PreparedClaim(
+            State.COMPLETED, claim.namespace, claim.name, devices, strategies, started.started_at
+        )
         self.checkpoint.put(claim.uid, completed)
         log.info("prepared claim %s: %s", claim, ", ".join(d.device_name for d in devices))
         return devices

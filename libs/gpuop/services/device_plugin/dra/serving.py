@@ -13,7 +13,8 @@ The kubelet watches `plugins_registry` for sockets, so the registration socket i
 last and removed first: the kubelet never dials a plugin that does not serve yet.
 
 NodePrepareResources and NodeUnprepareResources answer every claim asked (`preparing`, under
-one lock); NodeWatchResources streams every device's health at once, again on every change,
+one lock, which the sweep of half-prepared claims every `preparing.SWEEP_INTERVAL` seconds
+takes too); NodeWatchResources streams every device's health at once, again on every change,
 and again every `resend_interval` seconds, well within the kubelet's 30 s after which a
 device not re-reported turns Unknown.
 """
@@ -41,7 +42,13 @@ from gpuop.kubelet.dra_health.v1 import api_pb2_grpc as health_grpc
 from gpuop.kubelet.pluginregistration.v1 import api_pb2 as registration_pb2
 from gpuop.kubelet.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 from gpuop.kubelet.sockets import UnixTarget
-from gpuop.services.device_plugin.dra.preparing import ClaimName, Prepared, PrepareError, Preparer
+from gpuop.services.device_plugin.dra.preparing import (
+    SWEEP_INTERVAL,
+    ClaimName,
+    Prepared,
+    PrepareError,
+    Preparer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +113,7 @@ class DraServer:
         self._health_version = 0
         self._stopping = asyncio.Event()
         self._servers: list[tuple[grpc.aio.Server, UnixTarget, Path]] = []
+        self._sweeping: asyncio.Task[None] | None = None
 
     @property
     def serving(self) -> bool:
@@ -124,11 +132,16 @@ class DraServer:
         registration = grpc.aio.server()
         registration_grpc.add_RegistrationServicer_to_server(_Registration(self), registration)
         await self._bind(registration, self.registration_path)
+        self._sweeping = asyncio.create_task(self._sweep_every(), name="dra-sweep")
         log.info("DRA plugin %s serving on %s", dra.DRIVER, self.plugin_path)
 
     async def stop(self) -> None:
         """Stop serving and remove both sockets, registration first; a no-op when stopped."""
         self._stopping.set()
+        sweeping, self._sweeping = self._sweeping, None
+        if sweeping is not None:
+            sweeping.cancel()
+            await asyncio.gather(sweeping, return_exceptions=True)
         async with self._health_changed:
             self._health_changed.notify_all()
         while self._servers:
@@ -156,6 +169,16 @@ class DraServer:
     async def unprepare(self, uids: Sequence[str]) -> dict[str, str]:
         async with self._lock:
             return {uid: await asyncio.to_thread(self._preparer.unprepare, uid) for uid in uids}
+
+    async def sweep(self) -> tuple[str, ...]:
+        """Sweep the stale half-prepared claims (`Preparer.sweep`); the uids swept."""
+        async with self._lock:
+            return await asyncio.to_thread(self._preparer.sweep)
+
+    async def _sweep_every(self) -> None:
+        while True:
+            await self._clock.sleep(SWEEP_INTERVAL)
+            await self.sweep()
 
     async def watch(self) -> AsyncIterator[health_pb2.NodeWatchResourcesResponse]:
         version = -1
