@@ -16,6 +16,13 @@ IDLE_PCIE_TX_KBPS = 1540
 """The recorded H200's PCIe transmit rate at idle, KB/s."""
 IDLE_PCIE_RX_KBPS = 605
 """The recorded H200's PCIe receive rate at idle (nvidia-smi-q.xml), KB/s."""
+NVLINK_ERROR_FIELDS = (
+    FieldId.NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    FieldId.NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+    FieldId.NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+    FieldId.NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+)
+"""The NVLink error totals a GPU with NVLink answers (0 until errors are put on it)."""
 HBM_ABOVE_DIE_C = 2
 """How much warmer HBM runs than the die (36 vs 34 °C on the recorded H200)."""
 
@@ -34,6 +41,8 @@ def field_value(gpu: SimGpu, field_id: int, *, nvlink: bool) -> FieldValue:
     if nvlink:
         values[FieldId.NVLINK_THROUGHPUT_DATA_TX] = gpu.nvlink_tx_kib
         values[FieldId.NVLINK_THROUGHPUT_DATA_RX] = gpu.nvlink_rx_kib
+        for counter in NVLINK_ERROR_FIELDS:
+            values[counter] = c.nvlink_errors.get(counter, 0)
     if field_id not in values:
         return FieldValue(field_id, ERROR_NOT_SUPPORTED, None)
     return FieldValue(field_id, SUCCESS, values[field_id])

@@ -44,7 +44,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -58,7 +58,7 @@ from gpuop.nvml.errors import (
     NotInitialized,
     NvmlError,
 )
-from gpuop.nvml.metrics import DeviceMetrics, FieldValue, PcieThroughput
+from gpuop.nvml.metrics import ClockEventReason, DeviceMetrics, FieldValue, PcieThroughput
 from gpuop.nvml.mig import GpuInstance, MigDevice, MigModeState, MigProfile, Placement
 from gpuop.nvml.recordings import load_recording
 from gpuop.nvml.topology import NvLink, PeerTopology
@@ -357,6 +357,32 @@ class SimNvml:
             self._publish(EccEvent(index, gpu.info.uuid, uncorrectable=False))
         if volatile_uncorrected:
             self._publish(EccEvent(index, gpu.info.uuid, uncorrectable=True))
+
+    def inject_nvlink_errors(self, index: int, counts: Mapping[int, int]) -> None:
+        """The GPU's NVLink error totals grow by `counts` (by `FieldId`: CRC flit, CRC
+        data, replay, recovery), as a link failing its CRC checks makes them grow."""
+        if any(count < 0 for count in counts.values()):
+            raise ValueError("NVLink error counts cannot be negative")
+        with self._lock:
+            totals = self._gpus[self._index(index)].counters.nvlink_errors
+            for field_id, count in counts.items():
+                totals[field_id] = totals.get(field_id, 0) + count
+
+    def degrade_pcie_link(self, index: int, link: tuple[int, int] | None) -> None:
+        """The GPU's PCIe link runs at (generation, width) below its maximum; None: at its
+        maximum again."""
+        with self._lock:
+            self._gpus[self._index(index)].counters.pcie_link = link
+
+    def hold_clocks(self, index: int, reasons: ClockEventReason) -> None:
+        """Clock event reasons put on the GPU from outside (NONE lifts them)."""
+        with self._lock:
+            self._gpus[self._index(index)].counters.clock_events = reasons
+
+    def fail_row_remap(self, index: int) -> None:
+        """The GPU runs out of spare rows: its remapper reports a failure from now on."""
+        with self._lock:
+            self._gpus[self._index(index)].counters.remap_failure = True
 
     def lose_gpu(self, index: int) -> None:
         """The GPU falls off the bus: XID 79 to watchers, then every query of it raises

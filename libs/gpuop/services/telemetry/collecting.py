@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuop.health import signals
 from gpuop.nvml import (
     DeviceInfo,
     DeviceMetrics,
@@ -40,6 +41,9 @@ from gpuop.services.telemetry.sessions import Inventory, NvmlSession
 
 log = logging.getLogger(__name__)
 
+SLOW_QUERY = tuple(dict.fromkeys((*catalog.SLOW_FIELDS, *signals.packaged().fields())))
+"""The fields one batched query asks for: the exported ones, and those the health catalog's
+signals read (`gpuop.health.signals`)."""
 SESSION_ERRORS = (NotInitialized, DriverUnavailable)
 """Failures that mean the NVML session is gone, not one GPU: the session is reopened."""
 
@@ -104,6 +108,11 @@ class Collector:
     def exposition(self) -> bytes:
         """The scrape path: the bytes of the last collection, and nothing else."""
         return self.rendered
+
+    @property
+    def slow_fields(self) -> dict[int, Mapping[int, int | float]]:
+        """The latest slow round's field values, by GPU index (the health signals read them)."""
+        return {index: reading.fields for index, reading in self._slow.items()}
 
     def attribute(self, attribution: Attribution) -> bool:
         """Take the pod attribution; returns whether it changed (the labels then do)."""
@@ -212,7 +221,7 @@ class Collector:
                 self._metrics.nvml_failed("pcie")
                 log.debug("PCIe throughput of GPU %d failed: %s", gpu.index, error)
             try:
-                answers = nvml.field_values(gpu.index, catalog.SLOW_FIELDS)
+                answers = nvml.field_values(gpu.index, SLOW_QUERY)
             except SESSION_ERRORS:
                 raise
             except NvmlError as error:

@@ -38,13 +38,13 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, replace
 
 from gpuop.bus import Bus, BusError
 from gpuop.events import Envelope, new_event
 from gpuop.events.device import DeviceHealthChanged, HealthReason, XidAction
-from gpuop.health import ignores, xids
+from gpuop.health import detecting, ignores, signals, xids
 from gpuop.nvml import (
     DeviceEvent,
     DeviceMetrics,
@@ -180,6 +180,23 @@ class XidHistory:
         return XidSnapshot(last=dict(self._last), window_counts=counts)
 
 
+REASONS: Mapping[str, HealthReason] = {
+    signals.XID: HealthReason.XID,
+    "ecc-uncorrectable": HealthReason.ECC,
+    "nvlink-errors": HealthReason.NVLINK,
+    "clocks-thermal": HealthReason.CLOCKS,
+    "clocks-power-brake": HealthReason.CLOCKS,
+    "pcie-replays": HealthReason.PCIE,
+    "pcie-link-width": HealthReason.PCIE,
+    "pcie-link-generation": HealthReason.PCIE,
+    "row-remap-pending": HealthReason.ROW_REMAP,
+    "row-remap-failure": HealthReason.ROW_REMAP,
+    detecting.GPU_LOST: HealthReason.UNREACHABLE,
+    detecting.GPU_UNREACHABLE: HealthReason.UNREACHABLE,
+}
+"""The event's `reason` for each signal of the health catalog."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Mark:
     reason: HealthReason
@@ -187,16 +204,26 @@ class _Mark:
     """The NVML session in which the GPU became unhealthy."""
     action: XidAction
     """The strongest action the faults since then asked for."""
+    signal: str
+    """The health catalog's signal that asked for `action`."""
 
 
 class HealthTracker:
     """Decides when a GPU's health changed and what it asks for; see the module docstring."""
 
     def __init__(
-        self, ignored_xids: Collection[int], catalog: xids.XidCatalog | None = None
+        self,
+        ignored_xids: Collection[int],
+        catalog: xids.XidCatalog | None = None,
+        *,
+        health_catalog: signals.Catalog | None = None,
     ) -> None:
         self._ignored = frozenset(ignored_xids)
-        self._catalog = catalog or xids.packaged()
+        self._signals = health_catalog or signals.packaged()
+        if catalog is not None:
+            self._signals = replace(self._signals, xids=catalog)
+        self._catalog = self._signals.xids
+        self.detector = detecting.Detector(self._signals)
         self._marks: dict[str, _Mark] = {}
 
     def unhealthy(self) -> dict[str, HealthReason]:
@@ -211,16 +238,16 @@ class HealthTracker:
         """What `xid` asks for; None when `ignored_xids` lists it."""
         return None if ignores(self._ignored, xid) else self._catalog.action(xid)
 
-    def _mark(
-        self, uuid: str, reason: HealthReason, session: Inventory, action: XidAction
-    ) -> XidAction:
+    def _mark(self, uuid: str, session: Inventory, verdict: signals.Verdict) -> XidAction:
         """Mark the GPU unhealthy; returns the action it now asks for, never lower than
-        what its current mark asked."""
+        what its current mark asked (a stronger mark keeps its own signal, so a weaker
+        signal's clearing never lifts it)."""
         previous = self._marks.get(uuid)
-        if previous is not None and previous.action.rank > action.rank:
-            action = previous.action
-        self._marks[uuid] = _Mark(reason, session, action)
-        return action
+        if previous is not None and previous.action.rank > verdict.action.rank:
+            return previous.action
+        reason = REASONS[verdict.signal]
+        self._marks[uuid] = _Mark(reason, session, verdict.action, verdict.signal)
+        return verdict.action
 
     def on_event(
         self, event: DeviceEvent, session: Inventory, last: FastRound | None
@@ -228,26 +255,31 @@ class HealthTracker:
         """The health change an NVML event means, if any; `last` is the collection that
         followed it."""
         if isinstance(event, XidEvent):
-            asked = self.xid_action(event.xid)
-            if asked is None or asked.keeps_gpu_healthy:
+            if self.xid_action(event.xid) is None:
                 return None
-            action = self._mark(event.uuid, HealthReason.XID, session, asked)
+            verdict = self._signals.for_xid(event.xid)
+            if verdict.action.keeps_gpu_healthy:
+                return None
+            action = self._mark(event.uuid, session, verdict)
             return DeviceHealthChanged(
                 gpu_uuid=event.uuid,
                 healthy=False,
                 reason=HealthReason.XID,
                 xid=event.xid,
                 action=action,
+                signal=signals.XID,
                 message=f"{self._catalog.describe(event.xid)} on GPU {event.index}: {action}",
             )
         if isinstance(event, EccEvent) and event.uncorrectable:
             metrics = last.metrics.get(event.index) if last else None
-            action = self._mark(event.uuid, HealthReason.ECC, session, XidAction.RESET_GPU)
+            verdict = self._signals.for_signal("ecc-uncorrectable")
+            action = self._mark(event.uuid, session, verdict)
             pending = " (row remap pending)" if metrics and metrics.remapped_rows_pending else ""
             return DeviceHealthChanged(
                 gpu_uuid=event.uuid,
                 healthy=False,
                 reason=HealthReason.ECC,
+                signal=verdict.signal,
                 ecc_volatile_uncorrected=_count(
                     metrics.ecc_volatile_uncorrected if metrics else None
                 ),
@@ -259,29 +291,35 @@ class HealthTracker:
             )
         return None
 
-    def on_round(self, session: Inventory, collected: FastRound) -> list[DeviceHealthChanged]:
-        """The health changes one fast collection shows: GPUs lost, GPUs back."""
+    def on_round(
+        self,
+        session: Inventory,
+        collected: FastRound,
+        *,
+        fields: Mapping[int, detecting.Fields] | None = None,
+        now: float = 0.0,
+    ) -> list[DeviceHealthChanged]:
+        """The health changes one fast collection shows: the signals of the health catalog
+        that fire with it (`fields`: the latest slow field values by GPU index; `now`: the
+        monotonic time of the round), GPUs lost, GPUs back."""
         changes: list[DeviceHealthChanged] = []
         for gpu in session.gpus:
-            mark = self._marks.get(gpu.uuid)
             error = collected.failures.get(gpu.index)
             if error is not None:
+                mark = self._marks.get(gpu.uuid)
                 if mark is None or mark.reason is not HealthReason.UNREACHABLE:
-                    action = self._mark(
-                        gpu.uuid, HealthReason.UNREACHABLE, session, XidAction.REBOOT
-                    )
-                    changes.append(
-                        DeviceHealthChanged(
-                            gpu_uuid=gpu.uuid,
-                            healthy=False,
-                            reason=HealthReason.UNREACHABLE,
-                            action=action,
-                            message=f"GPU {gpu.index} does not answer NVML: {error}"[:1024],
-                        )
-                    )
+                    lost = self.detector.lost(gpu.index, gpu.uuid, error)
+                    changes.extend(self._detected(lost, session))
                 continue
             metrics = collected.metrics.get(gpu.index)
-            if mark is not None and metrics is not None and _recovered(mark, session, metrics):
+            if metrics is None:
+                continue
+            seen = (fields or {}).get(gpu.index, {})
+            for detection in self.detector.observe(gpu.index, gpu.uuid, metrics, seen, now):
+                changes.extend(self._detected(detection, session))
+            mark = self._marks.get(gpu.uuid)
+            active = self.detector.active(gpu.uuid)
+            if mark is not None and self._recovered(mark, session, metrics, active):
                 del self._marks[gpu.uuid]
                 changes.append(
                     DeviceHealthChanged(
@@ -296,18 +334,46 @@ class HealthTracker:
                 )
         return changes
 
+    def _detected(
+        self, detection: detecting.Detection, session: Inventory
+    ) -> list[DeviceHealthChanged]:
+        """The event a signal makes: none when the catalog ignores it, or when the GPU's
+        mark already asks as much (the same fault seen by a second source, such as the
+        kernel log's XID 79 and NVML's GPU_IS_LOST, is one event)."""
+        verdict = self._signals.for_signal(detection.signal)
+        mark = self._marks.get(detection.uuid)
+        if verdict.action.keeps_gpu_healthy or (
+            mark is not None and mark.action.rank >= verdict.action.rank
+        ):
+            return []
+        action = self._mark(detection.uuid, session, verdict)
+        message = f"{detection.detail}: {action}, {verdict.why}"
+        return [
+            DeviceHealthChanged(
+                gpu_uuid=detection.uuid,
+                healthy=False,
+                reason=REASONS[verdict.signal],
+                action=action,
+                signal=verdict.signal,
+                message=message[:1024],
+            )
+        ]
+
+    def _recovered(
+        self, mark: _Mark, session: Inventory, metrics: DeviceMetrics, active: frozenset[str]
+    ) -> bool:
+        if mark.reason is HealthReason.UNREACHABLE:
+            return True
+        if self._signals.clears(mark.signal):
+            return mark.signal not in active  # a mark that remediates nothing lifts with it
+        if mark.session is session or active:
+            return False  # held until a driver reload, with nothing firing after it
+        return not metrics.ecc_volatile_uncorrected and not metrics.remapped_rows_pending
+
 
 def _count(value: int | None) -> int | None:
     # the event's counts are bounded; a GPU past a million errors is past caring
     return None if value is None else min(value, MAX_EVENT_COUNT)
-
-
-def _recovered(mark: _Mark, session: Inventory, metrics: DeviceMetrics) -> bool:
-    if mark.reason is HealthReason.UNREACHABLE:
-        return True
-    if mark.session is session:
-        return False  # XID and ECC marks hold until a driver reload
-    return not metrics.ecc_volatile_uncorrected and not metrics.remapped_rows_pending
 
 
 class Outbox:

@@ -167,7 +167,13 @@ class NodeExporter(NodeAgentBase):
             log.info("NVML answers again")
             self._failing = None
         self._became_ready()
-        for change in self.health.on_round(collected.inventory, collected):
+        changes = self.health.on_round(
+            collected.inventory,
+            collected,
+            fields=self.collector.slow_fields,
+            now=self._clock.monotonic(),
+        )
+        for change in changes:
             self.outbox.add(change)
             self._wake_outbox.set()
 
