@@ -11,18 +11,25 @@ from typing import Any
 
 import pytest
 
+from gpuop.bus import InMemoryBus
 from gpuop.events.device import DeviceHealthChanged, HealthReason, XidAction
 from gpuop.health import detecting, kmsg, signals
 from gpuop.nvml import XidEvent, errors
+from gpuop.nvml.metrics import FieldId
 from gpuop.nvml.protocol import opened
 from gpuop.nvml.real import PynvmlBackend
 from gpuop.nvml.recorded import RecordedNvml
 from gpuop.saga.remediation.kind import calls_for_remediation
 from gpuop.services.telemetry.collecting import SLOW_QUERY, FastRound
 from gpuop.services.telemetry.health import REASONS, HealthTracker
+from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.sessions import Inventory
+from gpuop_sim.nvml.simulated import SimNvml
+from tests.support.node_agents import running, wait_for
 from tests.support.remediations import remediating
 from tests.support.sagas import policy
+from tests.support.telemetry import uuid_of
+from tests.support.waiting import eventually
 from tests.unit.nvml.conftest import NVML_JSON
 from tests.unit.nvml.fake_pynvml import FakePynvml
 
@@ -248,3 +255,26 @@ def test_a_storm_is_one_detection_until_a_whole_window_below_the_rate() -> None:
         found = detector.observe(0, "GPU-x", reading, totals, float(now))
         seen.append([d.signal for d in found if d.signal == "nvlink-errors"])
     assert seen == [[], ["nvlink-errors"], [], [], [], ["nvlink-errors"]]
+
+
+async def test_a_simulated_nvlink_storm_is_one_reset_event_from_the_node_exporter(
+    bus: InMemoryBus, make_exporter: Callable[..., NodeExporter], sim: SimNvml
+) -> None:
+    exporter = make_exporter()
+    replays = FieldId.NVLINK_REPLAY_ERROR_COUNT_TOTAL
+    async with running(exporter):
+        await eventually(lambda: bool(exporter.exposition()))
+        await exporter.collector.collect_slow()  # the quiet totals: 0 on every link
+        await exporter.collect()
+        assert exporter.collector.slow_fields[6][replays] == 0
+
+        sim.inject_nvlink_errors(6, {replays: 180, FieldId.NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: 20})
+        await exporter.collector.collect_slow()
+        await exporter.collect()
+        await exporter.collect()  # the storm goes on: still one event
+
+        [(_, event)] = await wait_for(bus, DeviceHealthChanged, 1)
+    assert (event.gpu_uuid, event.signal, event.reason, event.action) == (
+        uuid_of(6), "nvlink-errors", HealthReason.NVLINK, XidAction.RESET_GPU,
+    )  # fmt: skip
+    assert "nvlink-errors rose by 200" in event.message
