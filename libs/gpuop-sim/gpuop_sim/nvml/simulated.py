@@ -13,7 +13,9 @@ lives in that file, read before and written after every MIG call, so every servi
 (each with its own session) sees what the driver-manager carved, as on a real node. With
 `xid_feed` (`--nvml sim:` sets `<host root>/run/gpuop/sim-nvml/xids.jsonl`) the XIDs another
 process puts there (`sim_xids.inject`: the demo's fault knob) reach this one's open watchers
-too, within one of their waits. With `mig_fault` (`--nvml sim:` sets
+too, within one of their waits; with `nvlink_feed` (`<host root>/run/gpuop/sim-nvml/nvlink.jsonl`)
+the NVLink errors put there (`sim_xids.inject_nvlink_errors`) grow the counters the next
+field query reads. With `mig_fault` (`--nvml sim:` sets
 `<host root>/run/gpuop/sim-nvml/mig-fault`) a MIG call another process asked to fail there
 (`sim_mig_fault.set_fault`) fails here, as `fail_mig_call` does within one process. With
 `replaced` (`--nvml sim:` sets `<host root>/run/gpuop/sim-nvml/replaced.json`) a GPU another
@@ -112,6 +114,7 @@ class SimNvml:
         simulate_latency: bool = False,
         mig_state: Path | None = None,
         xid_feed: Path | None = None,
+        nvlink_feed: Path | None = None,
         mig_fault: Path | None = None,
         replaced: Path | None = None,
     ) -> None:
@@ -146,6 +149,7 @@ class SimNvml:
         self._lost: set[int] = set()
         self._watchers: WatcherSet[QueueWatcher] = WatcherSet()
         self._xid_feed = sim_xids.XidFeed(xid_feed) if xid_feed is not None else None
+        self._nvlink_feed = sim_xids.NvlinkFeed(nvlink_feed) if nvlink_feed else None
         self._lock = threading.RLock()
         self._session_version: str | None = None
         self._last_version: str | None = None
@@ -233,6 +237,9 @@ class SimNvml:
         return answer
 
     def field_values(self, index: int, field_ids: Sequence[int]) -> tuple[FieldValue, ...]:
+        for uuid, counts in self._nvlink_feed.take() if self._nvlink_feed else ():
+            if (fed := self._index_of(uuid)) is not None:
+                self.inject_nvlink_errors(fed, counts)
         with self._lock:
             gpu = self._gpu(index)
             gpu.advance(self._clock.monotonic())
@@ -582,9 +589,12 @@ class SimNvml:
         """Deliver the XIDs another process put in the feed since the last look."""
         assert self._xid_feed is not None
         for uuid, xid in self._xid_feed.take():
-            index = next((i for i, g in enumerate(self._gpus) if g.info.uuid == uuid), None)
-            if index is not None:
+            if (index := self._index_of(uuid)) is not None:
                 self.inject_xid(index, xid)
+
+    def _index_of(self, uuid: str) -> int | None:
+        """The index of the GPU with `uuid`; None when this node has none."""
+        return next((i for i, g in enumerate(self._gpus) if g.info.uuid == uuid), None)
 
     def _publish(self, event: DeviceEvent) -> None:
         for watcher in self._watchers.snapshot():
