@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from importlib import resources
 from typing import Any
 
 import pytest
 
 from gpuop.bus import InMemoryBus
 from gpuop.events.device import DeviceHealthChanged, HealthReason, XidAction
-from gpuop.health import detecting, kmsg, signals
+from gpuop.health import detecting, kmsg, signals, xids
 from gpuop.nvml import XidEvent, errors
 from gpuop.nvml.metrics import FieldId
 from gpuop.nvml.protocol import opened
@@ -211,10 +212,10 @@ async def test_a_gpu_lost_from_the_bus_asks_for_a_reboot() -> None:
 
 
 def test_the_catalog_refuses_a_signal_without_its_threshold() -> None:
-    text = (signals.resources.files("gpuop.health") / "signals.json").read_text()
+    text = (resources.files("gpuop.health") / "signals.json").read_text()
     broken = text.replace('"held_seconds": 300,', "", 1)
-    with pytest.raises(signals.CatalogError, match=r"clocks-thermal.*held_seconds"):
-        signals.parse(broken, xid_catalog=signals.xids.packaged())
+    with pytest.raises(xids.CatalogError, match=r"clocks-thermal.*held_seconds"):
+        signals.parse(broken, xid_catalog=xids.packaged())
 
 
 def test_every_catalog_signal_has_a_reason_and_a_reader() -> None:
