@@ -8,13 +8,14 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuop.bus import InMemoryBus
 from gpuop.events.device import DeviceHealthChanged, HealthReason, XidAction
-from gpuop.health import detecting, kmsg, signals, xids
+from gpuop.health import detecting, falls, kmsg, signals, xids
 from gpuop.nvml import XidEvent, errors
 from gpuop.nvml.metrics import FieldId
 from gpuop.nvml.protocol import opened
@@ -279,3 +280,46 @@ async def test_a_simulated_nvlink_storm_is_one_reset_event_from_the_node_exporte
         uuid_of(6), "nvlink-errors", HealthReason.NVLINK, XidAction.RESET_GPU,
     )  # fmt: skip
     assert "nvlink-errors rose by 200" in event.message
+
+
+def test_a_fall_counts_as_again_only_in_a_later_boot_and_a_bad_file_as_a_first(
+    tmp_path: Path,
+) -> None:
+    boot = ["boot-a"]
+    kept = falls.Falls(tmp_path / "falls.json", lambda: boot[0])
+    assert not kept.again("GPU-1")
+    assert not kept.again("GPU-1"), "the same boot: the same fall"
+    boot[0] = "boot-b"
+    assert not kept.again("GPU-2")
+    assert kept.again("GPU-1")
+    assert not falls.Falls(tmp_path / "falls.json", lambda: None).again("GPU-1")
+    (tmp_path / "falls.json").write_text("[not json")
+    assert not kept.again("GPU-1")
+
+
+async def test_a_gpu_fallen_off_the_bus_again_after_the_reboot_is_handed_over_for_new_hardware(
+    tmp_path: Path,
+) -> None:
+    boot = ["boot-a"]
+    node = Node()
+    node.tracker = HealthTracker((), fallen=falls.Falls(tmp_path / "falls.json", lambda: boot[0]))
+    node.round(0.0)
+    assert node.session is not None
+    [gpu] = node.session.gpus
+    line = f"3,9,9000,-;NVRM: Xid (PCI:{kmsg.pci_key(gpu.pci_bus_id)}): 79, GPU has fallen off the bus.\n"  # noqa: E501
+    fault = kmsg.parse_fault(kmsg.parse_record(line))
+    assert fault is not None
+    xid = XidEvent(gpu.index, gpu.uuid, fault.xid, None, None)
+
+    first = node.tracker.on_event(xid, node.session, None)
+    boot[0] = "boot-b"  # rebooted: telemetry starts afresh, the host remembers
+    node.tracker = HealthTracker((), fallen=falls.Falls(tmp_path / "falls.json", lambda: boot[0]))
+    again = node.tracker.on_event(xid, node.session, None)
+
+    assert first is not None and again is not None
+    assert (first.signal, first.action) == ("xid", XidAction.REBOOT)
+    assert (again.signal, again.xid, again.action) == (
+        "gpu-lost-again", 79, XidAction.DRAIN_AND_REPLACE,
+    )  # fmt: skip
+    assert "again after a reboot" in again.message
+    assert await saga_action(again) is XidAction.DRAIN_AND_REPLACE

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from gpuop.bus import Bus, BusError
 from gpuop.events import Envelope, new_event
 from gpuop.events.device import DeviceHealthChanged, HealthReason, XidAction
-from gpuop.health import detecting, ignores, signals, xids
+from gpuop.health import detecting, falls, ignores, kmsg, signals, xids
 from gpuop.nvml import (
     DeviceEvent,
     DeviceMetrics,
@@ -180,6 +180,8 @@ class XidHistory:
         return XidSnapshot(last=dict(self._last), window_counts=counts)
 
 
+GPU_LOST_AGAIN = "gpu-lost-again"
+"""A GPU that fell off the bus in an earlier boot too (`gpuop.health.falls`)."""
 REASONS: Mapping[str, HealthReason] = {
     signals.XID: HealthReason.XID,
     "ecc-uncorrectable": HealthReason.ECC,
@@ -192,6 +194,7 @@ REASONS: Mapping[str, HealthReason] = {
     "row-remap-pending": HealthReason.ROW_REMAP,
     "row-remap-failure": HealthReason.ROW_REMAP,
     detecting.GPU_LOST: HealthReason.UNREACHABLE,
+    GPU_LOST_AGAIN: HealthReason.UNREACHABLE,
     detecting.GPU_UNREACHABLE: HealthReason.UNREACHABLE,
 }
 """The event's `reason` for each signal of the health catalog."""
@@ -217,8 +220,10 @@ class HealthTracker:
         catalog: xids.XidCatalog | None = None,
         *,
         health_catalog: signals.Catalog | None = None,
+        fallen: falls.Falls | None = None,
     ) -> None:
         self._ignored = frozenset(ignored_xids)
+        self._falls = fallen
         self._signals = health_catalog or signals.packaged()
         if catalog is not None:
             self._signals = replace(self._signals, xids=catalog)
@@ -260,15 +265,22 @@ class HealthTracker:
             verdict = self._signals.for_xid(event.xid)
             if verdict.action.keeps_gpu_healthy:
                 return None
+            if event.xid == kmsg.FALLEN_OFF_BUS_XID:
+                verdict = self._fell(event.uuid, verdict)
             action = self._mark(event.uuid, session, verdict)
+            again = (
+                f", again after a reboot: {verdict.why}" if verdict.signal != signals.XID else ""
+            )
             return DeviceHealthChanged(
                 gpu_uuid=event.uuid,
                 healthy=False,
                 reason=HealthReason.XID,
                 xid=event.xid,
                 action=action,
-                signal=signals.XID,
-                message=f"{self._catalog.describe(event.xid)} on GPU {event.index}: {action}",
+                signal=verdict.signal,
+                message=(
+                    f"{self._catalog.describe(event.xid)} on GPU {event.index}: {action}{again}"
+                )[:1024],
             )
         if isinstance(event, EccEvent) and event.uncorrectable:
             metrics = last.metrics.get(event.index) if last else None
@@ -342,6 +354,8 @@ class HealthTracker:
         kernel log's XID 79 and NVML's GPU_IS_LOST, is one event)."""
         verdict = self._signals.for_signal(detection.signal)
         mark = self._marks.get(detection.uuid)
+        if detection.signal == detecting.GPU_LOST and mark is None:
+            verdict = self._fell(detection.uuid, verdict)
         if verdict.action.keeps_gpu_healthy or (
             mark is not None and mark.action.rank >= verdict.action.rank
         ):
@@ -358,6 +372,12 @@ class HealthTracker:
                 message=message[:1024],
             )
         ]
+
+    def _fell(self, uuid: str, verdict: signals.Verdict) -> signals.Verdict:
+        """A fall off the bus: `gpu-lost-again` when the GPU fell in an earlier boot too."""
+        if self._falls is not None and self._falls.again(uuid):
+            return self._signals.for_signal(GPU_LOST_AGAIN)
+        return verdict
 
     def _recovered(
         self, mark: _Mark, session: Inventory, metrics: DeviceMetrics, active: frozenset[str]

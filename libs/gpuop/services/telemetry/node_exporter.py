@@ -33,6 +33,8 @@ from gpuop.bus import Bus, Delivery, spans
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Envelope, Event, device
 from gpuop.events.driver import Component
+from gpuop.health import falls
+from gpuop.host.roots import HostRoot
 from gpuop.inventory import claims
 from gpuop.nvml import DeviceEvent, Nvml, NvmlError, XidEvent, open_backend
 from gpuop.runtime import waiting
@@ -66,6 +68,7 @@ class NodeExporter(NodeAgentBase):
         *,
         pod_resources: pods.PodResourcesSource | None = None,
         kernel_log: KernelLog | None = None,
+        fallen: falls.Falls | None = None,
         readiness: Readiness | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -77,7 +80,7 @@ class NodeExporter(NodeAgentBase):
         self.session = NvmlSession(nvml)
         self.collector = Collector(self.session, config, node, self.metrics)
         self.xids = XidHistory()
-        self.health = HealthTracker(config.ignored_xids)
+        self.health = HealthTracker(config.ignored_xids, fallen=fallen)
         self.kernel_log = kernel_log
         self.seen_xids = SeenFaults()
         self._known: Inventory | None = None
@@ -344,6 +347,7 @@ async def run(context: ServiceContext, config: TelemetryConfig) -> None:
         context.registry,
         pod_resources=pod_resources,
         kernel_log=KernelLog(settings.host_root) if config.kernel_log else None,
+        fallen=falls.at(HostRoot(settings.host_root)),
         readiness=context.set_readiness,
     )
     context.exposition = exporter.exposition
