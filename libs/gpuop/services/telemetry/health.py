@@ -1,31 +1,42 @@
-"""GPU health: NVML's XID and ECC events, and GPUs that stop answering, as
-`device.health-changed` events for the device plugin and the remediation.
+"""GPU health: NVML's XID and ECC events, the kernel log's XIDs, the health signals NVML's
+readings show, and GPUs that stop answering, as `device.health-changed` events for the
+device plugin and the remediation.
 
 `watch` waits for the events of each NVML session on a thread of that session's own, which
 wakes the event loop only for a real event, and hands them to the node exporter, which
 passes them, and the outcome of every fast collection, to `HealthTracker`. Telemetry owns
 the health decision (one place): the tracker decides what changed and what the fault asks
-for, and every event it makes carries that `XidAction`:
+for from gpuop's health catalog (`gpuop.health.signals`: the XID catalog and the signal
+catalog as one), and every event it makes carries that `XidAction`, the signal's name and
+the catalog's reason:
 
-- an XID gets the action gpuop's XID catalog (`gpuop.health.xids`) gives it. An action of
-  `none` or `restart-application` (the XIDs an application causes, or informational ones)
-  keeps the GPU healthy and only shows in the metrics; any other makes the GPU unhealthy
-  (reason `xid`). An XID in `ignored_xids` never changes health, whatever the catalog says:
-  an explicit ignore list wins. Its default is the NVIDIA device plugin's list, so XID 109,
+- an XID gets the action the XID catalog gives it. An action of `none` or
+  `restart-application` (the XIDs an application causes, or informational ones) keeps the
+  GPU healthy and only shows in the metrics; any other makes the GPU unhealthy (reason
+  `xid`). An XID in `ignored_xids` never changes health, whatever the catalog says: an
+  explicit ignore list wins. Its default is the NVIDIA device plugin's list, so XID 109,
   which the catalog resets, stays ignored as upstream ignores it; `ignored_xids: []` leaves
   the decision to the catalog alone;
-- an uncorrectable ECC event makes the GPU unhealthy (reason `ecc`, action `reset-gpu`: a
-  reset retires the bad page, or activates the row remap it left pending), with the counters
-  of the collection that followed; corrected errors only count in the metrics;
-- a GPU the fast queries cannot reach is unhealthy (`unreachable`, action `reboot`: a reset
-  goes through the driver to a GPU it can reach, so one that fell off the bus or lost its
-  handle needs the node rebooted, as the catalog's `RESTART_BM` for XID 79) until it
-  answers again;
+- an uncorrectable ECC event is the catalog's `ecc-uncorrectable` (`reset-gpu`: a reset
+  retires the bad page, or applies the row remap it left pending), with the counters of the
+  collection that followed; corrected errors only count in the metrics;
+- every fast collection goes through `gpuop.health.detecting` with the last slow round's
+  field values: NVLink error storms, clocks held down, PCIe replays and link drops, row
+  remaps pending or failed, each with the catalog's action (`mark` keeps the GPU out of
+  service while it lasts and remediates nothing);
+- a GPU the fast queries cannot reach is `gpu-lost` (`NVML_ERROR_GPU_IS_LOST`) or
+  `gpu-unreachable`, reason `unreachable`, action `reboot` (a reset goes through the driver
+  to a GPU it can reach, as the catalog's `RESTART_BM` for XID 79) until it answers again;
+  a GPU that falls off the bus (79, or lost) in a later boot than an earlier fall is
+  `gpu-lost-again`: `drain-and-replace` (`gpuop.health.falls` remembers across reboots);
 - while a GPU is unhealthy, a further fault never lowers the action: each event carries the
-  strongest action the GPU's mark has seen (`reboot` after 79 stays `reboot` on a later 48);
-- an XID or ECC mark holds until the GPU answers in a later NVML session (after the driver
-  reload a pause and resume bring, or a reset) with no uncorrected volatile ECC error nor
-  pending row remap; then the GPU is `recovered` (action `none`).
+  strongest action the GPU's mark has seen (`reboot` after 79 stays `reboot` on a later 48),
+  and a signal that asks no more than the mark already does makes no event (the kernel
+  log's 79 and NVML's `GPU_IS_LOST` are one fault);
+- a mark whose signal `clears` (the catalog says) lifts when its condition ends; an XID, ECC
+  or other mark holds until the GPU answers in a later NVML session (after the driver
+  reload a pause and resume bring, or a reset) with no signal firing, no uncorrected
+  volatile ECC error nor pending row remap; then the GPU is `recovered` (action `none`).
 
 `XidHistory` keeps what `DCGM_FI_DEV_XID_ERRORS` and `DCGM_EXP_XID_ERRORS_COUNT` show.
 `Outbox` publishes the events in order and keeps them while the bus is unreachable, so a
