@@ -21,7 +21,7 @@ from gpuop_sim.cli.rollout_view import REMEDIATION, SagaRun, Tracker
 from gpuop_sim.cli.scenarios import Allocation, Signals
 from gpuop_sim.host import simkmsg
 from gpuop_sim.nvml import sim_gpus, sim_xids
-from tests.unit.cli.test_demo_scenarios import FakeKube, FakeKubelet, pod, stage
+from tests.support.demo_scenarios import FakeKube, FakeKubelet, pod, stage
 
 NODE = "gpu-node-1"
 T0 = datetime(2026, 12, 7, 18, 0, tzinfo=UTC)

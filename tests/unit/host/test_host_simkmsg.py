@@ -16,10 +16,12 @@ def test_an_xid_written_there_is_a_kernel_record_the_kernel_log_reader_finds(
     tmp_path: Path,
 ) -> None:
     root = hosts.build_host_root(tmp_path / "host", "node-1", 2, boot_id=None)
+    assert not root.join(simkmsg.KMSG).exists()  # seeded without: dev/ holds device nodes
+    simkmsg.provide(root)
     boot = system.boot_id(root)
     assert boot is not None
     path = str(root.join(simkmsg.KMSG))
-    assert kmsg.read_new(path, kmsg.KmsgCursor(boot), boot).faults == ()  # booted empty
+    assert kmsg.read_new(path, kmsg.KmsgCursor(boot), boot).faults == ()
 
     simkmsg.printk(root, "usb 1-1: new device")
     seq = simkmsg.xid(
@@ -36,6 +38,8 @@ def test_an_xid_written_there_is_a_kernel_record_the_kernel_log_reader_finds(
 
 def test_a_reboot_starts_a_new_ring(tmp_path: Path) -> None:
     root = hosts.build_host_root(tmp_path / "host", "node-1", 1)
+    SimKernel(root).reboot()
+    assert not root.join(simkmsg.KMSG).exists(), "a reboot makes no kernel log of its own"
     simkmsg.xid(root, "00000000:10:00.0", 48, "boom")
     SimKernel(root).reboot()
     assert root.join(simkmsg.KMSG).read_bytes() == b""

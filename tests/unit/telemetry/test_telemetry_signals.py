@@ -26,16 +26,17 @@ from gpuop.services.telemetry.collecting import SLOW_QUERY, FastRound
 from gpuop.services.telemetry.health import REASONS, HealthTracker
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.sessions import Inventory
+from gpuop_sim import recordings
 from gpuop_sim.nvml.simulated import SimNvml
+from tests.support.fake_pynvml import FakePynvml
 from tests.support.node_agents import running, wait_for
 from tests.support.remediations import remediating
 from tests.support.sagas import policy
 from tests.support.telemetry import uuid_of
 from tests.support.waiting import eventually
-from tests.unit.nvml.conftest import NVML_JSON
-from tests.unit.nvml.fake_pynvml import FakePynvml
 
 NODE = "gpu-node-1"
+NVML_JSON = recordings.H200_NVML
 Device = dict[str, Any]
 
 

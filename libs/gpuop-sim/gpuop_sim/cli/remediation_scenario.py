@@ -98,6 +98,8 @@ class Remediation:
         spec["remediation"] = {"enabled": True, "quarantine": True, "maxPerHour": TARGETS + 1}
 
     def configs(self) -> dict[str, str]:
+        for root in self.stage.roots.values():  # the kernel log telemetry is told to read
+            simkmsg.provide(HostRoot(root))
         return {"telemetry": TELEMETRY}
 
     async def begin(self, tracker: Tracker) -> None:

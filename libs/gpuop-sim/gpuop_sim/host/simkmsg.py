@@ -2,9 +2,11 @@
 records (`PRIO,SEQ,TS_USEC,FLAGS;TEXT`, one a line), which telemetry's kernel-log source
 reads as it reads the real device (`gpuop.health.kmsg.read_new` takes either).
 
-`boot` empties it, as a boot starts a new ring: the host root's seeding calls it and so does
-every simulated reboot, so records of an earlier boot never show in a later one (sequence
-numbers restart at each boot, as the kernel's do). `printk` appends one kernel record
+`provide` gives a host root an empty one (the demo's remediation scenario does, for its
+nodes' telemetry: a host root is seeded without one, as its `dev/` holds device nodes only);
+`boot` empties it at every simulated reboot, as a boot starts a new ring, so records of an
+earlier boot never show in a later one (sequence numbers restart at each boot, as the
+kernel's do). `printk` appends one kernel record
 (facility 0, the kernel's alone) with the next sequence number; `xid` one `NVRM: Xid` line
 as NVIDIA's driver prints it: the demo's way to make a GPU fault that only the kernel log
 reports.
@@ -23,16 +25,24 @@ ERROR = 3
 """`KERN_ERR`: the level NVIDIA's driver prints XIDs at."""
 
 
-def boot(root: HostRoot) -> None:
-    """A new boot's empty ring."""
+def provide(root: HostRoot) -> None:
+    """An empty kernel log for the host at `root`."""
     path = root.join(KMSG)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"")
 
 
+def boot(root: HostRoot) -> None:
+    """A new boot's empty ring, where the host has a kernel log."""
+    path = root.join(KMSG)
+    if path.is_file():
+        path.write_bytes(b"")
+
+
 def printk(root: HostRoot, text: str, *, level: int = ERROR) -> int:
     """Append one kernel record; returns its sequence number."""
     path = root.join(KMSG)
+    path.parent.mkdir(parents=True, exist_ok=True)
     seq = path.read_bytes().count(b"\n") + 1 if path.exists() else 1
     escaped = "".join(c if " " <= c < "\x7f" and c != "\\" else f"\\x{ord(c):02x}" for c in text)
     record = f"{level},{seq},{seq * 1_000_000},-;{escaped}\n"
