@@ -23,7 +23,7 @@ from gpuop.nvml.real import PynvmlBackend
 from gpuop.nvml.recorded import RecordedNvml
 from gpuop.saga.remediation.kind import calls_for_remediation
 from gpuop.services.telemetry.collecting import SLOW_QUERY, FastRound
-from gpuop.services.telemetry.health import REASONS, HealthTracker
+from gpuop.services.telemetry.marks import REASONS, HealthTracker
 from gpuop.services.telemetry.node_exporter import NodeExporter
 from gpuop.services.telemetry.sessions import Inventory
 from gpuop_sim import recordings

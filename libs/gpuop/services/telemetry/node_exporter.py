@@ -43,10 +43,11 @@ from gpuop.runtime.services import Readiness, ServiceContext
 from gpuop.services.telemetry import consumers, health, pods
 from gpuop.services.telemetry.collecting import Collector
 from gpuop.services.telemetry.config import TelemetryConfig
-from gpuop.services.telemetry.health import HealthTracker, Outbox, XidHistory
+from gpuop.services.telemetry.health import Outbox, XidHistory
 from gpuop.services.telemetry.instruments import ExporterMetrics
 from gpuop.services.telemetry.kernel_log import KernelLog, SeenFaults
 from gpuop.services.telemetry.kubelet_pods import KubeletPodResources
+from gpuop.services.telemetry.marks import HealthTracker
 from gpuop.services.telemetry.sessions import Inventory, NvmlSession, SessionClosed
 
 log = logging.getLogger(__name__)
