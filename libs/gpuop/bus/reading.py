@@ -7,6 +7,13 @@ delivering to this connection's inbox, created with its filter in the subject un
 the identity's permissions give it (`grants.read_name`): no pull from a consumer named by
 anyone else, no filter but `subject`, and no right to delete consumers needed (it goes by
 itself `READ_INACTIVE` after its reader).
+
+The read's consumer has as many replicas as the streams (`replicas`). Only the server leading
+a consumer notices that its reader is gone, so a one-replica consumer on a server SIGKILLed for
+good was never removed: its name, fixed per identity and filter, stayed taken, and every later
+read of that filter by that identity was refused ("consumer already exists"; the orchestrator's
+claims read after a server loss). Replicated, its survivors elect a leader, which keeps a
+following read going through the loss and removes the consumer once its reader is gone.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ DIRECT_GET_HEADERS = frozenset(
 """What a direct get's answer adds to the stored message's own headers."""
 CONSUMER_EXISTS = 10148
 """JetStream's error code for a create (action `create`) of a consumer that exists."""
+MORE_REPLICAS_THAN_STREAM = 10126
+"""JetStream's error code for a consumer with more replicas than its stream."""
 READ_INACTIVE = 1.0
 """Seconds a read's consumer outlives its reader; a second read of the same filter by the same
 identity waits for it to go."""
@@ -50,9 +59,10 @@ READ_PENDING_WAIT = 10.0
 class Reader:
     """Reads the streams of one connection under one prefix."""
 
-    def __init__(self, connection: Connection, *, prefix: str) -> None:
+    def __init__(self, connection: Connection, *, prefix: str, replicas: int = 1) -> None:
         self._connection = connection
         self._prefix = prefix
+        self._replicas = replicas
         self._reading = collections.defaultdict[str, asyncio.Lock](asyncio.Lock)
 
     async def last(self, subject: str) -> StoredMessage | None:
@@ -114,7 +124,7 @@ class Reader:
             inactive_threshold=READ_INACTIVE,
             idle_heartbeat=READ_HEARTBEAT if follow else None,
             mem_storage=True,
-            num_replicas=1,
+            num_replicas=self._replicas,
         )
         try:
             pending = await self._create_reader(stream, config)
@@ -149,17 +159,20 @@ class Reader:
         the same name, which is waited out) and return how many messages it has for us."""
         nc = self._connection.nc
         assert config.name is not None and config.filter_subject is not None
-        request = json.dumps(
-            {"stream_name": stream, "config": config.as_dict(), "action": "create"}
-        ).encode()
         api = f"$JS.API.CONSUMER.CREATE.{stream}.{config.name}.{config.filter_subject}"
         deadline = time.monotonic() + READ_INACTIVE * 10
         while True:
-            reply = await nc.request(api, request, timeout=self._connection.publish_timeout)
+            request = {"stream_name": stream, "config": config.as_dict(), "action": "create"}
+            reply = await nc.request(
+                api, json.dumps(request).encode(), timeout=self._connection.publish_timeout
+            )
             answer = json.loads(reply.data or b"{}")
             error = answer.get("error")
             if not error:
                 return int(answer.get("num_pending") or 0)
+            if error.get("err_code") == MORE_REPLICAS_THAN_STREAM and config.num_replicas != 1:
+                config.num_replicas = 1  # a stream made with one replica (by a service told 1)
+                continue
             if error.get("err_code") != CONSUMER_EXISTS or time.monotonic() > deadline:
                 raise BusUnavailable(
                     f"cannot read {config.filter_subject}: {error.get('description', error)}"
