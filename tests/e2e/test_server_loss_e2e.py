@@ -5,8 +5,9 @@ its driver, the saga bucket when a node validates, the config bucket when a node
 IPAM bucket when most are. Each killed server stays down until another leads what it led,
 then starts again (so the next kill leaves a quorum).
 
-Every node ends upgrade-done or upgrade-failed with its reason, no process exits, and the
-invariants hold on the log. It runs in CI's slow stage: six nodes, a few minutes at most.
+Every node ends upgrade-done or upgrade-failed with its reason, no process exits, no node
+waited on nothing (the orchestrator's `Stalled` condition never True), and the invariants
+hold on the log. It runs in CI's slow stage: six nodes, a few minutes at most.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 from gpuop.bus import BusError, NatsCluster
 from gpuop.events.upgrade import NodeUpgradeStateChanged, UpgradeState
+from gpuop.policy import ConditionType, specs
 from gpuop.saga.actions import STATE_LABEL
 from tests.support import invariants
 from tests.support.rollouts import ROLLOUT_TIMEOUT, log_of, upgrade_policy
@@ -112,7 +114,14 @@ async def test_a_rollout_ends_every_node_while_each_leader_is_killed_in_turn(
         assert [name for name, p in running.replicas.items() if p.returncode is not None] == []
         assert [name for name, p in running.agents.items() if p.returncode is not None] == []
         lines = await running.export()
+        policy = await running.kube.call(
+            running.kube.custom_objects.get_cluster_custom_object,
+            specs.GROUP, specs.VERSION, specs.PLURAL, "default",
+        )  # fmt: skip
 
+    # no node ever waited on nothing (the condition is written once one did)
+    conditions = {c["type"]: c for c in policy["status"]["conditions"]}
+    assert ConditionType.STALLED not in conditions, conditions[ConditionType.STALLED]
     log = log_of(lines, tmp_path / "rollout.jsonl")
     walk = invariants.check(log, PARALLEL)
     assert not walk.violations, "\n".join(walk.violations)
