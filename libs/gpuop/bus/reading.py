@@ -195,6 +195,10 @@ class Reader:
                 continue
             elif error and error.get("err_code") != CONSUMER_EXISTS:
                 raise BusUnavailable(f"cannot read {config.filter_subject}: {_why(answer)}")
+            elif answer is None and not self._connection.nc.is_connected:
+                # no server to elect anything: the caller's own retry, or its local job
+                # meanwhile (a node agent keeps serving while NATS is down)
+                raise BusUnavailable(f"cannot read {config.filter_subject}: NATS unreachable")
             # unanswered, no leader yet, or another reader's consumer of our name (or a dead
             # one's) still there: ask again
             unsure = unsure or answer is None or not error
