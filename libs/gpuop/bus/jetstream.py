@@ -98,7 +98,7 @@ class NatsBus:
         )
         self._consumers = Consumers(self._connection, self, prefix=prefix, metrics=metrics)
         self._manager = StreamManager(self._connection, replicas=replicas, placement=self.placement)
-        self._reader = Reader(self._connection, prefix=prefix)
+        self._reader = Reader(self._connection, prefix=prefix, replicas=replicas)
         self._buckets: dict[str, NatsKeyValue] = {}
 
     @property

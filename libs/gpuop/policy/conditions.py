@@ -39,6 +39,9 @@ class ConditionType(StrEnum):
     """Whether every managed node runs the desired driver versions."""
     PROGRESSING = "Progressing"
     """Whether a rollout is under way."""
+    STALLED = "Stalled"
+    """Whether a node under way waits on nothing that can end its step (no deadline bounds
+    it); set once a node stalled, its message names the nodes."""
 
 
 class StatusRecord(BaseModel):
@@ -57,7 +60,7 @@ class Condition(StatusRecord):
     """One aspect of the policy's state, as `metav1.Condition`."""
 
     type: Annotated[str, Field(min_length=1, max_length=316)]
-    """The aspect: `Valid`, `Ready` or `Progressing`."""
+    """The aspect: `Valid`, `Ready`, `Progressing` or `Stalled` (`ConditionType`)."""
     status: ConditionStatus
     """Whether the aspect holds."""
     reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=REASON_PATTERN)]

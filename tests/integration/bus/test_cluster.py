@@ -4,6 +4,7 @@ leader that moves, a server lost for good, and settings that drifted on the serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from gpuop.bus import (
     NatsBus,
     NatsCluster,
     RevisionConflict,
+    grants,
     streams,
 )
 from gpuop.bus.errors import BusError
@@ -297,5 +299,82 @@ async def _created(sagas: object, key: str) -> int | None:
     except KeyExists:
         entry = await sagas.get(key)
         return entry.revision if entry else None
+    except BusError:
+        return None
+
+
+async def test_a_read_rides_through_losing_its_consumers_server_and_its_name_comes_free(
+    cluster: NatsCluster, bus: NatsBus
+) -> None:
+    """A read's consumer on a server SIGKILLed for good: the following read goes on, and once
+    it ends the same identity reads the same filter again under the same name (a consumer
+    held by a dead server alone was never removed: "consumer already exists" for ever)."""
+    identity = grants.Identity("upgrade-orchestrator", None)
+    reader = NatsBus(cluster.url, replicas=3, retry_for=30.0, name="reader", identity=identity)
+    await reader.connect()
+    await bus.publish_batch([heartbeat("node-0", i) for i in range(3)])
+    seen: list[int] = []
+    failures: list[BusError] = []
+
+    async def following() -> None:
+        try:
+            async for stored in reader.read(HB_SUBJECT, follow=True):
+                seen.append(stored.seq)
+        except BusError as error:
+            failures.append(error)
+
+    async def published() -> bool:
+        try:
+            await bus.publish_batch([heartbeat("node-0", i) for i in range(3, 5)])
+        except BusError:
+            return False  # the stream between leaders: ask again
+        return True
+
+    task = asyncio.create_task(following())
+    try:
+        await eventually(lambda: len(seen) == 3 or None, timeout=30)
+        name = grants.read_name(identity, HB_SUBJECT)
+        held_by = (await bus.js.consumer_info("GPUOP_EVENTS", name)).cluster
+        assert held_by is not None and held_by.leader is not None
+        await cluster.members[int(held_by.leader.rsplit("-", 1)[1])].kill()
+        await eventually(published, timeout=30)
+        await eventually(lambda: len(seen) == 5 or bool(failures) or None, timeout=60)
+        assert failures == [] and seen == [1, 2, 3, 4, 5]
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert await eventually(lambda: _read_all(reader), timeout=60) == [1, 2, 3, 4, 5]
+        # each read's new consumer has a lost server among its replicas: some take seconds
+        # to elect a leader, and every one still reads it all
+        for _ in range(4):
+            assert [stored.seq async for stored in reader.read(HB_SUBJECT)] == [1, 2, 3, 4, 5]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await reader.close()
+
+
+async def test_a_read_of_a_stream_made_with_one_replica_has_one(cluster: NatsCluster) -> None:
+    """A service told 3 replicas reads a stream another made with 1: the server refuses a
+    consumer with more replicas than its stream, so the read's consumer has one too."""
+    first = NatsBus(cluster.url, replicas=1, retry_for=30.0, name="one-replica")
+    await first.start()
+    identity = grants.Identity("discovery", "gpu-node-1")
+    reader = NatsBus(cluster.url, replicas=3, retry_for=30.0, name="reader", identity=identity)
+    try:
+        await first.publish_batch([heartbeat("node-0", i) for i in range(3)])
+        await reader.connect()
+        assert [stored.seq async for stored in reader.read(HB_SUBJECT)] == [1, 2, 3]
+    finally:
+        await reader.close()
+        await first.close()
+
+
+async def _read_all(reader: NatsBus) -> list[int] | None:
+    """The sequences of every heartbeat, or None while the cluster is between leaders (its
+    meta layer too: the create of a read's consumer is refused or unanswered meanwhile)."""
+    try:
+        return [stored.seq async for stored in reader.read(HB_SUBJECT)]
     except BusError:
         return None

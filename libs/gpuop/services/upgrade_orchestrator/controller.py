@@ -52,7 +52,7 @@ from gpuop.kube import client, pods
 from gpuop.kube.errors import KubeError
 from gpuop.kube.recording import EventRecorder
 from gpuop.policy import ConditionType, GPUClusterPolicySpec, condition, flavours, selectors
-from gpuop.policy.conditions import RolloutRecord
+from gpuop.policy.conditions import Condition, RolloutRecord
 from gpuop.saga import Decision, NodeSaga, new_saga
 from gpuop.saga.upgrade import folding
 from gpuop.saga.upgrade.records import parameters_loaded_by, reinstall_saga_id, start_reason
@@ -72,6 +72,7 @@ from gpuop.services.upgrade_orchestrator.rollouts import (
     pool_progress,
 )
 from gpuop.services.upgrade_orchestrator.running import Runner
+from gpuop.services.upgrade_orchestrator.stalls import StallWatch
 from gpuop.services.upgrade_orchestrator.store import SagaStore
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,7 @@ class Controller:
         self._runner: Runner | None = None
         self._remediations: remediations.Starter | None = None
         self._switches: device_apis.Starter | None = None
+        self._stalls: StallWatch | None = None
 
     async def kind_runners(
         self, runner: Runner, store: SagaStore, inventories: KeyValue
@@ -190,6 +192,7 @@ class Controller:
         )  # fmt: skip
         outbox = Outbox(self._bus, executor, clock=self._clock)
         deadlines = DeadlineScheduler(self._bus, clock=self._clock)
+        self._stalls = StallWatch(recorder, deadlines)
         runner = Runner(
             self._bus, store, outbox, deadlines, lambda: self.policies.in_force,
             clock=self._clock, on_change=self._decided,
@@ -287,7 +290,10 @@ class Controller:
         skipped = frozenset(planned.skipped) if planned is not None else frozenset()
         skipped &= {saga.node for saga in sagas if saga.state is UpgradeState.UPGRADE_REQUIRED}
         await self._reporter.report(rollout_id, spec, sagas, now, skipped)
-        await self._write_status(sagas, spec, rollout, now, skipped)
+        stalled = None
+        if self._stalls is not None:
+            stalled = await self._stalls.check([s for s in sagas if _under_way(s)], now)
+        await self._write_status(sagas, spec, rollout, now, skipped, stalled)
         if self._switches is not None:  # last: nodes whose deviceAPI the policy changed
             await self._switches.reconcile(self.nodes.labels, now)
 
@@ -407,6 +413,7 @@ class Controller:
         rollout: RolloutRecord,
         now: datetime,
         skipped: frozenset[str] = frozenset(),
+        stalled: Condition | None = None,
     ) -> None:
         current = counts(sagas)
         done = current.get(UpgradeState.UPGRADE_DONE, 0)
@@ -466,6 +473,7 @@ class Controller:
             progressing,
             ready,
             *breaker,
+            *(() if stalled is None else (stalled,)),
             nodes=current,
             rollout=rollout,
             skipped=len(skipped),

@@ -14,6 +14,11 @@ plus the intake's ack wait): a step's result that the dead leader had fetched bu
 only handed out again after that wait, and a deadline published sooner would come before it
 in the log and fail a step that had in fact ended in time. Seen in the chaos test: a
 validation that passed, failed by a deadline that the successor fired at once on takeover.
+
+An expiry the bus does not take (a server lost, its streams between leaders for longer than
+the publish's own retries) is tried again every `PUBLISH_RETRY_SECONDS` until it is stored:
+a timer that gave up would leave its node waiting on nothing, for ever. `unbounded` names
+the sagas no timer bounds, which the orchestrator reports (`stalls`).
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from gpuop.bus import Bus
+from gpuop.bus import Bus, BusError
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import ids
 from gpuop.events.deadlines import DeadlineExpired
@@ -35,6 +41,9 @@ from gpuop.services.upgrade_orchestrator.publishing import Publisher
 
 log = logging.getLogger(__name__)
 
+
+PUBLISH_RETRY_SECONDS = 5.0
+"""Seconds between tries of a deadline's expiry that the bus did not take."""
 
 _Step = tuple[str, str, str, int]
 """What names a deadline (`deadline_event_id`): saga id, state, step token, attempt."""
@@ -63,6 +72,8 @@ class DeadlineScheduler:
         self._timers = {}
         """(Node, kind) -> (the pending step whose deadline is armed, its timer, the saga)."""
         self._held_until: datetime | None = None
+        self._fired: dict[tuple[str, str], _Step] = {}
+        """(Node, kind) -> the step whose expiry this scheduler stored last."""
 
     def hold_until(self, moment: datetime) -> None:
         """Fire no deadline before `moment`, however long ago it passed (see the module
@@ -82,7 +93,7 @@ class DeadlineScheduler:
         self.cancel(saga.node, kind)
         if key is None:
             return
-        task = asyncio.create_task(self._fire(saga), name=f"deadline-{saga.node}-{kind}")
+        task = asyncio.create_task(self._fire(saga, kind), name=f"deadline-{saga.node}-{kind}")
         self._timers[slot] = (key, task, saga)
 
     def cancel(self, node: str, kind: str = UPGRADE) -> None:
@@ -91,7 +102,7 @@ class DeadlineScheduler:
         if current is not None:
             current[1].cancel()
 
-    async def _fire(self, saga: SagaRecord[Any]) -> None:
+    async def _fire(self, saga: SagaRecord[Any], kind: str) -> None:
         due = saga.deadline
         if due is None:
             return
@@ -105,13 +116,44 @@ class DeadlineScheduler:
             return
         node = saga.node
         log.info("deadline of %s (%s) passed on node %s", expired.step, expired.state, node)
-        await self._publish.event(
-            expired,
-            node=node,
-            id=deadline_event_id(expired),
-            correlationid=expired.saga_id,
-            traceparent=traces.step_traceparent(expired.saga_id, expired.attempt, expired.step),
-        )
+        while True:
+            try:
+                await self._publish.event(
+                    expired,
+                    node=node,
+                    id=deadline_event_id(expired),
+                    correlationid=expired.saga_id,
+                    traceparent=traces.step_traceparent(
+                        expired.saga_id, expired.attempt, expired.step
+                    ),
+                )
+            except BusError as error:
+                log.warning(
+                    "cannot publish the deadline of %s on node %s, trying again in %.0f s: %s",
+                    expired.step, node, PUBLISH_RETRY_SECONDS, error, extra={"node": node},
+                )  # fmt: skip
+                await self._clock.sleep(PUBLISH_RETRY_SECONDS)
+                continue
+            key = _pending_step(saga)
+            assert key is not None  # a saga with a deadline has a pending step
+            self._fired[(node, kind)] = key
+            return
+
+    def unbounded(
+        self, sagas: Iterable[SagaRecord[Any]], kind: str = UPGRADE
+    ) -> list[SagaRecord[Any]]:
+        """The sagas of `sagas` (each in its window: waiting on a step) that wait on nothing
+        with an end: their pending step has no deadline, or no timer of this scheduler waits
+        for it and its expiry was never stored (a timer never armed, or one that died)."""
+        found = []
+        for saga in sagas:
+            key = _pending_step(saga)
+            slot = (saga.node, kind)
+            current = self._timers.get(slot)
+            armed = current is not None and current[0] == key and not current[1].done()
+            if key is None or not (armed or self._fired.get(slot) == key):
+                found.append(saga)
+        return found
 
     def pending(self, kind: str = UPGRADE) -> dict[str, str]:
         """Node -> id of the deadline its saga of `kind` waits for (for tests and status)."""
