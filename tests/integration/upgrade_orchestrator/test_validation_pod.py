@@ -166,7 +166,7 @@ async def test_a_pod_that_never_starts_reports_its_timeout(
 
     assert isinstance(outcome, observed.ValidationPodFailed), outcome
     assert outcome.reason is observed.ValidationPodFailureReason.TIMEOUT
-    assert outcome.message == "Timeout: not Succeeded within 1 s"
+    assert outcome.message == "Timeout: not Succeeded within 1 s: the pod was Pending"
 
 
 async def test_a_pod_in_a_namespace_that_does_not_exist_is_refused(
