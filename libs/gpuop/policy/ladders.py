@@ -127,13 +127,13 @@ def checked_rungs(value: tuple[Rung, ...]) -> tuple[Rung, ...]:
     return value
 
 
-def require_preflight(validation: Validation, field: str) -> None:
+def require_preflight(validation: Validation, field: str, which: str = "") -> None:
     """Refuse a ladder listing `preflight` without the diagnostic it runs: gpuop has no
     default diagnostic image to pull in its place."""
     if validation.preflight is None:
         raise PydanticCustomError(
             "preflight",
-            "lists the preflight rung but upgradePolicy.validation.preflight names no "
+            which + "lists the preflight rung but upgradePolicy.validation.preflight names no "
             "diagnostic image and command (e.g. nvcr.io/nvidia/cloud-native/dcgm with "
             "dcgmi diag -r 1): gpuop pulls no default diagnostic",
             {"field": field},

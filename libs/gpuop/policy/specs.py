@@ -56,7 +56,7 @@ class GPUClusterPolicySpec(Section):
     @model_validator(mode="after")
     def _remediation_preflight_named(self) -> GPUClusterPolicySpec:
         if "preflight" in self.remediation.rungs:
-            ladders.require_preflight(self.upgrade_policy.validation, "remediation")
+            ladders.require_preflight(self.upgrade_policy.validation, "remediation", "rungs ")
         return self
 
     def device_api_for(self, labels: Mapping[str, str]) -> DeviceApi:
