@@ -67,8 +67,8 @@ class ValidationPod(Section):
 
 class Preflight(Section):
     """The diagnostic of the `preflight` rung: a pod holding every GPU of the cordoned node
-    (their count from its allocatable `nvidia.com/gpu`, or, on a DRA node, a claim for every
-    device of its slice), bound or pinned to it like the `pod` rung's, that must exit 0."""
+    (as many `nvidia.com/gpu` as its capacity counts, or, on a DRA node, a claim for every
+    device of its slices), bound or pinned to it like the `pod` rung's, that must exit 0."""
 
     image: str = Field(min_length=1, max_length=512)
     """The diagnostic's image, e.g. `nvcr.io/nvidia/cloud-native/dcgm:<version>`; no

@@ -244,7 +244,9 @@ def limit_seconds(step: Step, policy: UpgradePolicy, attempt: int) -> float | No
         StepKind.VALIDATE_PEERMEM: deadlines.validation_peermem,
         StepKind.VALIDATE_RESUME: deadlines.operands_pause,
         StepKind.VALIDATE_POD: deadlines.validation_pod,
-        StepKind.VALIDATE_PREFLIGHT: preflight.deadline_seconds if preflight else 0,
+        StepKind.VALIDATE_PREFLIGHT: (
+            preflight.deadline_seconds if preflight else deadlines.validation_pod
+        ),
         StepKind.ROLLBACK: deadlines.rollback,
         StepKind.ROLLBACK_VALIDATE: deadlines.validation,
         StepKind.UNCORDON: deadlines.uncordon,
