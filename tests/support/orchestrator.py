@@ -43,6 +43,8 @@ class FakeKube:
     marks: dict[str, tuple[bool, bool]] = field(default_factory=dict)
     """Node -> whether a remediation's `GPUHealthy` is True, and its taint on, as the
     `MirrorHealth` actions executed so far left them."""
+    diagnostic_fails: str = ""
+    """Non-empty: the preflight rung's diagnostic (`all_gpus`) fails, saying this."""
 
     def _tainted(self, node: str, taint: bool | None) -> bool:
         return self.marks.get(node, (True, False))[1] if taint is None else taint
@@ -67,6 +69,11 @@ class FakeKube:
         if isinstance(action, actions.RunValidationPod):
             namespace = action.namespace or "default"
             pod = NamespacedName(namespace=namespace, name=f"gpuop-validate-{node}")
+            if action.all_gpus and self.diagnostic_fails:
+                return observed.ValidationPodFailed(
+                    action_id=action.id, pod=pod, message=self.diagnostic_fails,
+                    reason=observed.ValidationPodFailureReason.FAILED,
+                )  # fmt: skip
             return observed.ValidationPodSucceeded(action_id=action.id, pod=pod)
         return None
 

@@ -155,6 +155,9 @@ class Run:
             StepKind.VALIDATE_POD: lambda: kube.ValidationPodSucceeded(
                 action_id=step_id, pod=VALIDATION_POD
             ),
+            StepKind.VALIDATE_PREFLIGHT: lambda: kube.ValidationPodSucceeded(
+                action_id=step_id, pod=VALIDATION_POD
+            ),
         }
         if kind in answers:
             return self.feed(answers[kind]())
@@ -269,6 +272,12 @@ class Run:
                 message=message,
             ),
             StepKind.VALIDATE_POD: lambda: kube.ValidationPodFailed(
+                action_id=step_id,
+                pod=VALIDATION_POD,
+                reason=kube.ValidationPodFailureReason.FAILED,
+                message=message,
+            ),
+            StepKind.VALIDATE_PREFLIGHT: lambda: kube.ValidationPodFailed(
                 action_id=step_id,
                 pod=VALIDATION_POD,
                 reason=kube.ValidationPodFailureReason.FAILED,

@@ -19,6 +19,15 @@ that pod is not bound by `nodeName` but pinned to the node by a required node af
 the node's own slice can satisfy it. A claim still unallocated at the timeout (no free
 device in the node's slices, or no slice) is the timeout's reason, with the scheduler's.
 
+The `preflight` rung's pod (`PodSpec.all_gpus`) holds every GPU of the node: as many
+`nvidia.com/gpu` as the node's capacity counts (not its allocatable, which leaves out a GPU
+the device plugin calls unhealthy: a diagnostic that skipped the GPU just reset would prove
+nothing; the kubelet refuses the pod until every one is advertised again), or on a DRA node a
+claim with `allocationMode: All` for every device of the node's slices. Its container's
+`terminationMessagePolicy` is `FallbackToLogsOnError`, so a failing diagnostic's last log lines
+are the kubelet's termination message, and the reason the rung fails with; a pod that never
+starts fails at the timeout with what it was waiting for (`ErrImagePull`, ...).
+
 Waiting reads the pod (`read_namespaced_pod`) on a backoff from `FIRST_POLL` to
 `LAST_POLL` seconds: a few requests for a pod that runs for a second, one every few
 seconds for one that runs a minute.
@@ -30,11 +39,11 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuop.events.upgrade import DRIVER_NOT_READY_TAINT
-from gpuop.kube import conditions, errors, pods
+from gpuop.kube import conditions, errors, nodes, pods
 from gpuop.kube.client import Kube, Obj
 
 LABEL = "gpuop.io/validation-pod"
@@ -62,6 +71,11 @@ class PodSpec:
     gpu_uuids: tuple[str, ...] = ()
     """With `device_class`: the claim asks these GPUs, by the `uuid` attribute NVIDIA's
     driver publishes, tolerating the quarantine's device taint; empty: any one device."""
+    all_gpus: bool = False
+    """Every GPU of the node (the `preflight` rung's diagnostic), not one."""
+    gpus: int = 1
+    """How many `nvidia.com/gpu` the pod requests without `device_class` (`run` counts
+    them for `all_gpus`)."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +110,8 @@ def manifest(node: str, name: str, spec: PodSpec) -> Obj:
         "name": "validator",
         "image": spec.image,
         "command": list(spec.command),
-        "resources": {"limits": {GPU: "1"}},
+        "resources": {"limits": {GPU: str(spec.gpus)}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: dict[str, Any] = {
         "nodeName": node,
@@ -132,14 +147,18 @@ def claim_manifest(node: str, name: str, spec: PodSpec) -> Obj:
     request: dict[str, Any] = {
         "deviceClassName": spec.device_class, "allocationMode": "ExactCount", "count": 1,
     }  # fmt: skip
-    if spec.gpu_uuids:
+    if spec.all_gpus:  # the diagnostic: the reset GPUs too, through their quarantine taint
+        del request["count"]
+        request["allocationMode"] = "All"
+    if spec.all_gpus or spec.gpu_uuids:
+        request["tolerations"] = [
+            {"key": conditions.GPU_UNHEALTHY_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    if spec.gpu_uuids and not spec.all_gpus:
         named = ", ".join(f"'{uuid}'" for uuid in spec.gpu_uuids)
         expression = f"device.attributes['{spec.device_class}'].uuid in [{named}]"
         request["count"] = len(spec.gpu_uuids)
         request["selectors"] = [{"cel": {"expression": expression}}]
-        request["tolerations"] = [
-            {"key": conditions.GPU_UNHEALTHY_TAINT, "operator": "Exists", "effect": "NoSchedule"}
-        ]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -149,16 +168,43 @@ def claim_manifest(node: str, name: str, spec: PodSpec) -> Obj:
 
 
 def _exits(pod: Obj) -> str:
-    """The containers' ends in words: `validator exited 1 (Error)`."""
+    """The containers' ends in words: `validator exited 1 (Error): <its termination
+    message, the last log lines of a failed diagnostic>`."""
     ended = []
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         terminated = (status.get("state") or {}).get("terminated") or {}
         if terminated:
             reason = terminated.get("reason") or ""
-            ended.append(f"{status.get('name')} exited {terminated.get('exitCode')} ({reason})")
+            said = str(terminated.get("message") or "").strip()
+            told = f": {said}" if said else ""
+            ended.append(
+                f"{status.get('name')} exited {terminated.get('exitCode')} ({reason}){told}"
+            )
     status = pod.get("status") or {}
     words = [status.get("reason"), status.get("message"), *ended]
     return "; ".join(str(w) for w in words if w)
+
+
+def _waiting(pod: Obj) -> str:
+    """What a pod not started yet waits for: `validator waiting: ErrImagePull (...)`, or its
+    phase."""
+    waits = []
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting:
+            message = f" ({waiting['message']})" if waiting.get("message") else ""
+            waits.append(f"{status.get('name')} waiting: {waiting.get('reason')}{message}")
+    return "; ".join(waits) or f"the pod was {pods.phase(pod) or 'Pending'}"
+
+
+async def _gpu_count(kube: Kube, node: str) -> int:
+    """Every GPU the node's device plugin registered (its capacity), at least one."""
+    status = (await nodes.get(kube, node)).get("status") or {}
+    counted = (status.get("capacity") or {}).get(GPU) or (status.get("allocatable") or {}).get(GPU)
+    try:
+        return max(1, int(counted or 1))
+    except ValueError:
+        return 1
 
 
 async def run(kube: Kube, node: str, action_id: str, spec: PodSpec, timeout: float) -> PodEnd:
@@ -171,15 +217,19 @@ async def run(kube: Kube, node: str, action_id: str, spec: PodSpec, timeout: flo
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     refused = ""
+    if spec.all_gpus and not spec.device_class:
+        spec = replace(spec, gpus=await _gpu_count(kube, node))
     for attempt in itertools.count(1):
         ref = pods.PodRef(spec.namespace, pod_name(node, action_id, attempt))
         unallocated: list[str] = []
+        seen: list[Obj] = []
         try:
             end = await asyncio.wait_for(
-                _one(kube, node, ref, spec, unallocated), deadline - loop.time()
+                _one(kube, node, ref, spec, unallocated, seen), deadline - loop.time()
             )
         except TimeoutError:
-            why = f": {'; '.join(unallocated) or refused}" if unallocated or refused else ""
+            said = unallocated or ([refused] if refused else []) or [_waiting(p) for p in seen]
+            why = f": {'; '.join(said)}" if said else ""
             return PodEnd(ref, "Timeout", f"not Succeeded within {timeout:g} s{why}")
         if not _refused_at_admission(end):
             return end
@@ -189,10 +239,16 @@ async def run(kube: Kube, node: str, action_id: str, spec: PodSpec, timeout: flo
 
 
 async def _one(
-    kube: Kube, node: str, ref: pods.PodRef, spec: PodSpec, unallocated: list[str]
+    kube: Kube,
+    node: str,
+    ref: pods.PodRef,
+    spec: PodSpec,
+    unallocated: list[str],
+    seen: list[Obj],
 ) -> PodEnd:
     """Run one pod (and its claim) to its end; deleted after, however it ended. Before the
-    claim is deleted, why it was never allocated, if it was not, goes into `unallocated`."""
+    claim is deleted, why it was never allocated, if it was not, goes into `unallocated`;
+    the pod as last read goes into `seen`."""
     body = manifest(node, ref.name, spec)
     if spec.device_class:
         claim = claim_manifest(node, ref.name, spec)
@@ -202,7 +258,7 @@ async def _one(
         await kube.call(kube.core.create_namespaced_pod, spec.namespace, body)
     end: PodEnd | None = None
     try:
-        end = await _ended(kube, ref)
+        end = await _ended(kube, ref, seen)
         return end
     finally:
         if spec.device_class and end is None:  # cut off at the timeout: say why, if it was
@@ -241,10 +297,11 @@ def _refused_at_admission(end: PodEnd) -> bool:
     return end.phase == "Failed" and end.message.startswith(f"OutOf{GPU}")
 
 
-async def _ended(kube: Kube, ref: pods.PodRef) -> PodEnd:
+async def _ended(kube: Kube, ref: pods.PodRef, seen: list[Obj]) -> PodEnd:
     delay = FIRST_POLL
     while True:
         pod = await kube.call(kube.core.read_namespaced_pod, ref.name, ref.namespace)
+        seen[:] = [pod]
         if pods.is_finished(pod):
             return PodEnd(ref, pods.phase(pod), _exits(pod))
         await asyncio.sleep(delay)

@@ -36,7 +36,7 @@ from gpuop.policy.conditions import (
 )
 from gpuop.policy.deadlines import Deadlines, Retry
 from gpuop.policy.drivers import ComponentSpec, DriverSpec
-from gpuop.policy.ladders import Validation, ValidationPod
+from gpuop.policy.ladders import Preflight, Validation, ValidationPod
 from gpuop.policy.networks import Master, NetworkSpec, PublishedNetwork, SecondaryNetwork
 from gpuop.policy.pools import IpamPool
 from gpuop.policy.rdma import NicSelectors, RdmaSelectors, RdmaSharedDevice
@@ -70,6 +70,7 @@ __all__ = [
     "PodDeletion",
     "PolicyInvalid",
     "PolicyStatus",
+    "Preflight",
     "PublishedNetwork",
     "RdmaSelectors",
     "RdmaSharedDevice",

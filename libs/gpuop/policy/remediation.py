@@ -7,7 +7,9 @@ quarantine (the taint `gpuop.io/gpu-unhealthy:NoSchedule`, when `quarantine`), e
 the pods holding the affected GPUs (`upgradePolicy.podDeletion`'s force and emptyDir
 rules), pause the operands, reset the GPUs (`allowDriverReload`: an unload and load of the
 driver when one cannot be reset alone), reboot when the reset fails (`allowReboot`), the
-validation ladder (`upgradePolicy.validation`), then resume and release.
+validation ladder (`upgradePolicy.validation`, or the rungs `rungs` lists: `preflight` among
+them runs the admin's GPU diagnostic on the node before it is released), then resume and
+release.
 
 The circuit breaker: at most `maxPerHour` remediations start in any sliding hour across the
 cluster (0: no limit); a bad signal that marks many GPUs unhealthy at once then takes at most
@@ -18,9 +20,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, field_validator
 
 from gpuop.policy.fields import DeadlineSeconds, Section
+from gpuop.policy.ladders import LADDER, Rung, checked_rungs, listed
 
 
 class RemediationDeadlines(Section):
@@ -59,3 +62,14 @@ class RemediationPolicy(Section):
     alone (every GPU of the node is reset then, so all must be free)."""
     deadlines: RemediationDeadlines = RemediationDeadlines()
     """The longest each step may take."""
+    rungs: Annotated[tuple[Rung, ...], BeforeValidator(listed)] = Field(
+        default=(), max_length=len(LADDER)
+    )
+    """The validation ladder's rungs run before the release (`nvml`, `cuda`, `pod`,
+    `preflight`; `peermem` is an OFED upgrade's), in the ladder's order; empty: those of
+    `upgradePolicy.validation`. `preflight` runs `upgradePolicy.validation.preflight`."""
+
+    @field_validator("rungs")
+    @classmethod
+    def _nvml_first(cls, value: tuple[Rung, ...]) -> tuple[Rung, ...]:
+        return checked_rungs(value) if value else value

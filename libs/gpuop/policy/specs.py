@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gpuop.events.device_api_commands import DeviceApi
-from gpuop.policy import deviceapis
+from gpuop.policy import deviceapis, ladders
 from gpuop.policy.deviceapis import DeviceApiSetting
 from gpuop.policy.drivers import DriverSpec
 from gpuop.policy.fields import Section
@@ -52,6 +52,12 @@ class GPUClusterPolicySpec(Section):
     `devicePlugin` (`nvidia.com/gpu`, the default when unset) or `dra` (Dynamic Resource
     Allocation: ResourceSlices of the driver `gpu.nvidia.com`). A change switches each node
     with a `device-api` saga: cordon, drain its GPU pods, switch, validate, uncordon."""
+
+    @model_validator(mode="after")
+    def _remediation_preflight_named(self) -> GPUClusterPolicySpec:
+        if "preflight" in self.remediation.rungs:
+            ladders.require_preflight(self.upgrade_policy.validation, "remediation", "rungs ")
+        return self
 
     def device_api_for(self, labels: Mapping[str, str]) -> DeviceApi:
         """The API the node with `labels` should serve: its driver pool's `deviceAPI`, else

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState
+from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import machine
 from gpuop.saga.machine import IssuedCommand
 from gpuop.saga.upgrade.records import NodeSaga
@@ -125,6 +126,25 @@ class RunValidationPod:
     """With `device_class`: the GPUs the claim must be given, tolerating the quarantine's
     device taint (a device quarantine's pod rung validates the GPUs it reset, not another);
     empty: any one device."""
+    all_gpus: bool = False
+    """The `preflight` rung's diagnostic: the pod holds every GPU of the node (as many
+    `nvidia.com/gpu` as its capacity counts, or a claim for all the devices of its slices),
+    not one; a failing diagnostic's last log lines are the failure's message."""
+
+
+def preflight_pod(
+    action: str, spec: GPUClusterPolicySpec, timeout_seconds: int
+) -> RunValidationPod:
+    """The preflight rung's pod (`upgradePolicy.validation.preflight`), for any kind's
+    ladder: the admin's diagnostic holding every GPU of the node."""
+    preflight = spec.upgrade_policy.validation.preflight
+    if preflight is None:  # the policy's validation refuses the rung without it
+        raise ValueError("the preflight rung without upgradePolicy.validation.preflight")
+    return RunValidationPod(
+        id=action, image=preflight.image, command=preflight.command,
+        namespace=preflight.namespace, runtime_class_name=preflight.runtime_class_name,
+        timeout_seconds=timeout_seconds, all_gpus=True,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -227,6 +227,17 @@ async def test_a_claim_never_allocated_fails_the_rung_at_its_deadline_saying_so(
     assert isinstance(served_by_the_device_plugin, observed.ValidationPodSucceeded)
 
 
+def quarantined(cluster: SimCluster) -> str:
+    """The second node, its slice's gpu-1 quarantined by a DeviceTaintRule."""
+    node = cluster.node_names[1]
+    cluster.registry.create(dra_kinds.RESOURCESLICES, "", gpu_slice(node, UUIDS))
+    quarantine = kube_dra.taint_rule(
+        driver=DRIVER, node=node, device="gpu-1", key=conditions.GPU_UNHEALTHY_TAINT
+    )
+    cluster.registry.create(dra_kinds.DEVICETAINTRULES, "", quarantine)
+    return node
+
+
 UUIDS = {"gpu-0": "GPU-00000000-0000-0000-0000-000000000000",
          "gpu-1": "GPU-11111111-1111-1111-1111-111111111111"}  # fmt: skip
 
@@ -234,12 +245,7 @@ UUIDS = {"gpu-0": "GPU-00000000-0000-0000-0000-000000000000",
 async def test_a_device_quarantines_rung_claims_the_reset_gpu_through_its_taint(
     cluster: SimCluster, tmp_path: Path
 ):
-    node = cluster.node_names[1]
-    cluster.registry.create(dra_kinds.RESOURCESLICES, "", gpu_slice(node, UUIDS))
-    quarantine = kube_dra.taint_rule(
-        driver=DRIVER, node=node, device="gpu-1", key=conditions.GPU_UNHEALTHY_TAINT
-    )
-    cluster.registry.create(dra_kinds.DEVICETAINTRULES, "", quarantine)
+    node = quarantined(cluster)
     run = rung(device_class=DRIVER, gpus=(UUIDS["gpu-1"],))
     outcome = await validate(cluster, tmp_path, node, run, DeviceApi.DRA)
     assert isinstance(outcome, observed.ValidationPodSucceeded), outcome
@@ -260,3 +266,54 @@ async def test_a_device_quarantines_rung_takes_no_other_gpu_than_the_reset_one(
     outcome = await validate(cluster, tmp_path, node, run, DeviceApi.DRA)
     assert isinstance(outcome, observed.ValidationPodFailed), f"{free} was free: {outcome}"
     assert "was never allocated" in outcome.message
+
+
+def diagnostic(timeout: int = 20) -> Any:
+    """The preflight rung's pod: every device of the node's slices."""
+    return actions.RunValidationPod(
+        id="preflight", image="nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
+        command=("dcgmi", "diag", "-r", "1"), namespace="default", runtime_class_name="",
+        timeout_seconds=timeout, all_gpus=True,
+    )  # fmt: skip
+
+
+async def test_the_diagnostic_claims_every_gpu_of_the_slice_the_quarantined_one_included(
+    cluster: SimCluster, tmp_path: Path
+):
+    node = quarantined(cluster)
+    allocated: list[list[str]] = []
+
+    def record(change: Any) -> None:
+        status = (change.object or {}).get("status") or {}
+        results = (status.get("allocation") or {}).get("devices", {}).get("results") or []
+        if change.resource == kinds.RESOURCECLAIMS.group_resource and results:
+            allocated.append(sorted(r["device"] for r in results))
+
+    cluster.registry.store.observe(record)
+    outcome = await validate(cluster, tmp_path, node, diagnostic(), DeviceApi.DRA)
+    assert isinstance(outcome, observed.ValidationPodSucceeded), outcome
+    assert allocated and allocated[-1] == ["gpu-0", "gpu-1"]
+
+
+async def test_the_diagnostic_gets_no_gpu_while_another_pod_holds_one_of_them(
+    cluster: SimCluster, tmp_path: Path
+):
+    node = cluster.node_names[1]
+    cluster.registry.create(dra_kinds.RESOURCESLICES, "", gpu_slice(node, UUIDS))
+    cluster.registry.create(dra_kinds.RESOURCECLAIMTEMPLATES, "default", template(1))
+    cluster.registry.create(kinds.PODS, "default", claiming_pod("holder", "gpus-1"))
+    await scheduled(cluster, "holder")
+    outcome = await validate(cluster, tmp_path, node, diagnostic(timeout=2), DeviceApi.DRA)
+    assert isinstance(outcome, observed.ValidationPodFailed), outcome
+    assert "was never allocated" in outcome.message
+
+
+async def test_a_failing_diagnostic_on_a_dra_node_fails_with_its_last_log_lines(
+    cluster: SimCluster, tmp_path: Path
+):
+    node = cluster.node_names[1]
+    cluster.registry.create(dra_kinds.RESOURCESLICES, "", gpu_slice(node, UUIDS))
+    cluster.fail_diagnostics(node, 1, "gpu_burn: GPU 0: FAULTY")
+    outcome = await validate(cluster, tmp_path, node, diagnostic(), DeviceApi.DRA)
+    assert isinstance(outcome, observed.ValidationPodFailed), outcome
+    assert outcome.message == "Failed: validator exited 1 (Error): gpu_burn: GPU 0: FAULTY"

@@ -688,3 +688,82 @@ def test_the_pod_rung_of_a_node_quarantine_or_a_mig_gpu_asks_as_the_node_serves(
     mig = Walk(dra_devices=DRA_DEVICES, unhealthy={OTHER: (79,)})
     carved = validation_pod(mig, OTHER)  # no whole-GPU device to claim
     assert (carved.device_class, carved.gpu_uuids) == ("", ())
+
+
+DCGM = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+
+
+def preflight_spec() -> GPUClusterPolicySpec:
+    """A remediation whose ladder ends in the admin's diagnostic (the upgrade's keeps its
+    default rungs)."""
+    validation = {"preflight": {"image": DCGM, "command": ["dcgmi", "diag", "-r", "1"],
+                                "deadline_seconds": 400}}  # fmt: skip
+    return policy(validation=validation).model_copy(
+        update={"remediation": SPEC.remediation.model_copy(update={"rungs": ("nvml", "preflight")})}
+    )
+
+
+def to_preflight(walk: Walk) -> upgrade_actions.RunValidationPod:
+    walk.to_reset()
+    nvml = cmd.ResetMethod.NVML
+    walk.feed(cmd.GpuReset(command_id=walk.step_id(), gpu_uuids=(GPU,), method=nvml))
+    walk.feed(dm.DriverValidated(
+        command_id=walk.step_id(), component=dm.Component.GPU, version="535.161.08", devices=8,
+    ))  # fmt: skip
+    resume = walk.step_id()
+    for service in dev.OperandService:
+        walk.feed(dev.OperandResumed(command_id=resume, service=service))
+    assert walk.saga.step.name == "validate-preflight"
+    (run,) = walk.decisions[-1].kube_actions
+    assert isinstance(run, upgrade_actions.RunValidationPod)
+    return run
+
+
+def test_the_remediations_preflight_runs_the_diagnostic_on_every_gpu_before_the_release() -> None:
+    walk = Walk(preflight_spec())
+    run = to_preflight(walk)
+
+    assert (run.image, run.command, run.all_gpus) == (DCGM, ("dcgmi", "diag", "-r", "1"), True)
+    assert run.id == walk.step_id() and run.timeout_seconds == 360
+    assert walk.saga.deadline == walk.now + timedelta(seconds=400)
+    pod = NamespacedName(namespace="gpuop", name="gpuop-validate")
+    walk.feed(kube.ValidationPodSucceeded(action_id=walk.step_id(), pod=pod))
+    assert walk.state() is S.RELEASE_REQUIRED
+    steps = [r.step for r in walk.saga.history if r.state is S.VALIDATION_REQUIRED]
+    assert steps == ["validate-gpu", "validate-resume", "validate-preflight"]
+
+
+def test_a_failing_diagnostic_fails_the_remediation_with_its_last_log_lines() -> None:
+    walk = Walk(preflight_spec())
+    to_preflight(walk)
+    pod = NamespacedName(namespace="gpuop", name="gpuop-validate")
+    said = "Failed: validator exited 226 (Error): GPU 0: Memory: Fail - DBE"
+    walk.feed(kube.ValidationPodFailed(
+        action_id=walk.step_id(), pod=pod, reason=kube.ValidationPodFailureReason.FAILED,
+        message=said,
+    ))  # fmt: skip
+    assert walk.state() is S.FAILED
+    reason = walk.saga.failure or ""
+    assert reason.startswith("validate-preflight: pod gpuop/gpuop-validate failed")
+    assert "GPU 0: Memory: Fail - DBE" in reason
+
+
+def test_a_diagnostic_that_never_ends_fails_the_remediation_at_its_own_deadline() -> None:
+    walk = Walk(preflight_spec())
+    to_preflight(walk)
+    expired = machine.deadline_event(walk.saga)
+    assert expired is not None and expired.step == "validate-preflight"
+    walk.feed(expired)
+    assert walk.state() is S.FAILED
+    assert "validate-preflight" in (walk.saga.failure or "")
+
+
+def test_without_remediation_rungs_the_remediation_climbs_the_upgrades_ladder() -> None:
+    spec = preflight_spec()
+    plain = spec.model_copy(update={"remediation": SPEC.remediation})
+    assert phases.validation_required.plan(plain, True) == (
+        "validate-gpu", "validate-cuda-gpu", "validate-resume", "validate-pod",
+    )  # fmt: skip
+    assert phases.validation_required.plan(spec, True) == (
+        "validate-gpu", "validate-resume", "validate-preflight",
+    )  # fmt: skip

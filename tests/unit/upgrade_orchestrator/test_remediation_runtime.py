@@ -597,3 +597,31 @@ async def test_drain_and_replace_holds_the_node_until_new_hardware_is_released()
             R.REPLACEMENT_REQUIRED, R.VALIDATION_REQUIRED, R.RELEASE_REQUIRED, R.DONE,
         ]  # fmt: skip
         replays_identically(await harness.export())
+
+
+def with_preflight() -> GPUClusterPolicySpec:
+    dcgm = {"image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
+            "command": ["dcgmi", "diag", "-r", "1"]}  # fmt: skip
+    return with_remediation(policy(validation={"preflight": dcgm}), rungs=("nvml", "preflight"))
+
+
+@pytest.mark.parametrize("fails", ["", "Failed: validator exited 226 (Error): GPU 0: Fail"])
+async def test_the_preflight_diagnostic_gates_the_release_and_replays_identically(
+    fails: str,
+) -> None:
+    fake = orchestrator.FakeKube(diagnostic_fails=fails)
+    async with remediating(with_preflight(), kube=fake) as harness:
+        await harness.fault(NODE)
+        await harness.settle(until_ended=(NODE,))
+        saga = await harness.saga(NODE)
+
+        [diagnostic] = actions_of(harness.stack, actions.RunValidationPod)
+        assert diagnostic.all_gpus and diagnostic.command == ("dcgmi", "diag", "-r", "1")
+        assert saga is not None
+        if fails:
+            assert saga.state is R.FAILED and saga.failure is not None
+            assert "validate-preflight" in saga.failure and "GPU 0: Fail" in saga.failure
+            assert actions_of(harness.stack, MirrorHealth)[-1].taint is True
+        else:
+            assert saga.state is R.DONE
+        replays_identically(await harness.export())

@@ -216,3 +216,16 @@ async def test_replay_installs_the_recorded_flavour_without_the_inventory() -> N
     assert not replaying.compare(
         replaying.recorded_outputs(unflavoured), replaying.replay(unflavoured).outputs
     ).identical
+
+
+async def test_a_rollout_through_the_preflight_rung_replays_identically() -> None:
+    dcgm = {"image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
+            "command": ["dcgmi", "diag", "-r", "1"]}  # fmt: skip
+    spec = policy(validation={"rungs": ["nvml", "pod", "preflight"], "preflight": dcgm})
+    lines = await record_rollout(spec)
+    log = replaying.parse_log(lines)
+    replayed = replaying.replay(log)
+    comparison = replaying.compare(replaying.recorded_outputs(log), replayed.outputs)
+    assert comparison.identical, comparison.report()
+    succeeded = [line for line in lines if "validation-pod-succeeded" in line]
+    assert len(succeeded) == 2 * len(NODES), "the pod and the diagnostic on every node"

@@ -15,6 +15,9 @@ Called by ``scheduling.Scheduler`` for each pod that names claims (``spec.resour
   selector the simulation cannot read makes the claim unallocatable here, never wrongly
   allocated. The one selector it reads is the validation pod's, naming GPUs by UUID
   (``device.attributes['gpu.nvidia.com'].uuid in ['GPU-…', …]``).
+- ``allocationMode: All`` (the preflight diagnostic's claim) takes every device of the class
+  in the node's slices, and none when one of them is held or tainted past its tolerations,
+  as kube-scheduler does.
 - A device another allocated claim holds, or a DeviceTaintRule taints ``NoSchedule`` or
   ``NoExecute``, is not given, unless the request tolerates that taint's key (``Exists``).
 - The allocation (``status.allocation.devices.results``: request, driver, pool, device, and
@@ -121,9 +124,12 @@ class Claims:
                     if _type(d) == wanted
                     and taints <= tolerated
                     and (not uuids or _attribute(d, "uuid") in uuids)
-                ][:count]
-                if len(fitting) < count:
+                ]
+                if exactly.get("allocationMode") == "All":
+                    count = sum(_type(d) == wanted for _, d, _ in self._free(node, set()))
+                if not count or len(fitting) < count:
                     return None
+                fitting = fitting[:count]
                 for key, _ in fitting:
                     held.add(key)
                     free = [(k, d, t) for k, d, t in free if k != key]

@@ -178,6 +178,13 @@ class SimCluster(lifecycles.Startable):
         """Cut the machine's power: its kubelet stops and the node goes NotReady."""
         self._kubelet(node).power_off()
 
+    def fail_diagnostics(
+        self, node: str, exit_code: int = 1, log: str = "", *, image: str | None = None
+    ) -> None:
+        """Make gpuop's validation pods on `node` (of `image`, or every one) exit
+        `exit_code` with `log` as their last log lines; 0 heals it."""
+        self._kubelet(node).fail_diagnostics(exit_code, log, image=image)
+
     def power_on(self, node: str) -> None:
         """Boot the machine with a new boot id; its node turns Ready again."""
         self._kubelet(node).power_on()

@@ -20,6 +20,12 @@ does to a silent node (at once rather than after its 40 s grace): every node con
 Unknown, the ``node.kubernetes.io/unreachable`` taints, and its pods not Ready.
 :meth:`Kubelet.power_on` boots the machine with a new boot id, reports Ready, records the
 kubelet's ``Rebooted`` event, and restarts every container of the pods it still has.
+
+Fault injection: :meth:`Kubelet.fail_diagnostics` makes gpuop's validation pods on the node
+(those of one image, or all) exit non-zero instead of 0, with the last log lines the
+diagnostic printed as the container's termination message (as a real kubelet writes them
+for ``terminationMessagePolicy: FallbackToLogsOnError``): a GPU that fails DCGM's
+``dcgmi diag`` or a burn.
 ``cluster.py`` creates one kubelet per machine; it runs on a
 :class:`~gpuop_sim.cluster.wakeups.Wakeup`.
 """
@@ -35,7 +41,14 @@ from gpuop_sim.apiserver.store import Change
 from gpuop_sim.cluster import heartbeats, machines, podstatus
 from gpuop_sim.cluster.machines import GPU_RESOURCE, Machine
 from gpuop_sim.cluster.scheduling import allocatable, gpus_requested
-from gpuop_sim.cluster.stages import NODE_HEARTBEAT, Next, Timings, phase_of, stage_of
+from gpuop_sim.cluster.stages import (
+    NODE_HEARTBEAT,
+    VALIDATION_POD_LABEL,
+    Next,
+    Timings,
+    phase_of,
+    stage_of,
+)
 from gpuop_sim.cluster.wakeups import Wakeup, unless_gone
 
 Obj = dict[str, Any]
@@ -68,6 +81,8 @@ class Kubelet:
         self._due: dict[str, tuple[str, float]] = {}
         """Pod uid -> the stage it is in and when that stage is due (loop time)."""
         self._pod_ips: dict[str, str] = {}
+        self._diagnostic_fault: podstatus.Exit | None = None
+        self._fault_image: str | None = None
         registry.store.observe(self._on_change)
 
     @property
@@ -127,6 +142,23 @@ class Kubelet:
             if phase_of(pod) == "Running":
                 self._write_status(pod, podstatus.not_ready(pod, now))
 
+    # Faults.
+
+    def fail_diagnostics(
+        self, exit_code: int = 1, log: str = "", *, image: str | None = None
+    ) -> None:
+        """From now on, validation pods (of `image`, or every one) exit `exit_code` with
+        `log` as their last log lines; `exit_code` 0 heals the node."""
+        self._diagnostic_fault = podstatus.Exit(exit_code, log) if exit_code else None
+        self._fault_image = image
+
+    def _faulty(self, pod: Obj) -> podstatus.Exit | None:
+        fault = self._diagnostic_fault
+        images = [c.get("image") for c in (pod.get("spec") or {}).get("containers") or []]
+        if fault is None or not pod["metadata"].get("labels", {}).get(VALIDATION_POD_LABEL):
+            return None
+        return fault if self._fault_image is None or self._fault_image in images else None
+
     # The pass.
 
     def sync(self) -> None:
@@ -172,7 +204,14 @@ class Kubelet:
         elif step is Next.RUN:
             self._start(obj)
         elif step is Next.SUCCEED:
-            self._write_status(obj, podstatus.succeeded(obj, self.registry.clock.now()))
+            fault = self._faulty(obj)
+            now = self.registry.clock.now()
+            ended = (
+                podstatus.succeeded(obj, now)
+                if fault is None
+                else podstatus.failed(obj, now, fault)
+            )
+            self._write_status(obj, ended)
         else:
             heartbeats.post_node_status(self.registry, self.machine, reachable=True)
             heartbeats.renew_lease(self.registry, self.name)

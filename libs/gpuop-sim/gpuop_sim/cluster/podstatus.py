@@ -11,6 +11,7 @@ container ids and image digests are derived from the pod, so they are stable acr
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -120,8 +121,29 @@ def running(pod: Obj, host_ip: str, pod_ip: str, now: datetime, *, restarted: bo
     return status
 
 
+@dataclass(frozen=True)
+class Exit:
+    """How a container ends that does not exit 0: its code and its last log lines."""
+
+    code: int
+    log: str = ""
+
+
 def succeeded(pod: Obj, now: datetime) -> Obj:
     """Every container exited 0: the pod completed and holds nothing any more."""
+    return _ended(pod, now, "Succeeded", Exit(0))
+
+
+def failed(pod: Obj, now: datetime, exit: Exit) -> Obj:
+    """Every container exited `exit.code` (an error): the pod Failed, the last log lines
+    its containers' termination message (`FallbackToLogsOnError`)."""
+    return _ended(pod, now, "Failed", exit)
+
+
+def _ended(pod: Obj, now: datetime, phase: str, exit: Exit) -> Obj:
+    terminated: Obj = {"exitCode": exit.code, "reason": "Completed" if exit.code == 0 else "Error"}
+    if exit.log:
+        terminated["message"] = exit.log
     status: Obj = dict(pod.get("status") or {})
     stamp = format_time(now)
     status["conditions"] = [dict(c) for c in status.get("conditions") or []]
@@ -134,8 +156,7 @@ def succeeded(pod: Obj, now: datetime) -> Obj:
             "started": False,
             "state": {
                 "terminated": {
-                    "exitCode": 0,
-                    "reason": "Completed",
+                    **terminated,
                     "startedAt": (entry.get("state") or {}).get("running", {}).get("startedAt"),
                     "finishedAt": stamp,
                 }
@@ -143,7 +164,7 @@ def succeeded(pod: Obj, now: datetime) -> Obj:
         }
         for entry in status.get("containerStatuses") or []
     ]
-    status["phase"] = "Succeeded"
+    status["phase"] = phase
     return status
 
 

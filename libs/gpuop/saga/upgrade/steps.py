@@ -26,7 +26,8 @@ Once the node is cordoned and drained, the saga reloads all its components at on
     validate-gpu, validate-ofed    in validation-required, the ladder's rungs (the policy's
     validate-cuda-gpu              `upgradePolicy.validation`): NVML per component, then a
     validate-peermem-gpu           CUDA context on every GPU, nvidia_peermem on the RDMA
-    validate-pod                   core (OFED upgraded too), a GPU pod on the cordoned node
+    validate-pod                   core (OFED upgraded too), a GPU pod on the cordoned node,
+    validate-preflight             the admin's diagnostic holding every GPU of the node
 
 After a confirmed reboot the next round repeats the unloads and loads (the installs are on
 disk already) with the round in the token: `unload-gpu-2`. A rollback restores the touched
@@ -86,6 +87,9 @@ class StepKind(DocumentedEnum):
     advertises the GPUs the pod requests (a rollback pauses them again first)."""
     VALIDATE_POD = "validate-pod"
     """The ladder's pod rung: a pod requesting one GPU to succeed on the cordoned node."""
+    VALIDATE_PREFLIGHT = "validate-preflight"
+    """The ladder's preflight rung: the policy's diagnostic, in a pod holding every GPU of
+    the cordoned node, to exit 0 within `validation.preflight.deadlineSeconds`."""
     ROLLBACK = "rollback"
     """A component's previous driver to be restored."""
     ROLLBACK_VALIDATE = "rollback-validate"
@@ -197,10 +201,12 @@ def validation_plan(
             steps.append(Step(kind=StepKind.VALIDATE_CUDA, component=Component.GPU))
         elif rung == "peermem" and Component.OFED in components:
             steps.append(Step(kind=StepKind.VALIDATE_PEERMEM, component=Component.GPU))
-        elif rung == "pod":
-            if operands:
+        elif rung in ("pod", "preflight"):
+            # the pods ask for GPUs the device plugin advertises only once resumed
+            if operands and Step(kind=StepKind.VALIDATE_RESUME) not in steps:
                 steps.append(Step(kind=StepKind.VALIDATE_RESUME))
-            steps.append(Step(kind=StepKind.VALIDATE_POD))
+            kind = StepKind.VALIDATE_POD if rung == "pod" else StepKind.VALIDATE_PREFLIGHT
+            steps.append(Step(kind=kind))
     return tuple(steps)
 
 
@@ -220,6 +226,7 @@ def after(plan: tuple[Step, ...], step: Step) -> Step | None:
 def limit_seconds(step: Step, policy: UpgradePolicy, attempt: int) -> float | None:
     """How long `step` may take under `policy`; None for steps without a deadline."""
     deadlines = policy.deadlines
+    preflight = policy.validation.preflight
     limits: dict[StepKind, float] = {
         StepKind.CORDON: deadlines.cordon,
         StepKind.WAIT_FOR_JOBS: policy.wait_for_jobs_limit,
@@ -237,6 +244,9 @@ def limit_seconds(step: Step, policy: UpgradePolicy, attempt: int) -> float | No
         StepKind.VALIDATE_PEERMEM: deadlines.validation_peermem,
         StepKind.VALIDATE_RESUME: deadlines.operands_pause,
         StepKind.VALIDATE_POD: deadlines.validation_pod,
+        StepKind.VALIDATE_PREFLIGHT: (
+            preflight.deadline_seconds if preflight else deadlines.validation_pod
+        ),
         StepKind.ROLLBACK: deadlines.rollback,
         StepKind.ROLLBACK_VALIDATE: deadlines.validation,
         StepKind.UNCORDON: deadlines.uncordon,

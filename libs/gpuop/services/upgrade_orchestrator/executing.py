@@ -291,6 +291,7 @@ class KubeExecutor:
             runtime_class_name=action.runtime_class_name,
             device_class=action.device_class or await self._dra_class(node),
             gpu_uuids=action.gpu_uuids,
+            all_gpus=action.all_gpus,
         )
         ref = NamespacedName(namespace=namespace, name=validationpods.pod_name(node, action.id))
         reasons = observed.ValidationPodFailureReason

@@ -39,6 +39,9 @@ def limit_seconds(saga: RemediationSaga, step: Step, spec: GPUClusterPolicySpec)
         "reset": deadlines.reset,
         "reboot": deadlines.reboot,
     }
+    preflight = spec.upgrade_policy.validation.preflight
+    if step.name == "validate-preflight" and preflight is not None:
+        return float(preflight.deadline_seconds)
     if step.name in limits:
         return float(limits[step.name])
     if step.name.startswith("validate-"):

@@ -1,7 +1,9 @@
-"""validation-required: the upgrade's validation ladder (`upgradePolicy.validation`) for the
-driver the node runs: NVML, a CUDA context on every GPU, the operands resumed and a GPU pod
-on the still-quarantined node; each rung a step with its deadline, any failure fails the
-remediation (there is no other driver to roll back to)."""
+"""validation-required: the validation ladder (`remediation.rungs`, else
+`upgradePolicy.validation`'s) for the driver the node runs: NVML, a CUDA context on every GPU,
+the operands resumed, a GPU pod on the still-quarantined node, and the admin's diagnostic
+holding every GPU of it (`preflight`, with its own deadline); each rung a step with its
+deadline, any failure fails the remediation (there is no other driver to roll back to), a
+failed diagnostic with its last log lines as the reason."""
 
 from __future__ import annotations
 
@@ -25,20 +27,22 @@ from gpuop.saga.remediation.records import RemediationSaga, Step
 
 STATE = S.VALIDATION_REQUIRED
 RESUME = "validate-resume"
+POD = "validate-pod"
+PREFLIGHT = "validate-preflight"
 
 
 def plan(spec: GPUClusterPolicySpec, operands_paused: bool) -> tuple[str, ...]:
     """The rungs' step tokens, in order (peermem is an OFED upgrade's rung, not run here)."""
     tokens: list[str] = []
-    for rung in spec.upgrade_policy.validation.ladder():
+    for rung in spec.upgrade_policy.validation.ladder(spec.remediation.rungs):
         if rung == "nvml":
             tokens.append("validate-gpu")
         elif rung == "cuda":
             tokens.append("validate-cuda-gpu")
-        elif rung == "pod":
-            if operands_paused:
+        elif rung in ("pod", "preflight"):
+            if operands_paused and RESUME not in tokens:
                 tokens.append(RESUME)
-            tokens.append("validate-pod")
+            tokens.append(POD if rung == "pod" else PREFLIGHT)
     return tuple(tokens)
 
 
@@ -71,7 +75,8 @@ def _on_pod(draft: Draft, trigger: Trigger) -> None:
     if not answers_action(draft, trigger):
         return
     if isinstance(trigger, kube.ValidationPodFailed):
-        draft.fail(f"validate-pod: pod {trigger.pod} {trigger.reason}: {trigger.message}")
+        name = draft.saga.step.name
+        draft.fail(f"{name}: pod {trigger.pod} {trigger.reason}: {trigger.message}")
     elif isinstance(trigger, kube.ValidationPodSucceeded):
         draft.outcome_ok(f"pod {trigger.pod} Succeeded")
         _next_rung(draft)
@@ -94,7 +99,7 @@ def on_event(draft: Draft, trigger: Trigger) -> None:
     name = draft.saga.step.name
     if name == RESUME:
         on_operands(draft, trigger, dev.OperandResumed, _resumed)
-    elif name == "validate-pod":
+    elif name in (POD, PREFLIGHT):
         _on_pod(draft, trigger)
     else:
         _on_driver(draft, trigger)
@@ -110,7 +115,9 @@ def effects(saga: RemediationSaga, spec: GPUClusterPolicySpec) -> Effects:
     name = saga.step.name
     if name == RESUME:
         return (issue(saga, dev.ResumeOperands(reason=f"validation of {saga.saga_id}")),), ()
-    if name == "validate-pod":
+    if name == PREFLIGHT:
+        return (), (upgrade_actions.preflight_pod(action_id(saga), spec, timeout(saga, spec)),)
+    if name == POD:
         pod = spec.upgrade_policy.validation.pod
         # a device quarantine validates the GPUs it reset: a claim for exactly them, through
         # their quarantine taint (the node's other GPUs serve meanwhile). A GPU in MIG mode

@@ -7,9 +7,10 @@ Each rung is a step with its own deadline; a rung that fails or runs out of time
 compensates like any step after the unload (`compensation.fail`: rollback, when allowed).
 The driver-manager answers the driver rungs (`ValidateDriver` with its `check`); the
 orchestrator runs the pod (`RunValidationPod`) and reports how it ended. The operands were
-paused for the reload, and a paused device plugin advertises every GPU Unhealthy, so the pod
-rung first resumes them (`validate-resume`); a rollback after that pauses them again before
-it unloads anything (rollback-required)."""
+paused for the reload, and a paused device plugin advertises every GPU Unhealthy, so the first
+pod rung (`pod` or `preflight`) resumes them first (`validate-resume`); a rollback after that
+pauses them again before it unloads anything (rollback-required). The preflight rung's
+diagnostic holds every GPU of the node and fails with its last log lines."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from gpuop.events.driver import Component
 from gpuop.events.upgrade import UpgradeState as S
 from gpuop.policy import GPUClusterPolicySpec
 from gpuop.saga import operands
-from gpuop.saga.actions import RunValidationPod
+from gpuop.saga.actions import RunValidationPod, preflight_pod
 from gpuop.saga.machine import Effects, StepResult, Trigger
 from gpuop.saga.upgrade import compensation
 from gpuop.saga.upgrade.drafting import Draft
@@ -95,7 +96,7 @@ def _on_resumed(draft: Draft, trigger: Trigger) -> None:
 
 def on_event(draft: Draft, trigger: Trigger) -> None:
     kind = draft.saga.step.kind
-    if kind is StepKind.VALIDATE_POD:
+    if kind in (StepKind.VALIDATE_POD, StepKind.VALIDATE_PREFLIGHT):
         _on_pod(draft, trigger)
     elif kind is StepKind.VALIDATE_RESUME:
         _on_resumed(draft, trigger)
@@ -107,11 +108,14 @@ on_deadline = fail_on_deadline
 
 
 def effects(saga: NodeSaga, spec: GPUClusterPolicySpec) -> Effects:
-    """A driver rung's `ValidateDriver`, the operands' resume before the pod, or the pod
-    rung's `RunValidationPod`."""
+    """A driver rung's `ValidateDriver`, the operands' resume before the pods, or the pod
+    rung's or the preflight rung's `RunValidationPod`."""
     if saga.step.kind is StepKind.VALIDATE_RESUME:
         resume = dev.ResumeOperands(reason=f"validation pod of {saga.rollout_id}")
         return (issue(saga, resume, saga.step.token),), ()
+    if saga.step.kind is StepKind.VALIDATE_PREFLIGHT:
+        limit = timeout(saga, spec.upgrade_policy)
+        return (), (preflight_pod(action_id(saga, saga.step.token), spec, limit),)
     if saga.step.kind is not StepKind.VALIDATE_POD:
         return driver_effects(saga, spec)
     pod = spec.upgrade_policy.validation.pod
