@@ -38,10 +38,6 @@ class FieldId(enum.IntEnum):
     """Single-bit (corrected) volatile ECC errors."""
     ECC_DBE_VOL_TOTAL = 4
     """Double-bit (uncorrected) volatile ECC errors."""
-    RETIRED_SBE = 29
-    """Pages retired after single-bit errors (NotSupported on Ampere on: rows are remapped)."""
-    RETIRED_DBE = 30
-    """Pages retired after double-bit errors."""
     NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = 38
     """NVLink flow-control CRC errors, all links (the `NVML_FI_DEV_` prefix left out, as for
     every id here)."""

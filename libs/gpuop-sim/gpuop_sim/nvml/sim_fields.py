@@ -5,7 +5,7 @@ state and counters, and NotSupported (return code 3) for the rest, as the record
 does for `NVLINK_BANDWIDTH_C0_TOTAL`. PCIe throughput rises from the recorded idle traffic
 with utilisation. GPM activity (`activity()`) follows utilisation too: a whole GPU's, or a
 MIG GPU instance's share of it by its slices. The NVLink error totals telemetry exports
-(`FieldId`) read what was put on the GPU (0 until then) where it has NVLink,
+(`profiling.ErrorCounter`) read what was put on the GPU (0 until then) where it has NVLink,
 NotSupported for retired pages (the H200 remaps rows instead). None draws random numbers,
 so reading them never changes the walk.
 """
