@@ -89,8 +89,6 @@ log = logging.getLogger(__name__)
 
 NVML_HOLDER = consumers.SERVICE
 """Who the plugin's NVML session holds the simulated `nvidia` module as."""
-POD_RESOURCES = "pod-resources"
-"""The kubelet's PodResources directory in its root directory."""
 RETRY_DELAY = 2.0
 """Seconds before a failed handler or subscription is tried again."""
 
@@ -115,7 +113,9 @@ class NodeAgent:
         self._node = subjects.validate_node_name(node)
         self._plugins = plugins
         self._kubelet = kubelet or KubeletPodResources(
-            plugins.root.join(f"{kubelet_dir}/{POD_RESOURCES}/{constants.POD_RESOURCES_SOCKET}")
+            plugins.root.join(
+                f"{kubelet_dir}/{constants.POD_RESOURCES}/{constants.POD_RESOURCES_SOCKET}"
+            )
         )
         """Asked which pods hold the GPUs; by default the kubelet's in its root directory
         `kubelet_dir` (relative to the host root)."""
