@@ -30,7 +30,7 @@ from gpuop.bus import NatsBus, grants
 from gpuop.cli.events import export_lines
 from gpuop.host import packaging, system
 from gpuop.host.roots import HostRoot
-from gpuop.kube import client, nodes
+from gpuop.kube import client, nodes, pods
 from gpuop.kube import errors as kube_errors
 from gpuop.policy import crd, specs
 from gpuop.saga.actions import STATE_LABEL
@@ -141,11 +141,38 @@ class Stack:
             states = {"(labels unreadable)": repr(error)}
         parts = ["states: " + ", ".join(f"{node}={state}" for node, state in states.items())]
         for node, state in states.items():
-            if state != "upgrade-done" and f"driver-manager-{node}" in self.agents:
-                parts.append(self.tail_of(f"driver-manager-{node}", 1200))
-        parts += [self.tail_of(name, 6000) for name in self.replicas]
+            if state != "upgrade-done":
+                parts.append(await self._pods_report(node))
+                if f"driver-manager-{node}" in self.agents:
+                    parts.append(self.tail_of(f"driver-manager-{node}", 1200))
+        # the leader's log first and longest: the others follow and wait
+        leader = self.leader()
+        parts += [
+            self.tail_of(name, 12000 if name == leader else 1500)
+            for name in sorted(self.replicas, key=lambda name: name != leader)
+        ]
         parts.append(f"(every log is under {self.work})")
         return "\n".join(parts)
+
+    async def _pods_report(self, node: str) -> str:
+        """The pods bound to `node`: name, phase, whether deleted, each container's state."""
+        try:
+            found = await pods.on_node(self.kube, node)
+        except Exception as error:  # the report must not hide the failure it reports
+            return f"--- pods on {node}: unreadable ({error!r})"
+        lines = [f"--- pods on {node}"]
+        for pod in found:
+            meta, status = pod["metadata"], pod.get("status") or {}
+            deleted = " deleted" if meta.get("deletionTimestamp") else ""
+            states = [
+                f"{c.get('name')}={next(iter(c.get('state') or {'-': 0}))}"
+                for c in status.get("containerStatuses") or []
+            ]
+            lines.append(
+                f"{meta['namespace']}/{meta['name']} {status.get('phase')}{deleted} "
+                f"{' '.join(states)} {status.get('reason') or ''}".rstrip()
+            )
+        return "\n".join(lines)
 
     async def wait_until(
         self, what: str, check: Callable[[], Awaitable[bool]], timeout: float

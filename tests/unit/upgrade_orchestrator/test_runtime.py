@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from gpuop.bus import InMemoryBus, KeyExists, PublishAck
+from gpuop.bus import InMemoryBus, KeyExists, PublishAck, PublishTimeout
 from gpuop.events import Command, Envelope, ids, kube, subjects
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
@@ -326,6 +326,74 @@ async def test_a_state_change_stored_but_never_published_is_published_by_the_suc
         assert not [sent for sent in tried if "state-changed" in sent], tried
     finally:
         await second.stop()
+
+
+async def admitted_with_publishes_failing(stack: Stack) -> tuple[NodeAdmitted, Envelope]:
+    """Admit the node, then decide the admission while the bus refuses the first state change
+    (a PublishTimeout after the saga was stored): the handler raises, the decision is in KV,
+    and neither its state change nor its stage command is in the log."""
+    assert stack.runner is not None and stack.store is not None
+    await stack.store.create(saga_for(stack.policy))
+    await stack.runner.admit({NODE: NodeStatus()}, T0)
+    [(envelope, admitted)] = await messages(
+        stack.bus, events(stack.bus.prefix, "upgrade", NODE, "admitted")
+    )
+    assert isinstance(admitted, NodeAdmitted)
+    publish = stack.bus.publish
+    refused: list[str] = []
+
+    async def failing_once(sent: Envelope, *, republish: bool = False) -> PublishAck:
+        if sent.type == NodeUpgradeStateChanged.TYPE and not refused:
+            refused.append(sent.id)
+            raise PublishTimeout(f"publish of {sent.id} not confirmed")
+        return await publish(sent, republish=republish)
+
+    stack.bus.publish = failing_once  # type: ignore[method-assign]
+    with pytest.raises(PublishTimeout):
+        await stack.runner.apply(NODE, admitted, envelope.time)
+    assert (await stack.saga(NODE)).state is S.CORDON_REQUIRED  # stored before the publish
+    assert await published_steps(stack) == ([], [])
+    return admitted, envelope
+
+
+async def published_steps(stack: Stack) -> tuple[list[tuple[S | None, S]], list[str]]:
+    """The node's state changes in the log, and the types of the commands for it."""
+    changes = [
+        (p.from_state, p.to_state)
+        for _, p in await messages(stack.bus, events(stack.bus.prefix, "upgrade", NODE))
+        if isinstance(p, NodeUpgradeStateChanged)
+    ]
+    commands = subjects.commands_filter(prefix=stack.bus.prefix)
+    return changes, [e.type for e, _ in await messages(stack.bus, commands) if e.subject == NODE]
+
+
+async def test_a_decision_stored_but_not_published_goes_out_when_its_event_is_handled_again(
+    stack: Stack,
+) -> None:
+    assert stack.runner is not None
+    admitted, envelope = await admitted_with_publishes_failing(stack)
+    # the dispatcher calls the handler again in place while the bus fails: the stored saga has
+    # moved on, so the admission decides nothing new, but the decision it made goes out now
+    assert await stack.runner.apply(NODE, admitted, envelope.time) is None
+    assert await published_steps(stack) == (
+        [(S.UPGRADE_REQUIRED, S.CORDON_REQUIRED)],
+        [dm.StageDriver.TYPE],
+    )
+    # once: the next event of the node does not carry it out again
+    assert await stack.runner.apply(NODE, admitted, envelope.time) is None
+    assert len((await published_steps(stack))[0]) == 1
+
+
+async def test_a_decision_stored_but_not_published_goes_out_on_the_next_reconcile(
+    stack: Stack,
+) -> None:
+    assert stack.runner is not None
+    await admitted_with_publishes_failing(stack)
+    await stack.runner.settle()  # no event of the node comes: the controller's pass settles it
+    assert await published_steps(stack) == (
+        [(S.UPGRADE_REQUIRED, S.CORDON_REQUIRED)],
+        [dm.StageDriver.TYPE],
+    )
 
 
 async def test_a_saga_stored_without_its_start_recorded_gets_it_from_the_successor(

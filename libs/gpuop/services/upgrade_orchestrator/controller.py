@@ -258,6 +258,7 @@ class Controller:
         self, store: SagaStore, inventories: KeyValue, runner: Runner, deadlines: DeadlineScheduler
     ) -> None:
         """Start sagas, admit nodes, report progress (see the module docstring)."""
+        await runner.settle()  # decisions stored whose publishes the bus failed
         spec = self.policies.spec
         if spec is None or not self.nodes.synced:
             return

@@ -8,6 +8,14 @@ the Kubernetes actions, and the deadline scheduler arm the new step's deadline. 
 `RevisionConflict` (another writer got there first) makes it read again and decide again on
 the newer saga.
 
+A decision stored is carried out even when the bus fails under its publishes: it waits in the
+node's `unsettled` list until its outbox run succeeds, and every later event of the node (the
+same delivery handled again included, `gpuop.bus.dispatching` calls a handler again in place
+while the bus fails) carries those out first, in order, before it is decided; the reconcile
+pass does too (`settle`). Deciding the delivery again would not do: the stored saga has moved
+on, the event decides nothing, and the decision's state change and commands would be lost,
+leaving the saga waiting for the answer to a command never sent until its step's deadline.
+
 `resume` is the restart path: it rebuilds from KV and re-issues every saga's `pending()`
 commands and actions with their original ids, so whatever the crash interrupted is done
 once (duplicates are dropped by the server and by the agents) and the deadlines run again.
@@ -44,7 +52,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from gpuop.bus import Bus, Delivery, RevisionConflict, TemporaryError
+from gpuop.bus import Bus, BusError, Delivery, RevisionConflict, TemporaryError
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, ids, subjects
 from gpuop.events.driver import Component
@@ -115,6 +123,8 @@ class Runner:
         self._recorded: GPUClusterPolicySpec | None = None
         """The policy last recorded as `PolicyApplied` by this process."""
         self._locks: dict[str, asyncio.Lock] = {}
+        self._unsettled: dict[str, list[tuple[KindRunner[Any], machine.Decision[Any, Any]]]] = {}
+        """Node -> decisions stored whose outbox run has not succeeded yet, oldest first."""
 
     def runners(self) -> tuple[KindRunner[Any], ...]:
         """Every kind this runner runs, the planned one first (the registry's order)."""
@@ -153,6 +163,7 @@ class Runner:
         started = traces.now_ns()
         runners = self.runners()
         async with self._node_lock(node):
+            await self._settle(node)
             for runner in runners:
                 if runner.starter is not None:
                     await runner.starter(node, event, now, cause)
@@ -200,13 +211,35 @@ class Runner:
 
     async def act(self, runner: KindRunner[Any], decision: machine.Decision[Any, Any]) -> None:
         """Carry out a persisted decision and arm its deadline (a starting hook calls it for
-        the saga it stored, under the node's lock the runner holds)."""
-        kind = runner.kind
-        saga = decision.saga
-        await self._outbox.carry_out(decision, kind.outputs(decision), kind.correlation(saga))
-        self._deadlines.schedule(saga, kind.name)
-        if self._on_change is not None:
-            self._on_change(decision)
+        the saga it stored, under the node's lock the runner holds), after the node's
+        decisions still unsettled. Raises the bus's error when a publish fails; the decision
+        then stays unsettled, for the next event of the node or `settle`."""
+        self._unsettled.setdefault(decision.saga.node, []).append((runner, decision))
+        await self._settle(decision.saga.node)
+
+    async def settle(self) -> None:
+        """Carry out every node's unsettled decisions (the controller's reconcile pass: a node
+        whose events stopped must not wait for one). A node whose bus still fails is logged
+        and tried again on the next pass."""
+        for node in list(self._unsettled):
+            async with self._node_lock(node):
+                try:
+                    await self._settle(node)
+                except BusError as error:
+                    log.warning("decisions of node %s still not carried out: %s", node, error)
+
+    async def _settle(self, node: str) -> None:
+        waiting = self._unsettled.get(node)
+        while waiting:
+            runner, decision = waiting[0]
+            kind = runner.kind
+            outputs = kind.outputs(decision)
+            await self._outbox.carry_out(decision, outputs, kind.correlation(decision.saga))
+            self._deadlines.schedule(decision.saga, kind.name)
+            waiting.pop(0)
+            if self._on_change is not None:
+                self._on_change(decision)
+        self._unsettled.pop(node, None)
 
     async def announce(self, runner: KindRunner[Any], saga: Any) -> None:
         """Carry out what a new saga asks before anything happens to the node (an upgrade's
