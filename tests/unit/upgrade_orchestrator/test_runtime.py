@@ -396,6 +396,28 @@ async def test_a_decision_stored_but_not_published_goes_out_on_the_next_reconcil
     )
 
 
+async def test_a_decision_cut_off_with_its_term_goes_out_when_its_event_is_redelivered(
+    bus: InMemoryBus,
+) -> None:
+    first = Stack(bus, policy())
+    await first.start()
+    try:
+        admitted, envelope = await admitted_with_publishes_failing(first)
+    finally:
+        await first.stop()  # the term ended: what it had not carried out is forgotten
+    second = Stack(bus, policy())
+    runner = await second.start()
+    try:
+        # the event comes back (never acked), before the successor's resume has run
+        assert await runner.apply(NODE, admitted, envelope.time, redelivered=True) is None
+        assert await published_steps(second) == (
+            [(S.UPGRADE_REQUIRED, S.CORDON_REQUIRED)],
+            [dm.StageDriver.TYPE],
+        )
+    finally:
+        await second.stop()
+
+
 async def test_a_saga_stored_without_its_start_recorded_gets_it_from_the_successor(
     bus: InMemoryBus,
 ) -> None:

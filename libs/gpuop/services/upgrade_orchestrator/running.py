@@ -14,7 +14,11 @@ same delivery handled again included, `gpuop.bus.dispatching` calls a handler ag
 while the bus fails) carries those out first, in order, before it is decided; the reconcile
 pass does too (`settle`). Deciding the delivery again would not do: the stored saga has moved
 on, the event decides nothing, and the decision's state change and commands would be lost,
-leaving the saga waiting for the answer to a command never sent until its step's deadline.
+leaving the saga waiting for the answer to a command never sent until its step's deadline. A
+handler cancelled between the two (its term ended: the subscription's stop cancels what runs
+past its grace) leaves its event unacked; when the event comes back (to this leader or the
+next) and decides nothing, the saga's pending step is carried out again (`resume`'s path, for
+that node).
 
 `resume` is the restart path: it rebuilds from KV and re-issues every saga's `pending()`
 commands and actions with their original ids, so whatever the crash interrupted is done
@@ -134,7 +138,13 @@ class Runner:
         """The intake consumer's handler."""
         if isinstance(delivery.payload, Event):
             envelope = delivery.envelope
-            await self.apply(envelope.node, delivery.payload, envelope.time, cause=envelope.id)
+            await self.apply(
+                envelope.node,
+                delivery.payload,
+                envelope.time,
+                cause=envelope.id,
+                redelivered=delivery.attempt > 1,
+            )
 
     async def record_policy(self, policy: GPUClusterPolicySpec, cause: str | None = None) -> None:
         """Publish `PolicyApplied` when `policy` differs from the one last recorded, before
@@ -148,12 +158,20 @@ class Runner:
         self._recorded = policy
 
     async def apply(
-        self, node: str, event: Event, now: datetime, *, cause: str | None = None
+        self,
+        node: str,
+        event: Event,
+        now: datetime,
+        *,
+        cause: str | None = None,
+        redelivered: bool = False,
     ) -> machine.Decision[Any, Any] | None:
         """Decide `event` for the node's saga of every kind at `now`, persist, then act;
         the first decision made (the registry's order), or None when the node has no saga
         the event changed. `cause` is the id of the event's envelope, recorded with a change
-        of policy."""
+        of policy. A `redelivered` event that changes no saga may have been cut off between
+        storing its decision and carrying it out (a term that ended under it): the saga's
+        pending step is carried out again, as a takeover's `resume` does."""
         policy = self._policy()
         if policy is None:
             raise TemporaryError("no valid GPUClusterPolicy yet", delay=1.0)
@@ -168,7 +186,7 @@ class Runner:
                 if runner.starter is not None:
                     await runner.starter(node, event, now, cause)
             decisions = [
-                await self._decide(runner, node, event, policy, now, cause, started)
+                await self._decide(runner, node, event, policy, now, cause, started, redelivered)
                 for runner in runners
                 if runner.kind.inbound(event)
             ]
@@ -186,6 +204,7 @@ class Runner:
         now: datetime,
         cause: str | None,
         started: int,
+        redelivered: bool,
     ) -> machine.Decision[Any, Any] | None:
         """One fold step for the node's saga of `runner`'s kind, persisted, then acted on in
         its `decide <event>` span; read again and decided again on a lost compare-and-set."""
@@ -196,6 +215,8 @@ class Runner:
                 return None
             decision = kind.step(stored.saga, event, policy, now)
             if decision is None:
+                if redelivered:
+                    await self._resume(runner, node)
                 return None
             try:
                 await runner.store.replace(decision.saga, stored.revision)
