@@ -10,7 +10,7 @@ from gpuop.health import APPLICATION_XIDS, ignores
 from gpuop.services.device_plugin.config import load_config
 from gpuop.services.device_plugin.health import HealthBook
 from gpuop.services.telemetry.config import TelemetryConfig
-from gpuop.services.telemetry.health import HealthTracker
+from gpuop.services.telemetry.marks import HealthTracker
 
 GPU = "GPU-00000000-0000-0000-0000-000000000001"
 

@@ -98,6 +98,6 @@ def test_helpers_shared_across_directories_live_in_tests_support() -> None:
 
 
 def test_the_helper_scan_sees_a_foreign_helper() -> None:
-    text = "from tests.unit.nvml.fake_pynvml import FakeNvml\nfrom tests.support import waiting\n"
-    assert _foreign_helpers(text, "tests.unit.cli") == ["tests.unit.nvml.fake_pynvml"]
-    assert _foreign_helpers(text, "tests.unit.nvml") == []
+    text = "from tests.unit.host.support import seeded\nfrom tests.support import waiting\n"
+    assert _foreign_helpers(text, "tests.unit.cli") == ["tests.unit.host.support"]
+    assert _foreign_helpers(text, "tests.unit.host") == []

@@ -68,6 +68,14 @@ class HealthReason(DocumentedEnum):
     """Uncorrectable ECC errors appeared, or a row remapping is pending."""
     UNREACHABLE = "unreachable"
     """NVML cannot talk to the GPU (fell off the bus, lost handle)."""
+    NVLINK = "nvlink"
+    """NVLink CRC, replay or recovery errors rose past the health catalog's rate."""
+    CLOCKS = "clocks"
+    """Thermal or power slowdown held the clocks down past the health catalog's time."""
+    PCIE = "pcie"
+    """PCIe replays rose past the catalog's rate, or the link runs below its maximum."""
+    ROW_REMAP = "row-remap"
+    """A row remap is pending (a reset applies it) or failed (the memory needs replacing)."""
     RECOVERED = "recovered"
     """The GPU answers again and no longer reports the error."""
 
@@ -81,6 +89,8 @@ class XidAction(DocumentedEnum):
     """Informational: the GPU stays healthy and in service."""
     RESTART_APPLICATION = "restart-application"
     """The application that hit it is at fault; the GPU stays healthy, the job restarts."""
+    MARK = "mark"
+    """Unhealthy (no new work lands on it) while the fault lasts, but nothing is remediated."""
     RESET_GPU = "reset-gpu"
     """The GPU must be reset (its processes stopped first); a reset that fails reboots."""
     REBOOT = "reboot"
@@ -122,8 +132,11 @@ class DeviceHealthChanged(Event):
     `reset-gpu` for uncorrectable ECC errors, `reboot` for an unreachable GPU, `none` on
     recovery. None in events written before telemetry decided it: read it as `reset-gpu`
     when `healthy` is false (`effective_action`)."""
+    signal: Token | None = None
+    """The health catalog's name of the signal that decided `action` (`nvlink-errors`,
+    `row-remap-failure`, `xid`, ...); None in events written before signals were named."""
     message: Message = ""
-    """Detail for operators."""
+    """Detail for operators: what was seen, and the catalog's reason for the action."""
 
     @property
     def effective_action(self) -> XidAction:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import date
 from functools import cache
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -62,13 +62,18 @@ class _Default(_Strict):
     why: Text
 
 
-class _Header(_Strict):
+class CatalogHeader(_Strict):
+    """What every file of the health catalog opens with (this one and `signals.json`)."""
+
     format: int
     version: Annotated[int, Field(ge=1)]
     date: Annotated[date, Field(strict=False)]
-    upstream_snapshot: Text
     sources: Annotated[tuple[Text, ...], Field(min_length=1, strict=False)]
     about: Text
+
+
+class _Header(CatalogHeader):
+    upstream_snapshot: Text
     default: _Default
     buckets: Mapping[str, Annotated[XidAction, Field(strict=False)]]
     xids: Annotated[tuple[Any, ...], Field(min_length=1, strict=False)]
@@ -112,19 +117,7 @@ class XidCatalog:
 
 def parse(text: str, *, origin: str = CATALOG_FILE) -> XidCatalog:
     """The catalog in `text` (the JSON of `xids.json`); `origin` names it in errors."""
-    try:
-        document = documents.json_object(text)
-    except ValueError as error:
-        raise CatalogError(f"{origin}: {error}") from error
-    if document.get("format") != FORMAT:
-        raise CatalogError(
-            f"{origin}: format {document.get('format')!r} is not the one this gpuop reads"
-            f" ({FORMAT})"
-        )
-    try:
-        header = _Header.model_validate(document)
-    except ValidationError as error:
-        raise CatalogError(f"{origin}: {_first(error)}") from error
+    header = validated(text, origin, FORMAT, _Header)
     entries: dict[int, XidEntry] = {}
     for position, raw in enumerate(header.xids):
         entry = _entry(raw, position, header.buckets, origin)
@@ -148,11 +141,33 @@ def packaged() -> XidCatalog:
     return parse(text, origin=f"{__package__}/{CATALOG_FILE}")
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(text: str, origin: str, format: int, model: type[M]) -> M:
+    """A catalog file's JSON `text` as `model`, refused unless its `format` is `format`;
+    every problem a `CatalogError` naming `origin` (the health catalog's files share it)."""
+    try:
+        document = documents.json_object(text)
+    except ValueError as error:
+        raise CatalogError(f"{origin}: {error}") from error
+    if document.get("format") != format:
+        raise CatalogError(
+            f"{origin}: format {document.get('format')!r} is not the one this gpuop reads"
+            f" ({format})"
+        )
+    try:
+        return model.model_validate(document)
+    except ValidationError as error:
+        raise CatalogError(f"{origin}: {validation_message(error)}") from error
+
+
 def _entry(raw: Any, position: int, buckets: Mapping[str, XidAction], origin: str) -> XidEntry:
     try:
         entry = _Entry.model_validate(raw)
     except ValidationError as error:
-        raise CatalogError(f"{origin}: {_where(position, raw)}: {_first(error)}") from error
+        where = _where(position, raw)
+        raise CatalogError(f"{origin}: {where}: {validation_message(error)}") from error
     action = entry.action or buckets.get(entry.bucket)
     if action is None:
         raise CatalogError(
@@ -167,7 +182,8 @@ def _where(position: int, raw: Any) -> str:
     return f"xids[{position}]" + (f" (XID {xid})" if xid is not None else "")
 
 
-def _first(error: ValidationError) -> str:
+def validation_message(error: ValidationError) -> str:
+    """The first problem pydantic found, as `field: message`."""
     detail = error.errors()[0]
     field = ".".join(str(part) for part in detail["loc"])
     return f"{field}: {detail['msg']}" if field else detail["msg"]

@@ -38,6 +38,19 @@ class FieldId(enum.IntEnum):
     """Single-bit (corrected) volatile ECC errors."""
     ECC_DBE_VOL_TOTAL = 4
     """Double-bit (uncorrected) volatile ECC errors."""
+    RETIRED_SBE = 29
+    """Pages retired after single-bit errors (NotSupported on Ampere on: rows are remapped)."""
+    RETIRED_DBE = 30
+    """Pages retired after double-bit errors."""
+    NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = 38
+    """NVLink flow-control CRC errors, all links (the `NVML_FI_DEV_` prefix left out, as for
+    every id here)."""
+    NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = 45
+    """NVLink data CRC errors, all links."""
+    NVLINK_REPLAY_ERROR_COUNT_TOTAL = 52
+    """NVLink replays (a packet sent again after a CRC error), all links."""
+    NVLINK_RECOVERY_ERROR_COUNT_TOTAL = 59
+    """NVLink recoveries (a link retrained after too many errors), all links."""
     NVLINK_BANDWIDTH_C0_TOTAL = 66
     """NVLink counter set 0, all lanes (NotSupported on recent drivers)."""
     MEMORY_TEMP = 82
@@ -125,6 +138,15 @@ class DeviceMetrics:
     """PCIe replays (link-level retries) since the driver loaded."""
     processes: tuple[ProcessInfo, ...]
     """Processes with a compute context on the GPU (empty when none or not reported)."""
+    pcie_link_generation: int | None = None
+    """PCIe generation the link runs at now (`nvmlDeviceGetCurrPcieLinkGeneration`)."""
+    pcie_link_width: int | None = None
+    """PCIe lanes the link runs with now (`nvmlDeviceGetCurrPcieLinkWidth`)."""
+    pcie_max_link_generation: int | None = None
+    """The highest generation the GPU and the slot both allow
+    (`nvmlDeviceGetMaxPcieLinkGeneration`)."""
+    pcie_max_link_width: int | None = None
+    """The most lanes the link can have (`nvmlDeviceGetMaxPcieLinkWidth`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ throughput query and exports no other profiling metric for that GPU.
 
 The values are in dcgm-exporter's units: ratios 0 to 1 for the `DCGM_FI_PROF_*` activity
 fields (GPM reports percent) and bytes per second for the PCIe and NVLink rates (GPM
-reports MiB/s). `ErrorCounter` holds the `NVML_FI_DEV_*` field ids of the NVLink error and
-retired-page counters telemetry exports through the batched field query.
+reports MiB/s). The NVLink error and retired-page counters telemetry exports are field
+values (`gpuop.nvml.metrics.FieldId`), read by the batched field query.
 """
 
 from __future__ import annotations
@@ -40,23 +40,6 @@ class GpmMetric(enum.IntEnum):
     """NVLink traffic received over all links, MiB/s."""
     NVLINK_TOTAL_TX_PER_SEC = 61
     """NVLink traffic sent over all links, MiB/s."""
-
-
-class ErrorCounter(enum.IntEnum):
-    """`NVML_FI_DEV_*` ids of the error counters telemetry exports (field values)."""
-
-    RETIRED_SBE = 29
-    """Pages retired after single-bit errors (NotSupported on Ampere on: rows are remapped)."""
-    RETIRED_DBE = 30
-    """Pages retired after double-bit errors."""
-    NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = 38
-    """NVLink flow-control CRC errors, all links."""
-    NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = 45
-    """NVLink data CRC errors, all links."""
-    NVLINK_REPLAY_ERROR_COUNT_TOTAL = 52
-    """NVLink replays, all links."""
-    NVLINK_RECOVERY_ERROR_COUNT_TOTAL = 59
-    """NVLink recoveries, all links."""
 
 
 @dataclass(frozen=True, slots=True)

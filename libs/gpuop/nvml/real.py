@@ -179,6 +179,14 @@ class PynvmlBackend:
             retired_pages_pending=None if retired is None else bool(retired),
             pcie_replay_count=_int_or_none(nvml.optional("nvmlDeviceGetPcieReplayCounter", h)),
             processes=self._processes(h),
+            pcie_link_generation=_int_or_none(
+                nvml.optional("nvmlDeviceGetCurrPcieLinkGeneration", h)
+            ),
+            pcie_link_width=_int_or_none(nvml.optional("nvmlDeviceGetCurrPcieLinkWidth", h)),
+            pcie_max_link_generation=_int_or_none(
+                nvml.optional("nvmlDeviceGetMaxPcieLinkGeneration", h)
+            ),
+            pcie_max_link_width=_int_or_none(nvml.optional("nvmlDeviceGetMaxPcieLinkWidth", h)),
         )
 
     def pcie_throughput(self, index: int) -> PcieThroughput:

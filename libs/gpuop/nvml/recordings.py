@@ -133,6 +133,10 @@ def _device(index: int, answers: dict[str, Any]) -> RecordedDevice:
         retired_pages_pending=None if retired is None else bool(retired),
         pcie_replay_count=_int(answers.get("pcie_replay")),
         processes=tuple(_process(p) for p in answers.get("compute_procs") or ()),
+        pcie_link_generation=_int(answers.get("pcie_link_gen")),
+        pcie_link_width=_int(answers.get("pcie_link_width")),
+        pcie_max_link_generation=_int(answers.get("pcie_max_link_gen")),
+        pcie_max_link_width=_int(answers.get("pcie_max_link_width")),
     )
     pcie = PcieThroughput(
         index=index,

@@ -37,27 +37,35 @@ async def replays_identically(record: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-async def test_a_fatal_xid_on_two_nodes_ends_healthy_untainted_with_only_its_pods_evicted(
+async def test_a_gpu_fallen_off_the_bus_twice_is_handed_over_and_an_nvlink_storm_reset(
     tmp_path: Path,
 ) -> None:
     record = tmp_path / "remediation.jsonl"
     out, summary = await play("remediation", record)
 
     assert (summary["scenario"], summary["targets"], summary["done"], summary["failed"]) == (
-        "remediation", 2, 2, 0,
+        "remediation", 2, 1, 0,
     )  # fmt: skip
-    for node, seen in summary["remediated"].items():
-        assert seen["state"] == "remediation-done", seen
-        assert seen["states"][0] == "remediation-admission-required"
-        assert "gpu-reset-required" in seen["states"] and "reboot-required" not in seen["states"]
+    fall, storm = summary["remediated"]["gpu-node-1"], summary["remediated"]["gpu-node-2"]
+    assert (fall["fault"], storm["fault"]) == ("fallen-off-the-bus", "nvlink-storm")
+    for seen in (fall, storm):
         assert seen["quarantined"], seen
         assert seen["quarantine_condition"]["status"] == "False"
-        assert f"{seen['gpu']} (XID 48)" in seen["quarantine_condition"]["message"]
-        assert seen["condition"]["status"] == "True" and not seen["tainted"], seen
-        assert seen["evicted"] == seen["on_faulty_gpu"] == seen["holders"] != [], seen
+        assert seen["evicted"] == seen["on_faulty_gpu"] != [], seen
         assert seen["kept"] and not set(seen["kept"]) & set(seen["evicted"]), seen
-        assert re.search(rf"\] {node}\s+remediation: release-required -> remediation-done", out)
-        assert re.search(rf"\] {node}\s+node.health: gpuop.io/gpu-unhealthy on", out), out
+    # the first fall: NVIDIA's reboot; the second, in the new boot: new hardware
+    assert fall["first"]["state"] == "remediation-done", fall
+    assert "reboot-required" in fall["first"]["states"], fall
+    assert f"{fall['gpu']} (XID 79)" in fall["quarantine_condition"]["message"]
+    assert fall["state"] == "hardware-replacement-required", fall
+    assert fall["gpuop.io/hardware-replacement"] == "required" and fall["cordoned"], fall
+    # the storm: a reset, then released
+    assert storm["state"] == "remediation-done", storm
+    assert "gpu-reset-required" in storm["states"] and "reboot-required" not in storm["states"]
+    assert storm["condition"]["status"] == "True" and not storm["tainted"], storm
+    assert storm["evicted"] == storm["holders"], storm
+    assert re.search(r"\] gpu-node-1\s+remediation: .* -> hardware-replacement-required", out)
+    assert re.search(r"\] gpu-node-2\s+remediation: release-required -> remediation-done", out)
     await replays_identically(record)
 
 
@@ -139,12 +147,13 @@ async def test_the_remediation_shows_live_with_each_nodes_saga_kind_and_state() 
     out = terminal.text
     assert code == 0, out
     assert screens.HIDE_CURSOR in out and out.count("\x1b[") > 50  # redrawn in place
-    last = out[out.rindex("GPU remediation: XID 48 on 2 of 2 nodes") :]
+    last = out[out.rindex("GPU remediation on 2 of 2 nodes") :]
     frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", last)
     assert re.search(r"^NODE\s+SAGA\s+STATE\s+ATTEMPT", frame, re.M), frame
-    for node in ("gpu-node-1", "gpu-node-2"):
-        assert re.search(rf"^{node}\s+remediation\s+remediation-done\s+1\s", frame, re.M), frame
-    assert "] 2/2 done, 0 failed, 0 remediating" in frame
+    ended = {"gpu-node-1": "hardware-replacement-required", "gpu-node-2": "remediation-done"}
+    for node, state in ended.items():
+        assert re.search(rf"^{node}\s+remediation\s+{state}\s+1\s", frame, re.M), frame
+    assert "] 1/2 done, 0 failed, 1 remediating" in frame
     assert "remediation.state-changed" in frame
     summary = json.loads(out.strip().splitlines()[-1])
-    assert (summary["scenario"], summary["done"]) == ("remediation", 2)
+    assert (summary["scenario"], summary["done"]) == ("remediation", 1)

@@ -57,6 +57,31 @@ def test_a_reported_recovery_does_not_make_it_healthy() -> None:
     assert not book.is_healthy(GPU)
 
 
+def marked(reason: device.HealthReason, action: device.XidAction) -> device.DeviceHealthChanged:
+    return device.DeviceHealthChanged(gpu_uuid=GPU, healthy=False, reason=reason, action=action)
+
+
+RECOVERED = device.DeviceHealthChanged(
+    gpu_uuid=GPU, healthy=True, reason=device.HealthReason.RECOVERED
+)
+
+
+def test_a_gpu_only_marked_is_healthy_again_when_its_condition_ends() -> None:
+    book = HealthBook(APPLICATION_XIDS)
+    assert book.apply(marked(device.HealthReason.CLOCKS, device.XidAction.MARK))
+    assert not book.is_healthy(GPU)
+    assert book.apply(RECOVERED)
+    assert book.is_healthy(GPU)
+
+
+def test_a_marked_gpu_that_then_asked_for_a_reset_stays_unhealthy_on_recovery() -> None:
+    book = HealthBook(APPLICATION_XIDS)
+    book.apply(marked(device.HealthReason.CLOCKS, device.XidAction.MARK))
+    book.apply(marked(device.HealthReason.NVLINK, device.XidAction.RESET_GPU))
+    assert not book.apply(RECOVERED)
+    assert not book.is_healthy(GPU)
+
+
 def test_a_validated_driver_reload_makes_every_gpu_healthy() -> None:
     other = "GPU-00000000-0000-0000-0000-000000000001"
     book = HealthBook(APPLICATION_XIDS)

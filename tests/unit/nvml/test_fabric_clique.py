@@ -15,9 +15,9 @@ from gpuop.inventory.scanning import gpu_record
 from gpuop.nvml.binding import Binding
 from gpuop.nvml.protocol import opened
 from gpuop.nvml.real import FABRIC_COMPLETED, PynvmlBackend, fabric_clique
+from tests.support.fake_pynvml import FakePynvml
 
 from .conftest import NVML_JSON
-from .fake_pynvml import FakePynvml
 
 CLUSTER = uuid.UUID("6f1c2a9e-0b7d-4c35-9a8e-2f4b1d0c7e55")
 

@@ -15,9 +15,9 @@ from gpuop.nvml.protocol import opened
 from gpuop.nvml.real import PynvmlBackend
 from gpuop.nvml.recorded import RecordedNvml
 from gpuop_sim.nvml.simulated import SimNvml
+from tests.support.fake_pynvml import FakePynvml, Handle
 
 from .conftest import NVML_JSON
-from .fake_pynvml import FakePynvml, Handle
 
 GPM_ANSWERS = {
     GpmMetric.SM_UTIL: 50.0,

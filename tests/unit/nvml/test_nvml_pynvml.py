@@ -18,9 +18,9 @@ from gpuop.nvml.real import PynvmlBackend
 from gpuop.nvml.recorded import RecordedNvml
 from gpuop.nvml.topology import NvLinkRemote, PcieLevel
 from gpuop.nvml.watching import EccEvent, XidEvent
+from tests.support.fake_pynvml import FakePynvml, Handle
 
 from .conftest import NVML_JSON
-from .fake_pynvml import FakePynvml, Handle
 
 UUID = "GPU-20bce083-dbf9-2d4f-3c35-c858915accc5"
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuop.host.roots import HostRoot
+from gpuop.nvml.metrics import FieldId
 from gpuop.nvml.watching import XidEvent
 from gpuop_sim.nvml import sim_xids
 from gpuop_sim.nvml.backend import open_sim
@@ -82,3 +83,28 @@ def test_the_sim_backend_follows_the_host_roots_feed(seeded: HostRoot) -> None:
     event = watcher.wait(100)
     assert isinstance(event, XidEvent) and (event.index, event.xid) == (1, 48)
     nvml.shutdown()
+
+
+def test_nvlink_errors_put_in_their_feed_grow_the_counters_another_process_reads(
+    tmp_path: Path,
+) -> None:
+    replays, crc = (
+        FieldId.NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+        FieldId.NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    )
+    sim = SimNvml(8, node=NODE, recording=NVML_JSON, nvlink_feed=tmp_path / sim_xids.NVLINK)
+    sim.init()  # eight GPUs: NVLink, so the error totals answer (0 until errors come)
+    uuid = sim.device_info(3).uuid
+    assert [f.value for f in sim.field_values(3, [replays, crc])] == [0, 0]
+
+    sim_xids.inject_nvlink_errors(tmp_path, uuid, {replays: 150, crc: 7})
+    sim_xids.inject_nvlink_errors(tmp_path, uuid, {replays: 30})
+    with (tmp_path / sim_xids.NVLINK).open("a") as feed:
+        feed.write('{"gpu": "GPU-x", "nvlink": {"52": -1}}\nnot json\n')
+
+    assert [f.value for f in sim.field_values(3, [replays, crc])] == [180, 7]
+    assert [f.value for f in sim.field_values(2, [replays])] == [0]
+    assert [f.value for f in sim.field_values(3, [replays])] == [180], "taken once"
+    with pytest.raises(ValueError, match="negative"):
+        sim_xids.inject_nvlink_errors(tmp_path, uuid, {replays: -1})
+    sim.shutdown()

@@ -15,6 +15,7 @@ def test_the_escalation_order_is_the_members_order() -> None:
     assert [a.value for a in sorted(dev.XidAction, key=lambda a: a.rank)] == [
         "none",
         "restart-application",
+        "mark",
         "reset-gpu",
         "reboot",
         "drain-and-replace",
@@ -28,4 +29,6 @@ def test_a_fault_calls_for_a_remediation_from_reset_gpu_up(action: dev.XidAction
     )
 
     assert kind.calls_for_remediation(event) is (action.rank >= dev.XidAction.RESET_GPU.rank)
-    assert kind.calls_for_remediation(event) is not action.keeps_gpu_healthy
+    # `mark` alone is neither: the GPU leaves service while the fault lasts, unremediated
+    marks_only = action is dev.XidAction.MARK
+    assert kind.calls_for_remediation(event) is not (action.keeps_gpu_healthy or marks_only)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpuop.events.device import DeviceHealthChanged, HealthReason, XidAction
 from gpuop.health import APPLICATION_XIDS, xids
 from gpuop.nvml import EccEvent, XidEvent
-from gpuop.services.telemetry.health import HealthTracker
+from gpuop.services.telemetry.marks import HealthTracker
 from gpuop.services.telemetry.sessions import Inventory
 
 SESSION = Inventory(driver_version="580.159.04", gpus=(), migs=())

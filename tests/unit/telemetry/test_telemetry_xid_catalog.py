@@ -93,6 +93,7 @@ def test_actions_are_in_escalation_order() -> None:
     assert [action.value for action in sorted(XidAction, key=lambda a: a.rank)] == [
         "none",
         "restart-application",
+        "mark",
         "reset-gpu",
         "reboot",
         "drain-and-replace",

@@ -225,8 +225,8 @@ async def _run(args: argparse.Namespace, stop: Stop) -> int:
 def _title(args: argparse.Namespace) -> str:
     if args.scenario == rollout_view.REMEDIATION:
         return (
-            f"GPU remediation: XID {scenarios.XID} on {scenarios.TARGETS} of {args.nodes} "
-            "nodes, quarantine to recovery"
+            f"GPU remediation on {scenarios.TARGETS} of {args.nodes} nodes: a GPU fallen off "
+            "the bus (kernel log, XID 79, twice) and an NVLink error storm"
         )
     if args.scenario == "dra":
         return (

@@ -116,6 +116,9 @@ FAILED_STATES = frozenset(
     {UpgradeState.UPGRADE_FAILED, RemediationState.FAILED, MigState.MIG_CONFIG_FAILED,
      DeviceApiState.FAILED}
 )  # fmt: skip
+REMEDIATION_FOLLOWED_TO = REMEDIATION_TERMINAL_STATES | {RemediationState.REPLACEMENT_REQUIRED}
+"""Where the demo stops following a remediation: its ends, and the hand-over for new
+hardware (the saga waits there for people, as long as they take)."""
 MIG_TERMINAL_STATES = frozenset({MigState.MIG_CONFIG_DONE, MigState.MIG_CONFIG_FAILED})
 SAGA_MOVES = (NodeRemediationStateChanged, NodeMigStateChanged, NodeDeviceApiStateChanged)
 """The state changes of the kinds a scenario follows (`SagaRun`)."""
@@ -202,6 +205,9 @@ class Tracker:
     """Per node, the GPUs telemetry reported unhealthy and not yet healthy again."""
     echo: bool = False
     """Print each `note` as a progress line (no live view)."""
+    pending: set[str] = field(default_factory=set)
+    """Targets the scenario still has a fault to put on: the follow waits for them even
+    when their latest saga ended."""
 
     def __post_init__(self) -> None:
         self.outcome = RolloutOutcome(self.nodes)
@@ -218,9 +224,13 @@ class Tracker:
         """Every node's upgrade ended, or, with `targets`, every target's saga of `kind`."""
         if self.targets is None:
             return self.outcome.finished
-        return bool(self.targets) and all(
-            (run := self.runs.get(node)) is not None and run.ended is not None
-            for node in self.targets
+        return (
+            bool(self.targets)
+            and not self.pending
+            and all(
+                (run := self.runs.get(node)) is not None and run.ended is not None
+                for node in self.targets
+            )
         )
 
     def counts(self) -> tuple[int, int, int]:
@@ -338,7 +348,7 @@ class Tracker:
         run.states.append(str(payload.to_state))
         if isinstance(payload, NodeRemediationStateChanged):
             run.gpus = payload.gpu_uuids or run.gpus
-            ended = payload.to_state in REMEDIATION_TERMINAL_STATES
+            ended = payload.to_state in REMEDIATION_FOLLOWED_TO
         elif isinstance(payload, NodeDeviceApiStateChanged):
             ended = payload.to_state in DEVICE_API_TERMINAL_STATES
         else:

@@ -9,17 +9,9 @@ through it the device plugin's `ListGpuHolders`, names them; and the kubelet's n
 reports the device plugins' resources (`DeviceStatus`: advertised and healthy devices per
 resource, the `Machine.device_resources` the simulated kubelet posts).
 
-- `remediation` (`Remediation`): a fatal XID (48, a double-bit ECC error: the catalog's
-  `reset-gpu`) on the GPU of one pod on each of the two nodes with the most GPU pods, put
-  into the node's simulated NVML through its XID feed (`gpuop_sim.nvml.sim_xids`) and
-  repeated until telemetry reports the GPU unhealthy. The orchestrator quarantines the node
-  (taint `gpuop.io/gpu-unhealthy`, condition `GPUHealthy` False), evicts the pods holding
-  that GPU, pauses the operands, resets the GPU, validates, and releases (untaint,
-  condition True) before it publishes remediation-done, so the summary reads the node once,
-  without waiting, and a node still tainted then fails the scenario. The summary gives per
-  node the GPU and XID, the states it went through, how long it took, the holders, the pods
-  evicted and kept, the condition and the taint; it succeeds when both nodes are done,
-  healthy, untainted, and exactly the pods on the faulty GPUs were evicted.
+- `remediation` (`remediation_scenario.Remediation`): a GPU fallen off the bus, seen in the
+  kernel log (twice: the second fall, after the reboot, hands the node over for new
+  hardware), and an NVLink error storm (a reset), on the two nodes with the most GPU pods.
 - `mig` (`MigReconfiguration`): the device plugin advertises MIG devices (`migStrategy:
   mixed`), the policy carries the default mig-parted configs, and two nodes are labelled
   `nvidia.com/mig.config=all-balanced` (per H200: 2x 1g.18gb, 1x 2g.35gb, 1x 3g.71gb). The
@@ -49,14 +41,13 @@ from gpuop_sim.cluster.cluster import SimCluster
 from gpuop_sim.cluster.kubelet_grpc import KubeletGrpc
 from gpuop_sim.cluster.machines import GPU_RESOURCE
 from gpuop_sim.cluster.scheduling import gpus_requested
-from gpuop_sim.nvml import sim_xids
 
 SCENARIOS = ("upgrade", REMEDIATION, MIG, "dra")
 """`dra` is `gpuop_sim.cli.dra_scenario`'s."""
 TARGETS = 2
 """Nodes a scenario acts on (fewer when the cluster has fewer)."""
 XID = 48
-"""ROBUST_CHANNEL_GPU_ECC_DBE: the XID catalog resets the GPU."""
+"""ROBUST_CHANNEL_GPU_ECC_DBE: the XID catalog resets the GPU (the DRA scenario's fault)."""
 MIG_CONFIG = "all-balanced"
 """A mixed layout of the default mig-parted configs (`gpuop.policy.migconfig`)."""
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
@@ -67,7 +58,7 @@ PLUGIN_WAIT = 120.0
 PODS_WAIT = 60.0
 """Seconds to wait for GPU pods to run on the nodes."""
 XID_REPEAT = 3.0
-"""Seconds between putting the XID again while telemetry has not reported it."""
+"""Seconds between putting a fault again while telemetry has not reported it."""
 XID_TRIES = 40
 DEVICE_STATUS_SECONDS = 0.5
 SIGNALS_SECONDS = 0.2
@@ -120,7 +111,9 @@ class Scenario(Protocol):
 
 def make(name: str, stage: Stage) -> Scenario:
     if name == REMEDIATION:
-        return Remediation(stage)
+        from gpuop_sim.cli import remediation_scenario  # it builds on this module's parts
+
+        return remediation_scenario.Remediation(stage)
     if name == MIG:
         return MigReconfiguration(stage)
     if name == "dra":
@@ -288,99 +281,7 @@ class Signals:
             await asyncio.sleep(SIGNALS_SECONDS)
 
 
-@dataclass
-class Remediation:
-    """A fatal XID on two nodes, and their quarantine and recovery."""
-
-    stage: Stage
-    kind: str = REMEDIATION
-    allocations: dict[str, list[Allocation]] = field(default_factory=dict)
-    faulty: dict[str, str] = field(default_factory=dict)
-    """Per target, the GPU given the XID."""
-    signals: dict[str, Signals] = field(default_factory=dict)
-    background: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def policy(self, spec: dict[str, Any]) -> None:
-        spec["remediation"] = {"enabled": True, "quarantine": True, "maxPerHour": TARGETS}
-
-    def configs(self) -> dict[str, str]:
-        return {}
-
-    async def begin(self, tracker: Tracker) -> None:
-        count = min(TARGETS, len(self.stage.cluster.node_names))
-        targets = await busiest_nodes(self.stage, count)
-        tracker.kind, tracker.targets = REMEDIATION, targets
-        for node in targets:
-            self.allocations[node] = await allocate(self.stage, node)
-            self.faulty[node] = _uuid_of(self.allocations[node][0].gpus[0])
-        device_status = DeviceStatus(self.stage, targets)
-        self.background.append(asyncio.create_task(device_status.run()))
-        for node in targets:
-            signals = self.signals[node] = Signals()
-            self.background.append(
-                asyncio.create_task(signals.follow(self.stage.kube, node, tracker))
-            )
-        await self._inject(tracker)
-
-    async def _inject(self, tracker: Tracker) -> None:
-        """Put the XID on each target's GPU until telemetry reported every one."""
-        for _ in range(XID_TRIES):
-            missing = [
-                node
-                for node, gpu in self.faulty.items()
-                if gpu not in tracker.unhealthy.get(node, set()) and node not in tracker.runs
-            ]
-            if not missing:
-                return
-            for node in missing:
-                sim_xids.inject(self.stage.roots[node], self.faulty[node], XID)
-            await asyncio.sleep(XID_REPEAT)
-        raise ScenarioFailed(
-            f"telemetry never reported XID {XID} on {', '.join(sorted(self.faulty))}"
-        )
-
-    async def conclude(self, tracker: Tracker) -> tuple[bool, dict[str, Any]]:
-        for task in self.background:
-            task.cancel()
-        kube = self.stage.kube
-        nodes: dict[str, Any] = {}
-        ok = True
-        for node, allocations in sorted(self.allocations.items()):
-            run = tracker.runs.get(node)
-            gpu = self.faulty[node]
-            on_gpu = sorted(a.pod for a in allocations if gpu in map(_uuid_of, a.gpus))
-            gone = [a.pod for a in allocations if not await pod_exists(kube, a.pod)]
-            kept = sorted(a.pod for a in allocations if a.pod not in gone)
-            tainted, condition = await Signals.read(kube, node)  # released when done: no wait
-            signals = self.signals.get(node, Signals())
-            for pod in gone:
-                namespace, name = pod.split("/", 1)
-                self.stage.kubelets[node].release_pod(namespace, name)
-            nodes[node] = {
-                "gpu": gpu,
-                "xid": XID,
-                **run_summary(run),
-                "holders": list(tracker.holders.get(node, ())),
-                "on_faulty_gpu": on_gpu,
-                "evicted": sorted(gone),
-                "kept": kept,
-                "quarantined": signals.quarantined,
-                "quarantine_condition": signals.quarantine,
-                "condition": condition,
-                "tainted": tainted,
-            }
-            ok = ok and (
-                run is not None
-                and run.state in DONE_STATES
-                and signals.quarantined
-                and condition.get("status") == "True"
-                and not tainted
-                and sorted(gone) == on_gpu
-            )
-        return ok, _summary(REMEDIATION, tracker, len(self.allocations), remediated=nodes)
-
-
-def _summary(scenario: str, tracker: Tracker, targets: int, **found: Any) -> dict[str, Any]:
+def summary_of(scenario: str, tracker: Tracker, targets: int, **found: Any) -> dict[str, Any]:
     """A scenario's report: its sagas' counts and time, then what it `found`."""
     done, failed, _ = tracker.counts()
     return {
@@ -462,7 +363,7 @@ class MigReconfiguration:
             )
         for task in self.background:
             task.cancel()
-        summary = _summary(
+        summary = summary_of(
             MIG, tracker, len(self.allocations), expected=expected, reconfigured=nodes
         )
         return ok, summary
@@ -521,7 +422,7 @@ async def _gpu_allocatable(kube: kubeclient.Kube, node: str) -> dict[str, str]:
     return {r: str(n) for r, n in sorted(allocatable.items()) if r.startswith("nvidia.com/")}
 
 
-def _uuid_of(device_id: str) -> str:
+def uuid_of(device_id: str) -> str:
     """The GPU a device id of `nvidia.com/gpu` names (a replica `<uuid>::<n>`, or the
     uuid)."""
     return device_id.split("::", 1)[0]

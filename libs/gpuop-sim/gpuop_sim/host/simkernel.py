@@ -45,7 +45,7 @@ from gpuop.host.errors import (
 from gpuop.host.files import exclusive_lock, write_atomic
 from gpuop.host.modules import LoadedModule
 from gpuop.host.roots import HostRoot
-from gpuop_sim.host import simreset, simstate
+from gpuop_sim.host import simkmsg, simreset, simstate
 
 _EXEC_FORMAT = "Exec format error"
 _UNKNOWN_SYMBOL = "Unknown symbol in module, or unknown parameter (see dmesg)"
@@ -175,6 +175,7 @@ class SimKernel:
                 self._remove(entry.name, loaded)
             write_atomic(self.root.join(system.BOOT_ID), new_boot_id + "\n")
             simreset.rebooted(self.root)
+            simkmsg.boot(self.root)
         for module in load:
             try:
                 self.modprobe(module)

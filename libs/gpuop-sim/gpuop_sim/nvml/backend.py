@@ -30,6 +30,7 @@ def open_sim(
         holder_id=holder_id,
         mig_state=host_root / MIG_STATE,
         xid_feed=host_root / sim_xids.XIDS,
+        nvlink_feed=host_root / sim_xids.NVLINK,
         mig_fault=host_root / sim_mig_fault.MIG_FAULT,
         replaced=host_root / sim_replacements.REPLACED,
     )

@@ -4,23 +4,30 @@
 state and counters, and NotSupported (return code 3) for the rest, as the recorded H200
 does for `NVLINK_BANDWIDTH_C0_TOTAL`. PCIe throughput rises from the recorded idle traffic
 with utilisation. GPM activity (`activity()`) follows utilisation too: a whole GPU's, or a
-MIG GPU instance's share of it by its slices. The error counters telemetry exports
-(`profiling.ErrorCounter`) read 0 where the GPU has NVLink, NotSupported for retired pages
-(the H200 remaps rows instead). None draws random numbers, so reading them never changes the
-walk.
+MIG GPU instance's share of it by its slices. The NVLink error totals telemetry exports
+(`FieldId`) read what was put on the GPU (0 until then) where it has NVLink,
+NotSupported for retired pages (the H200 remaps rows instead). None draws random numbers,
+so reading them never changes the walk.
 """
 
 from __future__ import annotations
 
 from gpuop.nvml.errors import ERROR_NOT_SUPPORTED, SUCCESS
 from gpuop.nvml.metrics import FieldId, FieldValue, PcieThroughput
-from gpuop.nvml.profiling import Activity, ErrorCounter
+from gpuop.nvml.profiling import Activity
 from gpuop_sim.nvml.sim_gpus import SimGpu
 
 IDLE_PCIE_TX_KBPS = 1540
 """The recorded H200's PCIe transmit rate at idle, KB/s."""
 IDLE_PCIE_RX_KBPS = 605
 """The recorded H200's PCIe receive rate at idle (nvidia-smi-q.xml), KB/s."""
+NVLINK_ERROR_FIELDS = (
+    FieldId.NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    FieldId.NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+    FieldId.NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+    FieldId.NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+)
+"""The NVLink error totals a GPU with NVLink answers (0 until errors are put on it)."""
 HBM_ABOVE_DIE_C = 2
 """How much warmer HBM runs than the die (36 vs 34 °C on the recorded H200)."""
 
@@ -39,7 +46,8 @@ def field_value(gpu: SimGpu, field_id: int, *, nvlink: bool) -> FieldValue:
     if nvlink:
         values[FieldId.NVLINK_THROUGHPUT_DATA_TX] = gpu.nvlink_tx_kib
         values[FieldId.NVLINK_THROUGHPUT_DATA_RX] = gpu.nvlink_rx_kib
-        values.update(nvlink_error_counters(gpu))
+        for counter in NVLINK_ERROR_FIELDS:
+            values[counter] = c.nvlink_errors.get(counter, 0)
     if field_id not in values:
         return FieldValue(field_id, ERROR_NOT_SUPPORTED, None)
     return FieldValue(field_id, SUCCESS, values[field_id])
@@ -53,20 +61,6 @@ def pcie_throughput(gpu: SimGpu) -> PcieThroughput:
         tx_kilobytes_per_second=IDLE_PCIE_TX_KBPS + round(load * 8_000_000),
         rx_kilobytes_per_second=IDLE_PCIE_RX_KBPS + round(load * 12_000_000),
     )
-
-
-NVLINK_ERROR_COUNTERS = (
-    ErrorCounter.NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
-    ErrorCounter.NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
-    ErrorCounter.NVLINK_REPLAY_ERROR_COUNT_TOTAL,
-    ErrorCounter.NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
-)
-
-
-def nvlink_error_counters(gpu: SimGpu) -> dict[int, int]:
-    """The NVLink error totals of a GPU with NVLink: none so far."""
-    del gpu  # a healthy simulated link never errs
-    return dict.fromkeys(NVLINK_ERROR_COUNTERS, 0)
 
 
 def activity(

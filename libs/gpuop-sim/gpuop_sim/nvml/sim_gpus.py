@@ -102,6 +102,16 @@ class Counters:
     pcie_replays: int = 0
     processes: dict[int, int] = field(default_factory=dict)
     """Used framebuffer by PID of the simulated compute processes."""
+    nvlink_errors: dict[int, int] = field(default_factory=dict)
+    """NVLink error totals by `FieldId` (CRC flit, CRC data, replay, recovery); they reset
+    with the driver, as a GPU reset clears them."""
+    remap_failure: bool = False
+    """The GPU ran out of spare rows: a reset does not clear it (new hardware does)."""
+    pcie_link: tuple[int, int] | None = None
+    """(generation, width) the link trained at instead of its maximum; None: at its maximum.
+    A driver reload retrains it (a degraded link comes back degraded unless cleared)."""
+    clock_events: ClockEventReason = ClockEventReason.NONE
+    """Reasons put on the GPU from outside (a hot aisle, a power brake), beside its own."""
 
 
 class SimGpu:
@@ -126,6 +136,9 @@ class SimGpu:
         self.nvlink_rx_kib = 0
         self.idle_power_mw = self.power_mw
         self.limit_mw = float(info.power_limit_mw or 700_000)
+        # The recorded H200 ran its link at its maximum (nvidia-smi: gen 5 of 5, x16 of x16).
+        self.max_link_generation = base.pcie_link_generation or 5
+        self.max_link_width = base.pcie_link_width or 16
         # With nothing running, the v1 "used" the recording holds is the driver's reserve.
         self.reserved_bytes = int(base.memory_used_bytes or 0)
 
@@ -145,6 +158,7 @@ class SimGpu:
         c = self.counters
         c.volatile_corrected = c.volatile_uncorrected = c.pcie_replays = 0
         c.remap_pending = False
+        c.nvlink_errors.clear()
         c.processes.clear()
         self.energy_mj = 0.0
 
@@ -158,7 +172,9 @@ class SimGpu:
             reasons = ClockEventReason.GPU_IDLE
         else:
             reasons = ClockEventReason.SW_POWER_CAP if capped else ClockEventReason.NONE
+        reasons |= c.clock_events
         max_clock = self.info.max_sm_clock_mhz or IDLE_SM_CLOCK_MHZ
+        generation, width = c.pcie_link or (self.max_link_generation, self.max_link_width)
         return DeviceMetrics(
             index=self.info.index,
             memory_used_bytes=used,
@@ -182,13 +198,17 @@ class SimGpu:
             remapped_rows_correctable=c.remapped_correctable,
             remapped_rows_uncorrectable=c.remapped_uncorrectable,
             remapped_rows_pending=c.remap_pending,
-            remapped_rows_failure=False,
+            remapped_rows_failure=c.remap_failure,
             retired_pages_pending=self.base.retired_pages_pending,
             pcie_replay_count=c.pcie_replays,
             processes=tuple(
                 ProcessInfo(pid, used_bytes, None, None)
                 for pid, used_bytes in sorted(c.processes.items())
             ),
+            pcie_link_generation=generation,
+            pcie_link_width=width,
+            pcie_max_link_generation=self.max_link_generation,
+            pcie_max_link_width=self.max_link_width,
         )
 
     def _step(self) -> None:

@@ -13,7 +13,9 @@ lives in that file, read before and written after every MIG call, so every servi
 (each with its own session) sees what the driver-manager carved, as on a real node. With
 `xid_feed` (`--nvml sim:` sets `<host root>/run/gpuop/sim-nvml/xids.jsonl`) the XIDs another
 process puts there (`sim_xids.inject`: the demo's fault knob) reach this one's open watchers
-too, within one of their waits. With `mig_fault` (`--nvml sim:` sets
+too, within one of their waits; with `nvlink_feed` (`<host root>/run/gpuop/sim-nvml/nvlink.jsonl`)
+the NVLink errors put there (`sim_xids.inject_nvlink_errors`) grow the counters the next
+field query reads. With `mig_fault` (`--nvml sim:` sets
 `<host root>/run/gpuop/sim-nvml/mig-fault`) a MIG call another process asked to fail there
 (`sim_mig_fault.set_fault`) fails here, as `fail_mig_call` does within one process. With
 `replaced` (`--nvml sim:` sets `<host root>/run/gpuop/sim-nvml/replaced.json`) a GPU another
@@ -44,7 +46,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -59,7 +61,7 @@ from gpuop.nvml.errors import (
     NotInitialized,
     NvmlError,
 )
-from gpuop.nvml.metrics import DeviceMetrics, FieldValue, PcieThroughput
+from gpuop.nvml.metrics import ClockEventReason, DeviceMetrics, FieldValue, PcieThroughput
 from gpuop.nvml.mig import GpuInstance, MigDevice, MigModeState, MigProfile, Placement
 from gpuop.nvml.profiling import Activity
 from gpuop.nvml.recordings import load_recording
@@ -121,6 +123,7 @@ class SimNvml:
         simulate_latency: bool = False,
         mig_state: Path | None = None,
         xid_feed: Path | None = None,
+        nvlink_feed: Path | None = None,
         mig_fault: Path | None = None,
         replaced: Path | None = None,
     ) -> None:
@@ -155,6 +158,7 @@ class SimNvml:
         self._lost: set[int] = set()
         self._watchers: WatcherSet[QueueWatcher] = WatcherSet()
         self._xid_feed = sim_xids.XidFeed(xid_feed) if xid_feed is not None else None
+        self._nvlink_feed = sim_xids.NvlinkFeed(nvlink_feed) if nvlink_feed else None
         self._lock = threading.RLock()
         self._session_version: str | None = None
         self._last_version: str | None = None
@@ -245,6 +249,9 @@ class SimNvml:
         return answer
 
     def field_values(self, index: int, field_ids: Sequence[int]) -> tuple[FieldValue, ...]:
+        for uuid, counts in self._nvlink_feed.take() if self._nvlink_feed else ():
+            if (fed := self._index_of(uuid)) is not None:
+                self.inject_nvlink_errors(fed, counts)
         with self._lock:
             gpu = self._gpu(index)
             gpu.advance(self._clock.monotonic())
@@ -383,6 +390,32 @@ class SimNvml:
             self._publish(EccEvent(index, gpu.info.uuid, uncorrectable=False))
         if volatile_uncorrected:
             self._publish(EccEvent(index, gpu.info.uuid, uncorrectable=True))
+
+    def inject_nvlink_errors(self, index: int, counts: Mapping[int, int]) -> None:
+        """The GPU's NVLink error totals grow by `counts` (by `FieldId`: CRC flit, CRC
+        data, replay, recovery), as a link failing its CRC checks makes them grow."""
+        if any(count < 0 for count in counts.values()):
+            raise ValueError("NVLink error counts cannot be negative")
+        with self._lock:
+            totals = self._gpus[self._index(index)].counters.nvlink_errors
+            for field_id, count in counts.items():
+                totals[field_id] = totals.get(field_id, 0) + count
+
+    def degrade_pcie_link(self, index: int, link: tuple[int, int] | None) -> None:
+        """The GPU's PCIe link runs at (generation, width) below its maximum; None: at its
+        maximum again."""
+        with self._lock:
+            self._gpus[self._index(index)].counters.pcie_link = link
+
+    def hold_clocks(self, index: int, reasons: ClockEventReason) -> None:
+        """Clock event reasons put on the GPU from outside (NONE lifts them)."""
+        with self._lock:
+            self._gpus[self._index(index)].counters.clock_events = reasons
+
+    def fail_row_remap(self, index: int) -> None:
+        """The GPU runs out of spare rows: its remapper reports a failure from now on."""
+        with self._lock:
+            self._gpus[self._index(index)].counters.remap_failure = True
 
     def lose_gpu(self, index: int) -> None:
         """The GPU falls off the bus: XID 79 to watchers, then every query of it raises
@@ -590,9 +623,12 @@ class SimNvml:
         """Deliver the XIDs another process put in the feed since the last look."""
         assert self._xid_feed is not None
         for uuid, xid in self._xid_feed.take():
-            index = next((i for i, g in enumerate(self._gpus) if g.info.uuid == uuid), None)
-            if index is not None:
+            if (index := self._index_of(uuid)) is not None:
                 self.inject_xid(index, xid)
+
+    def _index_of(self, uuid: str) -> int | None:
+        """The index of the GPU with `uuid`; None when this node has none."""
+        return next((i for i, g in enumerate(self._gpus) if g.info.uuid == uuid), None)
 
     def _publish(self, event: DeviceEvent) -> None:
         for watcher in self._watchers.snapshot():

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from gpuop.nvml import DeviceMetrics, FieldId, PcieThroughput
 from gpuop.nvml.devices import MIB
-from gpuop.nvml.profiling import Activity, ErrorCounter
+from gpuop.nvml.profiling import Activity
 
 GPU_LABELS = (
     "gpu",
@@ -134,14 +134,12 @@ def _pcie(direction: str) -> Callable[[Reading], Value]:
 G, C = Kind.GAUGE, Kind.COUNTER
 
 ERROR_COUNTERS = {
-    ErrorCounter.RETIRED_SBE: "Total number of retired pages due to single-bit errors.",
-    ErrorCounter.RETIRED_DBE: "Total number of retired pages due to double-bit errors.",
-    ErrorCounter.NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: (
-        "Total number of NVLink flow-control CRC errors."
-    ),
-    ErrorCounter.NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "Total number of NVLink data CRC errors.",
-    ErrorCounter.NVLINK_REPLAY_ERROR_COUNT_TOTAL: "Total number of NVLink retries.",
-    ErrorCounter.NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "Total number of NVLink recovery errors.",
+    FieldId.RETIRED_SBE: "Total number of retired pages due to single-bit errors.",
+    FieldId.RETIRED_DBE: "Total number of retired pages due to double-bit errors.",
+    FieldId.NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: ("Total number of NVLink flow-control CRC errors."),
+    FieldId.NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "Total number of NVLink data CRC errors.",
+    FieldId.NVLINK_REPLAY_ERROR_COUNT_TOTAL: "Total number of NVLink retries.",
+    FieldId.NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "Total number of NVLink recovery errors.",
 }
 """The field-value error counters, each exported as `DCGM_FI_DEV_<its name>`, with its help."""
 ACTIVITY = (
@@ -273,6 +271,6 @@ SLOW_FIELDS = (
     FieldId.POWER_INSTANT,
     FieldId.NVLINK_THROUGHPUT_DATA_TX,
     FieldId.NVLINK_THROUGHPUT_DATA_RX,
-    *ErrorCounter,
+    *ERROR_COUNTERS,
 )
 """What the slow loop asks `field_values()` for: what no fast query answers."""

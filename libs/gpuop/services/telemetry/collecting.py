@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
+from gpuop.health import signals
 from gpuop.nvml import (
     DeviceMetrics,
     DriverUnavailable,
@@ -53,6 +54,9 @@ from gpuop.services.telemetry.sessions import Inventory, NvmlSession
 
 log = logging.getLogger(__name__)
 
+SLOW_QUERY = tuple(dict.fromkeys((*catalog.SLOW_FIELDS, *signals.packaged().fields())))
+"""The fields one batched query asks for: the exported ones, and those the health catalog's
+signals read (`gpuop.health.signals`)."""
 SESSION_ERRORS = (NotInitialized, DriverUnavailable)
 """Failures that mean the NVML session is gone, not one GPU: the session is reopened."""
 
@@ -129,6 +133,11 @@ class Collector:
         """The scrape path: the bytes of the last collection (`Complete` once the registry
         is rendered with them), and nothing else."""
         return self.rendered
+
+    @property
+    def slow_fields(self) -> dict[int, Mapping[int, int | float]]:
+        """The latest slow round's field values, by GPU index (the health signals read them)."""
+        return {index: reading.fields for index, reading in self._slow.items()}
 
     def attribute(self, attribution: Attribution) -> bool:
         """Take the pod attribution; returns whether it changed (the labels then do)."""
@@ -264,7 +273,7 @@ class Collector:
                 self._metrics.nvml_failed("pcie")
                 log.debug("PCIe throughput of GPU %d failed: %s", gpu.index, error)
             try:
-                answers = nvml.field_values(gpu.index, catalog.SLOW_FIELDS)
+                answers = nvml.field_values(gpu.index, SLOW_QUERY)
             except SESSION_ERRORS:
                 raise
             except NvmlError as error:

@@ -33,6 +33,8 @@ from gpuop.bus import Bus, Delivery, spans
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Envelope, Event, device
 from gpuop.events.driver import Component
+from gpuop.health import falls
+from gpuop.host.roots import HostRoot
 from gpuop.inventory import claims
 from gpuop.nvml import DeviceEvent, Nvml, NvmlError, XidEvent, open_backend
 from gpuop.runtime import waiting
@@ -41,10 +43,11 @@ from gpuop.runtime.services import Readiness, ServiceContext
 from gpuop.services.telemetry import catalog, consumers, health, pods
 from gpuop.services.telemetry.collecting import Collector
 from gpuop.services.telemetry.config import TelemetryConfig
-from gpuop.services.telemetry.health import HealthTracker, Outbox, XidHistory
+from gpuop.services.telemetry.health import Outbox, XidHistory
 from gpuop.services.telemetry.instruments import ExporterMetrics
 from gpuop.services.telemetry.kernel_log import KernelLog, SeenFaults
 from gpuop.services.telemetry.kubelet_pods import KubeletPodResources
+from gpuop.services.telemetry.marks import HealthTracker
 from gpuop.services.telemetry.pod_uids import PodUids
 from gpuop.services.telemetry.sessions import Inventory, NvmlSession, SessionClosed
 
@@ -68,6 +71,7 @@ class NodeExporter(NodeAgentBase):
         pod_resources: pods.PodResourcesSource | None = None,
         pod_uids: PodUids | None = None,
         kernel_log: KernelLog | None = None,
+        fallen: falls.Falls | None = None,
         readiness: Readiness | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -79,7 +83,7 @@ class NodeExporter(NodeAgentBase):
         self.session = NvmlSession(nvml)
         self.collector = Collector(self.session, config, node, self.metrics, registry)
         self.xids = XidHistory()
-        self.health = HealthTracker(config.ignored_xids)
+        self.health = HealthTracker(config.ignored_xids, fallen=fallen)
         self.kernel_log = kernel_log
         self.seen_xids = SeenFaults()
         self._known: Inventory | None = None
@@ -169,7 +173,13 @@ class NodeExporter(NodeAgentBase):
             log.info("NVML answers again")
             self._failing = None
         self._became_ready()
-        for change in self.health.on_round(collected.inventory, collected):
+        changes = self.health.on_round(
+            collected.inventory,
+            collected,
+            fields=self.collector.slow_fields,
+            now=self._clock.monotonic(),
+        )
+        for change in changes:
             self.outbox.add(change)
             self._wake_outbox.set()
 
@@ -341,6 +351,7 @@ async def run(context: ServiceContext, config: TelemetryConfig) -> None:
         pod_resources=pod_resources,
         pod_uids=PodUids(settings.host_root) if catalog.POD_UID in config.labels else None,
         kernel_log=KernelLog(settings.host_root) if config.kernel_log else None,
+        fallen=falls.at(HostRoot(settings.host_root)),
         readiness=context.set_readiness,
     )
     context.exposition = exporter.exposition

@@ -44,6 +44,10 @@ DEVICE_ANSWERS = {
     "nvmlDeviceGetRetiredPagesPendingStatus": "retired_pages_pending",
     "nvmlDeviceGetFanSpeed": "fan_speed",
     "nvmlDeviceGetPcieReplayCounter": "pcie_replay",
+    "nvmlDeviceGetCurrPcieLinkGeneration": "pcie_link_gen",
+    "nvmlDeviceGetCurrPcieLinkWidth": "pcie_link_width",
+    "nvmlDeviceGetMaxPcieLinkGeneration": "pcie_max_link_gen",
+    "nvmlDeviceGetMaxPcieLinkWidth": "pcie_max_link_width",
     "nvmlDeviceGetEncoderUtilization": "encoder_util",
     "nvmlDeviceGetSupportedEventTypes": "supported_event_types",
 }
