@@ -43,8 +43,8 @@ async def wait_for_state(stack: Stack, state: UpgradeState) -> NodeSaga:
     return saga
 
 
-async def admit_and_decide(stack: Stack) -> None:
-    """Admit the node and answer its stage: the saga's next step is the cordon."""
+async def admission_recorded(stack: Stack) -> tuple[NodeAdmitted, Envelope]:
+    """Store the node's saga and admit it: the `NodeAdmitted` in the log, not decided yet."""
     assert stack.runner is not None and stack.store is not None
     await stack.store.create(saga_for(stack.policy))
     await stack.runner.admit({NODE: NodeStatus()}, T0)
@@ -52,6 +52,13 @@ async def admit_and_decide(stack: Stack) -> None:
         stack.bus, events(stack.bus.prefix, "upgrade", NODE, "admitted")
     )
     assert isinstance(admitted, NodeAdmitted)
+    return admitted, envelope
+
+
+async def admit_and_decide(stack: Stack) -> None:
+    """Admit the node and answer its stage: the saga's next step is the cordon."""
+    assert stack.runner is not None
+    admitted, envelope = await admission_recorded(stack)
     await stack.runner.apply(NODE, admitted, envelope.time)
     saga = await stack.saga(NODE)
     assert saga.step.token == "stage-gpu"
@@ -332,13 +339,8 @@ async def admitted_with_publishes_failing(stack: Stack) -> tuple[NodeAdmitted, E
     """Admit the node, then decide the admission while the bus refuses the first state change
     (a PublishTimeout after the saga was stored): the handler raises, the decision is in KV,
     and neither its state change nor its stage command is in the log."""
-    assert stack.runner is not None and stack.store is not None
-    await stack.store.create(saga_for(stack.policy))
-    await stack.runner.admit({NODE: NodeStatus()}, T0)
-    [(envelope, admitted)] = await messages(
-        stack.bus, events(stack.bus.prefix, "upgrade", NODE, "admitted")
-    )
-    assert isinstance(admitted, NodeAdmitted)
+    assert stack.runner is not None
+    admitted, envelope = await admission_recorded(stack)
     publish = stack.bus.publish
     refused: list[str] = []
 
