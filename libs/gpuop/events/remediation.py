@@ -29,6 +29,7 @@ from gpuop.events.fields import (
     DocumentedEnum,
     GpuUuid,
     Message,
+    Token,
     Version,
 )
 from gpuop.events.hardware import PciAddress
@@ -105,6 +106,10 @@ class RemediationStarted(Event):
     slots: dict[GpuUuid, PciAddress] = Field(default_factory=dict, max_length=MAX_GPUS)
     """The PCI address of each unhealthy GPU the node's inventory listed: a replacement is
     confirmed by another GPU at that address."""
+    signals: dict[GpuUuid, Token] = Field(default_factory=dict, max_length=MAX_GPUS)
+    """The health catalog's signal that made each GPU unhealthy (`row-remap-failure`,
+    `nvlink-errors`, `xid`, ...), where the health event named one: what a hand-over for
+    replacement says besides the XIDs. Absent in logs written before signals were kept."""
 
 
 class RemediationRefused(Event):

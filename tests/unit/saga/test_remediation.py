@@ -580,6 +580,32 @@ def test_drain_and_replace_hands_the_node_over_instead_of_rebooting() -> None:
     assert not any(c.__class__.__name__ == "RebootNode" for c in walk.commands())
 
 
+@pytest.mark.parametrize(
+    ("unhealthy", "signal", "said"),
+    [
+        ((), "row-remap-failure", "(signal row-remap-failure)"),
+        ((), "pcie-link-width", "(signal pcie-link-width)"),
+        ((79,), "gpu-lost-again", "(XID 79, signal gpu-lost-again)"),
+        ((79,), None, "(XID 79)"),
+    ],
+)
+def test_the_hand_over_names_the_signal_that_asked_for_new_hardware(
+    unhealthy: tuple[int, ...], signal: str | None, said: str
+) -> None:
+    signals = {GPU: signal} if signal else {}
+    walk = Walk(action="drain-and-replace", slots={GPU: SLOT}, unhealthy={GPU: unhealthy},
+                signals=signals)  # fmt: skip
+    walk.to_reset()
+
+    hand_over = walk.decisions[-1].kube_actions
+    (mirror,) = [a for a in hand_over if isinstance(a, MirrorHealth)]
+    (event,) = [a for a in hand_over if isinstance(a, upgrade_actions.RecordEvent)]
+    for text in (mirror.detail, event.message):
+        assert f"{GPU} at {SLOT} {said}: drain-and-replace asks for new hardware" in text
+    # replay builds the same saga from the start it records
+    assert records.start(NODE, records.start_of(walk.saga), T0).signals == signals
+
+
 def test_a_held_node_waits_with_no_deadline_and_is_neither_done_nor_failed() -> None:
     walk = held()
 

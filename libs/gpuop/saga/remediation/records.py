@@ -106,6 +106,8 @@ class RemediationSaga(StoredRecord):
     rebooted: bool = False
     slots: dict[GpuUuid, PciAddress] = Field(default_factory=dict, max_length=MAX_GPUS)
     """The PCI address of each unhealthy GPU, from the inventories seen."""
+    signals: dict[GpuUuid, Token] = Field(default_factory=dict, max_length=MAX_GPUS)
+    """The health signal that made each GPU unhealthy, where its event named one."""
     inventory: dict[PciAddress, GpuUuid] | None = Field(default=None, max_length=MAX_GPUS)
     """The GPUs the node's last inventory listed, by PCI address; None before one is seen."""
     cordoned_before: bool = False
@@ -166,6 +168,7 @@ def start(node: str, started: RemediationStarted, now: datetime) -> RemediationS
         folded_into=started.folded_into,
         dra_devices=dict(started.dra_devices),
         slots=dict(started.slots),
+        signals=dict(started.signals),
     )
     return saga.model_copy(update={"quarantined_devices": saga.quarantining()})
 
@@ -182,4 +185,5 @@ def start_of(saga: RemediationSaga) -> RemediationStarted:
         folded_into=saga.folded_into,
         dra_devices=dict(saga.dra_devices),
         slots=dict(saga.slots),
+        signals=dict(saga.signals),
     )

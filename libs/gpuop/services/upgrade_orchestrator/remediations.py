@@ -208,6 +208,7 @@ class Starter:
             folded_into=folded,
             dra_devices=devices,
             slots=_slots(inventory, event.gpu_uuid),
+            signals={event.gpu_uuid: event.signal} if event.signal else {},
         )
         saga = folding.start(node, started, policy, now).saga  # as replay builds it
         earlier = self._store.cached(node)

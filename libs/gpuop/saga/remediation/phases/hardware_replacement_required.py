@@ -65,12 +65,20 @@ def unchanged(saga: RemediationSaga) -> str:
 
 def _why(saga: RemediationSaga) -> str:
     gpus = ", ".join(
-        f"{gpu} at {saga.slots.get(gpu, 'an unknown address')} "
-        f"(XID {', '.join(map(str, xids)) or 'none'})"
+        f"{gpu} at {saga.slots.get(gpu, 'an unknown address')} ({_fault(saga, gpu, xids)})"
         for gpu, xids in unhealthy_of(saga)
         if gpu in saga.gpu_uuids
     )
     return f"{gpus}: {saga.action} asks for new hardware"
+
+
+def _fault(saga: RemediationSaga, gpu: str, xids: tuple[int, ...]) -> str:
+    """What the GPU was seen doing: its XIDs, and the signal unless it was the XID itself."""
+    said = [f"XID {', '.join(map(str, xids))}"] if xids else []
+    signal = saga.signals.get(gpu)
+    if signal and not (xids and signal.startswith("xid")):
+        said.append(f"signal {signal}")
+    return ", ".join(said) or "no XID or signal named"
 
 
 def _released(draft: Draft) -> None:
