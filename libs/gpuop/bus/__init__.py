@@ -8,6 +8,7 @@ tests. Import the pieces you need as namespaces:
 from gpuop.bus import _transport  # noqa: F401  # first: nats-py without aiohttp (see there)
 from gpuop.bus.errors import (
     BusError,
+    BusUnavailable,
     IdTaken,
     KeyExists,
     MessageTooLarge,
@@ -36,6 +37,7 @@ __all__ = [
     "Buckets",
     "Bus",
     "BusError",
+    "BusUnavailable",
     "ConsumerSpec",
     "Delivery",
     "IdTaken",

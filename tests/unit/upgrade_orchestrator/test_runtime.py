@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from gpuop.bus import InMemoryBus, KeyExists, PublishAck, PublishTimeout
+from gpuop.bus import InMemoryBus, KeyExists, MessageTooLarge, PublishAck, PublishTimeout
 from gpuop.events import Command, Envelope, ids, kube, subjects
 from gpuop.events import device as dev
 from gpuop.events import driver as dm
@@ -396,6 +396,27 @@ async def test_a_decision_stored_but_not_published_goes_out_on_the_next_reconcil
         [(S.UPGRADE_REQUIRED, S.CORDON_REQUIRED)],
         [dm.StageDriver.TYPE],
     )
+
+
+async def test_a_decision_whose_outputs_cannot_be_sent_at_all_fails_only_its_own_event(
+    stack: Stack,
+) -> None:
+    assert stack.runner is not None
+    admitted, envelope = await admission_recorded(stack)
+    publish = stack.bus.publish
+
+    async def too_large(sent: Envelope, *, republish: bool = False) -> PublishAck:
+        if sent.type == NodeUpgradeStateChanged.TYPE:
+            raise MessageTooLarge(f"{sent.id}: over the payload limit")
+        return await publish(sent, republish=republish)
+
+    stack.bus.publish = too_large  # type: ignore[method-assign]
+    with pytest.raises(MessageTooLarge):
+        await stack.runner.apply(NODE, admitted, envelope.time)
+    stack.bus.publish = publish  # type: ignore[method-assign]
+    # not the bus's weather: it is not tried again before every later event of the node
+    await stack.runner.settle()
+    assert await published_steps(stack) == ([], [])
 
 
 async def test_a_decision_cut_off_with_its_term_goes_out_when_its_event_is_redelivered(

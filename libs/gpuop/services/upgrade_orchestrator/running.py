@@ -56,7 +56,15 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from gpuop.bus import Bus, BusError, Delivery, RevisionConflict, TemporaryError
+from gpuop.bus import (
+    Bus,
+    BusError,
+    BusUnavailable,
+    Delivery,
+    PublishTimeout,
+    RevisionConflict,
+    TemporaryError,
+)
 from gpuop.clocks import SYSTEM_CLOCK, Clock
 from gpuop.events import Event, ids, subjects
 from gpuop.events.driver import Component
@@ -255,7 +263,13 @@ class Runner:
             runner, decision = waiting[0]
             kind = runner.kind
             outputs = kind.outputs(decision)
-            await self._outbox.carry_out(decision, outputs, kind.correlation(decision.saga))
+            try:
+                await self._outbox.carry_out(decision, outputs, kind.correlation(decision.saga))
+            except (PublishTimeout, BusUnavailable):
+                raise  # the bus's weather: tried again by the node's next event or `settle`
+            except BaseException:
+                waiting.pop(0)  # anything else fails its event's handler, once, as it would
+                raise
             self._deadlines.schedule(decision.saga, kind.name)
             waiting.pop(0)
             if self._on_change is not None:
