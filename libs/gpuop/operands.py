@@ -25,7 +25,7 @@ from gpuop.events import (
     MalformedMessage,
     Payload,
     UnknownEventType,
-    decode,
+    decode_on,
     device,
     subjects,
 )
@@ -94,7 +94,7 @@ async def from_log(bus: Bus, node: str) -> frozenset[Component]:
     operands = subjects.commands_filter(device.OPERANDS, node, prefix=bus.prefix)
     async for stored in bus.read(operands):
         try:
-            _, command = decode(stored.data)
+            _, command = decode_on(stored.subject, stored.data)
         except (MalformedMessage, UnknownEventType):
             continue
         paused = after(paused, command)

@@ -19,7 +19,7 @@ from typing import Any
 from gpuop.bus import Bus
 from gpuop.cli.errors import CommandFailed
 from gpuop.cli.planning import StateChange
-from gpuop.events import MalformedMessage, UnknownEventType, decode, subjects
+from gpuop.events import MalformedMessage, UnknownEventType, decode_on, subjects
 from gpuop.events import upgrade as up
 from gpuop.events.driver import Component
 from gpuop.events.hardware import HardwareDiscovered
@@ -174,7 +174,7 @@ async def read_events(bus: Bus) -> Snapshot:
     snapshot = Snapshot(sources=("events",))
     async for stored in bus.read(f"{bus.prefix}.evt.upgrade.>", follow=False):
         try:
-            envelope, payload = decode(stored.data)
+            envelope, payload = decode_on(stored.subject, stored.data)
         except (MalformedMessage, UnknownEventType):
             continue
         if isinstance(payload, up.NodeUpgradeStateChanged):
@@ -192,7 +192,7 @@ async def read_events(bus: Bus) -> Snapshot:
     )
     async for stored in bus.read(inventories, follow=False):
         try:
-            envelope, payload = decode(stored.data)
+            envelope, payload = decode_on(stored.subject, stored.data)
         except (MalformedMessage, UnknownEventType):
             continue
         if isinstance(payload, HardwareDiscovered):

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpuop.bus import Bus, BusError, StoredMessage
-from gpuop.events import Event, MalformedMessage, UnknownEventType, decode, dra, subjects
+from gpuop.events import Event, MalformedMessage, UnknownEventType, decode_on, dra, subjects
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def _apply(apply: Apply, stored: StoredMessage, last: int) -> int:
     if stored.seq <= last:
         return last
     try:
-        envelope, payload = decode(stored.data)
+        envelope, payload = decode_on(stored.subject, stored.data)
     except (MalformedMessage, UnknownEventType):
         return stored.seq
     if isinstance(payload, Event):

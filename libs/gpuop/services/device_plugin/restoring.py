@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuop.bus import Bus, StoredMessage
-from gpuop.events import MalformedMessage, Payload, UnknownEventType, decode, device
+from gpuop.events import MalformedMessage, Payload, UnknownEventType, decode_on, device
 from gpuop.events.driver import DriverValidated
 from gpuop.services.device_plugin import consumers
 from gpuop.services.device_plugin.plugins import HealthRecord
@@ -56,6 +56,6 @@ async def selection(bus: Bus, node: str) -> LastSelection:
 
 def _payload(stored: StoredMessage) -> Payload | None:
     try:
-        return decode(stored.data)[1]
+        return decode_on(stored.subject, stored.data)[1]
     except (MalformedMessage, UnknownEventType):
         return None

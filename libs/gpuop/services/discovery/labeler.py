@@ -38,7 +38,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuop.bus import Buckets, Bus, Delivery, KeyValue, PermanentError, TemporaryError
-from gpuop.events import MalformedMessage, UnknownEventType, decode, device, hardware, subjects
+from gpuop.events import MalformedMessage, UnknownEventType, decode_on, device, hardware, subjects
 from gpuop.inventory import labeling
 from gpuop.kube import client, errors, nodes
 from gpuop.kube.recording import EventRecorder
@@ -287,7 +287,7 @@ async def plugin_configs(bus: Bus) -> dict[str, device.DevicePluginConfigApplied
     found: dict[str, device.DevicePluginConfigApplied] = {}
     async for message in bus.read(consumers.plugin_configs_filter(bus.prefix)):
         try:
-            envelope, payload = decode(message.data)
+            envelope, payload = decode_on(message.subject, message.data)
         except (MalformedMessage, UnknownEventType):
             continue
         if isinstance(payload, device.DevicePluginConfigApplied):

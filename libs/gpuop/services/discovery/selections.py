@@ -37,7 +37,7 @@ from gpuop.events import (
     Event,
     MalformedMessage,
     UnknownEventType,
-    decode,
+    decode_on,
     device,
     mig_requests,
     new_event,
@@ -193,7 +193,7 @@ class Selections:
 
 def _selection(message: StoredMessage, label: SelectingLabel) -> tuple[str, str | None] | None:
     try:
-        envelope, payload = decode(message.data)
+        envelope, payload = decode_on(message.subject, message.data)
     except (MalformedMessage, UnknownEventType):
         return None
     if not isinstance(payload, label.event):

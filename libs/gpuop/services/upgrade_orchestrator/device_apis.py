@@ -28,7 +28,7 @@ from datetime import datetime
 
 from gpuop.bus import Bus, BusError
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import Event, MalformedMessage, UnknownEventType, decode, ids, kube, subjects
+from gpuop.events import Event, MalformedMessage, UnknownEventType, decode_on, ids, kube, subjects
 from gpuop.events.device_api import DeviceApiState
 from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied
 from gpuop.saga.device_api import folding, kind, records
@@ -64,7 +64,7 @@ async def served(bus: Bus, node: str) -> DeviceApiApplied | None:
     if found is None:
         return None
     try:
-        _, payload = decode(found.data)
+        _, payload = decode_on(found.subject, found.data)
     except (MalformedMessage, UnknownEventType):
         return None
     return payload if isinstance(payload, DeviceApiApplied) else None

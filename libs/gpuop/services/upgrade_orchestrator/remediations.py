@@ -27,10 +27,10 @@ from datetime import datetime
 
 from gpuop.bus import Bus, KeyExists, KeyValue, RevisionConflict
 from gpuop.clocks import SYSTEM_CLOCK, Clock
-from gpuop.events import Event, MalformedMessage, UnknownEventType, decode, ids, subjects
+from gpuop.events import Event, ids
 from gpuop.events import device as dev
 from gpuop.events import hardware as hw
-from gpuop.events.device_api_commands import DeviceApi, DeviceApiApplied
+from gpuop.events.device_api_commands import DeviceApi
 from gpuop.events.remediation import (
     DOMAIN,
     TERMINAL_STATES,
@@ -43,7 +43,7 @@ from gpuop.policy.conditions import Condition, condition
 from gpuop.saga.kinds import SagaKind
 from gpuop.saga.remediation import breaker, folding, kind, records
 from gpuop.saga.remediation.records import RemediationSaga
-from gpuop.services.upgrade_orchestrator import kinds
+from gpuop.services.upgrade_orchestrator import device_apis, kinds
 from gpuop.services.upgrade_orchestrator.kinds import (
     KindRunner,
     StartRecorder,
@@ -70,19 +70,8 @@ async def dra_devices(
     otherwise, or when either is not known (the node's quarantine then, as before DRA)."""
     if inventory is None:
         return {}
-    subject = subjects.event_subject(
-        DeviceApiApplied.DOMAIN, node, DeviceApiApplied.NAME, prefix=bus.prefix
-    )
-    stored = await bus.last(subject)
-    if stored is None:
-        return {}
-    try:
-        applied = decode(stored.data)[1]
-    except (MalformedMessage, UnknownEventType):
-        return {}
-    if not isinstance(applied, DeviceApiApplied) or not applied.serving:
-        return {}
-    if applied.api is not DeviceApi.DRA:
+    applied = await device_apis.served(bus, node)
+    if applied is None or not applied.serving or applied.api is not DeviceApi.DRA:
         return {}
     found: dict[str, tuple[str, ...]] = {}
     for device in dra_inventory.devices_of(inventory):

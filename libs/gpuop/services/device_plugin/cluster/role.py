@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuop.bus import Buckets, Bus, BusError, ConsumerSpec, Delivery
-from gpuop.events import MalformedMessage, UnknownEventType, decode, dra, hardware, subjects
+from gpuop.events import MalformedMessage, UnknownEventType, decode_on, dra, hardware, subjects
 from gpuop.events.device_api_commands import DeviceApiApplied
 from gpuop.events.envelope import new_event
 from gpuop.kube import client, errors
@@ -144,7 +144,7 @@ class DraPublisher:
     async def _read(self, subject: str) -> AsyncIterator[tuple[str, object, datetime]]:
         async for message in self._bus.read(subject):
             try:
-                envelope, payload = decode(message.data)
+                envelope, payload = decode_on(message.subject, message.data)
             except (MalformedMessage, UnknownEventType):
                 continue
             yield envelope.node, payload, envelope.time
