@@ -30,7 +30,7 @@ from gpuop.bus import NatsBus, grants
 from gpuop.cli.events import export_lines
 from gpuop.host import packaging, system
 from gpuop.host.roots import HostRoot
-from gpuop.kube import client, nodes, pods
+from gpuop.kube import client, customobjects, nodes, pods
 from gpuop.kube import errors as kube_errors
 from gpuop.policy import crd, specs
 from gpuop.saga.actions import STATE_LABEL
@@ -145,6 +145,7 @@ class Stack:
                 parts.append(await self._pods_report(node))
                 if f"driver-manager-{node}" in self.agents:
                     parts.append(self.tail_of(f"driver-manager-{node}", 1200))
+        parts.append(await self._policy_status())
         # the leader's log first and longest: the others follow and wait
         leader = self.leader()
         parts += [
@@ -153,6 +154,17 @@ class Stack:
         ]
         parts.append(f"(every log is under {self.work})")
         return "\n".join(parts)
+
+    async def _policy_status(self) -> str:
+        """The GPUClusterPolicy's status as the orchestrator wrote it (skipped nodes and why,
+        the rollout's counts, the conditions), one line."""
+        try:
+            policy = await customobjects.get(
+                self.kube, customobjects.GPU_CLUSTER_POLICIES, "default"
+            )
+        except Exception as error:  # the report must not hide the failure it reports
+            return f"--- policy status: unreadable ({error!r})"
+        return f"--- policy status: {json.dumps(policy.get('status') or {}, sort_keys=True)}"[:4000]
 
     async def _pods_report(self, node: str) -> str:
         """The pods bound to `node`: name, phase, whether deleted, each container's state."""
